@@ -1,0 +1,191 @@
+"""Decode latency of every engine in one process (vLLM latency-benchmark style).
+
+For each model and engine: warm-up generations, then ``--runs`` timed generations of ``--gen-len`` tokens
+after a ``--prompt-len`` prompt; per-token host wall time (token on the host) as raw samples plus
+percentiles; effective bandwidth from the analytic bytes per step (``profiler.traffic``) against the NVML
+peak and the measured copy bandwidth; the ratio to ``reference-compile`` measured in the same run; greedy
+token agreement with ``reference`` (eager) over the whole generation; optional long-context points.
+
+    PYTHONPATH=src python3 benchmarks/decode_latency.py --models llama-3.2-1b --out benchmarks/results/x.json
+
+Writes JSON (raw samples, percentiles, device, date, commit, versions) and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _pct(xs, q):
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+    except Exception:
+        return os.environ.get("BUBBLESCOPE_COMMIT")
+
+
+def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_contexts, deadline):
+    import torch
+
+    from bubblescope.engines import build_engine
+    from bubblescope.generation import generate
+
+    t0 = time.time()
+    eng = build_engine(name, weights, max_seq)
+    for _ in range(warmup):
+        generate(eng, prompt, min(gen_len, 32), eos_ids=())
+    samples, ttft, tokens = [], [], None
+    for _ in range(runs):
+        res = generate(eng, prompt, gen_len, eos_ids=())
+        samples += res.token_ms
+        ttft.append(res.ttft_ms)
+        tokens = res.tokens
+        if time.time() > deadline:
+            break
+    out = {"token_ms_samples": [round(x, 5) for x in samples], "ttft_ms": statistics.median(ttft),
+           "token_ms_p50": _pct(samples, 50), "token_ms_p10": _pct(samples, 10), "token_ms_p90": _pct(samples, 90),
+           "token_ms_p99": _pct(samples, 99), "token_ms_mean": statistics.fmean(samples), "tokens": tokens,
+           "build_and_run_s": None, "long_context": []}
+    if hasattr(eng, "compile_info"):
+        out["compile"] = eng.compile_info()
+    for c in long_contexts:
+        if time.time() > deadline:
+            break
+        g = torch.Generator().manual_seed(c)
+        p = torch.randint(3, weights.config.vocab_size, (c,), generator=g).tolist()
+        res = generate(eng, p, 33, eos_ids=())
+        out["long_context"].append({"context": c, "token_ms_p50": _pct(res.token_ms, 50),
+                                    "token_ms_samples": [round(x, 5) for x in res.token_ms]})
+    out["build_and_run_s"] = round(time.time() - t0, 2)
+    del eng
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="llama-3.2-1b")
+    ap.add_argument("--engines", default="reference,reference-cudagraph,reference-compile,megakernel-stages,"
+                                         "megakernel-noprefetch,megakernel")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--gen-len", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--long-contexts", default="4096", help="comma-separated contexts timed per engine ('' none)")
+    ap.add_argument("--long-context-engines", default="reference-compile,megakernel")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-seconds", type=float, default=400)
+    ap.add_argument("--out", default="benchmarks/results/decode_latency.json")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from bubblescope.models import dummy_weights, get_preset, parse_dtype
+    from bubblescope.profiler.hardware import device_info, measure_copy_bandwidth
+    from bubblescope.profiler.traffic import bandwidth, step_traffic
+
+    if not torch.cuda.is_available():
+        print("decode_latency: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    deadline = time.time() + args.max_seconds
+    info = device_info("cuda:0")
+    copy = measure_copy_bandwidth("cuda:0")
+    dtype = parse_dtype(args.dtype)
+    longs = [int(c) for c in args.long_contexts.split(",") if c.strip()]
+    doc = {"benchmark": "decode_latency", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "commit": _commit(), "device": {k: info.get(k) for k in ("name", "sm_count", "nvml_peak_GBps",
+                                                                   "max_mem_clock_MHz", "bus_width_bits",
+                                                                   "driver_version", "cuda_version")},
+           "copy_GBps": copy["copy_GBps"], "versions": {"torch": torch.__version__,
+                                                        "triton": info.get("triton_version"),
+                                                        "python": sys.version.split()[0]},
+           "workload": {"prompt_len": args.prompt_len, "gen_len": args.gen_len, "runs": args.runs,
+                        "dtype": args.dtype, "weights": "dummy (seed 0)"},
+           "models": {}}
+    for model in [m for m in args.models.split(",") if m]:
+        cfg = get_preset(model)
+        w = dummy_weights(cfg, "cuda", dtype, seed=0)
+        prompt = torch.randint(3, cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+        max_seq = max([args.prompt_len + args.gen_len + 8] + [c + 40 for c in longs])
+        mean_ctx = args.prompt_len + args.gen_len // 2
+        traffic = step_traffic(cfg, dtype.itemsize, mean_ctx)
+        entry = {"bytes_per_step": traffic["total_bytes"], "context_for_bytes": mean_ctx, "engines": {}}
+        for name in [e for e in args.engines.split(",") if e]:
+            if time.time() > deadline:
+                entry["engines"][name] = {"status": "skipped", "reason": "time budget (--max-seconds) spent"}
+                continue
+            lc = longs if name in args.long_context_engines.split(",") else []
+            try:
+                r = bench_engine(name, w, prompt, args.gen_len, args.runs, args.warmup, max_seq, lc, deadline)
+            except Exception as e:  # record and continue: one engine must not sink the run
+                entry["engines"][name] = {"status": "failed", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(f"{model} {name}: FAILED {e}", file=sys.stderr)
+                continue
+            bw = bandwidth(traffic["total_bytes"], r["token_ms_p50"], info.get("nvml_peak_GBps"), copy["copy_GBps"])
+            r.update(status="ok", **bw)
+            for pt in r["long_context"]:
+                t = step_traffic(cfg, dtype.itemsize, pt["context"] + 16)
+                pt.update(bytes_per_step=t["total_bytes"], kv_bytes=t["kv_read_bytes"] + t["kv_write_bytes"],
+                          **bandwidth(t["total_bytes"], pt["token_ms_p50"], info.get("nvml_peak_GBps")))
+            entry["engines"][name] = r
+            print(f"{model} {name}: p50 {r['token_ms_p50']:.3f} ms  p99 {r['token_ms_p99']:.3f} ms  "
+                  f"{(bw['util_peak'] or 0) * 100:.1f}% of peak", flush=True)
+        ref = entry["engines"].get("reference", {}).get("tokens")
+        base = entry["engines"].get("reference-compile", {}).get("token_ms_p50")
+        for name, r in entry["engines"].items():
+            if r.get("status") != "ok":
+                continue
+            if ref:
+                n = min(len(ref), len(r["tokens"]))
+                r["greedy_agreement_vs_reference"] = sum(a == b for a, b in zip(ref[:n], r["tokens"][:n])) / n
+                r["greedy_identical_prefix"] = next((i for i in range(n) if ref[i] != r["tokens"][i]), n)
+            r["speedup_vs_reference_compile"] = base / r["token_ms_p50"] if base else None
+            r.pop("tokens", None)
+        doc["models"][model] = entry
+        del w
+        gc.collect()
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, out)
+    md = [f"Decode latency, {doc['device']['name']}, {doc['date']}, commit {doc['commit']}, torch "
+          f"{doc['versions']['torch']}, triton {doc['versions']['triton']}; NVML peak "
+          f"{doc['device']['nvml_peak_GBps']:.0f} GB/s, measured copy {doc['copy_GBps']:.0f} GB/s.", "",
+          "| model | engine | p50 ms | p99 ms | tok/s | GB/s | % peak | % copy | × ref-compile | greedy = ref |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for model, e in doc["models"].items():
+        for name, r in e["engines"].items():
+            if r.get("status") != "ok":
+                md.append(f"| {model} | {name} | {r.get('status')}: {r.get('reason', '')[:60]} |||||||")
+                continue
+            md.append(f"| {model} | {name} | {r['token_ms_p50']:.3f} | {r['token_ms_p99']:.3f} | "
+                      f"{1000 / r['token_ms_mean']:.0f} | {r['effective_GBps']:.0f} | {100 * r['util_peak']:.1f} | "
+                      f"{100 * r['util_copy']:.1f} | {r['speedup_vs_reference_compile'] or float('nan'):.2f} | "
+                      f"{r.get('greedy_agreement_vs_reference', float('nan')):.3f} |")
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

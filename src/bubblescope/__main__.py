@@ -1,0 +1,5 @@
+"""``python -m bubblescope`` = the ``bubblescope`` command."""
+
+from .cli import main
+
+main()

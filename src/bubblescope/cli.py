@@ -1,0 +1,249 @@
+"""Command-line interface (typer). Parses options, calls the library, maps errors to exit codes.
+
+Exit codes: 0 success; 1 a gate check failed; 2 bad input (a one-line ``error:`` message, no traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import BubblescopeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Profile and diagnose batch-size-1 LLM decode: bubbles, launches, bandwidth.")
+diagnose_app = typer.Typer(no_args_is_help=True, help="Diagnose a model (measure it) or a trace you already have.")
+app.add_typer(diagnose_app, name="diagnose")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def user_errors(fn):
+    """Turn BubblescopeError into a one-line message and exit code 2 (never a traceback)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BubblescopeError as e:
+            _fail(str(e))
+    return wrapper
+
+
+def _ints(text: str | None, label: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise BubblescopeError(f"{label}: expected comma-separated integers, got {text!r}") from None
+
+
+@app.command()
+@user_errors
+def generate(
+    model: str = typer.Argument(..., help="Preset name, checkpoint directory, config.json or llama2.c .bin."),
+    checkpoint: Optional[str] = typer.Option(None, help="Weights to load instead of MODEL's."),
+    tokenizer: Optional[str] = typer.Option(None, help="tokenizer.json or llama2.c tokenizer .bin."),
+    prompt: str = typer.Option("", help="Prompt text (needs a tokenizer)."),
+    prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="Prompt as comma-separated token ids."),
+    max_new_tokens: int = typer.Option(128, min=1),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 means greedy."),
+    top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0),
+    seed: int = typer.Option(0),
+    engine: str = typer.Option("reference", help="reference, megakernel or hf."),
+    mode: str = typer.Option("eager", help="Reference engine mode: eager, cudagraph or compile."),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
+    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
+):
+    """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
+    import torch
+
+    from .engines import build_engine
+    from .generation import SamplingParams
+    from .generation import generate as run
+    from .models import load_model, parse_dtype, resolve_device
+
+    dev = resolve_device(device)
+    tdtype = parse_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
+    name = engine if engine != "reference" or mode == "eager" else f"reference-{mode}"
+    if engine == "reference" and mode not in ("eager", "cudagraph", "compile"):
+        raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
+    loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
+    cfg, tok = loaded.config, loaded.tokenizer
+    if prompt_ids is not None:
+        ids = _ints(prompt_ids, "--prompt-ids")
+    elif prompt and tok is None:
+        raise BubblescopeError("--prompt: this model has no tokenizer; pass --tokenizer or use --prompt-ids")
+    elif tok is not None:
+        ids = tok.encode(prompt, bos=True)
+    else:
+        ids = [cfg.bos_token_id if cfg.bos_token_id is not None else 0]
+    if not ids:
+        raise BubblescopeError("--prompt: empty prompt and the model has no BOS token")
+    if any(i < 0 or i >= cfg.vocab_size for i in ids):
+        raise BubblescopeError(f"--prompt-ids: token ids must be in [0, {cfg.vocab_size})")
+    max_seq = len(ids) + max_new_tokens
+    if max_seq > cfg.max_position_embeddings:
+        raise BubblescopeError(f"--prompt: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
+                               f"model's {cfg.max_position_embeddings} positions")
+    dec = build_engine(name, loaded.weights, max_seq)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    res = run(dec, ids, max_new_tokens, params)
+    if tok is not None:
+        typer.echo(tok.decode(ids + res.tokens))
+    else:
+        typer.echo(" ".join(str(t) for t in ids + res.tokens))
+    n = len(res.token_ms)
+    per = sum(res.token_ms) / n if n else float("nan")
+    typer.echo(f"{dec.name} on {dev.type} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}): "
+               f"TTFT {res.ttft_ms:.2f} ms, decode {per:.3f} ms/token, {1000 / per if n else float('nan'):.1f} "
+               f"tok/s, {len(res.tokens)} tokens", err=True)
+
+
+@diagnose_app.command("model")
+@user_errors
+def diagnose_model(
+    model: Optional[str] = typer.Argument(None, help="Preset, checkpoint directory, config.json or llama2.c .bin "
+                                          "(default: llama-3.2-1b on a GPU, stories260k or tiny-llama on CPU)."),
+    checkpoint: Optional[str] = typer.Option(None),
+    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all)."),
+    prompt_len: Optional[int] = typer.Option(None, "--prompt-len"),
+    gen_len: Optional[int] = typer.Option(None, "--gen-len"),
+    runs: int = typer.Option(3),
+    warmup: int = typer.Option(1),
+    context_sweep: Optional[str] = typer.Option(None, "--context-sweep", help="e.g. 128,1024,4096; 'none' for none."),
+    profile_steps: int = typer.Option(8, "--profile-steps"),
+    dtype: Optional[str] = typer.Option(None),
+    device: Optional[str] = typer.Option(None),
+    out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+    seed: int = typer.Option(0),
+):
+    """Measure a model on every engine; write results.json, report.html and traces; print the report."""
+    from .diagnose import command_line, diagnose
+
+    if fmt not in ("text", "json"):
+        raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")
+    names = [e.strip() for e in engines.split(",") if e.strip()] if engines else None
+    results = diagnose(model, checkpoint=checkpoint, engines=names, prompt_len=prompt_len, gen_len=gen_len,
+                       runs=runs, warmup=warmup, context_sweep=sweep, dtype=dtype, device=device, out=out,
+                       profile_steps=profile_steps, seed=seed, progress=fmt == "text", command=command_line())
+    if fmt == "json":
+        sys.stdout.write(results.to_json())
+    else:
+        from rich.console import Console
+
+        from .reports.terminal import render_results
+        render_results(results, Console())
+        typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'}", err=True)
+
+
+@diagnose_app.command("trace")
+@user_errors
+def diagnose_trace(
+    paths: List[Path] = typer.Argument(..., help="Kineto / torch.profiler Chrome traces (.json or .json.gz)."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+    step_marker: Optional[str] = typer.Option(None, "--step-marker", help="record_function name (or prefix) "
+                                              "of a decode step (default: bubblescope.decode_step)."),
+    idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
+                                            help="Gaps shorter than this (µs) count as kernel-wait."),
+):
+    """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces."""
+    import json
+
+    from .profiler.tracesummary import summarize_traces
+
+    if fmt not in ("text", "json"):
+        raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    summary = summarize_traces([str(p) for p in paths], step_marker=step_marker, threshold_us=idle_threshold_us)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    else:
+        from rich.console import Console
+
+        from .reports.trace_terminal import render_trace_summary
+        render_trace_summary(summary, Console())
+
+
+@app.command()
+@user_errors
+def report(
+    results_path: Path = typer.Argument(..., metavar="RESULTS.json"),
+    html: Optional[Path] = typer.Option(None, help="Also write the HTML report here."),
+    fmt: str = typer.Option("text", "--format", help="text (rich) or json."),
+):
+    """Re-render a results.json (terminal and/or HTML) without measuring anything."""
+    from .reports.results import load_results
+
+    results = load_results(results_path)
+    if html is not None:
+        from .reports.html import write_html
+        write_html(results, html)
+        typer.echo(f"wrote {html}", err=True)
+    if fmt == "json":
+        sys.stdout.write(results.to_json())
+    elif fmt == "text":
+        from rich.console import Console
+
+        from .reports.terminal import render_results
+        render_results(results, Console())
+    else:
+        raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+
+
+@app.command()
+@user_errors
+def gate(
+    results_path: Path = typer.Argument(..., metavar="RESULTS.json"),
+    engine: Optional[str] = typer.Option(None, help="Engine to check (default: megakernel if ok, else the fastest)."),
+    min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util", help="Fraction of NVML peak."),
+    max_bubble_ratio: Optional[float] = typer.Option(None, "--max-bubble-ratio"),
+    max_token_p99_ms: Optional[float] = typer.Option(None, "--max-token-p99-ms"),
+    baseline: Optional[Path] = typer.Option(None, help="An older results.json to compare against."),
+    max_regression: Optional[float] = typer.Option(None, "--max-regression", help="e.g. 0.05 = 5 % slower allowed."),
+):
+    """CI gate: exit 0 when every check holds, 1 when one fails, 2 on unusable input."""
+    from rich.console import Console
+
+    from .reports.gate import render_gate, run_gate
+    from .reports.results import load_results
+
+    doc = load_results(results_path).doc
+    base = load_results(baseline).doc if baseline is not None else None
+    rep = run_gate(doc, engine=engine, min_bandwidth_util=min_bandwidth_util, max_bubble_ratio=max_bubble_ratio,
+                   max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression)
+    render_gate(rep, Console())
+    raise typer.Exit(rep.exit_code)
+
+
+@app.command()
+def presets():
+    """List the built-in model presets."""
+    from .models.config import PRESETS
+    for name, c in PRESETS.items():
+        typer.echo(f"{name:14s} {c.num_parameters() / 1e6:10.1f} M params  {c.model_type}")
+
+
+@app.command("engines")
+def list_engines():
+    """List the engines diagnose can measure."""
+    from .engines import ENGINES
+    for spec in ENGINES.values():
+        typer.echo(f"{spec.name:22s} {spec.description}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

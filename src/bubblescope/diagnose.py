@@ -1,0 +1,345 @@
+"""The main job: measure a model on every engine, side by side, into one results document.
+
+``diagnose(...)`` = for each engine: build; warm up; R timed generations (host wall time per token with
+the token on the host); one profiled run (torch.profiler/CUPTI trace -> timeline metrics); effective
+bandwidth vs the NVML peak and the measured copy bandwidth; teacher-forced correctness against the
+reference engine; an optional context sweep. Then findings, ``results.json`` and ``report.html`` in ``out``.
+Nothing here renders; ``reports`` does.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import platform
+import statistics
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .engines import ENGINES, build_engine, get_engine_spec
+from .errors import BubblescopeError, EngineUnavailable, KernelStuck
+from .generation import SamplingParams, generate, teacher_forced_logits
+from .models import find_model_file, load_model, parse_dtype, resolve_device
+
+GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
+SWEEP_STEPS = 16           # decode steps timed at each context of the sweep
+CORRECTNESS_STEPS = 64     # teacher-forced steps compared against the reference engine
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method) of a non-empty list, else None."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: list[float]) -> dict:
+    """Token latency summary (ms): mean, p50, p90, p99 of per-token host wall times, TTFT median,
+    tokens/s = 1000 / mean, and the decode share of total generation time (median over runs)."""
+    mean = statistics.fmean(token_ms) if token_ms else None
+    return {
+        "ttft_ms": statistics.median(ttft_ms) if ttft_ms else None,
+        "token_ms_mean": mean,
+        "token_ms_p50": _percentile(token_ms, 50),
+        "token_ms_p90": _percentile(token_ms, 90),
+        "token_ms_p99": _percentile(token_ms, 99),
+        "tok_per_s": 1000.0 / mean if mean else None,
+        "decode_share": statistics.median(decode_shares) if decode_shares else None,
+        "token_ms_samples": [round(x, 5) for x in token_ms],
+        "ttft_ms_samples": [round(x, 5) for x in ttft_ms],
+    }
+
+
+def default_model(device: torch.device, checkpoint: str | None) -> str:
+    """GPU: llama-3.2-1b (dummy weights). CPU: stories260k when its file is found, else tiny-llama."""
+    if device.type == "cuda":
+        return GPU_DEFAULT_MODEL
+    return CPU_DEFAULT_MODEL if checkpoint or find_model_file(CPU_DEFAULT_MODEL) else CPU_FALLBACK_MODEL
+
+
+def default_engines(device: torch.device) -> list[str]:
+    """Every registered engine; those that cannot run here are listed as skipped with the reason."""
+    return list(ENGINES)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _free(dev: torch.device) -> None:
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class _Progress:
+    """A rich progress bar on stderr, or nothing (library use)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+            self.task = self.bar.add_task("diagnose", total=total)
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def update(self, text: str, advance: int = 0) -> None:
+        if self.bar:
+            self.bar.update(self.task, description=text, advance=advance)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+
+
+def _versions(dev_info: dict) -> dict:
+    try:
+        import transformers
+        tf = transformers.__version__
+    except ImportError:
+        tf = None
+    return {"bubblescope": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "triton": dev_info.get("triton_version"), "transformers": tf, "cuda": dev_info.get("cuda_version"),
+            "driver": dev_info.get("driver_version")}
+
+
+def diagnose(model: str | None = None, checkpoint: str | None = None, engines: list[str] | None = None,
+             prompt_len: int | None = None, gen_len: int | None = None, runs: int = 3, warmup: int = 1,
+             context_sweep: list[int] | None = None, dtype: str | None = None, device: str | None = None,
+             out: str | Path = "bubblescope-out", profile_steps: int = 8, seed: int = 0,
+             progress: bool = False, command: str | None = None, write: bool = True):
+    """Measure ``model`` on each engine and return a :class:`~bubblescope.reports.results.Results`.
+
+    Defaults: on a GPU, ``llama-3.2-1b`` with dummy bfloat16 weights, prompt 128, 128 new tokens, context
+    sweep 128/1024/4096; on a CPU-only machine stories260K (float32) when its file is found
+    (``--checkpoint``, ``$BUBBLESCOPE_MODELS`` or ``../shared/models``), else the ``tiny-llama`` dummy
+    preset, prompt 16, 32 new tokens, no sweep. Writes ``out/results.json``, ``out/report.html`` and one
+    trace per engine under ``out/traces/`` (atomically) unless ``write`` is False.
+
+    Raises:
+        BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
+            that does not fit the model).
+    """
+    from .profiler.capture import capture_decode_trace
+    from .profiler.hardware import device_info, measure_copy_bandwidth
+    from .reports.findings import find
+    from .reports.results import SCHEMA, Results
+
+    dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
+    names = engines or default_engines(dev)
+    for n in names:
+        get_engine_spec(n)
+    prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
+    gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
+    sweep = sorted(set(context_sweep)) if context_sweep is not None else ([128, 1024, 4096] if on_gpu else [])
+    for label, v, low in (("--prompt-len", prompt_len, 1), ("--gen-len", gen_len, 2), ("--runs", runs, 1),
+                          ("--warmup", warmup, 0), ("--profile-steps", profile_steps, 1)):
+        if v < low:
+            raise BubblescopeError(f"{label}: must be at least {low}, got {v}")
+    if any(c < 1 for c in sweep):
+        raise BubblescopeError(f"--context-sweep: contexts must be positive, got {sweep}")
+    model = model or default_model(dev, checkpoint)
+    tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
+    loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
+    cfg = loaded.config
+    need = max([prompt_len + gen_len + profile_steps + 8] + [c + SWEEP_STEPS + 1 for c in sweep])
+    if need > cfg.max_position_embeddings:
+        raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
+                               f"max_position_embeddings={cfg.max_position_embeddings}")
+    max_seq = need
+
+    out = Path(out)
+    if write:
+        (out / "traces").mkdir(parents=True, exist_ok=True)
+    info = device_info(dev if on_gpu else "cpu")
+    copy = measure_copy_bandwidth(dev) if on_gpu else {"copy_GBps": None, "reason": "CPU run"}
+    notes = list(info.get("notes") or [])
+    if not on_gpu:
+        notes.append("CPU only: no GPU on this machine, so GPU timeline and bandwidth metrics are unavailable")
+    if copy.get("reason") and on_gpu:
+        notes.append(f"copy bandwidth not measured: {copy['reason']}")
+    doc = {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or "bubblescope.diagnose(...)",
+        "versions": _versions(info),
+        "device": {"type": dev.type, "name": info.get("name"), "sm_count": info.get("sm_count"),
+                   "l2_bytes": info.get("l2_bytes"), "nvml_peak_GBps": info.get("nvml_peak_GBps"),
+                   "copy_GBps": copy.get("copy_GBps"), "max_sm_clock_MHz": info.get("max_sm_clock_MHz"),
+                   "max_mem_clock_MHz": info.get("max_mem_clock_MHz"),
+                   "bus_width_bits": info.get("bus_width_bits"), "notes": notes},
+        "model": {"name": cfg.name if loaded.source != "dummy" or model.lower() != cfg.name else model,
+                  "source": loaded.source, "path": loaded.path, "parameters": cfg.num_parameters(),
+                  "weight_bytes": loaded.weights.nbytes(), "dtype": str(tdtype).replace("torch.", ""),
+                  "config": cfg.to_hf_dict()},
+        "workload": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup": warmup,
+                     "context_sweep": sweep, "seed": seed},
+        "engines": [],
+        "findings": [],
+    }
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
+    ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
+               max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed)
+    oracle = None
+    with _Progress(progress, total=len(names)) as bar:
+        for name in names:
+            bar.update(f"{name}: building")
+            entry = {"name": name, "description": get_engine_spec(name).description, "status": "ok",
+                     "reason": None, "latency": None, "bandwidth": None, "timeline": None, "intrakernel": None,
+                     "compile": None, "correctness": None, "sweep": [], "trace_path": None}
+            try:
+                if oracle is None:
+                    oracle = _oracle(ctx)
+                _measure(name, entry, ctx, oracle, bar)
+            except EngineUnavailable as e:
+                entry.update(status="skipped", reason=str(e))
+            except (KernelStuck, RuntimeError, BubblescopeError, ValueError, AssertionError) as e:
+                entry.update(status="failed", reason=_one_line(e))
+            doc["engines"].append(entry)
+            _free(dev)
+            bar.update(f"{name}: {entry['status']}", advance=1)
+    doc["findings"] = find(doc)
+    results = Results(doc)
+    if write:
+        from .reports.html import write_html
+        from .reports.results import write_results
+        write_results(results, out / "results.json")
+        write_html(results, out / "report.html")
+    return results
+
+
+def _oracle(ctx: dict) -> dict:
+    """The reference engine's greedy tokens and teacher-forced logits (float32, CPU) for the workload."""
+    ref = build_engine("reference", ctx["loaded"].weights, ctx["max_seq"])
+    steps = min(CORRECTNESS_STEPS, ctx["gen_len"])
+    toks = generate(ref, ctx["prompt"], steps + 1, eos_ids=()).tokens
+    logits = teacher_forced_logits(ref, ctx["prompt"], toks[:steps])
+    del ref
+    return {"forced": toks[:steps], "logits": logits}
+
+
+def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) -> None:
+    from .profiler.traffic import bandwidth, step_traffic
+
+    doc, loaded = ctx["doc"], ctx["loaded"]
+    cfg = loaded.config
+    dev = loaded.weights.device
+    engine = build_engine(name, loaded.weights, ctx["max_seq"])
+    prompt = ctx["prompt"]
+    bar.update(f"{name}: warm-up")
+    for _ in range(ctx["warmup"]):
+        generate(engine, prompt, ctx["gen_len"], eos_ids=())
+    token_ms, ttft, shares = [], [], []
+    for r in range(ctx["runs"]):
+        bar.update(f"{name}: timed run {r + 1}/{ctx['runs']}")
+        _sync(dev)
+        res = generate(engine, prompt, ctx["gen_len"], SamplingParams(), eos_ids=())
+        token_ms += res.token_ms
+        ttft.append(res.ttft_ms)
+        shares.append(res.decode_share)
+    entry["latency"] = latency_stats(token_ms, ttft, [s for s in shares if s is not None])
+
+    dtype_bytes = loaded.weights.dtype.itemsize
+    mean_ctx = len(prompt) + ctx["gen_len"] // 2
+    traffic = step_traffic(cfg, dtype_bytes, mean_ctx)
+    dev_doc = doc["device"]
+    bw = bandwidth(traffic["total_bytes"], entry["latency"]["token_ms_p50"],
+                   dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
+    entry["bandwidth"] = {"bytes_per_step": traffic["total_bytes"],
+                          "kv_bytes_per_step": traffic["kv_read_bytes"] + traffic["kv_write_bytes"],
+                          "context": mean_ctx, **bw}
+
+    bar.update(f"{name}: correctness")
+    got = teacher_forced_logits(engine, prompt, oracle["forced"])
+    ref = oracle["logits"]
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
+    entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), "token_agreement": agree,
+                            "max_abs_logit_diff": (got - ref).abs().max().item(), "rel_logit_err": rel}
+
+    bar.update(f"{name}: profiling")
+    _profile(name, engine, entry, ctx)
+    if hasattr(engine, "compile_info"):
+        entry["compile"] = engine.compile_info()
+
+    for c in ctx["sweep"]:
+        bar.update(f"{name}: context {c}")
+        entry["sweep"].append(_sweep_point(engine, cfg, c, dtype_bytes, dev_doc, ctx["seed"]))
+    del engine
+
+
+def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
+    from .profiler.capture import append_trace_events, capture_decode_trace
+    from .profiler.metrics import step_timeline, timeline_summary
+    from .profiler.trace import load_trace
+
+    out = ctx["out"] if ctx["write"] else Path(_tmpdir())
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    path = out / "traces" / f"{name}.json.gz"
+    steps = ctx["profile_steps"]
+    timeline_ctx = engine.timeline() if hasattr(engine, "timeline") else nullcontext(None)
+    with timeline_ctx as intra:
+        cap = capture_decode_trace(engine, torch.tensor(ctx["prompt"]), steps=steps, warmup=3, out_path=path)
+    trace = load_trace(cap.trace_path)
+    summary = timeline_summary(trace)
+    if summary.get("available") and summary.get("steps"):
+        summary["step_timeline"] = step_timeline(trace, step_index=min(summary["steps"] - 1, steps // 2))
+    else:
+        summary["step_timeline"] = None
+    if not cap.gpu:
+        summary["available"] = False
+        summary["reason"] = summary.get("reason") or cap.note
+    entry["timeline"] = summary
+    if intra is not None and getattr(intra, "frame", None) is not None:
+        from .megakernel_engine.timeline import chrome_events, intrakernel_summary
+        df = intra.frame
+        entry["intrakernel"] = intrakernel_summary(df)
+        append_trace_events(cap.trace_path, chrome_events(df, ts_offset_us=intra.ts_offset_us))
+    entry["trace_path"] = str(path.relative_to(out)) if ctx["write"] else None
+
+
+def _tmpdir() -> str:
+    import tempfile
+    return tempfile.mkdtemp(prefix="bubblescope-")
+
+
+def _sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, seed: int) -> dict:
+    """Median decode-step time (ms, host wall, token on the host) at ``context`` positions of KV cache."""
+    from .profiler.traffic import bandwidth, step_traffic
+
+    gen = torch.Generator().manual_seed(seed + context)
+    prompt = torch.randint(3, cfg.vocab_size, (context,), generator=gen).tolist()
+    res = generate(engine, prompt, SWEEP_STEPS + 1, eos_ids=())
+    p50 = _percentile(res.token_ms, 50)
+    traffic = step_traffic(cfg, dtype_bytes, context + SWEEP_STEPS // 2)
+    bw = bandwidth(traffic["total_bytes"], p50, dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
+    return {"context": context, "token_ms_p50": p50, "bytes_per_step": traffic["total_bytes"],
+            "kv_bytes_per_step": traffic["kv_read_bytes"] + traffic["kv_write_bytes"],
+            "effective_GBps": bw["effective_GBps"], "util_peak": bw["util_peak"]}
+
+
+def command_line() -> str:
+    """The command as typed (for the results' provenance)."""
+    return " ".join(["bubblescope"] + sys.argv[1:])

@@ -1,0 +1,142 @@
+"""The engine registry: every decoder a user can choose, by name, and how to build it.
+
+Engines are built lazily (the megakernel imports Triton, ``hf`` imports transformers) and an engine that
+cannot run here raises :class:`EngineUnavailable`, which ``diagnose`` reports as ``skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .errors import BubblescopeError, EngineUnavailable
+from .models.weights import ModelWeights
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    description: str
+    build: Callable[[ModelWeights, int], object]   # (weights, max_seq_len) -> Decoder
+
+
+def _reference(mode: str):
+    def build(weights: ModelWeights, max_seq_len: int):
+        from .reference_engine import ReferenceEngine
+        return ReferenceEngine(weights, mode=mode, max_seq_len=max_seq_len)
+    return build
+
+
+def _megakernel(variant: str):
+    def build(weights: ModelWeights, max_seq_len: int):
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise EngineUnavailable("the megakernel needs Triton, which is not installed") from None
+        from .megakernel_engine import MegakernelEngine
+        return MegakernelEngine(weights, max_seq_len=max_seq_len, variant=variant)
+    return build
+
+
+def _hf(weights: ModelWeights, max_seq_len: int):
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise EngineUnavailable("engine hf needs transformers, which is not installed") from None
+    return HFEngine(weights, max_seq_len)
+
+
+ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
+    EngineSpec("reference", "op-by-op PyTorch, eager: one launch per op", _reference("eager")),
+    EngineSpec("reference-cudagraph", "op-by-op PyTorch, decode step replayed as one CUDA graph",
+               _reference("cudagraph")),
+    EngineSpec("reference-compile", "torch.compile(mode='reduce-overhead'): inductor fusion + CUDA graphs",
+               _reference("compile")),
+    EngineSpec("hf", "Hugging Face transformers' own model, eager, DynamicCache", _hf),
+    EngineSpec("megakernel", "Triton persistent megakernel: one launch per token, L2 prefetch of the next "
+               "task's weights while waiting", _megakernel("fused")),
+    EngineSpec("megakernel-stages", "the megakernel's task code, one launch per stage (fusion ablation)",
+               _megakernel("stages")),
+    EngineSpec("megakernel-noprefetch", "the megakernel without early weight loads (pipelining ablation)",
+               _megakernel("noprefetch")),
+]}
+
+
+def get_engine_spec(name: str) -> EngineSpec:
+    """The registry entry for ``name``.
+
+    Raises:
+        BubblescopeError: unknown name; the message lists the known engines.
+    """
+    if name not in ENGINES:
+        raise BubblescopeError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+def build_engine(name: str, weights: ModelWeights, max_seq_len: int):
+    """Build the named engine over ``weights`` with a KV cache of ``max_seq_len`` positions.
+
+    Raises:
+        BubblescopeError: unknown engine name.
+        EngineUnavailable: the engine cannot run on this machine or this model.
+    """
+    return get_engine_spec(name).build(weights, max_seq_len)
+
+
+class HFEngine:
+    """transformers' ``AutoModelForCausalLM`` with our weights, as the peer users compare against.
+
+    Decoder protocol over ``model(input_ids, past_key_values=DynamicCache())``. The model is built on the
+    meta device and the weights assigned (no random init of a billion parameters), then the rotary
+    embedding, whose buffers are computed in ``__init__``, is rebuilt on the real device.
+    """
+
+    def __init__(self, weights: ModelWeights, max_seq_len: int):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = weights.config
+        self.name, self.config, self.device = "hf", cfg, weights.device
+        self.max_seq_len = max_seq_len
+        d = cfg.to_hf_dict()
+        d.pop("architectures")
+        hf_cfg = AutoConfig.for_model(**d)
+        hf_cfg.dtype = weights.dtype
+        hf_cfg._attn_implementation = "sdpa"
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_cfg)
+        model.load_state_dict(weights.hf_state_dict(), strict=False, assign=True)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        rotary = model.model.rotary_emb
+        # Built outside the meta context; its signature differs across transformers versions (device= or not).
+        model.model.rotary_emb = type(rotary)(config=hf_cfg).to(self.device)
+        self.model = model.eval()
+        self.position = 0
+        self._cache = None
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+        self._cache = DynamicCache()
+        self.position = 0
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if token_ids.numel() > self.max_seq_len:
+            raise BubblescopeError(f"prompt: {token_ids.numel()} tokens do not fit the KV cache of "
+                                   f"{self.max_seq_len} positions")
+        self.reset()
+        out = self.model(token_ids.view(1, -1).to(self.device), past_key_values=self._cache, use_cache=True)
+        self.position = token_ids.numel()
+        return out.logits[0, -1]
+
+    @torch.inference_mode()
+    def decode(self, token: int | torch.Tensor) -> torch.Tensor:
+        if isinstance(token, torch.Tensor):
+            ids = token.view(1, 1).to(self.device)
+        else:
+            ids = torch.tensor([[int(token)]], device=self.device)
+        out = self.model(ids, past_key_values=self._cache, use_cache=True)
+        self.position += 1
+        return out.logits[0, -1]

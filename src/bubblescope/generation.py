@@ -1,0 +1,151 @@
+"""The Decoder protocol every engine implements, sampling, and the token loop.
+
+Sampling (greedy, temperature, top-k, top-p, seeded) lives here once; engines only map tokens to logits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+
+from .models.config import ModelConfig
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """A batch-size-1 decoder with its own KV cache.
+
+    ``prefill(token_ids)``: ``token_ids`` LongTensor (T,) -> logits (V,) of the last prompt position; the
+    cache then holds T positions. ``decode(token)``: an int or LongTensor (1,) -> logits (V,) for the next
+    position; advances ``position`` by one. Returned logits may be a static buffer that the next call
+    overwrites (CUDA-graph engines): copy them if you keep them. ``reset()`` empties the cache.
+    """
+
+    name: str
+    config: ModelConfig
+    device: torch.device
+    position: int
+
+    def prefill(self, token_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def decode(self, token: int | torch.Tensor) -> torch.Tensor: ...
+
+    def reset(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature`` 0 means greedy. ``top_k`` 0 and ``top_p`` 1.0 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
+    """Pick the next token from ``logits`` (V,) of any float dtype; returns a host int.
+
+    Greedy is ``argmax`` (first maximum on ties, as torch defines). Otherwise the logits are divided by the
+    temperature, filtered by top-k and then top-p (nucleus: the smallest set of tokens whose probability
+    mass reaches ``top_p``, Holtzman et al. 2019), and sampled with ``generator`` on the logits' device.
+    """
+    if params.temperature <= 0:
+        return int(torch.argmax(logits))
+    x = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < x.numel():
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = torch.where(x < kth, torch.full_like(x, float("-inf")), x)
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        cum = torch.softmax(sorted_x, dim=-1).cumsum(-1)
+        # Drop a token when the mass before it already reaches top_p (the top token always stays).
+        drop = (cum - torch.softmax(sorted_x, dim=-1)) >= params.top_p
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.empty_like(x).scatter_(0, order, sorted_x)
+    probs = torch.softmax(x, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass
+class GenerationResult:
+    """Tokens and host wall times of one generation.
+
+    ``ttft_ms``: prefill plus sampling the first token, token on the host (ms). ``token_ms``: per later
+    token, host wall time from the previous token being on the host to this one being on the host (ms).
+    """
+
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
+    ttft_ms: float = 0.0
+    token_ms: list[float] = field(default_factory=list)
+    stopped_at_eos: bool = False
+
+    @property
+    def total_ms(self) -> float:
+        return self.ttft_ms + sum(self.token_ms)
+
+    @property
+    def decode_share(self) -> float | None:
+        """Fraction of the generation's wall time spent in decode steps (None if there were none)."""
+        return sum(self.token_ms) / self.total_ms if self.token_ms and self.total_ms > 0 else None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tokens: int,
+             params: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] | None = None,
+             on_token: Callable[[int], None] | None = None) -> GenerationResult:
+    """Prefill ``prompt_ids`` then decode up to ``max_new_tokens`` tokens (stopping after an EOS id).
+
+    ``eos_ids`` defaults to the decoder config's ``eos_token_id``; pass ``()`` to never stop early.
+    The first token comes from the prefill logits, so ``max_new_tokens`` tokens need
+    ``max_new_tokens - 1`` decode steps.
+
+    Raises:
+        BubblescopeError: the prompt plus new tokens do not fit the decoder's KV cache (from the engine).
+    """
+    ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)
+    eos = set(decoder.config.eos_token_id if eos_ids is None else eos_ids)
+    gen = None
+    if params.temperature > 0:
+        gen = torch.Generator(device=decoder.device).manual_seed(params.seed)
+    res = GenerationResult(prompt_ids=ids)
+    decoder.reset()
+    prompt = torch.tensor(ids, dtype=torch.long, device=decoder.device)
+    _sync(decoder.device)
+    t0 = time.perf_counter()
+    tok = sample(decoder.prefill(prompt), params, gen)
+    t1 = time.perf_counter()
+    res.ttft_ms = (t1 - t0) * 1e3
+    res.tokens.append(tok)
+    if on_token:
+        on_token(tok)
+    while len(res.tokens) < max_new_tokens and tok not in eos:
+        t0 = t1
+        tok = sample(decoder.decode(tok), params, gen)
+        t1 = time.perf_counter()
+        res.token_ms.append((t1 - t0) * 1e3)
+        res.tokens.append(tok)
+        if on_token:
+            on_token(tok)
+    res.stopped_at_eos = tok in eos
+    return res
+
+
+def teacher_forced_logits(decoder: Decoder, prompt_ids: list[int], forced: list[int]) -> torch.Tensor:
+    """Logits (len(forced) + 1, V) float32 on the CPU: after the prompt, then after each forced token.
+
+    Used to compare engines step by step on the same inputs (no divergence from differing samples).
+    """
+    decoder.reset()
+    rows = [decoder.prefill(torch.tensor(prompt_ids, dtype=torch.long, device=decoder.device)).float().cpu()]
+    for t in forced:
+        rows.append(decoder.decode(int(t)).float().cpu())
+    return torch.stack(rows)

@@ -1,0 +1,331 @@
+"""Model configuration with Hugging Face field names, plus named presets.
+
+Field names follow ``transformers``' ``LlamaConfig`` / ``Qwen2Config`` / ``Qwen3Config`` so a
+``config.json`` maps onto :class:`ModelConfig` one to one. Preset values are copied from the public
+``config.json`` files on the Hugging Face Hub (meta-llama/Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B,
+Qwen/Qwen2.5-0.5B, Qwen3-0.6B, Qwen3-1.7B) and from the llama2.c header of stories260K.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BubblescopeError
+
+# model_type in config.json -> our architecture family. Mistral without a sliding window is
+# Llama with other names; Qwen2 adds q/k/v biases; Qwen3 adds per-head q/k RMSNorm.
+SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only Llama-family transformer.
+
+    Attributes use Hugging Face names. ``head_dim`` defaults to ``hidden_size // num_attention_heads``
+    when absent (as in ``LlamaConfig``). ``rope_scaling`` is the raw dict, e.g. ``{"rope_type":
+    "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}``. ``eos_token_id`` is a tuple (HF allows an int or list).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int = 0
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 2048
+    bos_token_id: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+    model_type: str = "llama"
+    name: str = "custom"
+    hidden_act: str = "silu"
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        eos = self.eos_token_id
+        if eos is None:
+            eos = ()
+        elif isinstance(eos, int):
+            eos = (eos,)
+        object.__setattr__(self, "eos_token_id", tuple(int(e) for e in eos))
+        self.validate()
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection output, ``num_attention_heads * head_dim``."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of each of the key and value projection outputs, ``num_key_value_heads * head_dim``."""
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head (1 = MHA)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def family(self) -> str:
+        """``llama``, ``qwen2`` or ``qwen3``."""
+        return SUPPORTED_MODEL_TYPES[self.model_type]
+
+    def layer_parameters(self) -> int:
+        """Parameters of one decoder layer (projections, biases, norms)."""
+        h, q, kv, i = self.hidden_size, self.q_size, self.kv_size, self.intermediate_size
+        n = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        if self.attention_bias:
+            n += q + 2 * kv
+        if self.qk_norm:
+            n += 2 * self.head_dim
+        return n
+
+    def num_parameters(self) -> int:
+        """Total parameters, counting a tied LM head once (as ``model.num_parameters()`` does)."""
+        n = self.vocab_size * self.hidden_size + self.num_hidden_layers * self.layer_parameters()
+        n += self.hidden_size
+        if not self.tie_word_embeddings:
+            n += self.vocab_size * self.hidden_size
+        return n
+
+    def validate(self) -> None:
+        """Check the shapes are consistent.
+
+        Raises:
+            BubblescopeError: a field is non-positive, heads do not divide, or the model type is unknown.
+        """
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise BubblescopeError(f"model config {self.name}: {name} must be a positive integer, got {v!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise BubblescopeError(
+                f"model config {self.name}: num_attention_heads {self.num_attention_heads} is not a multiple "
+                f"of num_key_value_heads {self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise BubblescopeError(f"model config {self.name}: head_dim {self.head_dim} must be even for RoPE")
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise BubblescopeError(
+                f"model config {self.name}: unsupported model_type {self.model_type!r} "
+                f"(supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})")
+        if self.hidden_act != "silu":
+            raise BubblescopeError(f"model config {self.name}: unsupported hidden_act {self.hidden_act!r} (only silu)")
+        if self.rope_scaling:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+            if kind not in ("default", "llama3"):
+                raise BubblescopeError(
+                    f"model config {self.name}: unsupported rope_scaling type {kind!r} (supported: default, llama3)")
+
+    # ---- construction --------------------------------------------------------------------
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (e.g. ``max_position_embeddings``)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_hf_dict(self) -> dict:
+        """The config as a Hugging Face ``config.json`` dict (loadable by ``transformers.AutoConfig``)."""
+        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+        d = {
+            "architectures": [arch], "model_type": self.model_type, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "vocab_size": self.vocab_size, "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling, "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings, "hidden_act": self.hidden_act,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if len(self.eos_token_id) != 1 else self.eos_token_id[0],
+        }
+        if self.model_type in ("llama", "mistral"):
+            d["attention_bias"] = self.attention_bias
+            d["mlp_bias"] = False
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, name: str = "custom") -> "ModelConfig":
+        """Build from a parsed Hugging Face ``config.json``.
+
+        Raises:
+            BubblescopeError: unsupported architecture or model_type (named), or a missing field.
+        """
+        d = dict(d)
+        if isinstance(d.get("text_config"), dict) and "hidden_size" not in d:
+            raise BubblescopeError(f"{name}: multimodal configs are not supported (model_type {d.get('model_type')!r})")
+        model_type = d.get("model_type")
+        archs = d.get("architectures") or []
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            shown = archs[0] if archs else model_type
+            raise BubblescopeError(
+                f"{name}: unsupported architecture {shown!r} (model_type {model_type!r}); supported model types: "
+                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
+        if model_type == "mistral" and d.get("sliding_window"):
+            raise BubblescopeError(f"{name}: Mistral with sliding_window={d['sliding_window']} is not supported")
+        if d.get("mlp_bias"):
+            raise BubblescopeError(f"{name}: mlp_bias=true is not supported")
+        required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise BubblescopeError(f"{name}: config is missing {', '.join(missing)}")
+        family = SUPPORTED_MODEL_TYPES[model_type]
+        rope_scaling = d.get("rope_scaling")
+        # transformers >= 4.5x may store rope settings under "rope_parameters".
+        rope_params = d.get("rope_parameters") or {}
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        eos = d.get("eos_token_id")
+        return cls(
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=int(d["num_attention_heads"]),
+            num_key_value_heads=int(d.get("num_key_value_heads") or d["num_attention_heads"]),
+            vocab_size=int(d["vocab_size"]),
+            head_dim=int(d.get("head_dim") or 0),
+            rope_theta=float(d.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
+            rope_scaling=rope_scaling,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=bool(d.get("attention_bias", family == "qwen2")),
+            qk_norm=family == "qwen3",
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            model_type=model_type,
+            name=name,
+            hidden_act=d.get("hidden_act", "silu"),
+        )
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path) -> "ModelConfig":
+        """Read a ``config.json`` (or a directory holding one).
+
+        Raises:
+            BubblescopeError: the path is missing, holds no config.json, is not JSON, or is unsupported.
+        """
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+            if not p.is_file():
+                raise BubblescopeError(f"{path}: directory has no config.json")
+        if not p.is_file():
+            raise BubblescopeError(f"{path}: no such file")
+        try:
+            d = json.loads(p.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BubblescopeError(f"{p}: not valid JSON ({e.__class__.__name__}: {e})") from None
+        if not isinstance(d, dict):
+            raise BubblescopeError(f"{p}: expected a JSON object")
+        return cls.from_hf_dict(d, name=p.parent.name or "custom")
+
+
+def _llama3_scaling(factor: float) -> dict:
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+
+
+# Flat dict of named presets (values from each model's public config.json).
+PRESETS: dict[str, ModelConfig] = {
+    "llama-3.2-1b": ModelConfig(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0,
+        rope_scaling=_llama3_scaling(32.0), rms_norm_eps=1e-5, tie_word_embeddings=True,
+        max_position_embeddings=131072, bos_token_id=128000, eos_token_id=(128001,), name="llama-3.2-1b"),
+    "llama-3.2-3b": ModelConfig(
+        hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0,
+        rope_scaling=_llama3_scaling(32.0), rms_norm_eps=1e-5, tie_word_embeddings=True,
+        max_position_embeddings=131072, bos_token_id=128000, eos_token_id=(128001,), name="llama-3.2-3b"),
+    "llama-3.1-8b": ModelConfig(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0,
+        rope_scaling=_llama3_scaling(8.0), rms_norm_eps=1e-5, tie_word_embeddings=False,
+        max_position_embeddings=131072, bos_token_id=128000, eos_token_id=(128001,), name="llama-3.1-8b"),
+    "qwen2.5-0.5b": ModelConfig(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, head_dim=64, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, attention_bias=True, max_position_embeddings=32768, bos_token_id=151643,
+        eos_token_id=(151643,), model_type="qwen2", name="qwen2.5-0.5b"),
+    "qwen3-0.6b": ModelConfig(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, qk_norm=True, max_position_embeddings=40960, bos_token_id=151643,
+        eos_token_id=(151645,), model_type="qwen3", name="qwen3-0.6b"),
+    "qwen3-1.7b": ModelConfig(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, qk_norm=True, max_position_embeddings=40960, bos_token_id=151643,
+        eos_token_id=(151645,), model_type="qwen3", name="qwen3-1.7b"),
+    # llama2.c header: dim 64, hidden_dim 172, 5 layers, 8 heads, 4 kv heads, vocab 512 (shared), seq_len 512.
+    "stories260k": ModelConfig(
+        hidden_size=64, intermediate_size=172, num_hidden_layers=5, num_attention_heads=8,
+        num_key_value_heads=4, vocab_size=512, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, max_position_embeddings=512, bos_token_id=1, eos_token_id=(2,),
+        name="stories260k"),
+    # A small made-up Llama (GQA, llama3 RoPE scaling) for CPU smoke runs with dummy weights.
+    "tiny-llama": ModelConfig(
+        hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, vocab_size=1024, rope_theta=500000.0, rope_scaling=_llama3_scaling(8.0),
+        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192, bos_token_id=1,
+        eos_token_id=(2,), name="tiny-llama"),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """A preset by name (case-insensitive).
+
+    Raises:
+        BubblescopeError: unknown name; the message lists the known presets.
+    """
+    key = name.lower()
+    if key not in PRESETS:
+        raise BubblescopeError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return PRESETS[key]
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """KV-cache bytes one position occupies across all layers: 2 (K and V) × layers × kv_heads × head_dim × bytes."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+
+
+def rope_inv_freq(cfg: ModelConfig) -> "torch.Tensor":
+    """RoPE inverse frequencies: float32 tensor of shape (head_dim // 2,), llama3-scaled when configured.
+
+    Formula: ``inv_freq[i] = theta ** (-2i / head_dim)`` computed in float32 exactly as transformers'
+    ``_compute_default_rope_parameters`` does; llama3 scaling follows ``_compute_llama3_parameters``
+    (transformers modeling_rope_utils.py): wavelengths longer than ``original_max / low_freq_factor``
+    are divided by ``factor``, those shorter than ``original_max / high_freq_factor`` are kept, and the
+    band between is interpolated smoothly.
+    """
+    import torch
+
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    rs = cfg.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) != "llama3":
+        return inv
+    factor = float(rs["factor"])
+    low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+    old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)

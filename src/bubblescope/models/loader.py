@@ -1,0 +1,126 @@
+"""Resolve what the user named (a preset, a checkpoint directory, a config.json, a llama2.c file) into a model."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import BubblescopeError
+from .config import PRESETS, ModelConfig, get_preset
+from .tokenizer import load_tokenizer
+from .weights import ModelWeights, dummy_weights, load_hf_checkpoint, load_llama2c
+
+# Where a preset's real file may live: (preset, relative path) — searched under BUBBLESCOPE_MODELS (a
+# path list) and ../shared/models relative to the working directory.
+KNOWN_FILES = {"stories260k": "stories260K/stories260K.bin"}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for an engine: weights, an optional tokenizer, and where they came from."""
+
+    weights: ModelWeights
+    tokenizer: object | None
+    source: str          # "dummy" | "hf" | "llama2c"
+    path: str | None
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.weights.config
+
+
+def model_search_dirs() -> list[Path]:
+    """``$BUBBLESCOPE_MODELS`` entries (os.pathsep-separated), then ``../shared/models``."""
+    dirs = [Path(p) for p in os.environ.get("BUBBLESCOPE_MODELS", "").split(os.pathsep) if p]
+    return dirs + [Path("..") / "shared" / "models"]
+
+
+def find_model_file(preset: str) -> Path | None:
+    """The real checkpoint of a preset (only stories260k has one we know of), or None if not found."""
+    rel = KNOWN_FILES.get(preset.lower())
+    if rel is None:
+        return None
+    for d in model_search_dirs():
+        for cand in (d / rel, d / Path(rel).name):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``None``/"auto" -> cuda if available else cpu.
+
+    Raises:
+        BubblescopeError: cuda asked for on a machine without a GPU, or an unknown device string.
+    """
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise BubblescopeError(f"--device: unknown device {device!r}; use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BubblescopeError("--device cuda: no CUDA GPU is available on this machine")
+    if dev.type not in ("cuda", "cpu"):
+        raise BubblescopeError(f"--device: unsupported device {device!r}; use cpu or cuda")
+    return dev
+
+
+def _tokenizer_beside(path: Path) -> Path | None:
+    folder = path if path.is_dir() else path.parent
+    for name in ("tokenizer.json", "tok512.bin", "tokenizer.bin"):
+        if (folder / name).is_file():
+            return folder / name
+    # llama2.c names tokenizers after the vocab size: tok512.bin, tok4096.bin, ...
+    found = sorted(folder.glob("tok*.bin"))
+    return found[0] if found else None
+
+
+def _load_path(p: Path, device, dtype, seed) -> tuple[ModelWeights, str]:
+    if not p.exists():
+        raise BubblescopeError(f"{p}: no such file or directory")
+    if p.is_dir():
+        return load_hf_checkpoint(p, device, dtype), "hf"
+    if p.suffix == ".json":
+        return dummy_weights(ModelConfig.from_hf_config(p), device, dtype, seed), "dummy"
+    if p.suffix == ".safetensors":
+        return load_hf_checkpoint(p.parent, device, dtype), "hf"
+    return load_llama2c(p, device, dtype), "llama2c"
+
+
+def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None = None,
+               device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
+               seed: int = 0) -> LoadedModel:
+    """Load ``model``: a preset name or a path, with optional explicit checkpoint and tokenizer paths.
+
+    * preset name: dummy weights of its config, except a preset whose real file is found
+      (``find_model_file``), which is loaded;
+    * a directory with ``config.json`` + safetensors: a Hugging Face checkpoint;
+    * a ``config.json``: dummy weights of that config;
+    * any other file: a llama2.c ``.bin``.
+    A tokenizer beside the weights (``tokenizer.json``, ``tok512.bin``, ``tokenizer.bin``) is found by itself.
+
+    Raises:
+        BubblescopeError: unknown preset, missing path, unsupported config, malformed weights.
+    """
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    path = checkpoint
+    if path is None and model.lower() not in PRESETS:
+        if not Path(model).exists() and os.sep not in model and not model.endswith((".bin", ".json")):
+            get_preset(model)  # raises "unknown model preset ..., known presets: ..."
+        path = model
+    if path is None:
+        path = find_model_file(model)
+    if path is None:
+        weights, source = dummy_weights(get_preset(model), dev, dtype, seed), "dummy"
+    else:
+        weights, source = _load_path(Path(path), dev, dtype, seed)
+    tok_path = Path(tokenizer) if tokenizer else (_tokenizer_beside(Path(path)) if path else None)
+    tok = None
+    if tok_path is not None:
+        tok = load_tokenizer(tok_path, vocab_size=weights.config.vocab_size if tok_path.suffix != ".json" else None,
+                             bos_token_id=weights.config.bos_token_id)
+    return LoadedModel(weights, tok, source, str(path) if path else None)

@@ -1,0 +1,134 @@
+"""The reference Decoder: the op-by-op model in one of three modes.
+
+* ``eager``: every op is its own kernel launch (hundreds per token) — the baseline a profiler should explain.
+* ``cudagraph``: the decode step is captured once in a CUDA graph and replayed; the token is written into a
+  static buffer by a fill kernel and the position tensor is incremented inside the graph, so a step is two
+  launches and needs no host sync.
+* ``compile``: ``torch.compile(mode="reduce-overhead")`` (inductor fusion + CUDA graphs) of the decode
+  step; prefill stays eager (it runs once per request and a dynamic-shape compile would only move TTFT).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import BubblescopeError, EngineUnavailable
+from ..models.weights import ModelWeights
+from .model import Transformer
+
+MODES = ("eager", "cudagraph", "compile")
+
+
+class ReferenceEngine:
+    """Decoder protocol over :class:`Transformer` (see ``bubblescope.generation.Decoder``).
+
+    Args:
+        weights: model weights (device and dtype are taken from them).
+        mode: ``eager``, ``cudagraph`` or ``compile``.
+        max_seq_len: KV-cache positions; defaults to ``min(max_position_embeddings, 2048)``.
+
+    Raises:
+        BubblescopeError: unknown mode.
+        EngineUnavailable: ``cudagraph`` without a CUDA device.
+    """
+
+    def __init__(self, weights: ModelWeights, mode: str = "eager", max_seq_len: int | None = None):
+        if mode not in MODES:
+            raise BubblescopeError(f"--mode: unknown mode {mode!r}; use one of {', '.join(MODES)}")
+        self.config = weights.config
+        self.device = weights.device
+        if mode == "cudagraph" and self.device.type != "cuda":
+            raise EngineUnavailable("reference mode cudagraph needs a CUDA device")
+        self.mode = mode
+        self.name = "reference" if mode == "eager" else f"reference-{mode}"
+        self.max_seq_len = max_seq_len or min(self.config.max_position_embeddings, 2048)
+        self.model = Transformer(weights, self.max_seq_len)
+        self.position = 0
+        self._tok = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._graph = None
+        self._graph_out = None
+        self._compiled = None
+        if mode == "compile":
+            # The position is advanced outside the compiled function: cudagraph trees skip graphs whose
+            # inputs are mutated in place.
+            self._compiled = torch.compile(self.model, mode="reduce-overhead", fullgraph=True)
+
+    # The decode step: fixed shapes, position as a device tensor advanced in place (no host sync).
+    def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        logits = self.model(tok, pos)
+        pos.add_(1)
+        return logits
+
+    def reset(self) -> None:
+        """Empty the KV cache (zeroed so stale values can never leak into a masked-out softmax)."""
+        self.model.reset_cache()
+        self.position = 0
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt (T,) in one forward from position 0; returns logits (V,) of its last position.
+
+        Raises:
+            BubblescopeError: the prompt is empty or longer than the KV cache.
+        """
+        t = token_ids.numel()
+        if t == 0:
+            raise BubblescopeError("prompt: empty (need at least one token)")
+        if t > self.max_seq_len:
+            raise BubblescopeError(f"prompt: {t} tokens do not fit the KV cache of {self.max_seq_len} positions")
+        self.reset()
+        pos = torch.arange(t, device=self.device)
+        logits = self.model(token_ids.to(self.device).view(-1), pos)
+        self.position = t
+        self._pos.fill_(t)
+        return logits
+
+    @torch.inference_mode()
+    def decode(self, token: int | torch.Tensor) -> torch.Tensor:
+        """One decode step for ``token`` at the current position; returns logits (V,).
+
+        In ``cudagraph``/``compile`` mode the returned tensor is a static buffer overwritten by the next call.
+
+        Raises:
+            BubblescopeError: the KV cache is full.
+        """
+        if self.position >= self.max_seq_len:
+            raise BubblescopeError(f"decode: the KV cache of {self.max_seq_len} positions is full")
+        if isinstance(token, torch.Tensor):
+            self._tok.copy_(token.view(1))
+        else:
+            self._tok.fill_(int(token))
+        if self.mode == "eager":
+            out = self._step(self._tok, self._pos)
+        elif self.mode == "compile":
+            out = self._compiled(self._tok, self._pos)
+            self._pos.add_(1)
+        else:
+            out = self._replay()
+        self.position += 1
+        return out
+
+    def _replay(self) -> torch.Tensor:
+        if self._graph is None:
+            self._capture()
+        self._graph.replay()
+        return self._graph_out
+
+    def _capture(self) -> None:
+        # Warm up on a side stream (cuBLAS workspaces, lazy init) before capture, as the CUDA-graph docs say.
+        # The warm-up steps write the cache at the current position and advance _pos, so restore both.
+        pos0 = self._pos.clone()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._pos.copy_(pos0)
+                self._step(self._tok, self._pos)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self._pos.copy_(pos0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._step(self._tok, self._pos)
+        self._pos.copy_(pos0)
+        self._graph, self._graph_out = graph, out

@@ -1,0 +1,125 @@
+"""Op-by-op PyTorch Llama-family transformer with a fixed-shape KV cache (gpt-fast style).
+
+One ``forward(tokens, input_pos)`` serves prefill (T tokens) and decode (T = 1): keys and values are
+written into the static cache at ``input_pos`` and attention runs over the whole cache under a mask, so
+the decode step has fixed shapes and no host sync (CUDA-graph capturable). Numerics follow transformers'
+``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``: RMSNorm in float32 then cast back,
+RoPE applied in the activation dtype with rotate_half, GQA by repeating KV heads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.config import ModelConfig, rope_inv_freq
+from ..models.weights import ModelWeights
+
+
+class KVCache(nn.Module):
+    """Static per-layer cache: k, v of shape (1, n_kv_heads, max_seq_len, head_dim)."""
+
+    def __init__(self, max_seq_len: int, n_kv: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        shape = (1, n_kv, max_seq_len, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v (1, n_kv, T, D) at positions ``input_pos`` (T,); return the full caches."""
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+        return self.k_cache, self.v_cache
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich 2019) as transformers' LlamaRMSNorm: float32 statistics, cast back, scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, w, max_seq_len: int):
+        super().__init__()
+        self.cfg = cfg
+        for name, t in w.tensors().items():
+            self.register_buffer(name, t, persistent=False)
+        self.has_bias = w.q_bias is not None
+        self.has_qk_norm = w.q_norm is not None
+        self.kv_cache = KVCache(max_seq_len, cfg.num_key_value_heads, cfg.head_dim, w.q_proj.dtype, w.q_proj.device)
+
+    def forward(self, x, cos, sin, mask, input_pos):
+        c = self.cfg
+        T = x.shape[0]
+        h = rms_norm(x, self.input_layernorm, c.rms_norm_eps)                     # (T, H)
+        q = F.linear(h, self.q_proj, self.q_bias if self.has_bias else None)      # (T, nh*D)
+        k = F.linear(h, self.k_proj, self.k_bias if self.has_bias else None)      # (T, nkv*D)
+        v = F.linear(h, self.v_proj, self.v_bias if self.has_bias else None)
+        q = q.view(T, c.num_attention_heads, c.head_dim)
+        k = k.view(T, c.num_key_value_heads, c.head_dim)
+        v = v.view(T, c.num_key_value_heads, c.head_dim)
+        if self.has_qk_norm:  # Qwen3: per-head RMSNorm on q and k before RoPE
+            q = rms_norm(q, self.q_norm, c.rms_norm_eps)
+            k = rms_norm(k, self.k_norm, c.rms_norm_eps)
+        q = q.transpose(0, 1).unsqueeze(0)                                         # (1, nh, T, D)
+        k = k.transpose(0, 1).unsqueeze(0)                                         # (1, nkv, T, D)
+        v = v.transpose(0, 1).unsqueeze(0)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_all, v_all = self.kv_cache.update(input_pos, k, v)                       # (1, nkv, S, D)
+        g = c.gqa_group
+        if g > 1:
+            k_all = k_all.repeat_interleave(g, dim=1)                              # (1, nh, S, D)
+            v_all = v_all.repeat_interleave(g, dim=1)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)       # (1, nh, T, D)
+        y = y.squeeze(0).transpose(0, 1).reshape(T, c.q_size)
+        x = x + F.linear(y, self.o_proj)
+        h = rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
+        return x + F.linear(F.silu(F.linear(h, self.gate_proj)) * F.linear(h, self.up_proj), self.down_proj)
+
+
+class Transformer(nn.Module):
+    """The model over a static KV cache of ``max_seq_len`` positions."""
+
+    def __init__(self, weights: ModelWeights, max_seq_len: int):
+        super().__init__()
+        cfg = self.cfg = weights.config
+        self.max_seq_len = max_seq_len
+        dev = weights.device
+        self.register_buffer("embed_tokens", weights.embed_tokens, persistent=False)
+        self.register_buffer("norm", weights.norm, persistent=False)
+        self.register_buffer("lm_head", weights.lm_head, persistent=False)
+        self.layers = nn.ModuleList(Layer(cfg, lw, max_seq_len) for lw in weights.layers)
+        # cos/sin tables (S, D) in float32 like transformers' rotary embedding; cast to the activation dtype
+        # at use, as transformers does.
+        pos = torch.arange(max_seq_len, dtype=torch.float32)
+        freqs = torch.outer(pos, rope_inv_freq(cfg))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos().to(dev), persistent=False)
+        self.register_buffer("sin", emb.sin().to(dev), persistent=False)
+        causal = torch.tril(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool, device=dev))
+        self.register_buffer("causal", causal, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True) -> torch.Tensor:
+        """tokens, input_pos: LongTensor (T,) -> logits (V,) of the last position, or (T, V) if not last_only."""
+        x = F.embedding(tokens, self.embed_tokens)                                 # (T, H)
+        cos = self.cos[input_pos].to(x.dtype)[None, None]                          # (1, 1, T, D)
+        sin = self.sin[input_pos].to(x.dtype)[None, None]
+        mask = self.causal[input_pos][None, None]                                  # (1, 1, T, S)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, input_pos)
+        if last_only:
+            x = x[-1]
+        return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+
+    def reset_cache(self) -> None:
+        for layer in self.layers:
+            layer.kv_cache.k_cache.zero_()
+            layer.kv_cache.v_cache.zero_()

@@ -1,0 +1,23 @@
+"""Shared fixtures: where ../shared is, tiny configs, and the GPU skip marker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+STORIES = SHARED / "models" / "stories260K" / "stories260K.bin"
+STORIES_TOK = SHARED / "models" / "stories260K" / "tok512.bin"
+TRACES = SHARED / "traces"
+
+needs_stories = pytest.mark.skipif(not STORIES.is_file(), reason=f"{STORIES} not found (../shared is absent)")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA not available)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (CUDA not available)"))

@@ -1,0 +1,65 @@
+"""Sampling and the token loop, checked against numpy-computed distributions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bubblescope.generation import SamplingParams, generate, sample
+from bubblescope.models import dummy_weights, get_preset
+from bubblescope.reference_engine import ReferenceEngine
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0])
+
+
+def _freqs(params: SamplingParams, n: int = 6000) -> np.ndarray:
+    g = torch.Generator().manual_seed(params.seed)
+    counts = np.bincount([sample(LOGITS, params, g) for _ in range(n)], minlength=LOGITS.numel())
+    return counts / n
+
+
+def test_greedy_is_argmax():
+    assert sample(LOGITS, SamplingParams()) == 0
+    assert sample(torch.tensor([0.0, 3.0, 3.0]), SamplingParams()) == 1  # first maximum on ties
+
+
+def test_temperature_matches_softmax():
+    p = np.exp(LOGITS.numpy() / 0.7)
+    p /= p.sum()
+    assert np.abs(_freqs(SamplingParams(temperature=0.7, seed=1)) - p).max() < 0.025
+
+
+def test_top_k_and_top_p_truncate_then_renormalize():
+    e = np.exp(LOGITS.numpy())
+    k2 = np.where(np.isin(np.arange(5), [0, 1]), e, 0)
+    assert np.abs(_freqs(SamplingParams(temperature=1.0, top_k=2, seed=2)) - k2 / k2.sum()).max() < 0.025
+    # softmax mass sorted: 0.53, 0.19, 0.12, 0.07(id 4), 0.03 -> top_p 0.8 keeps ids 0, 1, 2 (0.53+0.19 < 0.8)
+    p = e / e.sum()
+    keep = np.isin(np.arange(5), [0, 1, 2])
+    assert p[0] + p[1] < 0.8 <= p[0] + p[1] + p[2]
+    nucleus = np.where(keep, p, 0)
+    assert np.abs(_freqs(SamplingParams(temperature=1.0, top_p=0.8, seed=3)) - nucleus / nucleus.sum()).max() < 0.025
+
+
+def test_seeded_generation_is_reproducible_and_stops_at_eos():
+    cfg = get_preset("tiny-llama")
+    eng = ReferenceEngine(dummy_weights(cfg, seed=0), max_seq_len=64)
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=11)
+    a = generate(eng, [1, 2, 3], 20, p, eos_ids=()).tokens
+    b = generate(eng, [1, 2, 3], 20, p, eos_ids=()).tokens
+    assert a == b and len(a) == 20
+    greedy = generate(eng, [1, 2, 3], 20, eos_ids=()).tokens
+    stop = greedy[5]
+    cut = generate(eng, [1, 2, 3], 20, eos_ids=(stop,))
+    assert cut.tokens == greedy[:greedy.index(stop) + 1] and cut.stopped_at_eos
+    assert len(cut.token_ms) == len(cut.tokens) - 1 and cut.ttft_ms > 0
+
+
+def test_cache_overflow_is_a_clear_error():
+    from bubblescope.errors import BubblescopeError
+    eng = ReferenceEngine(dummy_weights(get_preset("tiny-llama")), max_seq_len=8)
+    with pytest.raises(BubblescopeError, match="do not fit the KV cache of 8 positions"):
+        eng.prefill(torch.arange(9))
+    with pytest.raises(BubblescopeError, match="KV cache of 8 positions is full"):
+        generate(eng, [1, 2, 3], 10, eos_ids=())

@@ -1,0 +1,153 @@
+"""Configs, presets, loaders and tokenizers, including every bad input issue #2 names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bubblescope.errors import BubblescopeError
+from bubblescope.models import ModelConfig, dummy_weights, get_preset, load_hf_checkpoint, load_model
+from bubblescope.models.tokenizer import HFTokenizer, Llama2cTokenizer
+from bubblescope.models.weights import save_hf_checkpoint
+
+from .conftest import ROOT, STORIES, STORIES_TOK, needs_stories
+
+TINY = ModelConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=64, max_position_embeddings=128, name="t")
+
+
+def test_presets_match_public_configs():
+    # Values from the public config.json files (meta-llama/Llama-3.2-1B, Qwen/Qwen3-0.6B) and parameter
+    # counts from their model cards: Llama-3.2-1B 1.24 B, Qwen3-0.6B 0.6 B (0.44 B non-embedding).
+    l1 = get_preset("llama-3.2-1b")
+    assert (l1.hidden_size, l1.intermediate_size, l1.num_hidden_layers, l1.num_attention_heads,
+            l1.num_key_value_heads, l1.head_dim, l1.vocab_size, l1.rope_theta, l1.rms_norm_eps,
+            l1.tie_word_embeddings) == (2048, 8192, 16, 32, 8, 64, 128256, 500000.0, 1e-5, True)
+    assert l1.rope_scaling == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    assert round(l1.num_parameters() / 1e9, 2) == 1.24
+    q = get_preset("qwen3-0.6b")
+    assert (q.hidden_size, q.intermediate_size, q.num_hidden_layers, q.num_attention_heads,
+            q.num_key_value_heads, q.head_dim, q.vocab_size, q.rope_theta, q.rms_norm_eps,
+            q.tie_word_embeddings, q.qk_norm) == (1024, 3072, 28, 16, 8, 128, 151936, 1e6, 1e-6, True, True)
+    assert round((q.num_parameters() - q.vocab_size * q.hidden_size) / 1e9, 2) == 0.44
+
+
+def test_hf_config_round_trip_through_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    for name in ("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b"):
+        cfg = get_preset(name)
+        (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+        hf = transformers.AutoConfig.from_pretrained(tmp_path)
+        assert hf.num_key_value_heads == cfg.num_key_value_heads and hf.vocab_size == cfg.vocab_size
+        back = ModelConfig.from_hf_config(tmp_path / "config.json")
+        assert back.replace(name=cfg.name) == cfg
+
+
+def test_sharded_checkpoint_and_missing_tensor(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    w = dummy_weights(TINY, seed=1)
+    d = TINY.to_hf_dict()
+    d.pop("architectures")
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**d))
+    hf.load_state_dict(w.hf_state_dict(), strict=False)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB", safe_serialization=True)
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    back = load_hf_checkpoint(tmp_path / "sharded")
+    assert torch.equal(back.layers[1].down_proj, w.layers[1].down_proj)
+
+    save_hf_checkpoint(w, tmp_path / "one")
+    from safetensors.torch import load_file, save_file
+    sd = load_file(tmp_path / "one" / "model.safetensors")
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, tmp_path / "one" / "model.safetensors")
+    with pytest.raises(BubblescopeError, match=r"missing tensor model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_hf_checkpoint(tmp_path / "one")
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(BubblescopeError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        ModelConfig.from_hf_config(tmp_path)
+
+
+def test_dummy_weights_are_seeded_and_typed():
+    a, b = dummy_weights(TINY, dtype=torch.bfloat16, seed=5), dummy_weights(TINY, dtype=torch.bfloat16, seed=5)
+    assert torch.equal(a.layers[0].q_proj, b.layers[0].q_proj) and a.dtype == torch.bfloat16
+    assert not torch.equal(a.layers[0].q_proj, dummy_weights(TINY, seed=6).layers[0].q_proj.bfloat16())
+    assert a.lm_head is a.embed_tokens if TINY.tie_word_embeddings else True
+    # std of a projection ~ 1/sqrt(in_features)
+    big = dummy_weights(get_preset("tiny-llama"), seed=0)
+    std = big.layers[0].down_proj.float().std().item()
+    assert abs(std - get_preset("tiny-llama").intermediate_size ** -0.5) < 0.01
+
+
+@needs_stories
+def test_llama2c_tokenizer_round_trip_and_known_ids():
+    tok = Llama2cTokenizer(STORIES_TOK, 512)
+    for text in ["Once upon a time, there was a little girl.", "héllo wörld ✓ 日本", "  two  spaces", "", "a\nb"]:
+        assert tok.decode(tok.encode(text)) == text
+    # byte fallback: '✓' is not a piece, so it is three byte tokens <0xE2><0x9C><0x93> = byte + 3
+    ids = tok.encode("✓", bos=False)
+    assert ids[-3:] == [0xE2 + 3, 0x9C + 3, 0x93 + 3]
+    assert tok.encode("hi", bos=True)[0] == 1
+
+
+def test_hf_tokenizer_round_trip(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    t = Tokenizer(models.BPE(unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(["the cat sat on the mat"] * 50, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    t.save(str(tmp_path / "tokenizer.json"))
+    tok = HFTokenizer(tmp_path / "tokenizer.json", bos_token_id=1)
+    ids = tok.encode("the cat sat on the mat")
+    assert ids[0] == 1 and len(ids) < 10 and tok.decode(ids) == "the cat sat on the mat"
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "bubblescope", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=300)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "/no/such/path.bin"], "no such file"),
+    (["generate", "{tmp}"], "has no config.json"),
+    (["generate", "{tmp}/gpt2"], "unsupported architecture 'GPT2LMHeadModel'"),
+    (["generate", "{tmp}/short.bin"], "expected"),
+    (["generate", "tiny-llama", "--device", "cuda"], "no CUDA GPU"),
+    (["generate", "no-such-preset"], "known presets: llama-3.2-1b"),
+    (["generate", "tiny-llama", "--prompt-ids", "1,2,3", "--max-new-tokens", "9000"], "exceed the model's"),
+    (["generate", "tiny-llama", "--engine", "nope"], "known engines: reference"),
+])
+def test_bad_inputs_one_line_exit_2(tmp_path, args, needle):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
+                                                                 "model_type": "gpt2"}))
+    (tmp_path / "short.bin").write_bytes(STORIES.read_bytes()[:5000] if STORIES.is_file() else b"\1" * 100)
+    r = _cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+@needs_stories
+def test_generate_cli_prints_story_and_timing():
+    r = _cli("generate", str(STORIES), "--prompt", "Once upon a time", "--max-new-tokens", "40")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Once upon a time") and len(r.stdout.split()) > 20
+    assert "ms/token" in r.stderr and "TTFT" in r.stderr
+
+
+@needs_stories
+def test_prompt_longer_than_cache():
+    r = _cli("generate", str(STORIES), "--prompt", "Once upon a time " * 200, "--max-new-tokens", "5")
+    assert r.returncode == 2 and "exceed the model's 512 positions" in r.stderr
