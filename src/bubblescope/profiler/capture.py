@@ -1,0 +1,192 @@
+"""Capture a Kineto (torch.profiler) Chrome trace of greedy decode steps, each marked as a range.
+
+Each measured step runs inside ``torch.profiler.record_function("<marker>#<i>")``, so the trace
+parser can assign kernels to steps through their launches' correlation ids. The trace is written
+gzip-compressed and atomically: a reader never sees half a file. Only public torch.profiler API is
+used (``profile``, ``ProfilerActivity``, ``record_function``, ``export_chrome_trace`` to a plain
+``.json`` path), unchanged from torch 2.0 through 2.13.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import tempfile
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BubblescopeError
+
+STEP_MARKER = "bubblescope.decode_step"
+CPU_ONLY_NOTE = "CPU-only capture: GPU metrics unavailable"
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What :func:`capture_decode_trace` wrote.
+
+    Attributes:
+        trace_path: the gzip-compressed Chrome trace (``.json.gz``).
+        steps: measured decode steps in the trace (one ``<marker>#<i>`` range each, i = 0..steps-1).
+        gpu: whether CUDA activity (kernels, memcpys) was captured.
+        note: why GPU metrics are missing, or None.
+        tokens: every greedy token generated after the prompt, in order: the prefill's, the warm-up
+            steps', then the measured steps' (1 + warmup + steps tokens).
+        start_position: ``decoder.position`` (KV-cache length) before the first measured step; measured
+            step i runs at position ``start_position + i``.
+    """
+
+    trace_path: Path
+    steps: int
+    gpu: bool
+    note: str | None
+    tokens: list[int] = field(default_factory=list)
+    start_position: int = 0
+
+
+def _check_count(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise BubblescopeError(f"capture: {name} must be an integer >= {low}, got {value!r}")
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Create ``path`` whole or not at all: ``write(binary file)`` fills a temp file in the same
+    directory (gzip-compressed if ``path`` ends in ``.gz``), then ``os.replace`` puts it in place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if path.name.endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw, mode="wb") as out:
+                    write(out)
+            else:
+                write(raw)
+        os.replace(tmp, path)
+    finally:
+        with suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
+                         out_path: str | os.PathLike | None = None,
+                         step_marker: str = STEP_MARKER) -> CaptureResult:
+    """Profile ``steps`` greedy decode steps of ``decoder`` and write a ``.json.gz`` Chrome trace.
+
+    Procedure: ``decoder.reset()``; ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled
+    (CUDA-graph capture, Triton compilation and allocator growth happen here, not in the trace); then,
+    under ``torch.profiler.profile(activities=[CPU] (+ [CUDA] on a cuda decoder), record_shapes=False)``,
+    ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``. A step includes taking the
+    token to the host, ``int(logits.argmax())``, as a real token loop must: that host sync is part of
+    per-token latency. On a CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says
+    GPU metrics are unavailable (no zeros are made up).
+
+    Args:
+        decoder: a :class:`bubblescope.generation.Decoder` (``name``, ``config``, ``device``, ``position``).
+        prompt_ids: token ids, a sequence of ints or a LongTensor (T,), T >= 1.
+        out_path: where to write; must end in ``.json.gz``; default
+            ``bubblescope-out/<decoder.name>.trace.json.gz``. Parent directories are created.
+
+    Raises:
+        BubblescopeError: an empty prompt, ``steps`` < 1, ``warmup`` < 0, a marker that is empty or holds
+            ``#``, an ``out_path`` not ending in ``.json.gz``, or prompt + warmup + steps beyond
+            ``decoder.config.max_position_embeddings``.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    _check_count("steps", steps, 1)
+    _check_count("warmup", warmup, 0)
+    if not isinstance(step_marker, str) or not step_marker or "#" in step_marker:
+        raise BubblescopeError(f"capture: step_marker must be a non-empty string without '#', got {step_marker!r}")
+    path = Path(out_path) if out_path is not None else Path("bubblescope-out") / f"{decoder.name}.trace.json.gz"
+    if not path.name.endswith(".json.gz"):
+        raise BubblescopeError(f"{path}: trace output must end in .json.gz")
+    try:
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(decoder.device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise BubblescopeError(f"capture: prompt_ids must be integer token ids ({e.__class__.__name__})") from None
+    if prompt.numel() == 0:
+        raise BubblescopeError("capture: prompt_ids is empty; give at least one token")
+    needed = prompt.numel() + warmup + steps
+    limit = decoder.config.max_position_embeddings
+    if needed > limit:
+        raise BubblescopeError(f"capture: prompt ({prompt.numel()}) + warmup ({warmup}) + steps ({steps}) = "
+                               f"{needed} positions exceed {decoder.config.name}'s max_position_embeddings {limit}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    gpu = torch.device(decoder.device).type == "cuda"
+    decoder.reset()
+    tok = int(decoder.prefill(prompt).argmax())
+    tokens = [tok]
+    for _ in range(warmup):
+        tok = int(decoder.decode(tok).argmax())
+        tokens.append(tok)
+    start_position = int(decoder.position)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    if gpu:
+        torch.cuda.synchronize(decoder.device)
+    with profile(activities=activities, record_shapes=False) as prof:
+        for i in range(steps):
+            with record_function(f"{step_marker}#{i}"):
+                tok = int(decoder.decode(tok).argmax())
+            tokens.append(tok)
+        if gpu:
+            torch.cuda.synchronize(decoder.device)
+
+    fd, raw = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(raw)
+
+        def copy(out) -> None:
+            with open(raw, "rb") as src:
+                shutil.copyfileobj(src, out)
+
+        _atomic_write(path, copy)
+    finally:
+        with suppress(FileNotFoundError):
+            os.remove(raw)
+    return CaptureResult(trace_path=path, steps=steps, gpu=gpu, note=None if gpu else CPU_ONLY_NOTE,
+                         tokens=tokens, start_position=start_position)
+
+
+def append_trace_events(trace_path: str | os.PathLike, events: list[dict]) -> None:
+    """Add Chrome-trace events to an existing ``.json.gz`` (or plain ``.json``) trace, atomically.
+
+    For the megakernel's intra-kernel timeline, e.g. ``{"ph": "M", "name": "process_name", "pid":
+    "megakernel (intra-kernel)", "args": {"name": "megakernel (intra-kernel)"}}`` and ``{"ph": "X",
+    "name": "rmsnorm_qkv L3", "cat": "megakernel_task", "pid": "megakernel (intra-kernel)", "tid": sm,
+    "ts": µs, "dur": µs}``; ``ts`` must be on the trace's own µs clock, and ``cat`` must not be a GPU
+    activity category (``kernel``...) or the trace parser counts the events as kernels. Works on both
+    the object form (``{"traceEvents": [...]}``, what Kineto writes) and the bare-array form.
+
+    Raises:
+        BubblescopeError: the file is missing, not (gzip) JSON or not a trace, or an event is not a dict
+            with ``ph`` and ``name``.
+    """
+    path = Path(trace_path)
+    if not path.is_file():
+        raise BubblescopeError(f"{path}: no such trace file")
+    if not isinstance(events, (list, tuple)):
+        raise BubblescopeError(f"trace events: expected a list of event dicts, got {type(events).__name__}")
+    for k, ev in enumerate(events):
+        if not isinstance(ev, dict) or not isinstance(ev.get("ph"), str) or "name" not in ev:
+            raise BubblescopeError(f"trace events: event {k} must be a dict with 'ph' and 'name', got {ev!r:.80}")
+    compressed = path.name.endswith(".gz")
+    try:
+        opener = gzip.open if compressed else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BubblescopeError(f"{path}: not a {'gzip ' if compressed else ''}JSON trace ({e.__class__.__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if isinstance(data, list):
+        data.extend(events)
+    elif isinstance(data, dict) and isinstance(data.get("traceEvents", []), list):
+        data.setdefault("traceEvents", []).extend(events)
+    else:
+        raise BubblescopeError(f"{path}: not a Chrome trace (expected a list or an object with traceEvents)")
+    _atomic_write(path, lambda out: out.write(json.dumps(data).encode()))

@@ -1,0 +1,158 @@
+"""Analytic HBM traffic of one batch-size-1 decode step, and the bandwidth numbers built on it.
+
+At batch size 1 a decode step is a chain of matrix-vector products: every weight is read once and does
+one multiply-add, so bytes moved, not FLOPs, set the floor. The rule (DESIGN.md, ``bytes_per_step``;
+gpt-fast's ``_get_model_size`` counts the same way, leaving the embedding table out):
+
+- the embedding: one row, ``hidden_size`` elements (only the current token's row is gathered);
+- every layer: q/k/v/o projections, gate/up/down projections, both RMSNorm weights, q/k/v biases
+  (Qwen2) and the per-head q/k RMSNorm weights (Qwen3, ``head_dim`` each);
+- the final RMSNorm and the whole LM head, ``vocab_size × hidden_size``, also when it is tied to the
+  embedding (the tied table is read once for the logits; the row above is a second, tiny read);
+- the KV cache: read for ``context`` positions, ``2 × layers × kv_heads × head_dim × context``
+  elements, and written for the one new position, ``2 × layers × kv_heads × head_dim``.
+
+Activations (a few KB per step) are left out. Units: bytes; GB/s means 10^9 bytes per second.
+"""
+
+from __future__ import annotations
+
+from ..errors import BubblescopeError
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise BubblescopeError(f"step traffic: {name} must be an integer >= {low}, got {value!r}")
+
+
+def _layer_elements(cfg) -> dict[str, int]:
+    """Weight elements of one decoder layer, by tensor."""
+    h, q, kv, i, d = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
+    n = {
+        "input_layernorm": h,
+        "q_proj": q * h, "k_proj": kv * h, "v_proj": kv * h, "o_proj": h * q,
+        "post_attention_layernorm": h,
+        "gate_proj": i * h, "up_proj": i * h, "down_proj": h * i,
+    }
+    if cfg.attention_bias:
+        n.update(q_bias=q, k_bias=kv, v_bias=kv)
+    if cfg.qk_norm:
+        n.update(q_norm=d, k_norm=d)
+    return n
+
+
+def _rows(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None) -> list[tuple[str, str, int, int]]:
+    """(component, kind, elements, bytes) for everything one decode step moves."""
+    _check_int("dtype_bytes", dtype_bytes, 1)
+    _check_int("context", context, 0)
+    kvb = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    _check_int("kv_dtype_bytes", kvb, 1)
+    if context > cfg.max_position_embeddings:
+        raise BubblescopeError(f"step traffic: context {context} exceeds {cfg.name}'s max_position_embeddings "
+                               f"{cfg.max_position_embeddings}")
+    layers, h = cfg.num_hidden_layers, cfg.hidden_size
+    kv_per_position = 2 * layers * cfg.kv_size  # K and V, every layer
+    rows = [("embedding (one row)", "weight", h, h * dtype_bytes)]
+    for name, n in _layer_elements(cfg).items():
+        rows.append((f"layers.{name}", "weight", layers * n, layers * n * dtype_bytes))
+    rows.append(("norm", "weight", h, h * dtype_bytes))
+    v = cfg.vocab_size * h
+    rows.append(("lm_head", "weight", v, v * dtype_bytes))
+    rows.append(("kv_cache read", "kv_read", kv_per_position * context, kv_per_position * context * kvb))
+    rows.append(("kv_cache write", "kv_write", kv_per_position, kv_per_position * kvb))
+    return rows
+
+
+def step_traffic(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None = None) -> dict:
+    """Bytes one decode step must move between HBM and the SMs (``bytes_per_step``, DESIGN.md).
+
+    ``weight_bytes`` = (hidden_size [embedding row] + layers × per-layer weights + hidden_size [final
+    norm] + vocab_size × hidden_size [LM head]) × dtype_bytes; ``kv_read_bytes`` = 2 × layers ×
+    kv_heads × head_dim × context × kv_dtype_bytes; ``kv_write_bytes`` = the same for one position;
+    ``total_bytes`` their sum. ``embedding_bytes`` and ``lm_head_bytes`` are the parts of
+    ``weight_bytes`` from those two tensors. Llama-3.2-1B in bf16 at context 128: 2.476 GB, 4.2 MB of it KV.
+
+    Args:
+        cfg: a :class:`~bubblescope.models.config.ModelConfig`.
+        dtype_bytes: bytes per weight element (2 for bf16/fp16, 4 for fp32).
+        context: KV-cache positions the step's attention reads (including the new token's if the engine
+            attends to it from the cache).
+        kv_dtype_bytes: bytes per KV-cache element; default ``dtype_bytes``.
+
+    Raises:
+        BubblescopeError: a byte size < 1, a negative context, or a context beyond
+            ``cfg.max_position_embeddings``.
+    """
+    rows = _rows(cfg, dtype_bytes, context, kv_dtype_bytes)
+    by_kind = {"weight": 0, "kv_read": 0, "kv_write": 0}
+    for _, kind, _, nbytes in rows:
+        by_kind[kind] += nbytes
+    named = {component: nbytes for component, _, _, nbytes in rows}
+    return {
+        "weight_bytes": by_kind["weight"],
+        "kv_read_bytes": by_kind["kv_read"],
+        "kv_write_bytes": by_kind["kv_write"],
+        "total_bytes": sum(by_kind.values()),
+        "embedding_bytes": named["embedding (one row)"],
+        "lm_head_bytes": named["lm_head"],
+    }
+
+
+def traffic_table(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None = None):
+    """The same count as :func:`step_traffic`, one row per tensor group, as a DataFrame.
+
+    Columns: ``component`` (e.g. ``layers.q_proj``, summed over layers), ``kind`` (``weight``,
+    ``kv_read``, ``kv_write``), ``elements``, ``bytes``, ``share_pct`` (of the step's total bytes).
+
+    Raises:
+        BubblescopeError: as :func:`step_traffic`.
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(_rows(cfg, dtype_bytes, context, kv_dtype_bytes),
+                      columns=["component", "kind", "elements", "bytes"])
+    df["share_pct"] = 100.0 * df["bytes"] / df["bytes"].sum()
+    return df
+
+
+def _check_rate(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise BubblescopeError(f"bandwidth: {name} must be a positive number, got {value!r}")
+
+
+def bandwidth(bytes_per_step: int, step_ms: float | None, peak_GBps: float | None = None,
+              copy_GBps: float | None = None) -> dict:
+    """``effective_bandwidth`` and its utilization against the two ceilings (DESIGN.md).
+
+    ``effective_GBps`` = bytes_per_step / (step_ms × 10^-3 s) / 10^9; ``util_peak`` = effective / NVML
+    peak and ``util_copy`` = effective / measured copy bandwidth, both fractions (0.78 means 78 %).
+    A value is None where an input it needs is None.
+
+    Raises:
+        BubblescopeError: ``bytes_per_step`` negative, or a time or bandwidth that is not positive.
+    """
+    if isinstance(bytes_per_step, bool) or not isinstance(bytes_per_step, (int, float)) or bytes_per_step < 0:
+        raise BubblescopeError(f"bandwidth: bytes_per_step must be a number >= 0, got {bytes_per_step!r}")
+    for name, value in (("step_ms", step_ms), ("peak_GBps", peak_GBps), ("copy_GBps", copy_GBps)):
+        _check_rate(name, value)
+    eff = None if step_ms is None else bytes_per_step / step_ms / 1e6
+    return {
+        "effective_GBps": eff,
+        "util_peak": None if eff is None or peak_GBps is None else eff / peak_GBps,
+        "util_copy": None if eff is None or copy_GBps is None else eff / copy_GBps,
+    }
+
+
+def floor_ms(bytes_per_step: int, GBps: float | None) -> float | None:
+    """Lowest possible step time in ms if the step moved its bytes at ``GBps``: bytes / GBps / 10^6.
+
+    Llama-3.2-1B bf16 (2.47 GB) at the H200's NVML peak 4814 GB/s: 0.51 ms; at its copy 4260 GB/s: 0.58 ms.
+    Returns None when ``GBps`` is None.
+
+    Raises:
+        BubblescopeError: ``bytes_per_step`` negative or ``GBps`` not positive.
+    """
+    if isinstance(bytes_per_step, bool) or not isinstance(bytes_per_step, (int, float)) or bytes_per_step < 0:
+        raise BubblescopeError(f"floor: bytes_per_step must be a number >= 0, got {bytes_per_step!r}")
+    _check_rate("GBps", GBps)
+    return None if GBps is None else bytes_per_step / GBps / 1e6
