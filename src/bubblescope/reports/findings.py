@@ -1,0 +1,214 @@
+"""Findings: rules that read a results document and say what limits each engine.
+
+Each rule is a small function of one ``ok`` engine (and the document) returning a finding or None.
+A rule stays silent when any input it needs is null. Evidence numbers are copied from the document
+(or derived from it, e.g. a ratio, rounded to 4 decimals), so a reader can check them in the JSON.
+Thresholds live in one table, :data:`THRESHOLDS`; ``find(doc, thresholds={...})`` overrides entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from .results import dig, ordered
+
+THRESHOLDS: Mapping[str, float] = MappingProxyType({
+    # launch-bound: the GPU idles most of the step and there are many kernels to launch.
+    "launch_bound_min_bubble_ratio": 0.5,
+    "launch_bound_min_kernels_per_step": 100,
+    # bubble-bound: launches are already amortised (a CUDA graph or a megakernel), yet the GPU idles.
+    "bubble_bound_min_bubble_ratio": 0.2,
+    "bubble_bound_max_launches_per_step": 2,
+    # near the bandwidth limit: Hazy Research's Llama-1B megakernel reached 78 % of peak; 80 % is done.
+    "near_limit_min_util_peak": 0.80,
+    # prefill-dominated: decode is less than half of end-to-end time.
+    "prefill_max_decode_share": 0.5,
+    # KV-bound: at the longest swept context the KV cache is this share of bytes per step, and
+    # latency there is this factor above the shortest context's.
+    "kv_bound_min_kv_share": 0.25,
+    "kv_bound_min_latency_growth": 1.10,
+    # fused path slower than expected: a megakernel below half of peak with poor residency.
+    "fused_slow_max_util_peak": 0.5,
+    "fused_slow_min_programs_per_sm": 2,
+    "fused_slow_max_registers": 200,
+    # numerical divergence: any greedy token differing from the reference.
+    "divergence_min_token_agreement": 1.0,
+    # unstable: a heavy tail, or latency growing across the sweep faster than bytes per step.
+    "unstable_max_p99_over_p50": 1.5,
+    "unstable_max_sweep_excess": 1.25,
+})
+
+
+def _finding(rule: str, severity: str, engine: dict, title: str, evidence: dict, advice: str) -> dict:
+    return {"rule": rule, "severity": severity, "engine": engine.get("name"), "title": title,
+            "evidence": {k: v for k, v in evidence.items() if v is not None}, "advice": advice}
+
+
+def _launch_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    bubble, kernels = dig(eng, "timeline", "bubble_ratio"), dig(eng, "timeline", "kernels_per_step")
+    if bubble is None or kernels is None:
+        return None
+    if bubble < t["launch_bound_min_bubble_ratio"] or kernels < t["launch_bound_min_kernels_per_step"]:
+        return None
+    return _finding(
+        "launch-bound", "warn", eng,
+        f"Launch-bound: the GPU is idle {bubble:.0%} of each step across {kernels:.0f} kernels",
+        {"bubble_ratio": bubble, "kernels_per_step": kernels,
+         "launches_per_step": dig(eng, "timeline", "launches_per_step"),
+         "launch_share": dig(eng, "timeline", "launch_share")},
+        "Replay the decode step as a CUDA graph (engine reference-cudagraph) or fuse kernels "
+        "(reference-compile, megakernel) so launches stop gating the GPU.")
+
+
+def _bubble_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    bubble, launches = dig(eng, "timeline", "bubble_ratio"), dig(eng, "timeline", "launches_per_step")
+    if bubble is None or launches is None:
+        return None
+    if bubble < t["bubble_bound_min_bubble_ratio"] or launches > t["bubble_bound_max_launches_per_step"]:
+        return None
+    return _finding(
+        "bubble-bound", "warn", eng,
+        f"Bubble-bound: {launches:g} launch(es) per step, yet the GPU is idle {bubble:.0%} of it",
+        {"bubble_ratio": bubble, "launches_per_step": launches,
+         "kernels_per_step": dig(eng, "timeline", "kernels_per_step")},
+        "Launch overhead is gone; the gaps are between kernels or steps on the GPU: fuse neighbouring "
+        "kernels and keep the host's per-token work (sampling, copies) off the critical path.")
+
+
+def _near_limit(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    util = dig(eng, "bandwidth", "util_peak")
+    if util is None or util < t["near_limit_min_util_peak"]:
+        return None
+    return _finding(
+        "near-bandwidth-limit", "good", eng,
+        f"Near the bandwidth limit: {util:.0%} of NVML peak HBM bandwidth",
+        {"util_peak": util, "effective_GBps": dig(eng, "bandwidth", "effective_GBps"),
+         "util_copy": dig(eng, "bandwidth", "util_copy")},
+        "Decode here is done: only fewer bytes per token (quantized weights, a smaller KV cache) "
+        "will make it faster.")
+
+
+def _prefill_dominated(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    share = dig(eng, "latency", "decode_share")
+    if share is None or share >= t["prefill_max_decode_share"]:
+        return None
+    return _finding(
+        "prefill-dominated", "info", eng,
+        f"Prefill-dominated: decode is only {share:.0%} of end-to-end time",
+        {"decode_share": share, "ttft_ms": dig(eng, "latency", "ttft_ms"),
+         "token_ms_p50": dig(eng, "latency", "token_ms_p50"), "gen_len": dig(doc, "workload", "gen_len")},
+        "Decode optimizations will not show end to end: generate more tokens (--gen-len) or "
+        "optimize prefill first.")
+
+
+def _sweep_points(eng: dict) -> list[dict]:
+    """Sweep rows with latency and bytes known, shortest context first."""
+    rows = [r for r in (eng.get("sweep") or [])
+            if r.get("token_ms_p50") is not None and r.get("bytes_per_step") is not None]
+    return sorted(rows, key=lambda r: r["context"])
+
+
+def _kv_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    rows = [r for r in _sweep_points(eng) if r.get("kv_bytes_per_step") is not None]
+    if len(rows) < 2:
+        return None
+    short, long = rows[0], rows[-1]
+    kv_share = long["kv_bytes_per_step"] / long["bytes_per_step"]
+    growth = long["token_ms_p50"] / short["token_ms_p50"]
+    if kv_share < t["kv_bound_min_kv_share"] or growth < t["kv_bound_min_latency_growth"]:
+        return None
+    return _finding(
+        "kv-bound", "warn", eng,
+        f"KV-bound at long context: the KV cache is {kv_share:.0%} of bytes per step at "
+        f"{long['context']} tokens and ms/token grows {growth:.2f}x",
+        {"context_short": short["context"], "context_long": long["context"],
+         "kv_share_long": round(kv_share, 4), "token_ms_p50_short": short["token_ms_p50"],
+         "token_ms_p50_long": long["token_ms_p50"], "latency_growth": round(growth, 4)},
+        "Shrink the KV read: a lower-precision KV cache, fewer KV heads (GQA), or split-KV "
+        "(flash-decoding) attention so more SMs stream the cache.")
+
+
+def _fused_slow(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    util, comp = dig(eng, "bandwidth", "util_peak"), eng.get("compile")
+    if not str(eng.get("name", "")).startswith("megakernel") or util is None or comp is None:
+        return None
+    spills, per_sm, regs = comp.get("spills"), comp.get("programs_per_sm"), comp.get("registers")
+    causes = [spills is not None and spills > 0,
+              per_sm is not None and per_sm < t["fused_slow_min_programs_per_sm"],
+              regs is not None and regs >= t["fused_slow_max_registers"]]
+    if util >= t["fused_slow_max_util_peak"] or not any(causes):
+        return None
+    return _finding(
+        "fused-slow", "warn", eng,
+        f"Fused path slower than expected: {util:.0%} of peak with poor residency",
+        {"util_peak": util, "registers": regs, "spills": spills, "programs_per_sm": per_sm},
+        "Too few bytes in flight per SM: cut registers (smaller tiles, fewer warps, no prefetch into "
+        "registers) until at least 2 programs fit per SM without spills.")
+
+
+def _divergence(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    agree = dig(eng, "correctness", "token_agreement")
+    if agree is None or agree >= t["divergence_min_token_agreement"]:
+        return None
+    ref = dig(eng, "correctness", "reference") or "the reference"
+    return _finding(
+        "numerical-divergence", "warn", eng,
+        f"Numerical divergence: {agree:.1%} of greedy tokens agree with {ref}",
+        {"token_agreement": agree, "steps": dig(eng, "correctness", "steps"),
+         "max_abs_logit_diff": dig(eng, "correctness", "max_abs_logit_diff"),
+         "rel_logit_err": dig(eng, "correctness", "rel_logit_err")},
+        "Check accumulation order and precision (fp32 accumulators, norms and softmax in fp32) "
+        "before trusting the speed numbers.")
+
+
+def _unstable(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    p50, p99 = dig(eng, "latency", "token_ms_p50"), dig(eng, "latency", "token_ms_p99")
+    tail = p99 / p50 if p50 is not None and p99 is not None else None
+    rows = _sweep_points(eng)
+    # Memory-bound decode time scales with bytes per step; latency growing faster is unexplained.
+    excess = max(((r["token_ms_p50"] / rows[0]["token_ms_p50"]) / (r["bytes_per_step"] / rows[0]["bytes_per_step"])
+                  for r in rows[1:]), default=None)
+    heavy_tail = tail is not None and tail > t["unstable_max_p99_over_p50"]
+    unexplained = excess is not None and excess > t["unstable_max_sweep_excess"]
+    if not heavy_tail and not unexplained:
+        return None
+    what = " and ".join(w for w, on in (("p99 far above p50", heavy_tail),
+                                        ("latency grows faster than bytes across the sweep", unexplained)) if on)
+    return _finding(
+        "unstable", "warn", eng, f"Unstable latency: {what}",
+        {"token_ms_p50": p50, "token_ms_p99": p99,
+         "p99_over_p50": round(tail, 4) if tail is not None else None,
+         "sweep_latency_over_bytes_growth": round(excess, 4) if excess is not None else None},
+        "Pin clocks, silence other GPU work, raise --runs; if only long contexts are slow, look at the "
+        "attention kernel's scaling (split-KV) and allocator or recompilation events in the trace.")
+
+
+RULES: tuple[Callable[[dict, dict, Mapping[str, float]], dict | None], ...] = (
+    _launch_bound, _bubble_bound, _near_limit, _prefill_dominated, _kv_bound, _fused_slow,
+    _divergence, _unstable)
+
+
+def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]:
+    """Run every rule on every ``ok`` engine of a results document.
+
+    Args:
+        doc: a results document (``Results.doc``); skipped/failed engines are ignored.
+        thresholds: overrides for entries of :data:`THRESHOLDS` (same names).
+
+    Returns:
+        Findings in engine ladder order, then rule order: dicts with ``rule``, ``severity``
+        (``info``/``warn``/``good``), ``engine``, ``title``, ``evidence`` ({name: number}, null inputs
+        left out) and one line of ``advice`` — the ``findings`` entries of the schema.
+
+    Raises:
+        KeyError: a threshold override names no known threshold.
+    """
+    unknown = set(thresholds or {}) - set(THRESHOLDS)
+    if unknown:
+        raise KeyError(f"unknown finding thresholds: {', '.join(sorted(unknown))}")
+    t = {**THRESHOLDS, **(thresholds or {})}
+    out = []
+    for eng in ordered([e for e in doc.get("engines") or [] if e.get("status") == "ok"]):
+        out.extend(f for f in (rule(eng, doc, t) for rule in RULES) if f is not None)
+    return out

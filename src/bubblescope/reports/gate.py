@@ -1,0 +1,176 @@
+"""CI gate: check one engine of a results document against limits, and optionally against a baseline.
+
+Exit codes (``GateReport.exit_code``; the CLI exits with it): 0 every check holds, 1 a check fails.
+A metric that is null (not measured) fails its check: a gate that cannot see must not pass.
+Unusable input — an invalid document, an unknown engine, an engine that did not run, a bad limit,
+or no check requested at all — raises :class:`BubblescopeError`, which the CLI turns into exit 2,
+so a misconfigured CI job is never mistaken for a pass or for a regression.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..errors import BubblescopeError
+from .results import Results, dig, validate_results
+
+
+@dataclass(frozen=True)
+class Check:
+    """One gate check. ``measured`` and ``limit`` are in the metric's unit (fraction, ms, GB/s)."""
+
+    name: str
+    engine: str
+    measured: float | None
+    limit: float | None
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """The checks run on one engine, in the order requested."""
+
+    engine: str
+    checks: tuple[Check, ...]
+
+    @property
+    def passed(self) -> bool:
+        """True when every check holds."""
+        return all(c.passed for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every check holds, 1 when one fails."""
+        return 0 if self.passed else 1
+
+
+def _as_doc(results: Results | dict, what: str) -> dict:
+    doc = results.doc if isinstance(results, Results) else results
+    problems = validate_results(doc)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise BubblescopeError(f"{what}: invalid results document: {problems[0]}{more}")
+    return doc
+
+
+def _pick_engine(doc: dict, name: str | None) -> dict:
+    res = Results(doc)
+    if name is not None:
+        eng = res.engine(name)
+        if eng["status"] != "ok":
+            raise BubblescopeError(f"engine {name!r}: status {eng['status']} ({eng.get('reason')}); nothing to gate")
+        return eng
+    ok = res.ok_engines
+    if not ok:
+        raise BubblescopeError("results: no engine with status ok to gate")
+    mega = [e for e in ok if e["name"] == "megakernel"]
+    if mega:
+        return mega[0]
+    timed = [e for e in ok if dig(e, "latency", "token_ms_p50") is not None]
+    return min(timed, key=lambda e: e["latency"]["token_ms_p50"]) if timed else ok[0]
+
+
+def _limit(name: str, value: float | None, upper: float | None = None) -> None:
+    if value is None:
+        return
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+    if bad or (upper is not None and value > upper):
+        span = f"in [0, {upper}]" if upper is not None else ">= 0"
+        raise BubblescopeError(f"gate: {name} must be a number {span}, got {value!r}")
+
+
+def _check(name: str, engine: str, measured: float | None, limit: float, holds, what: str) -> Check:
+    if measured is None:
+        return Check(name, engine, None, limit, False, f"{what} not measured (null): failing closed")
+    ok = bool(holds(measured, limit))
+    return Check(name, engine, measured, limit, ok, f"{what} {measured:.6g} {'within' if ok else 'beyond'} {limit:.6g}")
+
+
+def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util: float | None = None,
+             max_bubble_ratio: float | None = None, max_token_p99_ms: float | None = None,
+             baseline: Results | dict | None = None, max_regression: float | None = None) -> GateReport:
+    """Check one engine of a results document.
+
+    Checks (each only when its limit is given):
+      * ``min_bandwidth_util``: ``bandwidth.util_peak`` (fraction of NVML peak) >= limit;
+      * ``max_bubble_ratio``: ``timeline.bubble_ratio`` (fraction) <= limit;
+      * ``max_token_p99_ms``: ``latency.token_ms_p99`` (ms) <= limit;
+      * with ``baseline`` and ``max_regression`` (a fraction, 0.05 = 5 %), against the same engine of
+        the baseline: ``token_ms_p50`` new <= old × (1 + r), and ``effective_GBps`` new >= old / (1 + r)
+        (the same bound expressed in bandwidth, since GB/s = bytes per step / p50).
+    A null metric, here or in the baseline, fails its check.
+
+    Args:
+        doc: the results to gate (a :class:`Results` or its dict).
+        engine: engine name; default "megakernel" when present and ok, else the ok engine with the
+            lowest ``token_ms_p50``.
+
+    Returns:
+        A :class:`GateReport`; its ``exit_code`` is 0 (all hold) or 1 (one fails).
+
+    Raises:
+        BubblescopeError: a document is invalid, the engine is unknown or not ok (here or in the
+            baseline), a limit is negative or not finite, ``baseline`` and ``max_regression`` are not
+            given together, or no check is requested at all.
+    """
+    _limit("min_bandwidth_util", min_bandwidth_util)
+    _limit("max_bubble_ratio", max_bubble_ratio, upper=1)
+    _limit("max_token_p99_ms", max_token_p99_ms)
+    _limit("max_regression", max_regression)
+    if (baseline is None) != (max_regression is None):
+        raise BubblescopeError("gate: --baseline and --max-regression must be given together")
+    if all(v is None for v in (min_bandwidth_util, max_bubble_ratio, max_token_p99_ms, baseline)):
+        raise BubblescopeError("gate: no checks requested (give --min-bandwidth-util, --max-bubble-ratio, "
+                               "--max-token-p99-ms or --baseline with --max-regression)")
+    eng = _pick_engine(_as_doc(doc, "results"), engine)
+    name = eng["name"]
+    checks = []
+    if min_bandwidth_util is not None:
+        checks.append(_check("min_bandwidth_util", name, dig(eng, "bandwidth", "util_peak"), min_bandwidth_util,
+                             lambda m, lim: m >= lim, "util_peak"))
+    if max_bubble_ratio is not None:
+        checks.append(_check("max_bubble_ratio", name, dig(eng, "timeline", "bubble_ratio"), max_bubble_ratio,
+                             lambda m, lim: m <= lim, "bubble_ratio"))
+    if max_token_p99_ms is not None:
+        checks.append(_check("max_token_p99_ms", name, dig(eng, "latency", "token_ms_p99"), max_token_p99_ms,
+                             lambda m, lim: m <= lim, "token_ms_p99 (ms)"))
+    if baseline is not None:
+        old = _pick_engine(_as_doc(baseline, "baseline"), name)
+        for metric, path in (("token_ms_p50", ("latency", "token_ms_p50")),
+                             ("effective_GBps", ("bandwidth", "effective_GBps"))):
+            before = dig(old, *path)
+            if before is None:
+                checks.append(Check(f"regression_{metric}", name, dig(eng, *path), None, False,
+                                    f"baseline {metric} not measured (null): failing closed"))
+                continue
+            if metric == "token_ms_p50":
+                limit, holds = before * (1 + max_regression), (lambda m, lim: m <= lim)
+            else:
+                limit, holds = before / (1 + max_regression), (lambda m, lim: m >= lim)
+            c = _check(f"regression_{metric}", name, dig(eng, *path), limit, holds, metric)
+            checks.append(replace(c, detail=f"{c.detail} (baseline {before:.6g}, allowed regression "
+                                            f"{max_regression:.0%})"))
+    return GateReport(name, tuple(checks))
+
+
+def render_gate(report: GateReport, console) -> None:
+    """Print the checks as a rich table and a one-line verdict (PASS / FAIL) to a rich ``console``."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=Text(f"bubblescope gate — engine {report.engine}"), title_justify="left")
+    for header in ("check", "measured", "limit", "result", "detail"):
+        table.add_column(header, justify="right" if header in ("measured", "limit") else "left")
+    for c in report.checks:
+        table.add_row(c.name, "—" if c.measured is None else f"{c.measured:.6g}",
+                      "—" if c.limit is None else f"{c.limit:.6g}",
+                      Text("PASS", style="bold green") if c.passed else Text("FAIL", style="bold red"), Text(c.detail))
+    console.print(table)
+    failed = sum(not c.passed for c in report.checks)
+    if failed:
+        console.print(Text.assemble(("gate FAILED", "bold red"),
+                                    f": {failed} of {len(report.checks)} checks failed (exit 1)"))
+    else:
+        console.print(Text.assemble(("gate PASSED", "bold green"), f": all {len(report.checks)} checks hold (exit 0)"))

@@ -1,0 +1,191 @@
+"""HTML report: one self-contained file (plots as base64 PNG) from a jinja2 template, autoescape on.
+
+Kernel names are C++ templates full of ``<`` and ``>`` and traces can come from anyone, so every
+value from the document is escaped by jinja2; the template marks nothing ``|safe``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import BubblescopeError
+from . import tables
+from .results import Results, atomic_write_text, dig, ordered
+
+_TEMPLATES = Path(__file__).parent / "templates"
+_CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# Headless, offline, no profile state: the same flags the test suite uses.
+_CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                   "--hide-scrollbars")
+
+
+def _png_uri(fig) -> str | None:
+    from .plots import figure_png
+
+    if fig is None:
+        return None
+    return "data:image/png;base64," + base64.b64encode(figure_png(fig)).decode("ascii")
+
+
+def _share_rows(rows: list[dict] | None, keys: tuple[str, ...]) -> list[list[str]]:
+    return [[*(str(r[k]) for k in keys), tables.fmt(r["count"], "count"), tables.fmt(r["total_us"], "rate"),
+             tables.fmt(r["share"], "pct")] for r in rows or []]
+
+
+def _kernel_tables(engines: list[dict]) -> list[dict]:
+    out = []
+    for eng in engines:
+        cats, top = dig(eng, "timeline", "categories"), dig(eng, "timeline", "top_kernels")
+        if cats or top:
+            out.append({"name": eng["name"], "categories": _share_rows(cats, ("category",)),
+                        "top_kernels": _share_rows(top, ("name", "category"))})
+    return out
+
+
+def _intrakernel(engines: list[dict]) -> list[dict]:
+    from .plots import intrakernel_figure
+
+    out = []
+    for eng in engines:
+        ik = eng.get("intrakernel")
+        if ik is None:
+            continue
+        out.append({
+            "name": eng["name"], "plot": _png_uri(intrakernel_figure(eng)),
+            "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
+                      ("programs", tables.fmt(ik.get("programs"))),
+                      ("tasks per step", tables.fmt(ik.get("tasks_per_step")))],
+            "by_opcode": [[tables.fmt(r.get("opcode"), "text"), tables.fmt(r.get("tasks")),
+                           tables.fmt(r.get("busy_us"), "rate"), tables.fmt(r.get("wait_us"), "rate")]
+                          for r in ik.get("by_opcode") or []]})
+    return out
+
+
+def _details(engines: list[dict]) -> list[list[str]]:
+    rows = []
+    for eng in engines:
+        c, k = eng.get("compile") or {}, eng.get("correctness") or {}
+        if not c and not k:
+            continue
+        rows.append([eng["name"], *(tables.fmt(c.get(key)) for key in
+                                    ("registers", "spills", "shared_bytes", "num_warps", "programs_per_sm", "grid")),
+                     tables.fmt(k.get("reference"), "text"), tables.fmt(k.get("steps")),
+                     tables.fmt(k.get("token_agreement"), "pct"), tables.fmt(k.get("max_abs_logit_diff")),
+                     tables.fmt(k.get("rel_logit_err"))])
+    return rows
+
+
+def _context(doc: dict) -> dict:
+    from . import plots
+
+    engines = ordered(doc.get("engines") or [])
+    ok = [e for e in engines if e.get("status") == "ok"]
+    device = doc.get("device") or {}
+    return {
+        "title": f"bubblescope — {dig(doc, 'model', 'name')}",
+        "device_line": tables.device_line(doc), "model_line": tables.model_line(doc),
+        "workload_line": tables.workload_line(doc), "command": doc.get("command"), "created": doc.get("created"),
+        "headers": [h.replace("\n/", "/").replace("\n", " ") for h, _, _ in tables.HEADLINE],
+        "rows": tables.headline_rows(doc),
+        "not_run": tables.not_run(doc),
+        "findings": [{"severity": f.get("severity"), "engine": f.get("engine") or tables.MISSING,
+                      "title": f.get("title"), "evidence": tables.evidence_text(f.get("evidence")),
+                      "advice": f.get("advice")} for f in doc.get("findings") or []],
+        "timeline_reasons": [(e["name"], dig(e, "timeline", "reason") or "no step timeline recorded")
+                             for e in ok if not dig(e, "timeline", "step_timeline")],
+        "plots": {"timeline": _png_uri(plots.step_timeline_figure(ok)),
+                  "ladder": _png_uri(plots.ladder_figure(ok, device)),
+                  "categories": _png_uri(plots.categories_figure(ok)),
+                  "latency": _png_uri(plots.latency_figure(ok)),
+                  "sweep": _png_uri(plots.sweep_figure(ok, device))},
+        "kernel_tables": _kernel_tables(ok),
+        "intrakernel": _intrakernel(ok),
+        "details": _details(ok),
+        "versions": sorted((doc.get("versions") or {}).items()),
+        "device": [(k, tables.fmt(v)) for k, v in device.items() if k != "notes"],
+        "notes": device.get("notes") or [],
+        "traces": [(e["name"], e["trace_path"]) for e in engines if e.get("trace_path")],
+    }
+
+
+def render_html(results: Results | dict) -> str:
+    """The HTML report of a results document, as one self-contained string.
+
+    Sections: headline table, findings, one decode step's timeline per engine, the ablation ladder
+    with bandwidth floors, kernel categories and top kernels, latency distributions, bandwidth and
+    latency against context length, the intra-megakernel timeline, compile and correctness facts,
+    environment. A section without data says "not measured". Pure: reads only the document.
+
+    Args:
+        results: a :class:`Results` or its document dict (assumed valid; see ``load_results``).
+    """
+    import jinja2
+
+    doc = results.doc if isinstance(results, Results) else results
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template("report.html.j2").render(**_context(doc))
+
+
+def write_html(results: Results | dict, path: str | os.PathLike) -> Path:
+    """Render the HTML report and write it atomically (temp file, then ``os.replace``).
+
+    Returns:
+        The path written.
+
+    Raises:
+        BubblescopeError: the destination directory is missing or not writable.
+    """
+    return atomic_write_text(path, render_html(results))
+
+
+def find_chromium() -> str | None:
+    """Path of a Chromium or Chrome executable on PATH, or None."""
+    return next((p for p in map(shutil.which, _CHROMIUM_NAMES) if p), None)
+
+
+def screenshot_html(html_path: str | os.PathLike, png_path: str | os.PathLike,
+                    width: int = 1280, height: int = 2400) -> Path:
+    """Take a PNG screenshot (``width`` × ``height`` CSS pixels) of an HTML file with headless Chromium.
+
+    Runs offline with a throw-away profile; the PNG is written atomically.
+
+    Returns:
+        The PNG path.
+
+    Raises:
+        BubblescopeError: no Chromium on PATH, the HTML file is missing, the size is not positive,
+            or Chromium failed or timed out (120 s).
+    """
+    html_path, png_path = Path(html_path).resolve(), Path(png_path)
+    browser = find_chromium()
+    if browser is None:
+        raise BubblescopeError(f"screenshot: none of {', '.join(_CHROMIUM_NAMES)} found on PATH")
+    if not html_path.is_file():
+        raise BubblescopeError(f"{html_path}: no such HTML file")
+    if not (isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0):
+        raise BubblescopeError(f"screenshot: size must be positive integers, got {width!r} x {height!r}")
+    with tempfile.TemporaryDirectory(prefix="bubblescope-chromium-") as profile:
+        shot = Path(profile) / "shot.png"
+        cmd = [browser, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}/user", f"--window-size={width},{height}",
+               f"--screenshot={shot}", html_path.as_uri()]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise BubblescopeError(f"screenshot: {browser} timed out after 120 s on {html_path}") from None
+        if proc.returncode != 0 or not shot.is_file() or shot.stat().st_size == 0:
+            raise BubblescopeError(f"screenshot: {browser} exited with code {proc.returncode} and wrote no PNG")
+        tmp = png_path.with_name(f".{png_path.name}.tmp")
+        try:
+            shutil.copyfile(shot, tmp)
+            os.replace(tmp, png_path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise BubblescopeError(f"{png_path}: cannot write screenshot ({exc.strerror})") from None
+    return png_path

@@ -1,0 +1,218 @@
+"""Figures of a results document, built on ``matplotlib.figure.Figure`` with the Agg canvas.
+
+Each ``*_figure`` function is pure: it reads engine entries and returns a new Figure, or None when
+the document holds nothing to draw (the report then says "not measured"). No pyplot, so no global
+figure registry and no backend switching; matplotlib is imported on first use, not at import.
+"""
+
+from __future__ import annotations
+
+import io
+
+from .results import dig, ordered
+
+_DPI = 100
+_WIDTH_IN = 10.0
+_WAIT_COLOUR = "#d9d9d9"
+
+
+def _new_figure(height_in: float, rows: int = 1, cols: int = 1, **subplot_kw):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(_WIDTH_IN, height_in), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False, **subplot_kw)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _label(text) -> str:
+    # Names come from traces; a "$" would switch matplotlib into mathtext.
+    return str(text).replace("$", r"\$")
+
+
+def _palette(names) -> dict:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab20" if len(names) > 10 else "tab10"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def _bars(ax, left, width, y, height, colours) -> None:
+    """Draw many rectangles as one collection (thousands of tasks stay fast)."""
+    from matplotlib.collections import PolyCollection
+
+    verts = [((x, b), (x + w, b), (x + w, b + height), (x, b + height)) for x, w, b in zip(left, width, y)]
+    ax.add_collection(PolyCollection(verts, facecolors=colours, edgecolors="none", linewidths=0))
+    ax.autoscale_view()
+
+
+def _legend(ax, colours: dict, **kw) -> None:
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=_label(n)) for n, c in colours.items()], fontsize=8, **kw)
+
+
+def figure_png(fig) -> bytes:
+    """Render a Figure to PNG bytes (Agg)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    return buf.getvalue()
+
+
+def step_timeline_figure(engines: list[dict]):
+    """One decode step per engine (``timeline.step_timeline``), on a shared µs axis from step start.
+
+    Rows per engine: one per GPU stream (kernels coloured by category) and one for CPU launch calls.
+    Returns None when no engine has a step timeline.
+    """
+    steps = [(e, e["timeline"]["step_timeline"]) for e in ordered(engines)
+             if dig(e, "timeline", "step_timeline") and (e["timeline"]["step_timeline"].get("kernels")
+                                                         or e["timeline"]["step_timeline"].get("launches"))]
+    if not steps:
+        return None
+    colours = _palette(sorted({k["category"] for _, st in steps for k in st.get("kernels") or []}))
+    heights = [1 + len({k["stream"] for k in st.get("kernels") or []}) for _, st in steps]
+    fig, axes = _new_figure(0.9 + 0.45 * sum(heights) + 0.35 * len(steps), rows=len(steps), sharex=True,
+                            gridspec_kw={"height_ratios": heights})
+    for ax, (eng, st) in zip(axes, steps):
+        kernels, launches = st.get("kernels") or [], st.get("launches") or []
+        t0 = min(ev["start_us"] for ev in kernels + launches)
+        streams = sorted({k["stream"] for k in kernels}, key=str)
+        rows = ["CPU launches"] + [f"GPU stream {s}" for s in streams]
+        for row, s in enumerate(streams, start=1):
+            ks = [k for k in kernels if k["stream"] == s]
+            _bars(ax, [k["start_us"] - t0 for k in ks], [k["dur_us"] for k in ks], [row - 0.4] * len(ks), 0.8,
+                  [colours[k["category"]] for k in ks])
+        _bars(ax, [c["start_us"] - t0 for c in launches], [c["dur_us"] for c in launches],
+              [-0.4] * len(launches), 0.8, ["#555555"] * len(launches))
+        ax.set_yticks(range(len(rows)), [_label(r) for r in rows], fontsize=8)
+        ax.set_ylim(-0.6, len(rows) - 0.4)
+        ax.invert_yaxis()
+        ax.set_title(_label(eng["name"]), fontsize=9, loc="left")
+    axes[-1].set_xlabel("µs since the step's first event")
+    if colours:
+        _legend(axes[0], colours, loc="lower right", bbox_to_anchor=(1, 1), frameon=False,
+                ncol=min(len(colours), 6))
+    return fig
+
+
+def ladder_figure(engines: list[dict], device: dict):
+    """The ablation ladder: ms/token p50 per engine, with the bandwidth floors as vertical lines.
+
+    Floors are ``bytes_per_step / bandwidth`` at the NVML peak and at the measured copy bandwidth,
+    drawn when both are known (DESIGN.md, "effective_bandwidth"). Returns None without any p50.
+    """
+    rows = [e for e in ordered(engines) if dig(e, "latency", "token_ms_p50") is not None]
+    if not rows:
+        return None
+    fig, (ax,) = _new_figure(1.2 + 0.4 * len(rows))
+    p50 = [e["latency"]["token_ms_p50"] for e in rows]
+    ax.barh(range(len(rows)), p50, color="#4c72b0")
+    for i, v in enumerate(p50):
+        ax.annotate(f"{v:.3f} ms", (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [_label(e["name"]) for e in rows], fontsize=8)
+    ax.invert_yaxis()
+    nbytes = next((dig(e, "bandwidth", "bytes_per_step") for e in rows if dig(e, "bandwidth", "bytes_per_step")), None)
+    for key, what, style in (("nvml_peak_GBps", "NVML peak", "--"), ("copy_GBps", "measured copy", ":")):
+        gbps = (device or {}).get(key)
+        if nbytes and gbps:
+            floor_ms = nbytes / (gbps * 1e9) * 1e3
+            ax.axvline(floor_ms, color="#c44e52", linestyle=style, label=f"floor at {what}: {floor_ms:.3f} ms")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
+    ax.set_xlabel("ms per token (p50)")
+    ax.set_xlim(0, max(p50) * 1.18)
+    return fig
+
+
+def categories_figure(engines: list[dict]):
+    """Share of GPU time per kernel category (``timeline.categories``), one stacked bar per engine."""
+    rows = [e for e in ordered(engines) if dig(e, "timeline", "categories")]
+    if not rows:
+        return None
+    colours = _palette(sorted({c["category"] for e in rows for c in e["timeline"]["categories"]}))
+    fig, (ax,) = _new_figure(1.4 + 0.4 * len(rows))
+    for i, eng in enumerate(rows):
+        left = 0.0
+        for cat in sorted(eng["timeline"]["categories"], key=lambda c: c["category"]):
+            ax.barh(i, cat["share"] * 100, left=left, color=colours[cat["category"]])
+            left += cat["share"] * 100
+    ax.set_yticks(range(len(rows)), [_label(e["name"]) for e in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of GPU kernel time")
+    _legend(ax, colours, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 / len(rows)),
+            ncol=min(len(colours), 6))
+    return fig
+
+
+def latency_figure(engines: list[dict]):
+    """Distribution of per-token latency (``latency.token_ms_samples``) as one ECDF per engine."""
+    rows = [e for e in ordered(engines) if dig(e, "latency", "token_ms_samples")]
+    if not rows:
+        return None
+    fig, (ax,) = _new_figure(3.2)
+    for eng in rows:
+        xs = sorted(eng["latency"]["token_ms_samples"])
+        ys = [100 * (i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=_label(eng["name"]))
+    ax.set_xlabel("ms per token")
+    ax.set_ylabel("% of tokens at or below")
+    ax.set_ylim(0, 101)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def sweep_figure(engines: list[dict], device: dict):
+    """Effective GB/s and ms/token p50 against context length (``sweep``), NVML peak and copy marked."""
+    rows = [e for e in ordered(engines) if any(r.get("token_ms_p50") is not None for r in e.get("sweep") or [])]
+    if not rows:
+        return None
+    fig, (bw_ax, ms_ax) = _new_figure(3.4, cols=2)
+    for eng in rows:
+        pts = sorted(eng["sweep"], key=lambda r: r["context"])
+        bw = [(r["context"], r["effective_GBps"]) for r in pts if r.get("effective_GBps") is not None]
+        ms = [(r["context"], r["token_ms_p50"]) for r in pts if r.get("token_ms_p50") is not None]
+        if bw:
+            bw_ax.plot(*zip(*bw), marker="o", label=_label(eng["name"]))
+        ms_ax.plot(*zip(*ms), marker="o", label=_label(eng["name"]))
+    for key, what, style in (("nvml_peak_GBps", "NVML peak", "--"), ("copy_GBps", "measured copy", ":")):
+        if (device or {}).get(key):
+            bw_ax.axhline(device[key], color="#c44e52", linestyle=style, label=what)
+    for ax, ylabel in ((bw_ax, "effective GB/s"), (ms_ax, "ms per token (p50)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return fig
+
+
+def intrakernel_figure(engine: dict):
+    """Inside one megakernel step: programs × µs, busy time coloured by opcode, waits in grey.
+
+    Each task of ``intrakernel.tasks`` is drawn as a wait (start → ready) and a busy part (ready →
+    end). Returns None when the engine has no task timestamps.
+    """
+    tasks = dig(engine, "intrakernel", "tasks")
+    if not tasks:
+        return None
+    colours = _palette(sorted({str(t["opcode"]) for t in tasks}))
+    programs = max(t["program"] for t in tasks) + 1
+    t0 = min(t["start_us"] for t in tasks)
+    fig, (ax,) = _new_figure(min(2.0 + 0.04 * programs, 9.0))
+    _bars(ax, [t["start_us"] - t0 for t in tasks], [max(t["ready_us"] - t["start_us"], 0) for t in tasks],
+          [t["program"] - 0.45 for t in tasks], 0.9, [_WAIT_COLOUR] * len(tasks))
+    _bars(ax, [t["ready_us"] - t0 for t in tasks], [max(t["end_us"] - t["ready_us"], 0) for t in tasks],
+          [t["program"] - 0.45 for t in tasks], 0.9, [colours[str(t["opcode"])] for t in tasks])
+    ax.set_ylim(programs - 0.5, -0.5)
+    ax.set_ylabel("program")
+    ax.set_xlabel("µs since the step's first task")
+    ax.set_title(_label(engine["name"]), fontsize=9, loc="left")
+    _legend(ax, {**colours, "waiting on a dependency": _WAIT_COLOUR}, loc="upper center",
+            bbox_to_anchor=(0.5, -0.18), ncol=min(len(colours) + 1, 5))
+    return fig

@@ -1,0 +1,108 @@
+"""What the terminal and HTML reports both show, formatted once so the two always agree.
+
+Pure functions of a results document returning strings; null (not measured) shows as an em dash.
+"""
+
+from __future__ import annotations
+
+from .results import dig, ordered
+
+MISSING = "—"
+
+# (header, path inside an engine entry, format). Formats: ms 3 decimals, rates 1, GB/s whole,
+# fractions as percentages, counts without a needless ".0". Headers break with "\n" in the terminal.
+LATENCY_COLUMNS = (
+    ("Engine", ("name",), "text"),
+    ("p50\nms/tok", ("latency", "token_ms_p50"), "ms"),
+    ("p99\nms/tok", ("latency", "token_ms_p99"), "ms"),
+    ("tok/s", ("latency", "tok_per_s"), "rate"),
+    ("TTFT\nms", ("latency", "ttft_ms"), "ms"),
+    ("GB/s", ("bandwidth", "effective_GBps"), "gbps"),
+    ("%\npeak", ("bandwidth", "util_peak"), "pct"),
+    ("%\ncopy", ("bandwidth", "util_copy"), "pct"),
+)
+TIMELINE_COLUMNS = (
+    ("Engine", ("name",), "text"),
+    ("kernels\n/step", ("timeline", "kernels_per_step"), "count"),
+    ("launches\n/step", ("timeline", "launches_per_step"), "count"),
+    ("bubble\nratio", ("timeline", "bubble_ratio"), "ratio"),
+    ("launch\nshare", ("timeline", "launch_share"), "pct"),
+    ("sync\nshare", ("timeline", "sync_share"), "pct"),
+    ("token\nagreement", ("correctness", "token_agreement"), "pct"),
+)
+HEADLINE = LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + TIMELINE_COLUMNS[1:]
+
+def fmt(value, kind: str = "num") -> str:
+    """Format one value for display: ``ms`` (3 decimals), ``rate`` (1), ``gbps`` (0), ``pct``
+    (a fraction as a percentage, 1 decimal), ``ratio`` (3), ``count`` (integer or 1 decimal),
+    ``bytes`` (GB/MB/kB, decimal units), ``text``, ``num`` (6 significant digits). None gives "—"."""
+    if value is None:
+        return MISSING
+    if kind == "text" or isinstance(value, str):
+        return str(value)
+    if kind == "ms":
+        return f"{value:.3f}"
+    if kind == "rate":
+        return f"{value:.1f}"
+    if kind == "gbps":
+        return f"{value:.0f}"
+    if kind == "pct":
+        return f"{value * 100:.1f} %"
+    if kind == "ratio":
+        return f"{value:.3f}"
+    if kind == "count":
+        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+    if kind == "bytes":
+        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if abs(value) >= size:
+                return f"{value / size:.2f} {unit}"
+        return f"{value:.0f} B"
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def headline_rows(doc: dict, columns=HEADLINE) -> list[list[str]]:
+    """One row of formatted cells (``columns``, default :data:`HEADLINE`) per engine, in ladder order."""
+    return [[fmt(dig(eng, *path), kind) for _, path, kind in columns] for eng in ordered(doc.get("engines") or [])]
+
+
+def not_run(doc: dict) -> list[tuple[str, str, str]]:
+    """``(engine, status, reason)`` for every skipped or failed engine."""
+    return [(str(e.get("name")), str(e.get("status")), e.get("reason") or MISSING)
+            for e in ordered(doc.get("engines") or []) if e.get("status") != "ok"]
+
+
+def device_line(doc: dict) -> str:
+    """Which device the numbers come from, said plainly, with its bandwidth ceilings."""
+    dev = doc.get("device") or {}
+    if dev.get("type") != "cuda":
+        return f"CPU only — GPU metrics unavailable ({dev.get('name') or 'unknown CPU'})"
+    parts = [f"{dev.get('sm_count')} SMs" if dev.get("sm_count") is not None else None,
+             f"L2 {fmt(dev.get('l2_bytes'), 'bytes')}" if dev.get("l2_bytes") is not None else None,
+             f"NVML peak {fmt(dev.get('nvml_peak_GBps'), 'gbps')} GB/s",
+             f"measured copy {fmt(dev.get('copy_GBps'), 'gbps')} GB/s"]
+    return f"GPU: {dev.get('name')} — " + ", ".join(p for p in parts if p)
+
+
+def model_line(doc: dict) -> str:
+    """Model name, source, parameter count, weight bytes and dtype."""
+    m = doc.get("model") or {}
+    params = m.get("parameters")
+    if params is None:
+        shown = f"{MISSING} parameters"
+    else:
+        shown = f"{params / 1e9:.2f} B parameters" if params >= 1e9 else f"{params / 1e6:.3g} M parameters"
+    return (f"{m.get('name')} ({m.get('source')}{', ' + m['path'] if m.get('path') else ''}) — {shown}, "
+            f"weights {fmt(m.get('weight_bytes'), 'bytes')}, {m.get('dtype')}")
+
+
+def workload_line(doc: dict) -> str:
+    """Prompt and generation lengths, runs, warmup, context sweep and seed."""
+    w = doc.get("workload") or {}
+    sweep = ", ".join(str(c) for c in w.get("context_sweep") or []) or MISSING
+    return (f"prompt {w.get('prompt_len')} tokens, generate {w.get('gen_len')}, {w.get('runs')} runs "
+            f"after {w.get('warmup')} warmup, context sweep [{sweep}], seed {fmt(w.get('seed'))}")
+
+
+def evidence_text(evidence: dict) -> str:
+    """``name=value`` pairs of a finding's evidence, 6 significant digits."""
+    return ", ".join(f"{k}={fmt(v)}" for k, v in (evidence or {}).items())

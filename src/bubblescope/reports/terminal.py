@@ -1,0 +1,75 @@
+"""Terminal report (rich): device and model header, headline table, engines not run, findings."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from . import tables
+from .results import Results, ordered
+
+# Document text goes into Text objects, never into markup strings: kernel names such as
+# "void f<int, 4>()" or "a[b]" and words between colons (emoji codes) must print as they are.
+_SEVERITY_STYLE = {"good": "bold green", "warn": "bold yellow", "info": "bold cyan"}
+
+
+def _engine_table(doc: dict, title: str, columns) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True)
+    for i, (header, _, kind) in enumerate(columns):
+        table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=i == 0, overflow="fold")
+    for eng, row in zip(ordered(doc.get("engines") or []), tables.headline_rows(doc, columns)):
+        table.add_row(*map(Text, row), style=None if eng.get("status") == "ok" else "dim")
+    return table
+
+
+def _findings(doc: dict) -> Table:
+    table = Table(title="Findings", title_justify="left", show_lines=True)
+    for header in ("severity", "engine", "finding", "evidence", "advice"):
+        table.add_column(header, overflow="fold")
+    for f in doc.get("findings") or []:
+        sev = str(f.get("severity"))
+        table.add_row(Text(sev, style=_SEVERITY_STYLE.get(sev, "bold")), Text(str(f.get("engine") or tables.MISSING)),
+                      Text(str(f.get("title"))), Text(tables.evidence_text(f.get("evidence"))),
+                      Text(str(f.get("advice"))))
+    return table
+
+
+def render_results(results: Results | dict, console: Console) -> None:
+    """Print a results document to a rich console.
+
+    Shows: which device it ran on (plainly "CPU only — GPU metrics unavailable" without a GPU), model,
+    workload and command; the headline tables (ms/token p50/p99, tok/s, TTFT ms, effective GB/s,
+    % of NVML peak and of measured copy bandwidth; kernels and launches per step, bubble ratio,
+    launch/sync share, token agreement); skipped/failed engines with reasons; findings with evidence.
+    Values are read from the document only; null shows as "—". Document text prints literally (no
+    rich markup or emoji codes are interpreted), so ``void f<int, 4>()`` or ``[bold]`` show as written.
+
+    Args:
+        results: a :class:`Results` or its document dict (assumed valid; see ``load_results``).
+        console: where to print (``Console(record=True)`` captures it).
+    """
+    doc = results.doc if isinstance(results, Results) else results
+    header = Group(
+        Text(tables.device_line(doc), style="bold"),
+        Text(f"Model: {tables.model_line(doc)}"),
+        Text(f"Workload: {tables.workload_line(doc)}"),
+        Text(f"Command: {doc.get('command')}  ({doc.get('created')})"),
+    )
+    console.print(Panel(header, title="bubblescope results", title_align="left", expand=False))
+    for note in (doc.get("device") or {}).get("notes") or []:
+        console.print(Text(f"note: {note}", style="dim"))
+    console.print(_engine_table(doc, "Latency (ms per token) and bandwidth; — = not measured, dim = not run",
+                                tables.LATENCY_COLUMNS))
+    console.print(_engine_table(doc, "Launches, bubbles and correctness", tables.TIMELINE_COLUMNS))
+    skipped = tables.not_run(doc)
+    if skipped:
+        console.print(Text("Engines not run", style="bold"))
+        for name, status, reason in skipped:
+            console.print(Text(f"  {name}: {status} — {reason}"))
+    if doc.get("findings"):
+        console.print(_findings(doc))
+    else:
+        console.print(Text("Findings: none (no rule fired, or the inputs were not measured)"))

@@ -1,0 +1,116 @@
+"""Terminal view (rich) of a ``bubblescope.trace/1`` summary, as ``diagnose trace`` prints it."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from .tables import MISSING, fmt
+
+NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
+TOP_SHOWN = 10
+
+
+def _short(name: str) -> Text:
+    name = " ".join(str(name).split())
+    return Text(name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…")
+
+
+def _us(value) -> str:
+    """µs with the unit that keeps 3-4 significant digits readable (µs, ms or s)."""
+    if value is None:
+        return MISSING
+    for unit, size in (("s", 1e6), ("ms", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.1f} µs"
+
+
+def _table(title: str, headers: list[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 or header in ("name", "category") else "right")
+    return table
+
+
+def _devices(devices: list[dict]) -> Table:
+    table = _table("GPU activity per device (whole trace)",
+                   ["device", "kernels", "memcpys", "memsets", "streams", "busy", "span", "bubble ratio",
+                    "host-wait", "kernel-wait", "other idle"])
+    for d in devices:
+        idle = d.get("idle") or {}
+        table.add_row(str(d["device"]), fmt(d.get("kernels"), "count"), fmt(d.get("memcpys"), "count"),
+                      fmt(d.get("memsets"), "count"), fmt(d.get("streams"), "count"), _us(d.get("busy_us")),
+                      _us(d.get("span_us")), fmt(d.get("bubble_ratio"), "ratio"),
+                      *(f"{_us(idle.get(k + '_us'))} ({fmt(idle.get(k + '_share'), 'pct')})"
+                        for k in ("host_wait", "kernel_wait", "other")))
+    return table
+
+
+def _steps(steps: dict, marker: str | None) -> Table:
+    table = Table(title=f"Decode steps (marker {marker!r})", title_justify="left", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    idle = steps.get("idle") or {}
+    delay = steps.get("launch_delay_us") or {}
+    rows = [
+        ("measured steps", fmt(steps.get("steps"), "count")), ("device", fmt(steps.get("device"))),
+        ("step wall time (median)", _us(steps.get("step_wall_us"))),
+        ("GPU busy per step (median)", _us(steps.get("gpu_busy_us_per_step"))),
+        ("kernels per step", fmt(steps.get("kernels_per_step"), "count")),
+        ("launches per step", fmt(steps.get("launches_per_step"), "count")),
+        ("launches per s", fmt(steps.get("launches_per_s"), "rate")),
+        ("bubble ratio (decode window)", fmt(steps.get("bubble_ratio"), "ratio")),
+        ("launch share", fmt(steps.get("launch_share"), "pct")),
+        ("sync share", fmt(steps.get("sync_share"), "pct")),
+        (f"idle per step: host-wait / kernel-wait (<{fmt(idle.get('threshold_us'))} µs) / other",
+         " / ".join(_us(idle.get(k)) for k in ("host_wait_us", "kernel_wait_us", "other_us"))),
+        ("launch delay p50 / p90 / max", " / ".join(_us(delay.get(k)) for k in ("p50", "p90", "max"))),
+        ("max registers per thread", fmt(steps.get("max_registers_per_thread"), "count")),
+    ]
+    for label, value in rows:
+        table.add_row(escape(label), value)
+    return table
+
+
+def _breakdown(title: str, rows: list[dict], with_name: bool) -> Table:
+    table = _table(title, (["name"] if with_name else []) + ["category", "count", "total", "share"])
+    for r in rows:
+        cells = [_short(r["name"])] if with_name else []
+        table.add_row(*cells, Text(str(r["category"])), fmt(r.get("count"), "count"), _us(r.get("total_us")),
+                      fmt(r.get("share"), "pct"))
+    return table
+
+
+def render_trace_summary(summary: dict, console: Console) -> None:
+    """Print a :func:`bubblescope.profiler.tracesummary.summarize_traces` result to ``console``.
+
+    Per file: a header (path, rank, step marker), a device table (kernels, memcpys, memsets,
+    streams, busy/span, bubble ratio, idle split with shares), the decode-step metrics when steps
+    were found (or why they are unavailable), the top kernels and categories (of the decode steps
+    when available, else of each device), and the file's warnings. Names are printed literally
+    (no rich markup) and cut to ``NAME_WIDTH`` characters; None shows as "—".
+    """
+    for f in summary.get("files") or []:
+        rank = "" if f.get("rank") is None else f"  rank {f['rank']}"
+        console.rule(Text(f"{f.get('path')}{rank}"), align="left")
+        devices = f.get("devices") or []
+        if devices:
+            console.print(_devices(devices))
+        else:
+            console.print("No GPU activity in this trace (CPU-only run): GPU metrics unavailable.")
+        steps = f.get("steps")
+        if steps is not None:
+            console.print(_steps(steps, f.get("step_marker")))
+        if steps is not None and steps.get("available"):
+            console.print(_breakdown(f"Top kernels in the decode steps (device {steps.get('device')})",
+                                     (steps.get("top_kernels") or [])[:TOP_SHOWN], True))
+            console.print(_breakdown("Kernel categories in the decode steps", steps.get("categories") or [], False))
+        else:
+            for d in devices:
+                console.print(_breakdown(f"Top kernels, device {d['device']}", (d.get("top_kernels") or [])[:TOP_SHOWN], True))
+                console.print(_breakdown(f"Kernel categories, device {d['device']}", d.get("categories") or [], False))
+        for w in f.get("warnings") or []:
+            console.print(Text(f"warning: {w}", style="yellow"))

@@ -1,0 +1,123 @@
+"""CI gate: exit 0 when every check holds, 1 when one fails (a null metric fails), errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from . import resultsgen as g
+from bubblescope.errors import BubblescopeError
+from bubblescope.reports.gate import render_gate, run_gate
+from bubblescope.reports.results import Results
+
+
+def test_all_checks_hold():
+    report = run_gate(g.healthy_doc(), min_bandwidth_util=0.6, max_bubble_ratio=0.1, max_token_p99_ms=1.0)
+    assert report.engine == "megakernel" and report.exit_code == 0
+    assert [(c.name, c.measured, c.limit, c.passed) for c in report.checks] == [
+        ("min_bandwidth_util", 0.6453, 0.6, True),
+        ("max_bubble_ratio", 0.04, 0.1, True),
+        ("max_token_p99_ms", 0.83, 1.0, True)]
+
+
+def test_a_failing_check_exits_1():
+    report = run_gate(Results(g.healthy_doc()), min_bandwidth_util=0.7, max_token_p99_ms=0.82)
+    assert report.exit_code == 1
+    assert [(c.name, c.passed) for c in report.checks] == [("min_bandwidth_util", False), ("max_token_p99_ms", False)]
+    assert report.checks[0].detail == "util_peak 0.6453 beyond 0.7"
+
+
+def test_a_missing_metric_fails_closed():
+    doc = g.healthy_doc()
+    g.engine(doc, "megakernel")["timeline"]["bubble_ratio"] = None
+    report = run_gate(doc, max_bubble_ratio=0.5)
+    (check,) = report.checks
+    assert report.exit_code == 1 and check.measured is None and not check.passed
+    assert "not measured" in check.detail
+
+
+def test_engine_choice():
+    doc = g.healthy_doc()
+    assert run_gate(doc, engine="reference-cudagraph", max_token_p99_ms=2).checks[0].measured == 1.15
+    g.engine(doc, "megakernel")["status"] = "failed"
+    g.engine(doc, "megakernel")["reason"] = "kernel stuck"
+    slow = dict(g.engine(doc, "reference-cudagraph"), name="reference")
+    slow["latency"] = dict(slow["latency"], token_ms_p50=5.0, token_ms_p90=5.1, token_ms_p99=5.2)
+    doc["engines"].append(slow)
+    # megakernel is not ok, so the fastest ok engine is gated: reference-cudagraph (1.1 ms) over reference (5 ms).
+    assert run_gate(doc, max_token_p99_ms=2).engine == "reference-cudagraph"
+
+
+def _with_megakernel(p50, gbps):
+    doc = g.healthy_doc()
+    mk = g.engine(doc, "megakernel")
+    mk["latency"].update(token_ms_p50=p50, token_ms_p90=p50, token_ms_p99=p50)
+    mk["bandwidth"]["effective_GBps"] = gbps
+    return doc
+
+
+def test_baseline_within_allowed_regression_passes():
+    # Baseline: 0.8 ms, 3106.6 GB/s. 5 % allows up to 0.84 ms and down to 3106.6 / 1.05 = 2958.67 GB/s.
+    report = run_gate(_with_megakernel(0.83, 2994.3), baseline=g.healthy_doc(), max_regression=0.05)
+    assert report.exit_code == 0
+    assert [(c.name, c.measured) for c in report.checks] == [("regression_token_ms_p50", 0.83),
+                                                             ("regression_effective_GBps", 2994.3)]
+    assert report.checks[0].limit == pytest.approx(0.84)
+    assert report.checks[1].limit == pytest.approx(2958.666667)
+
+
+def test_baseline_regression_fails():
+    report = run_gate(_with_megakernel(0.9, 2761.4), baseline=g.healthy_doc(), max_regression=0.05)
+    assert report.exit_code == 1
+    assert [c.passed for c in report.checks] == [False, False]
+    assert "baseline 0.8" in report.checks[0].detail
+
+
+def test_baseline_metric_missing_fails_closed():
+    old = g.healthy_doc()
+    g.engine(old, "megakernel")["bandwidth"]["effective_GBps"] = None
+    report = run_gate(g.healthy_doc(), baseline=old, max_regression=0.05)
+    assert [c.passed for c in report.checks] == [True, False]
+    assert report.checks[1].limit is None and report.exit_code == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "no checks requested"),
+    ({"engine": "nope", "max_bubble_ratio": 0.1}, "engine 'nope': not in the results"),
+    ({"engine": "hf", "max_bubble_ratio": 0.1}, "engine 'hf': status skipped (transformers is not installed)"),
+    ({"min_bandwidth_util": -0.1}, "min_bandwidth_util must be a number >= 0"),
+    ({"max_bubble_ratio": 1.5}, "max_bubble_ratio must be a number in [0, 1]"),
+    ({"max_token_p99_ms": float("nan")}, "max_token_p99_ms must be a number >= 0"),
+    ({"max_regression": 0.05}, "--baseline and --max-regression must be given together"),
+    ({"baseline": "BASE"}, "--baseline and --max-regression must be given together"),
+])
+def test_unusable_input_raises(kwargs, message):
+    if kwargs.get("baseline") == "BASE":
+        kwargs["baseline"] = g.healthy_doc()
+    with pytest.raises(BubblescopeError) as info:
+        run_gate(g.healthy_doc(), **kwargs)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_invalid_documents_raise():
+    bad = g.healthy_doc()
+    del bad["device"]
+    with pytest.raises(BubblescopeError, match="results: invalid results document: device: missing"):
+        run_gate(bad, max_bubble_ratio=0.1)
+    with pytest.raises(BubblescopeError, match="baseline: invalid results document: device: missing"):
+        run_gate(g.healthy_doc(), baseline=bad, max_regression=0.1)
+    old = g.healthy_doc()
+    old["engines"] = [e for e in old["engines"] if e["name"] != "megakernel"]
+    with pytest.raises(BubblescopeError, match="engine 'megakernel': not in the results"):
+        run_gate(g.healthy_doc(), baseline=old, max_regression=0.1)
+    with pytest.raises(BubblescopeError, match="no engine with status ok"):
+        run_gate(g.null_metrics_doc() | {"engines": g.healthy_doc()["engines"][2:]}, max_bubble_ratio=0.1)
+
+
+def test_render_gate():
+    console = Console(record=True, width=160, color_system=None)
+    render_gate(run_gate(g.healthy_doc(), min_bandwidth_util=0.7, max_bubble_ratio=0.1), console)
+    text = console.export_text()
+    assert "engine megakernel" in text
+    assert "min_bandwidth_util" in text and "FAIL" in text and "PASS" in text
+    assert "gate FAILED: 1 of 2 checks failed (exit 1)" in text

@@ -1,0 +1,181 @@
+"""Terminal and HTML reports: pure renderings of a results document."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+
+import pytest
+from rich.console import Console
+
+from . import resultsgen as g
+from bubblescope.errors import BubblescopeError
+from bubblescope.reports import html as html_mod
+from bubblescope.reports import plots
+from bubblescope.reports.html import render_html, screenshot_html, write_html
+from bubblescope.reports.results import load_results, write_results
+from bubblescope.reports.terminal import render_results
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SECTIONS_WITH_PLOTS = 6  # step timeline, ladder, categories, latency, sweep, one intra-megakernel timeline
+
+
+def _terminal_text(doc) -> str:
+    console = Console(record=True, width=200, color_system=None)
+    render_results(doc, console)
+    return console.export_text()
+
+
+@pytest.fixture(scope="module")
+def healthy_html() -> str:
+    doc = g.healthy_doc()
+    doc["findings"] = [g.a_finding()]
+    return render_html(doc)
+
+
+def test_terminal_report_shows_the_document_numbers():
+    doc = g.healthy_doc()
+    doc["findings"] = [g.a_finding()]
+    text = _terminal_text(doc)
+    assert "GPU: NVIDIA H200" in text and "NVML peak 4814 GB/s" in text and "measured copy 4260 GB/s" in text
+    mk = next(line for line in text.splitlines() if line.strip().startswith("megakernel "))
+    assert mk.split() == ["megakernel", "0.800", "0.830", "1250.0", "10.000", "3107", "64.5", "%", "72.9", "%"]
+    ref = [line for line in text.splitlines() if line.strip().startswith("reference-cudagraph ")]
+    assert ref[1].split() == ["reference-cudagraph", "180", "1", "0.060", "1.2", "%", "85.0", "%", "100.0", "%"]
+    assert "hf: skipped — transformers is not installed" in text
+    assert "reference-compile: failed — torch.compile raised InductorError" in text
+    assert "bubble_ratio=0.62, kernels_per_step=412" in text and "Use CUDA graphs." in text
+
+
+def test_terminal_report_without_a_gpu_says_so_and_prints_dashes():
+    text = _terminal_text(g.null_metrics_doc())
+    assert "CPU only — GPU metrics unavailable" in text
+    mk = [line.split() for line in text.splitlines() if line.strip().startswith("megakernel ")]
+    assert mk[0] == ["megakernel"] + ["—"] * 7 and mk[1] == ["megakernel"] + ["—"] * 6
+    assert "Findings: none" in text
+
+
+def test_terminal_prints_markup_and_templates_literally():
+    doc = g.healthy_doc()
+    g.engine(doc, "hf")["reason"] = "[bold red]not installed[/] void f<int, 4>() at:fire:"
+    text = _terminal_text(doc)
+    assert "hf: skipped — [bold red]not installed[/] void f<int, 4>() at:fire:" in text
+
+
+def test_loaded_results_render_the_same_numbers(tmp_path):
+    doc = g.healthy_doc()
+    mk = g.engine(doc, "megakernel")
+    mk["latency"].update(token_ms_p50=0.7712, token_ms_p90=0.7801, token_ms_p99=0.7934, tok_per_s=1296.68)
+    mk["bandwidth"].update(effective_GBps=3222.6, util_peak=0.66938, util_copy=0.75648)
+    mk["timeline"]["bubble_ratio"] = 0.0123
+    path = write_results(doc, tmp_path / "r.json")
+    loaded = load_results(path)
+    expected = ["0.771", "0.793", "1296.7", "3223", "66.9 %", "75.6 %", "0.012"]
+    text = _terminal_text(loaded)
+    page = render_html(loaded)
+    for cell in expected:
+        assert cell in text
+        assert f">{cell}</td>" in page
+
+
+def test_html_embeds_every_plot_as_png(healthy_html):
+    sources = re.findall(r'<img alt="[^"]*" src="([^"]*)">', healthy_html)
+    assert healthy_html.count("<img") == len(sources) == SECTIONS_WITH_PLOTS
+    for src in sources:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG_MAGIC)
+    assert "not measured.</p>" not in healthy_html
+    assert not re.search(r'(src|href)="(https?:)?//', healthy_html)  # self-contained
+
+
+def test_html_escapes_kernel_names_and_document_text(healthy_html):
+    assert "void f&lt;int, 4&gt;()" in healthy_html
+    assert "void f<int, 4>()" not in healthy_html
+    doc = g.healthy_doc()
+    g.engine(doc, "hf")["reason"] = "<script>alert(1)</script>"
+    page = render_html(doc)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>" not in page
+
+
+def test_html_headline_and_findings(healthy_html):
+    assert ">0.800</td>" in healthy_html and ">64.5 %</td>" in healthy_html and ">2259</td>" in healthy_html
+    assert "bubble_ratio=0.62, kernels_per_step=412" in healthy_html
+    assert "transformers is not installed" in healthy_html
+    assert "GPU: NVIDIA H200" in healthy_html
+
+
+def test_html_with_all_null_metrics_says_not_measured():
+    page = render_html(g.null_metrics_doc())
+    assert "<img" not in page
+    assert page.count("not measured.</p>") == SECTIONS_WITH_PLOTS
+    assert "CPU only — GPU metrics unavailable" in page
+    assert "no CUDA device: no kernel timeline" in page
+
+
+def test_ladder_floors_are_bytes_over_bandwidth():
+    doc = g.healthy_doc()
+    fig = plots.ladder_figure(doc["engines"][:2], doc["device"])
+    floors = sorted(line.get_xdata()[0] for line in fig.axes[0].lines)
+    # 2 485 242 880 bytes per step at 4814.3 GB/s (NVML peak) and 4260 GB/s (measured copy).
+    assert floors == pytest.approx([0.516221, 0.583390], abs=1e-6)
+    bars = sorted(p.get_width() for p in fig.axes[0].patches)
+    assert bars == pytest.approx([0.8, 1.1])
+
+
+def test_plots_return_none_without_data():
+    doc = g.null_metrics_doc()
+    ok = doc["engines"][:2]
+    assert plots.step_timeline_figure(ok) is None
+    assert plots.ladder_figure(ok, doc["device"]) is None
+    assert plots.categories_figure(ok) is None
+    assert plots.latency_figure(ok) is None
+    assert plots.sweep_figure(ok, doc["device"]) is None
+    assert plots.intrakernel_figure(ok[0]) is None
+    full = g.healthy_doc()
+    fig = plots.step_timeline_figure(full["engines"])
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["reference-cudagraph", "megakernel"]
+
+
+def test_write_html_is_atomic_and_reports_bad_paths(tmp_path):
+    out = write_html(g.null_metrics_doc(), tmp_path / "r.html")
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+    with pytest.raises(BubblescopeError, match="cannot write here"):
+        write_html(g.null_metrics_doc(), tmp_path / "missing" / "r.html")
+
+
+def test_screenshot_without_chromium_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(html_mod.shutil, "which", lambda name: None)
+    page = tmp_path / "r.html"
+    page.write_text("<html></html>")
+    with pytest.raises(BubblescopeError, match="found on PATH"):
+        screenshot_html(page, tmp_path / "r.png")
+
+
+CHROMIUM = shutil.which("chromium")
+IMAGE_CHECK = """<script>
+window.addEventListener("load", () => {
+  const imgs = Array.from(document.images);
+  document.body.dataset.imgsTotal = imgs.length;
+  document.body.dataset.imgsOk = imgs.every(i => i.complete && i.naturalWidth > 0) ? "yes" : "no";
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_chromium_loads_every_image_and_screenshots(tmp_path, healthy_html):
+    page = tmp_path / "report.html"
+    page.write_text(healthy_html.replace("</body>", IMAGE_CHECK + "</body>"))
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert f'data-imgs-total="{SECTIONS_WITH_PLOTS}"' in dom
+    assert 'data-imgs-ok="yes"' in dom
+    shot = screenshot_html(page, tmp_path / "report.png", 1200, 1600)
+    data = shot.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1200, 1600)
