@@ -11,6 +11,8 @@ from .tables import MISSING, fmt
 
 NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
 TOP_SHOWN = 10
+IDLE_PARTS = ("host_wait", "kernel_wait", "other")
+TIME_COLUMNS = ("busy", "span", "total")
 
 
 def _short(name: str) -> Text:
@@ -28,25 +30,42 @@ def _us(value) -> str:
     return f"{value:,.1f} µs"
 
 
-def _table(title: str, headers: list[str]) -> Table:
+def _table(title: str, headers: list[str], name_width: int = NAME_WIDTH) -> Table:
     table = Table(title=title, title_justify="left")
     for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if i == 0 or header in ("name", "category") else "right")
+        # A long kernel name is cut to what the terminal leaves it; a time ("66.14 ms") stays whole.
+        table.add_column(
+            header,
+            justify="left" if i == 0 or header in ("name", "category") else "right",
+            no_wrap=header == "name",
+            overflow="ellipsis",
+            max_width=max(24, name_width) if header == "name" else None,
+            min_width=9 if header in TIME_COLUMNS else None,
+        )
     return table
 
 
-def _devices(devices: list[dict]) -> Table:
-    table = _table("GPU activity per device (whole trace)",
-                   ["device", "kernels", "memcpys", "memsets", "streams", "busy", "span", "bubble ratio",
-                    "host-wait", "kernel-wait", "other idle"])
+def _devices(devices: list[dict]) -> list[Table]:
+    """Two narrow tables (activity, then idle split), so both fit an 80-column terminal."""
+    activity = _table(
+        "GPU activity per device (whole trace)",
+        ["GPU", "kernels", "memcpy", "memset", "streams", "busy", "span", "bubble ratio"],
+    )
+    idle = _table(
+        f"Idle time per device (kernel-wait: gaps < {fmt((devices[0].get('idle') or {}).get('threshold_us'))} µs)",
+        ["device", "host-wait", "kernel-wait", "other"],
+    )
     for d in devices:
-        idle = d.get("idle") or {}
-        table.add_row(str(d["device"]), fmt(d.get("kernels"), "count"), fmt(d.get("memcpys"), "count"),
-                      fmt(d.get("memsets"), "count"), fmt(d.get("streams"), "count"), _us(d.get("busy_us")),
-                      _us(d.get("span_us")), fmt(d.get("bubble_ratio"), "ratio"),
-                      *(f"{_us(idle.get(k + '_us'))} ({fmt(idle.get(k + '_share'), 'pct')})"
-                        for k in ("host_wait", "kernel_wait", "other")))
-    return table
+        counts = (fmt(d.get(k), "count") for k in ("kernels", "memcpys", "memsets", "streams"))
+        activity.add_row(
+            str(d["device"]), *counts, _us(d.get("busy_us")), _us(d.get("span_us")), fmt(d.get("bubble_ratio"), "ratio")
+        )
+        split = d.get("idle") or {}
+        idle.add_row(
+            str(d["device"]),
+            *(f"{_us(split.get(k + '_us'))} ({fmt(split.get(k + '_share'), 'pct')})" for k in IDLE_PARTS),
+        )
+    return [activity, idle]
 
 
 def _steps(steps: dict, marker: str | None) -> Table:
@@ -56,7 +75,8 @@ def _steps(steps: dict, marker: str | None) -> Table:
     idle = steps.get("idle") or {}
     delay = steps.get("launch_delay_us") or {}
     rows = [
-        ("measured steps", fmt(steps.get("steps"), "count")), ("device", fmt(steps.get("device"))),
+        ("measured steps", fmt(steps.get("steps"), "count")),
+        ("device", fmt(steps.get("device"))),
         ("step wall time (median)", _us(steps.get("step_wall_us"))),
         ("GPU busy per step (median)", _us(steps.get("gpu_busy_us_per_step"))),
         ("kernels per step", fmt(steps.get("kernels_per_step"), "count")),
@@ -65,8 +85,10 @@ def _steps(steps: dict, marker: str | None) -> Table:
         ("bubble ratio (decode window)", fmt(steps.get("bubble_ratio"), "ratio")),
         ("launch share", fmt(steps.get("launch_share"), "pct")),
         ("sync share", fmt(steps.get("sync_share"), "pct")),
-        (f"idle per step: host-wait / kernel-wait (<{fmt(idle.get('threshold_us'))} µs) / other",
-         " / ".join(_us(idle.get(k)) for k in ("host_wait_us", "kernel_wait_us", "other_us"))),
+        (
+            f"idle per step: host-wait / kernel-wait (<{fmt(idle.get('threshold_us'))} µs) / other",
+            " / ".join(_us(idle.get(k)) for k in ("host_wait_us", "kernel_wait_us", "other_us")),
+        ),
         ("launch delay p50 / p90 / max", " / ".join(_us(delay.get(k)) for k in ("p50", "p90", "max"))),
         ("max registers per thread", fmt(steps.get("max_registers_per_thread"), "count")),
     ]
@@ -75,12 +97,20 @@ def _steps(steps: dict, marker: str | None) -> Table:
     return table
 
 
-def _breakdown(title: str, rows: list[dict], with_name: bool) -> Table:
-    table = _table(title, (["name"] if with_name else []) + ["category", "count", "total", "share"])
+def _breakdown(title: str, rows: list[dict], with_name: bool, width: int) -> Table:
+    # The name gets what the other columns (category, count 5, total 9, share 7) and borders (16) leave.
+    category = max([len("category")] + [len(str(r.get("category"))) for r in rows])
+    headers = (["name"] if with_name else []) + ["category", "count", "total", "share"]
+    table = _table(title, headers, name_width=min(NAME_WIDTH, width - category - 37))
     for r in rows:
         cells = [_short(r["name"])] if with_name else []
-        table.add_row(*cells, Text(str(r["category"])), fmt(r.get("count"), "count"), _us(r.get("total_us")),
-                      fmt(r.get("share"), "pct"))
+        table.add_row(
+            *cells,
+            Text(str(r["category"])),
+            fmt(r.get("count"), "count"),
+            _us(r.get("total_us")),
+            fmt(r.get("share"), "pct"),
+        )
     return table
 
 
@@ -98,19 +128,39 @@ def render_trace_summary(summary: dict, console: Console) -> None:
         console.rule(Text(f"{f.get('path')}{rank}"), align="left")
         devices = f.get("devices") or []
         if devices:
-            console.print(_devices(devices))
+            for table in _devices(devices):
+                console.print(table)
         else:
             console.print("No GPU activity in this trace (CPU-only run): GPU metrics unavailable.")
         steps = f.get("steps")
         if steps is not None:
             console.print(_steps(steps, f.get("step_marker")))
         if steps is not None and steps.get("available"):
-            console.print(_breakdown(f"Top kernels in the decode steps (device {steps.get('device')})",
-                                     (steps.get("top_kernels") or [])[:TOP_SHOWN], True))
-            console.print(_breakdown("Kernel categories in the decode steps", steps.get("categories") or [], False))
+            console.print(
+                _breakdown(
+                    f"Top kernels in the decode steps (device {steps.get('device')})",
+                    (steps.get("top_kernels") or [])[:TOP_SHOWN],
+                    True,
+                    console.width,
+                )
+            )
+            console.print(
+                _breakdown("Kernel categories in the decode steps", steps.get("categories") or [], False, console.width)
+            )
         else:
             for d in devices:
-                console.print(_breakdown(f"Top kernels, device {d['device']}", (d.get("top_kernels") or [])[:TOP_SHOWN], True))
-                console.print(_breakdown(f"Kernel categories, device {d['device']}", d.get("categories") or [], False))
+                console.print(
+                    _breakdown(
+                        f"Top kernels, device {d['device']}",
+                        (d.get("top_kernels") or [])[:TOP_SHOWN],
+                        True,
+                        console.width,
+                    )
+                )
+                console.print(
+                    _breakdown(
+                        f"Kernel categories, device {d['device']}", d.get("categories") or [], False, console.width
+                    )
+                )
         for w in f.get("warnings") or []:
             console.print(Text(f"warning: {w}", style="yellow"))

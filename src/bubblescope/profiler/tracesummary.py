@@ -1,0 +1,160 @@
+"""``diagnose trace``: summarize one or more existing trace files into a JSON-ready dict.
+
+Schema ``bubblescope.trace/1``::
+
+    {"schema": "bubblescope.trace/1",
+     "files": [{"path": str, "rank": int | None, "step_marker": str | None,
+                "devices": [{"device": int, "kernels", "memcpys", "memsets", "streams": int,
+                             "busy_us", "span_us": float, "bubble_ratio": float | None,
+                             "idle": {"idle_us", "host_wait_us", "kernel_wait_us", "other_us",
+                                      "host_wait_share", "kernel_wait_share", "other_share",
+                                      "threshold_us"},
+                             "categories": [{category, count, total_us, share}],
+                             "top_kernels": [{name, category, count, total_us, share}]}],
+                "steps": <metrics.timeline_summary dict> | None,
+                "warnings": [str]}]}
+
+Device figures cover the whole trace; ``steps`` covers the decode steps found by the step marker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import BubblescopeError
+from . import metrics
+from .trace import Trace, load_trace
+
+SCHEMA = "bubblescope.trace/1"
+# Tried in order when no marker is given: ours, then torch.profiler's schedule steps.
+AUTO_STEP_MARKERS = (metrics.DEFAULT_STEP_MARKER, "ProfilerStep")
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """Files to read: each path as given, a directory replaced by its ``*.json``/``*.json.gz`` files
+    (sorted, not recursive). BubblescopeError for no paths or a directory without traces."""
+    out: list[str] = []
+    for path in paths:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(path, f)
+                for f in os.listdir(path)
+                if f.endswith(TRACE_SUFFIXES) and os.path.isfile(os.path.join(path, f))
+            )
+            if not found:
+                raise BubblescopeError(f"{path}: directory holds no .json or .json.gz trace files")
+            out.extend(found)
+        else:
+            out.append(path)
+    if not out:
+        raise BubblescopeError("no trace paths given")
+    return out
+
+
+def _idle(row: Any, threshold_us: float) -> dict:
+    parts = {
+        k: float(row[c])
+        for k, c in (
+            ("host_wait_us", "host_wait_us"),
+            ("kernel_wait_us", "kernel_wait_us"),
+            ("other_us", "other_idle_us"),
+        )
+    }
+    idle = sum(parts.values())
+    shares = {k.replace("_us", "_share"): (v / idle if idle > 0 else None) for k, v in parts.items()}
+    return {"idle_us": idle, **parts, **shares, "threshold_us": threshold_us}
+
+
+def _devices(trace: Trace, threshold_us: float) -> list[dict]:
+    table = metrics.device_summary(trace, threshold_us=threshold_us)
+    out = []
+    for _, row in table.iterrows():
+        device = int(row["device"])
+        out.append(
+            {
+                "device": device,
+                **{k: int(row[k]) for k in ("kernels", "memcpys", "memsets", "streams")},
+                "busy_us": float(row["busy_us"]),
+                "span_us": float(row["span_us"]),
+                "bubble_ratio": metrics.json_float(row["bubble_ratio"]),
+                "idle": _idle(row, threshold_us),
+                "categories": metrics.records(
+                    metrics.kernel_breakdown(trace, device=device), ["category", "count", "total_us", "share"]
+                ),
+                "top_kernels": metrics.records(
+                    metrics.top_kernels(trace, metrics.TOP_KERNELS, device=device),
+                    ["name", "category", "count", "total_us", "share"],
+                ),
+            }
+        )
+    return out
+
+
+def _marker(trace: Trace, step_marker: str | None) -> tuple[str | None, Any]:
+    """(marker used, its steps frame), or (None, None) when no candidate marks any step."""
+    for marker in (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS:
+        steps = metrics.find_steps(trace, marker)
+        if len(steps):
+            return marker, steps
+    return None, None
+
+
+def summarize_trace(
+    trace: Trace,
+    step_marker: str | None = None,
+    threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US,
+    skip_steps: int = 0,
+) -> dict:
+    """The ``files[i]`` entry of :func:`summarize_traces` for an already parsed trace."""
+    threshold_us = metrics.check_threshold(threshold_us)
+    warnings = list(trace.warnings)
+    if trace.gpu.empty:
+        warnings.append("no GPU activity in trace (CPU-only run)")
+    marker, steps = _marker(trace, step_marker)
+    summary = None
+    if marker is None:
+        tried = (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS
+        warnings.append(f"no step marker ({' or '.join(map(repr, tried))}) in trace: whole-trace figures only")
+    else:
+        by_time = int((steps["matched_by"] == "time").sum())
+        if by_time:
+            warnings.append(
+                f"{by_time} of {len(steps)} steps marked {marker!r} lie on a thread without "
+                "CUDA calls: launches matched to them by time only"
+            )
+        summary = metrics.timeline_summary(trace, marker, skip_steps, threshold_us)
+        if summary["reason"]:
+            warnings.append(f"steps: {summary['reason']}")
+    return {
+        "path": trace.path,
+        "rank": trace.rank,
+        "step_marker": marker,
+        "devices": _devices(trace, threshold_us),
+        "steps": summary,
+        "warnings": warnings,
+    }
+
+
+def summarize_traces(
+    paths: Iterable[str | os.PathLike],
+    step_marker: str | None = None,
+    threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US,
+    skip_steps: int = 0,
+) -> dict:
+    """Parse each trace (directories expand to their trace files) and summarize it; see the module doc.
+
+    ``step_marker`` None tries ``bubblescope.decode_step`` then ``ProfilerStep``. ``threshold_us`` is
+    the kernel-wait threshold of the idle breakdown (µs); ``skip_steps`` drops warm-up steps.
+    Raises BubblescopeError for a bad file, path or option (the CLI exits 2); a trace without GPU
+    activity is summarized with ``"devices": []`` and a warning.
+    """
+    threshold_us = metrics.check_threshold(threshold_us)
+    skip_steps = metrics.check_skip_steps(skip_steps)
+    if step_marker is not None and (not isinstance(step_marker, str) or not step_marker.strip()):
+        raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
+    files = [summarize_trace(load_trace(p), step_marker, threshold_us, skip_steps) for p in expand_paths(paths)]
+    return {"schema": SCHEMA, "files": files}

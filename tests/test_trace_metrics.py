@@ -1,0 +1,375 @@
+"""Timeline metrics on hand-built traces; every expected number is worked out by hand in the comments.
+
+The main trace is ``tracegen.decode_trace_events`` (its docstring draws it): two decode steps on
+device 0, one of them a CUDA-graph replay, plus a launch-less kernel and a kernel on device 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from bubblescope.errors import BubblescopeError
+from bubblescope.profiler import metrics as m
+from bubblescope.profiler.categories import categorize
+from bubblescope.profiler.trace import load_trace
+from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.reports.trace_terminal import render_trace_summary
+
+from . import tracegen as tg
+
+
+@pytest.fixture(scope="module")
+def decode(tmp_path_factory):
+    path = tmp_path_factory.mktemp("decode") / "decode.json.gz"
+    return load_trace(tg.write(path, tg.document(tg.decode_trace_events())))
+
+
+def test_overlap_on_two_streams_and_known_gaps(tmp_path):
+    # k1 [100,110] s7 and k2 [105,120] s8 overlap -> one busy interval of 20; k3 [130,133] after a gap of 10
+    # whose launch (125) came after 120 -> host-wait; k4 [134,140], launched at 128 < 133, gap 1 < 5 ->
+    # kernel-wait; k5 [150,160] launched at 131 < 140, gap 10 >= 5 -> other.
+    ev = [
+        tg.launch(95, 1, 1),
+        tg.kernel("k1", 100, 10, 1, stream=7),
+        tg.launch(96, 1, 2),
+        tg.kernel("k2", 105, 15, 2, stream=8),
+        tg.launch(125, 1, 3),
+        tg.kernel("k3", 130, 3, 3),
+        tg.launch(128, 1, 4),
+        tg.kernel("k4", 134, 6, 4),
+        tg.launch(131, 1, 5),
+        tg.kernel("k5", 150, 10, 5),
+    ]
+    tr = load_trace(tg.write(tmp_path / "gaps.json", tg.document(ev)))
+    row = m.device_summary(tr).iloc[0]
+    busy, span = 20 + 3 + 6 + 10, 160 - 100
+    assert (row["kernels"], row["streams"], row["busy_us"], row["span_us"]) == (5, 2, busy, span)
+    assert row["bubble_ratio"] == pytest.approx(1 - 39 / 60)
+    idle = m.idle_breakdown(tr).iloc[0]
+    assert (idle["host_wait_us"], idle["kernel_wait_us"], idle["other_us"], idle["idle_us"]) == (10, 1, 10, 21)
+    assert idle["host_wait_share"] == pytest.approx(10 / 21)
+    # a threshold of 0.5 µs turns the 1-µs kernel-wait into other; 20 µs turns the 10-µs other into kernel-wait
+    assert m.idle_breakdown(tr, threshold_us=0.5).iloc[0][["kernel_wait_us", "other_us"]].tolist() == [0, 11]
+    assert m.idle_breakdown(tr, threshold_us=20).iloc[0][["kernel_wait_us", "other_us"]].tolist() == [11, 0]
+    # window [105, 132]: k1 clipped to [105,110], k2 [105,120], k3 clipped to [130,132] -> busy 15+2, span 27
+    w = m.device_summary(tr, window=(105, 132)).iloc[0]
+    assert (w["busy_us"], w["span_us"], w["kernels"]) == (17, 27, 3)
+
+
+def test_device_summary_whole_trace(decode):
+    d = m.device_summary(decode).set_index("device")
+    # device 0: step 0 busy 29 (see below), graph 14, orphan [300,301] 1 -> 44 over [100, 301]
+    assert d.loc[0, ["kernels", "memcpys", "memsets", "streams"]].tolist() == [8, 1, 0, 3]
+    assert (d.loc[0, "busy_us"], d.loc[0, "span_us"]) == (44, 201)
+    assert d.loc[0, "bubble_ratio"] == pytest.approx(1 - 44 / 201)
+    # gaps: 120->130 host 10, 133->134 kernel 1, 140->142 kernel 2, 142->165 host 23 (graph launched at 150),
+    # 170->171 kernel 1, 175->180 other 5 (not < 5), 185->300 other 115 (orphan has no launch call)
+    assert d.loc[0, ["host_wait_us", "kernel_wait_us", "other_idle_us"]].tolist() == [33, 4, 120]
+    assert d.loc[1, ["kernels", "busy_us", "span_us", "bubble_ratio"]].tolist() == [1, 10, 10, 0]
+
+
+def test_steps_and_assignment(decode):
+    steps = m.find_steps(decode)
+    assert steps["name"].tolist() == ["bubblescope.decode_step#0", "bubblescope.decode_step#1"]
+    assert steps["matched_by"].tolist() == ["thread", "thread"]
+    assigned = m.assign_steps(decode)
+    by_name = {(n, t): s for n, t, s in zip(decode.gpu["name"], decode.gpu["ts_us"], assigned)}
+    assert by_name[("gemv_a", 100)] == 0 and by_name[("Memcpy DtoD (Device -> Device)", 142)] == 0
+    assert [by_name[(n, t)] for n, t in (("gemv_a", 165), ("flash_fwd_kernel", 171), ("rmsnorm_b", 180))] == [1, 1, 1]
+    # the orphan has no launch; device 1's kernel was launched from another thread than the steps'
+    assert assigned.isna().sum() == 2
+    assert pd.isna(by_name[("orphan_kernel", 300)]) and pd.isna(by_name[("gemv_a", 500)])
+    assert len(m.find_steps(decode, "bubblescope.decode")) == 0  # a prefix must be followed by '#'
+
+
+def test_step_metrics(decode):
+    t = m.step_metrics(decode).set_index("step")
+    # step 0 [90,145): merged [100,120] [130,133] [134,140] [142,142] -> busy 29, span 42;
+    # idle: host 10, kernel 1 + 2 (memcpy queued at 135 < 140, gap 2), other 0
+    assert t.loc[0, ["wall_us", "kernels", "launches", "gpu_busy_us", "gpu_span_us"]].tolist() == [55, 4, 4, 29, 42]
+    assert t.loc[0, ["launch_us", "sync_us", "host_wait_us", "kernel_wait_us", "other_idle_us"]].tolist() == [
+        10,
+        3,
+        10,
+        3,
+        0,
+    ]
+    assert t.loc[0, "bubble_ratio"] == pytest.approx(1 - 29 / 42)
+    assert t.loc[0, "launch_share"] == pytest.approx(10 / 55) and t.loc[0, "sync_share"] == pytest.approx(3 / 55)
+    # step 1 [145,200): one cudaGraphLaunch (10 µs) -> g1 [165,170] g2 [171,175] g3 [180,185]: busy 14, span 20;
+    # 170->171 kernel-wait 1 (launch long before), 175->180 other 5
+    assert t.loc[1, ["kernels", "launches", "gpu_busy_us", "gpu_span_us", "launch_us", "sync_us"]].tolist() == [
+        3,
+        1,
+        14,
+        20,
+        10,
+        0,
+    ]
+    assert t.loc[1, ["host_wait_us", "kernel_wait_us", "other_idle_us"]].tolist() == [0, 1, 5]
+    assert t.loc[1, "bubble_ratio"] == pytest.approx(0.3)
+    # every step: idle parts add up to span - busy
+    assert np.allclose(
+        t[["host_wait_us", "kernel_wait_us", "other_idle_us"]].sum(axis=1), t["gpu_span_us"] - t["gpu_busy_us"]
+    )
+
+
+def test_launch_delays(decode):
+    d = m.launch_delays(decode)
+    first = d[d["first_in_launch"]].sort_values("start_us")
+    # k1 100-95, k2 105-99, k3 130-125, k4 134-128, g1 165-150, device-1 kernel 500-100 (any thread)
+    assert first["delay_us"].tolist() == [5, 6, 5, 6, 15, 400]
+    assert d[~d["first_in_launch"]]["delay_us"].tolist() == [21, 30]  # g2 171-150, g3 180-150
+    assert set(d["launch_name"]) == {"cudaLaunchKernel", "cudaGraphLaunch"}  # not the memcpy's cudaMemcpyAsync
+
+
+def test_timeline_summary(decode):
+    s = m.timeline_summary(decode)
+    assert set(s) == {
+        "available",
+        "reason",
+        "steps",
+        "device",
+        "kernels_per_step",
+        "launches_per_step",
+        "launches_per_s",
+        "bubble_ratio",
+        "bubble_ratio_steps",
+        "launch_share",
+        "sync_share",
+        "gpu_busy_us_per_step",
+        "step_wall_us",
+        "idle",
+        "launch_delay_us",
+        "top_kernels",
+        "categories",
+        "max_registers_per_thread",
+    }
+    assert s["available"] is True and s["reason"] is None and s["steps"] == 2 and s["device"] == 0
+    assert (s["kernels_per_step"], s["launches_per_step"], s["step_wall_us"]) == (3.5, 2.5, 55)
+    assert s["launches_per_s"] == pytest.approx(2.5 / 55e-6)
+    # decode window [100, 185]: busy 29 + 14 = 43 of 85
+    assert s["bubble_ratio"] == pytest.approx(1 - 43 / 85)
+    assert s["bubble_ratio_steps"] == pytest.approx([1 - 29 / 42, 0.3])
+    assert s["launch_share"] == pytest.approx(20 / 110) and s["sync_share"] == pytest.approx(3 / 110)
+    assert s["gpu_busy_us_per_step"] == 21.5
+    assert s["idle"] == {"host_wait_us": 5, "kernel_wait_us": 2, "other_us": 2.5, "threshold_us": 5.0}
+    # first kernels of each launch in the steps: 5, 5, 6, 6, 15 -> p90 = 6 + 0.6 * (15 - 6)
+    assert s["launch_delay_us"] == pytest.approx({"p50": 6, "p90": 11.4, "max": 15})
+    # rmsnorm_b: 15 + 5 = 20, gemv_a: 10 + 3 + 5 = 18 of 10+15+3+6+0+5+4+5 = 48 µs in the steps
+    assert s["top_kernels"][:2] == [
+        {"name": "rmsnorm_b", "category": "norm", "count": 2, "total_us": 20, "share": pytest.approx(20 / 48)},
+        {"name": "gemv_a", "category": "gemm/gemv", "count": 3, "total_us": 18, "share": pytest.approx(18 / 48)},
+    ]
+    cats = {c["category"]: (c["count"], c["total_us"]) for c in s["categories"]}
+    assert cats == {
+        "gemm/gemv": (3, 18),
+        "norm": (2, 20),
+        "attention": (1, 4),
+        "elementwise/activation": (1, 6),
+        "copy/memset": (1, 0),
+    }
+    assert s["max_registers_per_thread"] is None  # no kernel carried the arg
+    json.dumps(s, allow_nan=False)
+
+    warm = m.timeline_summary(decode, skip_steps=1)
+    assert warm["steps"] == 1 and warm["bubble_ratio"] == pytest.approx(0.3) and warm["kernels_per_step"] == 3
+    assert m.timeline_summary(decode, skip_steps=2)["reason"] == "all 2 steps are warm-up (skip_steps=2)"
+
+
+def test_timeline_summary_without_steps_or_gpu(tmp_path):
+    none = m.timeline_summary(load_trace(tg.write(tmp_path / "a.json", tg.document([tg.kernel("k", 1, 1, 1)]))))
+    assert none["available"] is False and "no step marker" in none["reason"] and none["kernels_per_step"] is None
+    # CPU-only: steps and launch calls but no kernels (e.g. CUPTI off). Launch 2 of 10 µs, sync 5 of 10 µs.
+    ev = [
+        tg.annotation("bubblescope.decode_step#0", 0.5, 10),
+        tg.launch(1, 1, 1),
+        tg.launch(3, 1, 2),
+        tg.api("cudaDeviceSynchronize", 5, 5, 3),
+    ]
+    cpu = m.timeline_summary(load_trace(tg.write(tmp_path / "c.json", tg.document(ev))))
+    assert cpu["available"] is False and cpu["reason"] == "no GPU activity in trace (CPU-only run)"
+    assert (cpu["launches_per_step"], cpu["launch_share"], cpu["sync_share"]) == (2, 0.2, 0.5)
+    assert cpu["bubble_ratio"] is None and cpu["kernels_per_step"] is None and cpu["launch_delay_us"]["p50"] is None
+
+
+def test_marker_on_another_thread_falls_back_to_time(tmp_path):
+    # ProfilerStep on pid 9 (which made no CUDA call) covering [0, 100): the launch at 10 is matched by time.
+    ev = [
+        tg.annotation("ProfilerStep#3", 0.5, 100, pid=9, tid=9),
+        tg.launch(10, 2, 1),
+        tg.kernel("k", 20, 4, 1, **{"registers per thread": 32}),
+    ]
+    tr = load_trace(tg.write(tmp_path / "p.json", tg.document(ev)))
+    assert m.find_steps(tr, "ProfilerStep")["matched_by"].tolist() == ["time"]
+    s = m.timeline_summary(tr, "ProfilerStep")
+    assert s["available"] and s["kernels_per_step"] == 1 and s["launch_delay_us"]["max"] == 10
+    assert s["max_registers_per_thread"] == 32
+    assert m.timeline_summary(tr, "ProfilerStep#")["steps"] == 1
+    # a marker without pid/tid cannot be matched by thread either
+    bare = tg.annotation("ProfilerStep#4", 200, 50)
+    del bare["pid"], bare["tid"]
+    tr2 = load_trace(
+        tg.write(tmp_path / "q.json", tg.document([*ev, bare, tg.launch(210, 1, 2), tg.kernel("k", 215, 2, 2)]))
+    )
+    assert m.find_steps(tr2, "ProfilerStep")["matched_by"].tolist() == ["time", "time"]
+    assert m.step_metrics(tr2, "ProfilerStep")["kernels"].tolist() == [1, 1]
+
+
+def test_step_timeline(decode):
+    tl = m.step_timeline(decode, "bubblescope.decode_step", 1)
+    assert tl["launches"] == [{"name": "cudaGraphLaunch", "start_us": 5.0, "dur_us": 10.0}]
+    assert [(k["name"], k["stream"], k["start_us"], k["dur_us"]) for k in tl["kernels"]] == [
+        ("gemv_a", 9, 20.0, 5.0),
+        ("flash_fwd_kernel", 9, 26.0, 4.0),
+        ("rmsnorm_b", 9, 35.0, 5.0),
+    ]
+    assert tl["kernels"][1]["category"] == "attention"
+    with pytest.raises(BubblescopeError, match="out of range"):
+        m.step_timeline(decode, "bubblescope.decode_step", 2)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "x", float("inf")])
+def test_bad_threshold(decode, bad):
+    with pytest.raises(BubblescopeError, match="idle threshold"):
+        m.timeline_summary(decode, threshold_us=bad)
+
+
+@pytest.mark.parametrize(
+    "name,category",
+    [
+        (
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel",
+            "gemm/gemv",
+        ),
+        ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>", "gemm/gemv"),
+        (
+            "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(Params)",
+            "gemm/gemv",
+        ),
+        ("ampere_sgemm_128x64_nn", "gemm/gemv"),
+        ("cutlass_80_wmma_tensorop_f16_s161616gemm_f16_32x32_64x2_tn", "gemm/gemv"),
+        ("nvjet_hsh_128x64_64x6_2x1_v_bz_coopB_NTN", "gemm/gemv"),
+        (
+            "void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, cutlass::bfloat16_t>>",
+            "attention",
+        ),
+        (
+            "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t>)",
+            "attention",
+        ),
+        ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128>>", "attention"),
+        ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norm"),
+        ("triton_poi_fused_cat_cos_sin_mul_2", "rope"),
+        ("triton_red_fused_argmax_3", "reduction/sampling"),
+        ("triton_red_fused_sum_4", "reduction/sampling"),
+        ("triton_poi_fused_mul_silu_1", "elementwise/activation"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+            "elementwise/activation",
+        ),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float>>>",
+            "reduction/sampling",
+        ),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>", "reduction/sampling"),
+        ("void at::native::sbtopk::gatherTopK<float, unsigned int, 1, false>", "reduction/sampling"),
+        ("void at::native::bitonicSortKVInPlace<float, long>", "reduction/sampling"),
+        ("bubblescope_megakernel_step", "megakernel"),
+        ("void fft2d_c2r_32x32<float, false>(float*, cudnn::reduced_divisor)", "other"),
+        ("void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>", "copy/memset"),
+    ],
+)
+def test_categories_on_real_names(name, category):
+    assert categorize(name) == category
+
+
+def test_memcpy_and_memset_kinds_are_copies():
+    assert (
+        categorize("Memcpy DtoD (Device -> Device)", "memcpy")
+        == categorize("Memset (Device)", "memset")
+        == "copy/memset"
+    )
+
+
+def test_summarize_traces_and_render(tmp_path, decode):
+    cpu = tg.write(tmp_path / "cpu.json", tg.document([tg.api("cudaMalloc", 1, 2, 3)], rank="1"))
+    s = summarize_traces([decode.path, cpu], threshold_us=5)
+    json.dumps(s, allow_nan=False)
+    assert s["schema"] == "bubblescope.trace/1" and [f["rank"] for f in s["files"]] == [0, 1]
+    first, second = s["files"]
+    assert first["step_marker"] == "bubblescope.decode_step" and first["steps"]["steps"] == 2
+    dev0 = first["devices"][0]
+    assert (dev0["device"], dev0["kernels"], dev0["busy_us"], dev0["span_us"]) == (0, 8, 44, 201)
+    assert dev0["idle"]["host_wait_us"] == 33 and dev0["idle"]["other_share"] == pytest.approx(120 / 157)
+    # device 0 in all: rmsnorm_b 15 + 5 = 20 of 10+15+3+6+0+5+4+5+1 = 49 µs
+    assert dev0["top_kernels"][0] == {
+        "name": "rmsnorm_b",
+        "category": "norm",
+        "count": 2,
+        "total_us": 20,
+        "share": pytest.approx(20 / 49),
+    }
+    assert second["devices"] == [] and second["steps"] is None
+    assert "no GPU activity in trace (CPU-only run)" in second["warnings"]
+
+    console = Console(record=True, width=200)
+    render_trace_summary(s, console)
+    text = console.export_text()
+    assert "0.781" in text  # 1 - 44/201 = 0.7811
+    assert "flash_fwd_kernel" in text and "CPU-only" in text
+
+
+def test_render_prints_names_literally():
+    summary = {
+        "files": [
+            {
+                "path": "x.json",
+                "rank": None,
+                "step_marker": None,
+                "steps": None,
+                "warnings": ["w[1]"],
+                "devices": [
+                    {
+                        "device": 0,
+                        "kernels": 1,
+                        "memcpys": 0,
+                        "memsets": 0,
+                        "streams": 1,
+                        "busy_us": 1.0,
+                        "span_us": 1.0,
+                        "bubble_ratio": 0.0,
+                        "idle": {},
+                        "categories": [],
+                        "top_kernels": [
+                            {
+                                "name": "[bold]void f<int, 4>()[/bold]",
+                                "category": "other",
+                                "count": 1,
+                                "total_us": 1.0,
+                                "share": 1.0,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    console = Console(record=True, width=200)
+    render_trace_summary(summary, console)
+    text = console.export_text()
+    assert "[bold]void f<int, 4>()[/bold]" in text and "warning: w[1]" in text
+
+
+def test_summarize_traces_bad_input(tmp_path):
+    with pytest.raises(BubblescopeError, match="no trace paths"):
+        summarize_traces([])
+    with pytest.raises(BubblescopeError, match="holds no"):
+        summarize_traces([tmp_path])
+    with pytest.raises(BubblescopeError, match="step marker"):
+        summarize_traces([tmp_path], step_marker=" ")

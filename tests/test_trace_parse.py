@@ -1,0 +1,288 @@
+"""load_trace on hand-built traces: every variant and odd input the parser must survive."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from bubblescope.errors import BubblescopeError
+from bubblescope.profiler import trace as trace_mod
+from bubblescope.profiler.trace import load_trace, parse_rank
+
+from . import tracegen as tg
+
+
+def _one_line_error(path) -> str:
+    with pytest.raises(BubblescopeError) as info:
+        load_trace(path)
+    msg = str(info.value)
+    assert "\n" not in msg and str(path) in msg
+    return msg
+
+
+def test_basic_columns_and_values(tmp_path):
+    path = tg.write(tmp_path / "t.json", tg.document(tg.decode_trace_events()))
+    tr = load_trace(path)
+    assert tr.path == str(path) and tr.rank == 0
+    assert len(tr.gpu) == 10 and len(tr.runtime) == 8 and len(tr.flows) == 4
+    # gpu_user_annotation copies are not step ranges; the two steps and the unrelated range are.
+    assert sorted(tr.annotations["name"]) == [
+        "bubblescope.decode_step#0",
+        "bubblescope.decode_step#1",
+        "unrelated_range",
+    ]
+    k2 = tr.gpu[tr.gpu["name"] == "rmsnorm_b"].iloc[0]
+    assert (k2["kind"], k2["device"], k2["stream"], k2["ts_us"], k2["dur_us"], k2["end_us"], k2["correlation"]) == (
+        "kernel",
+        0,
+        8,
+        105.0,
+        15.0,
+        120.0,
+        2,
+    )
+    assert tr.gpu["kind"].value_counts().to_dict() == {"kernel": 9, "memcpy": 1}
+    # sorted by (device, ts): device 1's kernel last
+    assert list(tr.gpu["device"]) == [0] * 9 + [1]
+    assert list(tr.gpu["ts_us"])[:3] == [100.0, 105.0, 130.0]
+    launches = tr.runtime[tr.runtime["is_launch"]]
+    assert sorted(launches["name"].unique()) == ["cudaGraphLaunch", "cudaLaunchKernel"] and len(launches) == 6
+    assert list(tr.runtime.loc[tr.runtime["is_sync"], "name"]) == ["cudaStreamSynchronize"]
+    assert tr.warnings == ["1 of 10 GPU activities have no CPU call with their correlation id (launch unknown)"]
+    assert tr.metadata["deviceProperties"][0]["numSms"] == 132 and "traceEvents" not in tr.metadata
+
+
+def test_kernel_launch_args_and_driver_and_exc_variants(tmp_path):
+    ev = [
+        tg.kernel(
+            "k",
+            10,
+            2,
+            1,
+            **{
+                "registers per thread": 40,
+                "shared memory": 1024,
+                "blocks per SM": 0.5,
+                "warps per SM": 2.0,
+                "grid": [8, 1, 1],
+                "block": [128, 1, 1],
+                "est. achieved occupancy %": 3,
+            },
+        ),
+        tg.api("cuLaunchKernel", 5, 1, 1, cat="cuda_driver"),
+        tg.api("cudaLaunchKernelExC_v11060", 20, 1, 2),
+        tg.api("cuLaunchKernelEx", 30, 1, 3, cat="cuda_driver"),
+        tg.api("cudaEventSynchronize", 40, 1, 4),
+        tg.api("cuCtxSynchronize", 50, 1, 5, cat="cuda_driver"),
+        tg.api("cudaMalloc", 60, 1, 6),
+    ]
+    tr = load_trace(tg.write(tmp_path / "t.json", tg.document(ev)))
+    k = tr.gpu.iloc[0]
+    assert (
+        k["registers_per_thread"],
+        k["shared_memory_bytes"],
+        k["blocks_per_sm"],
+        k["warps_per_sm"],
+        k["occupancy_pct"],
+        k["grid"],
+        k["block"],
+    ) == (40, 1024, 0.5, 2.0, 3, (8, 1, 1), (128, 1, 1))
+    rt = tr.runtime.set_index("name")
+    assert list(rt["is_launch"]) == [True, True, True, False, False, False]
+    assert list(rt["is_sync"]) == [False, False, False, True, True, False]
+    assert rt.loc["cuLaunchKernel", "category"] == "cuda_driver"
+
+
+def test_legacy_categories_lowercase_external_id_and_int_us(tmp_path):
+    ev = [
+        {
+            "ph": "X",
+            "cat": "Kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": 7,
+            "ts": 100,
+            "dur": 6,
+            "args": {"device": 0, "stream": 7, "correlation": 11, "external id": 77},
+        },
+        {
+            "ph": "X",
+            "cat": "Runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 5,
+            "tid": 5,
+            "ts": 90,
+            "dur": 4,
+            "args": {"correlation": 11, "external id": 77},
+        },
+        {
+            "ph": "X",
+            "cat": "Memcpy",
+            "name": "Memcpy HtoD",
+            "pid": 0,
+            "tid": 7,
+            "ts": 110,
+            "dur": 0,
+            "args": {"device": 0, "stream": 7, "correlation": 12},
+        },
+        {"ph": "X", "cat": "Memset", "name": "Memset", "pid": 0, "tid": 7, "ts": 111, "dur": 1, "args": {}},
+    ]
+    tr = load_trace(tg.write(tmp_path / "legacy.json", {"traceEvents": ev, "distributedInfo": {"rank": "1"}}))
+    assert tr.rank == 1
+    assert list(tr.gpu["kind"]) == ["kernel", "memcpy", "memset"]
+    assert list(tr.gpu["external_id"].astype("float").fillna(-1)) == [77, -1, -1]
+    assert tr.gpu["dur_us"].tolist() == [6.0, 0.0, 1.0]  # the 0-µs memcpy is kept
+    assert tr.runtime.iloc[0][["external_id", "is_launch"]].tolist() == [77, True]
+    # device falls back to pid when args.device is absent (the memset)
+    assert tr.gpu["device"].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("unit", ["ms", "ns", "us"])
+def test_display_time_unit_does_not_scale(tmp_path, unit):
+    doc = tg.document(
+        [tg.kernel("k", 1000.5, 2.25, 1), tg.launch(990, 3, 1)],
+        displayTimeUnit=unit,
+        baseTimeNanoseconds=1727743122000000000,
+    )
+    tr = load_trace(tg.write(tmp_path / "t.json", doc))
+    assert tr.gpu[["ts_us", "dur_us", "end_us"]].iloc[0].tolist() == [1000.5, 2.25, 1002.75]
+    assert tr.metadata["displayTimeUnit"] == unit
+    assert tr.metadata["baseTimeNanoseconds"] == 1727743122000000000
+
+
+@pytest.mark.parametrize(
+    "raw,expected", [(3, 3), ("1", 1), (1.0, 1), (" 2 ", 2), (None, None), (True, None), ("rank1", None), (1.5, None)]
+)
+def test_parse_rank(raw, expected):
+    assert parse_rank(raw) == expected
+
+
+def test_rank_formats_in_file(tmp_path):
+    for raw, want in (("1", 1), (1.0, 1), (4, 4)):
+        assert load_trace(tg.write(tmp_path / "r.json", tg.document([], rank=raw))).rank == want
+    tr = load_trace(tg.write(tmp_path / "r.json", tg.document([], rank="first")))
+    assert tr.rank is None and any("rank 'first'" in w for w in tr.warnings)
+    assert load_trace(tg.write(tmp_path / "r.json", tg.document([], rank=None))).rank is None
+
+
+def test_gzip_detected_by_content_not_name(tmp_path):
+    doc = tg.document(tg.decode_trace_events())
+    plain = load_trace(tg.write(tmp_path / "a.json", doc))
+    gz = load_trace(tg.write(tmp_path / "a.json.gz", doc))
+    gz_named_json = load_trace(tg.write(tmp_path / "b.json", doc, gz=True))
+    for other in (gz, gz_named_json):
+        assert other.gpu.drop(columns=["grid", "block"]).equals(plain.gpu.drop(columns=["grid", "block"]))
+        assert other.runtime.equals(plain.runtime)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_small_chunks_give_the_same_frames(tmp_path, monkeypatch, chunk):
+    # Refill logic: events, numbers, literals and strings cut at every place by a small read window.
+    doc = tg.document(tg.decode_trace_events(), displayTimeUnit="ms", flag=True, nothing=None, neg=-1.5e-3)
+    path = tg.write(tmp_path / "t.json.gz", doc)
+    whole = load_trace(path)
+    monkeypatch.setattr(trace_mod, "_CHUNK_CHARS", chunk)
+    cut = load_trace(path)
+    assert cut.gpu.equals(whole.gpu) and cut.runtime.equals(whole.runtime)
+    assert cut.annotations.equals(whole.annotations) and cut.flows.equals(whole.flows)
+    assert cut.metadata == whole.metadata == {k: v for k, v in doc.items() if k != "traceEvents"}
+
+
+def test_metadata_only_and_cpu_only_traces(tmp_path):
+    tr = load_trace(tg.write(tmp_path / "m.json", tg.document(tg.meta_events())))
+    assert tr.gpu.empty and tr.runtime.empty and tr.annotations.empty and tr.event_count == 3
+    assert list(tr.gpu.columns[:7]) == ["name", "kind", "device", "stream", "ts_us", "dur_us", "end_us"]
+    cpu = load_trace(
+        tg.write(
+            tmp_path / "c.json",
+            tg.document([tg.annotation("bubblescope.decode_step#0", 0.5, 10), tg.api("cudaMalloc", 1, 2, 3)]),
+        )
+    )
+    assert cpu.gpu.empty and len(cpu.runtime) == 1 and cpu.warnings == []
+
+
+def test_zero_events_excluded_and_counted(tmp_path):
+    zeros = [tg.kernel("z", 0, 0, 1), tg.launch(0, 0, 2), tg.annotation("bubblescope.decode_step#9", 0, 0)]
+    ev = zeros + [tg.kernel("k", 100, 5, 3), tg.launch(90, 2, 3), tg.kernel("k0", 0, 4, 4)]
+    tr = load_trace(tg.write(tmp_path / "z.json", tg.document(ev)))
+    assert tr.gpu["name"].tolist() == ["k0", "k"]  # ts 0 with a real duration is kept
+    assert len(tr.runtime) == 1 and tr.annotations.empty
+    assert "3 events with ts 0 and dur 0 excluded" in tr.warnings
+
+
+def test_bad_numbers_are_excluded_or_nulled(tmp_path):
+    big = 2**70
+    events = [
+        tg.kernel("k", 10, 1, big),
+        tg.api("cudaLaunchKernel", 5, 1, big),
+        tg.kernel("k2", 20, 1, 2, stream=big),
+        tg.kernel("nan_ts", "NAN_HERE", 1, 3),
+        tg.kernel("str_dur", 30, "1", 4),
+    ]
+    text = json.dumps(tg.document(events)).replace('"NAN_HERE"', "NaN")
+    tr = load_trace(tg.write(tmp_path / "big.json", text))
+    assert tr.gpu["name"].tolist() == ["k", "k2"]
+    assert tr.gpu["correlation"].isna().tolist() == [True, False]
+    assert tr.gpu["stream"].isna().tolist() == [False, True]
+    assert tr.runtime["correlation"].isna().all()
+    assert "2 complete events without a finite numeric ts/dur excluded" in tr.warnings
+    assert "2 integers in args.correlation beyond int64 or not integers, set to null" in tr.warnings
+    assert "1 integers in args.stream beyond int64 or not integers, set to null" in tr.warnings
+    assert str(tr.gpu["correlation"].dtype) == "Int64"
+
+
+def test_invalid_utf8_and_lone_surrogates(tmp_path):
+    raw = json.dumps(tg.document([tg.kernel("NAME_A", 10, 1, 1), tg.kernel("NAME_B", 20, 1, 2)])).encode()
+    raw = raw.replace(b"NAME_A", b"bad\xff\xfename").replace(b"NAME_B", b"sur\\ud800x")
+    tr = load_trace(tg.write(tmp_path / "u.json.gz", raw))
+    assert tr.gpu["name"].tolist() == ["bad\ufffd\ufffdname", "sur\ufffdx"]
+    assert "2 distinct names had invalid UTF-8 (replaced by U+FFFD)" in tr.warnings
+    json.dumps(tr.gpu["name"].tolist(), ensure_ascii=False).encode("utf-8")
+
+
+def test_bare_array_format_with_and_without_closing_bracket(tmp_path):
+    events = [tg.kernel("k", 10, 1, 1), tg.launch(5, 1, 1)]
+    closed = load_trace(tg.write(tmp_path / "a.json", events))
+    unclosed = load_trace(tg.write(tmp_path / "b.json", json.dumps(events)[:-1] + ",\n"))
+    assert len(closed.gpu) == len(unclosed.gpu) == 1 and closed.rank is None
+
+
+def test_non_object_events_are_counted(tmp_path):
+    tr = load_trace(tg.write(tmp_path / "n.json", tg.document([1, "x", None, tg.kernel("k", 1, 1, 1)])))
+    assert len(tr.gpu) == 1 and "3 non-object entries in traceEvents ignored" in tr.warnings
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"", "is empty"),
+        (b"hello, not json", "invalid JSON"),
+        (b'{"foo": 1, "bar": [1, 2]}', "without a traceEvents array"),
+        (b"[1, 2, 3", "without a single event object"),
+        (b"42", "not a trace"),
+        (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
+        (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "truncated"),
+        (b'{"traceEvents": [{"ph": "X"} {"ph": "X"}]}', "expected ',' or ']'"),
+    ],
+)
+def test_bad_files_raise_one_line(tmp_path, content, needle):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    assert needle in _one_line_error(path)
+
+
+def test_truncated_and_corrupt_gzip(tmp_path):
+    data = gzip.compress(json.dumps(tg.document(tg.decode_trace_events() * 50)).encode())
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    assert "truncated" in _one_line_error(cut)
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(data[:20] + bytes(200) + data[220:])
+    assert "gzip" in _one_line_error(corrupt)
+
+
+def test_missing_file_and_directory(tmp_path):
+    assert "no such file" in _one_line_error(tmp_path / "nope.json")
+    assert "directory" in _one_line_error(tmp_path)
