@@ -66,12 +66,13 @@ def generate(
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     import torch
 
-    from .engines import build_engine
+    from .engines import build_engine, prepare_triton
     from .generation import SamplingParams
     from .generation import generate as run
     from .models import load_model, parse_dtype, resolve_device
 
     dev = resolve_device(device)
+    prepare_triton(dev)
     tdtype = parse_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
     name = engine if engine != "reference" or mode == "eager" else f"reference-{mode}"
     if engine == "reference" and mode not in ("eager", "cudagraph", "compile"):

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .engines import ENGINES, build_engine, get_engine_spec
+from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
 from .generation import SamplingParams, generate, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
@@ -63,6 +63,15 @@ def default_model(device: torch.device, checkpoint: str | None) -> str:
     if device.type == "cuda":
         return GPU_DEFAULT_MODEL
     return CPU_DEFAULT_MODEL if checkpoint or find_model_file(CPU_DEFAULT_MODEL) else CPU_FALLBACK_MODEL
+
+
+# Ablations whose only purpose is timing: under Triton's CPU interpreter their timings mean nothing.
+CPU_DEFAULT_SKIPS = {
+    "megakernel-stages": "timing ablation: under the CPU Triton interpreter it measures the interpreter, not "
+                         "fusion (run on a GPU, or name it in --engines)",
+    "megakernel-noprefetch": "timing ablation: the L2 prefetch it removes does not exist in the CPU Triton "
+                             "interpreter (run on a GPU, or name it in --engines)",
+}
 
 
 def default_engines(device: torch.device) -> list[str]:
@@ -146,8 +155,10 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     from .reports.results import SCHEMA, Results
 
     dev = resolve_device(device)
+    prepare_triton(dev)
     on_gpu = dev.type == "cuda"
     names = engines or default_engines(dev)
+    skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
         get_engine_spec(n)
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
@@ -210,6 +221,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                      "reason": None, "latency": None, "bandwidth": None, "timeline": None, "intrakernel": None,
                      "compile": None, "correctness": None, "sweep": [], "trace_path": None}
             try:
+                if name in skips:
+                    raise EngineUnavailable(skips[name])
                 if oracle is None:
                     oracle = _oracle(ctx)
                 _measure(name, entry, ctx, oracle, bar)
@@ -309,8 +322,11 @@ def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
     else:
         summary["step_timeline"] = None
     if not cap.gpu:
+        # No CUDA activity was recorded: launch and sync counts would be zeros that measured nothing.
         summary["available"] = False
         summary["reason"] = summary.get("reason") or cap.note
+        for key in ("launches_per_step", "launches_per_s", "launch_share", "sync_share"):
+            summary[key] = None
     entry["timeline"] = summary
     if intra is not None and getattr(intra, "frame", None) is not None:
         from .megakernel_engine.timeline import chrome_events, intrakernel_summary

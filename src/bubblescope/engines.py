@@ -31,10 +31,10 @@ def _reference(mode: str):
 
 def _megakernel(variant: str):
     def build(weights: ModelWeights, max_seq_len: int):
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            raise EngineUnavailable("the megakernel needs Triton, which is not installed") from None
+        # Not `import triton` here: on CPU the engine must set TRITON_INTERPRET before Triton's first import.
+        import importlib.util
+        if importlib.util.find_spec("triton") is None:
+            raise EngineUnavailable("the megakernel needs Triton, which is not installed")
         from .megakernel_engine import MegakernelEngine
         return MegakernelEngine(weights, max_seq_len=max_seq_len, variant=variant)
     return build
@@ -62,6 +62,18 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
     EngineSpec("megakernel-noprefetch", "the megakernel without early weight loads (pipelining ablation)",
                _megakernel("noprefetch")),
 ]}
+
+
+def prepare_triton(device: torch.device) -> None:
+    """On a CPU device, choose Triton's interpreter before anything (torch.profiler, inductor) imports Triton.
+
+    Triton reads ``TRITON_INTERPRET`` once, at its first import, so the megakernel can only run on CPU if
+    this happens first; compiled mode is left alone on a GPU and when the user set the variable.
+    """
+    import os
+    import sys
+    if device.type == "cpu" and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def get_engine_spec(name: str) -> EngineSpec:

@@ -145,7 +145,8 @@ def teacher_forced_logits(decoder: Decoder, prompt_ids: list[int], forced: list[
     Used to compare engines step by step on the same inputs (no divergence from differing samples).
     """
     decoder.reset()
-    rows = [decoder.prefill(torch.tensor(prompt_ids, dtype=torch.long, device=decoder.device)).float().cpu()]
+    # clone(): .float().cpu() of a CPU float32 tensor is the same tensor, and engines may return static buffers.
+    rows = [decoder.prefill(torch.tensor(prompt_ids, dtype=torch.long, device=decoder.device)).float().cpu().clone()]
     for t in forced:
-        rows.append(decoder.decode(int(t)).float().cpu())
+        rows.append(decoder.decode(int(t)).float().cpu().clone())
     return torch.stack(rows)

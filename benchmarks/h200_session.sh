@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One bounded GPU session (run by the lead through the device tool, from the repository root):
+#   bash benchmarks/h200_session.sh check   # GPU tests, megakernel check + sweep, test traces, sanitizers
+#   bash benchmarks/h200_session.sh final   # decode-latency benchmark, diagnose model on the default
+# Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/bubblescope-session}
+R=$OUT/run
+mkdir -p "$R"
+log() { echo "=== $* $(date +%T)"; }
+stage=${1:-check}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.mem --format=csv
+  python3 -c "import torch,triton,transformers,pandas,matplotlib;print('torch',torch.__version__,'triton',triton.__version__,'transformers',transformers.__version__,'pandas',pandas.__version__,'mpl',matplotlib.__version__)"
+  git rev-parse --short HEAD 2>/dev/null; } > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+if [ "$stage" = check ]; then
+  log gpu-tests
+  timeout 170 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -5 "$R/pytest_gpu.log"
+  log megakernel-check
+  timeout 250 python3 benchmarks/megakernel_gpu_check.py --out "$R/megakernel_check.json" --max-seconds 220 ${MK_ARGS:-} > "$R/mk_check.log" 2>&1; echo "rc=$?" >> "$R/mk_check.log"
+  tail -40 "$R/mk_check.log"
+  log traces
+  timeout 60 python3 benchmarks/record_test_traces.py --out "$R/tracedata" > "$R/traces.log" 2>&1; echo "rc=$?" >> "$R/traces.log"
+  tail -4 "$R/traces.log"
+  log sanitizers
+  for tool in memcheck racecheck; do
+    timeout 45 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_megakernel.py > "$R/sanitizer_$tool.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_$tool.log"
+    tail -6 "$R/sanitizer_$tool.log"
+  done
+elif [ "$stage" = final ]; then
+  log decode-latency
+  timeout 330 python3 benchmarks/decode_latency.py --out "$R/decode_latency.json" --max-seconds 300 ${DL_ARGS:-} > "$R/decode_latency.log" 2>&1; echo "rc=$?" >> "$R/decode_latency.log"
+  tail -25 "$R/decode_latency.log"
+  log diagnose
+  timeout 200 python3 -m bubblescope diagnose model --out "$R/diagnose" ${DG_ARGS:-} > "$R/diagnose.log" 2>&1; echo "rc=$?" >> "$R/diagnose.log"
+  tail -30 "$R/diagnose.log"
+fi
+log pack
+tar czf "$OUT/run.tgz" -C "$OUT" run && ls -la "$OUT/run.tgz"

@@ -1,0 +1,29 @@
+"""A few megakernel decode steps on a small config, for compute-sanitizer (memcheck, racecheck) on a GPU.
+
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_megakernel.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    import torch
+
+    from bubblescope.generation import generate
+    from bubblescope.megakernel_engine import MegakernelEngine
+    from bubblescope.models import dummy_weights, get_preset
+
+    for dtype in (torch.float32, torch.bfloat16):
+        w = dummy_weights(get_preset("tiny-llama"), "cuda", dtype, seed=0)
+        for variant in ("fused", "stages"):
+            eng = MegakernelEngine(w, max_seq_len=32, variant=variant)
+            toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
+            eng.synchronize_and_check()
+            print(dtype, variant, toks, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

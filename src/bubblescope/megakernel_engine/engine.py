@@ -1,0 +1,325 @@
+"""The megakernel Decoder: one persistent Triton launch per decode step.
+
+Variants: ``fused`` (engine name ``megakernel``): the whole step in one launch, stages ordered by
+counters; ``stages`` (``megakernel-stages``): the same task code, one launch per (layer, stage) and no
+counters — the fusion ablation; ``noprefetch`` (``megakernel-noprefetch``): ``fused`` without the early
+L2 prefetch of each task's weights — the pipelining ablation.
+
+On a CPU device the kernel runs under Triton's interpreter with one program over the topological
+instruction list (see ``launch.load_kernel`` for the TRITON_INTERPRET side effect); slow, but anyone can
+watch it decode.
+
+Stuck tasks are reported without a host sync per step: after each launch the error record is copied
+non-blocking to pinned memory and a CUDA event recorded; the next call examines the copy if the event has
+completed (generation syncs on every token, so it has), and ``synchronize_and_check()`` always does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+
+import torch
+
+from ..errors import BubblescopeError, EngineUnavailable, KernelStuck
+from ..models.weights import ModelWeights
+from . import launch as L
+from .packing import pack_weights
+from .schedule import LAYER_STAGES, OPCODE_NAMES, MegakernelParams, build_schedule, resolve_tiling
+from .timeline import IntraKernelTimeline, decode_timeline
+
+VARIANTS = {"fused": "megakernel", "stages": "megakernel-stages", "noprefetch": "megakernel-noprefetch"}
+# CPU (interpreter) defaults: few big tasks, since every interpreted task costs milliseconds.
+CPU_PARAMS = MegakernelParams(max_rows=512, block_k=256, kv_splits=1, attn_kv_heads=64, block_s=256)
+ERR_FIELDS = 16
+
+
+def check_supported(weights: ModelWeights) -> None:
+    """Raises EngineUnavailable for what the kernel cannot run (named)."""
+    cfg = weights.config
+    if weights.device.type not in ("cpu", "cuda"):
+        raise EngineUnavailable(f"megakernel runs on CUDA (or CPU under the Triton interpreter), not {weights.device}")
+    if weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise EngineUnavailable(f"megakernel supports float32/bfloat16/float16 weights, not {weights.dtype}")
+    d = cfg.head_dim
+    if d & (d - 1) or d < 2:
+        raise EngineUnavailable(f"megakernel needs a power-of-two head_dim, {cfg.name} has {d}")
+
+
+class MegakernelEngine:
+    """Decoder protocol (``bubblescope.generation.Decoder``) over the persistent megakernel.
+
+    Args:
+        weights: model weights (device and dtype taken from them); they are copied into the kernel layout
+            (``packing.py``), so the engine holds a second copy of the layer weights.
+        params: tuning (:class:`MegakernelParams`); default ``MegakernelParams()`` on GPU, ``CPU_PARAMS`` on CPU.
+        max_seq_len: KV-cache positions; default ``min(max_position_embeddings, 2048)``.
+        variant: ``fused``, ``stages`` or ``noprefetch``.
+
+    Raises:
+        BubblescopeError: unknown variant or invalid params.
+        EngineUnavailable: unsupported device/dtype/shape, Triton in the wrong mode, or a kernel that cannot
+            keep even one program per SM resident.
+    """
+
+    def __init__(self, weights: ModelWeights, params: MegakernelParams | None = None,
+                 max_seq_len: int | None = None, variant: str = "fused"):
+        if variant not in VARIANTS:
+            raise BubblescopeError(f"megakernel: unknown variant {variant!r}; use one of {', '.join(VARIANTS)}")
+        check_supported(weights)
+        cfg = self.config = weights.config
+        self.device, self.dtype, self.variant, self.name = weights.device, weights.dtype, variant, VARIANTS[variant]
+        self.max_seq_len = int(max_seq_len or min(cfg.max_position_embeddings, 2048))
+        self.interpret = self.device.type == "cpu"
+        params = params or (CPU_PARAMS if self.interpret else MegakernelParams())
+        params.validate()
+        if self.interpret:  # the interpreter runs programs one after another: one program, no inline asm
+            params = params.replace(num_programs=1, prefetch="off", spin_sleep_ns=0, fast_launch=False)
+        if variant == "noprefetch":
+            params = params.replace(prefetch="off")
+        self.params = params
+        self._kernel = L.load_kernel(self.interpret)
+        self.limits = None if self.interpret else L.device_limits(self.device)
+        grid = params.num_programs or self.limits.sms * params.programs_per_sm
+        self.tiling = resolve_tiling(cfg, params, grid)
+        self.packed = pack_weights(weights, self.tiling, self.max_seq_len)
+        self._alloc()
+        probe = build_schedule(cfg, params, 1, self.tiling)
+        self._info = {"registers": None, "spills": None, "shared_bytes": None, "num_warps": params.num_warps,
+                      "programs_per_sm": None, "grid": 1, "interpret": self.interpret, "variant": variant}
+        self._launchers = {params.timeline: self._launcher(params.timeline)}
+        if not self.interpret:
+            info = self._launchers[params.timeline].compile(*self._probe_args(probe))
+            self._info.update(info, **L.size_grid(info, self.limits, params.programs_per_sm, params.num_programs),
+                              requested_programs_per_sm=params.programs_per_sm, sms=self.limits.sms,
+                              device_name=self.limits.name)
+        grid = self._info["grid"]
+        self.schedule = probe if grid == 1 else probe.with_programs(grid)
+        self._launches = self.schedule.stage_schedules() if variant == "stages" else [self.schedule]
+        self._tables = [(s.num_programs, s.table.to(self.device), s.counts.to(self.device),
+                         torch.zeros((s.num_programs, s.table.shape[1], 3), dtype=torch.int64, device=self.device))
+                        for s in self._launches]
+        self._info.update(tasks_per_step=len(self.schedule.tasks), launches_per_step=len(self._launches),
+                          tasks_per_opcode=self.schedule.tasks_per_opcode(), tiling=dict(vars(self.tiling)),
+                          prefetch=self._launchers[params.timeline].constexprs["PREFETCH"])
+        self._max_inc = max(self.schedule.increments) if variant != "stages" else 0
+        self._timeline_on = params.timeline
+        self.reset()
+
+    # ---- setup -------------------------------------------------------------------------------------------
+    def _alloc(self) -> None:
+        cfg, dev, dt, t = self.config, self.device, self.dtype, self.tiling
+        z = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)  # noqa: E731
+        nq = cfg.num_attention_heads * t.kv_splits
+        self.k_cache = z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim)
+        self.v_cache = z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim)
+        n_lm = -(-cfg.vocab_size // t.rows_lm)
+        f32, i32 = torch.float32, torch.int32
+        self._buf = dict(
+            x_ptr=z(cfg.hidden_size), q_ptr=z(cfg.q_size), attn_ptr=z(cfg.q_size), act_ptr=z(t.i_pad),
+            pm_ptr=z(nq, dtype=f32), pl_ptr=z(nq, dtype=f32), pacc_ptr=z(nq * cfg.head_dim, dtype=f32),
+            logits_ptr=z(cfg.vocab_size, dtype=f32), amax_v_ptr=z(n_lm, dtype=f32), amax_i_ptr=z(n_lm, dtype=i32),
+            state_ptr=z(4, dtype=i32),                            # position, epoch, token, unused
+            counters_ptr=z(cfg.num_hidden_layers * len(LAYER_STAGES), dtype=i32), done_ptr=z(1, dtype=i32),
+            err_ptr=z(ERR_FIELDS, dtype=i32))
+        self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
+        if dev.type == "cuda":
+            self._err_host = torch.zeros(ERR_FIELDS, dtype=i32, pin_memory=True)
+            self._err_event = torch.cuda.Event()
+
+    def _launcher(self, timeline: bool) -> L.Launcher:
+        cfg, p, params = self.config, self.packed, self.params.replace(timeline=timeline)
+        dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
+        args = dict(
+            self._buf, emb_ptr=p.embed, head_ptr=p.lm_head, fnorm_ptr=p.final_norm, wqkv_ptr=p.wqkv,
+            bqkv_ptr=dummy if p.bqkv is None else p.bqkv, qknorm_ptr=dummy if p.qknorm is None else p.qknorm,
+            anorm_ptr=p.anorm, wo_ptr=p.wo, mnorm_ptr=p.mnorm, wgu_ptr=p.wgu, wdown_ptr=p.wdown, cos_ptr=p.cos,
+            sin_ptr=p.sin, kc_ptr=self.k_cache, vc_ptr=self.v_cache,
+            spin_cap=params.spin_cap or (1000 if self.interpret else 1 << 22), eps=float(cfg.rms_norm_eps),
+            sm_scale=1.0 / math.sqrt(cfg.head_dim))
+        cx = L.kernel_constexprs(cfg, self.tiling, params, self.max_seq_len, has_bias=p.bqkv is not None,
+                                 has_qk_norm=p.qknorm is not None,
+                                 prefetch=L.prefetch_mode(params.prefetch, cfg, self.dtype, self.limits))
+        return L.Launcher(self._kernel, args, cx, params.num_warps, params.num_stages, fast=params.fast_launch,
+                          cooperative=params.cooperative and not self.interpret)
+
+    def _probe_args(self, probe):
+        return (probe.table.to(self.device), probe.counts.to(self.device),
+                torch.zeros(1, dtype=torch.int64, device=self.device))
+
+    # ---- Decoder protocol --------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Empty the KV cache and rewind counters, position and epoch (also clears a stuck-kernel state)."""
+        for t in (self.k_cache, self.v_cache, *(self._buf[k] for k in ("state_ptr", "counters_ptr", "done_ptr",
+                                                                         "err_ptr"))):
+            t.zero_()
+        self.position = 0
+        self._epoch = 0
+        self._failed: str | None = None
+        self._err_pending = False
+        self._stamped = False      # the stamp buffers hold the last step's timeline
+        self._launch_host_us = 0.0
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt (T,) one token per launch from position 0; returns float32 logits (V,) of its last
+        position (on GPU a static buffer the next call overwrites; on CPU a copy).
+
+        Why a loop of decode steps: the megakernel owns its KV-cache layout (layer, kv head, position,
+        head_dim) and this package must not depend on the reference engine, so there is no batched prompt
+        path; T launches of the step kernel fill the cache exactly as decoding would.
+
+        Raises:
+            BubblescopeError: empty prompt, a prompt longer than the KV cache, or a token id outside the vocabulary.
+            KernelStuck: a task waited past its spin cap.
+        """
+        ids = token_ids.reshape(-1).to(self.device)
+        t = ids.numel()
+        if t == 0:
+            raise BubblescopeError("prompt: empty (need at least one token)")
+        if t > self.max_seq_len:
+            raise BubblescopeError(f"prompt: {t} tokens do not fit the KV cache of {self.max_seq_len} positions")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise BubblescopeError(f"prompt: token id {lo if lo < 0 else hi} outside the vocabulary of "
+                                   f"{self.config.vocab_size}")
+        self.reset()
+        for i in range(t):
+            self._state[2:3].copy_(ids[i:i + 1])
+            self._step()
+        return self._out()
+
+    @torch.inference_mode()
+    def decode(self, token: int | torch.Tensor) -> torch.Tensor:
+        """One decode step for ``token`` (int or LongTensor (1,)); returns float32 logits (V,) (on GPU a static
+        buffer the next call overwrites; on CPU a copy).
+
+        A device tensor's id is not range-checked (that would need a sync); the kernel clamps it.
+
+        Raises:
+            BubblescopeError: the KV cache is full, or an int token outside the vocabulary.
+            KernelStuck: a task of this or (on GPU) an earlier step waited past its spin cap.
+        """
+        if self.position >= self.max_seq_len:
+            raise BubblescopeError(f"decode: the KV cache of {self.max_seq_len} positions is full")
+        if isinstance(token, torch.Tensor):
+            self._state[2:3].copy_(token.reshape(-1)[:1])
+        else:
+            if not 0 <= int(token) < self.config.vocab_size:
+                raise BubblescopeError(f"decode: token id {token} outside the vocabulary of {self.config.vocab_size}")
+            self._state[2:3].fill_(int(token))
+        self._step()
+        return self._out()
+
+    def _out(self) -> torch.Tensor:
+        # On CPU, callers' ``.float().cpu()`` would alias the static buffer (no copy): hand out a copy there.
+        return self._logits.clone() if self.interpret else self._logits
+
+    def _step(self) -> None:
+        self._check_pending()
+        if self._max_inc and (self._epoch + 2) * self._max_inc >= 2 ** 31 - 1:
+            self._buf["counters_ptr"].zero_()  # rewind before int32 overflow (stream-ordered: nothing in flight)
+            self._state[1:2].zero_()
+            self._epoch = 0
+        launch = self._launchers[self._timeline_on]
+        self._launch_host_us = time.monotonic_ns() / 1e3
+        last = len(self._tables) - 1
+        for k, (grid, table, counts, stamps) in enumerate(self._tables):
+            launch(grid, table, counts, stamps, advance=int(k == last))
+        self._stamped = self._timeline_on
+        self.position += 1
+        self._epoch += 1
+        if self.interpret:
+            self._check(self._err)
+        else:
+            self._err_host.copy_(self._err, non_blocking=True)
+            self._err_event.record()
+            self._err_pending = True
+
+    # ---- stuck-task detection ------------------------------------------------------------------------------
+    def _check_pending(self) -> None:
+        if self._failed:
+            raise KernelStuck(self._failed)
+        if self._err_pending and self._err_event.query():
+            self._err_pending = False
+            self._check(self._err_host)
+
+    def _check(self, err: torch.Tensor) -> None:
+        e = err.tolist()
+        if e[0]:
+            self._failed = (
+                f"megakernel task stuck: {OPCODE_NAMES.get(e[1], e[1])} layer {e[2]} tile {e[3]} (task #{e[8]}, "
+                f"program {e[4]}) waited for counter {e[5]} ({self.schedule.counter_name(e[5])}) to reach {e[7]} "
+                f"increments this step, saw {e[6]}; {e[9]} task(s) stuck in total. Call reset() to continue.")
+            raise KernelStuck(self._failed)
+
+    def synchronize_and_check(self) -> None:
+        """Wait for the device; raise KernelStuck if any step so far got stuck."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._err_pending = False
+        if self._failed:
+            raise KernelStuck(self._failed)
+        self._check(self._err.cpu())
+
+    # ---- introspection --------------------------------------------------------------------------------------
+    def compile_info(self) -> dict:
+        """``registers``, ``spills``, ``shared_bytes``, ``num_warps``, ``programs_per_sm``, ``grid`` (always
+        present; register data None under the interpreter), residency limits, tiling, task counts."""
+        return dict(self._info)
+
+    def greedy_token(self) -> torch.Tensor:
+        """The argmax of the last logits from the LM-head tiles' partials (int64 (1,), on the device, no sync)."""
+        return self._buf["amax_i_ptr"][torch.argmax(self._buf["amax_v_ptr"])].long().reshape(1)
+
+    def last_timeline(self):
+        """The last step's per-task timeline as a DataFrame (``timeline.decode_timeline``); syncs.
+
+        Raises:
+            BubblescopeError: the last step ran without the timeline (``MegakernelParams(timeline=True)`` or
+                inside ``with engine.timeline():``), or no step ran since reset.
+        """
+        if not self._stamped:
+            raise BubblescopeError("megakernel timeline: the last step was not recorded; build the engine with "
+                                   "MegakernelParams(timeline=True) or decode inside `with engine.timeline():`")
+        return decode_timeline(self._launches, [stamps for *_, stamps in self._tables])
+
+    @contextmanager
+    def timeline(self):
+        """Record per-task timestamps while the block runs; yields an :class:`IntraKernelTimeline` that holds
+        the last step's frame (and its clock offset) once the block ends.
+
+        The timeline is a compile-time switch: the first use compiles that kernel variant; if it cannot keep
+        the current grid resident, nothing is recorded and the record's ``reason`` says why.
+        """
+        rec = IntraKernelTimeline()
+        prev = self._timeline_on
+        try:
+            if True not in self._launchers:
+                self._launchers[True] = self._launcher_checked()
+            self._timeline_on = True
+        except EngineUnavailable as e:
+            rec.reason = str(e)
+        try:
+            yield rec
+        finally:
+            recorded = self._timeline_on and self._stamped
+            self._timeline_on = prev
+            if recorded:
+                rec.frame = self.last_timeline()
+                stamps = self._tables[0][3]
+                rec.ts_offset_us = (float(stamps[stamps > 0].min()) / 1e3 if self.interpret
+                                    else self._launch_host_us)
+            elif rec.reason is None:
+                rec.reason = "no decode step ran inside the timeline block"
+
+    def _launcher_checked(self) -> L.Launcher:
+        launcher = self._launcher(True)
+        if not self.interpret:
+            info = launcher.compile(*self._probe_args(self.schedule))
+            fit = L.size_grid(info, self.limits, self._info["programs_per_sm"])["fit_programs_per_sm"]
+            if fit < self._info["programs_per_sm"]:
+                raise EngineUnavailable(f"timeline kernel fits {fit} programs per SM, the engine runs "
+                                        f"{self._info['programs_per_sm']} ({info['registers']} registers)")
+        return launcher

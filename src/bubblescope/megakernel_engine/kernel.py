@@ -1,0 +1,235 @@
+"""The persistent megakernel (Triton): one launch per decode step, each program walks its task queue.
+
+Imported only through :mod:`.launch`, after the Triton mode (compiled or interpreted) is settled; see
+:mod:`.ops` for why the mode is process-wide.
+
+Memory layout of the launch's inputs (all int32 unless said):
+
+* ``table`` (P, T, NFIELDS): program p's tasks in slots 0..counts[p]-1 (fields: ``schedule.F_*``).
+* ``state`` (4,): position, epoch, token, unused — read once at kernel start (so the launch is the same
+  for every step: CUDA-graph capturable), advanced by the last program to finish.
+* ``counters`` (C,): dependency counters, only ever incremented. A task waiting on counter c for ``need``
+  increments of this step waits until ``counters[c] >= epoch · F_INC + need`` (F_INC = increments of c
+  per step); a task adds F_SIGINC to its signal counter when done (a program's run of tasks of one stage
+  signals once, from its last task); ``done`` (1,): programs finished in this launch (reset by the last
+  one).
+* ``err`` (16,): stuck-task record: flag, opcode, layer, tile, program, counter, seen, need, gidx,
+  number of stuck tasks.
+* ``timeline`` int64 (P, T, 3): per task start / dependencies-satisfied / done timestamps in ns.
+
+Synchronisation (Triton idioms measured on the H200, see DESIGN.md): the producer runs
+``tl.debug_barrier()`` (all its threads' stores issued) then ``atomic_add(cnt, 1, sem="release",
+scope="gpu")``; the consumer spins on ``atomic_add(cnt, 0, sem="acquire", scope="gpu")`` then
+``tl.debug_barrier()``, and loads data written by other programs with ``cache_modifier=".cg"`` (L1 is not
+coherent). Every spin is bounded by ``spin_cap``: a task that waits longer is recorded in ``err`` and its
+program stops (the engine raises ``KernelStuck``) — the kernel never hangs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import schedule as S
+from .ops import (OP_ATTN, OP_ATTN_REDUCE, OP_DOWN, OP_GATEUP, OP_LMHEAD, OP_OPROJ, OP_QKV, _device, _now,
+                  op_attn, op_attn_reduce, op_gateup, op_lmhead, op_matvec_residual, op_qkv)
+
+F_OP = tl.constexpr(S.F_OP)
+F_LAYER = tl.constexpr(S.F_LAYER)
+F_TILE = tl.constexpr(S.F_TILE)
+F_A0 = tl.constexpr(S.F_A0)
+F_A1 = tl.constexpr(S.F_A1)
+F_A2 = tl.constexpr(S.F_A2)
+F_WAIT = tl.constexpr(S.F_WAIT)
+F_NEED = tl.constexpr(S.F_NEED)
+F_INC = tl.constexpr(S.F_INC)
+F_SIGNAL = tl.constexpr(S.F_SIGNAL)
+F_GIDX = tl.constexpr(S.F_GIDX)
+F_SIGINC = tl.constexpr(S.F_SIGINC)
+
+
+@_device
+def _wait(cnt_ptr, target, spin_cap, SLEEP_NS: tl.constexpr):
+    """Spin (acquire) until ``*cnt_ptr >= target`` or ``spin_cap`` spins; returns the last value seen."""
+    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+    spins = 0
+    while (seen < target) & (spins < spin_cap):
+        if SLEEP_NS > 0:  # back off so spinning programs leave the L2 atomic unit to the producers
+            tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [tl.full([], SLEEP_NS, tl.int32)],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+    tl.debug_barrier()
+    return seen
+
+
+@_device
+def _record_stuck(err_ptr, op, layer, tile, pid, cnt, seen, need, gidx):
+    """Keep the first stuck task's identity in ``err`` (atomic flag), count all of them."""
+    if tl.atomic_cas(err_ptr, 0, 1) == 0:
+        tl.store(err_ptr + 1, op)
+        tl.store(err_ptr + 2, layer)
+        tl.store(err_ptr + 3, tile)
+        tl.store(err_ptr + 4, pid)
+        tl.store(err_ptr + 5, cnt)
+        tl.store(err_ptr + 6, seen)
+        tl.store(err_ptr + 7, need)
+        tl.store(err_ptr + 8, gidx)
+    tl.atomic_add(err_ptr + 9, 1)
+
+
+@_device
+def _prefetch_l2(base_ptr, nbytes, MODE: tl.constexpr, LANES: tl.constexpr):
+    """Start pulling ``nbytes`` from ``base_ptr`` into L2 without waiting (GPU only).
+
+    MODE 1: ``prefetch.global.L2 [a]`` per 128-byte line; MODE 2: ``cp.async.bulk.prefetch.L2.global
+    [a], size`` (sm_90+, PTX ISA 8.0; a 16-byte aligned, size a multiple of 16) of 4 KB per lane. Lanes =
+    the program's threads (one address each, no duplicates); idle lanes are predicated off.
+    """
+    CHUNK: tl.constexpr = 128 if MODE == 1 else 4096
+    lane = tl.arange(0, LANES)
+    bptr = base_ptr.to(tl.pointer_type(tl.int8))
+    for p0 in range(0, nbytes, LANES * CHUNK):
+        off = p0 + lane * CHUNK
+        size = tl.minimum(nbytes - off, CHUNK)
+        addr = (bptr + off).to(tl.int64, bitcast=True)
+        if MODE == 1:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@_device
+def _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
+                   H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, I: tl.constexpr, IP: tl.constexpr,
+                   MODE: tl.constexpr, LANES: tl.constexpr):
+    """L2-prefetch the task's weight tile: thanks to the packing it is one contiguous block (packing.py)."""
+    ESIZE: tl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
+    layer64 = layer.to(tl.int64)
+    base = head_ptr
+    nbytes = 0
+    if op == OP_QKV:  # pairs [a1, a1 + a2) are packed rows [2·a1, 2·(a1 + a2))
+        base = wqkv_ptr + (layer64 * (Q + 2 * KV) + 2 * a1) * H
+        nbytes = 2 * a2 * (H * ESIZE)
+    elif op == OP_OPROJ:
+        base = wo_ptr + (layer64 * H + a1) * Q
+        nbytes = a2 * (Q * ESIZE)
+    elif op == OP_GATEUP:  # gate and up rows of pairs [a1, a1 + a2) (exact unless the last block is partial)
+        base = wgu_ptr + (layer64 * 2 * IP + 2 * a1) * H
+        nbytes = 2 * a2 * (H * ESIZE)
+    elif op == OP_DOWN:
+        base = wdown_ptr + (layer64 * H + a1) * I
+        nbytes = a2 * (I * ESIZE)
+    elif op == OP_LMHEAD:
+        base = head_ptr + a1.to(tl.int64) * H
+        nbytes = a2 * (H * ESIZE)
+    _prefetch_l2(base, nbytes, MODE, LANES)
+
+
+@triton.jit(do_not_specialize=["max_tasks", "spin_cap", "advance"])
+def megakernel(
+        table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr,
+        emb_ptr, head_ptr, fnorm_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr, wo_ptr, mnorm_ptr, wgu_ptr,
+        wdown_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+        x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_v_ptr, amax_i_ptr,
+        spin_cap, advance, eps, sm_scale,
+        H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, I: tl.constexpr, IP: tl.constexpr, V: tl.constexpr,
+        D: tl.constexpr, G: tl.constexpr, NKV: tl.constexpr, S_MAX: tl.constexpr, NSPLIT: tl.constexpr,
+        NF: tl.constexpr, HB: tl.constexpr, GB: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_KQ: tl.constexpr,
+        BLOCK_KI: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_GU: tl.constexpr,
+        BLOCK_DN: tl.constexpr,
+        BLOCK_LM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, PREFETCH: tl.constexpr, PF_LANES: tl.constexpr,
+        SLEEP_NS: tl.constexpr, TIMELINE: tl.constexpr):
+    """Run program ``pid``'s queue of the instruction table for one decode step (see module docstring).
+
+    Per task: read the instruction; [PREFETCH] start its weight tile towards L2; wait for its dependency
+    counter (bounded); run the opcode; release-increment its signal counter. Then the last program to
+    finish advances position and epoch when ``advance`` is set (the ``stages`` variant clears it for all
+    but its last launch of a step).
+    """
+    pid = tl.program_id(0)
+    pos = tl.load(state_ptr + 0)
+    epoch = tl.load(state_ptr + 1)
+    tok = tl.minimum(tl.maximum(tl.load(state_ptr + 2), 0), V - 1)  # a bad device-side id must not read out of bounds
+    n = tl.load(counts_ptr + pid)
+    row = table_ptr + pid * max_tasks * NF
+    known_cnt = -1  # counters only increase: once seen >= a target, later waits for <= it need no atomic
+    known_seen = 0
+    i = 0
+    while i < n:
+        # Fields are loaded where they are used: every op is costly under the interpreter.
+        op = tl.load(row + F_OP)
+        layer = tl.load(row + F_LAYER)
+        a1 = tl.load(row + F_A1)
+        a2 = tl.load(row + F_A2)
+        wait_cnt = tl.load(row + F_WAIT)
+        if TIMELINE:
+            t_start = _now()
+        if PREFETCH > 0:
+            _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
+                           PREFETCH, PF_LANES)
+        ok = 1
+        if wait_cnt >= 0:
+            need = tl.load(row + F_NEED)
+            target = epoch * tl.load(row + F_INC) + need
+            if (wait_cnt != known_cnt) | (known_seen < target):
+                seen = _wait(counters_ptr + wait_cnt, target, spin_cap, SLEEP_NS)
+                known_cnt = wait_cnt
+                known_seen = seen
+                if seen < target:
+                    _record_stuck(err_ptr, op, layer, tl.load(row + F_TILE), pid, wait_cnt, seen - (target - need),
+                                  need, tl.load(row + F_GIDX))
+                    ok = 0
+                    n = i  # this program stops after this slot
+        if TIMELINE:
+            t_ready = _now()
+        if ok == 1:
+            if op == OP_QKV:
+                op_qkv(layer, a1, a2, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
+                       cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, H, Q, KV, D, NKV, S_MAX, HB, HAS_BIAS, HAS_QK_NORM,
+                       BLOCK_P, BLOCK_KH)
+            elif op == OP_ATTN:
+                op_attn(layer, tl.load(row + F_A0), a1, a2, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr,
+                        pacc_ptr, D, G, NKV, S_MAX, NSPLIT, BLOCK_QH, BLOCK_S)
+            elif op == OP_ATTN_REDUCE:
+                op_attn_reduce(tl.load(row + F_A0), a1, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, NSPLIT, BLOCK_QH,
+                               BLOCK_SPLIT)
+            elif op == OP_OPROJ:
+                if layer == 0:  # layer 0's residual is the token's embedding row (x is not written yet)
+                    resid = emb_ptr + tok.to(tl.int64) * H
+                else:
+                    resid = x_ptr
+                op_matvec_residual(a1, a2, wo_ptr + layer.to(tl.int64) * (H * Q), attn_ptr, resid, x_ptr, Q,
+                                   BLOCK_O, BLOCK_KQ)
+            elif op == OP_GATEUP:
+                op_gateup(layer, a1, a2, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H, I, IP, GB, BLOCK_GU, BLOCK_KH)
+            elif op == OP_DOWN:
+                op_matvec_residual(a1, a2, wdown_ptr + layer.to(tl.int64) * (H * I), act_ptr, x_ptr, x_ptr, I,
+                                   BLOCK_DN, BLOCK_KI)
+            elif op == OP_LMHEAD:
+                op_lmhead(tl.load(row + F_TILE), a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_v_ptr,
+                          amax_i_ptr, H, V, BLOCK_LM, BLOCK_KH)
+            amount = tl.load(row + F_SIGINC)
+            if amount > 0:  # the program's last task of its stage run signals for the whole run
+                tl.debug_barrier()  # every thread's stores of the run's tasks are issued before the release
+                tl.atomic_add(counters_ptr + tl.load(row + F_SIGNAL), amount, sem="release", scope="gpu")
+        if TIMELINE:
+            t_end = _now()
+            slot = timeline_ptr + (pid * max_tasks + i).to(tl.int64) * 3
+            tl.store(slot + 0, t_start)
+            tl.store(slot + 1, t_ready)
+            tl.store(slot + 2, t_end)
+        row += NF
+        i += 1
+    tl.debug_barrier()
+    finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if finished == tl.num_programs(0) - 1:  # last program of this launch: everyone has read the state
+        tl.atomic_xchg(done_ptr, 0)
+        if advance != 0:
+            tl.store(state_ptr + 0, pos + 1)
+            tl.store(state_ptr + 1, epoch + 1)

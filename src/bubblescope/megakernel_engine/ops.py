@@ -1,0 +1,327 @@
+"""Device code of the megakernel's opcodes (Triton). Imported only through :mod:`.launch`.
+
+Numerics follow the reference engine (transformers' Llama/Qwen): float32 accumulation everywhere, and a
+rounding to the activation dtype ``ACT`` (the weights' dtype) wherever the reference materialises a tensor
+in that dtype: the normalised input ``(x·rsqrt(mean x² + eps)).to(ACT)``, its product with the norm weight,
+every projection output, each RoPE product and sum, SiLU, SiLU·up, each residual sum, and the logits.
+``_rnd(v, ACT)`` = ``v.to(ACT).to(float32)``; in float32 it is the identity.
+
+Interpreter mode (``TRITON_INTERPRET=1``). ``triton.jit`` decides at decoration time, from that variable,
+whether a function is compiled or interpreted, and Triton's own library functions (``tl.sum``…) are
+decorated when triton is first imported, so the mode is fixed per process at triton's first import; this
+module reads it once (``INTERPRET``). Under the interpreter every call of an ``@triton.jit`` function
+re-patches the whole ``triton.language`` module (~3 ms per call), so here device helpers are plain Python
+functions (``_device``) and reductions call ``tl.reduce`` with Triton's own combine functions, which the
+interpreter maps to numpy directly. Compiled, ``_device`` is ``triton.jit`` and helpers are inlined.
+"""
+
+from __future__ import annotations
+
+import time
+
+import triton
+import triton.language as tl
+
+from . import schedule as S
+
+INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+def _device(fn):
+    """A device helper: ``triton.jit`` when compiling, the plain function under the interpreter."""
+    return fn if INTERPRET else triton.jit(fn)
+
+
+if INTERPRET:
+    def _sum(x, axis):
+        return tl.reduce(x, axis, tl.standard._sum_combine)
+
+    def _max(x, axis):
+        return tl.reduce(x, axis, tl.standard._elementwise_max)
+
+    def _min(x, axis):
+        return tl.reduce(x, axis, tl.standard._elementwise_min)
+
+    def _now():
+        """Host monotonic clock in ns (no clock instruction exists under the interpreter)."""
+        return tl.full([], time.perf_counter_ns(), tl.int64)
+else:
+    _sum, _max, _min = tl.sum, tl.max, tl.min
+
+    @triton.jit
+    def _now():
+        """The GPU's global nanosecond timer (PTX ``%globaltimer``), comparable across SMs."""
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+
+# Opcodes as compile-time constants (jit code may only read constexpr globals).
+OP_QKV = tl.constexpr(S.OP_QKV)
+OP_ATTN = tl.constexpr(S.OP_ATTN)
+OP_ATTN_REDUCE = tl.constexpr(S.OP_ATTN_REDUCE)
+OP_OPROJ = tl.constexpr(S.OP_OPROJ)
+OP_GATEUP = tl.constexpr(S.OP_GATEUP)
+OP_DOWN = tl.constexpr(S.OP_DOWN)
+OP_LMHEAD = tl.constexpr(S.OP_LMHEAD)
+
+
+@_device
+def _rnd(v, ACT: tl.constexpr):
+    """Round float32 ``v`` to the activation dtype and back (what storing it in ACT would do)."""
+    if ACT == tl.float32:  # identity; skipping it saves two ops per call under the interpreter
+        return v
+    else:
+        return v.to(ACT).to(tl.float32)
+
+
+@_device
+def _rms_scale(src_ptr, eps, H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``1 / sqrt(mean(src[0:H]²) + eps)`` in float32 (RMSNorm, Zhang & Sennrich 2019).
+
+    ``src`` may have been written by other programs of this launch: loaded with ``.cg`` (L2, not the
+    non-coherent L1).
+    """
+    offs = tl.arange(0, BLOCK_K)
+    ss = tl.full([BLOCK_K], 0.0, tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        x = tl.load(src_ptr + k0 + offs, mask=k0 + offs < H, other=0.0, cache_modifier=".cg").to(tl.float32)
+        ss += x * x
+    return tl.rsqrt(_sum(ss, 0) / H + eps)
+
+
+@_device
+def _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT: tl.constexpr):
+    """Columns ``k`` of ``RMSNorm(src) · weight`` as the reference rounds it: ((x·inv).to(ACT) · w).to(ACT)."""
+    x = tl.load(src_ptr + k, mask=mk, other=0.0, cache_modifier=".cg").to(tl.float32)
+    w = tl.load(nw_ptr + k, mask=mk, other=0.0).to(tl.float32)
+    return _rnd(_rnd(x * inv, ACT) * w, ACT)
+
+
+# ---- QKV ------------------------------------------------------------------------------------------------
+# One task: BLOCK_P row pairs [start, start + count) of the stacked q|k|v matrix (pair j = rows (i, i+HALF)
+# of stacked head j // HALF, i = j % HALF; q heads, then k heads, then v heads; packing.py layout):
+#   h = RMSNorm(x_or_embedding_row) · input_layernorm                      (H,)
+#   lo_j = W[packed_lo(j)] · h (+ b),  hi_j = W[packed_hi(j)] · h (+ b)
+#   Qwen3, q/k heads: lo, hi /= rms over the head's D values, then · q_norm / k_norm
+#   q/k: out_lo = lo·cos − hi·sin,  out_hi = hi·cos + lo·sin  at (pos, i)   (rotate_half RoPE); v: unrotated
+#   q → q_buf[head·D + (i, HALF + i)];  k, v → cache[layer, kv_head, pos, (i, HALF + i)]
+# Layer 0 reads the token's embedding row instead of x (no separate embedding task, no extra barrier).
+@_device
+def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
+           cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+           H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, NKV: tl.constexpr,
+           S_MAX: tl.constexpr, HB: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr,
+           BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    ACT: tl.constexpr = q_ptr.dtype.element_ty
+    HALF: tl.constexpr = D // 2
+    NROWS: tl.constexpr = Q + 2 * KV
+    NQH: tl.constexpr = Q // D
+    layer64 = layer.to(tl.int64)
+    if layer == 0:
+        src = emb_ptr + tok.to(tl.int64) * H
+    else:
+        src = x_ptr
+    inv = _rms_scale(src, eps, H, BLOCK_K)
+    nw_ptr = anorm_ptr + layer64 * H
+    w_ptr = wqkv_ptr + layer64 * (NROWS * H)
+    j = start + tl.arange(0, BLOCK_P)
+    mj = j < start + count
+    lo_row = (j // HB) * (2 * HB) + j % HB
+    hi_row = lo_row + HB
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_lo = tl.full([BLOCK_P], 0.0, tl.float32)
+    acc_hi = tl.full([BLOCK_P], 0.0, tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + offs_k
+        mk = k < H
+        xn = _normed_chunk(src, nw_ptr, k, mk, inv, ACT)
+        m2 = mj[:, None] & mk[None, :]
+        w_lo = tl.load(w_ptr + lo_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
+        w_hi = tl.load(w_ptr + hi_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
+        acc_lo += _sum(w_lo * xn[None, :], 1)
+        acc_hi += _sum(w_hi * xn[None, :], 1)
+    if HAS_BIAS:
+        acc_lo += tl.load(bqkv_ptr + layer64 * NROWS + lo_row, mask=mj, other=0.0).to(tl.float32)
+        acc_hi += tl.load(bqkv_ptr + layer64 * NROWS + hi_row, mask=mj, other=0.0).to(tl.float32)
+    lo = _rnd(acc_lo, ACT)
+    hi = _rnd(acc_hi, ACT)
+    i = j % HALF
+    head = j // HALF                   # stacked head: q heads, then k heads, then v heads
+    is_q = head < NQH
+    is_v = head >= NQH + NKV
+    if HAS_QK_NORM:
+        # Tasks hold whole heads (rows_qkv is a multiple of D): view pairs as (heads, HALF).
+        NH: tl.constexpr = BLOCK_P // HALF
+        lo2 = tl.reshape(lo, (NH, HALF))
+        hi2 = tl.reshape(hi, (NH, HALF))
+        r = tl.rsqrt((_sum(lo2 * lo2, 1) + _sum(hi2 * hi2, 1)) / D + eps)
+        wn_ptr = qknorm_ptr + (layer64 * 2 + tl.where(is_q, 0, 1)) * D   # q_norm or k_norm
+        n_lo = _rnd(tl.reshape(_rnd(lo2 * r[:, None], ACT), (BLOCK_P,)) * tl.load(wn_ptr + i).to(tl.float32), ACT)
+        n_hi = _rnd(tl.reshape(_rnd(hi2 * r[:, None], ACT), (BLOCK_P,)) * tl.load(wn_ptr + HALF + i).to(tl.float32),
+                    ACT)
+        lo = tl.where(is_v, lo, n_lo)
+        hi = tl.where(is_v, hi, n_hi)
+    c = tl.load(cos_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
+    s = tl.load(sin_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
+    out_lo = tl.where(is_v, lo, _rnd(_rnd(lo * c, ACT) - _rnd(hi * s, ACT), ACT)).to(ACT)
+    out_hi = tl.where(is_v, hi, _rnd(_rnd(hi * c, ACT) + _rnd(lo * s, ACT), ACT)).to(ACT)
+    q_dst = q_ptr + head * D + i
+    tl.store(q_dst, out_lo, mask=mj & is_q)
+    tl.store(q_dst + HALF, out_hi, mask=mj & is_q)
+    kvh = tl.where(is_v, head - NQH - NKV, head - NQH)
+    cache_off = ((layer64 * NKV + kvh) * S_MAX + pos) * D + i
+    m_k = mj & (~is_q) & (~is_v)
+    tl.store(kc_ptr + cache_off, out_lo, mask=m_k)
+    tl.store(kc_ptr + cache_off + HALF, out_hi, mask=m_k)
+    tl.store(vc_ptr + cache_off, out_lo, mask=mj & is_v)
+    tl.store(vc_ptr + cache_off + HALF, out_hi, mask=mj & is_v)
+
+
+# ---- ATTN -------------------------------------------------------------------------------------------------
+# One task: KV heads [kv0, kv0 + nkv) (their nkv·G query heads) over split `split` of the positions
+# 0..pos: n = pos + 1, chunk = ceil(n / NSPLIT), positions [split·chunk, min(n, (split+1)·chunk)).
+# Online softmax (Milakov & Gimelshein 2018; flash-decoding): per query head
+#   m = max_s q·k_s·scale,  l = Σ_s exp(q·k_s·scale − m),  acc = Σ_s exp(…) v_s
+# written to pm/pl (NQ, NSPLIT) and pacc (NQ, NSPLIT, D) float32. An empty split writes m = −inf, l = 0.
+@_device
+def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr,
+            D: tl.constexpr, G: tl.constexpr, NKV: tl.constexpr, S_MAX: tl.constexpr, NSPLIT: tl.constexpr,
+            BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr):
+    qh = tl.arange(0, BLOCK_QH)
+    mq = qh < nkv * G
+    hq = kv0 * G + qh
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + hq[:, None] * D + d[None, :], mask=mq[:, None], other=0.0, cache_modifier=".cg")
+    q = q.to(tl.float32)
+    n = pos + 1
+    chunk = (n + NSPLIT - 1) // NSPLIT
+    s_lo = split * chunk
+    s_hi = tl.minimum(s_lo + chunk, n)
+    row0 = (layer.to(tl.int64) * NKV + kv0 + qh // G) * S_MAX  # cache row of position 0, per query head
+    m = tl.full([BLOCK_QH], float("-inf"), tl.float32)
+    l = tl.full([BLOCK_QH], 0.0, tl.float32)
+    acc = tl.full([BLOCK_QH, D], 0.0, tl.float32)
+    s0 = s_lo
+    while s0 < s_hi:
+        sp = s0 + tl.arange(0, BLOCK_S)
+        ms = sp < s_hi
+        offs = (row0[:, None, None] + sp[None, :, None]) * D + d[None, None, :]
+        m3 = mq[:, None, None] & ms[None, :, None]
+        k = tl.load(kc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg").to(tl.float32)
+        sc = _sum(q[:, None, :] * k, 2) * sm_scale
+        sc = tl.where(ms[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m, _max(sc, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l = l * alpha + _sum(p, 1)
+        v = tl.load(vc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg").to(tl.float32)
+        acc = acc * alpha[:, None] + _sum(p[:, :, None] * v, 1)
+        m = m_new
+        s0 += BLOCK_S
+    out = hq * NSPLIT + split
+    tl.store(pm_ptr + out, m, mask=mq)
+    tl.store(pl_ptr + out, l, mask=mq)
+    tl.store(pacc_ptr + out[:, None] * D + d[None, :], acc, mask=mq[:, None])
+
+
+# ---- ATTN_REDUCE ------------------------------------------------------------------------------------------
+# Per query head: M = max_s m_s,  w_s = exp(m_s − M),  out = Σ_s w_s·acc_s / Σ_s w_s·l_s  → attn[head·D + d].
+@_device
+def op_attn_reduce(kv0, nkv, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.constexpr, G: tl.constexpr,
+                   NSPLIT: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_SPLIT: tl.constexpr):
+    ACT: tl.constexpr = attn_ptr.dtype.element_ty
+    qh = tl.arange(0, BLOCK_QH)
+    mq = qh < nkv * G
+    hq = kv0 * G + qh
+    sp = tl.arange(0, BLOCK_SPLIT)
+    idx = hq[None, :] * NSPLIT + sp[:, None]                         # (BLOCK_SPLIT, BLOCK_QH)
+    m2 = (sp[:, None] < NSPLIT) & mq[None, :]
+    m = tl.load(pm_ptr + idx, mask=m2, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(pl_ptr + idx, mask=m2, other=0.0, cache_modifier=".cg")
+    big = tl.where(mq, _max(m, 0), 0.0)                              # split 0 is never empty: finite
+    w = tl.exp(m - big[None, :])
+    denom = _sum(w * l, 0)
+    d = tl.arange(0, D)
+    acc = tl.load(pacc_ptr + idx[:, :, None] * D + d[None, None, :], mask=m2[:, :, None], other=0.0,
+                  cache_modifier=".cg")
+    out = _sum(w[:, :, None] * acc, 0) / denom[:, None]
+    tl.store(attn_ptr + hq[:, None] * D + d[None, :], out.to(ACT), mask=mq[:, None])
+
+
+# ---- OPROJ / DOWN -------------------------------------------------------------------------------------------
+# x[r] = resid[r] + (W[r, :] · a)  for rows r of the task; a = attention output (K = Q) or act (K = I).
+# Each task owns its rows of x, so the read-modify-write needs no atomics.
+@_device
+def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    r = start + tl.arange(0, BLOCK_R)
+    mr = r < start + count
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.full([BLOCK_R], 0.0, tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        mk = k < K
+        a = tl.load(a_ptr + k, mask=mk, other=0.0, cache_modifier=".cg").to(tl.float32)
+        w = tl.load(w_ptr + r[:, None].to(tl.int64) * K + k[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+        acc += _sum(w.to(tl.float32) * a[None, :], 1)
+    res = tl.load(resid_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(tl.float32)
+    tl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
+
+
+# ---- GATEUP -----------------------------------------------------------------------------------------------
+# h = RMSNorm(x) · post_attention_layernorm;  for pairs j: g = Wg[j]·h, u = Wu[j]·h;  act[j] = SiLU(g)·u,
+# SiLU(g) = g / (1 + exp(−g)). Gate row j is packed row (j // GB)·2GB + j % GB, up row that + GB.
+@_device
+def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
+              IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr):
+    ACT: tl.constexpr = act_ptr.dtype.element_ty
+    layer64 = layer.to(tl.int64)
+    inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
+    nw_ptr = mnorm_ptr + layer64 * H
+    w_ptr = wgu_ptr + layer64 * (2 * IP * H)
+    j = start + tl.arange(0, BLOCK_GU)
+    mj = (j < start + count) & (j < I)
+    g_row = (j // GB) * (2 * GB) + j % GB
+    u_row = g_row + GB
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_g = tl.full([BLOCK_GU], 0.0, tl.float32)
+    acc_u = tl.full([BLOCK_GU], 0.0, tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + offs_k
+        mk = k < H
+        xn = _normed_chunk(x_ptr, nw_ptr, k, mk, inv, ACT)
+        m2 = mj[:, None] & mk[None, :]
+        w_g = tl.load(w_ptr + g_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
+        w_u = tl.load(w_ptr + u_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
+        acc_g += _sum(w_g * xn[None, :], 1)
+        acc_u += _sum(w_u * xn[None, :], 1)
+    g = _rnd(acc_g, ACT)
+    u = _rnd(acc_u, ACT)
+    silu = _rnd(g / (1.0 + tl.exp(-g)), ACT)
+    tl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
+
+
+# ---- LMHEAD -----------------------------------------------------------------------------------------------
+# logits[r] = lm_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's logits are, stored as
+# float32; per tile the first maximum (value, row) for an on-device greedy pick.
+@_device
+def op_lmhead(tile, start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_v_ptr, amax_i_ptr,
+              H: tl.constexpr, V: tl.constexpr, BLOCK_LM: tl.constexpr, BLOCK_K: tl.constexpr):
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
+    r = start + tl.arange(0, BLOCK_LM)
+    mr = (r < start + count) & (r < V)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.full([BLOCK_LM], 0.0, tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + offs_k
+        mk = k < H
+        xn = _normed_chunk(x_ptr, fnorm_ptr, k, mk, inv, ACT)
+        w = tl.load(head_ptr + r[:, None].to(tl.int64) * H + k[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+        acc += _sum(w.to(tl.float32) * xn[None, :], 1)
+    val = _rnd(acc, ACT)
+    tl.store(logits_ptr + r, val, mask=mr)
+    vm = tl.where(mr, val, float("-inf"))
+    best = _max(vm, 0)
+    tl.store(amax_v_ptr + tile, best)
+    tl.store(amax_i_ptr + tile, _min(tl.where(mr & (vm == best), r, V), 0))

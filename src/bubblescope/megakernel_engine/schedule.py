@@ -1,0 +1,391 @@
+"""Host scheduler: the task graph of one decode step, lowered to the megakernel's instruction table.
+
+One decode step is a list of *tasks* in a global topological order (``gidx``). Per layer, in order:
+
+==============  ==========================================================  ==========================
+opcode          one task computes                                           tasks per layer
+==============  ==========================================================  ==========================
+``QKV``         RMSNorm(x) + a tile of r/2 row pairs of the fused QKV        ceil((Q + 2·KV) / r)
+                matvec (+ bias, q/k norm, RoPE), written to the q buffer /   (r = ``rows_qkv``)
+                the KV cache
+``ATTN``        flash-decoding partials (m, l, acc) of the query heads of    kv-head groups × splits
+                some KV heads over one split of the positions
+``ATTN_REDUCE`` log-sum-exp combination of the splits → attention output     kv-head groups
+``OPROJ``       a tile of O-proj rows + residual add into x                  ceil(H/r)
+``GATEUP``      RMSNorm(x) + r/2 gate rows and the matching up rows,         ceil(2·I/r)
+                SiLU(gate)·up
+``DOWN``        a tile of down-proj rows + residual add into x               ceil(H/r)
+==============  ==========================================================  ==========================
+
+then ``LMHEAD`` tiles (final RMSNorm + LM-head rows → float32 logits and per-tile argmax partials).
+There is no embedding task: layer 0's QKV and OPROJ tasks read the token's embedding row where later
+layers read x, which saves a stage barrier (a whole-grid wait) per step for one H-element row read.
+
+Dependencies are global int32 counters that only increase. A task names the counter it waits on, how
+many increments of the current step it needs, and the counter it increments when done; the kernel waits
+for ``epoch × increments_per_step[counter] + need``, so no reset launch is needed between steps. Here
+there is one counter per (layer, stage) and every task needs the whole previous stage (its inputs are
+whole vectors: a norm over all of x, attention over all heads' q/k/v); a finer scheme (e.g. one counter
+per KV head between QKV and ATTN) is only a change of :func:`build_tasks`.
+
+Lowering: task ``gidx`` goes to program ``gidx % num_programs`` (round robin continuing across stages,
+so the programs that got an extra tile in one stage come last in the next). Every program's queue is a
+subsequence of the global topological order, hence when all programs are resident the earliest unfinished
+task always has its inputs done and its program at it: no deadlock. With one program the queue is the
+whole topological order and never waits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..errors import BubblescopeError
+from ..models.config import ModelConfig
+
+# ---- opcodes (0 is an empty table slot) -------------------------------------------------------------
+OP_NOP, OP_QKV, OP_ATTN, OP_ATTN_REDUCE, OP_OPROJ, OP_GATEUP, OP_DOWN, OP_LMHEAD = range(8)
+OPCODE_NAMES = {OP_NOP: "NOP", OP_QKV: "QKV", OP_ATTN: "ATTN", OP_ATTN_REDUCE: "ATTN_REDUCE", OP_OPROJ: "OPROJ",
+                OP_GATEUP: "GATEUP", OP_DOWN: "DOWN", OP_LMHEAD: "LMHEAD"}
+OPCODES = {v: k for k, v in OPCODE_NAMES.items()}
+LAYER_STAGES = (OP_QKV, OP_ATTN, OP_ATTN_REDUCE, OP_OPROJ, OP_GATEUP, OP_DOWN)
+
+# ---- instruction fields (int32 each) ------------------------------------------------------------------
+# A0..A2 by opcode: QKV (-, first row pair, pairs);
+# ATTN (first kv head, kv heads, split); ATTN_REDUCE (first kv head, kv heads, -); OPROJ / GATEUP / DOWN /
+# LMHEAD (-, first row (GATEUP: first gate/up pair), rows).
+# F_SIGINC: how much the task adds to its signal counter (0: it does not signal, see lower()).
+F_OP, F_LAYER, F_TILE, F_A0, F_A1, F_A2, F_WAIT, F_NEED, F_INC, F_SIGNAL, F_GIDX, F_SIGINC = range(12)
+NFIELDS = 12
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class MegakernelParams:
+    """Tuning parameters of the megakernel. ``None`` means "choose automatically".
+
+    Attributes:
+        programs_per_sm: requested resident programs per SM (the grid is SMs × this, lowered to what the
+            compiled kernel's registers/shared memory allow: residency is a correctness condition).
+        num_programs: force the grid size (tests; on CPU the engine always uses 1).
+        rows_qkv: rows per QKV task (even: a task takes rows/2 row pairs (i, i + head_dim/2) of the stacked
+            q|k|v heads, see packing.py; with q/k-norm a multiple of head_dim). rows_o, rows_down: rows of x per OPROJ /
+            DOWN task. rows_gateup: rows of the packed gate|up matrix per GATEUP task (even: rows/2 gate
+            rows and the matching up rows). rows_lm: vocabulary rows per LMHEAD task. Auto: :func:`pick_rows`.
+        max_rows: cap for the automatic row choice.
+        block_k: columns per inner-loop chunk of every matvec (power of two).
+        num_warps: warps per program.
+        num_stages: Triton software-pipelining stages of the inner loops (1: none; more stages buffer loads
+            in shared memory, which lowers residency — and did not help in the H200 probe).
+        kv_splits: position splits per KV head in ATTN (auto: ``clamp(grid // kv_heads, 1, 16)``).
+        attn_kv_heads: KV heads per ATTN / ATTN_REDUCE task (their G query heads each).
+        block_s: positions per attention inner-loop chunk (power of two).
+        prefetch: ``auto`` (bulk on sm_90+ when rows are 16-byte multiples, else line), ``bulk``
+            (``cp.async.bulk.prefetch.L2``), ``line`` (``prefetch.global.L2`` per 128-byte line) or ``off``.
+        spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
+        timeline: record per-task timestamps (compile-time switch, zero cost when off).
+        spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
+        fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
+            argument binding, ~tens of µs of host time per launch).
+        cooperative: launch with ``CU_LAUNCH_ATTRIBUTE_COOPERATIVE`` (Triton's ``launch_cooperative_grid``):
+            the driver then refuses a grid whose programs cannot all be resident, instead of letting it
+            deadlock — a second check behind the engine's own residency computation.
+    """
+
+    programs_per_sm: int = 4
+    num_programs: int | None = None
+    rows_qkv: int | None = None
+    rows_o: int | None = None
+    rows_gateup: int | None = None
+    rows_down: int | None = None
+    rows_lm: int | None = None
+    max_rows: int = 8
+    block_k: int = 512
+    num_warps: int = 4
+    num_stages: int = 1
+    kv_splits: int | None = None
+    attn_kv_heads: int = 1
+    block_s: int = 16
+    prefetch: str = "auto"
+    spin_sleep_ns: int = 0
+    timeline: bool = False
+    spin_cap: int | None = None
+    fast_launch: bool = True
+    cooperative: bool = True
+
+    def replace(self, **changes) -> "MegakernelParams":
+        return replace(self, **changes)
+
+    def validate(self) -> None:
+        """Raises BubblescopeError naming the first bad field."""
+        def pow2(name):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise BubblescopeError(f"megakernel params: {name} must be a power of two, got {v!r}")
+        for name in ("block_k", "num_warps", "block_s"):
+            pow2(name)
+        for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
+                     "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise BubblescopeError(f"megakernel params: {name} must be a positive integer, got {v!r}")
+        for name in ("rows_qkv", "rows_gateup"):
+            v = getattr(self, name)
+            if v is not None and v % 2:
+                raise BubblescopeError(f"megakernel params: {name} must be even (row pairs), got {v}")
+        if self.prefetch not in ("auto", "bulk", "line", "off"):
+            raise BubblescopeError(f"megakernel params: prefetch must be auto, bulk, line or off, "
+                                   f"got {self.prefetch!r}")
+        if self.spin_sleep_ns < 0:
+            raise BubblescopeError("megakernel params: spin_sleep_ns must be >= 0")
+
+
+def pick_rows(n_rows: int, grid: int, max_rows: int, multiple: int = 1, task_overhead_rows: float = 1.0) -> int:
+    """Rows per task for a stage of ``n_rows`` rows spread over ``grid`` programs.
+
+    Minimises the busiest program's cost, ``ceil(ceil(n_rows / r) / grid) · (r + task_overhead_rows)``
+    (a task also costs its instruction, its wait and its share of the norm re-read: about one row), over
+    ``r`` in ``multiple, 2·multiple, …`` up to ``max(max_rows, multiple)``; ties go to the larger r.
+    Example: 3072 QKV rows on 528 programs, cap 8: r = 6 gives 512 tiles, one per program (cost 7),
+    where r = 4 gives 768 tiles, two on some programs (cost 10).
+    """
+    best, best_cost = multiple, None
+    for r in range(multiple, max(max_rows, multiple) + 1, multiple):
+        tiles = -(-n_rows // r)
+        cost = -(-tiles // grid) * (r + task_overhead_rows)
+        if best_cost is None or cost <= best_cost:
+            best, best_cost = r, cost
+        if tiles == 1:
+            break
+    return best
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Resolved tile sizes and the packing they imply (all counts in rows of the named matrix).
+
+    ``hb``: row pairs per packed QKV block (gcd of pairs per task and head_dim/2: each task's 2·pairs
+    weight rows are one contiguous block). ``gb``: gate/up pairs per packed block (= ``rows_gateup / 2``);
+    ``i_pad``: intermediate size rounded up to a multiple of ``gb`` (zero rows pad the last block).
+    ``block_*``: the power-of-two register tile sizes (compile-time constants) covering each task.
+    """
+
+    rows_qkv: int
+    rows_o: int
+    rows_gateup: int
+    rows_down: int
+    rows_lm: int
+    kv_splits: int
+    attn_kv_heads: int
+    hb: int
+    gb: int
+    i_pad: int
+    block_p: int
+    block_o: int
+    block_gu: int
+    block_dn: int
+    block_lm: int
+    block_qh: int
+    block_split: int
+
+
+def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
+    """Fill in automatic tile sizes for ``grid`` programs (see :func:`pick_rows`)."""
+    d, g, nkv = cfg.head_dim, cfg.gqa_group, cfg.num_key_value_heads
+    mult = d if cfg.qk_norm else 2  # q/k-norm needs whole heads in one task
+    if params.rows_qkv is not None and params.rows_qkv % mult:
+        raise BubblescopeError(f"megakernel params: rows_qkv must be a multiple of {mult} for {cfg.name}")
+    r_qkv = params.rows_qkv or pick_rows(cfg.q_size + 2 * cfg.kv_size, grid, params.max_rows, mult)
+    r_o = params.rows_o or pick_rows(cfg.hidden_size, grid, params.max_rows)
+    r_gu = params.rows_gateup or pick_rows(2 * cfg.intermediate_size, grid, params.max_rows, 2)
+    r_dn = params.rows_down or pick_rows(cfg.hidden_size, grid, params.max_rows)
+    r_lm = params.rows_lm or pick_rows(cfg.vocab_size, grid, params.max_rows)
+    heads = min(params.attn_kv_heads, nkv)
+    splits = params.kv_splits or max(1, min(16, grid // max(1, -(-nkv // heads))))
+    return Tiling(
+        rows_qkv=r_qkv, rows_o=r_o, rows_gateup=r_gu, rows_down=r_dn, rows_lm=r_lm, kv_splits=splits,
+        attn_kv_heads=heads, hb=math.gcd(r_qkv // 2, d // 2), gb=r_gu // 2,
+        i_pad=-(-cfg.intermediate_size // (r_gu // 2)) * (r_gu // 2),
+        block_p=next_pow2(r_qkv // 2), block_o=next_pow2(r_o), block_gu=next_pow2(r_gu // 2),
+        block_dn=next_pow2(r_dn), block_lm=next_pow2(r_lm), block_qh=next_pow2(heads * g),
+        block_split=next_pow2(splits))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One instruction (see the F_* fields). ``wait`` / ``signal``: counter ids or -1."""
+
+    op: int
+    layer: int
+    tile: int
+    a0: int
+    a1: int
+    a2: int
+    wait: int
+    need: int
+    signal: int
+    gidx: int = -1
+
+
+def counter_id(layer: int, op: int) -> int:
+    """The (layer, stage) counter of a per-layer opcode."""
+    return layer * len(LAYER_STAGES) + LAYER_STAGES.index(op)
+
+
+def _tiles(n: int, r: int):
+    for t, start in enumerate(range(0, n, r)):
+        yield t, start, min(r, n - start)
+
+
+def build_tasks(cfg: ModelConfig, tiling: Tiling) -> list[Task]:
+    """The tasks of one decode step in global topological order (gidx = list index)."""
+    tasks: list[Task] = []
+    stage_tasks: dict[int, int] = {}  # counter -> tasks signalling it
+
+    def stage(layer, op, items, wait):
+        c = counter_id(layer, op) if op != OP_LMHEAD else -1
+        need = stage_tasks.get(wait, 0) if wait >= 0 else 0
+        for tile, (a0, a1, a2) in enumerate(items):
+            tasks.append(Task(op, layer, tile, a0, a1, a2, wait, need, c, len(tasks)))
+        if c >= 0:
+            stage_tasks[c] = len(items)
+
+    r = tiling.rows_qkv
+    heads = tiling.attn_kv_heads
+    groups = [(h0, min(heads, cfg.num_key_value_heads - h0)) for h0 in range(0, cfg.num_key_value_heads, heads)]
+    prev = -1
+    for layer in range(cfg.num_hidden_layers):
+        stage(layer, OP_QKV, [(0, s, n) for _, s, n in _tiles((cfg.q_size + 2 * cfg.kv_size) // 2, r // 2)], prev)
+        stage(layer, OP_ATTN, [(h0, n, s) for h0, n in groups for s in range(tiling.kv_splits)],
+              counter_id(layer, OP_QKV))
+        stage(layer, OP_ATTN_REDUCE, [(h0, n, 0) for h0, n in groups], counter_id(layer, OP_ATTN))
+        stage(layer, OP_OPROJ, [(0, s, n) for _, s, n in _tiles(cfg.hidden_size, tiling.rows_o)],
+              counter_id(layer, OP_ATTN_REDUCE))
+        stage(layer, OP_GATEUP, [(0, s, n) for _, s, n in _tiles(cfg.intermediate_size, tiling.gb)],
+              counter_id(layer, OP_OPROJ))
+        stage(layer, OP_DOWN, [(0, s, n) for _, s, n in _tiles(cfg.hidden_size, tiling.rows_down)],
+              counter_id(layer, OP_GATEUP))
+        prev = counter_id(layer, OP_DOWN)
+    stage(cfg.num_hidden_layers - 1, OP_LMHEAD, [(0, s, n) for _, s, n in _tiles(cfg.vocab_size, tiling.rows_lm)],
+          prev)
+    return tasks
+
+
+def signal_amounts(queue: list[Task]) -> list[int]:
+    """Per task of one program's queue, what it adds to its signal counter.
+
+    Consecutive tasks of a program signalling the same counter (one stage: contiguous in the global order,
+    hence in every queue) signal once, from the last of them, adding their number: one release atomic per
+    program and stage instead of one per task. A waiter needing the whole stage sees the same total; a
+    schedule with finer dependencies would give every task amount 1.
+    """
+    out = [0] * len(queue)
+    run = 0
+    for i, t in enumerate(queue):
+        run += 1
+        if t.signal < 0:
+            run = 0
+        elif i + 1 == len(queue) or queue[i + 1].signal != t.signal:
+            out[i], run = run, 0
+    return out
+
+
+def lower(tasks: list[Task], num_programs: int, num_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Instruction table int32 (num_programs, max_tasks, NFIELDS) and task counts int32 (num_programs,).
+
+    Task k of the list goes to program k % num_programs, keeping list order inside each program. The
+    F_INC field repeats increments_per_step of the waited counter (the kernel's target is
+    epoch × F_INC + F_NEED), so the kernel needs no separate per-counter table; F_SIGINC is
+    :func:`signal_amounts`.
+    """
+    inc = increments_per_step(tasks, num_counters)
+    queues: list[list[Task]] = [[] for _ in range(num_programs)]
+    for k, t in enumerate(tasks):
+        queues[k % num_programs].append(t)
+    max_tasks = max(1, max(len(q) for q in queues))
+    rows = [[[t.op, t.layer, t.tile, t.a0, t.a1, t.a2, t.wait, t.need, inc[t.wait] if t.wait >= 0 else 0,
+              t.signal, t.gidx, amount] for t, amount in zip(q, signal_amounts(q))]
+            + [[0] * NFIELDS] * (max_tasks - len(q)) for q in queues]
+    table = torch.tensor(rows, dtype=torch.int32).view(num_programs, max_tasks, NFIELDS)
+    counts = torch.tensor([len(q) for q in queues], dtype=torch.int32)
+    return table, counts
+
+
+def increments_per_step(tasks: list[Task], num_counters: int) -> list[int]:
+    """How many times each counter is incremented in one step (= tasks signalling it)."""
+    inc = [0] * num_counters
+    for t in tasks:
+        if t.signal >= 0:
+            inc[t.signal] += 1
+    return inc
+
+
+@dataclass
+class Schedule:
+    """A lowered decode step. ``table``/``counts`` are CPU tensors (the engine copies them to the device)."""
+
+    config: ModelConfig
+    tiling: Tiling
+    num_programs: int
+    tasks: list[Task]
+    table: torch.Tensor
+    counts: torch.Tensor
+    num_counters: int
+    increments: list[int] = field(default_factory=list)
+
+    def counter_name(self, c: int) -> str:
+        """``layer 3 QKV`` for counter ids, ``none`` for -1."""
+        if c < 0:
+            return "none"
+        layer, s = divmod(c, len(LAYER_STAGES))
+        return f"layer {layer} {OPCODE_NAMES[LAYER_STAGES[s]]}"
+
+    def tasks_per_opcode(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tasks:
+            out[OPCODE_NAMES[t.op]] = out.get(OPCODE_NAMES[t.op], 0) + 1
+        return out
+
+    def stage_schedules(self) -> list["Schedule"]:
+        """One schedule per (layer, stage) and the LM head, without counters (the ``stages`` variant):
+        each is launched on its own, so kernel boundaries order the stages."""
+        groups: list[list[Task]] = []
+        for t in self.tasks:
+            if not groups or (groups[-1][0].op, groups[-1][0].layer) != (t.op, t.layer):
+                groups.append([])
+            groups[-1].append(replace(t, wait=-1, need=0, signal=-1))
+        out = []
+        for g in groups:
+            p = min(self.num_programs, len(g))
+            table, counts = lower(g, p, self.num_counters)
+            out.append(Schedule(self.config, self.tiling, p, g, table, counts, self.num_counters,
+                                [0] * self.num_counters))
+        return out
+
+    def with_programs(self, num_programs: int) -> "Schedule":
+        """The same tasks lowered for another grid size (tile sizes unchanged)."""
+        table, counts = lower(self.tasks, num_programs, self.num_counters)
+        return Schedule(self.config, self.tiling, num_programs, self.tasks, table, counts, self.num_counters,
+                        self.increments)
+
+
+def build_schedule(cfg: ModelConfig, params: MegakernelParams, num_programs: int,
+                   tiling: Tiling | None = None) -> Schedule:
+    """Task graph + lowering of one decode step for ``num_programs`` programs.
+
+    Raises:
+        BubblescopeError: invalid params (see :meth:`MegakernelParams.validate`).
+    """
+    params.validate()
+    tiling = tiling or resolve_tiling(cfg, params, num_programs)
+    tasks = build_tasks(cfg, tiling)
+    n_counters = cfg.num_hidden_layers * len(LAYER_STAGES)
+    table, counts = lower(tasks, num_programs, n_counters)
+    return Schedule(cfg, tiling, num_programs, tasks, table, counts, n_counters,
+                    increments_per_step(tasks, n_counters))

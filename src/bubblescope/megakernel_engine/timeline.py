@@ -1,0 +1,113 @@
+"""Decode the megakernel's per-task timestamps into a CUPTI-like frame, summarise it, export it.
+
+The kernel (``TIMELINE`` on) writes, per (program, queue slot), three int64 nanosecond stamps: when the
+program picked the task up (``start``), when its dependency counter was satisfied (``ready``) and when it
+had signalled completion (``end``) — from ``%globaltimer`` on the GPU (one clock for all SMs), from the
+host's monotonic clock under the interpreter. The instruction table says which task each slot held.
+
+Definitions (DESIGN.md, "intrakernel_wait_ratio"): a task's ``wait_us = ready − start`` (spinning on
+dependencies, including its prefetch issue), its busy time ``end − ready``; ``wait_ratio = Σ wait /
+Σ (end − start)`` over all tasks: the fraction of program-time spent waiting on dependencies. Program
+time between tasks (reading the next instruction) is not in any task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .schedule import F_GIDX, F_LAYER, F_OP, F_TILE, OPCODE_NAMES, Schedule
+
+@dataclass
+class IntraKernelTimeline:
+    """What ``MegakernelEngine.timeline()`` yields; filled when the ``with`` block ends.
+
+    ``frame``: the last step's :func:`decode_timeline` frame (None if no step ran, or the timeline kernel
+    could not run — then ``reason`` says why). ``ts_offset_us``: where the frame's origin (its first task
+    start) sits on the host's monotonic clock in µs — exact under the interpreter (the stamps are that
+    clock); on a GPU an estimate, the host time just before the step's launch (the GPU clock is another
+    domain). To overlay on a CUPTI trace exactly, set it to the ``ts`` of that step's kernel event.
+    """
+
+    frame: pd.DataFrame | None = None
+    ts_offset_us: float = 0.0
+    reason: str | None = None
+
+
+COLUMNS = ["name", "program", "layer", "task", "tile", "launch", "ts_us", "ready_us", "end_us", "dur_us", "wait_us"]
+
+
+def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd.DataFrame:
+    """One row per executed task of one decode step.
+
+    Args:
+        schedules: the schedule of each launch of the step (one for ``fused``; one per stage for ``stages``).
+        stamps: for each launch, the int64 (programs, max_tasks, 3) stamp buffer it wrote (any device).
+
+    Returns:
+        DataFrame with :data:`COLUMNS`: ``name`` (opcode), ``program``, ``layer``, ``task`` (global index in
+        the step's topological order), ``tile`` (index within its (layer, opcode)), ``launch``; times in µs
+        relative to the earliest start: ``ts_us``, ``ready_us``, ``end_us``, ``dur_us = end − ts``,
+        ``wait_us = ready − ts``. Sorted by start time.
+    """
+    parts = []
+    for launch, (sch, buf) in enumerate(zip(schedules, stamps)):
+        table = sch.table.numpy()
+        counts = sch.counts.numpy()
+        ts = buf.detach().cpu().numpy().astype(np.int64)
+        slots = np.arange(table.shape[1])[None, :] < counts[:, None]  # (P, T) occupied slots
+        prog, slot = np.nonzero(slots)
+        rows = table[prog, slot]
+        parts.append(pd.DataFrame({
+            "name": [OPCODE_NAMES[int(o)] for o in rows[:, F_OP]], "program": prog, "layer": rows[:, F_LAYER],
+            "task": rows[:, F_GIDX], "tile": rows[:, F_TILE], "launch": launch,
+            "t0": ts[prog, slot, 0], "t1": ts[prog, slot, 1], "t2": ts[prog, slot, 2]}))
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t0", "t1", "t2"])
+    origin = df["t0"].min() if len(df) else 0
+    df["ts_us"] = (df["t0"] - origin) / 1e3
+    df["ready_us"] = (df["t1"] - origin) / 1e3
+    df["end_us"] = (df["t2"] - origin) / 1e3
+    df["dur_us"] = df["end_us"] - df["ts_us"]
+    df["wait_us"] = df["ready_us"] - df["ts_us"]
+    df = df.drop(columns=["t0", "t1", "t2"]).sort_values(["ts_us", "program"], kind="stable")
+    return df.reset_index(drop=True)[COLUMNS]
+
+
+def intrakernel_summary(df: pd.DataFrame) -> dict:
+    """Summary of one step's timeline (from :func:`decode_timeline`).
+
+    Returns a dict: ``wait_ratio`` (Σ wait / Σ (end − start)), ``programs`` (distinct programs that ran
+    tasks), ``tasks_per_step``, ``span_us`` (first start to last end), ``by_opcode`` — a list of
+    {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, and ``tasks``:
+    [{program, opcode, layer, start_us, ready_us, end_us}] in start order.
+    """
+    total = float(df["dur_us"].sum())
+    order = {name: k for k, name in OPCODE_NAMES.items()}
+    by = []
+    for name, g in sorted(df.groupby("name"), key=lambda kv: order.get(kv[0], 99)):
+        by.append({"opcode": name, "tasks": int(len(g)), "busy_us": float((g["end_us"] - g["ready_us"]).sum()),
+                   "wait_us": float(g["wait_us"].sum())})
+    return {
+        "wait_ratio": float(df["wait_us"].sum()) / total if total > 0 else 0.0,
+        "programs": int(df["program"].nunique()),
+        "tasks_per_step": int(len(df)),
+        "span_us": float(df["end_us"].max() - df["ts_us"].min()) if len(df) else 0.0,
+        "by_opcode": by,
+        "tasks": [{"program": int(r.program), "opcode": r.name, "layer": int(r.layer), "start_us": float(r.ts_us),
+                   "ready_us": float(r.ready_us), "end_us": float(r.end_us)} for r in df.itertuples(index=False)],
+    }
+
+
+def chrome_events(df: pd.DataFrame, ts_offset_us: float = 0.0, pid: str = "megakernel (intra-kernel)") -> list[dict]:
+    """Chrome-trace complete events (``ph: "X"``), one ``tid`` per program, to show beside CUPTI kernels.
+
+    ``ts_offset_us`` places the step on the trace's clock (e.g. the CUPTI kernel's ``ts``). Each event's
+    ``args`` hold layer, task, tile and the wait (µs) before its dependencies were met.
+    """
+    return [{"name": r.name, "cat": "megakernel_task", "ph": "X", "ts": ts_offset_us + float(r.ts_us),
+             "dur": float(r.dur_us), "pid": pid, "tid": int(r.program),
+             "args": {"layer": int(r.layer), "task": int(r.task), "tile": int(r.tile), "wait_us": float(r.wait_us)}}
+            for r in df.itertuples(index=False)]

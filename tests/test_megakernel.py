@@ -1,0 +1,152 @@
+"""The Triton megakernel on CPU under TRITON_INTERPRET=1 (one program, topological instruction list),
+against the reference engine, the PyTorch oracle of the same table, and its own variants.
+
+The interpreter mode is fixed when triton is first imported in a process, so this module sets
+TRITON_INTERPRET=1 before anything imports triton (on a machine without CUDA only: with a GPU, the
+process keeps compiled Triton and these CPU tests are skipped; the GPU has benchmarks/megakernel_gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from bubblescope.errors import BubblescopeError, EngineUnavailable, KernelStuck  # noqa: E402
+from bubblescope.generation import generate, teacher_forced_logits  # noqa: E402
+from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams  # noqa: E402
+from bubblescope.megakernel_engine.interpreter import ScheduleInterpreter  # noqa: E402
+from bubblescope.megakernel_engine.schedule import F_NEED, F_OP, F_LAYER, OP_DOWN  # noqa: E402
+from bubblescope.megakernel_engine.timeline import chrome_events, intrakernel_summary  # noqa: E402
+from bubblescope.models import load_llama2c  # noqa: E402
+from bubblescope.models.weights import dummy_weights  # noqa: E402
+from bubblescope.reference_engine import ReferenceEngine  # noqa: E402
+
+from .conftest import STORIES, needs_stories  # noqa: E402
+from .test_megakernel_schedule import FORCED, PROMPT, TINY  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter():
+    from bubblescope.megakernel_engine.launch import load_kernel
+    try:
+        load_kernel(True)
+    except EngineUnavailable as e:
+        if torch.cuda.is_available():
+            pytest.skip(f"CUDA machine: triton is in compiled mode here ({e})")
+        raise
+
+
+# Moderate tiles: a few tasks per stage (several K chunks, 2 splits, partial tiles) at an interpreter-friendly count.
+MID = MegakernelParams(rows_qkv=24, rows_o=16, rows_gateup=32, rows_down=16, rows_lm=40, kv_splits=2,
+                       attn_kv_heads=1, block_k=16, block_s=2)
+
+
+def _mid(cfg):
+    return MID.replace(rows_qkv=2 * cfg.head_dim) if cfg.qk_norm else MID
+
+
+@needs_stories
+def test_stories260k_greedy_200_tokens_identical_to_reference():
+    w = load_llama2c(STORIES)
+    ref = generate(ReferenceEngine(w, max_seq_len=256), [1], 200, eos_ids=())
+    mk = generate(MegakernelEngine(w, max_seq_len=256), [1], 200, eos_ids=())
+    assert len(mk.tokens) == 200
+    assert mk.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_tiny_configs_match_reference_and_oracle(name):
+    cfg = TINY[name]
+    w = dummy_weights(cfg, seed=1)
+    ref = teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED)
+    engine = MegakernelEngine(w, params=_mid(cfg), max_seq_len=32)
+    got = teacher_forced_logits(engine, PROMPT, FORCED)
+    orc = teacher_forced_logits(ScheduleInterpreter(w, params=_mid(cfg), max_seq_len=32), PROMPT, FORCED)
+    assert (got - ref).abs().max().item() < 1e-4
+    assert (got - orc).abs().max().item() < 1e-4
+    assert engine.compile_info()["tasks_per_step"] > 6 * cfg.num_hidden_layers  # several tiles per stage ran
+    assert engine.greedy_token().item() == int(torch.argmax(got[-1]))  # the LM-head tiles' argmax partials
+
+
+def test_variants_give_the_same_logits_as_fused():
+    w = dummy_weights(TINY["gqa-tied-llama3"], seed=4)
+    out = {}
+    for variant in ("fused", "stages", "noprefetch"):
+        e = MegakernelEngine(w, params=MID, max_seq_len=32, variant=variant)
+        out[e.name] = teacher_forced_logits(e, PROMPT, FORCED)
+    assert set(out) == {"megakernel", "megakernel-stages", "megakernel-noprefetch"}
+    assert torch.equal(out["megakernel"], out["megakernel-stages"])
+    assert torch.equal(out["megakernel"], out["megakernel-noprefetch"])
+
+
+def test_unmeetable_dependency_raises_kernel_stuck_naming_the_task():
+    cfg = TINY["mha-untied"]
+    e = MegakernelEngine(dummy_weights(cfg), params=MID.replace(spin_cap=20), max_seq_len=16)
+    table = e._tables[0][1]
+    slot = next(i for i in range(table.shape[1]) if table[0, i, F_OP] == OP_DOWN and table[0, i, F_LAYER] == 1)
+    table[0, slot, F_NEED] += 1  # one increment more than the GATEUP stage ever makes
+    with pytest.raises(KernelStuck, match=r"DOWN layer 1 tile 0 .*program 0.*layer 1 GATEUP"):
+        e.prefill(torch.tensor([3]))
+    with pytest.raises(KernelStuck):  # the engine stays failed until reset
+        e.decode(4)
+    table[0, slot, F_NEED] -= 1
+    e.reset()
+    e.prefill(torch.tensor([3]))
+
+
+def test_timeline_decodes_and_exports():
+    cfg = TINY["gqa-tied-llama3"]
+    e = MegakernelEngine(dummy_weights(cfg), params=MID, max_seq_len=16)
+    with pytest.raises(BubblescopeError, match="timeline"):
+        e.last_timeline()
+    e.prefill(torch.tensor([1, 2]))
+    with e.timeline() as rec:
+        e.decode(3)
+    df = rec.frame
+    assert rec.reason is None and rec.ts_offset_us > 0
+    assert len(df) == len(e.schedule.tasks)
+    assert df.groupby("name").size().to_dict() == e.schedule.tasks_per_opcode()
+    assert ((df["ts_us"] <= df["ready_us"]) & (df["ready_us"] <= df["end_us"])).all()
+    assert list(df["task"].sort_values()) == list(range(len(df)))
+    # One program, topological order: tasks start in gidx order and never overlap.
+    ordered = df.sort_values("task")
+    assert (ordered["ts_us"].diff().dropna() > 0).all()
+    assert (ordered["ts_us"].iloc[1:].values >= ordered["end_us"].iloc[:-1].values).all()
+    s = intrakernel_summary(df)
+    assert 0 <= s["wait_ratio"] < 1 and s["programs"] == 1
+    ev = chrome_events(df, rec.ts_offset_us)
+    json.dumps(ev)
+    assert all(x["ph"] == "X" and x["tid"] == 0 for x in ev)
+    e.decode(4)  # outside the block: not recorded
+    with pytest.raises(BubblescopeError):
+        e.last_timeline()
+
+
+def test_user_errors():
+    cfg = TINY["gqa-tied-llama3"]
+    w = dummy_weights(cfg)
+    with pytest.raises(BubblescopeError, match="variant"):
+        MegakernelEngine(w, variant="nope")
+    with pytest.raises(EngineUnavailable, match="head_dim"):
+        MegakernelEngine(dummy_weights(cfg.replace(head_dim=12)))
+    e = MegakernelEngine(w, max_seq_len=4)
+    with pytest.raises(BubblescopeError, match="do not fit"):
+        e.prefill(torch.arange(5))
+    with pytest.raises(BubblescopeError, match="vocabulary"):
+        e.prefill(torch.tensor([64]))
+    e.prefill(torch.tensor([1, 2, 3]))
+    e.decode(4)
+    assert e.position == 4
+    with pytest.raises(BubblescopeError, match="full"):
+        e.decode(5)
+    info = e.compile_info()
+    assert {"registers", "spills", "shared_bytes", "num_warps", "programs_per_sm", "grid"} <= set(info)
+    assert info["grid"] == 1 and info["interpret"] is True
