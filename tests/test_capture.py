@@ -41,7 +41,7 @@ class ToyDecoder:
         return self.head @ torch.tanh(self.cache[: self.position].mean(0) + 0.5 * x)
 
     def prefill(self, token_ids):
-        assert token_ids.dtype == torch.long and token_ids.device == self.device
+        assert token_ids.dtype == torch.long and token_ids.device.type == self.device.type
         self.calls.append(("prefill", token_ids.tolist()))
         for t in token_ids:
             logits = self._step(t)

@@ -21,9 +21,15 @@ def test_megakernel_matches_reference_bf16(variant):
     prompt = torch.randint(3, 128256, (16,), generator=g).tolist()
     forced = torch.randint(3, 128256, (24,), generator=g).tolist()
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 64), prompt, forced)
+    truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 64), prompt, forced)
     got = teacher_forced_logits(MegakernelEngine(w, max_seq_len=64, variant=variant), prompt, forced)
-    rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
-    assert rel < 1e-2, rel
+
+    def rel(a, b):
+        return ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
+
+    # Both bf16 engines round at the same points but accumulate in different orders; the float32 model on
+    # the same weights says which is off: the megakernel must be about as close to it as the reference is.
+    assert rel(got, truth) < 1.5 * rel(ref, truth) + 1e-3, (rel(got, truth), rel(ref, truth))
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95
 
 

@@ -106,7 +106,7 @@ class MegakernelParams:
     rows_down: int | None = None
     rows_lm: int | None = None
     max_rows: int = 8
-    block_k: int = 512
+    block_k: int = 1024
     num_warps: int = 4
     num_stages: int = 1
     kv_splits: int | None = None

@@ -63,6 +63,7 @@ def _atomic_write(path: Path, write) -> None:
                     write(out)
             else:
                 write(raw)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a trace is meant to be shared like any other file
         os.replace(tmp, path)
     finally:
         with suppress(FileNotFoundError):
