@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One bounded GPU session (run by the lead through the device tool, from the repository root):
 #   bash benchmarks/h200_session.sh check   # GPU tests, megakernel check + sweep, test traces, sanitizers
+#   bash benchmarks/h200_session.sh tune    # GPU tests and the megakernel check only (MK_ARGS passes flags)
 #   bash benchmarks/h200_session.sh final   # decode-latency benchmark, diagnose model on the default
 # Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
 set -u
@@ -14,13 +15,15 @@ stage=${1:-check}
   python3 -c "import torch,triton,transformers,pandas,matplotlib;print('torch',torch.__version__,'triton',triton.__version__,'transformers',transformers.__version__,'pandas',pandas.__version__,'mpl',matplotlib.__version__)"
   git rev-parse --short HEAD 2>/dev/null; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
-if [ "$stage" = check ]; then
+if [ "$stage" = check ] || [ "$stage" = tune ]; then
   log gpu-tests
   timeout 170 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
   tail -5 "$R/pytest_gpu.log"
   log megakernel-check
   timeout 250 python3 benchmarks/megakernel_gpu_check.py --out "$R/megakernel_check.json" --max-seconds 220 ${MK_ARGS:-} > "$R/mk_check.log" 2>&1; echo "rc=$?" >> "$R/mk_check.log"
-  tail -40 "$R/mk_check.log"
+  tail -60 "$R/mk_check.log"
+fi
+if [ "$stage" = check ]; then
   log traces
   timeout 60 python3 benchmarks/record_test_traces.py --out "$R/tracedata" > "$R/traces.log" 2>&1; echo "rc=$?" >> "$R/traces.log"
   tail -4 "$R/traces.log"
