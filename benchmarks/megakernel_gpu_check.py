@@ -45,7 +45,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps before timing (default 10; 1 on cpu)")
     ap.add_argument("--variants", default="fused,stages,noprefetch")
     ap.add_argument("--reference-modes", default="eager,cudagraph", help="on cpu only eager is possible")
-    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "none"))
+    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "none"))
     ap.add_argument("--sections", default="stories,correctness,timing,timeline,sweep")
     ap.add_argument("--max-seconds", type=float, default=540.0, help="stop starting new work after this")
     ap.add_argument("--out", default="megakernel_gpu_check.json")
@@ -169,8 +169,9 @@ def section_correctness(w, refs: dict) -> dict:
     gen = torch.Generator().manual_seed(ARGS.seed)
     prompt = torch.randint(3, w.config.vocab_size, (8,), generator=gen).tolist()
     first = next(iter(refs.values()))
-    # Force the reference's own greedy continuation, so every engine sees the same inputs.
-    forced = generate(first, prompt, ARGS.steps, eos_ids=()).tokens[:ARGS.steps - 1]
+    # Force seeded random tokens, so every engine sees the same inputs. (Not the reference's greedy
+    # continuation: dummy weights repeat one token forever, which would make agreement trivially 1.)
+    forced = [int(t) for t in torch.randint(3, w.config.vocab_size, (ARGS.steps - 1,), generator=gen)]
     want = {m: teacher_forced_logits(r, prompt, forced) for m, r in refs.items()}
     out = {"prompt_len": len(prompt), "steps": len(forced) + 1}
     names = list(want)
@@ -183,7 +184,8 @@ def section_correctness(w, refs: dict) -> dict:
         if left() < 0:
             break
         try:
-            e, build_s = build(w, variant, max_seq_len=ARGS.context + ARGS.timed_steps + ARGS.warmup + 8)
+            e, build_s = build(w, variant, max_seq_len=max(ARGS.context + ARGS.timed_steps + ARGS.warmup,
+                                                           len(prompt) + ARGS.steps) + 8)
             got = teacher_forced_logits(e, prompt, forced)
             greedy_ok = int(e.greedy_token().item()) == int(got[-1].argmax())
             e.synchronize_and_check()
@@ -315,6 +317,9 @@ def sweep_configs() -> list[tuple[str, dict]]:
              ("rows4", dict(max_rows=4))]
     if ARGS.sweep == "quick":
         return quick
+    if ARGS.sweep == "tune3":  # third round: prefetch the next task's weights
+        return [("k1024", {}), ("ahead1", dict(prefetch_ahead=1)), ("ahead1-line", dict(prefetch_ahead=1, prefetch="line")),
+                ("ahead1-splits8", dict(prefetch_ahead=1, kv_splits=8)), ("k1024-again", {})]
     if ARGS.sweep == "tune2":  # second round, around block_k 1024 (the first round's best)
         return [("k1024", {}), ("k512", dict(block_k=512)), ("k2048", dict(block_k=2048)),
                 ("lm16", dict(rows_lm=16)), ("lm32", dict(rows_lm=32)), ("splits8", dict(kv_splits=8)),
@@ -403,7 +408,7 @@ def main() -> int:
         try:
             cfg = get_preset(ARGS.model)
             w = dummy_weights(cfg, ARGS.device, parse_dtype(ARGS.dtype), seed=ARGS.seed)
-            max_len = ARGS.context + ARGS.timed_steps + ARGS.warmup + 8
+            max_len = max(ARGS.context + ARGS.timed_steps + ARGS.warmup, 8 + ARGS.steps) + 8
             # "fp32" = the eager reference on the same weights upcast to float32: the numerical truth both
             # bf16 engines are compared with (their difference from each other alone cannot say who is off).
             refs = {m: (ReferenceEngine(w.to(dtype=torch.float32), mode="eager", max_seq_len=max_len) if m == "fp32"

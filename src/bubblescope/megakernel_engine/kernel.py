@@ -144,10 +144,11 @@ def megakernel(
         BLOCK_DN: tl.constexpr,
         BLOCK_LM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, PREFETCH: tl.constexpr, PF_LANES: tl.constexpr,
-        SLEEP_NS: tl.constexpr, TIMELINE: tl.constexpr):
+        PF_AHEAD: tl.constexpr, SLEEP_NS: tl.constexpr, TIMELINE: tl.constexpr):
     """Run program ``pid``'s queue of the instruction table for one decode step (see module docstring).
 
-    Per task: read the instruction; [PREFETCH] start its weight tile towards L2; wait for its dependency
+    Per task: read the instruction; [PREFETCH] start its weight tile (PF_AHEAD = 1: the NEXT task's tile,
+    so it streams in while this task waits and computes) towards L2; wait for its dependency
     counter (bounded); run the opcode; release-increment its signal counter. Then the last program to
     finish advances position and epoch when ``advance`` is set (the ``stages`` variant clears it for all
     but its last launch of a step).
@@ -171,8 +172,14 @@ def megakernel(
         if TIMELINE:
             t_start = _now()
         if PREFETCH > 0:
-            _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
-                           PREFETCH, PF_LANES)
+            if PF_AHEAD > 0:
+                if i + 1 < n:
+                    nxt = row + NF
+                    _prefetch_task(tl.load(nxt + F_OP), tl.load(nxt + F_LAYER), tl.load(nxt + F_A1), tl.load(nxt + F_A2),
+                                   wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP, PREFETCH, PF_LANES)
+            else:
+                _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
+                               PREFETCH, PF_LANES)
         ok = 1
         if wait_cnt >= 0:
             need = tl.load(row + F_NEED)

@@ -130,7 +130,8 @@ def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max
         BLOCK_KI=min(params.block_k, next_pow2(cfg.intermediate_size)),
         BLOCK_P=t.block_p, BLOCK_O=t.block_o, BLOCK_GU=t.block_gu, BLOCK_DN=t.block_dn, BLOCK_LM=t.block_lm,
         BLOCK_QH=t.block_qh, BLOCK_S=params.block_s, BLOCK_SPLIT=t.block_split, HAS_BIAS=has_bias,
-        HAS_QK_NORM=has_qk_norm, PREFETCH=prefetch, PF_LANES=32 * params.num_warps, SLEEP_NS=params.spin_sleep_ns,
+        HAS_QK_NORM=has_qk_norm, PREFETCH=prefetch, PF_LANES=32 * params.num_warps,
+        PF_AHEAD=params.prefetch_ahead, SLEEP_NS=params.spin_sleep_ns,
         TIMELINE=bool(params.timeline))
 
 

@@ -88,6 +88,9 @@ class MegakernelParams:
         block_s: positions per attention inner-loop chunk (power of two).
         prefetch: ``auto`` (bulk on sm_90+ when rows are 16-byte multiples, else line), ``bulk``
             (``cp.async.bulk.prefetch.L2``), ``line`` (``prefetch.global.L2`` per 128-byte line) or ``off``.
+        prefetch_ahead: 0 — each task prefetches its own weights just before waiting on its dependency;
+            1 — each task prefetches the NEXT task's weights when it starts, so they stream into L2 during
+            this task's wait and compute (program 0..P-1 prefetch their first task at kernel start).
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
@@ -113,6 +116,7 @@ class MegakernelParams:
     attn_kv_heads: int = 1
     block_s: int = 16
     prefetch: str = "auto"
+    prefetch_ahead: int = 0
     spin_sleep_ns: int = 0
     timeline: bool = False
     spin_cap: int | None = None
@@ -135,6 +139,8 @@ class MegakernelParams:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise BubblescopeError(f"megakernel params: {name} must be a positive integer, got {v!r}")
+        if self.prefetch_ahead not in (0, 1):
+            raise BubblescopeError(f"megakernel params: prefetch_ahead must be 0 or 1, got {self.prefetch_ahead!r}")
         for name in ("rows_qkv", "rows_gateup"):
             v = getattr(self, name)
             if v is not None and v % 2:
