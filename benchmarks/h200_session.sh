@@ -2,7 +2,8 @@
 # One bounded GPU session (run by the lead through the device tool, from the repository root):
 #   bash benchmarks/h200_session.sh check   # GPU tests, megakernel check + sweep, test traces, sanitizers
 #   bash benchmarks/h200_session.sh tune    # GPU tests and the megakernel check only (MK_ARGS passes flags)
-#   bash benchmarks/h200_session.sh final   # decode-latency benchmark, diagnose model on the default
+#   bash benchmarks/h200_session.sh final-a # decode-latency benchmarks (llama-3.2-1b all engines; 3b, qwen3-0.6b)
+#   bash benchmarks/h200_session.sh final-b # `bubblescope diagnose model` on the built-in default
 # Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -32,13 +33,17 @@ if [ "$stage" = check ]; then
     timeout 45 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_megakernel.py > "$R/sanitizer_$tool.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_$tool.log"
     tail -6 "$R/sanitizer_$tool.log"
   done
-elif [ "$stage" = final ]; then
-  log decode-latency
-  timeout 330 python3 benchmarks/decode_latency.py --out "$R/decode_latency.json" --max-seconds 300 ${DL_ARGS:-} > "$R/decode_latency.log" 2>&1; echo "rc=$?" >> "$R/decode_latency.log"
-  tail -25 "$R/decode_latency.log"
+elif [ "$stage" = final-a ]; then
+  log decode-latency-1b
+  timeout 260 python3 benchmarks/decode_latency.py --out "$R/decode_latency_1b.json" --max-seconds 230 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -12 "$R/decode_latency_1b.log"
+  log decode-latency-others
+  timeout 200 python3 benchmarks/decode_latency.py --models llama-3.2-3b,qwen3-0.6b --engines reference,reference-cudagraph,reference-compile,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_others.json" --max-seconds 170 > "$R/decode_latency_others.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_others.log"
+  tail -10 "$R/decode_latency_others.log"
+elif [ "$stage" = final-b ]; then
   log diagnose
-  timeout 200 python3 -m bubblescope diagnose model --out "$R/diagnose" ${DG_ARGS:-} > "$R/diagnose.log" 2>&1; echo "rc=$?" >> "$R/diagnose.log"
-  tail -30 "$R/diagnose.log"
+  timeout 540 python3 -m bubblescope diagnose model --out "$R/diagnose" ${DG_ARGS:-} > "$R/diagnose.log" 2>&1; echo "rc=$?" >> "$R/diagnose.log"
+  tail -60 "$R/diagnose.log"
 fi
 log pack
 tar czf "$OUT/run.tgz" -C "$OUT" run && ls -la "$OUT/run.tgz"
