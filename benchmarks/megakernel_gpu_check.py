@@ -45,7 +45,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps before timing (default 10; 1 on cpu)")
     ap.add_argument("--variants", default="fused,stages,noprefetch")
     ap.add_argument("--reference-modes", default="eager,cudagraph", help="on cpu only eager is possible")
-    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "none"))
+    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "attn", "none"))
     ap.add_argument("--sections", default="stories,correctness,timing,timeline,sweep")
     ap.add_argument("--max-seconds", type=float, default=540.0, help="stop starting new work after this")
     ap.add_argument("--out", default="megakernel_gpu_check.json")
@@ -317,6 +317,9 @@ def sweep_configs() -> list[tuple[str, dict]]:
              ("rows4", dict(max_rows=4))]
     if ARGS.sweep == "quick":
         return quick
+    if ARGS.sweep == "attn":  # attention at long context: more splits, longer position chunks
+        return [("default", {}), ("bs32", dict(block_s=32)), ("bs64", dict(block_s=64)),
+                ("splits32-bs32", dict(kv_splits=32, block_s=32)), ("splits64-bs64", dict(kv_splits=64, block_s=64))]
     if ARGS.sweep == "tune3":  # third round: prefetch the next task's weights
         return [("k1024", {}), ("ahead1", dict(prefetch_ahead=1)), ("ahead1-line", dict(prefetch_ahead=1, prefetch="line")),
                 ("ahead1-splits8", dict(prefetch_ahead=1, kv_splits=8)), ("k1024-again", {})]
