@@ -80,6 +80,14 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
     return out
 
 
+def _write_json(doc: dict, out: Path) -> None:
+    """Atomic write; called after every engine, so a run cut short keeps what it measured."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama-3.2-1b")
@@ -146,6 +154,8 @@ def main(argv=None) -> int:
                 pt.update(bytes_per_step=t["total_bytes"], kv_bytes=t["kv_read_bytes"] + t["kv_write_bytes"],
                           **bandwidth(t["total_bytes"], pt["token_ms_p50"], info.get("nvml_peak_GBps")))
             entry["engines"][name] = r
+            doc["models"][model] = entry
+            _write_json(doc, Path(args.out))
             print(f"{model} {name}: p50 {r['token_ms_p50']:.3f} ms  p99 {r['token_ms_p99']:.3f} ms  "
                   f"{(bw['util_peak'] or 0) * 100:.1f}% of peak", flush=True)
         ref = entry["engines"].get("reference", {}).get("tokens")
@@ -164,10 +174,7 @@ def main(argv=None) -> int:
         gc.collect()
         torch.cuda.empty_cache()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, out)
+    _write_json(doc, out)
     md = [f"Decode latency, {doc['device']['name']}, {doc['date']}, commit {doc['commit']}, torch "
           f"{doc['versions']['torch']}, triton {doc['versions']['triton']}; NVML peak "
           f"{doc['device']['nvml_peak_GBps']:.0f} GB/s, measured copy {doc['copy_GBps']:.0f} GB/s.", "",
