@@ -9,6 +9,7 @@ older readers.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -287,7 +288,7 @@ class Results:
 
 
 def load_results(path: str | os.PathLike) -> Results:
-    """Read and validate a results JSON file.
+    """Read and validate a results JSON file (``.json``, or gzip-compressed ``.json.gz`` for archives).
 
     Raises:
         BubblescopeError: the file is missing or unreadable, not JSON, of another schema, or invalid
@@ -295,9 +296,15 @@ def load_results(path: str | os.PathLike) -> Results:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                text = fh.read()
+        else:
+            text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BubblescopeError(f"{path}: no such results file") from None
+    except (EOFError, gzip.BadGzipFile) as exc:
+        raise BubblescopeError(f"{path}: not a readable gzip file ({type(exc).__name__})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BubblescopeError(f"{path}: cannot read results file ({type(exc).__name__})") from None
     try:
