@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 
@@ -131,7 +132,8 @@ def test_bad_inputs_one_line_exit_2(tmp_path, args, needle):
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
                                                                  "model_type": "gpt2"}))
-    (tmp_path / "short.bin").write_bytes(STORIES.read_bytes()[:5000] if STORIES.is_file() else b"\1" * 100)
+    # a llama2.c header (dim 8, hidden 16, 1 layer, 2 heads, 2 kv heads, vocab 10, seq 4) and too few floats
+    (tmp_path / "short.bin").write_bytes(struct.pack("<7i", 8, 16, 1, 2, 2, 10, 4) + b"\0" * 100)
     r = _cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()

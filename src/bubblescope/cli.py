@@ -185,6 +185,8 @@ def report(
     """Re-render a results.json (terminal and/or HTML) without measuring anything."""
     from .reports.results import load_results
 
+    if fmt not in ("text", "json"):  # before anything is written
+        raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     results = load_results(results_path)
     if html is not None:
         from .reports.html import write_html
@@ -192,13 +194,11 @@ def report(
         typer.echo(f"wrote {html}", err=True)
     if fmt == "json":
         sys.stdout.write(results.to_json())
-    elif fmt == "text":
+    else:
         from rich.console import Console
 
         from .reports.terminal import render_results
         render_results(results, Console())
-    else:
-        raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
 
 
 @app.command()

@@ -70,6 +70,8 @@ _API_SUFFIX = re.compile(r"(?:_v\d+|_ptsz|_ptds)+$")
 _CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
 _MAX_EVENT_CHARS = 1 << 26  # one event larger than 64 Mi characters is treated as malformed
 _NA = -(1 << 63)  # int64 sentinel for "absent" in int columns
+# |ts| or dur beyond this (2^63 µs) is corrupt: spans and sums of such times overflow float64 to inf.
+_MAX_TIME_US = float(1 << 63)
 _WS = re.compile(r"[ \t\n\r]*")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NUMBER_TAIL = re.compile(r"[0-9.eE+\-]*")
@@ -251,7 +253,10 @@ class _Columns:
         ph = ev.get("ph")
         if ph == "X":
             cat = ev.get("cat")
-            table = _X_TABLES.get(cat)
+            try:
+                table = _X_TABLES.get(cat)
+            except TypeError:  # a list or object as category: no table of ours
+                table = None
             name = ev.get("name")
             if table is None:
                 if cat not in ("cpu_op", "Operator") or not str(name).startswith("ProfilerStep#"):
@@ -303,7 +308,7 @@ class _Columns:
                         args.get("est. achieved occupancy %"),
                     )
                 )
-        elif ph in FLOW_PHASES:
+        elif type(ph) is str and ph in FLOW_PHASES:
             self.flows.append(
                 (ev.get("id", _NA), ph, ev.get("ts"), ev.get("pid", _NA), ev.get("tid", _NA), self._name(ev.get("cat")))
             )
@@ -312,8 +317,11 @@ class _Columns:
         import numpy as np
         import pandas as pd
 
-        arr = np.array(values) if values else np.zeros(0, dtype=np.int64)
-        if arr.dtype != np.int64:  # None, floats, strings or ints beyond int64 among them
+        try:
+            arr = np.array(values) if values else np.zeros(0, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):  # lists of uneven length among them
+            arr = None
+        if arr is None or arr.dtype != np.int64 or arr.ndim != 1:  # None, floats, strings, lists, beyond int64
             clean = []
             for v in values:
                 if type(v) is float and v.is_integer():
@@ -332,9 +340,12 @@ class _Columns:
         import numpy as np
 
         try:
-            return np.array(values, dtype=np.float64) if values else np.zeros(0)
+            arr = np.array(values, dtype=np.float64) if values else np.zeros(0)
+            if arr.ndim == 1:
+                return arr
         except (TypeError, ValueError, OverflowError):
-            return np.array([_float(v) for v in values], dtype=np.float64)
+            pass
+        return np.array([_float(v) for v in values], dtype=np.float64)
 
     @staticmethod
     def _dims(values: list) -> list:
@@ -344,15 +355,19 @@ class _Columns:
         for v in values:
             if type(v) is list:
                 key = tuple(v)
-                if key not in seen:
-                    seen[key] = key if all(type(x) is int for x in key) else None
-                out.append(seen[key])
+                try:
+                    if key not in seen:
+                        seen[key] = key if all(type(x) is int for x in key) else None
+                    out.append(seen[key])
+                except TypeError:  # nested lists or objects: unhashable, and not dims anyway
+                    out.append(None)
             else:
                 out.append(None)
         return out
 
     def frame(self, rows: list[tuple], columns: tuple[str, ...], label: str) -> pd.DataFrame:
-        """One table's rows as a frame; rows with non-finite ts/dur or a negative dur are dropped."""
+        """One table's rows as a frame; rows with non-finite ts/dur, a negative dur or |ts|/dur beyond
+        2^63 µs are dropped."""
         import numpy as np
         import pandas as pd
 
@@ -372,14 +387,18 @@ class _Columns:
                 data[key] = pd.Series(values, dtype="str")
         frame = pd.DataFrame(data)
         if "dur_us" in frame:
-            bad = ~(np.isfinite(frame["ts_us"].to_numpy()) & np.isfinite(frame["dur_us"].to_numpy()))
-            negative = frame["dur_us"].to_numpy() < 0
+            ts, dur = frame["ts_us"].to_numpy(), frame["dur_us"].to_numpy()
+            bad = ~(np.isfinite(ts) & np.isfinite(dur))
+            negative = dur < 0
+            huge = ~bad & ((np.abs(ts) > _MAX_TIME_US) | (dur > _MAX_TIME_US))
             if bad.any():
                 self.odd["complete events without a finite numeric ts/dur excluded"] += int(bad.sum())
             if negative.any():
                 self.odd["events with negative dur excluded"] += int(negative.sum())
-            if bad.any() or negative.any():
-                frame = frame[~(bad | negative)].reset_index(drop=True)
+            if huge.any():
+                self.odd["events with |ts| or dur beyond 2^63 µs excluded"] += int(huge.sum())
+            if bad.any() or negative.any() or huge.any():
+                frame = frame[~(bad | negative | huge)].reset_index(drop=True)
             frame.insert(frame.columns.get_loc("dur_us") + 1, "end_us", frame["ts_us"] + frame["dur_us"])
         return frame
 
@@ -412,7 +431,8 @@ def _open_text(path: str) -> io.TextIOBase:
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     binary = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
     # Invalid UTF-8 in kernel names must not stop the parse: decode with U+FFFD replacement.
-    return io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="")
+    # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error.
+    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline="")
 
 
 def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:

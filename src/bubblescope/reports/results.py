@@ -14,6 +14,7 @@ import json
 import math
 import os
 import tempfile
+import zlib
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,10 @@ def _is_kind(value: Any, kind: str) -> bool:
         return False
     if kind == "int":
         return isinstance(value, int) and value >= 0
-    if not math.isfinite(value):
+    try:
+        if not math.isfinite(value):
+            return False
+    except OverflowError:  # an integer literal beyond float range (1e400 written out in digits)
         return False
     return {"real": True, "num": value >= 0, "pos": value > 0, "frac": 0 <= value <= 1}[kind]
 
@@ -185,6 +189,8 @@ def _check_semantics(doc: dict, problems: list[str]) -> None:
         if not isinstance(eng, dict):
             continue
         name = eng.get("name")
+        if not isinstance(name, str):  # a wrong type is reported by the schema check
+            continue
         if name in seen:
             problems.append(f"engines[{i}].name: duplicate engine name {name!r}")
         seen.add(name)
@@ -288,7 +294,8 @@ class Results:
 
 
 def load_results(path: str | os.PathLike) -> Results:
-    """Read and validate a results JSON file (``.json``, or gzip-compressed ``.json.gz`` for archives).
+    """Read and validate a results JSON file (``.json``, or gzip-compressed ``.json.gz`` for archives;
+    gzip is recognised by its magic bytes, and a UTF-8 byte-order mark is skipped).
 
     Raises:
         BubblescopeError: the file is missing or unreadable, not JSON, of another schema, or invalid
@@ -296,21 +303,25 @@ def load_results(path: str | os.PathLike) -> Results:
     """
     path = Path(path)
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                text = fh.read()
-        else:
-            text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        # gzip is told by its magic bytes, not the name: a renamed archive still loads.
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        text = data.decode("utf-8-sig")  # -sig: a leading byte-order mark is skipped
     except FileNotFoundError:
         raise BubblescopeError(f"{path}: no such results file") from None
-    except (EOFError, gzip.BadGzipFile) as exc:
-        raise BubblescopeError(f"{path}: not a readable gzip file ({type(exc).__name__})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BubblescopeError(f"{path}: cannot read results file ({type(exc).__name__})") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise BubblescopeError(f"{path}: corrupt or truncated gzip file ({str(exc) or type(exc).__name__})") from None
+    except UnicodeDecodeError as exc:
+        raise BubblescopeError(f"{path}: not UTF-8 text (invalid byte at offset {exc.start})") from None
+    except OSError as exc:
+        raise BubblescopeError(f"{path}: cannot read results file ({exc.strerror or type(exc).__name__})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BubblescopeError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise BubblescopeError(f"{path}: not a results document (JSON nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else None
         raise BubblescopeError(f"{path}: not a bubblescope results document (schema {got!r}, expected {SCHEMA!r})")
@@ -341,12 +352,16 @@ def write_results(results: Results | dict, path: str | os.PathLike) -> Path:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file and ``os.replace``.
 
-    A reader never sees a half-written file; on failure the old file, if any, is untouched.
+    A reader never sees a half-written file; on failure the old file, if any, is untouched. An
+    existing ``path`` that is not a regular file (a directory, ``/dev/null``, a pipe) is refused,
+    since the rename would replace it rather than write into it.
 
     Raises:
-        BubblescopeError: the directory is missing or not writable.
+        BubblescopeError: the directory is missing or not writable, or ``path`` is not a regular file.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise BubblescopeError(f"{path}: exists and is not a regular file (a directory or device); give a file path")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
@@ -357,6 +372,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
         # mkstemp creates the file 0600; a report is meant to be shared like any other file.
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+    except OSError as exc:  # disk full, or the destination turned out unwritable
+        Path(tmp).unlink(missing_ok=True)
+        raise BubblescopeError(f"{path}: cannot write here ({exc.strerror or type(exc).__name__})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

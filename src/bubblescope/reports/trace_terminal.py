@@ -69,7 +69,8 @@ def _devices(devices: list[dict]) -> list[Table]:
 
 
 def _steps(steps: dict, marker: str | None) -> Table:
-    table = Table(title=f"Decode steps (marker {marker!r})", title_justify="left", show_header=False)
+    # The marker is user input ("[/]" would be rich markup): a Text title prints it literally.
+    table = Table(title=Text(f"Decode steps (marker {marker!r})"), title_justify="left", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
     idle = steps.get("idle") or {}
