@@ -121,6 +121,15 @@ def test_bad_input(tmp_path, kwargs, needle):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_output_path_taken_by_a_directory(tmp_path):
+    """os.replace onto a directory raised IsADirectoryError out of diagnose's engine loop (a traceback)."""
+    (tmp_path / "x.json.gz").mkdir()
+    with pytest.raises(BubblescopeError) as e:
+        capture_decode_trace(ToyDecoder(), [1, 2], steps=2, warmup=0, out_path=tmp_path / "x.json.gz")
+    assert str(e.value) == f"{tmp_path / 'x.json.gz'}: cannot write the trace (Is a directory)"
+    assert os.listdir(tmp_path) == ["x.json.gz"] and os.listdir(tmp_path / "x.json.gz") == []
+
+
 def test_append_trace_events_round_trip(tmp_path):
     res = capture_decode_trace(ToyDecoder(), [4, 5], steps=2, warmup=1, out_path=tmp_path / "t.json.gz")
     before = load(res.trace_path)

@@ -121,3 +121,40 @@ def test_render_gate():
     assert "engine megakernel" in text
     assert "min_bandwidth_util" in text and "FAIL" in text and "PASS" in text
     assert "gate FAILED: 1 of 2 checks failed (exit 1)" in text
+
+
+def _run_cli(*args):
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_exit_codes_on_hostile_results(tmp_path):
+    """gate exits 2 with one ``error:`` line, never a traceback, on a document that once crashed
+    validation (an integer beyond float range), and 1 on a document whose metrics are null."""
+    import json
+
+    huge = g.healthy_doc()
+    huge["engines"][0]["latency"]["token_ms_p99"] = 10**400
+    (tmp_path / "huge.json").write_text(json.dumps(huge))
+    (tmp_path / "null.json").write_text(json.dumps(g.null_metrics_doc()))
+    r = _run_cli("gate", tmp_path / "huge.json", "--max-bubble-ratio", "0.5")
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit) and r.stdout == ""
+    expected = (f"error: {tmp_path / 'huge.json'}: invalid results document: engines[0].latency.token_ms_p99: "
+                "expected a finite number > 0 (0 is not a measurement: use null), got 1000000000000000000000000000000000000...")
+    assert r.stderr.strip().splitlines() == [expected]
+    r = _run_cli("gate", tmp_path / "null.json", "--engine", "megakernel", "--max-bubble-ratio", "0.5")
+    assert r.exit_code == 1 and r.stdout.endswith("gate FAILED: 1 of 1 checks failed (exit 1)\n")
+
+
+def test_report_with_a_bad_format_writes_no_html(tmp_path):
+    import json
+
+    (tmp_path / "r.json").write_text(json.dumps(g.healthy_doc()))
+    r = _run_cli("report", tmp_path / "r.json", "--format", "xml", "--html", tmp_path / "r.html")
+    assert r.exit_code == 2 and r.stderr == "error: --format: unknown format 'xml'; use text or json\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    (tmp_path / "dir.html").mkdir()
+    r = _run_cli("report", tmp_path / "r.json", "--html", tmp_path / "dir.html")
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {tmp_path / 'dir.html'}: exists and is not a regular file")

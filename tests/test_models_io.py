@@ -153,3 +153,103 @@ def test_generate_cli_prints_story_and_timing():
 def test_prompt_longer_than_cache():
     r = _cli("generate", str(STORIES), "--prompt", "Once upon a time " * 200, "--max-new-tokens", "5")
     assert r.returncode == 2 and "exceed the model's 512 positions" in r.stderr
+
+
+_GOOD_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 256, "max_position_embeddings": 512}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_size": "abc"}, "config field hidden_size must be an integer, got 'abc'"),
+    ({"hidden_size": None}, "config field hidden_size must be an integer, got None"),
+    ({"hidden_size": 64.5}, "config field hidden_size must be an integer, got 64.5"),
+    ({"hidden_size": True}, "config field hidden_size must be an integer, got True"),
+    ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+    ({"model_type": ["llama"]}, "unsupported architecture 'LlamaForCausalLM' (model_type ['llama'])"),
+    ({"architectures": "GPT2", "model_type": "gpt2"}, "unsupported architecture 'gpt2' (model_type 'gpt2')"),
+    ({"rope_theta": "abc"}, "config field rope_theta must be a finite number, got 'abc'"),
+    ({"rope_theta": -1}, "rope_theta must be a finite number > 0, got -1.0"),
+    ({"rms_norm_eps": "x"}, "config field rms_norm_eps must be a finite number, got 'x'"),
+    ({"eos_token_id": "abc"}, "eos_token_id must be a token id or a list of them, got 'abc'"),
+    ({"eos_token_id": [{}]}, "eos_token_id must be a token id or a list of them, got ({},)"),
+    ({"bos_token_id": "x"}, "bos_token_id must be a token id (an integer >= 0) or null, got 'x'"),
+    ({"rope_scaling": "llama3"}, "rope_scaling must be an object or null, got 'llama3'"),
+    ({"rope_scaling": {"rope_type": "llama3"}}, "llama3 rope_scaling.factor must be a finite number > 0, got None"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": "x"}}, "rope_scaling.factor must be a finite number > 0"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
+     "llama3 rope_scaling.high_freq_factor 4 must exceed low_freq_factor 4"),
+    ({"rope_parameters": [1]}, "rope_parameters must be an object, got [1]"),
+])
+def test_bad_config_values_are_one_line_errors(tmp_path, changes, message):
+    """Each of these raised ValueError, TypeError, KeyError, AttributeError or ZeroDivisionError (a
+    traceback), or ran with NaN RoPE frequencies, before the fields were checked."""
+    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, **changes}))
+    with pytest.raises(BubblescopeError) as info:
+        ModelConfig.from_hf_config(tmp_path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_integral_floats_in_config_are_accepted(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, "hidden_size": 64.0, "head_dim": None}))
+    cfg = ModelConfig.from_hf_config(tmp_path)
+    assert (cfg.hidden_size, cfg.head_dim) == (64, 16) and isinstance(cfg.hidden_size, int)
+
+
+def test_weights_beyond_memory_are_refused_before_allocating():
+    cfg = TINY.replace(hidden_size=1 << 20, intermediate_size=1 << 22, vocab_size=1 << 20)
+    with pytest.raises(BubblescopeError, match=r"model config t: its weights need [\d,.]+ GiB in float32, more "
+                                               r"than the [\d,.]+ GiB of cpu memory"):
+        dummy_weights(cfg)
+
+
+@pytest.mark.parametrize("weight_map, message", [
+    ([1, 2], "weight_map is not an object"),
+    ({"a": 5}, "shard 5 is not a file name in the checkpoint directory"),
+    ({"a": [1]}, "shard [1] is not a file name in the checkpoint directory"),
+    ({"a": "../../model.safetensors"}, "shard '../../model.safetensors' is not a file name"),
+])
+def test_bad_safetensors_index(tmp_path, weight_map, message):
+    save_hf_checkpoint(dummy_weights(TINY), tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(BubblescopeError) as info:
+        load_hf_checkpoint(tmp_path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_integer_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+    save_hf_checkpoint(dummy_weights(TINY), tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    sd["model.layers.0.mlp.up_proj.weight"] = (sd["model.layers.0.mlp.up_proj.weight"] * 100).to(torch.int32)
+    save_file(sd, tmp_path / "model.safetensors")
+    with pytest.raises(BubblescopeError, match=r"tensor model\.layers\.0\.mlp\.up_proj\.weight has dtype int32, "
+                                               "expected a floating-point dtype"):
+        load_hf_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "tiny-llama", "--seed", str(10**23)], "error: --seed: must fit in 64 bits"),
+    (["generate", "tiny-llama", "--prompt", "\udcff\udcfe"], "error: --prompt: not valid UTF-8 text"),
+    (["diagnose", "model", "tiny-llama", "--engines", ",,"], "error: --engines: no engine names in ',,'"),
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/file"],
+     "error: --out {tmp}/file: cannot create the output directory (Not a directory)"),
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/taken"],
+     "error: --out {tmp}/taken: {tmp}/taken/results.json exists and is not a regular file"),
+])
+def test_cli_option_errors_are_one_line(tmp_path, args, message):
+    """Each of these was a traceback (the --out ones only after the model was built or measured). The
+    prompt is what Python makes of undecodable argv bytes: lone surrogates."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    def fill(text: str) -> str:
+        return text.replace("{tmp}", str(tmp_path))
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "taken" / "results.json").mkdir(parents=True)
+    r = CliRunner().invoke(app, [fill(a) for a in args] + ["--gen-len", "4"] * (args[0] == "diagnose"))
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.output
+    assert r.stderr.startswith(fill(message)) and r.stdout == ""
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["results.json"]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import os
+import stat
 
 import pytest
 
@@ -179,3 +182,66 @@ def test_unknown_engine_and_ladder_order():
         res.engine("nope")
     names = [e["name"] for e in ordered(res.engines + [{"name": "custom"}, {"name": "reference"}])]
     assert names == ["reference", "reference-cudagraph", "reference-compile", "hf", "megakernel", "custom"]
+
+
+def test_load_survives_hostile_documents(tmp_path):
+    """Values that once raised from inside validation (not a one-line error): an integer beyond float
+    range where a number belongs, an unhashable engine name, JSON nested past the recursion limit."""
+    huge = g.healthy_doc()
+    huge["engines"][0]["latency"]["token_ms_p99"] = 10**400
+    named = g.healthy_doc()
+    named["engines"][0]["name"] = ["reference"]
+    cases = {
+        "huge.json": (json.dumps(huge), "engines[0].latency.token_ms_p99: expected a finite number > 0"),
+        "named.json": (json.dumps(named), "engines[0].name: expected a string, got list"),
+        "deep.json": ('{"schema": "bubblescope.results/1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                      "JSON nested too deeply"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(BubblescopeError) as info:
+            load_results(tmp_path / name)
+        assert "\n" not in str(info.value) and str(tmp_path / name) in str(info.value) and message in str(info.value)
+
+
+def test_load_gzip_by_content_bom_and_bad_bytes(tmp_path):
+    text = json.dumps(g.healthy_doc())
+    renamed = tmp_path / "archive.json"  # gzip without the .gz suffix
+    renamed.write_bytes(gzip.compress(text.encode()))
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    for path in (renamed, bom):
+        assert load_results(path).doc == g.healthy_doc()
+    data = gzip.compress(text.encode())
+    for name, raw, message in (
+        ("corrupt.json.gz", data[:20] + bytes(b ^ 0xFF for b in data[20:60]) + data[60:], "corrupt or truncated gzip"),
+        ("cut.json.gz", data[: len(data) // 2], "corrupt or truncated gzip"),
+        ("latin1.json", text.replace("megakernel", "m\xe9gakernel", 1).encode("latin-1"), "not UTF-8 text"),
+    ):
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(BubblescopeError) as info:
+            load_results(tmp_path / name)
+        assert "\n" not in str(info.value) and message in str(info.value)
+
+
+def test_write_refuses_a_directory_or_device_path(tmp_path):
+    """os.replace onto a directory raised a traceback; onto a device (as root) it replaced the device
+    node. A FIFO stands in for the device: a regression must not be able to clobber /dev/null."""
+    (tmp_path / "taken").mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    for path in (tmp_path / "taken", tmp_path / "pipe"):
+        with pytest.raises(BubblescopeError, match="exists and is not a regular file"):
+            write_results(g.healthy_doc(), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "taken"]
+    assert not list((tmp_path / "taken").iterdir()) and stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode)
+
+
+def test_diagnose_runs_a_repeated_engine_once(tmp_path):
+    """``--engines reference,reference`` measured twice, then write_results refused the document
+    (duplicate engine name) with a ValueError traceback after all the measuring."""
+    from bubblescope.diagnose import diagnose
+
+    res = diagnose("tiny-llama", engines=["reference", "reference"], prompt_len=4, gen_len=4, runs=1, warmup=0,
+                   context_sweep=[], device="cpu", out=tmp_path, profile_steps=2)
+    assert [e["name"] for e in res.engines] == ["reference"] and res.engines[0]["status"] == "ok"
+    assert [e["name"] for e in load_results(tmp_path / "results.json").engines] == ["reference"]

@@ -373,3 +373,13 @@ def test_summarize_traces_bad_input(tmp_path):
         summarize_traces([tmp_path])
     with pytest.raises(BubblescopeError, match="step marker"):
         summarize_traces([tmp_path], step_marker=" ")
+
+
+def test_render_prints_a_markup_step_marker_literally(tmp_path):
+    """The marker is user input and goes into a table title: "[/]" once raised rich's MarkupError."""
+    events = [tg.annotation("[/]#0", 0, 20), tg.launch(1, 2, 1), tg.kernel("k", 5, 10, 1)]
+    s = summarize_traces([tg.write(tmp_path / "m.json", tg.document(events))], step_marker="[/]")
+    assert s["files"][0]["step_marker"] == "[/]" and s["files"][0]["steps"]["steps"] == 1
+    console = Console(record=True, width=200)
+    render_trace_summary(s, console)
+    assert "Decode steps (marker '[/]')" in console.export_text()

@@ -286,3 +286,48 @@ def test_truncated_and_corrupt_gzip(tmp_path):
 def test_missing_file_and_directory(tmp_path):
     assert "no such file" in _one_line_error(tmp_path / "nope.json")
     assert "directory" in _one_line_error(tmp_path)
+
+
+def test_unhashable_category_phase_and_dims_are_ignored_not_fatal(tmp_path):
+    """A list or object where a string or int belongs (cat, ph, flow id/ts, grid) must not raise."""
+    good = tg.kernel("k", 10, 1, 1, grid=[8, 1, 1])
+    events = [
+        good,
+        tg.launch(5, 1, 1),
+        {**tg.kernel("cat_list", 20, 1, 2), "cat": ["kernel"]},
+        {**tg.kernel("cat_obj", 30, 1, 3), "cat": {}},
+        {**tg.kernel("ph_list", 40, 1, 4), "ph": ["X"]},
+        {**tg.kernel("ph_obj", 50, 1, 5), "ph": {"X": 1}},
+        tg.kernel("nested_dims", 60, 1, 6, grid=[[1], 2], block="x"),
+        {"ph": "s", "id": [1], "ts": [5], "pid": [], "tid": {}, "cat": ["ac2g"]},
+        {"ph": "f", "id": 2**80, "ts": "x", "pid": 0, "tid": 7, "cat": "ac2g"},
+    ]
+    tr = load_trace(tg.write(tmp_path / "odd.json", tg.document(events)))
+    assert tr.gpu["name"].tolist() == ["k", "nested_dims"]
+    assert tr.gpu["grid"].tolist() == [(8, 1, 1), None] and tr.gpu["block"].tolist() == [None, None]
+    assert tr.flows["phase"].tolist() == ["s", "f"] and tr.flows["id"].isna().all()
+    assert tr.flows["ts_us"].isna().all()
+    assert "2 integers in flow id beyond int64 or not integers, set to null" in tr.warnings
+
+
+def test_times_beyond_2_63_us_are_excluded(tmp_path):
+    """ts + dur overflowing float64 (or spans of such times) would put inf into the JSON summary."""
+    events = [
+        tg.kernel("ok", 10, 1, 1),
+        tg.launch(5, 1, 1),
+        tg.kernel("overflow_end", 1.7e308, 1.7e308, 2),
+        tg.kernel("huge_ts", -1e300, 1, 3),
+        tg.kernel("huge_dur", 20, 1e19, 4),
+        tg.kernel("ns_clock", 1.7e18, 1, 5),  # nanoseconds written as µs: odd, but finite sums
+    ]
+    tr = load_trace(tg.write(tmp_path / "huge.json", tg.document(events)))
+    assert tr.gpu["name"].tolist() == ["ok", "ns_clock"]
+    assert "3 events with |ts| or dur beyond 2^63 µs excluded" in tr.warnings
+    assert tr.gpu["end_us"].tolist() == [11.0, 1.7e18 + 1]
+
+
+def test_utf8_byte_order_mark_is_skipped(tmp_path):
+    raw = b"\xef\xbb\xbf" + json.dumps(tg.document([tg.kernel("k", 10, 1, 1), tg.launch(5, 1, 1)])).encode()
+    for name in ("bom.json", "bom.json.gz"):  # write() gzips the .gz one
+        tr = load_trace(tg.write(tmp_path / name, raw))
+        assert tr.gpu["name"].tolist() == ["k"] and tr.warnings == []

@@ -45,6 +45,13 @@ def _ints(text: str | None, label: str) -> list[int] | None:
         raise BubblescopeError(f"{label}: expected comma-separated integers, got {text!r}") from None
 
 
+def _seed(seed: int) -> int:
+    # torch.Generator.manual_seed takes 64 bits; beyond that it raises a bare ValueError.
+    if not -(1 << 63) <= seed < 1 << 64:
+        raise BubblescopeError(f"--seed: must fit in 64 bits (from -2**63 to 2**64 - 1), got {seed}")
+    return seed
+
+
 @app.command()
 @user_errors
 def generate(
@@ -71,6 +78,11 @@ def generate(
     from .generation import generate as run
     from .models import load_model, parse_dtype, resolve_device
 
+    seed = _seed(seed)
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+        raise BubblescopeError("--prompt: not valid UTF-8 text (check the terminal's encoding)") from None
     dev = resolve_device(device)
     prepare_triton(dev)
     tdtype = parse_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
@@ -90,6 +102,9 @@ def generate(
     if not ids:
         raise BubblescopeError("--prompt: empty prompt and the model has no BOS token")
     if any(i < 0 or i >= cfg.vocab_size for i in ids):
+        if prompt_ids is None:  # the tokenizer's vocabulary is larger than the model's
+            raise BubblescopeError(f"--prompt: the tokenizer gave ids beyond the model's vocab_size {cfg.vocab_size} "
+                                   "(a tokenizer of another model?)")
         raise BubblescopeError(f"--prompt-ids: token ids must be in [0, {cfg.vocab_size})")
     max_seq = len(ids) + max_new_tokens
     if max_seq > cfg.max_position_embeddings:
@@ -133,8 +148,11 @@ def diagnose_model(
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    seed = _seed(seed)
     sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")
-    names = [e.strip() for e in engines.split(",") if e.strip()] if engines else None
+    names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
+    if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)
+        raise BubblescopeError(f"--engines: no engine names in {engines!r}; see `bubblescope engines`")
     results = diagnose(model, checkpoint=checkpoint, engines=names, prompt_len=prompt_len, gen_len=gen_len,
                        runs=runs, warmup=warmup, context_sweep=sweep, dtype=dtype, device=device, out=out,
                        profile_steps=profile_steps, seed=seed, progress=fmt == "text", command=command_line())

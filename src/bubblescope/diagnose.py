@@ -147,7 +147,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
-            that does not fit the model).
+            that does not fit the model, an ``out`` that cannot be a directory).
     """
     from .profiler.capture import capture_decode_trace
     from .profiler.hardware import device_info, measure_copy_bandwidth
@@ -157,7 +157,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
-    names = engines or default_engines(dev)
+    names = list(dict.fromkeys(engines)) if engines else default_engines(dev)  # a name given twice runs once
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
         get_engine_spec(n)
@@ -182,7 +182,15 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
 
     out = Path(out)
     if write:
-        (out / "traces").mkdir(parents=True, exist_ok=True)
+        # Found now, not after minutes of measuring: an output path taken by a directory (or a device).
+        for target in [out / "results.json", out / "report.html"] + [out / "traces" / f"{n}.json.gz" for n in names]:
+            if target.exists() and not target.is_file():
+                raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
+        try:
+            (out / "traces").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # --out is a file, under a file, or somewhere not writable
+            raise BubblescopeError(f"--out {out}: cannot create the output directory "
+                                   f"({exc.strerror or type(exc).__name__})") from None
     info = device_info(dev if on_gpu else "cpu")
     copy = measure_copy_bandwidth(dev) if on_gpu else {"copy_GBps": None, "reason": "CPU run"}
     notes = list(info.get("notes") or [])

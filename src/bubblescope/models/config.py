@@ -17,6 +17,23 @@ from typing import Any
 
 from ..errors import BubblescopeError
 
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _token_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _finite(v: Any) -> bool:
+    """A real number (not a bool, string or null) that is neither NaN nor infinite."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
 # model_type in config.json -> our architecture family. Mistral without a sliding window is
 # Llama with other names; Qwen2 adds q/k/v biases; Qwen3 adds per-head q/k RMSNorm.
 SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -54,13 +71,16 @@ class ModelConfig:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.head_dim:
+        if not self.head_dim and _positive_int(self.hidden_size) and _positive_int(self.num_attention_heads):
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         eos = self.eos_token_id
         if eos is None:
             eos = ()
         elif isinstance(eos, int):
             eos = (eos,)
+        if not isinstance(eos, (tuple, list)) or not all(_token_id(e) for e in eos):
+            raise BubblescopeError(f"model config {self.name}: eos_token_id must be a token id or a list of them, "
+                                   f"got {eos!r}")
         object.__setattr__(self, "eos_token_id", tuple(int(e) for e in eos))
         self.validate()
 
@@ -104,16 +124,26 @@ class ModelConfig:
         return n
 
     def validate(self) -> None:
-        """Check the shapes are consistent.
+        """Check the shapes are consistent and the numbers usable.
 
         Raises:
-            BubblescopeError: a field is non-positive, heads do not divide, or the model type is unknown.
+            BubblescopeError: a field is non-positive, heads do not divide, the model type is unknown,
+                rope_theta / rms_norm_eps / bos_token_id / llama3 rope_scaling are not usable numbers.
         """
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
+            if not _positive_int(v):
                 raise BubblescopeError(f"model config {self.name}: {name} must be a positive integer, got {v!r}")
+        if not _finite(self.rope_theta) or self.rope_theta <= 0:
+            raise BubblescopeError(f"model config {self.name}: rope_theta must be a finite number > 0, "
+                                   f"got {self.rope_theta!r}")
+        if not _finite(self.rms_norm_eps) or self.rms_norm_eps < 0:
+            raise BubblescopeError(f"model config {self.name}: rms_norm_eps must be a finite number >= 0, "
+                                   f"got {self.rms_norm_eps!r}")
+        if self.bos_token_id is not None and not _token_id(self.bos_token_id):
+            raise BubblescopeError(f"model config {self.name}: bos_token_id must be a token id (an integer >= 0) "
+                                   f"or null, got {self.bos_token_id!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise BubblescopeError(
                 f"model config {self.name}: num_attention_heads {self.num_attention_heads} is not a multiple "
@@ -126,11 +156,30 @@ class ModelConfig:
                 f"(supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})")
         if self.hidden_act != "silu":
             raise BubblescopeError(f"model config {self.name}: unsupported hidden_act {self.hidden_act!r} (only silu)")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise BubblescopeError(f"model config {self.name}: rope_scaling must be an object or null, "
+                                   f"got {self.rope_scaling!r}")
         if self.rope_scaling:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
             if kind not in ("default", "llama3"):
                 raise BubblescopeError(
                     f"model config {self.name}: unsupported rope_scaling type {kind!r} (supported: default, llama3)")
+            if kind == "llama3":
+                self._validate_llama3(self.rope_scaling)
+
+    def _validate_llama3(self, rs: dict) -> None:
+        # What rope_inv_freq reads: factor (required), the two band factors (high > low) and the old context.
+        values = {"factor": rs.get("factor"), "low_freq_factor": rs.get("low_freq_factor", 1.0),
+                  "high_freq_factor": rs.get("high_freq_factor", 4.0),
+                  "original_max_position_embeddings": rs.get("original_max_position_embeddings", 8192)}
+        for key, v in values.items():
+            if not _finite(v) or v <= 0:
+                raise BubblescopeError(f"model config {self.name}: llama3 rope_scaling.{key} must be a finite "
+                                       f"number > 0, got {v!r}")
+        if values["high_freq_factor"] <= values["low_freq_factor"]:
+            raise BubblescopeError(f"model config {self.name}: llama3 rope_scaling.high_freq_factor "
+                                   f"{values['high_freq_factor']!r} must exceed low_freq_factor "
+                                   f"{values['low_freq_factor']!r}")
 
     # ---- construction --------------------------------------------------------------------
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -168,9 +217,9 @@ class ModelConfig:
         if isinstance(d.get("text_config"), dict) and "hidden_size" not in d:
             raise BubblescopeError(f"{name}: multimodal configs are not supported (model_type {d.get('model_type')!r})")
         model_type = d.get("model_type")
-        archs = d.get("architectures") or []
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            shown = archs[0] if archs else model_type
+        archs = d.get("architectures")
+        if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
+            shown = archs[0] if isinstance(archs, list) and archs else model_type
             raise BubblescopeError(
                 f"{name}: unsupported architecture {shown!r} (model_type {model_type!r}); supported model types: "
                 f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
@@ -186,24 +235,41 @@ class ModelConfig:
         rope_scaling = d.get("rope_scaling")
         # transformers >= 4.5x may store rope settings under "rope_parameters".
         rope_params = d.get("rope_parameters") or {}
+        if not isinstance(rope_params, dict):
+            raise BubblescopeError(f"{name}: rope_parameters must be an object, got {rope_params!r}")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
         eos = d.get("eos_token_id")
+
+        def integer(key: str, value: Any) -> int:
+            # 64.0 is an integer in JSON terms; 64.5, "64", true or null are not.
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise BubblescopeError(f"{name}: config field {key} must be an integer, got {value!r}")
+            return value
+
+        def number(key: str, value: Any) -> float:
+            if not _finite(value):
+                raise BubblescopeError(f"{name}: config field {key} must be a finite number, got {value!r}")
+            return float(value)
+
         return cls(
-            hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
-            num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=int(d["num_attention_heads"]),
-            num_key_value_heads=int(d.get("num_key_value_heads") or d["num_attention_heads"]),
-            vocab_size=int(d["vocab_size"]),
-            head_dim=int(d.get("head_dim") or 0),
-            rope_theta=float(d.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
+            hidden_size=integer("hidden_size", d["hidden_size"]),
+            intermediate_size=integer("intermediate_size", d["intermediate_size"]),
+            num_hidden_layers=integer("num_hidden_layers", d["num_hidden_layers"]),
+            num_attention_heads=integer("num_attention_heads", d["num_attention_heads"]),
+            num_key_value_heads=integer("num_key_value_heads",
+                                        d.get("num_key_value_heads") or d["num_attention_heads"]),
+            vocab_size=integer("vocab_size", d["vocab_size"]),
+            head_dim=integer("head_dim", d.get("head_dim") or 0),
+            rope_theta=number("rope_theta", d.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
             rope_scaling=rope_scaling,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
+            rms_norm_eps=number("rms_norm_eps", d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", family == "qwen2")),
             qk_norm=family == "qwen3",
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            max_position_embeddings=integer("max_position_embeddings", d.get("max_position_embeddings", 2048)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             model_type=model_type,

@@ -13,6 +13,7 @@ RoPE in the rotate_half convention (llama2.c checkpoints are permuted on load, a
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -136,6 +137,23 @@ def _expected_layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _check_fits(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a config whose weights exceed the device's total memory (a typo'd size in a config.json
+    would otherwise end in an allocator traceback, or in the kernel's OOM killer)."""
+    need = cfg.num_parameters() * torch.empty((), dtype=dtype).element_size()
+    try:
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+        else:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):  # no sysconf (Windows): let the allocator decide
+        return
+    if need > total:
+        raise BubblescopeError(f"model config {cfg.name}: its weights need {need / 2**30:,.1f} GiB in "
+                               f"{str(dtype).replace('torch.', '')}, more than the {total / 2**30:,.1f} GiB of "
+                               f"{device.type} memory")
+
+
 def dummy_weights(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                   seed: int = 0) -> ModelWeights:
     """Seeded random weights of the config's real shapes.
@@ -143,7 +161,11 @@ def dummy_weights(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: t
     Projections ~ N(0, 1/in_features) (keeps activations O(1) through the layers); embeddings ~ N(0, 1);
     norm weights 1 + N(0, 0.05²); biases ~ N(0, 0.02²). Generated on ``device`` directly (a 1B model
     takes well under a second on a GPU). The same seed on the same device type gives the same weights.
+
+    Raises:
+        BubblescopeError: the weights alone would exceed the device's total memory.
     """
+    _check_fits(cfg, torch.device(device), dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(shape, std, mean=0.0):
@@ -174,8 +196,15 @@ def _safetensors_files(ckpt: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
             raise BubblescopeError(f"{index}: not a valid safetensors index ({e})") from None
+        if not isinstance(weight_map, dict):
+            raise BubblescopeError(f"{index}: not a valid safetensors index (weight_map is not an object)")
+        bad = next((f for f in weight_map.values()
+                    if not isinstance(f, str) or Path(f).name != f or f in ("", ".", "..")), None)
+        if bad is not None:
+            raise BubblescopeError(f"{index}: not a valid safetensors index (shard {bad!r} is not a file name "
+                                   "in the checkpoint directory)")
         files = [ckpt / f for f in sorted(set(weight_map.values()))]
         for f in files:
             if not f.is_file():
@@ -224,6 +253,9 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
             raise BubblescopeError(f"{ckpt}: checkpoint is missing tensor {name}")
         if tuple(t.shape) != shape:
             raise BubblescopeError(f"{ckpt}: tensor {name} has shape {tuple(t.shape)}, expected {shape}")
+        if not t.dtype.is_floating_point:  # int or bool weights would be cast silently into nonsense
+            raise BubblescopeError(f"{ckpt}: tensor {name} has dtype {str(t.dtype).replace('torch.', '')}, "
+                                   "expected a floating-point dtype")
         return t.to(device=device, dtype=dtype or t.dtype)
 
     h, v = cfg.hidden_size, cfg.vocab_size

@@ -54,8 +54,12 @@ def _check_count(name: str, value, low: int) -> None:
 
 def _atomic_write(path: Path, write) -> None:
     """Create ``path`` whole or not at all: ``write(binary file)`` fills a temp file in the same
-    directory (gzip-compressed if ``path`` ends in ``.gz``), then ``os.replace`` puts it in place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    directory (gzip-compressed if ``path`` ends in ``.gz``), then ``os.replace`` puts it in place.
+    BubblescopeError when the directory is not writable or ``path`` is a directory (nothing is written)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise BubblescopeError(f"{path}: cannot write the trace here ({exc.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as raw:
             if path.name.endswith(".gz"):
@@ -65,6 +69,8 @@ def _atomic_write(path: Path, write) -> None:
                 write(raw)
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a trace is meant to be shared like any other file
         os.replace(tmp, path)
+    except OSError as exc:  # disk full, or the destination is a directory
+        raise BubblescopeError(f"{path}: cannot write the trace ({exc.strerror or type(exc).__name__})") from None
     finally:
         with suppress(FileNotFoundError):
             os.remove(tmp)
