@@ -125,6 +125,8 @@ def _cli(*args, cwd=None):
     (["generate", "no-such-preset"], "known presets: llama-3.2-1b"),
     (["generate", "tiny-llama", "--prompt-ids", "1,2,3", "--max-new-tokens", "9000"], "exceed the model's"),
     (["generate", "tiny-llama", "--engine", "nope"], "known engines: reference"),
+    (["generate", "tiny-llama", "--max-new-tokens", "0"], "Invalid value for '--max-new-tokens'"),
+    (["diagnose", "model", "--runs", "abc"], "Invalid value for '--runs'"),
 ])
 def test_bad_inputs_one_line_exit_2(tmp_path, args, needle):
     if "cuda" in args and torch.cuda.is_available():

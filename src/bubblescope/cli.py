@@ -261,7 +261,23 @@ def list_engines():
 
 
 def main() -> None:
-    app()
+    """Entry point: like ``app()``, but a usage error (bad option value, unknown option) is one line too.
+
+    Click raises those as ``ClickException``s; typer vendors click in recent versions, so they are
+    recognised by their interface (``format_message`` + ``exit_code``), not by class.
+    """
+    try:
+        rc = app(standalone_mode=False)
+    except Exception as e:
+        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+            raise
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+            sys.exit(0)
+        typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+        sys.exit(e.exit_code)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":
