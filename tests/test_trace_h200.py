@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bubblescope.profiler.metrics import step_metrics, timeline_summary
+from bubblescope.profiler.steps import step_metrics
+from bubblescope.profiler.timeline import timeline_summary
 from bubblescope.profiler.trace import load_trace
 from bubblescope.profiler.tracesummary import summarize_traces
 

@@ -15,6 +15,8 @@ from rich.console import Console
 
 from bubblescope.errors import BubblescopeError
 from bubblescope.profiler import metrics as m
+from bubblescope.profiler import steps as st
+from bubblescope.profiler import timeline as tm
 from bubblescope.profiler.categories import categorize
 from bubblescope.profiler.trace import load_trace
 from bubblescope.profiler.tracesummary import summarize_traces
@@ -74,21 +76,21 @@ def test_device_summary_whole_trace(decode):
 
 
 def test_steps_and_assignment(decode):
-    steps = m.find_steps(decode)
+    steps = st.find_steps(decode)
     assert steps["name"].tolist() == ["bubblescope.decode_step#0", "bubblescope.decode_step#1"]
     assert steps["matched_by"].tolist() == ["thread", "thread"]
-    assigned = m.assign_steps(decode)
+    assigned = st.assign_steps(decode)
     by_name = {(n, t): s for n, t, s in zip(decode.gpu["name"], decode.gpu["ts_us"], assigned)}
     assert by_name[("gemv_a", 100)] == 0 and by_name[("Memcpy DtoD (Device -> Device)", 142)] == 0
     assert [by_name[(n, t)] for n, t in (("gemv_a", 165), ("flash_fwd_kernel", 171), ("rmsnorm_b", 180))] == [1, 1, 1]
     # the orphan has no launch; device 1's kernel was launched from another thread than the steps'
     assert assigned.isna().sum() == 2
     assert pd.isna(by_name[("orphan_kernel", 300)]) and pd.isna(by_name[("gemv_a", 500)])
-    assert len(m.find_steps(decode, "bubblescope.decode")) == 0  # a prefix must be followed by '#'
+    assert len(st.find_steps(decode, "bubblescope.decode")) == 0  # a prefix must be followed by '#'
 
 
 def test_step_metrics(decode):
-    t = m.step_metrics(decode).set_index("step")
+    t = st.step_metrics(decode).set_index("step")
     # step 0 [90,145): merged [100,120] [130,133] [134,140] [142,142] -> busy 29, span 42;
     # idle: host 10, kernel 1 + 2 (memcpy queued at 135 < 140, gap 2), other 0
     assert t.loc[0, ["wall_us", "kernels", "launches", "gpu_busy_us", "gpu_span_us"]].tolist() == [55, 4, 4, 29, 42]
@@ -120,7 +122,7 @@ def test_step_metrics(decode):
 
 
 def test_launch_delays(decode):
-    d = m.launch_delays(decode)
+    d = st.launch_delays(decode)
     first = d[d["first_in_launch"]].sort_values("start_us")
     # k1 100-95, k2 105-99, k3 130-125, k4 134-128, g1 165-150, device-1 kernel 500-100 (any thread)
     assert first["delay_us"].tolist() == [5, 6, 5, 6, 15, 400]
@@ -129,7 +131,7 @@ def test_launch_delays(decode):
 
 
 def test_timeline_summary(decode):
-    s = m.timeline_summary(decode)
+    s = tm.timeline_summary(decode)
     assert set(s) == {
         "available",
         "reason",
@@ -177,13 +179,13 @@ def test_timeline_summary(decode):
     assert s["max_registers_per_thread"] is None  # no kernel carried the arg
     json.dumps(s, allow_nan=False)
 
-    warm = m.timeline_summary(decode, skip_steps=1)
+    warm = tm.timeline_summary(decode, skip_steps=1)
     assert warm["steps"] == 1 and warm["bubble_ratio"] == pytest.approx(0.3) and warm["kernels_per_step"] == 3
-    assert m.timeline_summary(decode, skip_steps=2)["reason"] == "all 2 steps are warm-up (skip_steps=2)"
+    assert tm.timeline_summary(decode, skip_steps=2)["reason"] == "all 2 steps are warm-up (skip_steps=2)"
 
 
 def test_timeline_summary_without_steps_or_gpu(tmp_path):
-    none = m.timeline_summary(load_trace(tg.write(tmp_path / "a.json", tg.document([tg.kernel("k", 1, 1, 1)]))))
+    none = tm.timeline_summary(load_trace(tg.write(tmp_path / "a.json", tg.document([tg.kernel("k", 1, 1, 1)]))))
     assert none["available"] is False and "no step marker" in none["reason"] and none["kernels_per_step"] is None
     # CPU-only: steps and launch calls but no kernels (e.g. CUPTI off). Launch 2 of 10 µs, sync 5 of 10 µs.
     ev = [
@@ -192,7 +194,7 @@ def test_timeline_summary_without_steps_or_gpu(tmp_path):
         tg.launch(3, 1, 2),
         tg.api("cudaDeviceSynchronize", 5, 5, 3),
     ]
-    cpu = m.timeline_summary(load_trace(tg.write(tmp_path / "c.json", tg.document(ev))))
+    cpu = tm.timeline_summary(load_trace(tg.write(tmp_path / "c.json", tg.document(ev))))
     assert cpu["available"] is False and cpu["reason"] == "no GPU activity in trace (CPU-only run)"
     assert (cpu["launches_per_step"], cpu["launch_share"], cpu["sync_share"]) == (2, 0.2, 0.5)
     assert cpu["bubble_ratio"] is None and cpu["kernels_per_step"] is None and cpu["launch_delay_us"]["p50"] is None
@@ -206,23 +208,23 @@ def test_marker_on_another_thread_falls_back_to_time(tmp_path):
         tg.kernel("k", 20, 4, 1, **{"registers per thread": 32}),
     ]
     tr = load_trace(tg.write(tmp_path / "p.json", tg.document(ev)))
-    assert m.find_steps(tr, "ProfilerStep")["matched_by"].tolist() == ["time"]
-    s = m.timeline_summary(tr, "ProfilerStep")
+    assert st.find_steps(tr, "ProfilerStep")["matched_by"].tolist() == ["time"]
+    s = tm.timeline_summary(tr, "ProfilerStep")
     assert s["available"] and s["kernels_per_step"] == 1 and s["launch_delay_us"]["max"] == 10
     assert s["max_registers_per_thread"] == 32
-    assert m.timeline_summary(tr, "ProfilerStep#")["steps"] == 1
+    assert tm.timeline_summary(tr, "ProfilerStep#")["steps"] == 1
     # a marker without pid/tid cannot be matched by thread either
     bare = tg.annotation("ProfilerStep#4", 200, 50)
     del bare["pid"], bare["tid"]
     tr2 = load_trace(
         tg.write(tmp_path / "q.json", tg.document([*ev, bare, tg.launch(210, 1, 2), tg.kernel("k", 215, 2, 2)]))
     )
-    assert m.find_steps(tr2, "ProfilerStep")["matched_by"].tolist() == ["time", "time"]
-    assert m.step_metrics(tr2, "ProfilerStep")["kernels"].tolist() == [1, 1]
+    assert st.find_steps(tr2, "ProfilerStep")["matched_by"].tolist() == ["time", "time"]
+    assert st.step_metrics(tr2, "ProfilerStep")["kernels"].tolist() == [1, 1]
 
 
 def test_step_timeline(decode):
-    tl = m.step_timeline(decode, "bubblescope.decode_step", 1)
+    tl = tm.step_timeline(decode, "bubblescope.decode_step", 1)
     assert tl["launches"] == [{"name": "cudaGraphLaunch", "start_us": 5.0, "dur_us": 10.0}]
     assert [(k["name"], k["stream"], k["start_us"], k["dur_us"]) for k in tl["kernels"]] == [
         ("gemv_a", 9, 20.0, 5.0),
@@ -231,13 +233,13 @@ def test_step_timeline(decode):
     ]
     assert tl["kernels"][1]["category"] == "attention"
     with pytest.raises(BubblescopeError, match="out of range"):
-        m.step_timeline(decode, "bubblescope.decode_step", 2)
+        tm.step_timeline(decode, "bubblescope.decode_step", 2)
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), "x", float("inf")])
 def test_bad_threshold(decode, bad):
     with pytest.raises(BubblescopeError, match="idle threshold"):
-        m.timeline_summary(decode, threshold_us=bad)
+        tm.timeline_summary(decode, threshold_us=bad)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ import json
 import pytest
 
 from bubblescope.profiler import metrics as m
+from bubblescope.profiler import steps as st
+from bubblescope.profiler import timeline as tm
 from bubblescope.profiler.trace import load_trace
 from bubblescope.profiler.tracesummary import summarize_traces
 
@@ -112,7 +114,7 @@ def test_a100_alexnet():
     # every kernel's launch delay: its start minus the cudaLaunchKernel with its correlation
     launch = {e["args"]["correlation"]: e["ts"] for e in events if e.get("name") == "cudaLaunchKernel"}
     want = sorted(k["ts"] - launch[k["args"]["correlation"]] for k in kernels)
-    assert sorted(m.launch_delays(tr)["delay_us"]) == want
+    assert sorted(st.launch_delays(tr)["delay_us"]) == want
     # the measured forward passes as "steps": the second is nested in the first, so its launches are its own
     marker = "[param|pytorch.model.alex_net|0|0|0|measure|forward]"
     steps = [e for e in events if e.get("name") == marker]
@@ -122,7 +124,7 @@ def test_a100_alexnet():
         for e in events
         if e.get("name") == "cudaLaunchKernel" and last["ts"] <= e["ts"] < last["ts"] + last["dur"]
     }
-    table = m.step_metrics(tr, marker)
+    table = st.step_metrics(tr, marker)
     assert table["kernels"].tolist()[-1] == sum(1 for k in kernels if k["args"]["correlation"] in inside)
     assert table["wall_us"].tolist() == [s["dur"] for s in steps]
 
@@ -139,9 +141,9 @@ def test_triton_culaunchkernel():
     )
     launch = tr.runtime[tr.runtime["is_launch"]]
     assert launch["name"].tolist() == ["cuLaunchKernel"] and launch["category"].tolist() == ["cuda_driver"]
-    delay = m.launch_delays(tr)["delay_us"].iloc[0]
+    delay = st.launch_delays(tr)["delay_us"].iloc[0]
     assert delay == pytest.approx(2413669097444.592 - 2413669097399.166, abs=1e-3)
-    s = m.timeline_summary(tr, "ProfilerStep")  # the step range lies on another pid: matched by time
+    s = tm.timeline_summary(tr, "ProfilerStep")  # the step range lies on another pid: matched by time
     assert s["available"] and s["steps"] == 1 and s["kernels_per_step"] == 1 and s["launches_per_step"] == 1
     assert s["step_wall_us"] == pytest.approx(13336315.805)
     assert s["launch_share"] == pytest.approx(47.768 / 13336315.805)

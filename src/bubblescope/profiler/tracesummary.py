@@ -11,7 +11,7 @@ Schema ``bubblescope.trace/1``::
                                       "threshold_us"},
                              "categories": [{category, count, total_us, share}],
                              "top_kernels": [{name, category, count, total_us, share}]}],
-                "steps": <metrics.timeline_summary dict> | None,
+                "steps": <timeline.timeline_summary dict> | None,
                 "warnings": [str]}]}
 
 Device figures cover the whole trace; ``steps`` covers the decode steps found by the step marker.
@@ -25,11 +25,13 @@ from typing import Any
 
 from ..errors import BubblescopeError
 from . import metrics
+from .steps import DEFAULT_STEP_MARKER, find_steps
+from .timeline import check_skip_steps, timeline_summary
 from .trace import Trace, load_trace
 
 SCHEMA = "bubblescope.trace/1"
 # Tried in order when no marker is given: ours, then torch.profiler's schedule steps.
-AUTO_STEP_MARKERS = (metrics.DEFAULT_STEP_MARKER, "ProfilerStep")
+AUTO_STEP_MARKERS = (DEFAULT_STEP_MARKER, "ProfilerStep")
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
@@ -97,7 +99,7 @@ def _devices(trace: Trace, threshold_us: float) -> list[dict]:
 def _marker(trace: Trace, step_marker: str | None) -> tuple[str | None, Any]:
     """(marker used, its steps frame), or (None, None) when no candidate marks any step."""
     for marker in (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS:
-        steps = metrics.find_steps(trace, marker)
+        steps = find_steps(trace, marker)
         if len(steps):
             return marker, steps
     return None, None
@@ -126,7 +128,7 @@ def summarize_trace(
                 f"{by_time} of {len(steps)} steps marked {marker!r} lie on a thread without "
                 "CUDA calls: launches matched to them by time only"
             )
-        summary = metrics.timeline_summary(trace, marker, skip_steps, threshold_us)
+        summary = timeline_summary(trace, marker, skip_steps, threshold_us)
         if summary["reason"]:
             warnings.append(f"steps: {summary['reason']}")
     return {
@@ -153,7 +155,7 @@ def summarize_traces(
     activity is summarized with ``"devices": []`` and a warning.
     """
     threshold_us = metrics.check_threshold(threshold_us)
-    skip_steps = metrics.check_skip_steps(skip_steps)
+    skip_steps = check_skip_steps(skip_steps)
     if step_marker is not None and (not isinstance(step_marker, str) or not step_marker.strip()):
         raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
     files = [summarize_trace(load_trace(p), step_marker, threshold_us, skip_steps) for p in expand_paths(paths)]

@@ -1,0 +1,189 @@
+"""Decode steps of a parsed :class:`~bubblescope.profiler.trace.Trace`: pure functions, no printing.
+
+Kernels belong to a decode step through their launch call's correlation id (a CUDA-graph
+replay's kernels all carry the cudaGraphLaunch's), the launch call being inside the step's
+``record_function`` range on the same thread.
+
+This module finds the steps (:func:`find_steps`), assigns GPU activities to them
+(:func:`assign_steps`), computes per-step metrics (:func:`step_metrics`) and the delay from each
+launch call to its kernel's start (:func:`launch_delays`); the interval arithmetic (busy, span,
+idle split) is :mod:`.metrics`'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import BubblescopeError
+from .categories import categorize_frame
+from .metrics import (
+    DEFAULT_IDLE_THRESHOLD_US,
+    _launch_rows,
+    _launch_ts,
+    _ratio,
+    _stats_by,
+    check_threshold,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+    from .trace import Trace
+
+DEFAULT_STEP_MARKER = "bubblescope.decode_step"
+
+
+def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataFrame:
+    """Decode-step ranges: annotations named ``step_marker`` or ``step_marker#<anything>``.
+
+    Returns step (0.. in time order), name, pid, tid, ts_us, dur_us, end_us, matched_by: "thread"
+    when the marker's thread made CUDA calls (launches are matched on that pid/tid), "time" when it
+    made none (some exporters put the marker on another pid; launches are then matched by time only).
+    """
+    import numpy as np
+    import pandas as pd
+
+    if not isinstance(step_marker, str) or not step_marker.strip():
+        raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
+    ann = trace.annotations
+    names = ann["name"]
+    prefix = step_marker if step_marker.endswith("#") else step_marker + "#"
+    steps = ann[((names == step_marker) | names.str.startswith(prefix)).to_numpy(dtype=bool)]
+    steps = steps.reset_index(drop=True)
+    steps.insert(0, "step", np.arange(len(steps), dtype=np.int64))
+    threads = {
+        (p, t)
+        for p, t in zip(trace.runtime["pid"].tolist(), trace.runtime["tid"].tolist())
+        if not (pd.isna(p) or pd.isna(t))
+    }
+    steps["matched_by"] = [
+        "thread" if (p, t) in threads else "time" for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())
+    ]
+    return steps
+
+
+def _runtime_steps(trace: Trace, steps: pd.DataFrame) -> np.ndarray:
+    """Per CPU call in ``trace.runtime``: the step whose range holds its start on its thread (-1: none)."""
+    import numpy as np
+
+    rt = trace.runtime
+    out = np.full(len(rt), -1, dtype=np.int64)
+    ts = rt["ts_us"].to_numpy()
+    pid = rt["pid"].to_numpy(dtype="float64", na_value=np.nan)
+    tid = rt["tid"].to_numpy(dtype="float64", na_value=np.nan)
+    for (p, t, how), grp in steps.groupby(["pid", "tid", "matched_by"], dropna=False, sort=False):
+        if how == "thread":  # a marker without pid/tid never has CUDA calls on its thread, so p, t are set
+            sel = np.flatnonzero((pid == float(p)) & (tid == float(t)))
+        else:
+            sel = np.arange(len(rt))
+        grp = grp.sort_values("ts_us")
+        k = np.searchsorted(grp["ts_us"].to_numpy(), ts[sel], side="right") - 1
+        inside = (k >= 0) & (ts[sel] < grp["end_us"].to_numpy()[np.maximum(k, 0)])
+        out[sel[inside]] = grp["step"].to_numpy()[k[inside]]
+    return out
+
+
+def _gpu_steps(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(step per GPU activity, step per CPU call), -1 where unassigned."""
+    import numpy as np
+
+    rt_step = _runtime_steps(trace, steps)
+    rows = _launch_rows(trace)
+    gpu_step = np.where(rows >= 0, rt_step[np.maximum(rows, 0)] if len(rt_step) else -1, -1)
+    return gpu_step, rt_step
+
+
+def assign_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.Series:
+    """Step index (as in :func:`find_steps`) of every GPU activity, ``<NA>`` where its launch call is in
+    no step; an Int64 Series aligned with ``trace.gpu``."""
+    import pandas as pd
+
+    gpu_step, _ = _gpu_steps(trace, find_steps(trace, step_marker))
+    return pd.Series(pd.array(gpu_step, dtype="Int64"), index=trace.gpu.index, name="step").where(gpu_step >= 0)
+
+
+def _main_device(gpu: pd.DataFrame) -> int | None:
+    if gpu.empty:
+        return None
+    counts = gpu["device"].value_counts()
+    return int(counts[counts == counts.max()].index.min())
+
+
+def _step_table(trace: Trace, steps: pd.DataFrame, threshold_us: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-step metrics, the step-assigned GPU activities of the main device with step/category/launch_ts)."""
+    import numpy as np
+    import pandas as pd
+
+    gpu_step, rt_step = _gpu_steps(trace, steps)
+    mine = trace.gpu[gpu_step >= 0].assign(step=gpu_step[gpu_step >= 0])
+    device = _main_device(mine)
+    mine = mine[mine["device"] == device] if device is not None else mine
+    mine = mine.assign(launch_ts_us=_launch_ts(trace, mine), category=categorize_frame(mine))
+    stats = _stats_by(mine, mine["step"].to_numpy(), mine["launch_ts_us"].to_numpy(), threshold_us)
+
+    table = steps[["step", "name", "ts_us"]].copy()
+    table["wall_us"] = steps["dur_us"]
+    kernels = mine[mine["kind"] == "kernel"].groupby("step").size()
+    table["kernels"] = kernels.reindex(table["step"], fill_value=0).to_numpy().astype("int64")
+    rt = trace.runtime
+    in_step = rt_step >= 0
+    ends = steps["end_us"].to_numpy()[np.maximum(rt_step, 0)]
+    # min(dur, step end - start) rather than min(end, step end) - start: exact for calls inside the step
+    overlap = np.clip(np.minimum(rt["dur_us"].to_numpy(), ends - rt["ts_us"].to_numpy()), 0, None)
+    for flag, count_col, time_col in (("is_launch", "launches", "launch_us"), ("is_sync", None, "sync_us")):
+        sel = in_step & rt[flag].to_numpy(dtype=bool)
+        if count_col:
+            table[count_col] = np.bincount(rt_step[sel], minlength=len(steps)).astype("int64")
+        table[time_col] = np.bincount(rt_step[sel], weights=overlap[sel], minlength=len(steps)).astype(float)
+    per = stats.reindex(table["step"])
+    table["gpu_busy_us"] = per["busy_us"].to_numpy()
+    table["gpu_span_us"] = per["span_us"].to_numpy()
+    table["bubble_ratio"] = 1 - _ratio(table["gpu_busy_us"].to_numpy(), table["gpu_span_us"].to_numpy())
+    table["launch_share"] = _ratio(table["launch_us"].to_numpy(), table["wall_us"].to_numpy())
+    table["sync_share"] = _ratio(table["sync_us"].to_numpy(), table["wall_us"].to_numpy())
+    for col in ("host_wait_us", "kernel_wait_us", "other_idle_us"):
+        table[col] = per[col].to_numpy()
+    table["device"] = pd.array([device] * len(table), dtype="Int64")
+    return table.reset_index(drop=True), mine
+
+
+def step_metrics(
+    trace: Trace, step_marker: str = DEFAULT_STEP_MARKER, threshold_us: float = DEFAULT_IDLE_THRESHOLD_US
+) -> pd.DataFrame:
+    """One row per decode step (all steps, warm-up included).
+
+    Columns: step, name, ts_us, wall_us (the step range's duration), kernels (kernel activities
+    launched in the step on that device), launches (launch API calls in the step), gpu_busy_us / gpu_span_us /
+    bubble_ratio (union, extent and 1 − busy/span of the step's activities), launch_us / sync_us (CPU
+    µs inside launch / synchronize calls, clipped to the step), launch_share / sync_share (those over
+    wall_us), host_wait_us, kernel_wait_us, other_idle_us (the step's idle gaps), device. GPU columns
+    cover the device with most step activity; NaN where the step has no GPU activity.
+    """
+    threshold_us = check_threshold(threshold_us)
+    table, _ = _step_table(trace, find_steps(trace, step_marker), threshold_us)
+    return table
+
+
+def launch_delays(trace: Trace) -> pd.DataFrame:
+    """Per GPU activity launched by a launch API (see ``trace.LAUNCH_APIS``): name, kind, device,
+    stream, correlation, launch_name, launch_ts_us, start_us, delay_us = start − launch call start (µs),
+    first_in_launch (False for the later kernels of a CUDA-graph replay, which share one launch)."""
+    import numpy as np
+
+    rows = _launch_rows(trace)
+    rt = trace.runtime
+    launched = rows >= 0
+    launched[launched] = rt["is_launch"].to_numpy(dtype=bool)[rows[launched]]
+    gpu = trace.gpu[launched]
+    r = rows[launched]
+    out = gpu[["name", "kind", "device", "stream", "correlation"]].copy()
+    out["launch_name"] = rt["name"].to_numpy()[r]
+    out["launch_ts_us"] = rt["ts_us"].to_numpy()[r]
+    out["start_us"] = gpu["ts_us"]
+    out["delay_us"] = out["start_us"] - out["launch_ts_us"]
+    first = np.ones(len(out), dtype=bool)
+    if len(out):
+        first = ~out.sort_values("start_us", kind="stable").duplicated("correlation").reindex(out.index).to_numpy()
+    out["first_in_launch"] = first
+    return out

@@ -1,0 +1,190 @@
+"""Stream the JSON text of a Chrome trace: walk the top level, hand each ``traceEvents`` entry on.
+
+The file is opened as text (gunzipped when it starts with the gzip magic) and read through
+:class:`_Text`, a sliding window of decoded chunks from which one JSON value at a time is scanned
+by the C scanner. :func:`_parse` walks the top-level object key by key (or a bare event array),
+keeps every other key as metadata and passes each event of ``traceEvents`` to
+:meth:`~bubblescope.profiler.tracecolumns._Columns.add`; malformed or truncated text raises a
+one-line ``ValueError`` naming the character position.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import json.scanner
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .tracecolumns import _Columns
+
+_CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
+_MAX_EVENT_CHARS = 1 << 26  # one event larger than 64 Mi characters is treated as malformed
+_WS = re.compile(r"[ \t\n\r]*")
+_NUMBER_TAIL = re.compile(r"[0-9.eE+\-]*")
+_COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
+
+
+class _Text:
+    """A sliding window over the decoded file from which JSON values are scanned one at a time."""
+
+    def __init__(self, stream: io.TextIOBase):
+        self._stream = stream
+        self.buf = ""
+        self.pos = 0
+        self.offset = 0  # characters dropped from the front of buf so far
+        self.eof = False
+        self.scanner = json.scanner.make_scanner(json.JSONDecoder())
+
+    def fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self._stream.read(_CHUNK_CHARS)
+        if not chunk:
+            self.eof = True
+            return False
+        self.offset += self.pos
+        self.buf = self.buf[self.pos :] + chunk
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        """Skip whitespace; return the next character ('' at end of file)."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.fill():
+                return ""
+
+    def value(self) -> Any:
+        """Scan one JSON value after the cursor, reading more text while it may just be cut off."""
+        if not self.peek():
+            raise self.error("file ends early (truncated?)")
+        while True:
+            try:
+                obj, end = self.scanner(self.buf, self.pos)
+                # A number followed by nothing but number characters up to the window's end may
+                # continue in the next chunk ("-1" of "-1.5"); objects and strings end unambiguously.
+                if self.eof or (
+                    end < len(self.buf) and (type(obj) not in (int, float) or not _NUMBER_TAIL.fullmatch(self.buf, end))
+                ):
+                    self.pos = end
+                    return obj
+            except StopIteration as exc:
+                # Raised where a value should start (also inside an object: {"a": tr), e.g. for
+                # a literal cut short; its value is that position.
+                at = exc.value if isinstance(exc.value, int) else self.pos
+                if self.eof or at < len(self.buf) - 8:
+                    raise self.error("expected a JSON value", at) from None
+            except json.JSONDecodeError as exc:
+                # The scanner reports a value cut by the window's end near that end, or as an
+                # unterminated string; anything else is malformed input.
+                cut = exc.pos >= len(self.buf) - 8 or exc.msg.startswith("Unterminated string")
+                if self.eof or not cut or len(self.buf) - self.pos > _MAX_EVENT_CHARS:
+                    what = "ends inside a JSON value (truncated?)" if self.eof and cut else exc.msg
+                    raise self.error(what, exc.pos) from None
+            if not self.fill():
+                self.eof = True
+
+    def error(self, what: str, pos: int | None = None) -> ValueError:
+        at = self.offset + (self.pos if pos is None else pos)
+        return ValueError(f"invalid JSON at character {at}: {what}")
+
+def _open_text(path: str) -> io.TextIOBase:
+    """Open as text, gunzipping when the file starts with the gzip magic (not by its suffix)."""
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the wrapper
+    head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+    binary = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
+    # Invalid UTF-8 in kernel names must not stop the parse: decode with U+FFFD replacement.
+    # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error.
+    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline="")
+
+
+def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
+    """Walk the top level; stream ``traceEvents``; return (metadata, had_events_array)."""
+    meta: dict = {}
+    first = text.peek()
+    if first == "[":  # the Chrome "JSON Array Format": a bare list of events, closing ] optional
+        _parse_events(text, cols, allow_unclosed=True)
+        if cols.events and cols.odd["non-object entries in traceEvents ignored"] == cols.events:
+            raise ValueError("is a JSON array without a single event object")
+        return meta, True
+    if first != "{":
+        if first == "":
+            raise ValueError("is empty")
+        text.value()  # raises "invalid JSON" when it is not JSON at all
+        raise ValueError("is JSON but not a trace (top level is not an object with traceEvents)")
+    text.pos += 1
+    found = False
+    while True:
+        c = text.peek()
+        if c == "}":
+            text.pos += 1
+            return meta, found
+        key = text.value()
+        if not isinstance(key, str) or text.peek() != ":":
+            raise text.error("expected an object key")
+        text.pos += 1
+        if key == "traceEvents":
+            if text.peek() != "[":
+                raise ValueError("traceEvents is not an array")
+            _parse_events(text, cols, allow_unclosed=False)
+            found = True
+        else:
+            meta[key] = text.value()
+        c = text.peek()
+        if c == ",":
+            text.pos += 1
+        elif c != "}":
+            raise text.error("expected ',' or '}'" if c else "file ends early (truncated?)")
+
+
+def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
+    text.pos += 1  # the '['
+    add = cols.add
+    if text.peek() == "]":
+        text.pos += 1
+        return
+    scan, comma = text.scanner, _COMMA.match
+    while True:
+        # Fast path, kept in locals: whole event objects inside the window separated by commas.
+        # It stops at anything else (an event cut by the window, the closing bracket, bad JSON).
+        buf, pos, size, need_value = text.buf, text.pos, len(text.buf), True
+        while True:
+            try:
+                ev, end = scan(buf, pos)
+            except (StopIteration, json.JSONDecodeError):
+                break
+            if type(ev) is not dict or end >= size:
+                break
+            add(ev)
+            m = comma(buf, end)
+            if m is None:
+                pos, need_value = end, False
+                break
+            pos = m.end()
+            if pos >= size:
+                break
+        text.pos = pos
+        if need_value:  # the careful path: refills the window, or raises a one-line error
+            c = text.peek()
+            if c == "]":  # after a trailing comma, as trace writers killed mid-way leave it
+                text.pos += 1
+                return
+            if c == "" and allow_unclosed:
+                return
+            add(text.value())
+        c = text.peek()
+        if c == ",":
+            text.pos += 1
+            text.peek()
+        elif c == "]":
+            text.pos += 1
+            return
+        elif c == "" and allow_unclosed:
+            return
+        else:
+            raise text.error("expected ',' or ']' in traceEvents" if c else "file ends early (truncated?)")
