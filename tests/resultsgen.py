@@ -113,7 +113,7 @@ def healthy_doc() -> dict:
     """A valid document on which no finding rule fires: two ok engines, one skipped, one failed."""
     return copy.deepcopy({
         "schema": "bubblescope.results/1", "created": "2026-11-29T10:00:00Z",
-        "command": "bubblescope diagnose llama-3.2-1b --dummy",
+        "command": "bubblescope diagnose model llama-3.2-1b",
         "versions": {"bubblescope": "0.1.0", "python": "3.12.3", "torch": "2.11.0+cu130", "triton": "3.6.0",
                      "transformers": "5.17.0", "cuda": "13.0", "driver": "580.65"},
         "device": {"type": "cuda", "name": "NVIDIA H200", "sm_count": 132, "l2_bytes": 62_914_560,

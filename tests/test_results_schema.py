@@ -239,7 +239,7 @@ def test_write_refuses_a_directory_or_device_path(tmp_path):
 def test_diagnose_runs_a_repeated_engine_once(tmp_path):
     """``--engines reference,reference`` measured twice, then write_results refused the document
     (duplicate engine name) with a ValueError traceback after all the measuring."""
-    from bubblescope.diagnose import diagnose
+    from bubblescope.diagnosis import diagnose
 
     res = diagnose("tiny-llama", engines=["reference", "reference"], prompt_len=4, gen_len=4, runs=1, warmup=0,
                    context_sweep=[], device="cpu", out=tmp_path, profile_steps=2)

@@ -1,5 +1,6 @@
 """bubblescope: profile and diagnose batch-size-1 LLM decode on NVIDIA GPUs.
 
+``bubblescope.diagnose(...)`` is the main job as a library call (see :mod:`bubblescope.diagnosis`).
 Heavy dependencies (torch, triton, pandas) are imported lazily, so ``import bubblescope`` is cheap.
 """
 
@@ -7,8 +8,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # Lazy re-export: ``bubblescope.diagnose(...)`` without importing torch at package import.
+    # Lazy re-export without importing torch at package import. The module is named ``diagnosis``, not
+    # ``diagnose``: importing a submodule binds its name on the package, which would shadow this function.
     if name == "diagnose":
-        from .diagnose import diagnose
+        from .diagnosis import diagnose
         return diagnose
-    raise AttributeError(name)
+    raise AttributeError(f"module 'bubblescope' has no attribute {name!r}")

@@ -65,7 +65,7 @@ def generate(
     top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),
     seed: int = typer.Option(0),
-    engine: str = typer.Option("reference", help="reference, megakernel or hf."),
+    engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, ...)."),
     mode: str = typer.Option("eager", help="Reference engine mode: eager, cudagraph or compile."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
@@ -112,16 +112,23 @@ def generate(
                                f"model's {cfg.max_position_embeddings} positions")
     dec = build_engine(name, loaded.weights, max_seq)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if name != "reference" and name != "hf":
+        # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
+        # the ms/token the user reads.
+        run(dec, ids[:1], 3, eos_ids=())
     res = run(dec, ids, max_new_tokens, params)
     if tok is not None:
         typer.echo(tok.decode(ids + res.tokens))
     else:
         typer.echo(" ".join(str(t) for t in ids + res.tokens))
     n = len(res.token_ms)
-    per = sum(res.token_ms) / n if n else float("nan")
-    typer.echo(f"{dec.name} on {dev.type} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}): "
-               f"TTFT {res.ttft_ms:.2f} ms, decode {per:.3f} ms/token, {1000 / per if n else float('nan'):.1f} "
-               f"tok/s, {len(res.tokens)} tokens", err=True)
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
+    speed = (f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
+             if n else "no decode step (the first token was EOS)")
+    note = " (Triton CPU interpreter: slow by design)" if dev.type == "cpu" and "megakernel" in name else ""
+    typer.echo(f"{dec.name} on {where}{note}, {weights}: TTFT {res.ttft_ms:.2f} ms, {speed}, "
+               f"{len(res.tokens)} tokens", err=True)
 
 
 @diagnose_app.command("model")
@@ -144,7 +151,7 @@ def diagnose_model(
     seed: int = typer.Option(0),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
-    from .diagnose import command_line, diagnose
+    from .diagnosis import command_line, diagnose
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")

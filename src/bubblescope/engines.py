@@ -139,9 +139,16 @@ class HFEngine:
             raise BubblescopeError(f"prompt: {token_ids.numel()} tokens do not fit the KV cache of "
                                    f"{self.max_seq_len} positions")
         self.reset()
-        out = self.model(token_ids.view(1, -1).to(self.device), past_key_values=self._cache, use_cache=True)
+        out = self._forward(token_ids.view(1, -1).to(self.device))
         self.position = token_ids.numel()
         return out.logits[0, -1]
+
+    def _forward(self, ids: torch.Tensor):
+        import warnings
+        with warnings.catch_warnings():
+            # transformers 5.2x renames past_key_values to cache (FutureWarning); 4.x knows only the old name.
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+            return self.model(ids, past_key_values=self._cache, use_cache=True)
 
     @torch.inference_mode()
     def decode(self, token: int | torch.Tensor) -> torch.Tensor:
@@ -149,6 +156,6 @@ class HFEngine:
             ids = token.view(1, 1).to(self.device)
         else:
             ids = torch.tensor([[int(token)]], device=self.device)
-        out = self.model(ids, past_key_values=self._cache, use_cache=True)
+        out = self._forward(ids)
         self.position += 1
         return out.logits[0, -1]

@@ -33,9 +33,11 @@ class LoadedModel:
 
 
 def model_search_dirs() -> list[Path]:
-    """``$BUBBLESCOPE_MODELS`` entries (os.pathsep-separated), then ``../shared/models``."""
+    """``$BUBBLESCOPE_MODELS`` entries (os.pathsep-separated), then ``../shared/models`` from the working
+    directory, then ``../shared/models`` beside this source checkout (so it does not depend on the cwd)."""
     dirs = [Path(p) for p in os.environ.get("BUBBLESCOPE_MODELS", "").split(os.pathsep) if p]
-    return dirs + [Path("..") / "shared" / "models"]
+    checkout = Path(__file__).resolve().parents[4] / "shared" / "models"  # <repo>/src/bubblescope/models/ -> ../shared
+    return dirs + [Path("..") / "shared" / "models", checkout]
 
 
 def find_model_file(preset: str) -> Path | None:
@@ -46,7 +48,7 @@ def find_model_file(preset: str) -> Path | None:
     for d in model_search_dirs():
         for cand in (d / rel, d / Path(rel).name):
             if cand.is_file():
-                return cand
+                return cand.resolve()
     return None
 
 

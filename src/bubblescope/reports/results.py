@@ -255,7 +255,7 @@ def ordered(engines: list[dict]) -> list[dict]:
 class Results:
     """A results document (the parsed JSON dict, kept as is in :attr:`doc`).
 
-    Construction does not validate, so :mod:`bubblescope.diagnose` can fill a document step by step;
+    Construction does not validate, so :mod:`bubblescope.diagnosis` can fill a document step by step;
     :func:`load_results` and :func:`write_results` validate.
     """
 

@@ -114,6 +114,9 @@ class _Progress:
     def update(self, text: str, advance: int = 0) -> None:
         if self.bar:
             self.bar.update(self.task, description=text, advance=advance)
+            if advance and not self.bar.console.is_terminal:
+                # Piped or logged (CI): a live bar draws nothing until the end, so say each engine's outcome.
+                self.bar.console.print(text)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -241,6 +244,11 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
             doc["engines"].append(entry)
             _free(dev)
             bar.update(f"{name}: {entry['status']}", advance=1)
+        bar.update("diagnose: done")
+    if not on_gpu and any(e["name"].startswith("megakernel") and e["status"] == "ok" for e in doc["engines"]):
+        notes.append("megakernel engines ran under the Triton CPU interpreter (one program): their latency, "
+                     "bandwidth and intra-kernel timeline measure the interpreter, not the kernel; only their "
+                     "correctness numbers carry over to a GPU")
     doc["findings"] = find(doc)
     results = Results(doc)
     if write:

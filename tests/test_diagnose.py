@@ -1,0 +1,25 @@
+"""The main job as a library call, on CPU (tiny dummy model, reference engine only: fast)."""
+
+from __future__ import annotations
+
+import bubblescope
+from bubblescope.reports.results import validate_results
+
+
+def test_library_call_works_twice_and_fills_a_valid_document(tmp_path):
+    import bubblescope.profiler.trace  # noqa: F401  (importing submodules must not shadow the function)
+
+    docs = []
+    for i in range(2):
+        res = bubblescope.diagnose("tiny-llama", engines=["reference"], prompt_len=4, gen_len=4, runs=1,
+                                   warmup=0, profile_steps=2, device="cpu", out=tmp_path / str(i))
+        docs.append(res.doc)
+    for doc in docs:
+        assert validate_results(doc) == []
+        (eng,) = doc["engines"]
+        assert eng["status"] == "ok" and eng["correctness"]["token_agreement"] == 1.0
+        assert eng["timeline"]["available"] is False and eng["timeline"]["launches_per_step"] is None
+        assert len(eng["latency"]["token_ms_samples"]) == 3          # 4 tokens: 1 from prefill + 3 decode steps
+        assert doc["device"]["type"] == "cpu" and doc["model"]["source"] == "dummy"
+    assert (tmp_path / "1" / "results.json").is_file() and (tmp_path / "1" / "report.html").is_file()
+    assert (tmp_path / "1" / "traces" / "reference.json.gz").is_file()
