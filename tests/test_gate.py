@@ -24,7 +24,7 @@ def test_a_failing_check_exits_1():
     report = run_gate(Results(g.healthy_doc()), min_bandwidth_util=0.7, max_token_p99_ms=0.82)
     assert report.exit_code == 1
     assert [(c.name, c.passed) for c in report.checks] == [("min_bandwidth_util", False), ("max_token_p99_ms", False)]
-    assert report.checks[0].detail == "util_peak 0.6453 beyond 0.7"
+    assert report.checks[0].detail == "util_peak 0.6453, limit 0.7: fails"
 
 
 def test_a_missing_metric_fails_closed():

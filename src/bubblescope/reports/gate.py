@@ -85,7 +85,7 @@ def _check(name: str, engine: str, measured: float | None, limit: float, holds, 
     if measured is None:
         return Check(name, engine, None, limit, False, f"{what} not measured (null): failing closed")
     ok = bool(holds(measured, limit))
-    return Check(name, engine, measured, limit, ok, f"{what} {measured:.6g} {'within' if ok else 'beyond'} {limit:.6g}")
+    return Check(name, engine, measured, limit, ok, f"{what} {measured:.6g}, limit {limit:.6g}: {'holds' if ok else 'fails'}")
 
 
 def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util: float | None = None,
@@ -173,4 +173,4 @@ def render_gate(report: GateReport, console) -> None:
         console.print(Text.assemble(("gate FAILED", "bold red"),
                                     f": {failed} of {len(report.checks)} checks failed (exit 1)"))
     else:
-        console.print(Text.assemble(("gate PASSED", "bold green"), f": all {len(report.checks)} checks hold (exit 0)"))
+        console.print(Text.assemble(("gate PASSED", "bold green"), f": {len(report.checks)} of {len(report.checks)} checks hold (exit 0)"))
