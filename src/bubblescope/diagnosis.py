@@ -260,13 +260,22 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
 
 
 def _oracle(ctx: dict) -> dict:
-    """The reference engine's greedy tokens and teacher-forced logits (float32, CPU) for the workload."""
+    """The tokens every engine is teacher-forced with, and the reference engine's logits (float32, CPU).
+
+    Real weights: the reference's own greedy continuation (realistic text). Dummy weights: seeded random
+    ids, because random tied embeddings make greedy decoding repeat one token, which every engine would
+    "agree" on trivially.
+    """
     ref = build_engine("reference", ctx["loaded"].weights, ctx["max_seq"])
     steps = min(CORRECTNESS_STEPS, ctx["gen_len"])
-    toks = generate(ref, ctx["prompt"], steps + 1, eos_ids=()).tokens
-    logits = teacher_forced_logits(ref, ctx["prompt"], toks[:steps])
+    if ctx["loaded"].source == "dummy":
+        gen = torch.Generator().manual_seed(ctx["seed"] + 1)
+        forced = torch.randint(3, ctx["loaded"].config.vocab_size, (steps,), generator=gen).tolist()
+    else:
+        forced = generate(ref, ctx["prompt"], steps + 1, eos_ids=()).tokens[:steps]
+    logits = teacher_forced_logits(ref, ctx["prompt"], forced)
     del ref
-    return {"forced": toks[:steps], "logits": logits}
+    return {"forced": forced, "logits": logits}
 
 
 def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) -> None:
