@@ -25,20 +25,17 @@ import time
 from pathlib import Path
 
 
-def _pct(xs, q):
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def _commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
     except Exception:
         return os.environ.get("BUBBLESCOPE_COMMIT")
+
+
+def _percentile(xs, q):
+    import numpy as np
+    return float(np.percentile(xs, q))
 
 
 def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_contexts, deadline):
@@ -60,8 +57,8 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
         if time.time() > deadline:
             break
     out = {"token_ms_samples": [round(x, 5) for x in samples], "ttft_ms": statistics.median(ttft),
-           "token_ms_p50": _pct(samples, 50), "token_ms_p10": _pct(samples, 10), "token_ms_p90": _pct(samples, 90),
-           "token_ms_p99": _pct(samples, 99), "token_ms_mean": statistics.fmean(samples), "tokens": tokens,
+           "token_ms_p50": _percentile(samples, 50), "token_ms_p10": _percentile(samples, 10), "token_ms_p90": _percentile(samples, 90),
+           "token_ms_p99": _percentile(samples, 99), "token_ms_mean": statistics.fmean(samples), "tokens": tokens,
            "build_and_run_s": None, "long_context": []}
     if hasattr(eng, "compile_info"):
         out["compile"] = eng.compile_info()
@@ -71,7 +68,7 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
         g = torch.Generator().manual_seed(c)
         p = torch.randint(3, weights.config.vocab_size, (c,), generator=g).tolist()
         res = generate(eng, p, 33, eos_ids=())
-        out["long_context"].append({"context": c, "token_ms_p50": _pct(res.token_ms, 50),
+        out["long_context"].append({"context": c, "token_ms_p50": _percentile(res.token_ms, 50),
                                     "token_ms_samples": [round(x, 5) for x in res.token_ms]})
     out["build_and_run_s"] = round(time.time() - t0, 2)
     del eng

@@ -168,7 +168,6 @@ def section_stories() -> dict:
 def section_correctness(w, refs: dict) -> dict:
     gen = torch.Generator().manual_seed(ARGS.seed)
     prompt = torch.randint(3, w.config.vocab_size, (8,), generator=gen).tolist()
-    first = next(iter(refs.values()))
     # Force seeded random tokens, so every engine sees the same inputs. (Not the reference's greedy
     # continuation: dummy weights repeat one token forever, which would make agreement trivially 1.)
     forced = [int(t) for t in torch.randint(3, w.config.vocab_size, (ARGS.steps - 1,), generator=gen)]

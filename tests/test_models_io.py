@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bubblescope.errors import BubblescopeError
-from bubblescope.models import ModelConfig, dummy_weights, get_preset, load_hf_checkpoint, load_model
+from bubblescope.models import ModelConfig, dummy_weights, get_preset, load_hf_checkpoint
 from bubblescope.models.tokenizer import HFTokenizer, Llama2cTokenizer
 from bubblescope.models.weights import save_hf_checkpoint
 

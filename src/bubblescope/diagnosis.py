@@ -17,6 +17,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import __version__
@@ -31,14 +32,8 @@ CORRECTNESS_STEPS = 64     # teacher-forced steps compared against the reference
 
 
 def _percentile(xs: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method) of a non-empty list, else None."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    """numpy's linear-interpolated percentile ``q`` (0-100) of ``xs``, or None for no samples."""
+    return float(np.percentile(xs, q)) if xs else None
 
 
 def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: list[float]) -> dict:
@@ -72,11 +67,6 @@ CPU_DEFAULT_SKIPS = {
     "megakernel-noprefetch": "timing ablation: the L2 prefetch it removes does not exist in the CPU Triton "
                              "interpreter (run on a GPU, or name it in --engines)",
 }
-
-
-def default_engines(device: torch.device) -> list[str]:
-    """Every registered engine; those that cannot run here are listed as skipped with the reason."""
-    return list(ENGINES)
 
 
 def _sync(dev: torch.device) -> None:
@@ -152,7 +142,6 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
             that does not fit the model, an ``out`` that cannot be a directory).
     """
-    from .profiler.capture import capture_decode_trace
     from .profiler.hardware import device_info, measure_copy_bandwidth
     from .reports.findings import find
     from .reports.results import SCHEMA, Results
@@ -160,7 +149,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
-    names = list(dict.fromkeys(engines)) if engines else default_engines(dev)  # a name given twice runs once
+    # Default: every registered engine; those that cannot run here are listed as skipped with the reason.
+    names = list(dict.fromkeys(engines)) if engines else list(ENGINES)  # a name given twice runs once
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
         get_engine_spec(n)

@@ -96,6 +96,30 @@ def _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT: tl.constexpr):
     return _rnd(_rnd(x * inv, ACT) * w, ACT)
 
 
+@_device
+def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, eps, ACT: tl.constexpr, H: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``(W[row_a] · h, W[row_b] · h)`` with ``h = RMSNorm(src) · norm_weight``, float32 (BLOCK_R,) each.
+
+    The packed layouts (packing.py) put each task's two row sets in one contiguous block of ``w_ptr``
+    (QKV: the rotate_half partner rows; GATEUP: gate and up rows); masked rows give 0.
+    """
+    inv = _rms_scale(src_ptr, eps, H, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_a = tl.full([BLOCK_R], 0.0, tl.float32)
+    acc_b = tl.full([BLOCK_R], 0.0, tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + offs_k
+        mk = k < H
+        xn = _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT)
+        m2 = mj[:, None] & mk[None, :]
+        w_a = tl.load(w_ptr + row_a[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
+        w_b = tl.load(w_ptr + row_b[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
+        acc_a += _sum(w_a * xn[None, :], 1)
+        acc_b += _sum(w_b * xn[None, :], 1)
+    return acc_a, acc_b
+
+
 # ---- QKV ------------------------------------------------------------------------------------------------
 # One task: BLOCK_P row pairs [start, start + count) of the stacked q|k|v matrix (pair j = rows (i, i+HALF)
 # of stacked head j // HALF, i = j % HALF; q heads, then k heads, then v heads; packing.py layout):
@@ -120,25 +144,12 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
         src = emb_ptr + tok.to(tl.int64) * H
     else:
         src = x_ptr
-    inv = _rms_scale(src, eps, H, BLOCK_K)
-    nw_ptr = anorm_ptr + layer64 * H
-    w_ptr = wqkv_ptr + layer64 * (NROWS * H)
     j = start + tl.arange(0, BLOCK_P)
     mj = j < start + count
     lo_row = (j // HB) * (2 * HB) + j % HB
     hi_row = lo_row + HB
-    offs_k = tl.arange(0, BLOCK_K)
-    acc_lo = tl.full([BLOCK_P], 0.0, tl.float32)
-    acc_hi = tl.full([BLOCK_P], 0.0, tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        k = k0 + offs_k
-        mk = k < H
-        xn = _normed_chunk(src, nw_ptr, k, mk, inv, ACT)
-        m2 = mj[:, None] & mk[None, :]
-        w_lo = tl.load(w_ptr + lo_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
-        w_hi = tl.load(w_ptr + hi_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
-        acc_lo += _sum(w_lo * xn[None, :], 1)
-        acc_hi += _sum(w_hi * xn[None, :], 1)
+    acc_lo, acc_hi = _normed_pair_matvec(src, anorm_ptr + layer64 * H, wqkv_ptr + layer64 * (NROWS * H), lo_row,
+                                         hi_row, mj, eps, ACT, H, BLOCK_P, BLOCK_K)
     if HAS_BIAS:
         acc_lo += tl.load(bqkv_ptr + layer64 * NROWS + lo_row, mask=mj, other=0.0).to(tl.float32)
         acc_hi += tl.load(bqkv_ptr + layer64 * NROWS + hi_row, mask=mj, other=0.0).to(tl.float32)
@@ -276,25 +287,12 @@ def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: t
               IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr):
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     layer64 = layer.to(tl.int64)
-    inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
-    nw_ptr = mnorm_ptr + layer64 * H
-    w_ptr = wgu_ptr + layer64 * (2 * IP * H)
     j = start + tl.arange(0, BLOCK_GU)
     mj = (j < start + count) & (j < I)
     g_row = (j // GB) * (2 * GB) + j % GB
     u_row = g_row + GB
-    offs_k = tl.arange(0, BLOCK_K)
-    acc_g = tl.full([BLOCK_GU], 0.0, tl.float32)
-    acc_u = tl.full([BLOCK_GU], 0.0, tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        k = k0 + offs_k
-        mk = k < H
-        xn = _normed_chunk(x_ptr, nw_ptr, k, mk, inv, ACT)
-        m2 = mj[:, None] & mk[None, :]
-        w_g = tl.load(w_ptr + g_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
-        w_u = tl.load(w_ptr + u_row[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
-        acc_g += _sum(w_g * xn[None, :], 1)
-        acc_u += _sum(w_u * xn[None, :], 1)
+    acc_g, acc_u = _normed_pair_matvec(x_ptr, mnorm_ptr + layer64 * H, wgu_ptr + layer64 * (2 * IP * H), g_row,
+                                       u_row, mj, eps, ACT, H, BLOCK_GU, BLOCK_K)
     g = _rnd(acc_g, ACT)
     u = _rnd(acc_u, ACT)
     silu = _rnd(g / (1.0 + tl.exp(-g)), ACT)

@@ -13,9 +13,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _positive_int(v: Any) -> bool:
