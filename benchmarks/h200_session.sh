@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_session.sh tune    # GPU tests and the megakernel check only (MK_ARGS passes flags)
 #   bash benchmarks/h200_session.sh final-a # decode-latency benchmarks (llama-3.2-1b all engines; 3b, qwen3-0.6b)
 #   bash benchmarks/h200_session.sh final-b # `bubblescope diagnose model` on the built-in default
+#   bash benchmarks/h200_session.sh round4  # megakernel check + tune4 sweep (context 128), attn4 sweep (4096), sanitizers
 # Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -32,6 +33,18 @@ if [ "$stage" = check ]; then
   for tool in memcheck racecheck; do
     timeout 45 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_megakernel.py > "$R/sanitizer_$tool.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_$tool.log"
     tail -6 "$R/sanitizer_$tool.log"
+  done
+elif [ "$stage" = round4 ]; then
+  log megakernel-check-tune4
+  timeout 330 python3 benchmarks/megakernel_gpu_check.py --out "$R/megakernel_check_round4.json" --max-seconds 300 --reference-modes eager,fp32,cudagraph --steps 256 --sweep tune4 ${MK_ARGS:-} > "$R/megakernel_check_round4.log" 2>&1; echo "rc=$?" >> "$R/megakernel_check_round4.log"
+  tail -70 "$R/megakernel_check_round4.log"
+  log attn4-4096
+  timeout 110 python3 benchmarks/megakernel_gpu_check.py --out "$R/mk_attn4_4096.json" --max-seconds 95 --sections sweep --sweep attn4 --context 4096 --timed-steps 40 --reference-modes eager > "$R/mk_attn4_4096.log" 2>&1; echo "rc=$?" >> "$R/mk_attn4_4096.log"
+  tail -10 "$R/mk_attn4_4096.log"
+  log sanitizers
+  for tool in memcheck racecheck; do
+    timeout 70 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_megakernel.py > "$R/sanitizer_$tool.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_$tool.log"
+    tail -10 "$R/sanitizer_$tool.log"
   done
 elif [ "$stage" = final-a ]; then
   log decode-latency-1b

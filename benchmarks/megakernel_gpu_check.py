@@ -45,7 +45,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps before timing (default 10; 1 on cpu)")
     ap.add_argument("--variants", default="fused,stages,noprefetch")
     ap.add_argument("--reference-modes", default="eager,cudagraph", help="on cpu only eager is possible")
-    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "attn", "none"))
+    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "tune4", "attn", "attn4", "none"))
     ap.add_argument("--sections", default="stories,correctness,timing,timeline,sweep")
     ap.add_argument("--max-seconds", type=float, default=540.0, help="stop starting new work after this")
     ap.add_argument("--out", default="megakernel_gpu_check.json")
@@ -69,7 +69,7 @@ if ARGS.device == "cpu":  # before anything imports triton: the CPU megakernel r
 
 import torch  # noqa: E402
 
-from bubblescope.generation import generate, teacher_forced_logits  # noqa: E402
+from bubblescope.generation import generate, greedy_step, teacher_forced_logits  # noqa: E402
 from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams  # noqa: E402
 from bubblescope.megakernel_engine.engine import CPU_PARAMS  # noqa: E402
 from bubblescope.megakernel_engine.timeline import intrakernel_summary  # noqa: E402
@@ -186,7 +186,7 @@ def section_correctness(w, refs: dict) -> dict:
             e, build_s = build(w, variant, max_seq_len=max(ARGS.context + ARGS.timed_steps + ARGS.warmup,
                                                            len(prompt) + ARGS.steps) + 8)
             got = teacher_forced_logits(e, prompt, forced)
-            greedy_ok = int(e.greedy_token().item()) == int(got[-1].argmax())
+            greedy_ok = int(e.greedy_token().item()) == int(got[-1].argmax())  # picked on the device
             e.synchronize_and_check()
             out[variant] = {m: compare(got, r) for m, r in want.items()}
             out[variant].update(build_s=round(build_s, 2), greedy_partials_ok=greedy_ok, compile=e.compile_info())
@@ -224,9 +224,20 @@ def time_decoder(dec, cfg, steps: int | None = None) -> dict:
         host.append((time.perf_counter() - t0) * 1e3)
         if cuda:
             dev.append(ev0.elapsed_time(ev1))
-    ctx = ARGS.context + ARGS.warmup + steps // 2
+    # The generate() path: an engine's fused greedy step (megakernel: the argmax picked on the device and
+    # read back with the status copy) where it has one, else argmax(decode).
+    greedy_host, greedy_ok = [], True
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        nxt = greedy_step(dec, tok)
+        greedy_host.append((time.perf_counter() - t0) * 1e3)
+        if hasattr(dec, "last_logits"):  # (outside the timed region)
+            greedy_ok &= nxt == int(torch.argmax(dec.last_logits()))
+        tok = nxt
+    ctx = ARGS.context + ARGS.warmup + steps
     nbytes = step_traffic(cfg, torch.finfo(parse_dtype(ARGS.dtype)).bits // 8, ctx)["total_bytes"]
-    out = {"host_ms": pct(host), "context": ARGS.context}
+    out = {"host_ms": pct(host), "greedy_host_ms": pct(greedy_host), "greedy_matches_argmax": bool(greedy_ok),
+           "context": ARGS.context}
     if dev:
         out["device_ms"] = pct(dev)
         out["effective_GBps"] = nbytes / (out["device_ms"]["median"] * 1e-3) / 1e9
@@ -238,7 +249,8 @@ def time_decoder(dec, cfg, steps: int | None = None) -> dict:
 def fmt_time(t: dict) -> str:
     d = t.get("device_ms", t["host_ms"])
     return (f"device median {d['median']:.3f} ms (p10 {d['p10']:.3f}, p90 {d['p90']:.3f}, p99 {d['p99']:.3f}); "
-            f"host median {t['host_ms']['median']:.3f} ms; "
+            f"host median {t['host_ms']['median']:.3f} ms; greedy-step host median {t['greedy_host_ms']['median']:.3f} "
+            f"ms (= argmax: {t['greedy_matches_argmax']}); "
             f"{t.get('effective_GBps', t['host_effective_GBps']):.0f} GB/s")
 
 
@@ -319,6 +331,24 @@ def sweep_configs() -> list[tuple[str, dict]]:
     if ARGS.sweep == "attn":  # attention at long context: more splits, longer position chunks
         return [("default", {}), ("bs32", dict(block_s=32)), ("bs64", dict(block_s=64)),
                 ("splits32-bs32", dict(kv_splits=32, block_s=32)), ("splits64-bs64", dict(kv_splits=64, block_s=64))]
+    if ARGS.sweep == "tune4":  # fourth round: fused attention reduction, multi-tile tasks, prefetch of the next task
+        old = dict(attn_reduce="stage", kv_splits=16, attn_min_chunk=1)  # the round-3 default
+        return [("default", {}), ("old-default", old), ("fused-s16-mc1", dict(kv_splits=16, attn_min_chunk=1)),
+                ("stage-s32-mc16", dict(attn_reduce="stage")), ("s16", dict(kv_splits=16)), ("s64", dict(kv_splits=64)),
+                ("mc32", dict(attn_min_chunk=32)),
+                ("lm2", dict(lm_blocks=2)), ("lm4", dict(lm_blocks=4)), ("lm8", dict(lm_blocks=8)),
+                ("gu2", dict(gateup_blocks=2)), ("gu4", dict(gateup_blocks=4)),
+                ("pf-oproj", dict(prefetch_next="OPROJ")), ("pf-oproj-attn", dict(prefetch_next="OPROJ,ATTN")),
+                ("pf-all", dict(prefetch_next="QKV,ATTN,OPROJ,GATEUP,DOWN,LMHEAD")),
+                ("lm4-gu2", dict(lm_blocks=4, gateup_blocks=2)),
+                ("lm4-gu2-pf", dict(lm_blocks=4, gateup_blocks=2, prefetch_next="OPROJ,ATTN")),
+                ("lm8-gu4-pf", dict(lm_blocks=8, gateup_blocks=4, prefetch_next="OPROJ,ATTN")),
+                ("lm4-gu2-pf-rows6", dict(lm_blocks=4, gateup_blocks=2, prefetch_next="OPROJ,ATTN", max_rows=6)),
+                ("old-default-again", old), ("default-again", {})]
+    if ARGS.sweep == "attn4":  # long context: split count and chunk
+        return [("default", {}), ("old-default", dict(attn_reduce="stage", kv_splits=16, attn_min_chunk=1)),
+                ("s64", dict(kv_splits=64)), ("s64-bs32", dict(kv_splits=64, block_s=32)),
+                ("s32-bs32", dict(block_s=32)), ("s16", dict(kv_splits=16))]
     if ARGS.sweep == "tune3":  # third round: prefetch the next task's weights
         return [("k1024", {}), ("ahead1", dict(prefetch_ahead=1)), ("ahead1-line", dict(prefetch_ahead=1, prefetch="line")),
                 ("ahead1-splits8", dict(prefetch_ahead=1, kv_splits=8)), ("k1024-again", {})]
@@ -382,6 +412,7 @@ def print_sweep_row(r: dict) -> None:
     print(f"  {r['config']:<18} regs {c.get('registers')!s:>4} spills {c.get('spills')!s:>4} "
           f"pps {c.get('programs_per_sm')!s:>2}/{c.get('fit_programs_per_sm')!s:<2} grid {c.get('grid')!s:>5} "
           f"tasks {c.get('tasks_per_step'):>6}  median {d['median']:.3f} ms p90 {d['p90']:.3f}  "
+          f"greedy-host {t['greedy_host_ms']['median']:.3f} ms  "
           f"{t.get('effective_GBps', t['host_effective_GBps']):7.0f} GB/s  "
           f"agree {r['correct']['argmax_agreement']:.2f} "
           f"rel {r['correct']['max_rel_err']:.1e}  build {r['build_s']:.0f}s", flush=True)

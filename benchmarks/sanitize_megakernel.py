@@ -12,16 +12,19 @@ def main() -> int:
     import torch
 
     from bubblescope.generation import generate
-    from bubblescope.megakernel_engine import MegakernelEngine
+    from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models import dummy_weights, get_preset
 
+    # The default, and one with every split in use (fused reduction by the last ticket holder), multi-tile
+    # GATEUP / LMHEAD tasks and the next-task prefetch.
+    busy = MegakernelParams(kv_splits=4, attn_min_chunk=1, lm_blocks=2, gateup_blocks=2, prefetch_next="OPROJ,ATTN")
     for dtype in (torch.float32, torch.bfloat16):
         w = dummy_weights(get_preset("tiny-llama"), "cuda", dtype, seed=0)
-        for variant in ("fused", "stages"):
-            eng = MegakernelEngine(w, max_seq_len=32, variant=variant)
+        for variant, params in (("fused", None), ("stages", None), ("fused", busy), ("stages", busy)):
+            eng = MegakernelEngine(w, params=params, max_seq_len=32, variant=variant)
             toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
             eng.synchronize_and_check()
-            print(dtype, variant, toks, flush=True)
+            print(dtype, variant, "default" if params is None else "busy", toks, flush=True)
     return 0
 
 

@@ -73,7 +73,55 @@ def test_tiny_configs_match_reference_and_oracle(name):
     assert (got - ref).abs().max().item() < 1e-4
     assert (got - orc).abs().max().item() < 1e-4
     assert engine.compile_info()["tasks_per_step"] > 6 * cfg.num_hidden_layers  # several tiles per stage ran
-    assert engine.greedy_token().item() == int(torch.argmax(got[-1]))  # the LM-head tiles' argmax partials
+    assert engine.greedy_token().item() == int(torch.argmax(got[-1]))  # the LM-head tasks' atomic_max key
+
+
+@pytest.mark.parametrize("attn_reduce", ["fused", "stage"])
+def test_multi_block_tasks_and_many_splits_match_reference(attn_reduce):
+    # GATEUP / LMHEAD tasks of several register tiles (the last one partial), and 20 splits of one position
+    # each: the reduction walks them in blocks of 16, and the fused one runs in the last ticket holder.
+    cfg = TINY["gqa-tied-llama3"]
+    w = dummy_weights(cfg, seed=2)
+    params = MID.replace(gateup_blocks=3, lm_blocks=4, kv_splits=20, attn_min_chunk=1, attn_reduce=attn_reduce)
+    prompt = list(range(3, 3 + 24))
+    ref = teacher_forced_logits(ReferenceEngine(w, max_seq_len=40), prompt, FORCED)
+    engine = MegakernelEngine(w, params=params, max_seq_len=40)
+    got = teacher_forced_logits(engine, prompt, FORCED)
+    orc = teacher_forced_logits(ScheduleInterpreter(w, params=params, max_seq_len=40), prompt, FORCED)
+    assert (got - ref).abs().max().item() < 1e-4
+    assert (got - orc).abs().max().item() < 1e-4
+    per_op = engine.compile_info()["tasks_per_opcode"]
+    assert ("ATTN_REDUCE" in per_op) == (attn_reduce == "stage")
+    assert per_op["LMHEAD"] == -(-cfg.vocab_size // (40 * 4))
+
+
+def test_decode_greedy_picks_torch_argmax_with_negative_logits_and_ties():
+    # Untied LM head whose rows are c_r · u: logits are c_r · (u · h). With u · h < 0 every logit is negative,
+    # so the device pick must order negative floats correctly; repeated c_r make ties (first row wins).
+    cfg = TINY["mha-untied"]
+    w = dummy_weights(cfg, seed=3)
+    u = w.lm_head[7].clone()
+    coef = torch.tensor([3.0, 1.0, 2.0, 1.0, 5.0, 1.0, 4.0])[torch.arange(cfg.vocab_size) % 7]
+    w.lm_head.copy_(coef[:, None] * u[None, :])
+    e = MegakernelEngine(w, params=MID.replace(lm_blocks=2), max_seq_len=16)
+    logits = e.prefill(torch.tensor([1, 2]))
+    if logits[0] > 0:  # make u · h negative for this input
+        w.lm_head.neg_()
+        e = MegakernelEngine(w, params=MID.replace(lm_blocks=2), max_seq_len=16)
+        logits = e.prefill(torch.tensor([1, 2]))
+    assert (logits < 0).all()
+    assert int(torch.argmax(logits)) == 1  # the smallest c_r (1.0, first at row 1)
+    assert e.greedy_token().item() == 1
+    tok = e.decode_greedy(5)
+    assert tok == int(torch.argmax(e.last_logits()))
+    # Random weights over several steps: the fused greedy step equals argmax of the same step's logits.
+    w = dummy_weights(TINY["gqa-tied-llama3"], seed=5)
+    e = MegakernelEngine(w, params=MID.replace(lm_blocks=3), max_seq_len=16)
+    tok = int(torch.argmax(e.prefill(torch.tensor([1, 2, 3]))))
+    for _ in range(6):
+        nxt = e.decode_greedy(tok)
+        assert nxt == int(torch.argmax(e.last_logits()))
+        tok = nxt
 
 
 def test_variants_give_the_same_logits_as_fused():

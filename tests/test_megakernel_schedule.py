@@ -13,10 +13,31 @@ import torch
 from bubblescope.errors import BubblescopeError, KernelStuck
 from bubblescope.generation import teacher_forced_logits
 from bubblescope.megakernel_engine.interpreter import ScheduleInterpreter
-from bubblescope.megakernel_engine.packing import gateup_rows, pack_weights, qk_permutation
-from bubblescope.megakernel_engine.schedule import (F_GIDX, F_SIGINC, F_SIGNAL, OP_ATTN, OP_GATEUP, OP_LMHEAD, OP_QKV,
-                                                    MegakernelParams, build_schedule, lower, pick_rows)
-from bubblescope.megakernel_engine.timeline import chrome_events, decode_timeline, intrakernel_summary
+from bubblescope.megakernel_engine.packing import (
+    gateup_rows,
+    pack_weights,
+    qk_permutation,
+)
+from bubblescope.megakernel_engine.schedule import (
+    F_GIDX,
+    F_SIGINC,
+    F_SIGNAL,
+    F_TICKET,
+    OP_ATTN,
+    OP_GATEUP,
+    OP_LMHEAD,
+    OP_OPROJ,
+    OP_QKV,
+    MegakernelParams,
+    build_schedule,
+    lower,
+    pick_rows,
+)
+from bubblescope.megakernel_engine.timeline import (
+    chrome_events,
+    decode_timeline,
+    intrakernel_summary,
+)
 from bubblescope.models.config import ModelConfig, get_preset
 from bubblescope.models.weights import dummy_weights
 from bubblescope.reference_engine import ReferenceEngine
@@ -55,20 +76,29 @@ def test_pick_rows_balances_over_the_grid():
     assert pick_rows(100, 4, 8, multiple=4) % 4 == 0
 
 
-def test_llama_1b_schedule_invariants():
+@pytest.mark.parametrize("attn_reduce", ["fused", "stage"])
+def test_llama_1b_schedule_invariants(attn_reduce):
     cfg = get_preset("llama-3.2-1b")
-    sch = build_schedule(cfg, MegakernelParams(), 528)
+    sch = build_schedule(cfg, MegakernelParams(attn_reduce=attn_reduce, lm_blocks=4, gateup_blocks=2), 528)
     tasks = sch.tasks
     assert [t.gidx for t in tasks] == list(range(len(tasks)))
     # Every waited-on counter is complete before the waiter in the global order (topological), and the
-    # need equals the increments per step (whole-stage dependencies).
+    # need equals the increments per step (whole-stage dependencies). A fused-reduction ATTN task takes a
+    # ticket; its group signals once, when the group's last ticket is taken.
     signalled = [0] * sch.num_counters
+    splits = sch.tiling.kv_splits
     for t in tasks:
         if t.wait >= 0:
             assert signalled[t.wait] == t.need == sch.increments[t.wait]
-        if t.signal >= 0:
+        if t.ticket >= 0:
+            signalled[t.ticket] += 1
+            if signalled[t.ticket] % splits == 0:
+                signalled[t.signal] += 1
+        elif t.signal >= 0:
             signalled[t.signal] += 1
     assert signalled == sch.increments
+    assert (sch.tasks_per_opcode().get("ATTN_REDUCE", 0) == 0) == (attn_reduce == "fused")
+    assert sch.tiling.kv_splits == 32  # auto: 528 programs // 8 kv heads, capped at KV_SPLITS_CAP
     # Each program's queue is increasing in global order; all tasks appear exactly once.
     table, counts = sch.table, sch.counts
     gidx = [table[p, :counts[p], F_GIDX].tolist() for p in range(sch.num_programs)]
@@ -77,6 +107,9 @@ def test_llama_1b_schedule_invariants():
     # Tiles cover each matrix exactly once.
     for op, total in ((OP_QKV, (cfg.q_size + 2 * cfg.kv_size) // 2), (OP_GATEUP, cfg.intermediate_size),
                       (OP_LMHEAD, cfg.vocab_size)):
+        # several register tiles per GATEUP / LMHEAD task: 8192 / (4 pairs · 2) and 128256 / (8 rows · 4)
+        n = sum(t.op == op and t.layer == cfg.num_hidden_layers - 1 for t in tasks)
+        assert n == {OP_QKV: 512, OP_GATEUP: 1024, OP_LMHEAD: 4008}[op]
         cover = np.zeros(total, dtype=int)
         for t in tasks:
             if t.op == op and t.layer == cfg.num_hidden_layers - 1:
@@ -88,10 +121,11 @@ def test_llama_1b_schedule_invariants():
     assert sch.tasks_per_opcode()["QKV"] == 512 * cfg.num_hidden_layers
 
 
-def test_stage_schedules_drop_counters_and_keep_tasks():
-    sch = build_schedule(TINY["gqa-tied-llama3"], SMALL, 5)
+@pytest.mark.parametrize("attn_reduce,per_layer", [("fused", 5), ("stage", 6)])
+def test_stage_schedules_drop_counters_and_keep_tasks(attn_reduce, per_layer):
+    sch = build_schedule(TINY["gqa-tied-llama3"], SMALL.replace(attn_reduce=attn_reduce), 5)
     stages = sch.stage_schedules()
-    assert len(stages) == 6 * 2 + 1
+    assert len(stages) == per_layer * 2 + 1
     assert all(t.wait == -1 and t.signal == -1 for s in stages for t in s.tasks)
     assert sorted(t.gidx for s in stages for t in s.tasks) == list(range(len(sch.tasks)))
 
@@ -240,11 +274,10 @@ print(json.dumps(out))
 def test_kernel_compiles_for_sm90_and_default_keeps_four_programs_per_sm():
     """Compiled-mode code paths (prefetch asm, %globaltimer, nanosleep, q/k-norm, bias-free bf16/fp32) through
     Triton and ptxas for sm_90a, in a subprocess where triton is not in interpreter mode."""
+    import importlib.util
     import os
     import subprocess
     import sys
-
-    import importlib.util
     from pathlib import Path
 
     spec = importlib.util.find_spec("triton")  # located, not imported: this process's Triton mode stays untouched
@@ -260,9 +293,24 @@ def test_kernel_compiles_for_sm90_and_default_keeps_four_programs_per_sm():
 
 
 def test_signals_are_batched_per_program_stage_run():
-    sch = build_schedule(get_preset("llama-3.2-1b"), MegakernelParams(), 528)
+    sch = build_schedule(get_preset("llama-3.2-1b"), MegakernelParams(attn_reduce="stage"), 528)
     rows = sch.table[sch.table[..., F_SIGINC] > 0]
     totals = torch.zeros(sch.num_counters, dtype=torch.long).index_add_(0, rows[:, F_SIGNAL].long(),
                                                                         rows[:, F_SIGINC].long())
     assert totals.tolist() == sch.increments  # every stage still adds one per task
     assert len(rows) < sum(t.signal >= 0 for t in sch.tasks)  # but with fewer atomics
+
+
+def test_fused_attention_tickets_replace_static_signals():
+    cfg = get_preset("llama-3.2-1b")
+    sch = build_schedule(cfg, MegakernelParams(), 528)
+    attn = sch.table[sch.table[..., 0] == OP_ATTN]
+    # No ATTN row signals statically; each names its group's ticket counter (one per layer and kv head).
+    assert (attn[:, F_SIGINC] == 0).all()
+    tickets = attn[:, F_TICKET].unique()
+    assert len(tickets) == cfg.num_hidden_layers * cfg.num_key_value_heads
+    assert sch.counter_name(int(tickets[0])) == "layer 0 ATTN tickets of kv-head group 0"
+    # Each ticket counter gets kv_splits increments per step; each OPROJ waits for one signal per group.
+    assert all(sch.increments[int(c)] == sch.tiling.kv_splits for c in tickets)
+    oproj = next(t for t in sch.tasks if t.op == OP_OPROJ)
+    assert oproj.need == cfg.num_key_value_heads

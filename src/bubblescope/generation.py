@@ -6,8 +6,9 @@ Sampling (greedy, temperature, top-k, top-p, seeded) lives here once; engines on
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -34,6 +35,13 @@ class Decoder(Protocol):
     def decode(self, token: int | torch.Tensor) -> torch.Tensor: ...
 
     def reset(self) -> None: ...
+
+
+def greedy_step(decoder: Decoder, token: int) -> int:
+    """One greedy decode step: the engine's own ``decode_greedy`` when it has one (the megakernel picks
+    the argmax on the device and returns it with its status copy), else ``argmax(decode(token))``."""
+    fused = getattr(decoder, "decode_greedy", None)
+    return fused(token) if callable(fused) else int(torch.argmax(decoder.decode(token)))
 
 
 @dataclass(frozen=True)
@@ -127,9 +135,10 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
     res.tokens.append(tok)
     if on_token:
         on_token(tok)
+    greedy = params.temperature <= 0
     while len(res.tokens) < max_new_tokens and tok not in eos:
         t0 = t1
-        tok = sample(decoder.decode(tok), params, gen)
+        tok = greedy_step(decoder, tok) if greedy else sample(decoder.decode(tok), params, gen)
         t1 = time.perf_counter()
         res.token_ms.append((t1 - t0) * 1e3)
         res.tokens.append(tok)

@@ -26,13 +26,15 @@ from ..errors import BubblescopeError, EngineUnavailable, KernelStuck
 from ..models.weights import ModelWeights
 from . import launch as L
 from .packing import pack_weights
-from .schedule import LAYER_STAGES, OPCODE_NAMES, MegakernelParams, build_schedule, resolve_tiling
+from .schedule import OPCODE_NAMES, MegakernelParams, build_schedule, num_counters, resolve_tiling
 from .timeline import IntraKernelTimeline, decode_timeline
 
 VARIANTS = {"fused": "megakernel", "stages": "megakernel-stages", "noprefetch": "megakernel-noprefetch"}
 # CPU (interpreter) defaults: few big tasks, since every interpreted task costs milliseconds.
 CPU_PARAMS = MegakernelParams(max_rows=512, block_k=256, kv_splits=1, attn_kv_heads=64, block_s=256)
 ERR_FIELDS = 16
+ERR_TOKEN = 15              # the kernel's last program writes the step's greedy token into err[15]
+AMAX_EMPTY = -(2 ** 63)     # kernel.AMAX_EMPTY: the greedy key buffer between steps
 
 
 def check_supported(weights: ModelWeights) -> None:
@@ -103,7 +105,7 @@ class MegakernelEngine:
         self._info.update(tasks_per_step=len(self.schedule.tasks), launches_per_step=len(self._launches),
                           tasks_per_opcode=self.schedule.tasks_per_opcode(), tiling=dict(vars(self.tiling)),
                           prefetch=self._launchers[params.timeline].constexprs["PREFETCH"])
-        self._max_inc = max(self.schedule.increments) if variant != "stages" else 0
+        self._max_inc = max(self.schedule.increments)  # (the stages variant still counts fused-attention tickets)
         self._timeline_on = params.timeline
         self.reset()
 
@@ -114,14 +116,13 @@ class MegakernelEngine:
         nq = cfg.num_attention_heads * t.kv_splits
         self.k_cache = z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim)
         self.v_cache = z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim)
-        n_lm = -(-cfg.vocab_size // t.rows_lm)
         f32, i32 = torch.float32, torch.int32
         self._buf = dict(
             x_ptr=z(cfg.hidden_size), q_ptr=z(cfg.q_size), attn_ptr=z(cfg.q_size), act_ptr=z(t.i_pad),
             pm_ptr=z(nq, dtype=f32), pl_ptr=z(nq, dtype=f32), pacc_ptr=z(nq * cfg.head_dim, dtype=f32),
-            logits_ptr=z(cfg.vocab_size, dtype=f32), amax_v_ptr=z(n_lm, dtype=f32), amax_i_ptr=z(n_lm, dtype=i32),
-            state_ptr=z(4, dtype=i32),                            # position, epoch, token, unused
-            counters_ptr=z(cfg.num_hidden_layers * len(LAYER_STAGES), dtype=i32), done_ptr=z(1, dtype=i32),
+            logits_ptr=z(cfg.vocab_size, dtype=f32), amax_ptr=z(1, dtype=torch.int64),
+            state_ptr=z(4, dtype=i32),                            # position, epoch, input token, greedy token
+            counters_ptr=z(num_counters(cfg, t), dtype=i32), done_ptr=z(1, dtype=i32),
             err_ptr=z(ERR_FIELDS, dtype=i32))
         self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
         if dev.type == "cuda":
@@ -154,6 +155,7 @@ class MegakernelEngine:
         for t in (self.k_cache, self.v_cache, *(self._buf[k] for k in ("state_ptr", "counters_ptr", "done_ptr",
                                                                          "err_ptr"))):
             t.zero_()
+        self._buf["amax_ptr"].fill_(AMAX_EMPTY)
         self.position = 0
         self._epoch = 0
         self._failed: str | None = None
@@ -185,9 +187,8 @@ class MegakernelEngine:
             raise BubblescopeError(f"prompt: token id {lo if lo < 0 else hi} outside the vocabulary of "
                                    f"{self.config.vocab_size}")
         self.reset()
-        for i in range(t):
-            self._state[2:3].copy_(ids[i:i + 1])
-            self._step()
+        for tok in ids.tolist():
+            self._step(int(tok))
         return self._out()
 
     @torch.inference_mode()
@@ -203,20 +204,43 @@ class MegakernelEngine:
         """
         if self.position >= self.max_seq_len:
             raise BubblescopeError(f"decode: the KV cache of {self.max_seq_len} positions is full")
+        tok_in = -1
         if isinstance(token, torch.Tensor):
             self._state[2:3].copy_(token.reshape(-1)[:1])
         else:
             if not 0 <= int(token) < self.config.vocab_size:
                 raise BubblescopeError(f"decode: token id {token} outside the vocabulary of {self.config.vocab_size}")
-            self._state[2:3].fill_(int(token))
-        self._step()
+            tok_in = int(token)  # a kernel argument: no host-to-device write per step
+        self._step(tok_in)
         return self._out()
+
+    @torch.inference_mode()
+    def decode_greedy(self, token: int | torch.Tensor) -> int:
+        """One decode step like :meth:`decode`, returning the greedy next token as a host int: the argmax of
+        the step's logits (first maximum, as ``torch.argmax``), picked on the device by the LM-head tasks and
+        read back together with the error record (one small copy, no argmax kernel). The logits stay
+        available through :meth:`decode`'s buffer (``last_logits()``).
+
+        Raises:
+            BubblescopeError, KernelStuck: as :meth:`decode`.
+        """
+        self.decode(token)
+        if self.interpret:
+            return int(self._err[ERR_TOKEN])
+        self._err_event.synchronize()
+        self._err_pending = False
+        self._check(self._err_host)
+        return int(self._err_host[ERR_TOKEN])
+
+    def last_logits(self) -> torch.Tensor:
+        """float32 (V,) logits of the last step (the static device buffer; copy it to keep it)."""
+        return self._logits
 
     def _out(self) -> torch.Tensor:
         # On CPU, callers' ``.float().cpu()`` would alias the static buffer (no copy): hand out a copy there.
         return self._logits.clone() if self.interpret else self._logits
 
-    def _step(self) -> None:
+    def _step(self, tok_in: int = -1) -> None:
         self._check_pending()
         if self._max_inc and (self._epoch + 2) * self._max_inc >= 2 ** 31 - 1:
             self._buf["counters_ptr"].zero_()  # rewind before int32 overflow (stream-ordered: nothing in flight)
@@ -226,7 +250,7 @@ class MegakernelEngine:
         self._launch_host_us = time.monotonic_ns() / 1e3
         last = len(self._tables) - 1
         for k, (grid, table, counts, stamps) in enumerate(self._tables):
-            launch(grid, table, counts, stamps, advance=int(k == last))
+            launch(grid, table, counts, stamps, advance=int(k == last), tok_in=tok_in)
         self._stamped = self._timeline_on
         self.position += 1
         self._epoch += 1
@@ -270,8 +294,8 @@ class MegakernelEngine:
         return dict(self._info)
 
     def greedy_token(self) -> torch.Tensor:
-        """The argmax of the last logits from the LM-head tiles' partials (int64 (1,), on the device, no sync)."""
-        return self._buf["amax_i_ptr"][torch.argmax(self._buf["amax_v_ptr"])].long().reshape(1)
+        """The argmax of the last logits, picked on the device (int64 (1,), on the device, no sync)."""
+        return self._state[3:4].long()
 
     def last_timeline(self):
         """The last step's per-task timeline as a DataFrame (``timeline.decode_timeline``); syncs.

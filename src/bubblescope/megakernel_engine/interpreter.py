@@ -50,9 +50,8 @@ class ScheduleInterpreter:
             "k_cache": z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim),
             "v_cache": z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim),
             "pm": z(nq, dtype=torch.float32), "pl": z(nq, dtype=torch.float32),
-            "pacc": z(nq, cfg.head_dim, dtype=torch.float32), "logits": z(cfg.vocab_size, dtype=torch.float32),
-            "amax_v": z(-(-cfg.vocab_size // t.rows_lm), dtype=torch.float32),
-            "amax_i": z(-(-cfg.vocab_size // t.rows_lm), dtype=torch.long)}
+            "pacc": z(nq, cfg.head_dim, dtype=torch.float32), "logits": z(cfg.vocab_size, dtype=torch.float32)}
+        self._tickets: dict[int, int] = {}
         self.position = 0
 
     # ---- helpers (same roundings as ops.py) ----------------------------------------------------------------
@@ -106,7 +105,7 @@ class ScheduleInterpreter:
         elif t.op == OP_ATTN:
             g, ns = cfg.gqa_group, tl_.kv_splits
             n = pos + 1
-            chunk = -(-n // ns)
+            chunk = max(-(-n // ns), tl_.attn_min_chunk)
             lo_s, hi_s = t.a2 * chunk, min(n, (t.a2 + 1) * chunk)
             for hq in range(t.a0 * g, (t.a0 + t.a1) * g):
                 out = hq * ns + t.a2
@@ -121,11 +120,7 @@ class ScheduleInterpreter:
                 e = torch.exp(sc - m)
                 b["pm"][out], b["pl"][out], b["pacc"][out] = m, e.sum(), e @ v
         elif t.op == OP_ATTN_REDUCE:
-            ns = tl_.kv_splits
-            for hq in range(t.a0 * cfg.gqa_group, (t.a0 + t.a1) * cfg.gqa_group):
-                m, l, acc = (b[k][hq * ns:(hq + 1) * ns] for k in ("pm", "pl", "pacc"))
-                w = torch.exp(m - m.max())
-                b["attn"][hq * D:(hq + 1) * D] = ((w[:, None] * acc).sum(0) / (w * l).sum()).to(self.act)
+            self._attn_reduce(t, pos)
         elif t.op in (OP_OPROJ, OP_DOWN):
             r = slice(t.a1, t.a1 + t.a2)
             if t.op == OP_OPROJ:
@@ -134,9 +129,9 @@ class ScheduleInterpreter:
                 w, a, resid = p.wdown[layer], b["act"][:cfg.intermediate_size], b["x"]
             y = self._rnd(w[r].float() @ a.float())
             b["x"][r] = (resid[r].float() + y).to(self.act)
-        elif t.op == OP_GATEUP:
+        elif t.op == OP_GATEUP:  # a task of several packed blocks = the same rows in one go
             h = self._normed(b["x"], p.mnorm[layer])
-            j = torch.arange(t.a1, t.a1 + t.a2, device=self.device)
+            j = torch.arange(t.a1, min(t.a1 + t.a2, cfg.intermediate_size), device=self.device)
             g_row = (j // tl_.gb) * 2 * tl_.gb + j % tl_.gb
             w = p.wgu[layer].float()
             g, u = self._rnd(w[g_row] @ h), self._rnd(w[g_row + tl_.gb] @ h)
@@ -146,9 +141,18 @@ class ScheduleInterpreter:
             r = torch.arange(t.a1, t.a1 + t.a2, device=self.device)
             val = self._rnd(p.lm_head[r].float() @ h)
             b["logits"][r] = val
-            b["amax_v"][t.tile], b["amax_i"][t.tile] = val.max(), r[int(torch.argmax(val))]
         else:
             raise BubblescopeError(f"oracle: unknown opcode {t.op}")
+
+    def _attn_reduce(self, t: Task, pos: int) -> None:
+        """ATTN_REDUCE of kv heads [t.a0, t.a0 + t.a1) over the non-empty splits (see ops.op_attn_reduce)."""
+        cfg, b, ns, D = self.config, self.buffers, self.schedule.tiling.kv_splits, self.config.head_dim
+        n = pos + 1
+        used = -(-n // max(-(-n // ns), self.schedule.tiling.attn_min_chunk))
+        for hq in range(t.a0 * cfg.gqa_group, (t.a0 + t.a1) * cfg.gqa_group):
+            m, l, acc = (b[k][hq * ns:hq * ns + used] for k in ("pm", "pl", "pacc"))
+            w = torch.exp(m - m.max())
+            b["attn"][hq * D:(hq + 1) * D] = ((w[:, None] * acc).sum(0) / (w * l).sum()).to(self.act)
 
     # ---- whole steps ----------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -162,6 +166,7 @@ class ScheduleInterpreter:
             KernelStuck: a task's dependency is not met when its turn comes (a schedule bug).
         """
         counts = [0] * self.schedule.num_counters
+        self._tickets.clear()
         stop = None
         if stop_after is not None:
             op = OPCODES[stop_after[1]]
@@ -179,7 +184,14 @@ class ScheduleInterpreter:
                               f"{program}) needs {t.need} increments of counter {t.wait} "
                               f"({self.schedule.counter_name(t.wait)}), has {counts[t.wait]}")
         self.run_task(t, token, self.position)
-        if t.signal >= 0:
+        if t.ticket >= 0:  # fused reduction: the group's last ticket holder reduces and signals
+            got = self._tickets.get(t.ticket, 0) + 1
+            self._tickets[t.ticket] = got
+            if got == self.schedule.tiling.kv_splits:
+                self._attn_reduce(t, self.position)
+                if t.signal >= 0:
+                    counts[t.signal] += 1
+        elif t.signal >= 0:
             counts[t.signal] += amount
 
     @torch.inference_mode()
@@ -196,6 +208,7 @@ class ScheduleInterpreter:
         queues = [[(self.schedule.tasks[r[F_GIDX]], r[F_SIGINC]) for r in q] for q in rows]
         heads = [0] * len(queues)
         counts = [0] * sch.num_counters
+        self._tickets.clear()
         while any(h < len(q) for h, q in zip(heads, queues)):
             progressed = False
             for p, q in enumerate(queues):
@@ -215,6 +228,7 @@ class ScheduleInterpreter:
     def reset(self) -> None:
         for v in self.buffers.values():
             v.zero_()
+        self._tickets.clear()
         self.position = 0
 
     def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -6,15 +6,19 @@ Imported only through :mod:`.launch`, after the Triton mode (compiled or interpr
 Memory layout of the launch's inputs (all int32 unless said):
 
 * ``table`` (P, T, NFIELDS): program p's tasks in slots 0..counts[p]-1 (fields: ``schedule.F_*``).
-* ``state`` (4,): position, epoch, token, unused — read once at kernel start (so the launch is the same
-  for every step: CUDA-graph capturable), advanced by the last program to finish.
+* ``state`` (4,): position, epoch, input token, greedy token — read once at kernel start, advanced by the
+  last program to finish. The input token comes from the ``tok_in`` argument when it is >= 0 (no host-to-
+  device write per step), else from ``state[2]`` (a device-side token, e.g. the previous greedy pick).
+* ``amax`` int64 (1,): the LM-head tasks' ``atomic_max`` of (ordered logit, row) keys (ops.op_lmhead); the
+  last program decodes it into the greedy token, writes it to ``state[2]``, ``state[3]`` and ``err[15]``
+  (so the host reads the token with the error record, in one copy) and resets it.
 * ``counters`` (C,): dependency counters, only ever incremented. A task waiting on counter c for ``need``
   increments of this step waits until ``counters[c] >= epoch · F_INC + need`` (F_INC = increments of c
   per step); a task adds F_SIGINC to its signal counter when done (a program's run of tasks of one stage
   signals once, from its last task); ``done`` (1,): programs finished in this launch (reset by the last
   one).
 * ``err`` (16,): stuck-task record: flag, opcode, layer, tile, program, counter, seen, need, gidx,
-  number of stuck tasks.
+  number of stuck tasks; ``err[15]``: the step's greedy token.
 * ``timeline`` int64 (P, T, 3): per task start / dependencies-satisfied / done timestamps in ns.
 
 Synchronisation (Triton idioms measured on the H200, see DESIGN.md): the producer runs
@@ -46,6 +50,9 @@ F_INC = tl.constexpr(S.F_INC)
 F_SIGNAL = tl.constexpr(S.F_SIGNAL)
 F_GIDX = tl.constexpr(S.F_GIDX)
 F_SIGINC = tl.constexpr(S.F_SIGINC)
+F_TICKET = tl.constexpr(S.F_TICKET)
+F_PFNEXT = tl.constexpr(S.F_PFNEXT)
+AMAX_EMPTY = tl.constexpr(-(2 ** 63))  # below every key op_lmhead builds
 
 
 @_device
@@ -130,15 +137,16 @@ def _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head
     _prefetch_l2(base, nbytes, MODE, LANES)
 
 
-@triton.jit(do_not_specialize=["max_tasks", "spin_cap", "advance"])
+@triton.jit(do_not_specialize=["max_tasks", "spin_cap", "advance", "tok_in"])
 def megakernel(
         table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr,
         emb_ptr, head_ptr, fnorm_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr, wo_ptr, mnorm_ptr, wgu_ptr,
         wdown_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-        x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_v_ptr, amax_i_ptr,
-        spin_cap, advance, eps, sm_scale,
+        x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
+        spin_cap, advance, tok_in, eps, sm_scale,
         H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, I: tl.constexpr, IP: tl.constexpr, V: tl.constexpr,
         D: tl.constexpr, G: tl.constexpr, NKV: tl.constexpr, S_MAX: tl.constexpr, NSPLIT: tl.constexpr,
+        MIN_CHUNK: tl.constexpr,
         NF: tl.constexpr, HB: tl.constexpr, GB: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_KQ: tl.constexpr,
         BLOCK_KI: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_GU: tl.constexpr,
         BLOCK_DN: tl.constexpr,
@@ -148,15 +156,20 @@ def megakernel(
     """Run program ``pid``'s queue of the instruction table for one decode step (see module docstring).
 
     Per task: read the instruction; [PREFETCH] start its weight tile (PF_AHEAD = 1: the NEXT task's tile,
-    so it streams in while this task waits and computes) towards L2; wait for its dependency
-    counter (bounded); run the opcode; release-increment its signal counter. Then the last program to
-    finish advances position and epoch when ``advance`` is set (the ``stages`` variant clears it for all
-    but its last launch of a step).
+    so it streams in while this task waits and computes; F_PFNEXT: the next task's tile too) towards L2;
+    wait for its dependency counter (bounded); run the opcode; release-increment its signal counter (a
+    fused-reduction ATTN task takes a ticket instead, and the last ticket holder of its kv-head group runs
+    ATTN_REDUCE and signals). Then the last program to finish, when ``advance`` is set (the ``stages``
+    variant clears it for all but its last launch of a step), advances position and epoch and publishes the
+    greedy token.
     """
     pid = tl.program_id(0)
     pos = tl.load(state_ptr + 0)
     epoch = tl.load(state_ptr + 1)
-    tok = tl.minimum(tl.maximum(tl.load(state_ptr + 2), 0), V - 1)  # a bad device-side id must not read out of bounds
+    tok = tok_in
+    if tok_in < 0:
+        tok = tl.load(state_ptr + 2)
+    tok = tl.minimum(tl.maximum(tok, 0), V - 1)  # a bad device-side id must not read out of bounds
     n = tl.load(counts_ptr + pid)
     row = table_ptr + pid * max_tasks * NF
     known_cnt = -1  # counters only increase: once seen >= a target, later waits for <= it need no atomic
@@ -180,6 +193,12 @@ def megakernel(
             else:
                 _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
                                PREFETCH, PF_LANES)
+                if tl.load(row + F_PFNEXT) != 0:
+                    if i + 1 < n:
+                        nxt = row + NF
+                        _prefetch_task(tl.load(nxt + F_OP), tl.load(nxt + F_LAYER), tl.load(nxt + F_A1),
+                                       tl.load(nxt + F_A2), wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV,
+                                       I, IP, PREFETCH, PF_LANES)
         ok = 1
         if wait_cnt >= 0:
             need = tl.load(row + F_NEED)
@@ -201,11 +220,24 @@ def megakernel(
                        cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, H, Q, KV, D, NKV, S_MAX, HB, HAS_BIAS, HAS_QK_NORM,
                        BLOCK_P, BLOCK_KH)
             elif op == OP_ATTN:
-                op_attn(layer, tl.load(row + F_A0), a1, a2, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr,
-                        pacc_ptr, D, G, NKV, S_MAX, NSPLIT, BLOCK_QH, BLOCK_S)
+                kv0 = tl.load(row + F_A0)
+                op_attn(layer, kv0, a1, a2, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr,
+                        pacc_ptr, D, G, NKV, S_MAX, NSPLIT, MIN_CHUNK, BLOCK_QH, BLOCK_S)
+                ticket_cnt = tl.load(row + F_TICKET)
+                if ticket_cnt >= 0:  # fused reduction: the group's last ticket holder combines the splits
+                    tl.debug_barrier()  # every thread's partials are issued before the release
+                    ticket = tl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
+                    if ticket == (epoch + 1) * NSPLIT - 1:
+                        tl.debug_barrier()
+                        op_attn_reduce(kv0, a1, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, NSPLIT, MIN_CHUNK,
+                                       BLOCK_QH, BLOCK_SPLIT)
+                        sig = tl.load(row + F_SIGNAL)
+                        if sig >= 0:
+                            tl.debug_barrier()
+                            tl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
             elif op == OP_ATTN_REDUCE:
-                op_attn_reduce(tl.load(row + F_A0), a1, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, NSPLIT, BLOCK_QH,
-                               BLOCK_SPLIT)
+                op_attn_reduce(tl.load(row + F_A0), a1, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, NSPLIT,
+                               MIN_CHUNK, BLOCK_QH, BLOCK_SPLIT)
             elif op == OP_OPROJ:
                 if layer == 0:  # layer 0's residual is the token's embedding row (x is not written yet)
                     resid = emb_ptr + tok.to(tl.int64) * H
@@ -219,8 +251,7 @@ def megakernel(
                 op_matvec_residual(a1, a2, wdown_ptr + layer.to(tl.int64) * (H * I), act_ptr, x_ptr, x_ptr, I,
                                    BLOCK_DN, BLOCK_KI)
             elif op == OP_LMHEAD:
-                op_lmhead(tl.load(row + F_TILE), a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_v_ptr,
-                          amax_i_ptr, H, V, BLOCK_LM, BLOCK_KH)
+                op_lmhead(a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr, H, V, BLOCK_LM, BLOCK_KH)
             amount = tl.load(row + F_SIGINC)
             if amount > 0:  # the program's last task of its stage run signals for the whole run
                 tl.debug_barrier()  # every thread's stores of the run's tasks are issued before the release
@@ -240,3 +271,8 @@ def megakernel(
         if advance != 0:
             tl.store(state_ptr + 0, pos + 1)
             tl.store(state_ptr + 1, epoch + 1)
+            key = tl.atomic_xchg(amax_ptr, AMAX_EMPTY, sem="acq_rel", scope="gpu")
+            best = (V - 1 - (key - ((key >> 32) << 32))).to(tl.int32)  # low 32 bits: V - 1 - row
+            tl.store(state_ptr + 2, best)
+            tl.store(state_ptr + 3, best)
+            tl.store(err_ptr + 15, best)

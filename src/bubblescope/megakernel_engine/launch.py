@@ -124,6 +124,7 @@ def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=cfg.head_dim, G=cfg.gqa_group, NKV=cfg.num_key_value_heads, S_MAX=max_seq_len, NSPLIT=t.kv_splits,
+        MIN_CHUNK=t.attn_min_chunk,
         NF=NFIELDS, HB=t.hb, GB=t.gb,
         # columns per chunk for K = H, Q, I: never wider than the matrix (masked lanes cost time on CPU)
         BLOCK_KH=min(params.block_k, next_pow2(cfg.hidden_size)), BLOCK_KQ=min(params.block_k, next_pow2(cfg.q_size)),
@@ -162,9 +163,10 @@ class Launcher:
     """Binds the engine's buffers and constants to ``kernel.megakernel`` and launches it.
 
     ``args``: every non-constexpr argument except the per-launch ones (table, counts, max_tasks,
-    timeline, advance); ``constexprs``: the compile-time ones. With ``fast`` the compiled kernel is called
-    directly after the first launch (Triton's own launch path re-binds and re-specialises ~40 arguments on
-    every call); the per-launch integers are marked ``do_not_specialize`` so one binary serves every table.
+    timeline, advance, tok_in); ``constexprs``: the compile-time ones. With ``fast`` the compiled kernel is
+    called directly after the first launch (Triton's own launch path re-binds and re-specialises ~40
+    arguments on every call); the per-launch integers are marked ``do_not_specialize`` so one binary serves
+    every table and token.
     """
 
     def __init__(self, kernel, args: dict, constexprs: dict, num_warps: int, num_stages: int, fast: bool,
@@ -177,10 +179,11 @@ class Launcher:
         self.compiled = None
         self._names = list(kernel.megakernel.arg_names)
         self._fast_calls: dict[tuple, tuple] = {}  # (grid, table, timeline, advance) -> (runner, ordered args)
+        self._tok_index = self._names.index("tok_in")
 
-    def _all(self, table, counts, timeline, advance) -> dict:
+    def _all(self, table, counts, timeline, advance, tok_in=-1) -> dict:
         return dict(self.args, **self.constexprs, table_ptr=table, counts_ptr=counts, max_tasks=int(table.shape[1]),
-                    timeline_ptr=timeline, advance=int(advance))
+                    timeline_ptr=timeline, advance=int(advance), tok_in=int(tok_in))
 
     def compile(self, table, counts, timeline) -> dict:
         """Compile (no launch) and load the binary; returns registers, spills, shared memory, warps."""
@@ -198,13 +201,15 @@ class Launcher:
                 "num_warps": int(ck.metadata.num_warps), "num_stages": self.num_stages,
                 "cooperative": bool(getattr(ck.metadata, "launch_cooperative_grid", False))}
 
-    def __call__(self, grid: int, table, counts, timeline, advance: int) -> None:
+    def __call__(self, grid: int, table, counts, timeline, advance: int, tok_in: int = -1) -> None:
+        """Launch on ``grid`` programs; ``tok_in`` >= 0 is the step's input token, -1 reads ``state[2]``."""
         if self.fast and self.compiled is not None:
             key = (grid, table.data_ptr(), timeline.data_ptr(), advance)
             call = self._fast_calls.get(key)
             if call is None:  # the engine's buffers never move, so the bound argument list can be reused
                 args = self._all(table, counts, timeline, advance)
                 call = self._fast_calls[key] = (self.compiled[(grid, 1, 1)], [args[n] for n in self._names])
+            call[1][self._tok_index] = int(tok_in)
             call[0](*call[1])
         else:
-            self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance))
+            self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance, tok_in))

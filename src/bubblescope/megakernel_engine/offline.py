@@ -21,8 +21,9 @@ from ..models.weights import parse_dtype
 from .launch import kernel_constexprs, load_kernel
 from .schedule import MegakernelParams, resolve_tiling
 
-_F32_PTRS = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr", "amax_v_ptr"}
-_I32_PTRS = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr", "amax_i_ptr"}
+_F32_PTRS = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
+_I32_PTRS = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
+_I64_PTRS = {"timeline_ptr", "amax_ptr"}
 
 
 def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: MegakernelParams | None = None,
@@ -51,7 +52,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
             sig[name] = "*fp32" if name in _F32_PTRS else "*i32" if name in _I32_PTRS else \
-                "*i64" if name == "timeline_ptr" else f"*{act}"
+                "*i64" if name in _I64_PTRS else f"*{act}"
             attrs[(idx,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "fp32" if name in ("eps", "sm_scale") else "i32"

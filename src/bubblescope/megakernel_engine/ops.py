@@ -97,14 +97,14 @@ def _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT: tl.constexpr):
 
 
 @_device
-def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, eps, ACT: tl.constexpr, H: tl.constexpr,
+def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.constexpr, H: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``(W[row_a] · h, W[row_b] · h)`` with ``h = RMSNorm(src) · norm_weight``, float32 (BLOCK_R,) each.
+    """``(W[row_a] · h, W[row_b] · h)`` with ``h = (src · inv) · norm_weight``, float32 (BLOCK_R,) each
+    (``inv`` from :func:`_rms_scale`, computed once per task).
 
     The packed layouts (packing.py) put each task's two row sets in one contiguous block of ``w_ptr``
     (QKV: the rotate_half partner rows; GATEUP: gate and up rows); masked rows give 0.
     """
-    inv = _rms_scale(src_ptr, eps, H, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
     acc_a = tl.full([BLOCK_R], 0.0, tl.float32)
     acc_b = tl.full([BLOCK_R], 0.0, tl.float32)
@@ -148,8 +148,9 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
     mj = j < start + count
     lo_row = (j // HB) * (2 * HB) + j % HB
     hi_row = lo_row + HB
+    inv = _rms_scale(src, eps, H, BLOCK_K)
     acc_lo, acc_hi = _normed_pair_matvec(src, anorm_ptr + layer64 * H, wqkv_ptr + layer64 * (NROWS * H), lo_row,
-                                         hi_row, mj, eps, ACT, H, BLOCK_P, BLOCK_K)
+                                         hi_row, mj, inv, ACT, H, BLOCK_P, BLOCK_K)
     if HAS_BIAS:
         acc_lo += tl.load(bqkv_ptr + layer64 * NROWS + lo_row, mask=mj, other=0.0).to(tl.float32)
         acc_hi += tl.load(bqkv_ptr + layer64 * NROWS + hi_row, mask=mj, other=0.0).to(tl.float32)
@@ -189,14 +190,15 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
 
 # ---- ATTN -------------------------------------------------------------------------------------------------
 # One task: KV heads [kv0, kv0 + nkv) (their nkv·G query heads) over split `split` of the positions
-# 0..pos: n = pos + 1, chunk = ceil(n / NSPLIT), positions [split·chunk, min(n, (split+1)·chunk)).
+# 0..pos: n = pos + 1, chunk = max(ceil(n / NSPLIT), MIN_CHUNK) (so short contexts use the first
+# ceil(n / chunk) splits only), positions [split·chunk, min(n, (split+1)·chunk)).
 # Online softmax (Milakov & Gimelshein 2018; flash-decoding): per query head
 #   m = max_s q·k_s·scale,  l = Σ_s exp(q·k_s·scale − m),  acc = Σ_s exp(…) v_s
 # written to pm/pl (NQ, NSPLIT) and pacc (NQ, NSPLIT, D) float32. An empty split writes m = −inf, l = 0.
 @_device
 def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr,
             D: tl.constexpr, G: tl.constexpr, NKV: tl.constexpr, S_MAX: tl.constexpr, NSPLIT: tl.constexpr,
-            BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr):
+            MIN_CHUNK: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr):
     qh = tl.arange(0, BLOCK_QH)
     mq = qh < nkv * G
     hq = kv0 * G + qh
@@ -204,7 +206,7 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
     q = tl.load(q_ptr + hq[:, None] * D + d[None, :], mask=mq[:, None], other=0.0, cache_modifier=".cg")
     q = q.to(tl.float32)
     n = pos + 1
-    chunk = (n + NSPLIT - 1) // NSPLIT
+    chunk = tl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
     s_lo = split * chunk
     s_hi = tl.minimum(s_lo + chunk, n)
     row0 = (layer.to(tl.int64) * NKV + kv0 + qh // G) * S_MAX  # cache row of position 0, per query head
@@ -235,26 +237,47 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
 
 
 # ---- ATTN_REDUCE ------------------------------------------------------------------------------------------
-# Per query head: M = max_s m_s,  w_s = exp(m_s − M),  out = Σ_s w_s·acc_s / Σ_s w_s·l_s  → attn[head·D + d].
+# Per query head, over the n_used = ceil(n / chunk) non-empty splits (see ATTN):
+#   M = max_s m_s,  w_s = exp(m_s − M),  out = Σ_s w_s·acc_s / Σ_s w_s·l_s  → attn[head·D + d],
+# in blocks of BLOCK_SPLIT splits (two passes: the maximum, then the weighted sums).
 @_device
-def op_attn_reduce(kv0, nkv, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.constexpr, G: tl.constexpr,
-                   NSPLIT: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_SPLIT: tl.constexpr):
+def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.constexpr, G: tl.constexpr,
+                   NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_QH: tl.constexpr,
+                   BLOCK_SPLIT: tl.constexpr):
     ACT: tl.constexpr = attn_ptr.dtype.element_ty
     qh = tl.arange(0, BLOCK_QH)
     mq = qh < nkv * G
     hq = kv0 * G + qh
-    sp = tl.arange(0, BLOCK_SPLIT)
-    idx = hq[None, :] * NSPLIT + sp[:, None]                         # (BLOCK_SPLIT, BLOCK_QH)
-    m2 = (sp[:, None] < NSPLIT) & mq[None, :]
-    m = tl.load(pm_ptr + idx, mask=m2, other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(pl_ptr + idx, mask=m2, other=0.0, cache_modifier=".cg")
-    big = tl.where(mq, _max(m, 0), 0.0)                              # split 0 is never empty: finite
-    w = tl.exp(m - big[None, :])
-    denom = _sum(w * l, 0)
+    n = pos + 1
+    chunk = tl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
+    n_used = (n + chunk - 1) // chunk
+    sp0 = tl.arange(0, BLOCK_SPLIT)
+    big = tl.full([BLOCK_QH], float("-inf"), tl.float32)
+    s0 = 0
+    while s0 < n_used:
+        sp = s0 + sp0
+        m2 = (sp[:, None] < n_used) & mq[None, :]
+        m = tl.load(pm_ptr + hq[None, :] * NSPLIT + sp[:, None], mask=m2, other=float("-inf"), cache_modifier=".cg")
+        big = tl.maximum(big, _max(m, 0))
+        s0 += BLOCK_SPLIT
+    big = tl.where(mq, big, 0.0)                                      # split 0 is never empty: finite
     d = tl.arange(0, D)
-    acc = tl.load(pacc_ptr + idx[:, :, None] * D + d[None, None, :], mask=m2[:, :, None], other=0.0,
-                  cache_modifier=".cg")
-    out = _sum(w[:, :, None] * acc, 0) / denom[:, None]
+    denom = tl.full([BLOCK_QH], 0.0, tl.float32)
+    acc = tl.full([BLOCK_QH, D], 0.0, tl.float32)
+    s0 = 0
+    while s0 < n_used:
+        sp = s0 + sp0
+        idx = hq[None, :] * NSPLIT + sp[:, None]                      # (BLOCK_SPLIT, BLOCK_QH)
+        m2 = (sp[:, None] < n_used) & mq[None, :]
+        m = tl.load(pm_ptr + idx, mask=m2, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(pl_ptr + idx, mask=m2, other=0.0, cache_modifier=".cg")
+        w = tl.exp(m - big[None, :])
+        denom += _sum(w * l, 0)
+        a = tl.load(pacc_ptr + idx[:, :, None] * D + d[None, None, :], mask=m2[:, :, None], other=0.0,
+                    cache_modifier=".cg")
+        acc += _sum(w[:, :, None] * a, 0)
+        s0 += BLOCK_SPLIT
+    out = acc / denom[:, None]
     tl.store(attn_ptr + hq[:, None] * D + d[None, :], out.to(ACT), mask=mq[:, None])
 
 
@@ -281,45 +304,65 @@ def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.const
 
 # ---- GATEUP -----------------------------------------------------------------------------------------------
 # h = RMSNorm(x) · post_attention_layernorm;  for pairs j: g = Wg[j]·h, u = Wu[j]·h;  act[j] = SiLU(g)·u,
-# SiLU(g) = g / (1 + exp(−g)). Gate row j is packed row (j // GB)·2GB + j % GB, up row that + GB.
+# SiLU(g) = g / (1 + exp(−g)). Gate row j is packed row (j // GB)·2GB + j % GB, up row that + GB. A task of
+# several packed blocks loops over them (its rows stay one contiguous block); the norm scale is computed once.
 @_device
 def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
               IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr):
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     layer64 = layer.to(tl.int64)
-    j = start + tl.arange(0, BLOCK_GU)
-    mj = (j < start + count) & (j < I)
-    g_row = (j // GB) * (2 * GB) + j % GB
-    u_row = g_row + GB
-    acc_g, acc_u = _normed_pair_matvec(x_ptr, mnorm_ptr + layer64 * H, wgu_ptr + layer64 * (2 * IP * H), g_row,
-                                       u_row, mj, eps, ACT, H, BLOCK_GU, BLOCK_K)
-    g = _rnd(acc_g, ACT)
-    u = _rnd(acc_u, ACT)
-    silu = _rnd(g / (1.0 + tl.exp(-g)), ACT)
-    tl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
+    inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
+    b0 = 0
+    while b0 < count:  # (a while loop: the interpreter cannot range() over a run-time bound)
+        j = start + b0 + tl.arange(0, BLOCK_GU)
+        mj = (j < start + b0 + GB) & (j < start + count) & (j < I)
+        g_row = (j // GB) * (2 * GB) + j % GB
+        u_row = g_row + GB
+        acc_g, acc_u = _normed_pair_matvec(x_ptr, mnorm_ptr + layer64 * H, wgu_ptr + layer64 * (2 * IP * H), g_row,
+                                           u_row, mj, inv, ACT, H, BLOCK_GU, BLOCK_K)
+        g = _rnd(acc_g, ACT)
+        u = _rnd(acc_u, ACT)
+        silu = _rnd(g / (1.0 + tl.exp(-g)), ACT)
+        tl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
+        b0 += GB
 
 
 # ---- LMHEAD -----------------------------------------------------------------------------------------------
 # logits[r] = lm_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's logits are, stored as
-# float32; per tile the first maximum (value, row) for an on-device greedy pick.
+# float32, in register tiles of BLOCK_LM rows. Greedy pick on the device: the task's first maximum
+# (value v, row r) becomes the int64 key  (ord(v) << 32) | (V − 1 − r),  ord(v) = bits(v) for v ≥ 0 else
+# bits(v) ^ 0x7FFFFFFF (float32 order as signed integers), and one atomic_max per task keeps the largest
+# key: the largest value, ties to the smallest row, as torch.argmax picks.
 @_device
-def op_lmhead(tile, start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_v_ptr, amax_i_ptr,
+def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr,
               H: tl.constexpr, V: tl.constexpr, BLOCK_LM: tl.constexpr, BLOCK_K: tl.constexpr):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
-    r = start + tl.arange(0, BLOCK_LM)
-    mr = (r < start + count) & (r < V)
     offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.full([BLOCK_LM], 0.0, tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        k = k0 + offs_k
-        mk = k < H
-        xn = _normed_chunk(x_ptr, fnorm_ptr, k, mk, inv, ACT)
-        w = tl.load(head_ptr + r[:, None].to(tl.int64) * H + k[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
-        acc += _sum(w.to(tl.float32) * xn[None, :], 1)
-    val = _rnd(acc, ACT)
-    tl.store(logits_ptr + r, val, mask=mr)
-    vm = tl.where(mr, val, float("-inf"))
-    best = _max(vm, 0)
-    tl.store(amax_v_ptr + tile, best)
-    tl.store(amax_i_ptr + tile, _min(tl.where(mr & (vm == best), r, V), 0))
+    best_v = tl.full([], float("-inf"), tl.float32)
+    best_r = tl.full([], V - 1, tl.int32)
+    r0 = 0
+    while r0 < count:
+        r = start + r0 + tl.arange(0, BLOCK_LM)
+        mr = (r < start + count) & (r < V)
+        acc = tl.full([BLOCK_LM], 0.0, tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            k = k0 + offs_k
+            mk = k < H
+            xn = _normed_chunk(x_ptr, fnorm_ptr, k, mk, inv, ACT)
+            w = tl.load(head_ptr + r[:, None].to(tl.int64) * H + k[None, :], mask=mr[:, None] & mk[None, :],
+                        other=0.0)
+            acc += _sum(w.to(tl.float32) * xn[None, :], 1)
+        val = _rnd(acc, ACT)
+        tl.store(logits_ptr + r, val, mask=mr)
+        vm = tl.where(mr, val, float("-inf"))
+        bv = _max(vm, 0)
+        br = _min(tl.where(mr & (vm == bv), r, V), 0)
+        better = bv > best_v                                          # earlier blocks win ties
+        best_r = tl.where(better, br, best_r)
+        best_v = tl.where(better, bv, best_v)
+        r0 += BLOCK_LM
+    bits = best_v.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    tl.atomic_max(amax_ptr, (ordered.to(tl.int64) << 32) | (V - 1 - best_r).to(tl.int64), sem="relaxed",
+                  scope="gpu")

@@ -9,15 +9,23 @@ opcode          one task computes                                           task
                 matvec (+ bias, q/k norm, RoPE), written to the q buffer /   (r = ``rows_qkv``)
                 the KV cache
 ``ATTN``        flash-decoding partials (m, l, acc) of the query heads of    kv-head groups × splits
-                some KV heads over one split of the positions
-``ATTN_REDUCE`` log-sum-exp combination of the splits → attention output     kv-head groups
+                some KV heads over one split of the positions; with the
+                fused reduction (default) the last split task to finish
+                for its heads also does ATTN_REDUCE
+``ATTN_REDUCE`` log-sum-exp combination of the splits → attention output     kv-head groups (only with
+                                                                             ``attn_reduce="stage"``)
 ``OPROJ``       a tile of O-proj rows + residual add into x                  ceil(H/r)
 ``GATEUP``      RMSNorm(x) + r/2 gate rows and the matching up rows,         ceil(2·I/r)
                 SiLU(gate)·up
 ``DOWN``        a tile of down-proj rows + residual add into x               ceil(H/r)
 ==============  ==========================================================  ==========================
 
-then ``LMHEAD`` tiles (final RMSNorm + LM-head rows → float32 logits and per-tile argmax partials).
+then ``LMHEAD`` tasks (final RMSNorm + LM-head rows → float32 logits; each task folds its best (value, row)
+into one 64-bit ``atomic_max`` key, so the greedy token is known on the device when the step ends).
+
+A GATEUP or LMHEAD task may cover several register tiles (``gateup_blocks`` / ``lm_blocks``): it loops over
+them, so the instruction fetch, the dependency check, the prefetch issue and the RMSNorm of x are paid once
+per task instead of once per tile.
 There is no embedding task: layer 0's QKV and OPROJ tasks read the token's embedding row where later
 layers read x, which saves a stage barrier (a whole-grid wait) per step for one H-element row read.
 
@@ -27,6 +35,13 @@ for ``epoch × increments_per_step[counter] + need``, so no reset launch is need
 there is one counter per (layer, stage) and every task needs the whole previous stage (its inputs are
 whole vectors: a norm over all of x, attention over all heads' q/k/v); a finer scheme (e.g. one counter
 per KV head between QKV and ATTN) is only a change of :func:`build_tasks`.
+
+Fused attention reduction: ATTN tasks of one kv-head group take a *ticket* (an atomic increment of the
+group's ticket counter, acq_rel) after writing their partials; the task that draws the step's last ticket
+(``(epoch + 1) · splits − 1``) combines the splits and signals the (layer, ATTN_REDUCE) counter once. That
+removes a whole-grid stage per layer. The split count is fixed in the table, but the positions per split are
+``max(ceil(n / splits), attn_min_chunk)`` at run time, so short contexts use few splits (the rest are
+empty and cost one ticket) and long ones use them all.
 
 Lowering: task ``gidx`` goes to program ``gidx % num_programs`` (round robin continuing across stages,
 so the programs that got an extra tile in one stage come last in the next). Every program's queue is a
@@ -57,8 +72,12 @@ LAYER_STAGES = (OP_QKV, OP_ATTN, OP_ATTN_REDUCE, OP_OPROJ, OP_GATEUP, OP_DOWN)
 # ATTN (first kv head, kv heads, split); ATTN_REDUCE (first kv head, kv heads, -); OPROJ / GATEUP / DOWN /
 # LMHEAD (-, first row (GATEUP: first gate/up pair), rows).
 # F_SIGINC: how much the task adds to its signal counter (0: it does not signal, see lower()).
-F_OP, F_LAYER, F_TILE, F_A0, F_A1, F_A2, F_WAIT, F_NEED, F_INC, F_SIGNAL, F_GIDX, F_SIGINC = range(12)
-NFIELDS = 12
+# F_TICKET: the ticket counter of a fused-reduction ATTN task (-1 otherwise).
+# F_PFNEXT: 1 when the task also L2-prefetches the next task of its queue before waiting.
+(F_OP, F_LAYER, F_TILE, F_A0, F_A1, F_A2, F_WAIT, F_NEED, F_INC, F_SIGNAL, F_GIDX, F_SIGINC, F_TICKET,
+ F_PFNEXT) = range(14)
+NFIELDS = 14
+KV_SPLITS_CAP = 32  # automatic kv_splits: clamp(grid // kv-head groups, 1, this)
 
 
 def next_pow2(n: int) -> int:
@@ -83,7 +102,13 @@ class MegakernelParams:
         num_warps: warps per program.
         num_stages: Triton software-pipelining stages of the inner loops (1: none; more stages buffer loads
             in shared memory, which lowers residency — and did not help in the H200 probe).
-        kv_splits: position splits per KV head in ATTN (auto: ``clamp(grid // kv_heads, 1, 16)``).
+        gateup_blocks, lm_blocks: register tiles (of ``rows_gateup`` / ``rows_lm`` rows) per GATEUP / LMHEAD
+            task; the task loops over them.
+        kv_splits: position splits per KV head in ATTN (auto: ``clamp(grid // kv_heads, 1, KV_SPLITS_CAP)``).
+        attn_min_chunk: fewest positions per split at run time (``max(ceil(n / splits), this)``), so short
+            contexts leave most splits empty.
+        attn_reduce: ``fused`` (the last ATTN task of a kv-head group combines the splits) or ``stage`` (a
+            separate ATTN_REDUCE stage).
         attn_kv_heads: KV heads per ATTN / ATTN_REDUCE task (their G query heads each).
         block_s: positions per attention inner-loop chunk (power of two).
         prefetch: ``auto`` (bulk on sm_90+ when rows are 16-byte multiples, else line), ``bulk``
@@ -91,6 +116,9 @@ class MegakernelParams:
         prefetch_ahead: 0 — each task prefetches its own weights just before waiting on its dependency;
             1 — each task prefetches the NEXT task's weights when it starts, so they stream into L2 during
             this task's wait and compute (program 0..P-1 prefetch their first task at kernel start).
+        prefetch_next: comma-separated opcode names (e.g. ``"OPROJ,ATTN"``) whose tasks, with
+            ``prefetch_ahead=0``, also prefetch the next task of their queue before waiting: the attention
+            chain leaves HBM idle, and the GATEUP weights can stream into L2 meanwhile.
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
@@ -109,14 +137,19 @@ class MegakernelParams:
     rows_down: int | None = None
     rows_lm: int | None = None
     max_rows: int = 8
+    gateup_blocks: int = 1
+    lm_blocks: int = 1
     block_k: int = 1024
     num_warps: int = 4
     num_stages: int = 1
     kv_splits: int | None = None
     attn_kv_heads: int = 1
+    attn_min_chunk: int = 16
+    attn_reduce: str = "fused"
     block_s: int = 16
     prefetch: str = "auto"
     prefetch_ahead: int = 0
+    prefetch_next: str = ""
     spin_sleep_ns: int = 0
     timeline: bool = False
     spin_cap: int | None = None
@@ -135,7 +168,8 @@ class MegakernelParams:
         for name in ("block_k", "num_warps", "block_s"):
             pow2(name)
         for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
-                     "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap"):
+                     "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap", "gateup_blocks",
+                     "lm_blocks", "attn_min_chunk"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise BubblescopeError(f"megakernel params: {name} must be a positive integer, got {v!r}")
@@ -148,8 +182,18 @@ class MegakernelParams:
         if self.prefetch not in ("auto", "bulk", "line", "off"):
             raise BubblescopeError(f"megakernel params: prefetch must be auto, bulk, line or off, "
                                    f"got {self.prefetch!r}")
+        if self.attn_reduce not in ("fused", "stage"):
+            raise BubblescopeError(f"megakernel params: attn_reduce must be fused or stage, got {self.attn_reduce!r}")
+        bad = [n for n in self.prefetch_next_ops_names() if n not in OPCODES or n == "NOP"]
+        if bad:
+            raise BubblescopeError(f"megakernel params: prefetch_next names unknown opcode(s) {', '.join(bad)}; "
+                                   f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
         if self.spin_sleep_ns < 0:
             raise BubblescopeError("megakernel params: spin_sleep_ns must be >= 0")
+
+
+    def prefetch_next_ops_names(self) -> list[str]:
+        return [n.strip().upper() for n in str(self.prefetch_next).split(",") if n.strip()]
 
 
 def pick_rows(n_rows: int, grid: int, max_rows: int, multiple: int = 1, task_overhead_rows: float = 1.0) -> int:
@@ -179,7 +223,9 @@ class Tiling:
     ``hb``: row pairs per packed QKV block (gcd of pairs per task and head_dim/2: each task's 2·pairs
     weight rows are one contiguous block). ``gb``: gate/up pairs per packed block (= ``rows_gateup / 2``);
     ``i_pad``: intermediate size rounded up to a multiple of ``gb`` (zero rows pad the last block).
-    ``block_*``: the power-of-two register tile sizes (compile-time constants) covering each task.
+    ``block_*``: the power-of-two register tile sizes (compile-time constants); a GATEUP / LMHEAD task covers
+    ``gateup_blocks`` / ``lm_blocks`` of them. ``pf_next_ops``: opcodes whose tasks also prefetch the next
+    task of their queue.
     """
 
     rows_qkv: int
@@ -189,6 +235,11 @@ class Tiling:
     rows_lm: int
     kv_splits: int
     attn_kv_heads: int
+    gateup_blocks: int
+    lm_blocks: int
+    attn_fused: bool
+    attn_min_chunk: int
+    pf_next_ops: tuple
     hb: int
     gb: int
     i_pad: int
@@ -213,14 +264,17 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
     r_dn = params.rows_down or pick_rows(cfg.hidden_size, grid, params.max_rows)
     r_lm = params.rows_lm or pick_rows(cfg.vocab_size, grid, params.max_rows)
     heads = min(params.attn_kv_heads, nkv)
-    splits = params.kv_splits or max(1, min(16, grid // max(1, -(-nkv // heads))))
+    splits = params.kv_splits or max(1, min(KV_SPLITS_CAP, grid // max(1, -(-nkv // heads))))
     return Tiling(
         rows_qkv=r_qkv, rows_o=r_o, rows_gateup=r_gu, rows_down=r_dn, rows_lm=r_lm, kv_splits=splits,
-        attn_kv_heads=heads, hb=math.gcd(r_qkv // 2, d // 2), gb=r_gu // 2,
+        attn_kv_heads=heads, gateup_blocks=params.gateup_blocks, lm_blocks=params.lm_blocks,
+        attn_fused=params.attn_reduce == "fused", attn_min_chunk=params.attn_min_chunk,
+        pf_next_ops=tuple(sorted({OPCODES[n] for n in params.prefetch_next_ops_names()})),
+        hb=math.gcd(r_qkv // 2, d // 2), gb=r_gu // 2,
         i_pad=-(-cfg.intermediate_size // (r_gu // 2)) * (r_gu // 2),
         block_p=next_pow2(r_qkv // 2), block_o=next_pow2(r_o), block_gu=next_pow2(r_gu // 2),
         block_dn=next_pow2(r_dn), block_lm=next_pow2(r_lm), block_qh=next_pow2(heads * g),
-        block_split=next_pow2(splits))
+        block_split=min(16, next_pow2(splits)))
 
 
 @dataclass(frozen=True)
@@ -237,11 +291,28 @@ class Task:
     need: int
     signal: int
     gidx: int = -1
+    ticket: int = -1
+    pf_next: bool = False
 
 
 def counter_id(layer: int, op: int) -> int:
     """The (layer, stage) counter of a per-layer opcode."""
     return layer * len(LAYER_STAGES) + LAYER_STAGES.index(op)
+
+
+def kv_groups(cfg: ModelConfig, heads: int) -> list[tuple[int, int]]:
+    """(first kv head, kv heads) of each ATTN kv-head group."""
+    return [(h0, min(heads, cfg.num_key_value_heads - h0)) for h0 in range(0, cfg.num_key_value_heads, heads)]
+
+
+def num_counters(cfg: ModelConfig, tiling: Tiling) -> int:
+    """(layer, stage) counters, then one ticket counter per (layer, kv-head group)."""
+    return cfg.num_hidden_layers * (len(LAYER_STAGES) + len(kv_groups(cfg, tiling.attn_kv_heads)))
+
+
+def ticket_id(cfg: ModelConfig, tiling: Tiling, layer: int, group: int) -> int:
+    n_groups = len(kv_groups(cfg, tiling.attn_kv_heads))
+    return cfg.num_hidden_layers * len(LAYER_STAGES) + layer * n_groups + group
 
 
 def _tiles(n: int, r: int):
@@ -252,34 +323,40 @@ def _tiles(n: int, r: int):
 def build_tasks(cfg: ModelConfig, tiling: Tiling) -> list[Task]:
     """The tasks of one decode step in global topological order (gidx = list index)."""
     tasks: list[Task] = []
-    stage_tasks: dict[int, int] = {}  # counter -> tasks signalling it
+    stage_tasks: dict[int, int] = {}  # counter -> increments per step
 
-    def stage(layer, op, items, wait):
-        c = counter_id(layer, op) if op != OP_LMHEAD else -1
+    def stage(layer, op, items, wait, signal=None, tickets=None):
+        c = (counter_id(layer, op) if op != OP_LMHEAD else -1) if signal is None else signal
         need = stage_tasks.get(wait, 0) if wait >= 0 else 0
         for tile, (a0, a1, a2) in enumerate(items):
-            tasks.append(Task(op, layer, tile, a0, a1, a2, wait, need, c, len(tasks)))
-        if c >= 0:
-            stage_tasks[c] = len(items)
+            tasks.append(Task(op, layer, tile, a0, a1, a2, wait, need, c, len(tasks),
+                              ticket=-1 if tickets is None else tickets[tile], pf_next=op in tiling.pf_next_ops))
+        if c >= 0:  # fused ATTN: one signal per kv-head group (from its last ticket holder)
+            stage_tasks[c] = len(items) if tickets is None else len(set(tickets))
 
     r = tiling.rows_qkv
-    heads = tiling.attn_kv_heads
-    groups = [(h0, min(heads, cfg.num_key_value_heads - h0)) for h0 in range(0, cfg.num_key_value_heads, heads)]
+    groups = kv_groups(cfg, tiling.attn_kv_heads)
+    splits = tiling.kv_splits
     prev = -1
     for layer in range(cfg.num_hidden_layers):
         stage(layer, OP_QKV, [(0, s, n) for _, s, n in _tiles((cfg.q_size + 2 * cfg.kv_size) // 2, r // 2)], prev)
-        stage(layer, OP_ATTN, [(h0, n, s) for h0, n in groups for s in range(tiling.kv_splits)],
-              counter_id(layer, OP_QKV))
-        stage(layer, OP_ATTN_REDUCE, [(h0, n, 0) for h0, n in groups], counter_id(layer, OP_ATTN))
+        attn = [(h0, n, s) for h0, n in groups for s in range(splits)]
+        if tiling.attn_fused:
+            stage(layer, OP_ATTN, attn, counter_id(layer, OP_QKV), signal=counter_id(layer, OP_ATTN_REDUCE),
+                  tickets=[ticket_id(cfg, tiling, layer, g) for g in range(len(groups)) for _ in range(splits)])
+        else:
+            stage(layer, OP_ATTN, attn, counter_id(layer, OP_QKV))
+            stage(layer, OP_ATTN_REDUCE, [(h0, n, 0) for h0, n in groups], counter_id(layer, OP_ATTN))
         stage(layer, OP_OPROJ, [(0, s, n) for _, s, n in _tiles(cfg.hidden_size, tiling.rows_o)],
               counter_id(layer, OP_ATTN_REDUCE))
-        stage(layer, OP_GATEUP, [(0, s, n) for _, s, n in _tiles(cfg.intermediate_size, tiling.gb)],
+        stage(layer, OP_GATEUP, [(0, s, n) for _, s, n in _tiles(cfg.intermediate_size,
+                                                                 tiling.gb * tiling.gateup_blocks)],
               counter_id(layer, OP_OPROJ))
         stage(layer, OP_DOWN, [(0, s, n) for _, s, n in _tiles(cfg.hidden_size, tiling.rows_down)],
               counter_id(layer, OP_GATEUP))
         prev = counter_id(layer, OP_DOWN)
-    stage(cfg.num_hidden_layers - 1, OP_LMHEAD, [(0, s, n) for _, s, n in _tiles(cfg.vocab_size, tiling.rows_lm)],
-          prev)
+    stage(cfg.num_hidden_layers - 1, OP_LMHEAD,
+          [(0, s, n) for _, s, n in _tiles(cfg.vocab_size, tiling.rows_lm * tiling.lm_blocks)], prev)
     return tasks
 
 
@@ -295,7 +372,7 @@ def signal_amounts(queue: list[Task]) -> list[int]:
     run = 0
     for i, t in enumerate(queue):
         run += 1
-        if t.signal < 0:
+        if t.signal < 0 or t.ticket >= 0:  # ticket holders signal at run time (fused attention reduction)
             run = 0
         elif i + 1 == len(queue) or queue[i + 1].signal != t.signal:
             out[i], run = run, 0
@@ -316,7 +393,7 @@ def lower(tasks: list[Task], num_programs: int, num_counters: int) -> tuple[torc
         queues[k % num_programs].append(t)
     max_tasks = max(1, max(len(q) for q in queues))
     rows = [[[t.op, t.layer, t.tile, t.a0, t.a1, t.a2, t.wait, t.need, inc[t.wait] if t.wait >= 0 else 0,
-              t.signal, t.gidx, amount] for t, amount in zip(q, signal_amounts(q))]
+              t.signal, t.gidx, amount, t.ticket, int(t.pf_next)] for t, amount in zip(q, signal_amounts(q))]
             + [[0] * NFIELDS] * (max_tasks - len(q)) for q in queues]
     table = torch.tensor(rows, dtype=torch.int32).view(num_programs, max_tasks, NFIELDS)
     counts = torch.tensor([len(q) for q in queues], dtype=torch.int32)
@@ -324,10 +401,15 @@ def lower(tasks: list[Task], num_programs: int, num_counters: int) -> tuple[torc
 
 
 def increments_per_step(tasks: list[Task], num_counters: int) -> list[int]:
-    """How many times each counter is incremented in one step (= tasks signalling it)."""
+    """How many times each counter is incremented in one step: once per signalling task, except that the
+    ATTN tasks of a fused reduction add one ticket each and their group signals once (counted at split 0)."""
     inc = [0] * num_counters
     for t in tasks:
-        if t.signal >= 0:
+        if t.ticket >= 0:
+            inc[t.ticket] += 1
+            if t.signal >= 0 and t.a2 == 0:
+                inc[t.signal] += 1
+        elif t.signal >= 0:
             inc[t.signal] += 1
     return inc
 
@@ -349,6 +431,10 @@ class Schedule:
         """``layer 3 QKV`` for counter ids, ``none`` for -1."""
         if c < 0:
             return "none"
+        n_stage = self.config.num_hidden_layers * len(LAYER_STAGES)
+        if c >= n_stage:
+            layer, g = divmod(c - n_stage, len(kv_groups(self.config, self.tiling.attn_kv_heads)))
+            return f"layer {layer} ATTN tickets of kv-head group {g}"
         layer, s = divmod(c, len(LAYER_STAGES))
         return f"layer {layer} {OPCODE_NAMES[LAYER_STAGES[s]]}"
 
@@ -391,7 +477,7 @@ def build_schedule(cfg: ModelConfig, params: MegakernelParams, num_programs: int
     params.validate()
     tiling = tiling or resolve_tiling(cfg, params, num_programs)
     tasks = build_tasks(cfg, tiling)
-    n_counters = cfg.num_hidden_layers * len(LAYER_STAGES)
+    n_counters = num_counters(cfg, tiling)
     table, counts = lower(tasks, num_programs, n_counters)
     return Schedule(cfg, tiling, num_programs, tasks, table, counts, n_counters,
                     increments_per_step(tasks, n_counters))
