@@ -344,6 +344,9 @@ def sweep_configs() -> list[tuple[str, dict]]:
                 ("lm4-gu2-pf", dict(lm_blocks=4, gateup_blocks=2, prefetch_next="OPROJ,ATTN")),
                 ("lm8-gu4-pf", dict(lm_blocks=8, gateup_blocks=4, prefetch_next="OPROJ,ATTN")),
                 ("lm4-gu2-pf-rows6", dict(lm_blocks=4, gateup_blocks=2, prefetch_next="OPROJ,ATTN", max_rows=6)),
+                ("evict", dict(weight_eviction="evict_first")),
+                ("lm4-gu2-pf-evict", dict(lm_blocks=4, gateup_blocks=2, prefetch_next="OPROJ,ATTN",
+                                          weight_eviction="evict_first")),
                 ("old-default-again", old), ("default-again", {})]
     if ARGS.sweep == "attn4":  # long context: split count and chunk
         return [("default", {}), ("old-default", dict(attn_reduce="stage", kv_splits=16, attn_min_chunk=1)),

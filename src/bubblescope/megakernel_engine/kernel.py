@@ -152,7 +152,7 @@ def megakernel(
         BLOCK_DN: tl.constexpr,
         BLOCK_LM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, PREFETCH: tl.constexpr, PF_LANES: tl.constexpr,
-        PF_AHEAD: tl.constexpr, SLEEP_NS: tl.constexpr, TIMELINE: tl.constexpr):
+        PF_AHEAD: tl.constexpr, SLEEP_NS: tl.constexpr, TIMELINE: tl.constexpr, W_EVICT: tl.constexpr):
     """Run program ``pid``'s queue of the instruction table for one decode step (see module docstring).
 
     Per task: read the instruction; [PREFETCH] start its weight tile (PF_AHEAD = 1: the NEXT task's tile,
@@ -218,7 +218,7 @@ def megakernel(
             if op == OP_QKV:
                 op_qkv(layer, a1, a2, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
                        cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, H, Q, KV, D, NKV, S_MAX, HB, HAS_BIAS, HAS_QK_NORM,
-                       BLOCK_P, BLOCK_KH)
+                       BLOCK_P, BLOCK_KH, W_EVICT)
             elif op == OP_ATTN:
                 kv0 = tl.load(row + F_A0)
                 op_attn(layer, kv0, a1, a2, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr,
@@ -244,14 +244,16 @@ def megakernel(
                 else:
                     resid = x_ptr
                 op_matvec_residual(a1, a2, wo_ptr + layer.to(tl.int64) * (H * Q), attn_ptr, resid, x_ptr, Q,
-                                   BLOCK_O, BLOCK_KQ)
+                                   BLOCK_O, BLOCK_KQ, W_EVICT)
             elif op == OP_GATEUP:
-                op_gateup(layer, a1, a2, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H, I, IP, GB, BLOCK_GU, BLOCK_KH)
+                op_gateup(layer, a1, a2, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H, I, IP, GB, BLOCK_GU, BLOCK_KH,
+                          W_EVICT)
             elif op == OP_DOWN:
                 op_matvec_residual(a1, a2, wdown_ptr + layer.to(tl.int64) * (H * I), act_ptr, x_ptr, x_ptr, I,
-                                   BLOCK_DN, BLOCK_KI)
+                                   BLOCK_DN, BLOCK_KI, W_EVICT)
             elif op == OP_LMHEAD:
-                op_lmhead(a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr, H, V, BLOCK_LM, BLOCK_KH)
+                op_lmhead(a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr, H, V, BLOCK_LM, BLOCK_KH,
+                          W_EVICT)
             amount = tl.load(row + F_SIGINC)
             if amount > 0:  # the program's last task of its stage run signals for the whole run
                 tl.debug_barrier()  # every thread's stores of the run's tasks are issued before the release

@@ -133,7 +133,7 @@ def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max
         BLOCK_QH=t.block_qh, BLOCK_S=params.block_s, BLOCK_SPLIT=t.block_split, HAS_BIAS=has_bias,
         HAS_QK_NORM=has_qk_norm, PREFETCH=prefetch, PF_LANES=32 * params.num_warps,
         PF_AHEAD=params.prefetch_ahead, SLEEP_NS=params.spin_sleep_ns,
-        TIMELINE=bool(params.timeline))
+        TIMELINE=bool(params.timeline), W_EVICT=params.weight_eviction)
 
 
 def size_grid(info: dict, limits: DeviceLimits, programs_per_sm_wanted: int, num_programs: int | None = None) -> dict:

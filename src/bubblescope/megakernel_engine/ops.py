@@ -6,6 +6,9 @@ in that dtype: the normalised input ``(x·rsqrt(mean x² + eps)).to(ACT)``, its 
 every projection output, each RoPE product and sum, SiLU, SiLU·up, each residual sum, and the logits.
 ``_rnd(v, ACT)`` = ``v.to(ACT).to(float32)``; in float32 it is the identity.
 
+Weight loads take ``eviction_policy=EVICT`` (``""`` or ``"evict_first"``: weights are read once per step, so
+their L2 lines may go first and leave room for the prefetched tiles of the next tasks).
+
 Interpreter mode (``TRITON_INTERPRET=1``). ``triton.jit`` decides at decoration time, from that variable,
 whether a function is compiled or interpreted, and Triton's own library functions (``tl.sum``…) are
 decorated when triton is first imported, so the mode is fixed per process at triton's first import; this
@@ -98,7 +101,7 @@ def _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT: tl.constexpr):
 
 @_device
 def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.constexpr, H: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     """``(W[row_a] · h, W[row_b] · h)`` with ``h = (src · inv) · norm_weight``, float32 (BLOCK_R,) each
     (``inv`` from :func:`_rms_scale`, computed once per task).
 
@@ -113,8 +116,10 @@ def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.c
         mk = k < H
         xn = _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT)
         m2 = mj[:, None] & mk[None, :]
-        w_a = tl.load(w_ptr + row_a[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
-        w_b = tl.load(w_ptr + row_b[:, None] * H + k[None, :], mask=m2, other=0.0).to(tl.float32)
+        w_a = tl.load(w_ptr + row_a[:, None] * H + k[None, :], mask=m2, other=0.0, eviction_policy=EVICT)
+        w_b = tl.load(w_ptr + row_b[:, None] * H + k[None, :], mask=m2, other=0.0, eviction_policy=EVICT)
+        w_a = w_a.to(tl.float32)
+        w_b = w_b.to(tl.float32)
         acc_a += _sum(w_a * xn[None, :], 1)
         acc_b += _sum(w_b * xn[None, :], 1)
     return acc_a, acc_b
@@ -134,7 +139,7 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
            cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
            H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, NKV: tl.constexpr,
            S_MAX: tl.constexpr, HB: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr,
-           BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+           BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
     HALF: tl.constexpr = D // 2
     NROWS: tl.constexpr = Q + 2 * KV
@@ -150,7 +155,7 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
     hi_row = lo_row + HB
     inv = _rms_scale(src, eps, H, BLOCK_K)
     acc_lo, acc_hi = _normed_pair_matvec(src, anorm_ptr + layer64 * H, wqkv_ptr + layer64 * (NROWS * H), lo_row,
-                                         hi_row, mj, inv, ACT, H, BLOCK_P, BLOCK_K)
+                                         hi_row, mj, inv, ACT, H, BLOCK_P, BLOCK_K, EVICT)
     if HAS_BIAS:
         acc_lo += tl.load(bqkv_ptr + layer64 * NROWS + lo_row, mask=mj, other=0.0).to(tl.float32)
         acc_hi += tl.load(bqkv_ptr + layer64 * NROWS + hi_row, mask=mj, other=0.0).to(tl.float32)
@@ -286,7 +291,7 @@ def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.cons
 # Each task owns its rows of x, so the read-modify-write needs no atomics.
 @_device
 def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     r = start + tl.arange(0, BLOCK_R)
     mr = r < start + count
@@ -296,7 +301,8 @@ def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.const
         k = k0 + offs_k
         mk = k < K
         a = tl.load(a_ptr + k, mask=mk, other=0.0, cache_modifier=".cg").to(tl.float32)
-        w = tl.load(w_ptr + r[:, None].to(tl.int64) * K + k[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+        w = tl.load(w_ptr + r[:, None].to(tl.int64) * K + k[None, :], mask=mr[:, None] & mk[None, :], other=0.0,
+                    eviction_policy=EVICT)
         acc += _sum(w.to(tl.float32) * a[None, :], 1)
     res = tl.load(resid_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(tl.float32)
     tl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -308,7 +314,7 @@ def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.const
 # several packed blocks loops over them (its rows stay one contiguous block); the norm scale is computed once.
 @_device
 def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
-              IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr):
+              IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     layer64 = layer.to(tl.int64)
     inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
@@ -319,7 +325,7 @@ def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: t
         g_row = (j // GB) * (2 * GB) + j % GB
         u_row = g_row + GB
         acc_g, acc_u = _normed_pair_matvec(x_ptr, mnorm_ptr + layer64 * H, wgu_ptr + layer64 * (2 * IP * H), g_row,
-                                           u_row, mj, inv, ACT, H, BLOCK_GU, BLOCK_K)
+                                           u_row, mj, inv, ACT, H, BLOCK_GU, BLOCK_K, EVICT)
         g = _rnd(acc_g, ACT)
         u = _rnd(acc_u, ACT)
         silu = _rnd(g / (1.0 + tl.exp(-g)), ACT)
@@ -335,7 +341,7 @@ def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: t
 # key: the largest value, ties to the smallest row, as torch.argmax picks.
 @_device
 def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr,
-              H: tl.constexpr, V: tl.constexpr, BLOCK_LM: tl.constexpr, BLOCK_K: tl.constexpr):
+              H: tl.constexpr, V: tl.constexpr, BLOCK_LM: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
@@ -351,7 +357,7 @@ def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_pt
             mk = k < H
             xn = _normed_chunk(x_ptr, fnorm_ptr, k, mk, inv, ACT)
             w = tl.load(head_ptr + r[:, None].to(tl.int64) * H + k[None, :], mask=mr[:, None] & mk[None, :],
-                        other=0.0)
+                        other=0.0, eviction_policy=EVICT)
             acc += _sum(w.to(tl.float32) * xn[None, :], 1)
         val = _rnd(acc, ACT)
         tl.store(logits_ptr + r, val, mask=mr)

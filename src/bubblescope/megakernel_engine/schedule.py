@@ -119,6 +119,8 @@ class MegakernelParams:
         prefetch_next: comma-separated opcode names (e.g. ``"OPROJ,ATTN"``) whose tasks, with
             ``prefetch_ahead=0``, also prefetch the next task of their queue before waiting: the attention
             chain leaves HBM idle, and the GATEUP weights can stream into L2 meanwhile.
+        weight_eviction: L2 eviction hint of the weight loads: ``""`` (none) or ``"evict_first"`` (each weight
+            line is read once per step, so it may leave first, before prefetched lines not yet used).
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
@@ -150,6 +152,7 @@ class MegakernelParams:
     prefetch: str = "auto"
     prefetch_ahead: int = 0
     prefetch_next: str = ""
+    weight_eviction: str = ""
     spin_sleep_ns: int = 0
     timeline: bool = False
     spin_cap: int | None = None
@@ -182,6 +185,9 @@ class MegakernelParams:
         if self.prefetch not in ("auto", "bulk", "line", "off"):
             raise BubblescopeError(f"megakernel params: prefetch must be auto, bulk, line or off, "
                                    f"got {self.prefetch!r}")
+        if self.weight_eviction not in ("", "evict_first", "evict_last"):
+            raise BubblescopeError(f"megakernel params: weight_eviction must be '', evict_first or evict_last, "
+                                   f"got {self.weight_eviction!r}")
         if self.attn_reduce not in ("fused", "stage"):
             raise BubblescopeError(f"megakernel params: attn_reduce must be fused or stage, got {self.attn_reduce!r}")
         bad = [n for n in self.prefetch_next_ops_names() if n not in OPCODES or n == "NOP"]
