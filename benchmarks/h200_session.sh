@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_session.sh final-a # decode-latency benchmarks (llama-3.2-1b all engines; 3b, qwen3-0.6b)
 #   bash benchmarks/h200_session.sh final-b # `bubblescope diagnose model` on the built-in default
 #   bash benchmarks/h200_session.sh round4  # megakernel check + tune4 sweep (context 128), attn4 sweep (4096), sanitizers
+#   bash benchmarks/h200_session.sh round5  # the same with the tune5 / attn5 sweeps, then the GPU tests
 # Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -34,18 +35,24 @@ if [ "$stage" = check ]; then
     timeout 45 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_megakernel.py > "$R/sanitizer_$tool.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_$tool.log"
     tail -6 "$R/sanitizer_$tool.log"
   done
-elif [ "$stage" = round4 ]; then
-  log megakernel-check-tune4
-  timeout 330 python3 benchmarks/megakernel_gpu_check.py --out "$R/megakernel_check_round4.json" --max-seconds 300 --reference-modes eager,fp32,cudagraph --steps 256 --sweep tune4 ${MK_ARGS:-} > "$R/megakernel_check_round4.log" 2>&1; echo "rc=$?" >> "$R/megakernel_check_round4.log"
-  tail -70 "$R/megakernel_check_round4.log"
-  log attn4-4096
-  timeout 110 python3 benchmarks/megakernel_gpu_check.py --out "$R/mk_attn4_4096.json" --max-seconds 95 --sections sweep --sweep attn4 --context 4096 --timed-steps 40 --reference-modes eager > "$R/mk_attn4_4096.log" 2>&1; echo "rc=$?" >> "$R/mk_attn4_4096.log"
-  tail -10 "$R/mk_attn4_4096.log"
+elif [ "$stage" = round4 ] || [ "$stage" = round5 ]; then
+  n=${stage#round}
+  log megakernel-check-tune$n
+  timeout 330 python3 benchmarks/megakernel_gpu_check.py --out "$R/megakernel_check_round$n.json" --max-seconds 300 --reference-modes eager,fp32,cudagraph --steps 256 --sweep tune$n ${MK_ARGS:-} > "$R/megakernel_check_round$n.log" 2>&1; echo "rc=$?" >> "$R/megakernel_check_round$n.log"
+  tail -70 "$R/megakernel_check_round$n.log"
+  log attn$n-4096
+  timeout 110 python3 benchmarks/megakernel_gpu_check.py --out "$R/mk_attn${n}_4096.json" --max-seconds 95 --sections sweep --sweep attn$n --context 4096 --timed-steps 40 --reference-modes eager > "$R/mk_attn${n}_4096.log" 2>&1; echo "rc=$?" >> "$R/mk_attn${n}_4096.log"
+  tail -10 "$R/mk_attn${n}_4096.log"
   log sanitizers
   for tool in memcheck racecheck; do
     timeout 70 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_megakernel.py > "$R/sanitizer_$tool.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_$tool.log"
     tail -10 "$R/sanitizer_$tool.log"
   done
+  if [ "$stage" = round5 ]; then
+    log gpu-tests
+    timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+    tail -8 "$R/pytest_gpu.log"
+  fi
 elif [ "$stage" = final-a ]; then
   log decode-latency-1b
   timeout 260 python3 benchmarks/decode_latency.py --out "$R/decode_latency_1b.json" --max-seconds 230 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"

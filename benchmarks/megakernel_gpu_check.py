@@ -45,7 +45,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps before timing (default 10; 1 on cpu)")
     ap.add_argument("--variants", default="fused,stages,noprefetch")
     ap.add_argument("--reference-modes", default="eager,cudagraph", help="on cpu only eager is possible")
-    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "tune4", "attn", "attn4", "none"))
+    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "tune4", "tune5", "attn", "attn4", "attn5", "none"))
     ap.add_argument("--sections", default="stories,correctness,timing,timeline,sweep")
     ap.add_argument("--max-seconds", type=float, default=540.0, help="stop starting new work after this")
     ap.add_argument("--out", default="megakernel_gpu_check.json")
@@ -268,7 +268,7 @@ def section_timing(w, refs: dict) -> dict:
         if left() < 0:
             break
         try:
-            e, _ = build(w, variant, max_seq_len=ARGS.context + ARGS.timed_steps + ARGS.warmup + 8)
+            e, _ = build(w, variant, max_seq_len=ARGS.context + 2 * ARGS.timed_steps + ARGS.warmup + 8)
             out[variant] = time_decoder(e, w.config)
             e.synchronize_and_check()
             out[variant]["compile"] = e.compile_info()
@@ -348,6 +348,14 @@ def sweep_configs() -> list[tuple[str, dict]]:
                 ("lm4-gu2-pf-evict", dict(lm_blocks=4, gateup_blocks=2, prefetch_next="OPROJ,ATTN",
                                           weight_eviction="evict_first")),
                 ("old-default-again", old), ("default-again", {})]
+    old = dict(attn_reduce="stage", kv_splits=16, attn_min_chunk=1)  # the round-3 default
+    if ARGS.sweep == "tune5":  # fifth round: skipped empty splits, 64 splits by default
+        return [("default", {}), ("old-default", old), ("s32", dict(kv_splits=32)), ("s16", dict(kv_splits=16)),
+                ("mc8", dict(attn_min_chunk=8)), ("mc32", dict(attn_min_chunk=32)), ("stage", dict(attn_reduce="stage")),
+                ("evict", dict(weight_eviction="evict_first")), ("default-again", {}), ("old-default-again", old)]
+    if ARGS.sweep == "attn5":
+        return [("default", {}), ("old-default", old), ("s32", dict(kv_splits=32)), ("mc32", dict(attn_min_chunk=32)),
+                ("mc64", dict(attn_min_chunk=64))]
     if ARGS.sweep == "attn4":  # long context: split count and chunk
         return [("default", {}), ("old-default", dict(attn_reduce="stage", kv_splits=16, attn_min_chunk=1)),
                 ("s64", dict(kv_splits=64)), ("s64-bs32", dict(kv_splits=64, block_s=32)),
@@ -386,7 +394,8 @@ def section_sweep(w, refs: dict) -> list[dict]:
         t_config = time.monotonic()
         try:
             params = (base_params() or MegakernelParams()).replace(**kw)
-            e, build_s = build(w, "fused", params=params, max_seq_len=ARGS.context + ARGS.timed_steps + ARGS.warmup + 8)
+            e, build_s = build(w, "fused", params=params,
+                               max_seq_len=ARGS.context + 2 * ARGS.timed_steps + ARGS.warmup + 8)
             row["build_s"] = round(build_s, 2)
             row["compile"] = e.compile_info()
             got = teacher_forced_logits(e, prompt, forced)
@@ -444,7 +453,7 @@ def main() -> int:
         try:
             cfg = get_preset(ARGS.model)
             w = dummy_weights(cfg, ARGS.device, parse_dtype(ARGS.dtype), seed=ARGS.seed)
-            max_len = max(ARGS.context + ARGS.timed_steps + ARGS.warmup, 8 + ARGS.steps) + 8
+            max_len = max(ARGS.context + 2 * ARGS.timed_steps + ARGS.warmup, 8 + ARGS.steps) + 8
             # "fp32" = the eager reference on the same weights upcast to float32: the numerical truth both
             # bf16 engines are compared with (their difference from each other alone cannot say who is off).
             refs = {m: (ReferenceEngine(w.to(dtype=torch.float32), mode="eager", max_seq_len=max_len) if m == "fp32"

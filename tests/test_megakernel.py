@@ -78,11 +78,12 @@ def test_tiny_configs_match_reference_and_oracle(name):
 
 @pytest.mark.parametrize("attn_reduce", ["fused", "stage"])
 def test_multi_block_tasks_and_many_splits_match_reference(attn_reduce):
-    # GATEUP / LMHEAD tasks of several register tiles (the last one partial), and 20 splits of one position
-    # each: the reduction walks them in blocks of 16, and the fused one runs in the last ticket holder.
+    # GATEUP / LMHEAD tasks of several register tiles (the last one partial), and 40 splits of one position
+    # each (24-28 in use, the rest skipped): the reduction walks them in blocks of 16, and the fused one runs
+    # in the last ticket holder.
     cfg = TINY["gqa-tied-llama3"]
     w = dummy_weights(cfg, seed=2)
-    params = MID.replace(gateup_blocks=3, lm_blocks=4, kv_splits=20, attn_min_chunk=1, attn_reduce=attn_reduce)
+    params = MID.replace(gateup_blocks=3, lm_blocks=4, kv_splits=40, attn_min_chunk=1, attn_reduce=attn_reduce)
     prompt = list(range(3, 3 + 24))
     ref = teacher_forced_logits(ReferenceEngine(w, max_seq_len=40), prompt, FORCED)
     engine = MegakernelEngine(w, params=params, max_seq_len=40)

@@ -144,11 +144,15 @@ class ScheduleInterpreter:
         else:
             raise BubblescopeError(f"oracle: unknown opcode {t.op}")
 
+    def _splits_used(self, pos: int) -> int:
+        """Non-empty ATTN splits at ``pos`` (ops._splits_used)."""
+        n, ns = pos + 1, self.schedule.tiling.kv_splits
+        return -(-n // max(-(-n // ns), self.schedule.tiling.attn_min_chunk))
+
     def _attn_reduce(self, t: Task, pos: int) -> None:
         """ATTN_REDUCE of kv heads [t.a0, t.a0 + t.a1) over the non-empty splits (see ops.op_attn_reduce)."""
         cfg, b, ns, D = self.config, self.buffers, self.schedule.tiling.kv_splits, self.config.head_dim
-        n = pos + 1
-        used = -(-n // max(-(-n // ns), self.schedule.tiling.attn_min_chunk))
+        used = self._splits_used(pos)
         for hq in range(t.a0 * cfg.gqa_group, (t.a0 + t.a1) * cfg.gqa_group):
             m, l, acc = (b[k][hq * ns:hq * ns + used] for k in ("pm", "pl", "pacc"))
             w = torch.exp(m - m.max())
@@ -184,10 +188,12 @@ class ScheduleInterpreter:
                               f"{program}) needs {t.need} increments of counter {t.wait} "
                               f"({self.schedule.counter_name(t.wait)}), has {counts[t.wait]}")
         self.run_task(t, token, self.position)
-        if t.ticket >= 0:  # fused reduction: the group's last ticket holder reduces and signals
+        if t.ticket >= 0:  # fused reduction: the group's last non-empty split reduces and signals
+            if t.a2 >= self._splits_used(self.position):
+                return  # an empty split: skipped by the kernel (no ticket)
             got = self._tickets.get(t.ticket, 0) + 1
             self._tickets[t.ticket] = got
-            if got == self.schedule.tiling.kv_splits:
+            if got == self._splits_used(self.position):
                 self._attn_reduce(t, self.position)
                 if t.signal >= 0:
                     counts[t.signal] += 1

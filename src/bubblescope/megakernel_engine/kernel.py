@@ -36,7 +36,7 @@ import triton.language as tl
 
 from . import schedule as S
 from .ops import (OP_ATTN, OP_ATTN_REDUCE, OP_DOWN, OP_GATEUP, OP_LMHEAD, OP_OPROJ, OP_QKV, _device, _now,
-                  op_attn, op_attn_reduce, op_gateup, op_lmhead, op_matvec_residual, op_qkv)
+                  _splits_used, op_attn, op_attn_reduce, op_gateup, op_lmhead, op_matvec_residual, op_qkv)
 
 F_OP = tl.constexpr(S.F_OP)
 F_LAYER = tl.constexpr(S.F_LAYER)
@@ -200,6 +200,10 @@ def megakernel(
                                        tl.load(nxt + F_A2), wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV,
                                        I, IP, PREFETCH, PF_LANES)
         ok = 1
+        if op == OP_ATTN:  # a split beyond this position's non-empty ones has nothing to read or write
+            if tl.load(row + F_A2) >= _splits_used(pos, NSPLIT, MIN_CHUNK):
+                ok = 2
+                wait_cnt = -1
         if wait_cnt >= 0:
             need = tl.load(row + F_NEED)
             target = epoch * tl.load(row + F_INC) + need
@@ -227,7 +231,10 @@ def megakernel(
                 if ticket_cnt >= 0:  # fused reduction: the group's last ticket holder combines the splits
                     tl.debug_barrier()  # every thread's partials are issued before the release
                     ticket = tl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
-                    if ticket == (epoch + 1) * NSPLIT - 1:
+                    if ticket == _splits_used(pos, NSPLIT, MIN_CHUNK) - 1:
+                        # every non-empty split of this step has its ticket: rewind for the next step (the
+                        # next launch, or the next stages launch, is ordered after this one)
+                        tl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
                         tl.debug_barrier()
                         op_attn_reduce(kv0, a1, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, NSPLIT, MIN_CHUNK,
                                        BLOCK_QH, BLOCK_SPLIT)
@@ -254,6 +261,7 @@ def megakernel(
             elif op == OP_LMHEAD:
                 op_lmhead(a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr, H, V, BLOCK_LM, BLOCK_KH,
                           W_EVICT)
+        if ok > 0:  # (a skipped ATTN task still makes its static signal, for the stage-reduce variant)
             amount = tl.load(row + F_SIGINC)
             if amount > 0:  # the program's last task of its stage run signals for the whole run
                 tl.debug_barrier()  # every thread's stores of the run's tasks are issued before the release

@@ -194,9 +194,19 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
 
 
 # ---- ATTN -------------------------------------------------------------------------------------------------
+@_device
+def _splits_used(pos, NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    """Non-empty splits at position ``pos``: ceil(n / chunk), chunk = max(ceil(n / NSPLIT), MIN_CHUNK)."""
+    n = pos + 1
+    chunk = tl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
+    return (n + chunk - 1) // chunk
+
+
+
 # One task: KV heads [kv0, kv0 + nkv) (their nkv·G query heads) over split `split` of the positions
 # 0..pos: n = pos + 1, chunk = max(ceil(n / NSPLIT), MIN_CHUNK) (so short contexts use the first
-# ceil(n / chunk) splits only), positions [split·chunk, min(n, (split+1)·chunk)).
+# ceil(n / chunk) splits only; the kernel skips the empty ones), positions [split·chunk, min(n, (split+1)·chunk)).
+# K and V of a chunk are loaded together (one memory round trip per chunk).
 # Online softmax (Milakov & Gimelshein 2018; flash-decoding): per query head
 #   m = max_s q·k_s·scale,  l = Σ_s exp(q·k_s·scale − m),  acc = Σ_s exp(…) v_s
 # written to pm/pl (NQ, NSPLIT) and pacc (NQ, NSPLIT, D) float32. An empty split writes m = −inf, l = 0.
@@ -224,14 +234,15 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
         ms = sp < s_hi
         offs = (row0[:, None, None] + sp[None, :, None]) * D + d[None, None, :]
         m3 = mq[:, None, None] & ms[None, :, None]
-        k = tl.load(kc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg").to(tl.float32)
-        sc = _sum(q[:, None, :] * k, 2) * sm_scale
+        k = tl.load(kc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg")
+        v = tl.load(vc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg")
+        sc = _sum(q[:, None, :] * k.to(tl.float32), 2) * sm_scale
         sc = tl.where(ms[None, :], sc, float("-inf"))
         m_new = tl.maximum(m, _max(sc, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(sc - m_new[:, None])
         l = l * alpha + _sum(p, 1)
-        v = tl.load(vc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg").to(tl.float32)
+        v = v.to(tl.float32)
         acc = acc * alpha[:, None] + _sum(p[:, :, None] * v, 1)
         m = m_new
         s0 += BLOCK_S
@@ -243,8 +254,11 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
 
 # ---- ATTN_REDUCE ------------------------------------------------------------------------------------------
 # Per query head, over the n_used = ceil(n / chunk) non-empty splits (see ATTN):
-#   M = max_s m_s,  w_s = exp(m_s − M),  out = Σ_s w_s·acc_s / Σ_s w_s·l_s  → attn[head·D + d],
-# in blocks of BLOCK_SPLIT splits (two passes: the maximum, then the weighted sums).
+#   M = max_s m_s,  w_s = exp(m_s − M),  out = Σ_s w_s·acc_s / Σ_s w_s·l_s  → attn[head·D + d].
+# Two passes over blocks of BLOCK_SPLIT splits: M, then the weighted sums, accumulated elementwise and reduced
+# once at the end. (Reducing inside the loop made Triton broadcast replicated values through shared memory,
+# which compute-sanitizer racecheck flags; a one-pass branch for few splits cost 40 registers in the timeline
+# build, i.e. a program per SM.)
 @_device
 def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.constexpr, G: tl.constexpr,
                    NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_QH: tl.constexpr,
@@ -253,36 +267,35 @@ def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.cons
     qh = tl.arange(0, BLOCK_QH)
     mq = qh < nkv * G
     hq = kv0 * G + qh
-    n = pos + 1
-    chunk = tl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
-    n_used = (n + chunk - 1) // chunk
+    d = tl.arange(0, D)
     sp0 = tl.arange(0, BLOCK_SPLIT)
-    big = tl.full([BLOCK_QH], float("-inf"), tl.float32)
+    n_used = _splits_used(pos, NSPLIT, MIN_CHUNK)
+    big2 = tl.full([BLOCK_SPLIT, BLOCK_QH], float("-inf"), tl.float32)
     s0 = 0
-    while s0 < n_used:
+    while s0 < n_used:  # (a while loop: the interpreter cannot range() over a run-time bound)
         sp = s0 + sp0
         m2 = (sp[:, None] < n_used) & mq[None, :]
-        m = tl.load(pm_ptr + hq[None, :] * NSPLIT + sp[:, None], mask=m2, other=float("-inf"), cache_modifier=".cg")
-        big = tl.maximum(big, _max(m, 0))
+        m = tl.load(pm_ptr + hq[None, :] * NSPLIT + sp[:, None], mask=m2, other=float("-inf"),
+                    cache_modifier=".cg")
+        big2 = tl.maximum(big2, m)
         s0 += BLOCK_SPLIT
-    big = tl.where(mq, big, 0.0)                                      # split 0 is never empty: finite
-    d = tl.arange(0, D)
-    denom = tl.full([BLOCK_QH], 0.0, tl.float32)
-    acc = tl.full([BLOCK_QH, D], 0.0, tl.float32)
+    big = tl.where(mq, _max(big2, 0), 0.0)
+    den2 = tl.full([BLOCK_SPLIT, BLOCK_QH], 0.0, tl.float32)
+    acc3 = tl.full([BLOCK_SPLIT, BLOCK_QH, D], 0.0, tl.float32)
     s0 = 0
     while s0 < n_used:
         sp = s0 + sp0
-        idx = hq[None, :] * NSPLIT + sp[:, None]                      # (BLOCK_SPLIT, BLOCK_QH)
+        idx = hq[None, :] * NSPLIT + sp[:, None]
         m2 = (sp[:, None] < n_used) & mq[None, :]
         m = tl.load(pm_ptr + idx, mask=m2, other=float("-inf"), cache_modifier=".cg")
         l = tl.load(pl_ptr + idx, mask=m2, other=0.0, cache_modifier=".cg")
-        w = tl.exp(m - big[None, :])
-        denom += _sum(w * l, 0)
         a = tl.load(pacc_ptr + idx[:, :, None] * D + d[None, None, :], mask=m2[:, :, None], other=0.0,
                     cache_modifier=".cg")
-        acc += _sum(w[:, :, None] * a, 0)
+        w = tl.exp(m - big[None, :])
+        den2 += w * l
+        acc3 += w[:, :, None] * a
         s0 += BLOCK_SPLIT
-    out = acc / denom[:, None]
+    out = _sum(acc3, 0) / _sum(den2, 0)[:, None]
     tl.store(attn_ptr + hq[:, None] * D + d[None, :], out.to(ACT), mask=mq[:, None])
 
 

@@ -38,10 +38,11 @@ per KV head between QKV and ATTN) is only a change of :func:`build_tasks`.
 
 Fused attention reduction: ATTN tasks of one kv-head group take a *ticket* (an atomic increment of the
 group's ticket counter, acq_rel) after writing their partials; the task that draws the step's last ticket
-(``(epoch + 1) · splits − 1``) combines the splits and signals the (layer, ATTN_REDUCE) counter once. That
-removes a whole-grid stage per layer. The split count is fixed in the table, but the positions per split are
-``max(ceil(n / splits), attn_min_chunk)`` at run time, so short contexts use few splits (the rest are
-empty and cost one ticket) and long ones use them all.
+combines the splits, rewinds the ticket counter to 0 for the next step and signals the (layer, ATTN_REDUCE)
+counter once. That removes a whole-grid stage per layer. The split count is fixed in the table, but the
+positions per split are ``max(ceil(n / splits), attn_min_chunk)`` at run time, so short contexts use only
+the first ``ceil(n / chunk)`` splits; the other ATTN tasks are skipped outright (no wait, no ticket), and
+long contexts use them all.
 
 Lowering: task ``gidx`` goes to program ``gidx % num_programs`` (round robin continuing across stages,
 so the programs that got an extra tile in one stage come last in the next). Every program's queue is a
@@ -77,7 +78,7 @@ LAYER_STAGES = (OP_QKV, OP_ATTN, OP_ATTN_REDUCE, OP_OPROJ, OP_GATEUP, OP_DOWN)
 (F_OP, F_LAYER, F_TILE, F_A0, F_A1, F_A2, F_WAIT, F_NEED, F_INC, F_SIGNAL, F_GIDX, F_SIGINC, F_TICKET,
  F_PFNEXT) = range(14)
 NFIELDS = 14
-KV_SPLITS_CAP = 32  # automatic kv_splits: clamp(grid // kv-head groups, 1, this)
+KV_SPLITS_CAP = 64  # automatic kv_splits: clamp(grid // kv-head groups, 1, this)
 
 
 def next_pow2(n: int) -> int:
@@ -407,12 +408,12 @@ def lower(tasks: list[Task], num_programs: int, num_counters: int) -> tuple[torc
 
 
 def increments_per_step(tasks: list[Task], num_counters: int) -> list[int]:
-    """How many times each counter is incremented in one step: once per signalling task, except that the
-    ATTN tasks of a fused reduction add one ticket each and their group signals once (counted at split 0)."""
+    """How many times each stage counter is incremented in one step: once per signalling task, except that
+    the ATTN tasks of a fused reduction signal once per kv-head group (counted at split 0). Ticket counters
+    are rewound every step and are not waited on: 0 here."""
     inc = [0] * num_counters
     for t in tasks:
         if t.ticket >= 0:
-            inc[t.ticket] += 1
             if t.signal >= 0 and t.a2 == 0:
                 inc[t.signal] += 1
         elif t.signal >= 0:
