@@ -6,6 +6,8 @@
 #   bash benchmarks/h200_session.sh final-b # `bubblescope diagnose model` on the built-in default
 #   bash benchmarks/h200_session.sh round4  # megakernel check + tune4 sweep (context 128), attn4 sweep (4096), sanitizers
 #   bash benchmarks/h200_session.sh round5  # the same with the tune5 / attn5 sweeps, then the GPU tests
+#   bash benchmarks/h200_session.sh round6  # short check + tune6 / attn6 sweeps, then decode latency (llama-3.2-1b)
+#   bash benchmarks/h200_session.sh round6b # decode latency of llama-3.2-3b / qwen3-0.6b, diagnose, racecheck
 # Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -53,6 +55,25 @@ elif [ "$stage" = round4 ] || [ "$stage" = round5 ]; then
     timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
     tail -8 "$R/pytest_gpu.log"
   fi
+elif [ "$stage" = round6 ]; then
+  log megakernel-check-tune6
+  timeout 200 python3 benchmarks/megakernel_gpu_check.py --out "$R/megakernel_check_round6.json" --max-seconds 180 --reference-modes eager,fp32 --steps 128 --variants fused,noprefetch --sweep tune6 > "$R/megakernel_check_round6.log" 2>&1; echo "rc=$?" >> "$R/megakernel_check_round6.log"
+  tail -40 "$R/megakernel_check_round6.log"
+  log attn6-4096
+  timeout 90 python3 benchmarks/megakernel_gpu_check.py --out "$R/mk_attn6_4096.json" --max-seconds 75 --sections sweep --sweep attn6 --context 4096 --timed-steps 40 --reference-modes eager > "$R/mk_attn6_4096.log" 2>&1; echo "rc=$?" >> "$R/mk_attn6_4096.log"
+  tail -8 "$R/mk_attn6_4096.log"
+  log decode-latency-1b
+  timeout 270 python3 benchmarks/decode_latency.py --out "$R/decode_latency_1b.json" --max-seconds 250 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -14 "$R/decode_latency_1b.log"
+elif [ "$stage" = round6b ]; then
+  log decode-latency-others
+  timeout 200 python3 benchmarks/decode_latency.py --models llama-3.2-3b,qwen3-0.6b --engines reference-cudagraph,reference-compile,megakernel --runs 2 --gen-len 128 --long-contexts "" --out "$R/decode_latency_others.json" --max-seconds 180 > "$R/decode_latency_others.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_others.log"
+  tail -10 "$R/decode_latency_others.log"
+  log diagnose
+  timeout 250 python3 -m bubblescope diagnose model --out "$R/diagnose" ${DG_ARGS:-} > "$R/diagnose.log" 2>&1; echo "rc=$?" >> "$R/diagnose.log"
+  tail -40 "$R/diagnose.log"
+  timeout 60 compute-sanitizer --tool racecheck --print-limit 10 python3 benchmarks/sanitize_megakernel.py > "$R/sanitizer_racecheck.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_racecheck.log"
+  tail -3 "$R/sanitizer_racecheck.log"
 elif [ "$stage" = final-a ]; then
   log decode-latency-1b
   timeout 260 python3 benchmarks/decode_latency.py --out "$R/decode_latency_1b.json" --max-seconds 230 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"

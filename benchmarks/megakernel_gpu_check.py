@@ -45,7 +45,8 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps before timing (default 10; 1 on cpu)")
     ap.add_argument("--variants", default="fused,stages,noprefetch")
     ap.add_argument("--reference-modes", default="eager,cudagraph", help="on cpu only eager is possible")
-    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "tune4", "tune5", "attn", "attn4", "attn5", "none"))
+    ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "tune4", "tune5", "tune6", "attn", "attn4", "attn5", "attn6",
+                             "none"))
     ap.add_argument("--sections", default="stories,correctness,timing,timeline,sweep")
     ap.add_argument("--max-seconds", type=float, default=540.0, help="stop starting new work after this")
     ap.add_argument("--out", default="megakernel_gpu_check.json")
@@ -353,6 +354,9 @@ def sweep_configs() -> list[tuple[str, dict]]:
         return [("default", {}), ("old-default", old), ("s32", dict(kv_splits=32)), ("s16", dict(kv_splits=16)),
                 ("mc8", dict(attn_min_chunk=8)), ("mc32", dict(attn_min_chunk=32)), ("stage", dict(attn_reduce="stage")),
                 ("evict", dict(weight_eviction="evict_first")), ("default-again", {}), ("old-default-again", old)]
+    if ARGS.sweep in ("tune6", "attn6"):  # sixth round: the register cap (maxnreg) restores 4 programs per SM
+        return [("default", {}), ("old-default", old), ("s32", dict(kv_splits=32)), ("s16", dict(kv_splits=16)),
+                ("pps3-cap168", dict(programs_per_sm=3)), ("default-again", {})]
     if ARGS.sweep == "attn5":
         return [("default", {}), ("old-default", old), ("s32", dict(kv_splits=32)), ("mc32", dict(attn_min_chunk=32)),
                 ("mc64", dict(attn_min_chunk=64))]

@@ -289,6 +289,7 @@ def test_kernel_compiles_for_sm90_and_default_keeps_four_programs_per_sm():
     assert run.returncode == 0, run.stderr[-3000:]
     default, timeline, qwen3 = json.loads(run.stdout.strip().splitlines()[-1])
     assert default["fit"] >= 4, default  # residency of the default config on an H200 (DESIGN.md: 4/SM)
+    assert default["registers"] <= 128 and timeline["registers"] <= 128  # the maxnreg cap holds
     assert default["cooperative"] is True
     assert timeline["registers"] and qwen3["registers"]
 
@@ -315,3 +316,13 @@ def test_fused_attention_tickets_replace_static_signals():
     assert all(sch.increments[int(c)] == 0 for c in tickets)
     oproj = next(t for t in sch.tasks if t.op == OP_OPROJ)
     assert oproj.need == cfg.num_key_value_heads
+
+
+def test_register_cap_keeps_the_requested_programs_resident():
+    from bubblescope.megakernel_engine.launch import register_cap
+    # 65536 registers per SM (sm_90) / (4 programs · 4 warps · 32 threads) = 128 per thread.
+    assert register_cap(MegakernelParams()) == 128
+    # 65536 / (3 · 4 · 32) = 170.7, down to a multiple of 8 (per-warp allocation of 256 registers).
+    assert register_cap(MegakernelParams(programs_per_sm=3)) == 168
+    assert register_cap(MegakernelParams(num_warps=8, programs_per_sm=1)) == 255  # the ISA's maximum
+    assert register_cap(MegakernelParams(max_registers=96)) == 96

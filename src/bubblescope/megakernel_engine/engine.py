@@ -143,7 +143,8 @@ class MegakernelEngine:
                                  has_qk_norm=p.qknorm is not None,
                                  prefetch=L.prefetch_mode(params.prefetch, cfg, self.dtype, self.limits))
         return L.Launcher(self._kernel, args, cx, params.num_warps, params.num_stages, fast=params.fast_launch,
-                          cooperative=params.cooperative and not self.interpret)
+                          cooperative=params.cooperative and not self.interpret,
+                          maxnreg=None if self.interpret else L.register_cap(params, self.limits.regs_per_sm))
 
     def _probe_args(self, probe):
         return (probe.table.to(self.device), probe.counts.to(self.device),

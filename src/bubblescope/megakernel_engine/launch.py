@@ -118,6 +118,14 @@ def prefetch_mode(prefetch: str, cfg: ModelConfig, dtype: torch.dtype, limits: "
     return 2 if prefetch == "bulk" or (prefetch == "auto" and bulk_ok) else 1
 
 
+def register_cap(params: MegakernelParams, regs_per_sm: int = 65536) -> int:
+    """Per-thread register cap (``maxnreg``) for ``params``: ``params.max_registers``, or the most registers
+    that keep ``programs_per_sm`` programs of ``num_warps`` warps resident (multiple of 8, at most 255)."""
+    if params.max_registers:
+        return min(255, params.max_registers)
+    return max(24, min(255, regs_per_sm // (params.programs_per_sm * params.num_warps * 32) // 8 * 8))
+
+
 def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_seq_len: int, has_bias: bool,
                       has_qk_norm: bool, prefetch: int) -> dict:
     """The compile-time arguments of ``kernel.megakernel`` (model shape, tiles, switches)."""
@@ -170,12 +178,14 @@ class Launcher:
     """
 
     def __init__(self, kernel, args: dict, constexprs: dict, num_warps: int, num_stages: int, fast: bool,
-                 cooperative: bool = False):
+                 cooperative: bool = False, maxnreg: int | None = None):
         self.kernel = kernel
         self.args = dict(args)
         self.constexprs = dict(constexprs)
         self.num_warps, self.num_stages, self.fast = num_warps, num_stages, fast
         self.options = dict(num_warps=num_warps, num_stages=num_stages, launch_cooperative_grid=cooperative)
+        if maxnreg:
+            self.options["maxnreg"] = maxnreg
         self.compiled = None
         self._names = list(kernel.megakernel.arg_names)
         self._fast_calls: dict[tuple, tuple] = {}  # (grid, table, timeline, advance) -> (runner, ordered args)
@@ -198,6 +208,7 @@ class Launcher:
             raise EngineUnavailable(f"megakernel does not fit the device: {e}") from None
         self.compiled = ck
         return {"registers": int(ck.n_regs), "spills": int(ck.n_spills), "shared_bytes": int(ck.metadata.shared),
+                "max_registers": self.options.get("maxnreg"),
                 "num_warps": int(ck.metadata.num_warps), "num_stages": self.num_stages,
                 "cooperative": bool(getattr(ck.metadata, "launch_cooperative_grid", False))}
 

@@ -18,7 +18,7 @@ import torch
 
 from ..models.config import ModelConfig, get_preset
 from ..models.weights import parse_dtype
-from .launch import kernel_constexprs, load_kernel
+from .launch import kernel_constexprs, load_kernel, register_cap
 from .schedule import MegakernelParams, resolve_tiling
 
 _F32_PTRS = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
@@ -59,7 +59,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     src = ASTSource(fn=kernel.megakernel, signature=sig, constexprs=cx, attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                         options={"num_warps": params.num_warps, "num_stages": params.num_stages,
-                                 "launch_cooperative_grid": params.cooperative})
+                                 "launch_cooperative_grid": params.cooperative, "maxnreg": register_cap(params)})
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ck.asm["ptx"])

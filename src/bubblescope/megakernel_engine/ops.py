@@ -206,7 +206,6 @@ def _splits_used(pos, NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr):
 # One task: KV heads [kv0, kv0 + nkv) (their nkv·G query heads) over split `split` of the positions
 # 0..pos: n = pos + 1, chunk = max(ceil(n / NSPLIT), MIN_CHUNK) (so short contexts use the first
 # ceil(n / chunk) splits only; the kernel skips the empty ones), positions [split·chunk, min(n, (split+1)·chunk)).
-# K and V of a chunk are loaded together (one memory round trip per chunk).
 # Online softmax (Milakov & Gimelshein 2018; flash-decoding): per query head
 #   m = max_s q·k_s·scale,  l = Σ_s exp(q·k_s·scale − m),  acc = Σ_s exp(…) v_s
 # written to pm/pl (NQ, NSPLIT) and pacc (NQ, NSPLIT, D) float32. An empty split writes m = −inf, l = 0.
@@ -235,14 +234,15 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
         offs = (row0[:, None, None] + sp[None, :, None]) * D + d[None, None, :]
         m3 = mq[:, None, None] & ms[None, :, None]
         k = tl.load(kc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg")
-        v = tl.load(vc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg")
         sc = _sum(q[:, None, :] * k.to(tl.float32), 2) * sm_scale
         sc = tl.where(ms[None, :], sc, float("-inf"))
         m_new = tl.maximum(m, _max(sc, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(sc - m_new[:, None])
         l = l * alpha + _sum(p, 1)
-        v = v.to(tl.float32)
+        # V is loaded after the scores: loading K and V together kept both tiles live (+16 registers on the
+        # H200's ptxas, 144 in all: one program per SM fewer, +20 % time per token)
+        v = tl.load(vc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg").to(tl.float32)
         acc = acc * alpha[:, None] + _sum(p[:, :, None] * v, 1)
         m = m_new
         s0 += BLOCK_S

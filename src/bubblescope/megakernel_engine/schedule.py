@@ -101,6 +101,10 @@ class MegakernelParams:
         max_rows: cap for the automatic row choice.
         block_k: columns per inner-loop chunk of every matvec (power of two).
         num_warps: warps per program.
+        max_registers: per-thread register cap passed to the compiler (PTX ``.maxnreg``); auto: what lets
+            ``programs_per_sm`` programs be resident, ``regs_per_sm // (programs_per_sm · num_warps · 32)``
+            rounded down to a multiple of 8 (128 on sm_90 for 4 programs of 4 warps). Without it, a compiler
+            that chooses a few more registers silently costs a resident program per SM.
         num_stages: Triton software-pipelining stages of the inner loops (1: none; more stages buffer loads
             in shared memory, which lowers residency — and did not help in the H200 probe).
         gateup_blocks, lm_blocks: register tiles (of ``rows_gateup`` / ``rows_lm`` rows) per GATEUP / LMHEAD
@@ -144,6 +148,7 @@ class MegakernelParams:
     lm_blocks: int = 1
     block_k: int = 1024
     num_warps: int = 4
+    max_registers: int | None = None
     num_stages: int = 1
     kv_splits: int | None = None
     attn_kv_heads: int = 1
@@ -173,7 +178,7 @@ class MegakernelParams:
             pow2(name)
         for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
                      "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap", "gateup_blocks",
-                     "lm_blocks", "attn_min_chunk"):
+                     "lm_blocks", "attn_min_chunk", "max_registers"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise BubblescopeError(f"megakernel params: {name} must be a positive integer, got {v!r}")
