@@ -8,6 +8,7 @@
 #   bash benchmarks/h200_session.sh round5  # the same with the tune5 / attn5 sweeps, then the GPU tests
 #   bash benchmarks/h200_session.sh round6  # short check + tune6 / attn6 sweeps, then decode latency (llama-3.2-1b)
 #   bash benchmarks/h200_session.sh round6b # decode latency of llama-3.2-3b / qwen3-0.6b, diagnose, racecheck
+#   bash benchmarks/h200_session.sh round7  # attention sweep attn7 at contexts 4096 and 128
 # Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -65,6 +66,12 @@ elif [ "$stage" = round6 ]; then
   log decode-latency-1b
   timeout 270 python3 benchmarks/decode_latency.py --out "$R/decode_latency_1b.json" --max-seconds 250 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
   tail -14 "$R/decode_latency_1b.log"
+elif [ "$stage" = round7 ]; then
+  for ctx in 4096 128; do
+    log attn7-$ctx
+    timeout 100 python3 benchmarks/megakernel_gpu_check.py --out "$R/mk_attn7_$ctx.json" --max-seconds 90 --sections sweep --sweep attn7 --context $ctx --timed-steps 40 --reference-modes eager > "$R/mk_attn7_$ctx.log" 2>&1; echo "rc=$?" >> "$R/mk_attn7_$ctx.log"
+    tail -9 "$R/mk_attn7_$ctx.log"
+  done
 elif [ "$stage" = round6b ]; then
   log decode-latency-others
   timeout 200 python3 benchmarks/decode_latency.py --models llama-3.2-3b,qwen3-0.6b --engines reference-cudagraph,reference-compile,megakernel --runs 2 --gen-len 128 --long-contexts "" --out "$R/decode_latency_others.json" --max-seconds 180 > "$R/decode_latency_others.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_others.log"

@@ -46,7 +46,7 @@ def parse_args(argv=None):
     ap.add_argument("--variants", default="fused,stages,noprefetch")
     ap.add_argument("--reference-modes", default="eager,cudagraph", help="on cpu only eager is possible")
     ap.add_argument("--sweep", default="default", choices=("default", "quick", "tune2", "tune3", "tune4", "tune5", "tune6", "attn", "attn4", "attn5", "attn6",
-                             "none"))
+                             "attn7", "none"))
     ap.add_argument("--sections", default="stories,correctness,timing,timeline,sweep")
     ap.add_argument("--max-seconds", type=float, default=540.0, help="stop starting new work after this")
     ap.add_argument("--out", default="megakernel_gpu_check.json")
@@ -357,6 +357,10 @@ def sweep_configs() -> list[tuple[str, dict]]:
     if ARGS.sweep in ("tune6", "attn6"):  # sixth round: the register cap (maxnreg) restores 4 programs per SM
         return [("default", {}), ("old-default", old), ("s32", dict(kv_splits=32)), ("s16", dict(kv_splits=16)),
                 ("pps3-cap168", dict(programs_per_sm=3)), ("default-again", {})]
+    if ARGS.sweep == "attn7":  # seventh round: longer position chunks and more splits under the register cap
+        return [("default", {}), ("bs32", dict(block_s=32)), ("bs64", dict(block_s=64)), ("s128", dict(kv_splits=128)),
+                ("s128-bs32", dict(kv_splits=128, block_s=32)), ("mc32-bs32", dict(attn_min_chunk=32, block_s=32)),
+                ("default-again", {})]
     if ARGS.sweep == "attn5":
         return [("default", {}), ("old-default", old), ("s32", dict(kv_splits=32)), ("mc32", dict(attn_min_chunk=32)),
                 ("mc64", dict(attn_min_chunk=64))]
