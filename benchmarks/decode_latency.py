@@ -26,11 +26,15 @@ from pathlib import Path
 
 
 def _commit() -> str | None:
+    """``$BUBBLESCOPE_COMMIT`` when set (a copied tree's .git may be stale: the device session sets it),
+    else ``git rev-parse``."""
+    if os.environ.get("BUBBLESCOPE_COMMIT"):
+        return os.environ["BUBBLESCOPE_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
     except Exception:
-        return os.environ.get("BUBBLESCOPE_COMMIT")
+        return None
 
 
 def _percentile(xs, q):

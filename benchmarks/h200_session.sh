@@ -9,6 +9,8 @@
 #   bash benchmarks/h200_session.sh round6  # short check + tune6 / attn6 sweeps, then decode latency (llama-3.2-1b)
 #   bash benchmarks/h200_session.sh round6b # decode latency of llama-3.2-3b / qwen3-0.6b, diagnose, racecheck
 #   bash benchmarks/h200_session.sh round7  # attention sweep attn7 at contexts 4096 and 128
+#   bash benchmarks/h200_session.sh round8  # decode latency (llama-3.2-1b) and diagnose with the final defaults
+# Pass BUBBLESCOPE_COMMIT=<sha> (the copied tree's .git may be stale) so the JSON records the right commit.
 # Everything lands under $OUT/run and is packed into $OUT/run.tgz (the device returns at most 8 files).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -72,6 +74,13 @@ elif [ "$stage" = round7 ]; then
     timeout 100 python3 benchmarks/megakernel_gpu_check.py --out "$R/mk_attn7_$ctx.json" --max-seconds 90 --sections sweep --sweep attn7 --context $ctx --timed-steps 40 --reference-modes eager > "$R/mk_attn7_$ctx.log" 2>&1; echo "rc=$?" >> "$R/mk_attn7_$ctx.log"
     tail -9 "$R/mk_attn7_$ctx.log"
   done
+elif [ "$stage" = round8 ]; then
+  log decode-latency-1b
+  timeout 200 python3 benchmarks/decode_latency.py --out "$R/decode_latency_1b.json" --max-seconds 180 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -10 "$R/decode_latency_1b.log"
+  log diagnose
+  timeout 230 python3 -m bubblescope diagnose model --out "$R/diagnose" ${DG_ARGS:-} > "$R/diagnose.log" 2>&1; echo "rc=$?" >> "$R/diagnose.log"
+  sed -n 10,40p "$R/diagnose.log"
 elif [ "$stage" = round6b ]; then
   log decode-latency-others
   timeout 200 python3 benchmarks/decode_latency.py --models llama-3.2-3b,qwen3-0.6b --engines reference-cudagraph,reference-compile,megakernel --runs 2 --gen-len 128 --long-contexts "" --out "$R/decode_latency_others.json" --max-seconds 180 > "$R/decode_latency_others.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_others.log"

@@ -152,9 +152,9 @@ class MegakernelParams:
     num_stages: int = 1
     kv_splits: int | None = None
     attn_kv_heads: int = 1
-    attn_min_chunk: int = 16
+    attn_min_chunk: int = 32
     attn_reduce: str = "fused"
-    block_s: int = 16
+    block_s: int = 32
     prefetch: str = "auto"
     prefetch_ahead: int = 0
     prefetch_next: str = ""
