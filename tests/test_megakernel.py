@@ -123,6 +123,12 @@ def test_decode_greedy_picks_torch_argmax_with_negative_logits_and_ties():
         nxt = e.decode_greedy(tok)
         assert nxt == int(torch.argmax(e.last_logits()))
         tok = nxt
+    # A device-side token (read from the state, not passed as a kernel argument) gives the same step.
+    a = MegakernelEngine(w, params=MID.replace(lm_blocks=3), max_seq_len=16)
+    b = MegakernelEngine(w, params=MID.replace(lm_blocks=3), max_seq_len=16)
+    a.prefill(torch.tensor([1, 2, 3]))
+    b.prefill(torch.tensor([1, 2, 3]))
+    assert torch.equal(a.decode(torch.tensor([7])), b.decode(7))
 
 
 def test_variants_give_the_same_logits_as_fused():

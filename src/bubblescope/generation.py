@@ -23,6 +23,9 @@ class Decoder(Protocol):
     cache then holds T positions. ``decode(token)``: an int or LongTensor (1,) -> logits (V,) for the next
     position; advances ``position`` by one. Returned logits may be a static buffer that the next call
     overwrites (CUDA-graph engines): copy them if you keep them. ``reset()`` empties the cache.
+
+    Optional: ``decode_greedy(token) -> int``, one decode step returning the argmax of its logits as a host
+    int, for engines that can pick it without an extra kernel (the megakernel); :func:`greedy_step` uses it.
     """
 
     name: str

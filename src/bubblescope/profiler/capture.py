@@ -85,8 +85,9 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     (CUDA-graph capture, Triton compilation and allocator growth happen here, not in the trace); then,
     under ``torch.profiler.profile(activities=[CPU] (+ [CUDA] on a cuda decoder), record_shapes=False)``,
     ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``. A step includes taking the
-    token to the host, ``int(logits.argmax())``, as a real token loop must: that host sync is part of
-    per-token latency. On a CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says
+    greedy token to the host as ``generate()`` does (:func:`bubblescope.generation.greedy_step`: the
+    engine's fused greedy step when it has one, else ``int(decode(tok).argmax())``): that host sync is part
+    of per-token latency. On a CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says
     GPU metrics are unavailable (no zeros are made up).
 
     Args:
@@ -102,6 +103,8 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from ..generation import greedy_step
 
     _check_count("steps", steps, 1)
     _check_count("warmup", warmup, 0)
@@ -128,7 +131,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     tok = int(decoder.prefill(prompt).argmax())
     tokens = [tok]
     for _ in range(warmup):
-        tok = int(decoder.decode(tok).argmax())
+        tok = greedy_step(decoder, tok)
         tokens.append(tok)
     start_position = int(decoder.position)
 
@@ -138,7 +141,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     with profile(activities=activities, record_shapes=False) as prof:
         for i in range(steps):
             with record_function(f"{step_marker}#{i}"):
-                tok = int(decoder.decode(tok).argmax())
+                tok = greedy_step(decoder, tok)
             tokens.append(tok)
         if gpu:
             torch.cuda.synchronize(decoder.device)

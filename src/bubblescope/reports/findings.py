@@ -28,8 +28,11 @@ THRESHOLDS: Mapping[str, float] = MappingProxyType({
     # latency there is this factor above the shortest context's.
     "kv_bound_min_kv_share": 0.25,
     "kv_bound_min_latency_growth": 1.10,
-    # fused path slower than expected: a megakernel below half of peak with poor residency.
+    # fused path slower than expected: a megakernel below half of peak with spills or poor residency.
+    # Spills count 4-byte words of local memory per thread (Triton's n_spills). The H200 default reports 2;
+    # from 8 words (32 bytes) on they are worth a look.
     "fused_slow_max_util_peak": 0.5,
+    "fused_slow_min_spills": 8,
     "fused_slow_min_programs_per_sm": 2,
     "fused_slow_max_registers": 200,
     # numerical divergence: any greedy token differing from the reference.
@@ -134,17 +137,24 @@ def _fused_slow(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     if not str(eng.get("name", "")).startswith("megakernel") or util is None or comp is None:
         return None
     spills, per_sm, regs = comp.get("spills"), comp.get("programs_per_sm"), comp.get("registers")
-    causes = [spills is not None and spills > 0,
-              per_sm is not None and per_sm < t["fused_slow_min_programs_per_sm"],
-              regs is not None and regs >= t["fused_slow_max_registers"]]
-    if util >= t["fused_slow_max_util_peak"] or not any(causes):
+    causes = {"register spills": spills is not None and spills >= t["fused_slow_min_spills"],
+              "poor residency": per_sm is not None and per_sm < t["fused_slow_min_programs_per_sm"],
+              "high register use": regs is not None and regs >= t["fused_slow_max_registers"]}
+    named = [c for c, hit in causes.items() if hit]
+    if util >= t["fused_slow_max_util_peak"] or not named:
         return None
+    advice = []
+    if causes["register spills"]:
+        advice.append("spilled registers go through local memory on the critical path: shrink the register "
+                      "tiles (rows, block_k) or cap fewer programs per SM")
+    if causes["poor residency"] or causes["high register use"]:
+        advice.append("too few bytes in flight per SM: cut registers (smaller tiles, fewer warps, no "
+                      "prefetch into registers) until at least 2 programs fit per SM")
     return _finding(
         "fused-slow", "warn", eng,
-        f"Fused path slower than expected: {util:.0%} of peak with poor residency",
+        f"Fused path slower than expected: {util:.0%} of peak with {' and '.join(named)}",
         {"util_peak": util, "registers": regs, "spills": spills, "programs_per_sm": per_sm},
-        "Too few bytes in flight per SM: cut registers (smaller tiles, fewer warps, no prefetch into "
-        "registers) until at least 2 programs fit per SM without spills.")
+        "; ".join(advice).capitalize() + ".")
 
 
 def _divergence(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
