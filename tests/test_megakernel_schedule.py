@@ -138,6 +138,16 @@ def test_params_validation():
         MegakernelParams(rows_qkv=7).validate()
     with pytest.raises(BubblescopeError, match="multiple of 16"):
         build_schedule(TINY["qwen3-qknorm"], MegakernelParams(rows_qkv=8), 1)
+    with pytest.raises(BubblescopeError, match="attn_reduce must be fused or stage"):
+        MegakernelParams(attn_reduce="later").validate()
+    with pytest.raises(BubblescopeError, match="prefetch_next names unknown opcode.*FOO"):
+        MegakernelParams(prefetch_next="OPROJ,foo").validate()
+    with pytest.raises(BubblescopeError, match="weight_eviction"):
+        MegakernelParams(weight_eviction="evict_never").validate()
+    with pytest.raises(BubblescopeError, match="lm_blocks must be a positive integer"):
+        MegakernelParams(lm_blocks=0).validate()
+    assert build_schedule(TINY["gqa-tied-llama3"], MegakernelParams(prefetch_next="oproj, attn"), 1).tiling.pf_next_ops \
+        == (OP_ATTN, OP_OPROJ)
 
 
 # ---- packing -----------------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ class MegakernelEngine:
         self._info.update(tasks_per_step=len(self.schedule.tasks), launches_per_step=len(self._launches),
                           tasks_per_opcode=self.schedule.tasks_per_opcode(), tiling=dict(vars(self.tiling)),
                           prefetch=self._launchers[params.timeline].constexprs["PREFETCH"])
-        self._max_inc = max(self.schedule.increments)  # (the stages variant still counts fused-attention tickets)
+        self._max_inc = max(self.schedule.increments) if variant != "stages" else 0
         self._timeline_on = params.timeline
         self.reset()
 

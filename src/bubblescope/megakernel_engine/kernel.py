@@ -12,11 +12,12 @@ Memory layout of the launch's inputs (all int32 unless said):
 * ``amax`` int64 (1,): the LM-head tasks' ``atomic_max`` of (ordered logit, row) keys (ops.op_lmhead); the
   last program decodes it into the greedy token, writes it to ``state[2]``, ``state[3]`` and ``err[15]``
   (so the host reads the token with the error record, in one copy) and resets it.
-* ``counters`` (C,): dependency counters, only ever incremented. A task waiting on counter c for ``need``
+* ``counters`` (C,): stage counters, only ever incremented. A task waiting on counter c for ``need``
   increments of this step waits until ``counters[c] >= epoch · F_INC + need`` (F_INC = increments of c
   per step); a task adds F_SIGINC to its signal counter when done (a program's run of tasks of one stage
-  signals once, from its last task); ``done`` (1,): programs finished in this launch (reset by the last
-  one).
+  signals once, from its last task). After the stage counters come the ATTN ticket counters, one per (layer,
+  kv-head group): not waited on, and rewound to 0 each step by the task that takes the last ticket.
+  ``done`` (1,): programs finished in this launch (reset by the last one).
 * ``err`` (16,): stuck-task record: flag, opcode, layer, tile, program, counter, seen, need, gidx,
   number of stuck tasks; ``err[15]``: the step's greedy token.
 * ``timeline`` int64 (P, T, 3): per task start / dependencies-satisfied / done timestamps in ns.
