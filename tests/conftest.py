@@ -13,13 +13,17 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from bubblescope.models.loader import find_model_file  # noqa: E402  (after the Triton mode is settled)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-STORIES = SHARED / "models" / "stories260K" / "stories260K.bin"
-STORIES_TOK = SHARED / "models" / "stories260K" / "tok512.bin"
+# stories260K where the CLI finds it too ($BUBBLESCOPE_MODELS, then ../shared/models).
+STORIES = find_model_file("stories260k") or SHARED / "models" / "stories260K" / "stories260K.bin"
+STORIES_TOK = STORIES.parent / "tok512.bin"
 TRACES = SHARED / "traces"
 
-needs_stories = pytest.mark.skipif(not STORIES.is_file(), reason=f"{STORIES} not found (../shared is absent)")
+needs_stories = pytest.mark.skipif(not STORIES.is_file(),
+                                   reason=f"{STORIES} not found (../shared is absent and $BUBBLESCOPE_MODELS unset)")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA not available)")
 
 

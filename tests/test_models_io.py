@@ -143,6 +143,18 @@ def test_bad_inputs_one_line_exit_2(tmp_path, args, needle):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
+def test_generate_without_the_stories_file_says_where_it_looked(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import bubblescope.models.loader as loader
+    from bubblescope.cli import app
+    monkeypatch.setattr(loader, "model_search_dirs", lambda: [tmp_path / "models"])
+    r = CliRunner().invoke(app, ["generate", "stories260k", "--prompt", "Once", "--max-new-tokens", "2"])
+    assert r.exit_code == 2
+    assert "stories260k's weights file was not found (searched " + str(tmp_path / "models") in r.output
+    assert "set BUBBLESCOPE_MODELS" in r.output
+
+
 @needs_stories
 def test_generate_cli_prints_story_and_timing():
     r = _cli("generate", str(STORIES), "--prompt", "Once upon a time", "--max-new-tokens", "40")

@@ -77,6 +77,7 @@ def generate(
     from .generation import SamplingParams
     from .generation import generate as run
     from .models import load_model, parse_dtype, resolve_device
+    from .models.loader import KNOWN_FILES, model_search_dirs
 
     seed = _seed(seed)
     try:
@@ -94,6 +95,11 @@ def generate(
     if prompt_ids is not None:
         ids = _ints(prompt_ids, "--prompt-ids")
     elif prompt and tok is None:
+        if loaded.source == "dummy" and model is not None and model.lower() in KNOWN_FILES:
+            raise BubblescopeError(
+                f"--prompt: {model}'s weights file was not found (searched "
+                f"{', '.join(str(d) for d in model_search_dirs())}), so dummy weights without a tokenizer were "
+                f"loaded; pass --checkpoint PATH, set BUBBLESCOPE_MODELS, or use --prompt-ids")
         raise BubblescopeError("--prompt: this model has no tokenizer; pass --tokenizer or use --prompt-ids")
     elif tok is not None:
         ids = tok.encode(prompt, bos=True)
