@@ -241,7 +241,8 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
         p = tl.exp(sc - m_new[:, None])
         l = l * alpha + _sum(p, 1)
         # V is loaded after the scores: loading K and V together kept both tiles live (+16 registers on the
-        # H200's ptxas, 144 in all: one program per SM fewer, +20 % time per token)
+        # H200's ptxas, 144 in all: 3 programs per SM instead of 4, about 1.34 against 1.14 ms per step in
+        # benchmarks/results/h200-2026-11-29-b rounds 5 and 6)
         v = tl.load(vc_ptr + offs, mask=m3, other=0.0, cache_modifier=".cg").to(tl.float32)
         acc = acc * alpha[:, None] + _sum(p[:, :, None] * v, 1)
         m = m_new
@@ -257,8 +258,8 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
 #   M = max_s m_s,  w_s = exp(m_s − M),  out = Σ_s w_s·acc_s / Σ_s w_s·l_s  → attn[head·D + d].
 # Two passes over blocks of BLOCK_SPLIT splits: M, then the weighted sums, accumulated elementwise and reduced
 # once at the end. (Reducing inside the loop made Triton broadcast replicated values through shared memory,
-# which compute-sanitizer racecheck flags; a one-pass branch for few splits cost 40 registers in the timeline
-# build, i.e. a program per SM.)
+# which compute-sanitizer racecheck flags; a one-pass branch for few splits took the timeline build from 128 to
+# 168 registers in the offline sm_90a compile, i.e. a program per SM.)
 @_device
 def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.constexpr, G: tl.constexpr,
                    NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_QH: tl.constexpr,
