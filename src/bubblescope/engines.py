@@ -29,14 +29,14 @@ def _reference(mode: str):
     return build
 
 
-def _megakernel(variant: str):
+def _megakernel(variant: str, impl: str, name: str):
     def build(weights: ModelWeights, max_seq_len: int):
         # Not `import triton` here: on CPU the engine must set TRITON_INTERPRET before Triton's first import.
         import importlib.util
         if importlib.util.find_spec("triton") is None:
             raise EngineUnavailable("the megakernel needs Triton, which is not installed")
         from .megakernel_engine import MegakernelEngine
-        return MegakernelEngine(weights, max_seq_len=max_seq_len, variant=variant)
+        return MegakernelEngine(weights, max_seq_len=max_seq_len, variant=variant, impl=impl, name=name)
     return build
 
 
@@ -55,12 +55,17 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
     EngineSpec("reference-compile", "torch.compile(mode='reduce-overhead'): inductor fusion + CUDA graphs",
                _reference("compile")),
     EngineSpec("hf", "Hugging Face transformers' own model, eager, DynamicCache", _hf),
-    EngineSpec("megakernel", "Triton persistent megakernel: one launch per token, L2 prefetch of the next "
-               "task's weights while waiting", _megakernel("fused")),
+    EngineSpec("megakernel", "persistent megakernel, one launch per token: the Gluon kernel on Hopper (a TMA "
+               "producer warp streams weights ahead of the compute warps), the Triton kernel elsewhere",
+               _megakernel("fused", "auto", "megakernel")),
+    EngineSpec("megakernel-gluon", "the Gluon megakernel (sm_90): warp-specialized TMA weight ring",
+               _megakernel("fused", "gluon", "megakernel-gluon")),
+    EngineSpec("megakernel-triton", "the plain-Triton megakernel: register tiles, L2 prefetch before each wait",
+               _megakernel("fused", "triton", "megakernel-triton")),
     EngineSpec("megakernel-stages", "the megakernel's task code, one launch per stage (fusion ablation)",
-               _megakernel("stages")),
-    EngineSpec("megakernel-noprefetch", "the megakernel without early weight loads (pipelining ablation)",
-               _megakernel("noprefetch")),
+               _megakernel("stages", "auto", "megakernel-stages")),
+    EngineSpec("megakernel-noprefetch", "the megakernel whose weight loads wait for each task's inputs "
+               "(pipelining ablation)", _megakernel("noprefetch", "auto", "megakernel-noprefetch")),
 ]}
 
 

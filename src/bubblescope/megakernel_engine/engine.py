@@ -37,6 +37,27 @@ ERR_TOKEN = 15              # the kernel's last program writes the step's greedy
 AMAX_EMPTY = -(2 ** 63)     # kernel.AMAX_EMPTY: the greedy key buffer between steps
 
 
+IMPLS = ("auto", "gluon", "triton")
+
+
+def choose_impl(weights: ModelWeights, impl: str) -> tuple[str, str]:
+    """The kernel implementation for ``impl`` (``auto``: Gluon where it runs, else Triton) and why, in words.
+
+    Raises:
+        EngineUnavailable: ``gluon`` requested where it cannot run (the reason named).
+    """
+    if impl == "triton":
+        return "triton", "requested"
+    from .gluon.host import gluon_unsupported
+    cap = torch.cuda.get_device_capability(weights.device) if weights.device.type == "cuda" else None
+    reason = gluon_unsupported(weights.config, weights.dtype, cap)
+    if reason is None:
+        return "gluon", "Hopper GPU: warp-specialized TMA weight stream"
+    if impl == "gluon":
+        raise EngineUnavailable(reason)
+    return "triton", reason
+
+
 def check_supported(weights: ModelWeights) -> None:
     """Raises EngineUnavailable for what the kernel cannot run (named)."""
     cfg = weights.config
@@ -66,12 +87,16 @@ class MegakernelEngine:
     """
 
     def __init__(self, weights: ModelWeights, params: MegakernelParams | None = None,
-                 max_seq_len: int | None = None, variant: str = "fused"):
+                 max_seq_len: int | None = None, variant: str = "fused", impl: str = "auto", name: str | None = None):
         if variant not in VARIANTS:
             raise BubblescopeError(f"megakernel: unknown variant {variant!r}; use one of {', '.join(VARIANTS)}")
+        if impl not in IMPLS:
+            raise BubblescopeError(f"megakernel: unknown implementation {impl!r}; use one of {', '.join(IMPLS)}")
         check_supported(weights)
         cfg = self.config = weights.config
-        self.device, self.dtype, self.variant, self.name = weights.device, weights.dtype, variant, VARIANTS[variant]
+        self.device, self.dtype, self.variant = weights.device, weights.dtype, variant
+        self.name = name or VARIANTS[variant]
+        self.impl, self.impl_reason = choose_impl(weights, impl)
         self.max_seq_len = int(max_seq_len or min(cfg.max_position_embeddings, 2048))
         self.interpret = self.device.type == "cpu"
         params = params or (CPU_PARAMS if self.interpret else MegakernelParams())
@@ -80,8 +105,13 @@ class MegakernelEngine:
             params = params.replace(num_programs=1, prefetch="off", spin_sleep_ns=0, fast_launch=False)
         if variant == "noprefetch":
             params = params.replace(prefetch="off")
+        if self.impl == "gluon":  # one CTA per SM, each weight task one TMA tile (gluon/host.py)
+            from .gluon import host as GH
+            params = GH.gluon_params(cfg, params)
         self.params = params
         self._kernel = L.load_kernel(self.interpret)
+        if self.impl == "gluon":
+            self._gluon_kernel = GH.load_gluon_kernel()
         self.limits = None if self.interpret else L.device_limits(self.device)
         grid = params.num_programs or self.limits.sms * params.programs_per_sm
         self.tiling = resolve_tiling(cfg, params, grid)
@@ -89,7 +119,8 @@ class MegakernelEngine:
         self._alloc()
         probe = build_schedule(cfg, params, 1, self.tiling)
         self._info = {"registers": None, "spills": None, "shared_bytes": None, "num_warps": params.num_warps,
-                      "programs_per_sm": None, "grid": 1, "interpret": self.interpret, "variant": variant}
+                      "programs_per_sm": None, "grid": 1, "interpret": self.interpret, "variant": variant,
+                      "implementation": self.impl, "implementation_reason": self.impl_reason}
         self._launchers = {params.timeline: self._launcher(params.timeline)}
         if not self.interpret:
             info = self._launchers[params.timeline].compile(*self._probe_args(probe))
@@ -100,7 +131,8 @@ class MegakernelEngine:
         self.schedule = probe if grid == 1 else probe.with_programs(grid)
         self._launches = self.schedule.stage_schedules() if variant == "stages" else [self.schedule]
         self._tables = [(s.num_programs, s.table.to(self.device), s.counts.to(self.device),
-                         torch.zeros((s.num_programs, s.table.shape[1], 3), dtype=torch.int64, device=self.device))
+                         torch.zeros((s.num_programs, s.table.shape[1], self._stamps), dtype=torch.int64,
+                                     device=self.device))
                         for s in self._launches]
         self._info.update(tasks_per_step=len(self.schedule.tasks), launches_per_step=len(self._launches),
                           tasks_per_opcode=self.schedule.tasks_per_opcode(), tiling=dict(vars(self.tiling)),
@@ -129,7 +161,14 @@ class MegakernelEngine:
             self._err_host = torch.zeros(ERR_FIELDS, dtype=i32, pin_memory=True)
             self._err_event = torch.cuda.Event()
 
-    def _launcher(self, timeline: bool) -> L.Launcher:
+    @property
+    def _stamps(self) -> int:
+        """Timeline stamps per task: start, ready, end (+ first and last weight load issue in the Gluon kernel)."""
+        return 5 if self.impl == "gluon" else 3
+
+    def _launcher(self, timeline: bool):
+        if self.impl == "gluon":
+            return self._gluon_launcher(timeline)
         cfg, p, params = self.config, self.packed, self.params.replace(timeline=timeline)
         dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
         args = dict(
@@ -145,6 +184,21 @@ class MegakernelEngine:
         return L.Launcher(self._kernel, args, cx, params.num_warps, params.num_stages, fast=params.fast_launch,
                           cooperative=params.cooperative and not self.interpret,
                           maxnreg=None if self.interpret else L.register_cap(params, self.limits.regs_per_sm))
+
+    def _gluon_launcher(self, timeline: bool):
+        from .gluon import host as GH
+        cfg, p, params = self.config, self.packed, self.params.replace(timeline=timeline)
+        dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
+        cx = GH.gluon_constexprs(cfg, self.tiling, params, self.max_seq_len, self.dtype,
+                                 has_bias=p.bqkv is not None)
+        args = dict(
+            {k: v for k, v in self._buf.items()}, **GH.weight_descriptors(p, cx["BR"], cx["BK"]),
+            emb_ptr=p.embed, fnorm_ptr=p.final_norm, bqkv_ptr=dummy if p.bqkv is None else p.bqkv,
+            anorm_ptr=p.anorm, mnorm_ptr=p.mnorm, cos_ptr=p.cos, sin_ptr=p.sin, kc_ptr=self.k_cache,
+            vc_ptr=self.v_cache, spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),
+            sm_scale=1.0 / math.sqrt(cfg.head_dim))
+        return GH.GluonLauncher(self._gluon_kernel, args, cx, params.num_warps, fast=params.fast_launch,
+                                cooperative=params.cooperative)
 
     def _probe_args(self, probe):
         return (probe.table.to(self.device), probe.counts.to(self.device),

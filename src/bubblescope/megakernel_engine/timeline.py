@@ -38,6 +38,9 @@ class IntraKernelTimeline:
 
 
 COLUMNS = ["name", "program", "layer", "task", "tile", "launch", "ts_us", "ready_us", "end_us", "dur_us", "wait_us"]
+# Gluon kernel only: when its producer warp issued the task's first and last weight tile (µs, NaN for tasks
+# without weights). ``load_start_us < ts_us`` means the weights were on their way before the task began.
+LOAD_COLUMNS = ["load_start_us", "load_end_us"]
 
 
 def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd.DataFrame:
@@ -51,7 +54,8 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
         DataFrame with :data:`COLUMNS`: ``name`` (opcode), ``program``, ``layer``, ``task`` (global index in
         the step's topological order), ``tile`` (index within its (layer, opcode)), ``launch``; times in µs
         relative to the earliest start: ``ts_us``, ``ready_us``, ``end_us``, ``dur_us = end − ts``,
-        ``wait_us = ready − ts``. Sorted by start time.
+        ``wait_us = ready − ts``; with 5 stamps per task (Gluon), also :data:`LOAD_COLUMNS`. Sorted by start
+        time.
     """
     parts = []
     for launch, (sch, buf) in enumerate(zip(schedules, stamps)):
@@ -61,10 +65,12 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
         slots = np.arange(table.shape[1])[None, :] < counts[:, None]  # (P, T) occupied slots
         prog, slot = np.nonzero(slots)
         rows = table[prog, slot]
-        parts.append(pd.DataFrame({
-            "name": [OPCODE_NAMES[int(o)] for o in rows[:, F_OP]], "program": prog, "layer": rows[:, F_LAYER],
-            "task": rows[:, F_GIDX], "tile": rows[:, F_TILE], "launch": launch,
-            "t0": ts[prog, slot, 0], "t1": ts[prog, slot, 1], "t2": ts[prog, slot, 2]}))
+        cols = {"name": [OPCODE_NAMES[int(o)] for o in rows[:, F_OP]], "program": prog, "layer": rows[:, F_LAYER],
+                "task": rows[:, F_GIDX], "tile": rows[:, F_TILE], "launch": launch,
+                "t0": ts[prog, slot, 0], "t1": ts[prog, slot, 1], "t2": ts[prog, slot, 2]}
+        if ts.shape[-1] >= 5:  # the Gluon kernel's producer: first and last weight-load issue (0: no weights)
+            cols["t3"], cols["t4"] = ts[prog, slot, 3], ts[prog, slot, 4]
+        parts.append(pd.DataFrame(cols))
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t0", "t1", "t2"])
     origin = df["t0"].min() if len(df) else 0
     df["ts_us"] = (df["t0"] - origin) / 1e3
@@ -72,8 +78,14 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
     df["end_us"] = (df["t2"] - origin) / 1e3
     df["dur_us"] = df["end_us"] - df["ts_us"]
     df["wait_us"] = df["ready_us"] - df["ts_us"]
-    df = df.drop(columns=["t0", "t1", "t2"]).sort_values(["ts_us", "program"], kind="stable")
-    return df.reset_index(drop=True)[COLUMNS]
+    extra = []
+    if "t3" in df:  # stamps of tasks without weights (attention) stay 0: NaN
+        df["load_start_us"] = np.where(df["t3"] > 0, (df["t3"] - origin) / 1e3, np.nan)
+        df["load_end_us"] = np.where(df["t4"] > 0, (df["t4"] - origin) / 1e3, np.nan)
+        extra = LOAD_COLUMNS
+    df = df.drop(columns=[c for c in ("t0", "t1", "t2", "t3", "t4") if c in df]).sort_values(
+        ["ts_us", "program"], kind="stable")
+    return df.reset_index(drop=True)[COLUMNS + extra]
 
 
 def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict:

@@ -1,0 +1,163 @@
+"""Gluon megakernel check on the H200: correctness against the reference, then the intra-kernel timeline.
+
+Sections (each in this process; run the script under ``timeout`` — a wrong ring accounting would hang in an
+mbarrier wait, which has no timeout):
+
+* ``stories``: stories260K fp32, ``--tokens`` greedy tokens, ``megakernel-gluon`` vs ``reference`` (eager).
+* ``tiny``: tiny random fp32 configs (GQA, Qwen2 biases, untied head), teacher-forced 24 random tokens: max abs
+  logit error vs the reference.
+* ``llama``: llama-3.2-1b dummy bf16, ``--steps`` teacher-forced random tokens: argmax agreement with the bf16
+  reference, relative logit error of each against an fp32 reference on the same weights.
+* ``timeline``: the Gluon kernel's per-task stamps for one step at ``--context``: wait ratio, per-opcode busy
+  / wait (µs of program time), producer lead (first weight load issued before the task's consumer start).
+
+Writes JSON (``--out``) after every section.
+``PYTHONPATH=src python3 benchmarks/gluon_check.py --out runs/gluon_check.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from pathlib import Path
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def section_stories(args, out):
+    import torch
+
+    from bubblescope.engines import build_engine
+    from bubblescope.generation import generate
+    from bubblescope.models import load_llama2c
+    w = load_llama2c(args.stories, device="cuda", dtype=torch.float32)
+    ref = build_engine("reference", w, 512)
+    mk = build_engine("megakernel-gluon", w, 512)
+    prompt = [1, 403, 407, 261, 378]
+    a = generate(ref, prompt, args.tokens, eos_ids=()).tokens
+    b = generate(mk, prompt, args.tokens, eos_ids=()).tokens
+    first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    out["stories"] = {"tokens": len(a), "identical": a == b, "first_mismatch": first, "compile": mk.compile_info()}
+
+
+def _teacher_forced(engine, ids):
+    import torch
+    logits = [engine.prefill(torch.tensor(ids[:1])).float().cpu().clone()]
+    for t in ids[1:]:
+        logits.append(engine.decode(int(t)).float().cpu().clone())
+    return torch.stack(logits)
+
+
+def section_tiny(args, out):
+    import torch
+
+    from bubblescope.engines import build_engine
+    from bubblescope.models.config import ModelConfig
+    from bubblescope.models.weights import dummy_weights
+    res = {}
+    cfgs = {
+        "gqa": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                    num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
+        "qwen2-bias-untied": dict(model_type="qwen2", hidden_size=256, intermediate_size=384, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=4, vocab_size=777, attention_bias=True,
+                                  tie_word_embeddings=False),
+    }
+    for name, kw in cfgs.items():
+        cfg = ModelConfig(name=name, max_position_embeddings=512, **kw)
+        w = dummy_weights(cfg, device="cuda", dtype=torch.float32, seed=1)
+        g = torch.Generator().manual_seed(2)
+        ids = torch.randint(0, cfg.vocab_size, (40,), generator=g).tolist()
+        ref = _teacher_forced(build_engine("reference", w, 512), ids)
+        mk = _teacher_forced(build_engine("megakernel-gluon", w, 512), ids)
+        res[name] = {"max_abs": float((ref - mk).abs().max()), "rel": _rel(mk, ref),
+                     "argmax_agree": float((ref.argmax(-1) == mk.argmax(-1)).float().mean())}
+    out["tiny"] = res
+
+
+def section_llama(args, out):
+    import torch
+
+    from bubblescope.engines import build_engine
+    from bubblescope.models.config import get_preset
+    from bubblescope.models.weights import dummy_weights
+    cfg = get_preset("llama-3.2-1b")
+    w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, cfg.vocab_size, (args.steps,), generator=g).tolist()
+    mk_eng = build_engine("megakernel-gluon", w, 1024)
+    mk = _teacher_forced(mk_eng, ids)
+    info = mk_eng.compile_info()
+    del mk_eng
+    ref = _teacher_forced(build_engine("reference", w, 1024), ids)
+    w32 = dummy_weights(cfg, device="cuda", dtype=torch.float32, seed=0)
+    f32 = _teacher_forced(build_engine("reference", w32, 1024), ids)
+    out["llama"] = {"steps": len(ids), "argmax_agree_vs_bf16_ref": float((ref.argmax(-1) == mk.argmax(-1)).float().mean()),
+                    "argmax_agree_vs_fp32": float((f32.argmax(-1) == mk.argmax(-1)).float().mean()),
+                    "rel_err_mk_vs_fp32": _rel(mk, f32), "rel_err_ref_vs_fp32": _rel(ref, f32),
+                    "max_rel_err_mk_vs_fp32_per_step": max(_rel(mk[k], f32[k]) for k in range(len(ids))),
+                    "max_rel_err_ref_vs_fp32_per_step": max(_rel(ref[k], f32[k]) for k in range(len(ids))),
+                    "compile": info}
+
+
+def section_timeline(args, out):
+    import torch
+
+    from bubblescope.engines import build_engine
+    from bubblescope.megakernel_engine.timeline import intrakernel_summary
+    from bubblescope.models.config import get_preset
+    from bubblescope.models.weights import dummy_weights
+    cfg = get_preset("llama-3.2-1b")
+    w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    res = {}
+    for name in ("megakernel-gluon", "megakernel-noprefetch"):
+        eng = build_engine(name, w, args.context + 64)
+        eng.prefill(torch.arange(3, 3 + args.context))
+        with eng.timeline() as rec:
+            for _ in range(3):
+                eng.decode_greedy(5)
+        if rec.frame is None:
+            res[name] = {"reason": rec.reason}
+            continue
+        s = intrakernel_summary(rec.frame, max_programs=0)
+        s.pop("tasks", None)
+        df = rec.frame
+        if "load_start_us" in df:
+            lead = (df["ts_us"] - df["load_start_us"]).dropna()
+            s["producer_lead_us_median"] = float(lead.median()) if len(lead) else None
+        res[name] = s
+        del eng
+        torch.cuda.empty_cache()
+    out["timeline"] = res
+
+
+SECTIONS = {"stories": section_stories, "tiny": section_tiny, "llama": section_llama, "timeline": section_timeline}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--stories", default=".carry/models/stories260K/stories260K.bin")
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--out", default="runs/gluon_check.json")
+    a = ap.parse_args()
+    out = {"started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    for name in a.sections.split(","):
+        t0 = time.time()
+        try:
+            SECTIONS[name](a, out)
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {e}"[-2000:], "traceback": traceback.format_exc()[-3000:]}
+        out.setdefault("seconds", {})[name] = round(time.time() - t0, 1)
+        print(name, json.dumps(out[name], default=str)[:1500], flush=True)
+        Path(a.out).write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Host side of the Gluon megakernel: when it can run, its tiling, compile-time constants, descriptors, launching.
+
+The Gluon kernel reads the same instruction table and packed weights as the Triton kernel (``schedule.py``,
+``packing.py``); what differs is the tiling (every weight task is one TMA tile of ``BR`` rows over all columns,
+one attention task per (kv head, split), the fused split reduction) and the launch (one CTA per SM, tensor
+descriptors). Importing this module does not import Triton; :func:`load_gluon_kernel` does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...errors import EngineUnavailable
+from ...models.config import ModelConfig
+from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_tiling
+
+STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
+PRODUCER_REGS = 40          # registers of the 1-warp TMA producer (it only walks the table and issues copies)
+TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns (the H200 probe's stage width)
+DEFAULT_ROWS = 16           # BR: rows per tile / task (down-proj of Llama-3.2-1B: 2048/16 = 128 tasks ≈ 132 SMs)
+DEFAULT_RING = 20           # NS: ring slots; 20 × 8 KB = 160 KB of weights in flight per SM
+DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
+SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
+
+
+def pow2_floor(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
+    """Why the Gluon kernel cannot run this model here (one line), or None when it can.
+
+    Needs: a Hopper GPU (sm_90: TMA and warp specialization as Triton 3.6 lowers them), Triton's Gluon
+    dialect, bf16/fp16/fp32 weights, 16-byte aligned weight rows (a TMA rule: the row stride of each weight
+    matrix is a multiple of 16 bytes), no q/k-norm (Qwen3: not in the Gluon kernel yet).
+    """
+    if capability is None:
+        return "the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run Gluon)"
+    if capability[0] != 9:
+        return f"the Gluon megakernel targets Hopper (sm_90); this GPU is sm_{capability[0]}{capability[1]}"
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError as e:
+        return f"this Triton has no Gluon Hopper dialect ({e})"
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"the Gluon megakernel supports bf16/fp16/fp32 weights, not {dtype}"
+    if cfg.qk_norm:
+        return "q/k-norm (Qwen3) is not in the Gluon megakernel yet"
+    esize = torch.empty((), dtype=dtype).element_size()
+    for name, k in (("hidden_size", cfg.hidden_size), ("q_size", cfg.q_size),
+                    ("intermediate_size", cfg.intermediate_size)):
+        if (k * esize) % 16:
+            return f"TMA needs 16-byte aligned weight rows; {name}={k} × {esize} bytes is not"
+    return None
+
+
+def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams:
+    """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
+    per attention task, the fused split reduction, one CTA per SM. ``BR`` is ``params.max_rows`` when set below
+    the default, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must divide head_dim/2)."""
+    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else DEFAULT_ROWS, cfg.head_dim)
+    br = max(2, pow2_floor(br))
+    return params.replace(rows_qkv=br, rows_o=br, rows_gateup=br, rows_down=br, rows_lm=br, gateup_blocks=1,
+                          lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
+                          kv_splits=params.kv_splits or DEFAULT_SPLITS)
+
+
+def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
+    """The tiling of :func:`gluon_params` (see ``schedule.resolve_tiling``)."""
+    t = resolve_tiling(cfg, gluon_params(cfg, params), grid)
+    assert t.hb == t.rows_qkv // 2, "QKV tiles must be whole RoPE pair blocks"
+    return t
+
+
+def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_seq_len: int, dtype: torch.dtype,
+                     has_bias: bool, ring: int | None = None) -> dict:
+    """Compile-time arguments of ``gluon.kernel.megakernel`` (shapes, tile and layout parameters, switches)."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    br = t.rows_qkv
+    bk = min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
+    vec = min(16 // esize, bk)
+    nch = {k: -(-n // bk) for k, n in (("H", cfg.hidden_size), ("Q", cfg.q_size), ("I", cfg.intermediate_size))}
+    kch = {k: next_pow2(v) for k, v in nch.items()}
+    d = cfg.head_dim
+    vd = min(d, 16 // esize)
+    return dict(
+        H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
+        D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
+        NSPLIT=t.kv_splits, MIN_CHUNK=t.attn_min_chunk, NF=NFIELDS, BR=br, BK=bk,
+        NS=int(ring or params_ring(params)), NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
+        KCH_Q=kch["Q"], KCH_I=kch["I"], KCH=max(kch.values()), VEC=vec, TK=min(32, bk // vec),
+        BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
+        HAS_BIAS=has_bias, PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
+        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
+
+
+def params_ring(params: MegakernelParams) -> int:
+    """Ring slots: ``params.num_stages`` when set above 1 (the Triton kernel's pipelining knob, reused as the
+    Gluon ring depth), else :data:`DEFAULT_RING`."""
+    return params.num_stages if params.num_stages > 1 else DEFAULT_RING
+
+
+def load_gluon_kernel():
+    """Import the Gluon kernel module (compiled Triton only).
+
+    Raises:
+        EngineUnavailable: Triton is in interpreter mode in this process, or has no Gluon.
+    """
+    import triton
+    if triton.knobs.runtime.interpret:
+        raise EngineUnavailable("the Gluon megakernel cannot run under TRITON_INTERPRET=1")
+    try:
+        from . import kernel
+    except ImportError as e:
+        raise EngineUnavailable(f"this Triton has no Gluon ({e})") from None
+    return kernel
+
+
+def weight_descriptors(packed, br: int, bk: int) -> dict:
+    """One TMA descriptor per packed weight matrix, each viewed as 2-D (rows, K), box ``[br, bk]``, unswizzled.
+
+    Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H).
+    """
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    bits = packed.wqkv.element_size() * 8
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+
+    def desc(t):
+        t2 = t.reshape(-1, t.shape[-1])
+        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [br, bk], layout)
+    return {"wqkv_desc": desc(packed.wqkv), "wo_desc": desc(packed.wo), "wgu_desc": desc(packed.wgu),
+            "wdown_desc": desc(packed.wdown), "head_desc": desc(packed.lm_head)}
+
+
+class GluonLauncher:
+    """Binds buffers, descriptors and constants to ``gluon.kernel.megakernel``; the same interface as
+    ``launch.Launcher`` (``compile``, ``__call__``), so the engine drives either kernel.
+
+    With ``fast`` the compiled kernel is called directly after the first launch (the descriptors' CUtensorMaps
+    are still built by Triton's launcher each call).
+    """
+
+    stamps = STAMPS
+
+    def __init__(self, kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
+        self.kernel, self.args, self.constexprs = kernel, dict(args), dict(constexprs)
+        self.options = dict(num_warps=num_warps, launch_cooperative_grid=cooperative)
+        self.fast, self.compiled = fast, None
+        self._names = list(kernel.megakernel.arg_names)
+        self._tok_index = self._names.index("tok_in")
+        self._fast_calls: dict[tuple, tuple] = {}
+
+    def _all(self, table, counts, timeline, advance, tok_in=-1) -> dict:
+        return dict(self.args, **self.constexprs, table_ptr=table, counts_ptr=counts, max_tasks=int(table.shape[1]),
+                    timeline_ptr=timeline, advance=int(advance), tok_in=int(tok_in))
+
+    def compile(self, table, counts, timeline) -> dict:
+        """Compile and load the binary (no launch); registers, spills, shared memory, warps."""
+        ck = self.kernel.megakernel.warmup(grid=(1,), **self.options, **self._all(table, counts, timeline, 0))
+        if hasattr(ck, "result"):
+            ck = ck.result()
+        from triton.runtime.errors import OutOfResources
+        try:
+            ck._init_handles()
+        except OutOfResources as e:
+            raise EngineUnavailable(f"Gluon megakernel does not fit the device: {e}") from None
+        self.compiled = ck
+        return {"registers": int(ck.n_regs), "spills": int(ck.n_spills), "shared_bytes": int(ck.metadata.shared),
+                "max_registers": None, "num_warps": int(ck.metadata.num_warps), "num_stages": self.constexprs["NS"],
+                "cooperative": bool(getattr(ck.metadata, "launch_cooperative_grid", False))}
+
+    def __call__(self, grid: int, table, counts, timeline, advance: int, tok_in: int = -1) -> None:
+        if self.fast and self.compiled is not None:
+            key = (grid, table.data_ptr(), timeline.data_ptr(), advance)
+            call = self._fast_calls.get(key)
+            if call is None:
+                args = self._all(table, counts, timeline, advance)
+                call = self._fast_calls[key] = (self.compiled[(grid, 1, 1)], [args[n] for n in self._names])
+            call[1][self._tok_index] = int(tok_in)
+            call[0](*call[1])
+        else:
+            self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance, tok_in))
+
+
+def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: MegakernelParams | None = None,
+                    max_seq_len: int = 2048, grid: int = 132) -> dict:
+    """Compile the Gluon kernel for sm_90 on any machine (no GPU): registers, spills, shared memory, PTX size.
+
+    Raises:
+        EngineUnavailable: Triton is in interpreter mode in this process.
+        triton.CompilationError / RuntimeError: it does not compile (the point of the check).
+    """
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    params = params or MegakernelParams()
+    kernel = load_gluon_kernel()
+    t = gluon_tiling(cfg, params, grid)
+    cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)
+    act = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=torch.empty((), dtype=dtype).element_size()
+                                  * 8, rank=2)
+    f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
+    i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
+    i64 = {"timeline_ptr", "amax_ptr"}
+    sig, attrs = {}, {}
+    for idx, name in enumerate(kernel.megakernel.arg_names):
+        if name in cx:
+            sig[name] = "constexpr"
+        elif name.endswith("_desc"):
+            sig[name] = f"tensordesc<{act}[{cx['BR']}, {cx['BK']}],{layout!r}>"
+        elif name.endswith("_ptr"):
+            sig[name] = "*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64 else f"*{act}"
+            attrs[(idx,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32" if name in ("eps", "sm_scale") else "i32"
+    src = GluonASTSource(kernel.megakernel, sig, cx, attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": params.num_warps, "launch_cooperative_grid": True})
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ck.asm["ptx"])
+        f.flush()
+        log = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={sm_arch_from_capability(90)}", f.name,
+                              "-o", "/dev/null"], capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_store_bytes": int(spills.group(1)) if spills else None,
+            "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
+            "ring_bytes": cx["NS"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
+            "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
+            "tiling": vars(t), "ptxas_log": log.strip(), "smem_limit": SMEM_PER_BLOCK_SM90,
+            "grid_hint": math.ceil(grid)}

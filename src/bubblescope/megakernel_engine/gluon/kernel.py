@@ -1,0 +1,596 @@
+"""The Gluon megakernel (Hopper, sm_90): one persistent CTA per SM, a 1-warp TMA producer and NW consumer warps.
+
+Why Gluon: plain Triton owns shared memory, so its weight tiles live in registers, few bytes are in flight per
+SM and every task's loads start after its dependency wait (``../DESIGN.md``: 50 % of the H200's peak on the
+Llama-3.2-1B matvec chain). Here the weight stream is explicit:
+
+* **producer** (worker partition, 1 warp): walks the CTA's queue of the instruction table (the same table as
+  the Triton kernel, ``schedule.py``) and, for every weight tile, waits for a free ring slot (``empty``
+  mbarrier), then issues one TMA box ``[BR, BK]`` of the task's packed rows into it (``full`` mbarrier with
+  the byte count). It never waits on activations (``PREFETCH=1``), so during a consumer's dependency wait the
+  ring fills with the next tasks' weights — across task, stage and layer boundaries. ``PREFETCH=0`` (the
+  ``noprefetch`` ablation) makes it spin on the task's dependency counter before loading the task.
+* **consumer** (default partition, NW warps): per task, waits for its dependency counter (bounded spin,
+  acquire), stages the task's input vector once per (layer, opcode) into shared memory ``xs`` as the
+  reference rounds it (RMSNorm·weight for QKV / GATEUP / LMHEAD, the attention output for OPROJ, SiLU·up for
+  DOWN), then for each chunk of BK columns: waits ``full``, reads the tile, frees the slot, accumulates
+  ``Σ_k W[r, k]·xs[k]`` in float32; then the opcode's epilogue (bias + RoPE + KV append, residual add,
+  SiLU·up, logits + greedy key) and a release increment of its signal counter.
+
+Weight layout: every packed weight matrix is a 2-D row-major tensor (``packing.py``: QKV rows in RoPE-pair
+blocks of ``BR/2`` first-half rows then the ``BR/2`` matching second-half rows; gate/up in blocks of ``BR/2``
+gate rows then the same up rows), and one host ``TensorDescriptor`` per matrix with box ``[BR, BK]`` and
+unswizzled NVMMA layout. A task is one tile of ``BR`` rows over all K columns: ``cdiv(K, BK)`` boxes; TMA
+fills columns past K (and rows past the matrix) with zeros, so no shape needs to divide BK.
+
+Attention (``ATTN``, no weights, so the producer skips it and keeps streaming the next tasks' weights): one
+task per (kv head, position split) covers the kv head's G query heads, flash-decoding over its positions
+(online softmax, Milakov & Gimelshein 2018), K/V tiles ``[BLOCK_S, D]`` loaded with ``.cg`` (the new
+token's K/V was written this step by other CTAs). With one non-empty split the task writes the attention
+output itself; otherwise it writes (m, l, acc) partials and takes a ticket, and the last ticket holder of the
+kv head combines the splits (log-sum-exp) and signals — as the Triton kernel's fused reduction.
+
+Synchronisation is the Triton kernel's (counters that only increase, targets ``epoch · F_INC + F_NEED``,
+``thread_barrier`` then ``atomic_add(release)``; acquire spins; ``.cg`` loads of other CTAs' data). Every
+global spin is capped; a CTA whose wait expired records it in ``err`` and stops waiting, but still consumes
+every ring slot, so the producer's ``mbarrier.wait`` (which has no timeout) always completes and the kernel
+always ends: a stuck schedule is an exception on the host, never a hang.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from .. import schedule as S
+
+F_OP = gl.constexpr(S.F_OP)
+F_LAYER = gl.constexpr(S.F_LAYER)
+F_TILE = gl.constexpr(S.F_TILE)
+F_A0 = gl.constexpr(S.F_A0)
+F_A1 = gl.constexpr(S.F_A1)
+F_A2 = gl.constexpr(S.F_A2)
+F_WAIT = gl.constexpr(S.F_WAIT)
+F_NEED = gl.constexpr(S.F_NEED)
+F_INC = gl.constexpr(S.F_INC)
+F_SIGNAL = gl.constexpr(S.F_SIGNAL)
+F_GIDX = gl.constexpr(S.F_GIDX)
+F_SIGINC = gl.constexpr(S.F_SIGINC)
+F_TICKET = gl.constexpr(S.F_TICKET)
+OP_QKV = gl.constexpr(S.OP_QKV)
+OP_ATTN = gl.constexpr(S.OP_ATTN)
+OP_OPROJ = gl.constexpr(S.OP_OPROJ)
+OP_GATEUP = gl.constexpr(S.OP_GATEUP)
+OP_DOWN = gl.constexpr(S.OP_DOWN)
+OP_LMHEAD = gl.constexpr(S.OP_LMHEAD)
+AMAX_EMPTY = gl.constexpr(-(2 ** 63))
+STAMPS = gl.constexpr(5)  # per task: start, ready, end (consumer); first and last TMA issue (producer)
+
+
+@gluon.jit
+def _now(dummy):
+    """``%globaltimer`` (ns, one clock for all SMs); ``dummy`` only gives the asm an operand."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dummy], dtype=gl.int64,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _spin(cnt_ptr, target, spin_cap):
+    """Acquire-spin until ``*cnt_ptr >= target`` or ``spin_cap`` polls; returns the last value seen."""
+    seen = gl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+    n = 0
+    while (seen < target) & (n < spin_cap):
+        seen = gl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        n += 1
+    return seen
+
+
+@gluon.jit
+def _rnd(v, ACT: gl.constexpr):
+    """Round float32 to the activation dtype and back (what materialising it in ACT does)."""
+    return v.to(ACT).to(gl.float32)
+
+
+@gluon.jit
+def _splits_used(pos, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr):
+    n = pos + 1
+    chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
+    return (n + chunk - 1) // chunk
+
+
+@gluon.jit
+def _record_stuck(err_ptr, op, layer, tile, pid, cnt, seen, need, gidx):
+    if gl.atomic_cas(err_ptr, 0, 1, sem="relaxed", scope="gpu") == 0:
+        gl.store(err_ptr + 1, op)
+        gl.store(err_ptr + 2, layer)
+        gl.store(err_ptr + 3, tile)
+        gl.store(err_ptr + 4, pid)
+        gl.store(err_ptr + 5, cnt)
+        gl.store(err_ptr + 6, seen)
+        gl.store(err_ptr + 7, need)
+        gl.store(err_ptr + 8, gidx)
+    gl.atomic_add(err_ptr + 9, 1, sem="relaxed", scope="gpu")
+
+
+# ---- staging the input vector ----------------------------------------------------------------------------
+# xs (KCH, 1, BK) in ACT holds the current task's K-vector, chunk c = columns [c·BK, (c+1)·BK), zeros past K.
+# One load of the whole vector (a single L2 round trip after the dependency wait), then one store.
+@gluon.jit
+def _stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, KCH: gl.constexpr,
+                  BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    XV: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    ACT: gl.constexpr = xs.dtype
+    ch = gl.arange(0, KCH, layout=gl.SliceLayout(1, XV))
+    kk = gl.arange(0, BK, layout=gl.SliceLayout(0, XV))
+    idx = gl.expand_dims(ch, 1) * BK + gl.expand_dims(kk, 0)
+    m = idx < K
+    x = gl.load(src_ptr + idx, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
+    if NORM:  # RMSNorm (Zhang & Sennrich 2019) rounded as transformers does: ((x·inv).to(ACT)·w).to(ACT)
+        inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
+        w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
+        x = _rnd(_rnd(x * inv, ACT) * w, ACT)
+    gl.thread_barrier()  # every thread is done reading the previous vector
+    KCH_ALL: gl.constexpr = xs.shape[0]
+    xs2 = xs._reinterpret(ACT, [KCH_ALL, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    xs2.slice(0, KCH, dim=0).store(x.to(ACT))
+    gl.thread_barrier()
+
+
+# ---- the weight tiles -------------------------------------------------------------------------------------
+@gluon.jit
+def _mv_single(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW)."""
+    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    acc = gl.zeros([BR], gl.float32, gl.SliceLayout(1, LW))
+    for c in range(NCH):
+        slot = it % NS
+        mbarrier.wait(full.index(slot), (it // NS) & 1)
+        w = bufs.index(slot)._reinterpret(bufs.dtype, [BR, BK], SL).load(LW)
+        fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
+        mbarrier.arrive(empty.index(slot))
+        xc = xs.index(c).load(LW).to(gl.float32)  # (1, BK), broadcast over the rows
+        acc += gl.sum(w.to(gl.float32) * xc, axis=1)
+        it += 1
+    return acc, it
+
+
+@gluon.jit
+def _mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
+             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    """Like :func:`_mv_single` for a tile of two row blocks (rows [0, HB) and [HB, 2HB)): returns both."""
+    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    acc_a = gl.zeros([HB], gl.float32, gl.SliceLayout(1, LW))
+    acc_b = gl.zeros([HB], gl.float32, gl.SliceLayout(1, LW))
+    for c in range(NCH):
+        slot = it % NS
+        mbarrier.wait(full.index(slot), (it // NS) & 1)
+        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
+        wa = t.slice(0, HB, dim=0).load(LW)
+        wb = t.slice(HB, HB, dim=0).load(LW)
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot))
+        xc = xs.index(c).load(LW).to(gl.float32)
+        acc_a += gl.sum(wa.to(gl.float32) * xc, axis=1)
+        acc_b += gl.sum(wb.to(gl.float32) * xc, axis=1)
+        it += 1
+    return acc_a, acc_b, it
+
+
+# ---- epilogues ----------------------------------------------------------------------------------------------
+# QKV: pairs j = a1 .. a1+a2-1 of the stacked q|k|v heads (pair j = rows (i, i + D/2) of head j // (D/2));
+# out_lo = lo·cos − hi·sin, out_hi = hi·cos + lo·sin (rotate_half RoPE; v unrotated), with the reference's
+# roundings; q → q buffer, k/v → cache[layer, kv head, pos].
+@gluon.jit
+def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+                  Q: gl.constexpr, KV: gl.constexpr, D: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
+                  HB: gl.constexpr, HAS_BIAS: gl.constexpr, YL: gl.constexpr):
+    ACT: gl.constexpr = q_ptr.dtype.element_ty
+    HALF: gl.constexpr = D // 2
+    NROWS: gl.constexpr = Q + 2 * KV
+    NQH: gl.constexpr = Q // D
+    layer64 = layer.to(gl.int64)
+    j = a1 + gl.arange(0, HB, layout=YL)
+    mj = j < a1 + a2
+    if HAS_BIAS:  # packed like the rows: pair j's rows are 2·a1 + (j − a1) and that + HB
+        brow = 2 * a1 + (j - a1)
+        acc_lo += gl.load(bqkv_ptr + layer64 * NROWS + brow, mask=mj, other=0.0).to(gl.float32)
+        acc_hi += gl.load(bqkv_ptr + layer64 * NROWS + brow + HB, mask=mj, other=0.0).to(gl.float32)
+    lo = _rnd(acc_lo, ACT)
+    hi = _rnd(acc_hi, ACT)
+    i = j % HALF
+    head = j // HALF
+    is_q = head < NQH
+    is_v = head >= NQH + NKV
+    c = gl.load(cos_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
+    s = gl.load(sin_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
+    out_lo = gl.where(is_v, lo, _rnd(_rnd(lo * c, ACT) - _rnd(hi * s, ACT), ACT)).to(ACT)
+    out_hi = gl.where(is_v, hi, _rnd(_rnd(hi * c, ACT) + _rnd(lo * s, ACT), ACT)).to(ACT)
+    q_dst = q_ptr + head * D + i
+    gl.store(q_dst, out_lo, mask=mj & is_q)
+    gl.store(q_dst + HALF, out_hi, mask=mj & is_q)
+    kvh = gl.where(is_v, head - NQH - NKV, head - NQH)
+    cache_off = ((layer64 * NKV + kvh) * S_MAX + pos) * D + i
+    m_k = mj & (~is_q) & (~is_v)
+    gl.store(kc_ptr + cache_off, out_lo, mask=m_k)
+    gl.store(kc_ptr + cache_off + HALF, out_hi, mask=m_k)
+    gl.store(vc_ptr + cache_off, out_lo, mask=mj & is_v)
+    gl.store(vc_ptr + cache_off + HALF, out_hi, mask=mj & is_v)
+
+
+# LMHEAD: logits[r] = rnd(acc) (float32 buffer); the task's first maximum (v, r) becomes the int64 key
+# (ord(v) << 32) | (V − 1 − r) (ord: float32 order as signed integers) and one atomic_max keeps the largest:
+# the largest logit, ties to the smallest row, as torch.argmax.
+@gluon.jit
+def _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V: gl.constexpr, BR: gl.constexpr, YL: gl.constexpr,
+                     ACT: gl.constexpr):
+    r = a1 + gl.arange(0, BR, layout=YL)
+    mr = (r < a1 + a2) & (r < V)
+    val = _rnd(acc, ACT)
+    gl.store(logits_ptr + r, val, mask=mr)
+    vm = gl.where(mr, val, float("-inf"))
+    bv = gl.max(vm, axis=0)
+    br = gl.min(gl.where(mr & (vm == bv), r, V), axis=0)
+    bits = bv.to(gl.int32, bitcast=True)
+    ordered = gl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    gl.atomic_max(amax_ptr, (ordered.to(gl.int64) << 32) | (V - 1 - br).to(gl.int64), sem="relaxed", scope="gpu")
+
+
+# ---- attention ---------------------------------------------------------------------------------------------
+# One task: kv head `kvh`, positions [split·chunk, min(n, (split+1)·chunk)), chunk = max(ceil(n/NSPLIT), MIN_CHUNK),
+# n = pos + 1; its G query heads at once in a (GP, BLOCK_S, D) layout (the K/V tile is read once for all of them).
+@gluon.jit
+def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr,
+               pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr,
+               NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr,
+               BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr,
+               NW: gl.constexpr):
+    ACT: gl.constexpr = attn_ptr.dtype.element_ty
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
+    QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
+    KL: gl.constexpr = gl.SliceLayout(0, L3)   # (BLOCK_S, D): k, v
+    SL: gl.constexpr = gl.SliceLayout(2, L3)   # (GP, BLOCK_S): scores
+    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    mq = gq < G
+    hq = kvh * G + gq
+    q = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), mask=gl.expand_dims(mq, 1), other=0.0,
+                cache_modifier=".cg").to(gl.float32)
+    q3 = gl.expand_dims(q, 1)
+    n = pos + 1
+    chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
+    s_lo = split * chunk
+    s_hi = gl.minimum(s_lo + chunk, n)
+    base = (layer.to(gl.int64) * NKV + kvh) * S_MAX * D
+    sk = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, KL))
+    dk = gl.arange(0, D, layout=gl.SliceLayout(0, KL))
+    ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, SL))
+    m = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, SL))
+    l = gl.zeros([GP], gl.float32, gl.SliceLayout(1, SL))
+    acc = gl.zeros([GP, D], gl.float32, QL)
+    s0 = s_lo
+    while s0 < s_hi:
+        sp = s0 + sk
+        offs = base + gl.expand_dims(sp, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
+        mk = gl.expand_dims(sp < s_hi, 1)
+        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg").to(gl.float32)
+        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg").to(gl.float32)
+        sc = gl.sum(q3 * gl.expand_dims(k, 0), axis=2) * sm_scale
+        sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc, float("-inf"))
+        m_new = gl.maximum(m, gl.max(sc, axis=1))
+        alpha = gl.exp(m - m_new)
+        p = gl.exp(sc - gl.expand_dims(m_new, 1))
+        l = l * alpha + gl.sum(p, axis=1)
+        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v, 0), axis=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, QL)), 1) + pv
+        m = m_new
+        s0 += BLOCK_S
+    used = _splits_used(pos, NSPLIT, MIN_CHUNK)
+    if used == 1:  # the whole context in this task: normalise and publish directly
+        out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, QL)), 1)
+        gl.store(attn_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
+                 mask=gl.expand_dims(mq, 1))
+        gl.thread_barrier()
+        gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
+    else:
+        gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+        out_s = (kvh * G + gs) * NSPLIT + split
+        gl.store(pm_ptr + out_s, m, mask=gs < G)
+        gl.store(pl_ptr + out_s, l, mask=gs < G)
+        out_q = (hq * NSPLIT + split) * D
+        gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
+        gl.thread_barrier()
+        ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
+        if ticket == used - 1:  # every split of this kv head is written: combine them
+            gl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
+            gl.thread_barrier()
+            _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NSPLIT, BLOCK_SPLIT, L3)
+            gl.thread_barrier()
+            gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
+
+
+# Per query head over the `used` splits: M = max_s m_s, w_s = exp(m_s − M), out = Σ w_s·acc_s / Σ w_s·l_s.
+@gluon.jit
+def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr,
+                  GP: gl.constexpr, NSPLIT: gl.constexpr, BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr):
+    ACT: gl.constexpr = attn_ptr.dtype.element_ty
+    SL: gl.constexpr = gl.SliceLayout(2, L3)
+    QL: gl.constexpr = gl.SliceLayout(1, L3)
+    gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+    sp0 = gl.arange(0, BLOCK_SPLIT, layout=gl.SliceLayout(0, SL))
+    d3 = gl.expand_dims(gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, QL)), 0), 1)
+    mg = gs < G
+    row = gl.expand_dims((kvh * G + gs) * NSPLIT, 1)
+    big = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, SL))
+    s0 = 0
+    while s0 < used:
+        sp = gl.expand_dims(s0 + sp0, 0)
+        mm = gl.expand_dims(mg, 1) & (sp < used)
+        mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
+        big = gl.maximum(big, gl.max(mv, axis=1))
+        s0 += BLOCK_SPLIT
+    big = gl.where(mg, big, 0.0)
+    den = gl.zeros([GP], gl.float32, gl.SliceLayout(1, SL))
+    acc = gl.zeros([GP, D], gl.float32, QL)
+    s0 = 0
+    while s0 < used:
+        sp = gl.expand_dims(s0 + sp0, 0)
+        mm = gl.expand_dims(mg, 1) & (sp < used)
+        mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
+        lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
+        av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
+                     cache_modifier=".cg")
+        w = gl.exp(mv - gl.expand_dims(big, 1))
+        den += gl.sum(w * lv, axis=1)
+        acc += gl.sum(gl.expand_dims(w, 2) * av, axis=1)
+        s0 += BLOCK_SPLIT
+    out = acc / gl.expand_dims(gl.convert_layout(den, gl.SliceLayout(1, QL)), 1)
+    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    gl.store(attn_ptr + gl.expand_dims(kvh * G + gq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
+             mask=gl.expand_dims(gq < G, 1))
+
+
+# ---- the partitions -----------------------------------------------------------------------------------------
+@gluon.jit
+def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr,
+              timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+              x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
+              spin_cap, advance, tok_in, eps, sm_scale,
+              H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, V: gl.constexpr,
+              D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
+              NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, NF: gl.constexpr, BR: gl.constexpr,
+              BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr, NCH_I: gl.constexpr,
+              KCH_H: gl.constexpr, KCH_Q: gl.constexpr, KCH_I: gl.constexpr, VEC: gl.constexpr,
+              TK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
+              TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr):
+    ACT: gl.constexpr = x_ptr.dtype.element_ty
+    HB: gl.constexpr = BR // 2
+    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    YL: gl.constexpr = gl.SliceLayout(1, LW)
+    pid = gl.program_id(0)
+    pos = gl.load(state_ptr + 0)
+    epoch = gl.load(state_ptr + 1)
+    tok = tok_in
+    if tok_in < 0:
+        tok = gl.load(state_ptr + 2)
+    tok = gl.minimum(gl.maximum(tok, 0), V - 1)  # a bad device-side id must not read out of bounds
+    emb_row = emb_ptr + tok.to(gl.int64) * H
+    n = gl.load(counts_ptr + pid)
+    row = table_ptr + pid * max_tasks * NF
+    it = 0            # ring slots consumed so far (the producer fills them in the same order)
+    bad = 0           # a wait of this CTA expired: record it once, then stop waiting (but keep consuming)
+    staged = -1       # layer·8 + opcode of the vector in xs
+    known_cnt = -1    # counters only increase: a wait already satisfied needs no new atomic
+    known_seen = 0
+    for i in range(n):
+        op = gl.load(row + F_OP)
+        layer = gl.load(row + F_LAYER)
+        a1 = gl.load(row + F_A1)
+        a2 = gl.load(row + F_A2)
+        wait_cnt = gl.load(row + F_WAIT)
+        if TIMELINE:
+            t_start = _now(i)
+        skip = 0
+        if op == OP_ATTN:  # splits beyond this position's non-empty ones read and write nothing
+            if a2 >= _splits_used(pos, NSPLIT, MIN_CHUNK):
+                skip = 1
+                wait_cnt = -1
+        if (wait_cnt >= 0) & (bad == 0):
+            need = gl.load(row + F_NEED)
+            target = epoch * gl.load(row + F_INC) + need
+            if (wait_cnt != known_cnt) | (known_seen < target):
+                seen = _spin(counters_ptr + wait_cnt, target, spin_cap)
+                gl.thread_barrier()
+                known_cnt = wait_cnt
+                known_seen = seen
+                if seen < target:
+                    _record_stuck(err_ptr, op, layer, gl.load(row + F_TILE), pid, wait_cnt, seen - (target - need),
+                                  need, gl.load(row + F_GIDX))
+                    bad = 1
+        if TIMELINE:
+            t_ready = _now(i)
+        key = layer * 8 + op
+        if op == OP_ATTN:
+            if skip == 0:
+                _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
+                           gl.load(row + F_SIGNAL), counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr,
+                           attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW)
+        elif op == OP_QKV:
+            if key != staged:
+                if layer == 0:  # layer 0 normalises the token's embedding row (no embedding task)
+                    _stage_vector(emb_row, anorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
+                else:
+                    _stage_vector(x_ptr, anorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC,
+                                  TK, NW)
+                staged = key
+            acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, Q,
+                          KV, D, NKV, S_MAX, HB, HAS_BIAS, YL)
+        elif op == OP_GATEUP:
+            if key != staged:
+                _stage_vector(x_ptr, mnorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
+                staged = key
+            acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            j = a1 + gl.arange(0, HB, layout=YL)
+            mj = (j < a1 + a2) & (j < I)
+            g = _rnd(acc_g, ACT)
+            u = _rnd(acc_u, ACT)
+            silu = _rnd(g / (1.0 + gl.exp(-g)), ACT)
+            gl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
+        elif op == OP_OPROJ:
+            if key != staged:
+                _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
+                staged = key
+            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
+            r = a1 + gl.arange(0, BR, layout=YL)
+            mr = r < a1 + a2
+            if layer == 0:  # layer 0's residual is the embedding row (x is not written yet)
+                res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
+            else:
+                res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
+            gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
+        elif op == OP_DOWN:
+            if key != staged:
+                _stage_vector(act_ptr, act_ptr, xs, eps, False, I, KCH_I, BK, VEC, TK, NW)
+                staged = key
+            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
+            r = a1 + gl.arange(0, BR, layout=YL)
+            mr = r < a1 + a2
+            res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
+            gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
+        elif op == OP_LMHEAD:
+            if key != staged:
+                _stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
+                staged = key
+            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW)
+            _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT)
+        amount = gl.load(row + F_SIGINC)
+        if amount > 0:  # the CTA's last task of its run of one stage signals for the whole run
+            gl.thread_barrier()
+            gl.atomic_add(counters_ptr + gl.load(row + F_SIGNAL), amount, sem="release", scope="gpu")
+        if TIMELINE:
+            t_end = _now(i)
+            slot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
+            gl.store(slot + 0, t_start)
+            gl.store(slot + 1, t_ready)
+            gl.store(slot + 2, t_end)
+        row += NF
+    if bad != 0:
+        gl.store(err_ptr + 10, 1)
+    gl.thread_barrier()
+    finished = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if finished == gl.num_programs(0) - 1:  # the last CTA: everyone has read the state
+        gl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
+        if advance != 0:
+            gl.store(state_ptr + 0, pos + 1)
+            gl.store(state_ptr + 1, epoch + 1)
+            key64 = gl.atomic_xchg(amax_ptr, AMAX_EMPTY, sem="acq_rel", scope="gpu")
+            best = (V - 1 - (key64 - ((key64 >> 32) << 32))).to(gl.int32)
+            gl.store(state_ptr + 2, best)
+            gl.store(state_ptr + 3, best)
+            gl.store(err_ptr + 15, best)
+
+
+@gluon.jit
+def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
+              max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap,
+              H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, IP: gl.constexpr, NF: gl.constexpr,
+              BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
+              NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr):
+    TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
+    NROWS: gl.constexpr = Q + 2 * KV
+    pid = gl.program_id(0)
+    epoch = gl.load(state_ptr + 1)
+    n = gl.load(counts_ptr + pid)
+    row = table_ptr + pid * max_tasks * NF
+    it = 0
+    bad = 0
+    for i in range(n):
+        op = gl.load(row + F_OP)
+        if op != OP_ATTN:
+            layer = gl.load(row + F_LAYER)
+            a1 = gl.load(row + F_A1)
+            if PREFETCH == 0:  # pipelining off: load a task's weights only once its inputs are ready
+                wait_cnt = gl.load(row + F_WAIT)
+                if (wait_cnt >= 0) & (bad == 0):
+                    target = epoch * gl.load(row + F_INC) + gl.load(row + F_NEED)
+                    if _spin(counters_ptr + wait_cnt, target, spin_cap) < target:
+                        bad = 1  # the consumer records it; just stop waiting
+            nch = NCH_H
+            r0 = a1
+            if op == OP_QKV:
+                r0 = layer * NROWS + 2 * a1
+            elif op == OP_OPROJ:
+                nch = NCH_Q
+                r0 = layer * H + a1
+            elif op == OP_GATEUP:
+                r0 = layer * (2 * IP) + 2 * a1
+            elif op == OP_DOWN:
+                nch = NCH_I
+                r0 = layer * H + a1
+            for c in range(nch):
+                slot = it % NS
+                mbarrier.wait(empty.index(slot), ((it // NS) & 1) ^ 1)
+                if TIMELINE:
+                    if c == 0:
+                        gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 3, _now(c))
+                mbarrier.expect(full.index(slot), TILE_BYTES)
+                if op == OP_QKV:
+                    tma.async_copy_global_to_shared(wqkv_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                elif op == OP_OPROJ:
+                    tma.async_copy_global_to_shared(wo_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                elif op == OP_GATEUP:
+                    tma.async_copy_global_to_shared(wgu_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                elif op == OP_DOWN:
+                    tma.async_copy_global_to_shared(wdown_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                else:
+                    tma.async_copy_global_to_shared(head_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                it += 1
+            if TIMELINE:
+                gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 4, _now(i))
+        row += NF
+
+
+@gluon.jit(do_not_specialize=["max_tasks", "spin_cap", "advance", "tok_in"])
+def megakernel(
+        wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc,
+        table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr,
+        emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+        x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
+        spin_cap, advance, tok_in, eps, sm_scale,
+        H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, V: gl.constexpr,
+        D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
+        NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, NF: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
+        NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr, NCH_I: gl.constexpr, KCH_H: gl.constexpr,
+        KCH_Q: gl.constexpr, KCH_I: gl.constexpr, KCH: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr,
+        BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr,
+        HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr):
+    """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
+
+    Shared memory: the ring ``bufs`` (NS, BR, BK) of weight tiles with its ``full``/``empty`` mbarriers, and
+    ``xs`` (KCH, BK) for the staged input vector. Grid: one CTA per SM (all resident: the schedule's waits
+    need it; the launch is cooperative).
+    """
+    bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS, BR, BK], wqkv_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    for s in gl.static_range(NS):
+        mbarrier.init(full.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize([
+        (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
+                     err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
+                     kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
+                     spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
+                     MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
+                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW)),
+        (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
+                     max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
+                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE)),
+    ], [1], [PRODUCER_REGS])
