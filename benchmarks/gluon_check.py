@@ -134,16 +134,68 @@ def section_timeline(args, out):
     out["timeline"] = res
 
 
-SECTIONS = {"stories": section_stories, "tiny": section_tiny, "llama": section_llama, "timeline": section_timeline}
+SWEEPS = {
+    "r2": [("triton-default", "triton", {}), ("base", "gluon", {}), ("ns24", "gluon", {"num_stages": 24}),
+           ("br32-ns12", "gluon", {"max_rows": 32, "num_stages": 12}), ("nw8", "gluon", {"num_warps": 8}),
+           ("nw8-ns24", "gluon", {"num_warps": 8, "num_stages": 24}), ("chunk16", "gluon", {"attn_min_chunk": 16}),
+           ("chunk64", "gluon", {"attn_min_chunk": 64})],
+    "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),
+               ("splits64", "gluon", {"kv_splits": 64}), ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}),
+               ("bs64", "gluon", {"block_s": 64})],
+}
+
+
+def section_sweep(args, out):
+    """Per config: build the engine with those params, prefill ``--context`` tokens, time ``--timed`` greedy
+    steps (host wall time with the token on the host): median and p99 ms; compile info."""
+    import statistics
+
+    import numpy as np
+    import torch
+
+    from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
+    from bubblescope.models.config import get_preset
+    from bubblescope.models.weights import dummy_weights
+    cfg = get_preset("llama-3.2-1b")
+    w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    res = out.setdefault(f"sweep_{args.sweep}_{args.context}", {})
+    for name, impl, kw in SWEEPS[args.sweep]:
+        try:
+            eng = MegakernelEngine(w, MegakernelParams(**kw), max_seq_len=args.context + args.timed + 64, impl=impl)
+            eng.prefill(torch.arange(3, 3 + args.context))
+            tok = 5
+            for _ in range(10):
+                tok = eng.decode_greedy(tok)
+            ts = []
+            for _ in range(args.timed):
+                t0 = time.perf_counter()
+                tok = eng.decode_greedy(tok)
+                ts.append((time.perf_counter() - t0) * 1e3)
+            info = eng.compile_info()
+            res[name] = {"params": kw, "impl": impl, "ms_p50": statistics.median(ts),
+                         "ms_p99": float(np.percentile(ts, 99)), "registers": info.get("registers"),
+                         "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"),
+                         "grid": info.get("grid")}
+            del eng
+            torch.cuda.empty_cache()
+        except Exception as e:
+            res[name] = {"params": kw, "error": f"{type(e).__name__}: {e}"[-800:]}
+        print("  ", name, json.dumps(res[name])[:300], flush=True)
+    out["sweep_last"] = res
+
+
+SECTIONS = {"sweep": section_sweep, "stories": section_stories, "tiny": section_tiny, "llama": section_llama, "timeline": section_timeline}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--sections", default="stories,tiny,llama,timeline")
     ap.add_argument("--stories", default=".carry/models/stories260K/stories260K.bin")
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--sweep", default="r2", choices=tuple(SWEEPS))
+    ap.add_argument("--timed", type=int, default=100)
     ap.add_argument("--out", default="runs/gluon_check.json")
     a = ap.parse_args()
     out = {"started": time.strftime("%Y-%m-%dT%H:%M:%S")}
