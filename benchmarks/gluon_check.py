@@ -139,6 +139,11 @@ SWEEPS = {
            ("br32-ns12", "gluon", {"max_rows": 32, "num_stages": 12}), ("nw8", "gluon", {"num_warps": 8}),
            ("nw8-ns24", "gluon", {"num_warps": 8, "num_stages": 24}), ("chunk16", "gluon", {"attn_min_chunk": 16}),
            ("chunk64", "gluon", {"attn_min_chunk": 64})],
+    "r3": [("triton-default", "triton", {}), ("default", "gluon", {}), ("bs64", "gluon", {"block_s": 64}),
+           ("nw8", "gluon", {"num_warps": 8}), ("br16-ns24", "gluon", {"max_rows": 16, "num_stages": 24}),
+           ("ns11", "gluon", {"num_stages": 11}), ("chunk32", "gluon", {"attn_min_chunk": 32})],
+    "r3long": [("default", "gluon", {}), ("bs64", "gluon", {"block_s": 64}), ("splits8", "gluon", {"kv_splits": 8}),
+               ("splits8-bs64", "gluon", {"kv_splits": 8, "block_s": 64})],
     "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),
                ("splits64", "gluon", {"kv_splits": 64}), ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}),
                ("bs64", "gluon", {"block_s": 64})],
@@ -181,7 +186,7 @@ def section_sweep(args, out):
         except Exception as e:
             res[name] = {"params": kw, "error": f"{type(e).__name__}: {e}"[-800:]}
         print("  ", name, json.dumps(res[name])[:300], flush=True)
-    out["sweep_last"] = res
+    out["sweep"] = {"last": f"sweep_{args.sweep}_{args.context}"}
 
 
 SECTIONS = {"sweep": section_sweep, "stories": section_stories, "tiny": section_tiny, "llama": section_llama, "timeline": section_timeline}

@@ -1,6 +1,6 @@
 """A few megakernel decode steps on a small config, for compute-sanitizer (memcheck, racecheck) on a GPU.
 
-    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_megakernel.py
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_megakernel.py [gluon|triton|auto ...]
 """
 
 from __future__ import annotations
@@ -18,13 +18,17 @@ def main() -> int:
     # The default, and one with every split in use (fused reduction by the last ticket holder), multi-tile
     # GATEUP / LMHEAD tasks and the next-task prefetch.
     busy = MegakernelParams(kv_splits=4, attn_min_chunk=1, lm_blocks=2, gateup_blocks=2, prefetch_next="OPROJ,ATTN")
-    for dtype in (torch.float32, torch.bfloat16):
-        w = dummy_weights(get_preset("tiny-llama"), "cuda", dtype, seed=0)
-        for variant, params in (("fused", None), ("stages", None), ("fused", busy), ("stages", busy)):
-            eng = MegakernelEngine(w, params=params, max_seq_len=32, variant=variant)
-            toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
-            eng.synchronize_and_check()
-            print(dtype, variant, "default" if params is None else "busy", toks, flush=True)
+    impls = sys.argv[1:] or ["auto"]
+    for impl in impls:
+        for dtype in (torch.float32, torch.bfloat16):
+            w = dummy_weights(get_preset("tiny-llama"), "cuda", dtype, seed=0)
+            for variant, params in (("fused", None), ("stages", None), ("fused", busy), ("stages", busy)):
+                if impl == "gluon" and params is busy:  # Gluon tasks are single tiles; keep its split settings
+                    params = MegakernelParams(kv_splits=4, attn_min_chunk=1)
+                eng = MegakernelEngine(w, params=params, max_seq_len=32, variant=variant, impl=impl)
+                toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
+                eng.synchronize_and_check()
+                print(impl, eng.impl, dtype, variant, "default" if params is None else "busy", toks, flush=True)
     return 0
 
 

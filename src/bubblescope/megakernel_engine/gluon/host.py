@@ -19,8 +19,11 @@ from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_til
 STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
 PRODUCER_REGS = 40          # registers of the 1-warp TMA producer (it only walks the table and issues copies)
 TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns (the H200 probe's stage width)
-DEFAULT_ROWS = 16           # BR: rows per tile / task (down-proj of Llama-3.2-1B: 2048/16 = 128 tasks ≈ 132 SMs)
-DEFAULT_RING = 20           # NS: ring slots; 20 × 8 KB = 160 KB of weights in flight per SM
+# Defaults from the H200 sweep of 2026-12-01 (benchmarks/results/h200-2026-12-01, llama-3.2-1b, context 128):
+# BR 16 / NS 20 1.076 ms, BR 16 / NS 24 0.975, BR 32 / NS 12 0.949; attention chunk 16 0.953 against 32 1.076.
+DEFAULT_ROWS = 32           # BR: rows per tile / task (a 16 KB TMA box of bf16)
+DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in flight per SM
+DEFAULT_MIN_CHUNK = 16      # fewest positions per attention split (more splits in flight at short context)
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
 
@@ -59,12 +62,14 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
 def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
     per attention task, the fused split reduction, one CTA per SM. ``BR`` is ``params.max_rows`` when set below
-    the default, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must divide head_dim/2)."""
+    the default, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must divide head_dim/2);
+    the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless ``attn_min_chunk`` is set."""
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else DEFAULT_ROWS, cfg.head_dim)
     br = max(2, pow2_floor(br))
+    chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
     return params.replace(rows_qkv=br, rows_o=br, rows_gateup=br, rows_down=br, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
-                          kv_splits=params.kv_splits or DEFAULT_SPLITS)
+                          kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk)
 
 
 def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
@@ -89,11 +94,19 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
         NSPLIT=t.kv_splits, MIN_CHUNK=t.attn_min_chunk, NF=NFIELDS, BR=br, BK=bk,
-        NS=int(ring or params_ring(params)), NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
+        NS=fit_ring(int(ring or params_ring(params)), br * bk * esize, max(kch.values()) * bk * esize), NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
         KCH_Q=kch["Q"], KCH_I=kch["I"], KCH=max(kch.values()), VEC=vec, TK=min(32, bk // vec),
         BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
         HAS_BIAS=has_bias, PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
+
+
+SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
+
+
+def fit_ring(wanted: int, slot_bytes: int, xs_bytes: int) -> int:
+    """Ring slots that fit beside ``xs`` in one CTA's shared memory (at least 2: one loading, one in use)."""
+    return max(2, min(wanted, (SMEM_PER_BLOCK_SM90 - xs_bytes - SMEM_SCRATCH) // slot_bytes))
 
 
 def params_ring(params: MegakernelParams) -> int:
