@@ -1,0 +1,149 @@
+"""The Gluon megakernel on a CPU: its host schedule checked by the PyTorch oracle against the reference engine,
+its choice rules, and the kernel itself compiled for sm_90 (Gluon does not run under the interpreter, so its
+numerics are checked on the GPU: tests/test_gpu_megakernel.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bubblescope.generation import teacher_forced_logits
+from bubblescope.megakernel_engine.gluon.host import (
+    DEFAULT_ROWS,
+    SMEM_PER_BLOCK_SM90,
+    gluon_constexprs,
+    gluon_params,
+    gluon_tiling,
+    gluon_unsupported,
+)
+from bubblescope.megakernel_engine.interpreter import ScheduleInterpreter
+from bubblescope.megakernel_engine.schedule import MegakernelParams
+from bubblescope.models import load_llama2c
+from bubblescope.models.config import get_preset
+from bubblescope.models.weights import dummy_weights
+from bubblescope.reference_engine import ReferenceEngine
+
+from .conftest import STORIES, needs_stories
+from .test_megakernel_schedule import FORCED, PROMPT, TINY
+
+
+def _oracle(w, grid, **kw):
+    """The oracle over exactly the Gluon kernel's tiling (one BR-row tile per weight task, one kv head per
+    attention task, the fused split reduction), lowered for ``grid`` CTAs."""
+    params = gluon_params(w.config, MegakernelParams(**kw)).replace(num_programs=grid)
+    return ScheduleInterpreter(w, params=params, max_seq_len=48)
+
+
+@pytest.mark.parametrize("name", [n for n in TINY if not TINY[n].qk_norm])
+def test_gluon_schedule_matches_reference_on_tiny_configs(name):
+    cfg = TINY[name]
+    w = dummy_weights(cfg, seed=4)
+    ref = teacher_forced_logits(ReferenceEngine(w, max_seq_len=48), PROMPT, FORCED)
+    orc = _oracle(w, grid=5, attn_min_chunk=2, kv_splits=3)  # several splits: the ticket reduction path
+    got = teacher_forced_logits(orc, PROMPT, FORCED)
+    assert (got - ref).abs().max().item() < 1e-4
+    t = orc.schedule.tiling
+    assert t.hb == t.rows_qkv // 2 and t.attn_kv_heads == 1 and t.attn_fused
+
+
+def test_gluon_schedule_interleaved_programs_equal_one_program():
+    """All 5 CTAs' queues interleaved as resident CTAs could run them: same logits as the topological order."""
+    w = dummy_weights(TINY["gqa-tied-llama3"], seed=5)
+    one, many = _oracle(w, grid=1), _oracle(w, grid=5)
+    for tok in (3, 8, 1):
+        one.step(tok)
+        many.run_programs(tok)
+    assert torch.equal(one.buffers["logits"], many.buffers["logits"])
+
+
+@needs_stories
+def test_gluon_schedule_stories260k_greedy_matches_reference():
+    w = load_llama2c(STORIES)
+    prompt = [1, 403, 407, 261]
+    ref = ReferenceEngine(w, max_seq_len=64)
+    orc = _oracle(w, grid=132)
+    a, b = [], []
+    for eng, out in ((ref, a), (orc, b)):
+        logits = eng.prefill(torch.tensor(prompt))
+        for _ in range(24):
+            tok = int(torch.as_tensor(logits).float().argmax())
+            out.append(tok)
+            logits = eng.decode(tok)
+    assert a == b
+
+
+def test_gluon_tiling_for_llama_1b_on_an_h200():
+    cfg = get_preset("llama-3.2-1b")
+    t = gluon_tiling(cfg, MegakernelParams(), 132)
+    cx = gluon_constexprs(cfg, t, gluon_params(cfg, MegakernelParams()), 2048, torch.bfloat16, has_bias=False)
+    assert t.rows_qkv == t.rows_down == t.rows_lm == DEFAULT_ROWS and t.hb == DEFAULT_ROWS // 2
+    assert cx["BK"] == 256 and cx["NCH_H"] == 8 and cx["NCH_I"] == 32  # 512-byte box rows, K / BK chunks
+    ring = cx["NS"] * cx["BR"] * cx["BK"] * 2
+    assert ring + cx["KCH"] * cx["BK"] * 2 <= SMEM_PER_BLOCK_SM90
+    big = get_preset("llama-3.1-8b")  # its 14336-wide staged vector leaves room for fewer slots
+    cx8 = gluon_constexprs(big, gluon_tiling(big, MegakernelParams(), 132), gluon_params(big, MegakernelParams()),
+                           2048, torch.bfloat16, has_bias=False)
+    assert cx8["NS"] * 32 * 256 * 2 + cx8["KCH"] * 256 * 2 <= SMEM_PER_BLOCK_SM90 - 8192 < (cx8["NS"] + 1) * 16384 \
+        + cx8["KCH"] * 512
+
+
+def test_gluon_support_rules_name_the_reason():
+    llama = get_preset("llama-3.2-1b")
+    assert gluon_unsupported(llama, torch.bfloat16, (9, 0)) is None
+    assert "Hopper" in gluon_unsupported(llama, torch.bfloat16, (8, 0))
+    assert "CUDA GPU" in gluon_unsupported(llama, torch.bfloat16, None)
+    assert "q/k-norm" in gluon_unsupported(get_preset("qwen3-0.6b"), torch.bfloat16, (9, 0))
+    odd = TINY["mha-untied"].__class__(**{**vars(TINY["mha-untied"]), "intermediate_size": 42})
+    assert "16-byte" in gluon_unsupported(odd, torch.bfloat16, (9, 0))  # 42 × 2 bytes per row
+
+
+def test_cpu_engine_falls_back_to_triton_and_says_why():
+    from bubblescope.megakernel_engine.engine import choose_impl
+    w = dummy_weights(TINY["gqa-tied-llama3"], seed=0)
+    impl, why = choose_impl(w, "auto")
+    assert impl == "triton" and "CUDA GPU" in why
+    from bubblescope.errors import EngineUnavailable
+    with pytest.raises(EngineUnavailable, match="CUDA GPU"):
+        choose_impl(w, "gluon")
+
+
+_COMPILE = """
+import json, torch
+from bubblescope.megakernel_engine.gluon.host import compile_offline
+from bubblescope.megakernel_engine.schedule import MegakernelParams
+from bubblescope.models.config import get_preset
+out = []
+for model, dtype, params in (
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
+        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
+        ("stories260k", torch.float32, MegakernelParams())):
+    info = compile_offline(get_preset(model), dtype, params)
+    out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
+    """The Gluon kernel (default, noprefetch + timeline, Qwen2 biases, fp32) through Triton and ptxas for sm_90a,
+    in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
+    one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
+        pytest.skip("triton with its bundled ptxas is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for info in json.loads(run.stdout.strip().splitlines()[-1]):
+        assert info["spill_store_bytes"] == 0, info
+        assert info["registers"] * info["num_warps"] * 32 <= 65536, info
+        assert info["shared_bytes"] <= SMEM_PER_BLOCK_SM90, info
