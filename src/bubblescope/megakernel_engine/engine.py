@@ -192,7 +192,7 @@ class MegakernelEngine:
         cx = GH.gluon_constexprs(cfg, self.tiling, params, self.max_seq_len, self.dtype,
                                  has_bias=p.bqkv is not None)
         args = dict(
-            {k: v for k, v in self._buf.items()}, **GH.weight_descriptors(p, cx["BR"], cx["BK"]),
+            {k: v for k, v in self._buf.items()}, **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"]),
             emb_ptr=p.embed, fnorm_ptr=p.final_norm, bqkv_ptr=dummy if p.bqkv is None else p.bqkv,
             anorm_ptr=p.anorm, mnorm_ptr=p.mnorm, cos_ptr=p.cos, sin_ptr=p.sin, kc_ptr=self.k_cache,
             vc_ptr=self.v_cache, spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),

@@ -127,6 +127,9 @@ class MegakernelParams:
         weight_eviction: L2 eviction hint of the weight loads: ``""`` (none) or ``"evict_first"`` (each weight
             line is read once per step, so it may leave first, before prefetched lines not yet used).
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
+        split_k: Gluon kernel only: column halves per ring slot of an O-proj / down tile. 2: a slot holds two
+            ``[BR/2, BK]`` boxes (columns 2c and 2c+1) of BR/2 rows, so those stages have twice as many tasks
+            (Llama-3.2-1B: 128 down-proj tasks for 132 SMs instead of 64); 1: one ``[BR, BK]`` box.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -160,6 +163,7 @@ class MegakernelParams:
     prefetch_next: str = ""
     weight_eviction: str = ""
     spin_sleep_ns: int = 0
+    split_k: int = 2
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -200,6 +204,8 @@ class MegakernelParams:
         if bad:
             raise BubblescopeError(f"megakernel params: prefetch_next names unknown opcode(s) {', '.join(bad)}; "
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
+        if self.split_k not in (1, 2):
+            raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:
             raise BubblescopeError("megakernel params: spin_sleep_ns must be >= 0")
 

@@ -67,7 +67,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else DEFAULT_ROWS, cfg.head_dim)
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
-    return params.replace(rows_qkv=br, rows_o=br, rows_gateup=br, rows_down=br, rows_lm=br, gateup_blocks=1,
+    rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
+    return params.replace(rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk)
 
@@ -87,7 +88,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     bk = min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
     vec = min(16 // esize, bk)
     nch = {k: -(-n // bk) for k, n in (("H", cfg.hidden_size), ("Q", cfg.q_size), ("I", cfg.intermediate_size))}
-    kch = {k: next_pow2(v) for k, v in nch.items()}
+    # split_k = 2 reads chunks in pairs (2c, 2c + 1): an odd count needs one more staged (zero) chunk
+    kch = {k: next_pow2(v + (v % 2 if k != "H" and params.split_k == 2 else 0)) for k, v in nch.items()}
     d = cfg.head_dim
     vd = min(d, 16 // esize)
     return dict(
@@ -98,6 +100,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         KCH_Q=kch["Q"], KCH_I=kch["I"], KCH=max(kch.values()), VEC=vec, TK=min(32, bk // vec),
         BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
         HAS_BIAS=has_bias, PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
+        SPLIT=params.split_k,
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
 
 
@@ -131,8 +134,9 @@ def load_gluon_kernel():
     return kernel
 
 
-def weight_descriptors(packed, br: int, bk: int) -> dict:
-    """One TMA descriptor per packed weight matrix, each viewed as 2-D (rows, K), box ``[br, bk]``, unswizzled.
+def weight_descriptors(packed, br: int, bk: int, split: int = 1) -> dict:
+    """One TMA descriptor per packed weight matrix, each viewed as 2-D (rows, K), box ``[br, bk]`` (O-proj and
+    down: ``[br / split, bk]``), unswizzled.
 
     Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H).
     """
@@ -141,11 +145,11 @@ def weight_descriptors(packed, br: int, bk: int) -> dict:
     bits = packed.wqkv.element_size() * 8
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
-    def desc(t):
+    def desc(t, rows=br):
         t2 = t.reshape(-1, t.shape[-1])
-        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [br, bk], layout)
-    return {"wqkv_desc": desc(packed.wqkv), "wo_desc": desc(packed.wo), "wgu_desc": desc(packed.wgu),
-            "wdown_desc": desc(packed.wdown), "head_desc": desc(packed.lm_head)}
+        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, bk], layout)
+    return {"wqkv_desc": desc(packed.wqkv), "wo_desc": desc(packed.wo, br // split), "wgu_desc": desc(packed.wgu),
+            "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head)}
 
 
 class GluonLauncher:
@@ -230,7 +234,8 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
         if name in cx:
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
-            sig[name] = f"tensordesc<{act}[{cx['BR']}, {cx['BK']}],{layout!r}>"
+            rows = cx["BR"] // cx["SPLIT"] if name in ("wo_desc", "wdown_desc") else cx["BR"]
+            sig[name] = f"tensordesc<{act}[{rows}, {cx['BK']}],{layout!r}>"
         elif name.endswith("_ptr"):
             sig[name] = "*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64 else f"*{act}"
             attrs[(idx,)] = [["tt.divisibility", 16]]

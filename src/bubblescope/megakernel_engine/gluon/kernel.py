@@ -182,6 +182,29 @@ def _mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB:
     return gl.sum(acc_a, axis=1), gl.sum(acc_b, axis=1), it
 
 
+@gluon.jit
+def _mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    """acc[r] = Σ_k W[r, k]·xs[k] for HB rows whose slots hold two boxes: rows [0, HB) = columns of chunk 2c,
+    rows [HB, 2HB) = the same rows, columns of chunk 2c + 1 (split_k = 2; cdiv(NCH, 2) slots)."""
+    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    acc_a = gl.zeros([HB, BK], gl.float32, LW)
+    acc_b = gl.zeros([HB, BK], gl.float32, LW)
+    for c in range((NCH + 1) // 2):
+        slot = it % NS
+        mbarrier.wait(full.index(slot), (it // NS) & 1)
+        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
+        wa = t.slice(0, HB, dim=0).load(LW)
+        wb = t.slice(HB, HB, dim=0).load(LW)
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot))
+        acc_a += wa.to(gl.float32) * xs.index(2 * c).load(LW).to(gl.float32)
+        acc_b += wb.to(gl.float32) * xs.index(2 * c + 1).load(LW).to(gl.float32)
+        it += 1
+    return gl.sum(acc_a + acc_b, axis=1), it
+
+
 # ---- epilogues ----------------------------------------------------------------------------------------------
 # QKV: pairs j = a1 .. a1+a2-1 of the stacked q|k|v heads (pair j = rows (i, i + D/2) of head j // (D/2));
 # out_lo = lo·cos − hi·sin, out_hi = hi·cos + lo·sin (rotate_half RoPE; v unrotated), with the reference's
@@ -368,8 +391,10 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr, NCH_I: gl.constexpr,
               KCH_H: gl.constexpr, KCH_Q: gl.constexpr, KCH_I: gl.constexpr, VEC: gl.constexpr,
               TK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
-              TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr):
+              TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
+              SPLIT: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
+    BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HB: gl.constexpr = BR // 2
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     YL: gl.constexpr = gl.SliceLayout(1, LW)
@@ -447,8 +472,11 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if key != staged:
                 _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
-            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
-            r = a1 + gl.arange(0, BR, layout=YL)
+            if SPLIT == 2:
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
+            else:
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
+            r = a1 + gl.arange(0, BRO, layout=YL)
             mr = r < a1 + a2
             if layer == 0:  # layer 0's residual is the embedding row (x is not written yet)
                 res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
@@ -459,8 +487,11 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if key != staged:
                 _stage_vector(act_ptr, act_ptr, xs, eps, False, I, KCH_I, BK, VEC, TK, NW)
                 staged = key
-            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
-            r = a1 + gl.arange(0, BR, layout=YL)
+            if SPLIT == 2:
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW)
+            else:
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
+            r = a1 + gl.arange(0, BRO, layout=YL)
             mr = r < a1 + a2
             res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -498,11 +529,22 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
 
 
 @gluon.jit
+def _load_od(desc, r0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr):
+    """One O-proj / down slot: with SPLIT = 2 two [BR/2, BK] boxes, columns of chunks 2c and 2c + 1 (a box past
+    K is zero-filled by TMA); else one [BR, BK] box."""
+    if SPLIT == 2:
+        tma.async_copy_global_to_shared(desc, [r0, (2 * c) * BK], bar, slot_buf.slice(0, BR // 2, dim=0))
+        tma.async_copy_global_to_shared(desc, [r0, (2 * c + 1) * BK], bar, slot_buf.slice(BR // 2, BR // 2, dim=0))
+    else:
+        tma.async_copy_global_to_shared(desc, [r0, c * BK], bar, slot_buf)
+
+
+@gluon.jit
 def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
               max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap,
               H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, IP: gl.constexpr, NF: gl.constexpr,
               BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
-              NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr):
+              NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr):
     TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
     NROWS: gl.constexpr = Q + 2 * KV
     pid = gl.program_id(0)
@@ -527,12 +569,12 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
             if op == OP_QKV:
                 r0 = layer * NROWS + 2 * a1
             elif op == OP_OPROJ:
-                nch = NCH_Q
+                nch = (NCH_Q + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
             elif op == OP_GATEUP:
                 r0 = layer * (2 * IP) + 2 * a1
             elif op == OP_DOWN:
-                nch = NCH_I
+                nch = (NCH_I + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
             for c in range(nch):
                 slot = it % NS
@@ -544,11 +586,11 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 if op == OP_QKV:
                     tma.async_copy_global_to_shared(wqkv_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
                 elif op == OP_OPROJ:
-                    tma.async_copy_global_to_shared(wo_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                    _load_od(wo_desc, r0, c, full.index(slot), bufs.index(slot), BR, BK, SPLIT)
                 elif op == OP_GATEUP:
                     tma.async_copy_global_to_shared(wgu_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
                 elif op == OP_DOWN:
-                    tma.async_copy_global_to_shared(wdown_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                    _load_od(wdown_desc, r0, c, full.index(slot), bufs.index(slot), BR, BK, SPLIT)
                 else:
                     tma.async_copy_global_to_shared(head_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
                 it += 1
@@ -571,7 +613,7 @@ def megakernel(
         KCH_Q: gl.constexpr, KCH_I: gl.constexpr, KCH: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr,
         BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr,
         HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr):
+        PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     Shared memory: the ring ``bufs`` (NS, BR, BK) of weight tiles with its ``full``/``empty`` mbarriers, and
@@ -591,8 +633,8 @@ def megakernel(
                      kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
-                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW)),
+                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
-                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE)),
+                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT)),
     ], [1], [PRODUCER_REGS])
