@@ -78,7 +78,8 @@ def test_gluon_tiling_for_llama_1b_on_an_h200():
     cfg = get_preset("llama-3.2-1b")
     t = gluon_tiling(cfg, MegakernelParams(), 132)
     cx = gluon_constexprs(cfg, t, gluon_params(cfg, MegakernelParams()), 2048, torch.bfloat16, has_bias=False)
-    assert t.rows_qkv == t.rows_down == t.rows_lm == DEFAULT_ROWS and t.hb == DEFAULT_ROWS // 2
+    assert t.rows_qkv == t.rows_lm == t.rows_gateup == DEFAULT_ROWS and t.hb == DEFAULT_ROWS // 2
+    assert t.rows_o == t.rows_down == DEFAULT_ROWS // 2  # split_k = 2: half the rows over two column boxes
     assert cx["BK"] == 256 and cx["NCH_H"] == 8 and cx["NCH_I"] == 32  # 512-byte box rows, K / BK chunks
     ring = cx["NS"] * cx["BR"] * cx["BK"] * 2
     assert ring + cx["KCH"] * cx["BK"] * 2 <= SMEM_PER_BLOCK_SM90
