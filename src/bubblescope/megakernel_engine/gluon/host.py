@@ -23,7 +23,8 @@ TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns 
 # BR 16 / NS 20 1.076 ms, BR 16 / NS 24 0.975, BR 32 / NS 12 0.949; attention chunk 16 0.953 against 32 1.076.
 DEFAULT_ROWS = 32           # BR: rows per tile / task (a 16 KB TMA box of bf16)
 DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in flight per SM
-DEFAULT_MIN_CHUNK = 16      # fewest positions per attention split (more splits in flight at short context)
+DEFAULT_MIN_CHUNK = 32      # fewest positions per attention split (round 6: 32 0.904 ms against 16 0.926)
+DEFAULT_BLOCK_S = 64        # positions per attention block (round 6: 0.909 against 0.926 at 128, 1.19 / 1.31 at 4096)
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
 
@@ -68,7 +69,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
-    return params.replace(rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
+    block_s = DEFAULT_BLOCK_S if params.block_s == MegakernelParams.block_s else params.block_s
+    return params.replace(block_s=block_s, rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk)
 
@@ -219,7 +221,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    params = params or MegakernelParams()
+    params = gluon_params(cfg, params or MegakernelParams())
     kernel = load_gluon_kernel()
     t = gluon_tiling(cfg, params, grid)
     cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)

@@ -267,24 +267,21 @@ def _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V: gl.constexpr, BR: gl.
 # ---- attention ---------------------------------------------------------------------------------------------
 # One task: kv head `kvh`, positions [split·chunk, min(n, (split+1)·chunk)), chunk = max(ceil(n/NSPLIT), MIN_CHUNK),
 # n = pos + 1; its G query heads at once in a (GP, BLOCK_S, D) layout (the K/V tile is read once for all of them).
+# Only position `pos` of the cache is written in this step (by the QKV tasks): a first block of older positions is
+# loaded BEFORE waiting for the QKV stage, so its latency hides behind the wait, and every later block is loaded
+# one iteration ahead of its use (the loads of block b+1 are in flight while block b is computed).
 @gluon.jit
-def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr,
-               pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr,
-               NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr,
-               BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr,
-               NW: gl.constexpr):
+def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap, counters_ptr,
+               q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr,
+               GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
+               MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
+               TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr):
+    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
     KL: gl.constexpr = gl.SliceLayout(0, L3)   # (BLOCK_S, D): k, v
     SL: gl.constexpr = gl.SliceLayout(2, L3)   # (GP, BLOCK_S): scores
-    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
-    mq = gq < G
-    hq = kvh * G + gq
-    q = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), mask=gl.expand_dims(mq, 1), other=0.0,
-                cache_modifier=".cg").to(gl.float32)
-    q3 = gl.expand_dims(q, 1)
     n = pos + 1
     chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
     s_lo = split * chunk
@@ -292,26 +289,50 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, counters_ptr, 
     base = (layer.to(gl.int64) * NKV + kvh) * S_MAX * D
     sk = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, KL))
     dk = gl.arange(0, D, layout=gl.SliceLayout(0, KL))
+    offs = base + gl.expand_dims(s_lo + sk, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
+    mk = gl.expand_dims(s_lo + sk < s_hi, 1)
+    old = s_lo + BLOCK_S <= pos  # the first block holds no position written in this step
+    k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    seen = target
+    if do_wait:
+        seen = _spin(wait_ptr, target, spin_cap)
+        gl.thread_barrier()
+    t_ready = 0
+    if TIMELINE:
+        t_ready = _now(pos)
+    if s_lo + BLOCK_S > pos:  # the first block holds the new position: load it after the wait
+        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    mq = gq < G
+    hq = kvh * G + gq
+    q = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), mask=gl.expand_dims(mq, 1), other=0.0,
+                cache_modifier=".cg").to(gl.float32)
+    q3 = gl.expand_dims(q, 1)
     ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, SL))
     m = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, SL))
     l = gl.zeros([GP], gl.float32, gl.SliceLayout(1, SL))
     acc = gl.zeros([GP, D], gl.float32, QL)
     s0 = s_lo
     while s0 < s_hi:
-        sp = s0 + sk
-        offs = base + gl.expand_dims(sp, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
-        mk = gl.expand_dims(sp < s_hi, 1)
-        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg").to(gl.float32)
-        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg").to(gl.float32)
-        sc = gl.sum(q3 * gl.expand_dims(k, 0), axis=2) * sm_scale
+        nxt = s0 + BLOCK_S + sk  # the next block, in flight during this one's math (all masked after the last)
+        offs_n = base + gl.expand_dims(nxt, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
+        mk_n = gl.expand_dims(nxt < s_hi, 1)
+        k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        sc = gl.sum(q3 * gl.expand_dims(k.to(gl.float32), 0), axis=2) * sm_scale
         sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc, float("-inf"))
         m_new = gl.maximum(m, gl.max(sc, axis=1))
         alpha = gl.exp(m - m_new)
         p = gl.exp(sc - gl.expand_dims(m_new, 1))
         l = l * alpha + gl.sum(p, axis=1)
-        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v, 0), axis=1)
+        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v.to(gl.float32), 0), axis=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, QL)), 1) + pv
         m = m_new
+        k = k_n
+        v = v_n
         s0 += BLOCK_S
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
     if used == 1:  # the whole context in this task: normalise and publish directly
@@ -336,6 +357,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, counters_ptr, 
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
 
+    return seen, t_ready
 
 # Per query head over the `used` splits: M = max_s m_s, w_s = exp(m_s − M), out = Σ w_s·acc_s / Σ w_s·l_s.
 @gluon.jit
@@ -426,7 +448,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if a2 >= _splits_used(pos, NSPLIT, MIN_CHUNK):
                 skip = 1
                 wait_cnt = -1
-        if (wait_cnt >= 0) & (bad == 0):
+        if (wait_cnt >= 0) & (bad == 0) & (op != OP_ATTN):  # attention waits inside, after its first loads
             need = gl.load(row + F_NEED)
             target = epoch * gl.load(row + F_INC) + need
             if (wait_cnt != known_cnt) | (known_seen < target):
@@ -443,9 +465,19 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         key = layer * 8 + op
         if op == OP_ATTN:
             if skip == 0:
-                _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
-                           gl.load(row + F_SIGNAL), counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr,
-                           attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW)
+                need = gl.load(row + F_NEED)
+                target = epoch * gl.load(row + F_INC) + need
+                seen, t_attn = _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
+                                          gl.load(row + F_SIGNAL), counters_ptr + gl.maximum(wait_cnt, 0), target,
+                                          (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
+                                          vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
+                                          MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE)
+                if TIMELINE:
+                    t_ready = t_attn
+                if seen < target:
+                    _record_stuck(err_ptr, op, layer, gl.load(row + F_TILE), pid, wait_cnt, seen - (target - need),
+                                  need, gl.load(row + F_GIDX))
+                    bad = 1
         elif op == OP_QKV:
             if key != staged:
                 if layer == 0:  # layer 0 normalises the token's embedding row (no embedding task)
