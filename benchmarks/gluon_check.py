@@ -153,6 +153,8 @@ SWEEPS = {
            ("bs32", "gluon", {"block_s": 32}), ("chunk64", "gluon", {"attn_min_chunk": 64})],
     "r7long": [("default", "gluon", {}), ("bs32", "gluon", {"block_s": 32}), ("splits32", "gluon", {"kv_splits": 32}),
                ("splits8", "gluon", {"kv_splits": 8})],
+    "r8": [("triton-default", "triton", {}), ("default", "gluon", {}), ("l2-6", "gluon", {"l2_ahead": 6}),
+           ("l2-12", "gluon", {"l2_ahead": 12}), ("l2-24", "gluon", {"l2_ahead": 24}), ("default-again", "gluon", {})],
     "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),
                ("splits64", "gluon", {"kv_splits": 64}), ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}),
                ("bs64", "gluon", {"block_s": 64})],

@@ -195,7 +195,8 @@ class MegakernelEngine:
             {k: v for k, v in self._buf.items()}, **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"]),
             emb_ptr=p.embed, fnorm_ptr=p.final_norm, bqkv_ptr=dummy if p.bqkv is None else p.bqkv,
             anorm_ptr=p.anorm, mnorm_ptr=p.mnorm, cos_ptr=p.cos, sin_ptr=p.sin, kc_ptr=self.k_cache,
-            vc_ptr=self.v_cache, spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),
+            vc_ptr=self.v_cache, wqkv_ptr=p.wqkv, wo_ptr=p.wo, wgu_ptr=p.wgu, wdown_ptr=p.wdown, head_ptr=p.lm_head,
+            spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),
             sm_scale=1.0 / math.sqrt(cfg.head_dim))
         return GH.GluonLauncher(self._gluon_kernel, args, cx, params.num_warps, fast=params.fast_launch,
                                 cooperative=params.cooperative)

@@ -130,6 +130,9 @@ class MegakernelParams:
         split_k: Gluon kernel only: column halves per ring slot of an O-proj / down tile. 2: a slot holds two
             ``[BR/2, BK]`` boxes (columns 2c and 2c+1) of BR/2 rows, so those stages have twice as many tasks
             (Llama-3.2-1B: 128 down-proj tasks for 132 SMs instead of 64); 1: one ``[BR, BK]`` box.
+        l2_ahead: Gluon kernel only: when the producer issues ring tile t, it also asks L2 for tile
+            t + l2_ahead (``cp.async.bulk.prefetch.L2``), so during a long dependency wait more than the ring's
+            worth of weights is on its way (0: off).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -164,6 +167,7 @@ class MegakernelParams:
     weight_eviction: str = ""
     spin_sleep_ns: int = 0
     split_k: int = 2
+    l2_ahead: int = 0
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -204,6 +208,8 @@ class MegakernelParams:
         if bad:
             raise BubblescopeError(f"megakernel params: prefetch_next names unknown opcode(s) {', '.join(bad)}; "
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
+        if not isinstance(self.l2_ahead, int) or self.l2_ahead < 0:
+            raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

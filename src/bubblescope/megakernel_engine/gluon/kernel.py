@@ -572,11 +572,77 @@ def _load_od(desc, r0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, SPL
 
 
 @gluon.jit
+def _task_tiles(op, NCH_H: gl.constexpr, NCH_Q: gl.constexpr, NCH_I: gl.constexpr, SPLIT: gl.constexpr):
+    """Ring tiles of a task: 0 for attention (no weights), else its column chunks (paired under SPLIT = 2)."""
+    nch = NCH_H
+    if op == OP_ATTN:
+        nch = 0
+    elif op == OP_OPROJ:
+        nch = (NCH_Q + SPLIT - 1) // SPLIT
+    elif op == OP_DOWN:
+        nch = (NCH_I + SPLIT - 1) // SPLIT
+    return nch
+
+
+@gluon.jit
+def _cursor_next(prow, pi, pc, n, NF: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
+                 NCH_I: gl.constexpr, SPLIT: gl.constexpr):
+    """Advance an (task row, task index, tile) cursor over the CTA's weight tiles by one tile."""
+    pc += 1
+    while (pi < n) & (pc >= _task_tiles(gl.load(prow + F_OP, mask=pi < n, other=0), NCH_H, NCH_Q, NCH_I, SPLIT)):
+        pi += 1
+        prow += NF
+        pc = 0
+    return prow, pi, pc
+
+
+@gluon.jit
+def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
+                      KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
+                      SPLIT: gl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` of one ring tile's rows (PTX ISA 8.0, sm_90: 16-byte aligned address and
+    size), one row per lane of the producer warp; rows that would pass K are clipped, empty ones predicated off."""
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
+    op = gl.load(prow + F_OP)
+    layer = gl.load(prow + F_LAYER).to(gl.int64)
+    a1 = gl.load(prow + F_A1)
+    j = gl.arange(0, 32, layout=PL)
+    rows = BR
+    cols = BK
+    c0 = pc * BK
+    K = H
+    base = head_ptr + a1.to(gl.int64) * H
+    if op == OP_QKV:
+        base = wqkv_ptr + (layer * (Q + 2 * KV) + 2 * a1) * H
+    elif op == OP_GATEUP:
+        base = wgu_ptr + (layer * (2 * IP) + 2 * a1) * H
+    elif op == OP_OPROJ:
+        K = Q
+        rows = BR // SPLIT
+        cols = BK * SPLIT
+        c0 = pc * BK * SPLIT
+        base = wo_ptr + (layer * H + a1) * Q
+    elif op == OP_DOWN:
+        K = I
+        rows = BR // SPLIT
+        cols = BK * SPLIT
+        c0 = pc * BK * SPLIT
+        base = wdown_ptr + (layer * H + a1) * I
+    size = gl.where(j < rows, gl.minimum(cols, K - c0), 0) * ESIZE
+    addr = (base + j.to(gl.int64) * K + c0).to(gl.int64, bitcast=True)
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, size], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
               max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap,
               H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, IP: gl.constexpr, NF: gl.constexpr,
               BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
-              NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr):
+              NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
+              wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr):
     TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
     NROWS: gl.constexpr = Q + 2 * KV
     pid = gl.program_id(0)
@@ -585,6 +651,14 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
     row = table_ptr + pid * max_tasks * NF
     it = 0
     bad = 0
+    # L2 look-ahead cursor (task row, task index, tile): L2_AHEAD tiles ahead of the ring's next tile
+    prow = row
+    pi = 0
+    pc = -1
+    if L2_AHEAD > 0:
+        prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
+        for _ in range(L2_AHEAD):
+            prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
     for i in range(n):
         op = gl.load(row + F_OP)
         if op != OP_ATTN:
@@ -625,6 +699,11 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                     _load_od(wdown_desc, r0, c, full.index(slot), bufs.index(slot), BR, BK, SPLIT)
                 else:
                     tma.async_copy_global_to_shared(head_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                if L2_AHEAD > 0:
+                    if pi < n:
+                        _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
+                                          BR, BK, SPLIT)
+                        prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
                 it += 1
             if TIMELINE:
                 gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 4, _now(i))
@@ -645,7 +724,8 @@ def megakernel(
         KCH_Q: gl.constexpr, KCH_I: gl.constexpr, KCH: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr,
         BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr,
         HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr):
+        PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr,
+        wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     Shared memory: the ring ``bufs`` (NS, BR, BK) of weight tiles with its ``full``/``empty`` mbarriers, and
@@ -668,5 +748,6 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
-                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT)),
+                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
+                     head_ptr, I, L2_AHEAD)),
     ], [1], [PRODUCER_REGS])
