@@ -35,7 +35,7 @@ from .test_megakernel_schedule import FORCED, PROMPT, TINY  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def _interpreter():
-    from bubblescope.megakernel_engine.launch import load_kernel
+    from bubblescope.megakernel_engine.triton_kernel.host import load_kernel
     try:
         load_kernel(True)
     except EngineUnavailable as e:

@@ -264,8 +264,8 @@ def test_lower_pads_empty_slots():
 # ---- compiled mode without a GPU ----------------------------------------------------------------------------
 _COMPILE = """
 import json, torch
-from bubblescope.megakernel_engine.launch import DeviceLimits, programs_per_sm
-from bubblescope.megakernel_engine.offline import compile_offline
+from bubblescope.megakernel_engine.residency import DeviceLimits, programs_per_sm
+from bubblescope.megakernel_engine.triton_kernel.offline import compile_offline
 from bubblescope.megakernel_engine.schedule import MegakernelParams
 from bubblescope.models.config import get_preset
 h200 = DeviceLimits("H200", 132, 65536, 2048, 233472, 32, (9, 0))
@@ -329,7 +329,7 @@ def test_fused_attention_tickets_replace_static_signals():
 
 
 def test_register_cap_keeps_the_requested_programs_resident():
-    from bubblescope.megakernel_engine.launch import register_cap
+    from bubblescope.megakernel_engine.triton_kernel.host import register_cap
     # 65536 registers per SM (sm_90) / (4 programs · 4 warps · 32 threads) = 128 per thread.
     assert register_cap(MegakernelParams()) == 128
     # 65536 / (3 · 4 · 32) = 170.7, down to a multiple of 8 (per-warp allocation of 256 registers).

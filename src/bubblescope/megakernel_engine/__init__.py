@@ -1,12 +1,18 @@
-"""Triton persistent megakernel: one launch per decode step (see DESIGN.md, "Megakernel").
+"""Persistent megakernels: one launch per decode step (see DESIGN.md, "Megakernel").
 
-Modules: ``schedule`` (task graph → instruction table), ``packing`` (kernel weight layout), ``ops`` and
-``kernel`` (device code), ``launch`` (Triton mode, residency, launching), ``engine`` (the Decoder),
-``timeline`` (intra-kernel timestamps), ``interpreter`` (plain-PyTorch oracle of the same table).
+Two kernel implementations, one room each, over one shared host side:
+
+* shared: ``schedule`` (task graph → instruction table), ``packing`` (kernel weight layout), ``residency``
+  (grid sizing), ``engine`` (the Decoder, implementation choice), ``timeline`` (intra-kernel timestamps),
+  ``interpreter`` (plain-PyTorch oracle of the same table);
+* ``triton_kernel``: the plain-Triton kernel (any CUDA GPU, and the CPU interpreter);
+* ``gluon``: the Hopper kernel in Gluon (warp-specialized TMA weight ring), chosen on sm_90.
+
 Importing this package does not import triton.
 """
 
-from .engine import CPU_PARAMS, VARIANTS, MegakernelEngine
+from .engine import CPU_PARAMS, IMPLS, VARIANTS, MegakernelEngine
 from .schedule import MegakernelParams, Schedule, build_schedule, pick_rows
 
-__all__ = ["CPU_PARAMS", "VARIANTS", "MegakernelEngine", "MegakernelParams", "Schedule", "build_schedule", "pick_rows"]
+__all__ = ["CPU_PARAMS", "IMPLS", "VARIANTS", "MegakernelEngine", "MegakernelParams", "Schedule", "build_schedule",
+           "pick_rows"]

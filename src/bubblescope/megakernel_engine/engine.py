@@ -1,13 +1,19 @@
-"""The megakernel Decoder: one persistent Triton launch per decode step.
+"""The megakernel Decoder: one persistent kernel launch per decode step, Gluon or Triton.
+
+Implementations (``impl``): ``gluon`` (Hopper, sm_90: a warp-specialized TMA producer streams every weight tile
+through a shared-memory ring ahead of the compute warps, ``gluon/``), ``triton`` (any CUDA GPU and the CPU
+interpreter, ``triton_kernel/``), ``auto`` (Gluon where :func:`choose_impl` says it runs, else Triton; the
+reason is kept in ``compile_info()``). Both read the same instruction table and packed weights.
 
 Variants: ``fused`` (engine name ``megakernel``): the whole step in one launch, stages ordered by
 counters; ``stages`` (``megakernel-stages``): the same task code, one launch per (layer, stage) and no
-counters — the fusion ablation; ``noprefetch`` (``megakernel-noprefetch``): ``fused`` without the early
-L2 prefetch of each task's weights — the pipelining ablation.
+counters — the fusion ablation; ``noprefetch`` (``megakernel-noprefetch``): ``fused`` without loading weights
+ahead of a task's dependency (Gluon: the producer waits for the task's inputs; Triton: no L2 prefetch) — the
+pipelining ablation.
 
-On a CPU device the kernel runs under Triton's interpreter with one program over the topological
-instruction list (see ``launch.load_kernel`` for the TRITON_INTERPRET side effect); slow, but anyone can
-watch it decode.
+On a CPU device the Triton kernel runs under Triton's interpreter with one program over the topological
+instruction list (see ``triton_kernel.host.load_kernel`` for the TRITON_INTERPRET side effect); slow, but
+anyone can watch it decode.
 
 Stuck tasks are reported without a host sync per step: after each launch the error record is copied
 non-blocking to pinned memory and a CUDA event recorded; the next call examines the copy if the event has
@@ -24,10 +30,12 @@ import torch
 
 from ..errors import BubblescopeError, EngineUnavailable, KernelStuck
 from ..models.weights import ModelWeights
-from . import launch as L
+from . import residency as R
+from .launcher import Launcher
 from .packing import pack_weights
 from .schedule import OPCODE_NAMES, MegakernelParams, build_schedule, num_counters, resolve_tiling
 from .timeline import IntraKernelTimeline, decode_timeline
+from .triton_kernel import host as L
 
 VARIANTS = {"fused": "megakernel", "stages": "megakernel-stages", "noprefetch": "megakernel-noprefetch"}
 # CPU (interpreter) defaults: few big tasks, since every interpreted task costs milliseconds.
@@ -79,11 +87,13 @@ class MegakernelEngine:
         params: tuning (:class:`MegakernelParams`); default ``MegakernelParams()`` on GPU, ``CPU_PARAMS`` on CPU.
         max_seq_len: KV-cache positions; default ``min(max_position_embeddings, 2048)``.
         variant: ``fused``, ``stages`` or ``noprefetch``.
+        impl: ``auto``, ``gluon`` or ``triton`` (see the module docstring).
+        name: the engine name reported (default: the variant's, e.g. ``megakernel``).
 
     Raises:
-        BubblescopeError: unknown variant or invalid params.
-        EngineUnavailable: unsupported device/dtype/shape, Triton in the wrong mode, or a kernel that cannot
-            keep even one program per SM resident.
+        BubblescopeError: unknown variant or implementation, or invalid params.
+        EngineUnavailable: unsupported device/dtype/shape, ``gluon`` asked for where it cannot run (the reason
+            named), Triton in the wrong mode, or a kernel that cannot keep even one program per SM resident.
     """
 
     def __init__(self, weights: ModelWeights, params: MegakernelParams | None = None,
@@ -112,7 +122,7 @@ class MegakernelEngine:
         self._kernel = L.load_kernel(self.interpret)
         if self.impl == "gluon":
             self._gluon_kernel = GH.load_gluon_kernel()
-        self.limits = None if self.interpret else L.device_limits(self.device)
+        self.limits = None if self.interpret else R.device_limits(self.device)
         grid = params.num_programs or self.limits.sms * params.programs_per_sm
         self.tiling = resolve_tiling(cfg, params, grid)
         self.packed = pack_weights(weights, self.tiling, self.max_seq_len)
@@ -124,7 +134,7 @@ class MegakernelEngine:
         self._launchers = {params.timeline: self._launcher(params.timeline)}
         if not self.interpret:
             info = self._launchers[params.timeline].compile(*self._probe_args(probe))
-            self._info.update(info, **L.size_grid(info, self.limits, params.programs_per_sm, params.num_programs),
+            self._info.update(info, **R.size_grid(info, self.limits, params.programs_per_sm, params.num_programs),
                               requested_programs_per_sm=params.programs_per_sm, sms=self.limits.sms,
                               device_name=self.limits.name)
         grid = self._info["grid"]
@@ -181,9 +191,13 @@ class MegakernelEngine:
         cx = L.kernel_constexprs(cfg, self.tiling, params, self.max_seq_len, has_bias=p.bqkv is not None,
                                  has_qk_norm=p.qknorm is not None,
                                  prefetch=L.prefetch_mode(params.prefetch, cfg, self.dtype, self.limits))
-        return L.Launcher(self._kernel, args, cx, params.num_warps, params.num_stages, fast=params.fast_launch,
-                          cooperative=params.cooperative and not self.interpret,
-                          maxnreg=None if self.interpret else L.register_cap(params, self.limits.regs_per_sm))
+        maxnreg = None if self.interpret else L.register_cap(params, self.limits.regs_per_sm)
+        options = dict(num_warps=params.num_warps, num_stages=params.num_stages,
+                       launch_cooperative_grid=params.cooperative and not self.interpret)
+        if maxnreg:
+            options["maxnreg"] = maxnreg
+        return Launcher(self._kernel, args, cx, options, fast=params.fast_launch,
+                        info={"max_registers": maxnreg, "num_stages": params.num_stages})
 
     def _gluon_launcher(self, timeline: bool):
         from .gluon import host as GH
@@ -198,7 +212,7 @@ class MegakernelEngine:
             vc_ptr=self.v_cache, wqkv_ptr=p.wqkv, wo_ptr=p.wo, wgu_ptr=p.wgu, wdown_ptr=p.wdown, head_ptr=p.lm_head,
             spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),
             sm_scale=1.0 / math.sqrt(cfg.head_dim))
-        return GH.GluonLauncher(self._gluon_kernel, args, cx, params.num_warps, fast=params.fast_launch,
+        return GH.make_launcher(self._gluon_kernel, args, cx, params.num_warps, fast=params.fast_launch,
                                 cooperative=params.cooperative)
 
     def _probe_args(self, probe):
@@ -394,11 +408,11 @@ class MegakernelEngine:
             elif rec.reason is None:
                 rec.reason = "no decode step ran inside the timeline block"
 
-    def _launcher_checked(self) -> L.Launcher:
+    def _launcher_checked(self) -> Launcher:
         launcher = self._launcher(True)
         if not self.interpret:
             info = launcher.compile(*self._probe_args(self.schedule))
-            fit = L.size_grid(info, self.limits, self._info["programs_per_sm"])["fit_programs_per_sm"]
+            fit = R.size_grid(info, self.limits, self._info["programs_per_sm"])["fit_programs_per_sm"]
             if fit < self._info["programs_per_sm"]:
                 raise EngineUnavailable(f"timeline kernel fits {fit} programs per SM, the engine runs "
                                         f"{self._info['programs_per_sm']} ({info['registers']} registers)")

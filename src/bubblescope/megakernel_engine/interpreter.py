@@ -1,6 +1,6 @@
 """Plain-PyTorch interpreter of the megakernel's instruction table and packed weights (the debugging oracle).
 
-It executes the *same* tasks (same tiles, same packed rows, same buffers and roundings as ``ops.py``)
+It executes the *same* tasks (same tiles, same packed rows, same buffers and roundings as ``triton_kernel/ops.py``)
 with torch ops, one task at a time, checking each task's dependency counter like the kernel does. Uses:
 
 * bisect a kernel mismatch: ``step(token, stop_after=(layer, "OPROJ"))`` stops once every task of that
@@ -54,7 +54,7 @@ class ScheduleInterpreter:
         self._tickets: dict[int, int] = {}
         self.position = 0
 
-    # ---- helpers (same roundings as ops.py) ----------------------------------------------------------------
+    # ---- helpers (same roundings as triton_kernel/ops.py) ----------------------------------------------------------------
     def _rnd(self, v: torch.Tensor) -> torch.Tensor:
         return v.to(self.act).float()
 
@@ -65,7 +65,7 @@ class ScheduleInterpreter:
 
     # ---- one task ----------------------------------------------------------------------------------------
     def run_task(self, t: Task, token: int, pos: int) -> None:
-        """Execute one task on the buffers (see the opcode comments in ops.py for the math)."""
+        """Execute one task on the buffers (see the opcode comments in triton_kernel/ops.py for the math)."""
         cfg, p, b, tl_ = self.config, self.packed, self.buffers, self.schedule.tiling
         D = cfg.head_dim
         half, layer = D // 2, t.layer

@@ -14,6 +14,7 @@ import torch
 
 from ...errors import EngineUnavailable
 from ...models.config import ModelConfig
+from ..residency import ptxas_usage
 from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_tiling
 
 STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
@@ -154,54 +155,11 @@ def weight_descriptors(packed, br: int, bk: int, split: int = 1) -> dict:
             "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head)}
 
 
-class GluonLauncher:
-    """Binds buffers, descriptors and constants to ``gluon.kernel.megakernel``; the same interface as
-    ``launch.Launcher`` (``compile``, ``__call__``), so the engine drives either kernel.
-
-    With ``fast`` the compiled kernel is called directly after the first launch (the descriptors' CUtensorMaps
-    are still built by Triton's launcher each call).
-    """
-
-    stamps = STAMPS
-
-    def __init__(self, kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
-        self.kernel, self.args, self.constexprs = kernel, dict(args), dict(constexprs)
-        self.options = dict(num_warps=num_warps, launch_cooperative_grid=cooperative)
-        self.fast, self.compiled = fast, None
-        self._names = list(kernel.megakernel.arg_names)
-        self._tok_index = self._names.index("tok_in")
-        self._fast_calls: dict[tuple, tuple] = {}
-
-    def _all(self, table, counts, timeline, advance, tok_in=-1) -> dict:
-        return dict(self.args, **self.constexprs, table_ptr=table, counts_ptr=counts, max_tasks=int(table.shape[1]),
-                    timeline_ptr=timeline, advance=int(advance), tok_in=int(tok_in))
-
-    def compile(self, table, counts, timeline) -> dict:
-        """Compile and load the binary (no launch); registers, spills, shared memory, warps."""
-        ck = self.kernel.megakernel.warmup(grid=(1,), **self.options, **self._all(table, counts, timeline, 0))
-        if hasattr(ck, "result"):
-            ck = ck.result()
-        from triton.runtime.errors import OutOfResources
-        try:
-            ck._init_handles()
-        except OutOfResources as e:
-            raise EngineUnavailable(f"Gluon megakernel does not fit the device: {e}") from None
-        self.compiled = ck
-        return {"registers": int(ck.n_regs), "spills": int(ck.n_spills), "shared_bytes": int(ck.metadata.shared),
-                "max_registers": None, "num_warps": int(ck.metadata.num_warps), "num_stages": self.constexprs["NS"],
-                "cooperative": bool(getattr(ck.metadata, "launch_cooperative_grid", False))}
-
-    def __call__(self, grid: int, table, counts, timeline, advance: int, tok_in: int = -1) -> None:
-        if self.fast and self.compiled is not None:
-            key = (grid, table.data_ptr(), timeline.data_ptr(), advance)
-            call = self._fast_calls.get(key)
-            if call is None:
-                args = self._all(table, counts, timeline, advance)
-                call = self._fast_calls[key] = (self.compiled[(grid, 1, 1)], [args[n] for n in self._names])
-            call[1][self._tok_index] = int(tok_in)
-            call[0](*call[1])
-        else:
-            self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance, tok_in))
+def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
+    """The shared :class:`..launcher.Launcher` for the Gluon kernel (5 timeline stamps per task)."""
+    from ..launcher import Launcher
+    return Launcher(kernel, args, constexprs, dict(num_warps=num_warps, launch_cooperative_grid=cooperative), fast,
+                    info={"max_registers": None, "num_stages": constexprs["NS"]}, stamps=STAMPS)
 
 
 def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: MegakernelParams | None = None,
@@ -212,10 +170,6 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
         EngineUnavailable: Triton is in interpreter mode in this process.
         triton.CompilationError / RuntimeError: it does not compile (the point of the check).
     """
-    import re
-    import subprocess
-    import tempfile
-
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -246,18 +200,9 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     src = GluonASTSource(kernel.megakernel, sig, cx, attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": params.num_warps, "launch_cooperative_grid": True})
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ck.asm["ptx"])
-        f.flush()
-        log = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={sm_arch_from_capability(90)}", f.name,
-                              "-o", "/dev/null"], capture_output=True, text=True, check=True).stderr
-    regs = re.search(r"Used (\d+) registers", log)
-    spills = re.search(r"(\d+) bytes spill stores", log)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "spill_store_bytes": int(spills.group(1)) if spills else None,
-            "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
+    usage = ptxas_usage(ck.asm["ptx"], 90)
+    return {**usage, "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
             "ring_bytes": cx["NS"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
             "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
-            "tiling": vars(t), "ptxas_log": log.strip(), "smem_limit": SMEM_PER_BLOCK_SM90,
+            "tiling": vars(t), "smem_limit": SMEM_PER_BLOCK_SM90,
             "grid_hint": math.ceil(grid)}

@@ -25,7 +25,7 @@ import time
 import triton
 import triton.language as tl
 
-from . import schedule as S
+from .. import schedule as S
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 

@@ -3,23 +3,21 @@
 Catches compiled-mode errors that the interpreter cannot see (constexpr typing, control flow, inline PTX
 syntax, register pressure) on any machine with triton installed. Needs a process where triton is in
 compiled mode (no ``TRITON_INTERPRET=1``). Usage:
-``python -m bubblescope.megakernel_engine.offline --model llama-3.2-1b --dtype bfloat16``.
+``python -m bubblescope.megakernel_engine.triton_kernel.offline --model llama-3.2-1b --dtype bfloat16``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
-import tempfile
 
 import torch
 
-from ..models.config import ModelConfig, get_preset
-from ..models.weights import parse_dtype
-from .launch import kernel_constexprs, load_kernel, register_cap
-from .schedule import MegakernelParams, resolve_tiling
+from ...models.config import ModelConfig, get_preset
+from ...models.weights import parse_dtype
+from ..residency import ptxas_usage
+from .host import kernel_constexprs, load_kernel, register_cap
+from ..schedule import MegakernelParams, resolve_tiling
 
 _F32_PTRS = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
 _I32_PTRS = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
@@ -60,19 +58,11 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                         options={"num_warps": params.num_warps, "num_stages": params.num_stages,
                                  "launch_cooperative_grid": params.cooperative, "maxnreg": register_cap(params)})
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ck.asm["ptx"])
-        f.flush()
-        log = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm_arch_from_capability(arch)}", f.name,
-                              "-o", "/dev/null"], capture_output=True, text=True, check=True).stderr
-    regs = re.search(r"Used (\d+) registers", log)
-    spills = re.search(r"(\d+) bytes spill stores", log)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "spill_store_bytes": int(spills.group(1)) if spills else None,
+    usage = ptxas_usage(ck.asm["ptx"], arch)
+    return {**usage,
             "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
             "cooperative": bool(ck.metadata.launch_cooperative_grid),
-            "ptx_lines": ck.asm["ptx"].count("\n"), "tiling": vars(tiling), "ptxas_log": log.strip()}
+            "ptx_lines": ck.asm["ptx"].count("\n"), "tiling": vars(tiling)}
 
 
 def main() -> None:

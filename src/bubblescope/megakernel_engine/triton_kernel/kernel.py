@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import schedule as S
+from .. import schedule as S
 from .ops import (OP_ATTN, OP_ATTN_REDUCE, OP_DOWN, OP_GATEUP, OP_LMHEAD, OP_OPROJ, OP_QKV, _device, _now,
                   _splits_used, op_attn, op_attn_reduce, op_gateup, op_lmhead, op_matvec_residual, op_qkv)
 

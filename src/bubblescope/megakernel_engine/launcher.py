@@ -1,0 +1,67 @@
+"""Binding and launching a compiled megakernel, for either implementation (``triton_kernel``, ``gluon``)."""
+
+from __future__ import annotations
+
+from ..errors import EngineUnavailable
+
+
+class Launcher:
+    """Binds the engine's buffers and constants to ``kernel.megakernel`` (a Triton or Gluon JIT function) and
+    launches it.
+
+    ``args``: every non-constexpr argument except the per-launch ones (table, counts, max_tasks, timeline,
+    advance, tok_in); ``constexprs``: the compile-time ones; ``options``: launch options (``num_warps``,
+    ``launch_cooperative_grid``, ``num_stages``, ``maxnreg``); ``info``: fields added to :meth:`compile`'s report;
+    ``stamps``: timeline stamps per task the kernel writes. With ``fast`` the compiled kernel is called directly
+    after the first launch (Triton's own launch path re-binds and re-specialises ~40 arguments on every call);
+    the per-launch integers are marked ``do_not_specialize`` so one binary serves every table and token.
+    """
+
+    def __init__(self, kernel, args: dict, constexprs: dict, options: dict, fast: bool, info: dict | None = None,
+                 stamps: int = 3):
+        self.kernel = kernel
+        self.args = dict(args)
+        self.constexprs = dict(constexprs)
+        self.options = dict(options)
+        self.fast, self.info, self.stamps = fast, dict(info or {}), stamps
+        self.compiled = None
+        self._names = list(kernel.megakernel.arg_names)
+        self._fast_calls: dict[tuple, tuple] = {}  # (grid, table, timeline, advance) -> (runner, ordered args)
+        self._tok_index = self._names.index("tok_in")
+
+    def _all(self, table, counts, timeline, advance, tok_in=-1) -> dict:
+        return dict(self.args, **self.constexprs, table_ptr=table, counts_ptr=counts, max_tasks=int(table.shape[1]),
+                    timeline_ptr=timeline, advance=int(advance), tok_in=int(tok_in))
+
+    def compile(self, table, counts, timeline) -> dict:
+        """Compile (no launch) and load the binary; returns registers, spills, shared memory, warps, cooperative
+        and :attr:`info`.
+
+        Raises:
+            EngineUnavailable: the binary does not fit the device (shared memory, threads per block).
+        """
+        ck = self.kernel.megakernel.warmup(grid=(1,), **self.options, **self._all(table, counts, timeline, 0))
+        if hasattr(ck, "result"):
+            ck = ck.result()
+        from triton.runtime.errors import OutOfResources
+        try:
+            ck._init_handles()
+        except OutOfResources as e:  # shared memory or threads beyond the device's per-block limits
+            raise EngineUnavailable(f"megakernel does not fit the device: {e}") from None
+        self.compiled = ck
+        return {"registers": int(ck.n_regs), "spills": int(ck.n_spills), "shared_bytes": int(ck.metadata.shared),
+                "num_warps": int(ck.metadata.num_warps),
+                "cooperative": bool(getattr(ck.metadata, "launch_cooperative_grid", False)), **self.info}
+
+    def __call__(self, grid: int, table, counts, timeline, advance: int, tok_in: int = -1) -> None:
+        """Launch on ``grid`` programs; ``tok_in`` >= 0 is the step's input token, -1 reads ``state[2]``."""
+        if self.fast and self.compiled is not None:
+            key = (grid, table.data_ptr(), timeline.data_ptr(), advance)
+            call = self._fast_calls.get(key)
+            if call is None:  # the engine's buffers never move, so the bound argument list can be reused
+                args = self._all(table, counts, timeline, advance)
+                call = self._fast_calls[key] = (self.compiled[(grid, 1, 1)], [args[n] for n in self._names])
+            call[1][self._tok_index] = int(tok_in)
+            call[0](*call[1])
+        else:
+            self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance, tok_in))
