@@ -120,6 +120,7 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
+        ("llama-3.1-8b", torch.bfloat16, MegakernelParams()),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -129,7 +130,8 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
-    """The Gluon kernel (default, noprefetch + timeline, Qwen2 biases, fp32) through Triton and ptxas for sm_90a,
+    """The Gluon kernel (default, noprefetch + timeline, Qwen2 biases with 7 query heads per kv head, head_dim 128
+    with a 14336-wide staged vector, fp32) through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
     import importlib.util

@@ -70,7 +70,11 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
-    block_s = DEFAULT_BLOCK_S if params.block_s == MegakernelParams.block_s else params.block_s
+    # the attention's (GP, BLOCK_S, D) products: at most 16384 values (128 per consumer thread), or registers spill
+    # (offline sm_90 compile: Qwen2.5-0.5B's 8 padded query heads per kv head spilled 108 bytes at BLOCK_S 64,
+    # head_dim 128 (Llama-3.2-3B, 3.1-8B) 52 and 110 bytes)
+    block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim)))
+    block_s = block_s if params.block_s == MegakernelParams.block_s else params.block_s
     return params.replace(block_s=block_s, rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk)

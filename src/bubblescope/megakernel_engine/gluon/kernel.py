@@ -121,19 +121,23 @@ def _stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr,
                   BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
     XV: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     ACT: gl.constexpr = xs.dtype
-    ch = gl.arange(0, KCH, layout=gl.SliceLayout(1, XV))
-    kk = gl.arange(0, BK, layout=gl.SliceLayout(0, XV))
-    idx = gl.expand_dims(ch, 1) * BK + gl.expand_dims(kk, 0)
-    m = idx < K
-    x = gl.load(src_ptr + idx, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
-    if NORM:  # RMSNorm (Zhang & Sennrich 2019) rounded as transformers does: ((x·inv).to(ACT)·w).to(ACT)
-        inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
-        w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
-        x = _rnd(_rnd(x * inv, ACT) * w, ACT)
-    gl.thread_barrier()  # every thread is done reading the previous vector
     KCH_ALL: gl.constexpr = xs.shape[0]
     xs2 = xs._reinterpret(ACT, [KCH_ALL, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    xs2.slice(0, KCH, dim=0).store(x.to(ACT))
+    # A vector without a norm is copied in parts of at most 32 chunks (8192 bf16): a whole 14336-wide one
+    # (Llama-3.1-8B's down-proj input) would hold 128 floats per thread and spill.
+    PART: gl.constexpr = KCH if NORM else min(KCH, 32)
+    ch = gl.arange(0, PART, layout=gl.SliceLayout(1, XV))
+    kk = gl.arange(0, BK, layout=gl.SliceLayout(0, XV))
+    gl.thread_barrier()  # every thread is done reading the previous vector
+    for part in gl.static_range(KCH // PART):
+        idx = gl.expand_dims(part * PART + ch, 1) * BK + gl.expand_dims(kk, 0)
+        m = idx < K
+        x = gl.load(src_ptr + idx, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
+        if NORM:  # RMSNorm (Zhang & Sennrich 2019) rounded as transformers does: ((x·inv).to(ACT)·w).to(ACT)
+            inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
+            w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
+            x = _rnd(_rnd(x * inv, ACT) * w, ACT)
+        xs2.slice(part * PART, PART, dim=0).store(x.to(ACT))
     gl.thread_barrier()
 
 
