@@ -65,7 +65,8 @@ def generate(
     top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),
     seed: int = typer.Option(0),
-    engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, ...)."),
+    engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, ...), "
+                               "or auto: the megakernel where it runs, falling back to the reference if it fails."),
     mode: str = typer.Option("eager", help="Reference engine mode: eager, cudagraph or compile."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
@@ -117,12 +118,17 @@ def generate(
         raise BubblescopeError(f"--prompt: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
                                f"model's {cfg.max_position_embeddings} positions")
     dec = build_engine(name, loaded.weights, max_seq)
+    from .fallback import describe
+    for line in describe(dec):
+        typer.echo(line, err=True)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
         # the ms/token the user reads.
         run(dec, ids[:1], 3, eos_ids=())
     res = run(dec, ids, max_new_tokens, params)
+    for line in describe(dec)[1 if getattr(dec, "auto_choice", None) else 0:]:
+        typer.echo(line, err=True)
     if tok is not None:
         typer.echo(tok.decode(ids + res.tokens))
     else:

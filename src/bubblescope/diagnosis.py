@@ -153,7 +153,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     names = list(dict.fromkeys(engines)) if engines else list(ENGINES)  # a name given twice runs once
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
-        get_engine_spec(n)
+        if n != "auto":
+            get_engine_spec(n)
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
     gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     sweep = sorted(set(context_sweep)) if context_sweep is not None else ([128, 1024, 4096] if on_gpu else [])
@@ -167,6 +168,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
+    names, auto = _resolve_auto(names, loaded.weights)
     need = max([prompt_len + gen_len + profile_steps + 8] + [c + SWEEP_STEPS + 1 for c in sweep])
     if need > cfg.max_position_embeddings:
         raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
@@ -191,6 +193,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         notes.append("CPU only: no GPU on this machine, so GPU timeline and bandwidth metrics are unavailable")
     if copy.get("reason") and on_gpu:
         notes.append(f"copy bandwidth not measured: {copy['reason']}")
+    if auto:
+        notes.append(f"--engines auto: {auto['engine']} ({auto['reason']})")
     doc = {
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -216,11 +220,16 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed)
     oracle = None
     with _Progress(progress, total=len(names)) as bar:
-        for name in names:
+        for name in _with_fallback(names, auto, doc["engines"]):
             bar.update(f"{name}: building")
             entry = {"name": name, "description": get_engine_spec(name).description, "status": "ok",
                      "reason": None, "latency": None, "bandwidth": None, "timeline": None, "intrakernel": None,
                      "compile": None, "correctness": None, "sweep": [], "trace_path": None}
+            if auto and name == auto["engine"]:
+                entry["auto"] = auto
+            if doc["engines"] and doc["engines"][-1].get("fallback_to") == name:
+                failed = doc["engines"][-1]
+                entry["fallback"] = {"from": failed["name"], "error": failed["reason"]}
             try:
                 if name in skips:
                     raise EngineUnavailable(skips[name])
@@ -247,6 +256,27 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         write_results(results, out / "results.json")
         write_html(results, out / "report.html")
     return results
+
+
+def _resolve_auto(names: list[str], weights) -> tuple[list[str], dict | None]:
+    """Replace ``auto`` in the engine list by the engine it stands for here (``fallback.choose_auto``)."""
+    if "auto" not in names:
+        return names, None
+    from .fallback import choose_auto
+    chosen, reason = choose_auto(weights)
+    return list(dict.fromkeys(chosen if n == "auto" else n for n in names)), {"engine": chosen, "reason": reason}
+
+
+def _with_fallback(names: list[str], auto: dict | None, entries: list[dict]):
+    """The engines to measure; when the engine ``auto`` chose fails (a stuck task, a launch error), the
+    reference is measured next in its place (unless it is in the list anyway), its entry's ``fallback``
+    naming the failure."""
+    from .fallback import BACKUP, PRIMARY
+    for name in names:
+        yield name
+        if auto and name == auto["engine"] == PRIMARY and BACKUP not in names and entries[-1]["status"] == "failed":
+            entries[-1]["fallback_to"] = BACKUP
+            yield BACKUP
 
 
 def _oracle(ctx: dict) -> dict:
