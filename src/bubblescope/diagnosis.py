@@ -129,23 +129,27 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
              prompt_len: int | None = None, gen_len: int | None = None, runs: int = 3, warmup: int = 1,
              context_sweep: list[int] | None = None, dtype: str | None = None, device: str | None = None,
              out: str | Path = "bubblescope-out", profile_steps: int = 8, seed: int = 0,
-             progress: bool = False, command: str | None = None, write: bool = True):
+             progress: bool = False, command: str | None = None, write: bool = True, tuning: str | None = None):
     """Measure ``model`` on each engine and return a :class:`~bubblescope.reports.results.Results`.
 
     Defaults: on a GPU, ``llama-3.2-1b`` with dummy bfloat16 weights, prompt 128, 128 new tokens, context
     sweep 128/1024/4096; on a CPU-only machine stories260K (float32) when its file is found
     (``--checkpoint``, ``$BUBBLESCOPE_MODELS`` or ``../shared/models``), else the ``tiny-llama`` dummy
     preset, prompt 16, 32 new tokens, no sweep. Writes ``out/results.json``, ``out/report.html`` and one
-    trace per engine under ``out/traces/`` (atomically) unless ``write`` is False.
+    trace per engine under ``out/traces/`` (atomically) unless ``write`` is False. ``tuning``: a tuned file
+    (``bubblescope tune --save``); megakernel engines take the entry for prompt + generated length, recorded
+    in their entry's ``tuning``.
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
-            that does not fit the model, an ``out`` that cannot be a directory).
+            that does not fit the model, an ``out`` that cannot be a directory, a bad tuned file).
     """
+    from .tuned import load_tuning
     from .profiler.hardware import device_info, measure_copy_bandwidth
     from .reports.findings import find
     from .reports.results import SCHEMA, Results
 
+    tuned = load_tuning(tuning) if tuning is not None else None
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
@@ -217,7 +221,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
     ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
-               max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed)
+               max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed, tuning=tuned)
     oracle = None
     with _Progress(progress, total=len(names)) as bar:
         for name in _with_fallback(names, auto, doc["engines"]):
@@ -304,8 +308,10 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     doc, loaded = ctx["doc"], ctx["loaded"]
     cfg = loaded.config
     dev = loaded.weights.device
-    engine = build_engine(name, loaded.weights, ctx["max_seq"])
+    from .tuned import engine_params
     prompt = ctx["prompt"]
+    params, entry["tuning"] = engine_params(ctx["tuning"], name, len(prompt) + ctx["gen_len"], dev.type)
+    engine = build_engine(name, loaded.weights, ctx["max_seq"], params=params)
     bar.update(f"{name}: warm-up")
     for _ in range(ctx["warmup"]):
         generate(engine, prompt, ctx["gen_len"], eos_ids=())
