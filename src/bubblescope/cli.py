@@ -172,6 +172,8 @@ def diagnose_model(
     seed: int = typer.Option(0),
     tuning: Optional[Path] = typer.Option(None, help="Tuned file from `bubblescope tune --save`: megakernel engines "
                                           "take the entry for prompt + generated length."),
+    counters: bool = typer.Option(False, "--counters", help="Also read hardware counters of each engine's top "
+                                  "kernels with Nsight Compute (ncu), in a subprocess."),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
@@ -186,7 +188,7 @@ def diagnose_model(
     results = diagnose(model, checkpoint=checkpoint, engines=names, prompt_len=prompt_len, gen_len=gen_len,
                        runs=runs, warmup=warmup, context_sweep=sweep, dtype=dtype, device=device, out=out,
                        profile_steps=profile_steps, seed=seed, progress=fmt == "text", command=command_line(),
-                       tuning=tuning)
+                       tuning=tuning, counters=counters)
     if fmt == "json":
         sys.stdout.write(results.to_json())
     else:

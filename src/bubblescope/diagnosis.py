@@ -129,7 +129,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
              prompt_len: int | None = None, gen_len: int | None = None, runs: int = 3, warmup: int = 1,
              context_sweep: list[int] | None = None, dtype: str | None = None, device: str | None = None,
              out: str | Path = "bubblescope-out", profile_steps: int = 8, seed: int = 0,
-             progress: bool = False, command: str | None = None, write: bool = True, tuning: str | None = None):
+             progress: bool = False, command: str | None = None, write: bool = True, tuning: str | None = None,
+             counters: bool = False):
     """Measure ``model`` on each engine and return a :class:`~bubblescope.reports.results.Results`.
 
     Defaults: on a GPU, ``llama-3.2-1b`` with dummy bfloat16 weights, prompt 128, 128 new tokens, context
@@ -138,7 +139,9 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     preset, prompt 16, 32 new tokens, no sweep. Writes ``out/results.json``, ``out/report.html`` and one
     trace per engine under ``out/traces/`` (atomically) unless ``write`` is False. ``tuning``: a tuned file
     (``bubblescope tune --save``); megakernel engines take the entry for prompt + generated length, recorded
-    in their entry's ``tuning``.
+    in their entry's ``tuning``. ``counters``: also read each ok engine's hardware counters with Nsight
+    Compute (``counters.collect_counters``) into the document's ``counters`` section, which says why when it
+    cannot.
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
@@ -247,6 +250,10 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
             doc["engines"].append(entry)
             _free(dev)
             bar.update(f"{name}: {entry['status']}", advance=1)
+        if counters:
+            from .counters import collect_counters
+            doc["counters"] = collect_counters(doc, model, str(dev), doc["model"]["dtype"], seed, checkpoint,
+                                               tuning, progress=bar.update)
         bar.update("diagnose: done")
     if not on_gpu and any(e["name"].startswith("megakernel") and e["status"] == "ok" for e in doc["engines"]):
         notes.append("megakernel engines ran under the Triton CPU interpreter (one program): their latency, "
