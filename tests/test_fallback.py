@@ -156,3 +156,26 @@ def test_diagnose_engines_auto_measures_the_reference_when_the_chosen_megakernel
     assert "--engines auto: megakernel (test: as on a GPU)" in res.doc["device"]["notes"]
     from bubblescope.reports.results import validate_results
     assert validate_results(res.doc) == []
+
+
+def test_auto_falls_back_to_the_reference_when_the_megakernel_cannot_be_built(monkeypatch):
+    import bubblescope.engines as engines
+    import bubblescope.fallback as fb
+    from bubblescope.errors import EngineUnavailable
+
+    monkeypatch.setattr(fb, "choose_auto", lambda w: ("megakernel", "test: as on a GPU"))
+    real = engines.get_engine_spec
+
+    def spec(name):
+        s = real(name)
+        if name != "megakernel":
+            return s
+
+        def unavailable(*a, **k):
+            raise EngineUnavailable("timeline kernel fits 0 programs per SM")
+        return type(s)(s.name, s.description, unavailable)
+    monkeypatch.setattr(engines, "get_engine_spec", spec)
+    dec = build_engine("auto", dummy_weights(TINY["mha-untied"]), 16)
+    assert dec.name == "reference"
+    assert dec.auto_choice["reason"] == ("the megakernel could not be built here (EngineUnavailable: timeline kernel "
+                                         "fits 0 programs per SM)")

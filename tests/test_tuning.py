@@ -146,3 +146,27 @@ def test_generate_and_diagnose_take_tuning(tmp_path):
     assert eng["status"] == "ok", eng["reason"]
     assert eng["tuning"]["params"] == {"kv_splits": 2} and eng["tuning"]["length"] == 20
     assert eng["compile"]["tiling"]["kv_splits"] == 2
+
+
+def test_cliffs_are_named_and_circled():
+    """A hand-made GPU-like document: one value spills, one loses residency (2 of 4 programs per SM)."""
+    from bubblescope.reports.tune_report import cliff, render_tune_html, tune_figure
+
+    def row(v, spills, per_sm, ms):
+        return {"value": v, "text": str(v), "status": "ok", "reason": None,
+                "compile": {"registers": 128, "spills": spills, "shared_bytes": 0, "programs_per_sm": per_sm,
+                            "requested_programs_per_sm": 4, "grid": 132 * per_sm},
+                "points": [{"context": 128, "token_ms_p50": ms, "token_ms_p99": ms * 1.1, "util_peak": 0.4,
+                            "intrakernel_wait_ratio": 0.3, "token_agreement": 1.0}]}
+    doc = {"engine": "megakernel", "knob": "block_k", "family": "tile columns", "contexts": [128], "steps": 8,
+           "model": {"name": "llama-3.2-1b", "dtype": "bfloat16"}, "device": {"type": "cuda", "name": "H200"},
+           "command": "bubblescope tune", "created": "now", "base_params": {"num_warps": 4},
+           "rows": [row(256, 0, 4, 1.2), row(512, 6, 4, 1.3), row(2048, 0, 2, 1.9)]}
+    doc["best"] = best_per_context(doc)
+    assert doc["best"] == [{"context": 128, "value": 256, "text": "256", "token_ms_p50": 1.2}]
+    assert [cliff(r) for r in doc["rows"]] == [None, "6 spilled words", "2 of 4 programs per SM resident"]
+    fig = tune_figure(doc)
+    circled = [c for c in fig.axes[0].collections if c.get_label() == "spills / lost residency"]
+    assert len(circled) == 1 and circled[0].get_offsets().tolist() == [[512, 1.3], [2048, 1.9]]
+    html = render_tune_html(doc)
+    assert "block_k=512: 6 spilled words" in html and "<td>1.200</td>" in html

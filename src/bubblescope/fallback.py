@@ -73,7 +73,11 @@ def build_auto(weights, max_seq_len: int, params=None):
     if name == PRIMARY:
         try:
             primary = build_engine(PRIMARY, weights, max_seq_len, params=params)
-        except FAILURES + (EngineUnavailable,) as e:  # e.g. a kernel that cannot keep one program per SM resident
+        except EngineUnavailable as e:  # e.g. a kernel that cannot keep one program per SM resident
+            name, reason = BACKUP, f"the megakernel could not be built here ({_one_line(e)})"
+        except BubblescopeError:  # bad input (invalid --tuning params): the user's to fix, not a fallback
+            raise
+        except Exception as e:  # noqa: BLE001  (a Triton compile or out-of-resources error)
             name, reason = BACKUP, f"the megakernel could not be built here ({_one_line(e)})"
         else:
             return (FallbackDecoder(primary, lambda: build_engine(BACKUP, weights, max_seq_len)),

@@ -222,6 +222,10 @@ def _row(text, spec, engine, base_params, loaded, max_seq, prompts, steps, peak,
         row.update(status="failed", reason=f"fails at run time: {_one_line(e)}")
     finally:
         del eng
+        if loaded.weights.device.type == "cuda":  # the next value packs another copy of the weights
+            import gc
+            gc.collect()
+            torch.cuda.empty_cache()
     return row
 
 
