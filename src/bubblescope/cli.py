@@ -65,8 +65,9 @@ def generate(
     top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),
     seed: int = typer.Option(0),
-    engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, ...), "
-                               "or auto: the megakernel where it runs, falling back to the reference if it fails."),
+    engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, "
+                               "...), or auto: the megakernel where it runs, falling back to the reference if it "
+                               "fails."),
     mode: str = typer.Option("eager", help="Reference engine mode: eager, cudagraph or compile."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),

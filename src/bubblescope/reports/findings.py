@@ -221,7 +221,8 @@ def _counters_occupancy(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | 
         f"Low occupancy from {regs:.0f} registers: {active:.1f} % of warps active in the top kernel (ncu)",
         {"sm__warps_active.avg.pct_of_peak_sustained_active": active, "launch__registers_per_thread": regs,
          "launch__occupancy_limit_registers": m.get("launch__occupancy_limit_registers"),
-         "dram__throughput.avg.pct_of_peak_sustained_elapsed": m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed")},
+         "dram__throughput.avg.pct_of_peak_sustained_elapsed":
+             m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed")},
         "Few warps in flight cannot keep enough loads outstanding to saturate HBM: cut registers per thread "
         "(smaller tiles, a register cap) or move the loads to an asynchronous copy engine (TMA, cp.async).")
 

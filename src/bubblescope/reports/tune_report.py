@@ -146,7 +146,8 @@ def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = Non
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BubblescopeError(f"--out {out}: cannot create the directory ({exc.strerror or type(exc).__name__})") from None
+        why = exc.strerror or type(exc).__name__
+        raise BubblescopeError(f"--out {out}: cannot create the directory ({why})") from None
     atomic_write_text(out / "tune.json", json.dumps(doc, indent=2) + "\n")
     write_tune_html(doc, out / "tune.html")
     if save is not None:
