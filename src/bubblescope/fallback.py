@@ -82,6 +82,8 @@ def build_auto(weights, max_seq_len: int, params=None):
         else:
             return (FallbackDecoder(primary, lambda: build_engine(BACKUP, weights, max_seq_len)),
                     {"engine": PRIMARY, "reason": reason})
+    if params is not None:
+        reason += "; the tuned megakernel parameters are not used"
     return build_engine(BACKUP, weights, max_seq_len), {"engine": BACKUP, "reason": reason}
 
 
