@@ -65,10 +65,14 @@ def generate(
     top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),
     seed: int = typer.Option(0),
-    engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, ...)."),
+    engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, "
+                               "...), or auto: the megakernel where it runs, falling back to the reference if it "
+                               "fails."),
     mode: str = typer.Option("eager", help="Reference engine mode: eager, cudagraph or compile."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
+    tuning: Optional[Path] = typer.Option(None, help="Tuned file from `bubblescope tune --save`: the megakernel takes "
+                                          "the entry for prompt + new tokens."),
 ):
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     import torch
@@ -79,7 +83,10 @@ def generate(
     from .models import load_model, parse_dtype, resolve_device
     from .models.loader import KNOWN_FILES, model_search_dirs
 
+    from .tuned import engine_params, load_tuning
+
     seed = _seed(seed)
+    tuned = load_tuning(tuning) if tuning is not None else None
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
@@ -116,13 +123,21 @@ def generate(
     if max_seq > cfg.max_position_embeddings:
         raise BubblescopeError(f"--prompt: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
                                f"model's {cfg.max_position_embeddings} positions")
-    dec = build_engine(name, loaded.weights, max_seq)
+    mk_params, picked = engine_params(tuned, name, max_seq, dev.type)
+    if picked:
+        typer.echo(f"--tuning: {picked.get('reason') or picked['params']} (length {max_seq})", err=True)
+    dec = build_engine(name, loaded.weights, max_seq, params=mk_params)
+    from .fallback import describe
+    for line in describe(dec):
+        typer.echo(line, err=True)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
         # the ms/token the user reads.
         run(dec, ids[:1], 3, eos_ids=())
     res = run(dec, ids, max_new_tokens, params)
+    for line in describe(dec)[1 if getattr(dec, "auto_choice", None) else 0:]:
+        typer.echo(line, err=True)
     if tok is not None:
         typer.echo(tok.decode(ids + res.tokens))
     else:
@@ -143,7 +158,8 @@ def diagnose_model(
     model: Optional[str] = typer.Argument(None, help="Preset, checkpoint directory, config.json or llama2.c .bin "
                                           "(default: llama-3.2-1b on a GPU, stories260k or tiny-llama on CPU)."),
     checkpoint: Optional[str] = typer.Option(None),
-    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all)."),
+    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all); auto: the "
+                                          "megakernel where it runs, else the reference."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len"),
     gen_len: Optional[int] = typer.Option(None, "--gen-len"),
     runs: int = typer.Option(3),
@@ -155,6 +171,10 @@ def diagnose_model(
     out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     seed: int = typer.Option(0),
+    tuning: Optional[Path] = typer.Option(None, help="Tuned file from `bubblescope tune --save`: megakernel engines "
+                                          "take the entry for prompt + generated length."),
+    counters: bool = typer.Option(False, "--counters", help="Also read hardware counters of each engine's top "
+                                  "kernels with Nsight Compute (ncu), in a subprocess."),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
@@ -168,7 +188,8 @@ def diagnose_model(
         raise BubblescopeError(f"--engines: no engine names in {engines!r}; see `bubblescope engines`")
     results = diagnose(model, checkpoint=checkpoint, engines=names, prompt_len=prompt_len, gen_len=gen_len,
                        runs=runs, warmup=warmup, context_sweep=sweep, dtype=dtype, device=device, out=out,
-                       profile_steps=profile_steps, seed=seed, progress=fmt == "text", command=command_line())
+                       profile_steps=profile_steps, seed=seed, progress=fmt == "text", command=command_line(),
+                       tuning=tuning, counters=counters)
     if fmt == "json":
         sys.stdout.write(results.to_json())
     else:
@@ -255,6 +276,56 @@ def gate(
                    max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression)
     render_gate(rep, Console())
     raise typer.Exit(rep.exit_code)
+
+
+@app.command()
+@user_errors
+def tune(
+    model: Optional[str] = typer.Argument(None, help="Preset, checkpoint directory, config.json or llama2.c .bin."),
+    knob: Optional[str] = typer.Option(None, help="The parameter to vary (see --list)."),
+    values: Optional[str] = typer.Option(None, help="Comma-separated values of the knob, e.g. 256,512,1024."),
+    contexts: Optional[str] = typer.Option(None, help="KV-cache lengths to measure at (default: 128,4096 on a GPU, "
+                                           "8,16 on CPU)."),
+    engine: str = typer.Option("megakernel", help="A tunable engine (see --list)."),
+    steps: Optional[int] = typer.Option(None, help="Decode steps timed per point (default: 64 on GPU, 3 on CPU)."),
+    checkpoint: Optional[str] = typer.Option(None),
+    device: Optional[str] = typer.Option(None),
+    dtype: Optional[str] = typer.Option(None),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("bubblescope-tune"), help="Directory for tune.json and tune.html."),
+    save: Optional[Path] = typer.Option(None, help="Write the best value per context range here (for --tuning)."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+    list_knobs: bool = typer.Option(False, "--list", help="List each tunable engine's knobs and exit."),
+):
+    """One-knob tuning curve: latency, % of peak, wait ratio and compiled resources per value and context."""
+    import json
+
+    from .tuning import implementations, knobs
+    from .tuning import tune as run_tune
+
+    if list_knobs:
+        for cls, engs in implementations().items():
+            typer.echo(f"{', '.join(engs)} ({cls}):")
+            for k in knobs(engs[0]):
+                typer.echo(f"  {k['name']:18s} {k['type']:12s} default {k['default']!s:8s} {k['family']}")
+        return
+    if fmt not in ("text", "json"):
+        raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    if model is None or knob is None or values is None:
+        raise BubblescopeError("tune: give MODEL, --knob and --values (or --list)")
+    from .diagnosis import command_line
+    from .reports.tune_report import render_tune, write_tune_outputs
+
+    vals = [v.strip() for v in values.split(",") if v.strip()]
+    doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
+                   device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)
+    write_tune_outputs(doc, out, save)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        from rich.console import Console
+        render_tune(doc, Console())
+    typer.echo(f"wrote {out / 'tune.json'}, {out / 'tune.html'}" + (f", {save}" if save else ""), err=True)
 
 
 @app.command()

@@ -129,23 +129,30 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
              prompt_len: int | None = None, gen_len: int | None = None, runs: int = 3, warmup: int = 1,
              context_sweep: list[int] | None = None, dtype: str | None = None, device: str | None = None,
              out: str | Path = "bubblescope-out", profile_steps: int = 8, seed: int = 0,
-             progress: bool = False, command: str | None = None, write: bool = True):
+             progress: bool = False, command: str | None = None, write: bool = True, tuning: str | None = None,
+             counters: bool = False):
     """Measure ``model`` on each engine and return a :class:`~bubblescope.reports.results.Results`.
 
     Defaults: on a GPU, ``llama-3.2-1b`` with dummy bfloat16 weights, prompt 128, 128 new tokens, context
     sweep 128/1024/4096; on a CPU-only machine stories260K (float32) when its file is found
     (``--checkpoint``, ``$BUBBLESCOPE_MODELS`` or ``../shared/models``), else the ``tiny-llama`` dummy
     preset, prompt 16, 32 new tokens, no sweep. Writes ``out/results.json``, ``out/report.html`` and one
-    trace per engine under ``out/traces/`` (atomically) unless ``write`` is False.
+    trace per engine under ``out/traces/`` (atomically) unless ``write`` is False. ``tuning``: a tuned file
+    (``bubblescope tune --save``); megakernel engines take the entry for prompt + generated length, recorded
+    in their entry's ``tuning``. ``counters``: also read each ok engine's hardware counters with Nsight
+    Compute (``counters.collect_counters``) into the document's ``counters`` section, which says why when it
+    cannot.
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
-            that does not fit the model, an ``out`` that cannot be a directory).
+            that does not fit the model, an ``out`` that cannot be a directory, a bad tuned file).
     """
+    from .tuned import load_tuning
     from .profiler.hardware import device_info, measure_copy_bandwidth
     from .reports.findings import find
     from .reports.results import SCHEMA, Results
 
+    tuned = load_tuning(tuning) if tuning is not None else None
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
@@ -153,7 +160,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     names = list(dict.fromkeys(engines)) if engines else list(ENGINES)  # a name given twice runs once
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
-        get_engine_spec(n)
+        if n != "auto":
+            get_engine_spec(n)
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
     gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     sweep = sorted(set(context_sweep)) if context_sweep is not None else ([128, 1024, 4096] if on_gpu else [])
@@ -167,6 +175,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
+    names, auto = _resolve_auto(names, loaded.weights)
     need = max([prompt_len + gen_len + profile_steps + 8] + [c + SWEEP_STEPS + 1 for c in sweep])
     if need > cfg.max_position_embeddings:
         raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
@@ -191,6 +200,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         notes.append("CPU only: no GPU on this machine, so GPU timeline and bandwidth metrics are unavailable")
     if copy.get("reason") and on_gpu:
         notes.append(f"copy bandwidth not measured: {copy['reason']}")
+    if auto:
+        notes.append(f"--engines auto: {auto['engine']} ({auto['reason']})")
     doc = {
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -213,14 +224,19 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
     ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
-               max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed)
+               max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed, tuning=tuned)
     oracle = None
     with _Progress(progress, total=len(names)) as bar:
-        for name in names:
+        for name in _with_fallback(names, auto, doc["engines"]):
             bar.update(f"{name}: building")
             entry = {"name": name, "description": get_engine_spec(name).description, "status": "ok",
                      "reason": None, "latency": None, "bandwidth": None, "timeline": None, "intrakernel": None,
                      "compile": None, "correctness": None, "sweep": [], "trace_path": None}
+            if auto and name == auto["engine"]:
+                entry["auto"] = auto
+            if doc["engines"] and doc["engines"][-1].get("fallback_to") == name:
+                failed = doc["engines"][-1]
+                entry["fallback"] = {"from": failed["name"], "error": failed["reason"]}
             try:
                 if name in skips:
                     raise EngineUnavailable(skips[name])
@@ -234,6 +250,10 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
             doc["engines"].append(entry)
             _free(dev)
             bar.update(f"{name}: {entry['status']}", advance=1)
+        if counters:
+            from .counters import collect_counters
+            doc["counters"] = collect_counters(doc, model, str(dev), doc["model"]["dtype"], seed, checkpoint,
+                                               tuning, progress=bar.update)
         bar.update("diagnose: done")
     if not on_gpu and any(e["name"].startswith("megakernel") and e["status"] == "ok" for e in doc["engines"]):
         notes.append("megakernel engines ran under the Triton CPU interpreter (one program): their latency, "
@@ -247,6 +267,27 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         write_results(results, out / "results.json")
         write_html(results, out / "report.html")
     return results
+
+
+def _resolve_auto(names: list[str], weights) -> tuple[list[str], dict | None]:
+    """Replace ``auto`` in the engine list by the engine it stands for here (``fallback.choose_auto``)."""
+    if "auto" not in names:
+        return names, None
+    from .fallback import choose_auto
+    chosen, reason = choose_auto(weights)
+    return list(dict.fromkeys(chosen if n == "auto" else n for n in names)), {"engine": chosen, "reason": reason}
+
+
+def _with_fallback(names: list[str], auto: dict | None, entries: list[dict]):
+    """The engines to measure; when the engine ``auto`` chose fails (a stuck task, a launch error), the
+    reference is measured next in its place (unless it is in the list anyway), its entry's ``fallback``
+    naming the failure."""
+    from .fallback import BACKUP, PRIMARY
+    for name in names:
+        yield name
+        if auto and name == auto["engine"] == PRIMARY and BACKUP not in names and entries[-1]["status"] == "failed":
+            entries[-1]["fallback_to"] = BACKUP
+            yield BACKUP
 
 
 def _oracle(ctx: dict) -> dict:
@@ -274,8 +315,10 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     doc, loaded = ctx["doc"], ctx["loaded"]
     cfg = loaded.config
     dev = loaded.weights.device
-    engine = build_engine(name, loaded.weights, ctx["max_seq"])
+    from .tuned import engine_params
     prompt = ctx["prompt"]
+    params, entry["tuning"] = engine_params(ctx["tuning"], name, len(prompt) + ctx["gen_len"], dev.type)
+    engine = build_engine(name, loaded.weights, ctx["max_seq"], params=params)
     bar.update(f"{name}: warm-up")
     for _ in range(ctx["warmup"]):
         generate(engine, prompt, ctx["gen_len"], eos_ids=())

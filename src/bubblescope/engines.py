@@ -19,28 +19,36 @@ from .models.weights import ModelWeights
 class EngineSpec:
     name: str
     description: str
-    build: Callable[[ModelWeights, int], object]   # (weights, max_seq_len) -> Decoder
+    build: Callable[..., object]   # (weights, max_seq_len, params=None) -> Decoder
 
 
 def _reference(mode: str):
-    def build(weights: ModelWeights, max_seq_len: int):
+    def build(weights: ModelWeights, max_seq_len: int, params=None):
+        _no_params("reference", params)
         from .reference_engine import ReferenceEngine
         return ReferenceEngine(weights, mode=mode, max_seq_len=max_seq_len)
     return build
 
 
+def _no_params(name: str, params) -> None:
+    if params is not None:
+        raise BubblescopeError(f"--tuning: engine {name} has no tuning parameters (only the megakernel engines)")
+
+
 def _megakernel(variant: str, impl: str, name: str):
-    def build(weights: ModelWeights, max_seq_len: int):
+    def build(weights: ModelWeights, max_seq_len: int, params=None):
         # Not `import triton` here: on CPU the engine must set TRITON_INTERPRET before Triton's first import.
         import importlib.util
         if importlib.util.find_spec("triton") is None:
             raise EngineUnavailable("the megakernel needs Triton, which is not installed")
         from .megakernel_engine import MegakernelEngine
-        return MegakernelEngine(weights, max_seq_len=max_seq_len, variant=variant, impl=impl, name=name)
+        return MegakernelEngine(weights, params=params, max_seq_len=max_seq_len, variant=variant, impl=impl,
+                                name=name)
     return build
 
 
-def _hf(weights: ModelWeights, max_seq_len: int):
+def _hf(weights: ModelWeights, max_seq_len: int, params=None):
+    _no_params("hf", params)
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -82,24 +90,33 @@ def prepare_triton(device: torch.device) -> None:
 
 
 def get_engine_spec(name: str) -> EngineSpec:
-    """The registry entry for ``name``.
+    """The registry entry for ``name`` (not ``auto``, which :func:`build_engine` resolves).
 
     Raises:
         BubblescopeError: unknown name; the message lists the known engines.
     """
     if name not in ENGINES:
-        raise BubblescopeError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+        raise BubblescopeError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}, or auto")
     return ENGINES[name]
 
 
-def build_engine(name: str, weights: ModelWeights, max_seq_len: int):
+def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None):
     """Build the named engine over ``weights`` with a KV cache of ``max_seq_len`` positions.
 
+    ``params``: ``MegakernelParams`` for a megakernel engine (None: its defaults). ``auto``
+    (:func:`bubblescope.fallback.build_auto`): the megakernel with a fallback to the reference where it runs
+    on a GPU, else the reference; the choice is the decoder's ``auto_choice`` attribute.
+
     Raises:
-        BubblescopeError: unknown engine name.
+        BubblescopeError: unknown engine name, or ``params`` for an engine without any.
         EngineUnavailable: the engine cannot run on this machine or this model.
     """
-    return get_engine_spec(name).build(weights, max_seq_len)
+    if name == "auto":
+        from .fallback import build_auto
+        dec, choice = build_auto(weights, max_seq_len, params=params)
+        dec.auto_choice = choice
+        return dec
+    return get_engine_spec(name).build(weights, max_seq_len, params=params)
 
 
 class HFEngine:

@@ -87,6 +87,8 @@ class GenerationResult:
 
     ``ttft_ms``: prefill plus sampling the first token, token on the host (ms). ``token_ms``: per later
     token, host wall time from the previous token being on the host to this one being on the host (ms).
+    ``fallbacks``: the engine switches of a :class:`bubblescope.fallback.FallbackDecoder` during this
+    generation (``{"from", "to", "position", "error"}``); empty when the decoder never fell back.
     """
 
     prompt_ids: list[int]
@@ -94,6 +96,7 @@ class GenerationResult:
     ttft_ms: float = 0.0
     token_ms: list[float] = field(default_factory=list)
     stopped_at_eos: bool = False
+    fallbacks: list[dict] = field(default_factory=list)
 
     @property
     def total_ms(self) -> float:
@@ -128,6 +131,7 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
     if params.temperature > 0:
         gen = torch.Generator(device=decoder.device).manual_seed(params.seed)
     res = GenerationResult(prompt_ids=ids)
+    seen = len(getattr(decoder, "fallbacks", ()))
     decoder.reset()
     prompt = torch.tensor(ids, dtype=torch.long, device=decoder.device)
     _sync(decoder.device)
@@ -148,6 +152,7 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
         if on_token:
             on_token(tok)
     res.stopped_at_eos = tok in eos
+    res.fallbacks = list(getattr(decoder, "fallbacks", ()))[seen:]
     return res
 
 

@@ -69,7 +69,35 @@ def render_results(results: Results | dict, console: Console) -> None:
         console.print(Text("Engines not run", style="bold"))
         for name, status, reason in skipped:
             console.print(Text(f"  {name}: {status} — {reason}"))
+    if doc.get("counters") is not None:
+        console.print(_counters(doc["counters"]))
     if doc.get("findings"):
         console.print(_findings(doc))
     else:
         console.print(Text("Findings: none (no rule fired, or the inputs were not measured)"))
+
+
+# Counter columns of the terminal table: (header, ncu metric name).
+_COUNTER_COLUMNS = (("DRAM % peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                    ("L2 hit %", "lts__t_sector_hit_rate.pct"),
+                    ("warps active %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+                    ("regs", "launch__registers_per_thread"))
+
+
+def _counters(section: dict):
+    """The ncu counters of each engine's top kernels, or the reason they are missing."""
+    if not section.get("available"):
+        return Text(f"Hardware counters (ncu): unavailable — {section.get('reason')}")
+    table = Table(title="Hardware counters (ncu), top kernels", title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("engine", "kernel", "µs", *(h for h, _ in _COUNTER_COLUMNS), "top stall"):
+        table.add_column(header, overflow="fold")
+    for e in section.get("engines") or []:
+        if not e.get("available"):
+            table.add_row(Text(e["engine"]), Text(f"unavailable: {e.get('reason')}"), style="dim")
+            continue
+        for k in e["kernels"][:3]:
+            stall = next(iter((k.get("stalls") or {}).items()), None)
+            table.add_row(Text(e["engine"]), Text(k["name"][:60]), Text(tables.fmt(k.get("duration_us"), "rate")),
+                          *(Text(tables.fmt(k["metrics"].get(m), "rate")) for _, m in _COUNTER_COLUMNS),
+                          Text(f"{stall[0]} {stall[1]:.1f} %" if stall else tables.MISSING))
+    return table

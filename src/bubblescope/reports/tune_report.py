@@ -1,0 +1,154 @@
+"""Reports of a tune document (``bubblescope.tune/1``): a rich table, and one self-contained HTML page with the
+parameter→latency curve per context, where values that spill or lose residency are marked (the cliffs).
+
+Pure renderers: they read the document and measure nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import tables
+from .results import atomic_write_text
+
+COLUMNS = ("value", "context", "p50 ms", "p99 ms", "% peak", "wait", "agree", "regs", "spills", "smem B",
+           "progs/SM", "grid")
+
+
+def cliff(row: dict) -> str | None:
+    """Why a row sits on a performance cliff, or None: spills (local memory traffic per thread), or fewer
+    resident programs per SM than requested (the grid shrinks)."""
+    c = row.get("compile") or {}
+    why = []
+    if c.get("spills"):
+        why.append(f"{c['spills']} spilled words")
+    want, got = c.get("requested_programs_per_sm"), c.get("programs_per_sm")
+    if want and got is not None and got < want:
+        why.append(f"{got} of {want} programs per SM resident")
+    return "; ".join(why) or None
+
+
+def rows(doc: dict) -> list[list[str]]:
+    """One table row per (value, context) of the values that ran (see :func:`not_run` for the others)."""
+    out = []
+    for r in doc["rows"]:
+        c = r.get("compile") or {}
+        comp = [tables.fmt(c.get(k)) for k in ("registers", "spills", "shared_bytes", "programs_per_sm", "grid")]
+        for p in r["points"] if r["status"] == "ok" else []:
+            out.append([r["text"], str(p["context"]), tables.fmt(p["token_ms_p50"], "ms"),
+                        tables.fmt(p["token_ms_p99"], "ms"), tables.fmt(p["util_peak"], "pct"),
+                        tables.fmt(p["intrakernel_wait_ratio"], "pct"), tables.fmt(p["token_agreement"], "pct"),
+                        *comp])
+    return out
+
+
+def not_run(doc: dict) -> list[tuple[str, str, str]]:
+    """``(value, status, reason)`` of each value that did not parse, validate, build or run."""
+    return [(r["text"], r["status"], r.get("reason") or "") for r in doc["rows"] if r["status"] != "ok"]
+
+
+def title(doc: dict) -> str:
+    return (f"tune {doc['engine']} {doc['knob']} ({doc['family']}) on {doc['model']['name']} "
+            f"({doc['model']['dtype']}), {doc['device']['name']}, {doc['steps']} decode steps per point")
+
+
+def render_tune(doc: dict, console) -> None:
+    """Print the tune table and the best value per context to a rich ``console``."""
+    from rich.table import Table
+
+    t = Table(title=title(doc), title_justify="left")
+    for i, h in enumerate(COLUMNS):
+        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows(doc):
+        t.add_row(*row)
+    console.print(t)
+    for value, status, reason in not_run(doc):
+        console.print(f"{doc['knob']}={value}: {status}: {reason}", markup=False, highlight=False, soft_wrap=True)
+    for b in doc["best"]:
+        console.print(f"best at context {b['context']}: {doc['knob']}={b['text']} "
+                      f"({tables.fmt(b['token_ms_p50'], 'ms')} ms/token p50)", soft_wrap=True)
+    for r in doc["rows"]:
+        if cliff(r):
+            console.print(f"cliff: {doc['knob']}={r['text']}: {cliff(r)}", soft_wrap=True)
+    if doc["device"]["type"] != "cuda":
+        console.print("CPU run: the megakernel ran under Triton's interpreter; its timings measure the interpreter, "
+                      "and % of peak, registers and residency need a GPU")
+
+
+def tune_figure(doc: dict):
+    """p50 ms/token against the knob's value, one line per context; cliff values circled in red. None when
+    no value ran ok. Non-numeric values are placed at equal steps in the given order."""
+    from .plots import _label, _new_figure
+
+    ok = [r for r in doc["rows"] if r["status"] == "ok" and r["points"]]
+    if not ok:
+        return None
+    numeric = all(isinstance(r["value"], (int, float)) and not isinstance(r["value"], bool) for r in ok)
+    xs = {r["text"]: (r["value"] if numeric else i) for i, r in enumerate(ok)}
+    fig, (ax,) = _new_figure(4.0)
+    for c in doc["contexts"]:
+        pts = [(xs[r["text"]], p["token_ms_p50"], r) for r in ok for p in r["points"]
+               if p["context"] == c and p["token_ms_p50"] is not None]
+        if not pts:
+            continue
+        pts.sort(key=lambda t: t[0])
+        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=f"context {c}")
+        bad = [(x, y) for x, y, r in pts if cliff(r)]
+        if bad:
+            ax.scatter([x for x, _ in bad], [y for _, y in bad], s=160, facecolors="none", edgecolors="red",
+                       label="spills / lost residency" if c == doc["contexts"][0] else None)
+    if numeric and len(xs) > 2 and min(xs.values()) > 0 and max(xs.values()) / min(xs.values()) >= 8:
+        ax.set_xscale("log", base=2)
+    if not numeric:
+        ax.set_xticks(list(xs.values()), [_label(t) for t in xs])
+    ax.set_xlabel(_label(doc["knob"]))
+    ax.set_ylabel("p50 ms/token")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def render_tune_html(doc: dict) -> str:
+    """One self-contained HTML page (jinja2, autoescape on) of a tune document."""
+    import jinja2
+
+    from .html import _TEMPLATES, _png_uri
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template("tune.html.j2").render(
+        title=title(doc), command=doc["command"], created=doc["created"], headers=COLUMNS, rows=rows(doc),
+        not_run=not_run(doc),
+        plot=_png_uri(tune_figure(doc)), best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"))
+                                               for b in doc["best"]],
+        cliffs=[(r["text"], cliff(r)) for r in doc["rows"] if cliff(r)], knob=doc["knob"],
+        base=sorted((k, str(v)) for k, v in doc["base_params"].items()), cpu=doc["device"]["type"] != "cuda")
+
+
+def write_tune_html(doc: dict, path: str | Path) -> Path:
+    """Write :func:`render_tune_html` atomically. Raises BubblescopeError when ``path`` cannot be written."""
+    return atomic_write_text(path, render_tune_html(doc))
+
+
+def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = None) -> None:
+    """Write ``out/tune.json`` and ``out/tune.html`` (creating ``out``), and the tuned file ``save`` when given;
+    each atomically.
+
+    Raises:
+        BubblescopeError: ``out`` cannot be a directory or a file cannot be written; ``--save`` with no value
+            that ran ok.
+    """
+    import json
+
+    from ..errors import BubblescopeError
+    from ..tuned import save_tuned
+
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise BubblescopeError(f"--out {out}: cannot create the directory ({why})") from None
+    atomic_write_text(out / "tune.json", json.dumps(doc, indent=2) + "\n")
+    write_tune_html(doc, out / "tune.html")
+    if save is not None:
+        save_tuned(doc, save)

@@ -1,0 +1,149 @@
+"""Tuned parameters per context range: written from a tune document, read by ``generate`` / ``diagnose``.
+
+A tuned file (``bubblescope.tuned/1``) holds, for one engine and one knob, the best value found at each
+measured context, each valid over a range of lengths: a range ends at the geometric mean of its context
+and the next measured one (contexts are usually powers of two apart: 128 then 4096 splits at 724), the
+last range is open. :func:`pick` returns the entry for a given length ("prepare different tile
+configurations for different length ranges").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BubblescopeError
+
+SCHEMA = "bubblescope.tuned/1"
+
+
+def best_per_context(doc: dict) -> list[dict]:
+    """Per context of a tune document: the ok row with the lowest p50 ms/token, as ``{"context", "value",
+    "text", "token_ms_p50"}``; a context where no value ran ok is left out."""
+    best = []
+    for c in doc["contexts"]:
+        cands = [(p["token_ms_p50"], row) for row in doc["rows"] if row["status"] == "ok"
+                 for p in row["points"] if p["context"] == c and p["token_ms_p50"] is not None]
+        if cands:
+            ms, row = min(cands, key=lambda t: t[0])
+            best.append({"context": c, "value": row["value"], "text": row["text"], "token_ms_p50": ms})
+    return best
+
+
+def tuned_document(doc: dict) -> dict:
+    """The ``bubblescope.tuned/1`` document of a tune document: ``{"schema", "created", "engine", "knob",
+    "model", "device", "source", "ranges": [{"max_context" (int, or None for the last), "context",
+    "params": {knob: value}, "token_ms_p50"}]}``.
+
+    Raises:
+        BubblescopeError: no value ran ok at any context (nothing to save).
+    """
+    best = best_per_context(doc)
+    if not best:
+        raise BubblescopeError("--save: no value of the knob ran ok, so there is nothing to save")
+    ranges = []
+    for i, b in enumerate(best):
+        nxt = best[i + 1]["context"] if i + 1 < len(best) else None
+        ranges.append({"max_context": None if nxt is None else int(math.sqrt(b["context"] * nxt)),
+                       "context": b["context"], "params": {doc["knob"]: b["value"]},
+                       "token_ms_p50": b["token_ms_p50"]})
+    return {"schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "engine": doc["engine"], "knob": doc["knob"], "model": doc["model"], "device": doc["device"],
+            "source": doc.get("command"), "ranges": ranges}
+
+
+def save_tuned(doc: dict, path: str | Path) -> Path:
+    """Write :func:`tuned_document` of ``doc`` to ``path`` atomically. Raises BubblescopeError as it does,
+    or when ``path`` cannot be written."""
+    from .reports.results import atomic_write_text
+    return atomic_write_text(path, json.dumps(tuned_document(doc), indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """A loaded tuned file: ``engine``, ``knob`` and ``ranges`` (as in :func:`tuned_document`)."""
+
+    path: str
+    engine: str
+    knob: str
+    ranges: tuple
+
+    def pick(self, length: int) -> dict:
+        """The range entry for a sequence of ``length`` positions: the first whose ``max_context`` is None
+        or >= ``length``."""
+        for r in self.ranges:
+            if r["max_context"] is None or length <= r["max_context"]:
+                return r
+        return self.ranges[-1]
+
+    def params(self, engine: str, length: int, device_type: str):
+        """``MegakernelParams`` for ``engine`` at ``length`` (the device's defaults plus the picked entry),
+        or None when this file tunes another engine.
+
+        Raises:
+            BubblescopeError: the picked values do not validate.
+        """
+        if engine != self.engine and not (engine == "auto" and self.engine == "megakernel"):
+            return None
+        from .megakernel_engine import CPU_PARAMS, MegakernelParams
+        base = MegakernelParams() if device_type == "cuda" else CPU_PARAMS
+        p = base.replace(**self.pick(length)["params"])
+        try:
+            p.validate()
+        except BubblescopeError as e:
+            raise BubblescopeError(f"--tuning {self.path}: {e}") from None
+        return p
+
+
+def load_tuning(path: str | Path) -> Tuning:
+    """Read and check a tuned file.
+
+    Raises:
+        BubblescopeError: missing or unreadable file, not JSON, not a ``bubblescope.tuned/1`` document, an
+            unknown engine or knob, or ranges not in increasing order.
+    """
+    from .tuning import knobs
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BubblescopeError(f"--tuning {p}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BubblescopeError(f"--tuning {p}: not a readable JSON file ({type(e).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise BubblescopeError(f"--tuning {p}: not a bubblescope tuned file (schema {got!r}, expected {SCHEMA!r}; "
+                               "write one with `bubblescope tune ... --save`)")
+    engine, knob, ranges = doc.get("engine"), doc.get("knob"), doc.get("ranges")
+    try:
+        names = {k["name"] for k in knobs(engine)} if isinstance(engine, str) else set()
+    except BubblescopeError:
+        raise BubblescopeError(f"--tuning {p}: engine {engine!r} has no tuning knobs") from None
+    if knob not in names:
+        raise BubblescopeError(f"--tuning {p}: unknown knob {knob!r} for {engine}")
+    ok = isinstance(ranges, list) and ranges and all(
+        isinstance(r, dict) and isinstance(r.get("params"), dict) and set(r["params"]) <= names
+        and (r.get("max_context") is None or isinstance(r.get("max_context"), int)) for r in ranges)
+    bounds = [r["max_context"] for r in ranges[:-1]] if ok else []
+    if not ok or None in bounds or bounds != sorted(bounds):
+        raise BubblescopeError(f"--tuning {p}: ranges must be a non-empty list of {{max_context, params}} in "
+                               "increasing order, the last one open")
+    return Tuning(str(p), engine, knob, tuple(ranges))
+
+
+def engine_params(tuning: Tuning | None, engine: str, length: int, device_type: str):
+    """What ``--tuning`` gives ``engine`` for a sequence of ``length`` positions: ``(params or None, record)``;
+    ``record`` is None without a tuning file, else ``{"path", "knob", "params", "max_context", "length"}``
+    (``params`` None and a ``reason`` when the file tunes another engine)."""
+    if tuning is None:
+        return None, None
+    p = tuning.params(engine, length, device_type)
+    if p is None:
+        return None, {"path": tuning.path, "knob": tuning.knob, "params": None, "length": length,
+                      "reason": f"the file tunes {tuning.engine}, not {engine}"}
+    r = tuning.pick(length)
+    return p, {"path": tuning.path, "knob": tuning.knob, "params": r["params"], "max_context": r["max_context"],
+               "length": length}

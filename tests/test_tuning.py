@@ -1,0 +1,172 @@
+"""``bubblescope tune`` on the Triton megakernel under the CPU interpreter (tiny-llama, few tokens), the tuned
+file, and ``--tuning`` picking the entry for the sequence length."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from bubblescope.errors import BubblescopeError  # noqa: E402
+from bubblescope.tuned import best_per_context, engine_params, load_tuning, tuned_document  # noqa: E402
+from bubblescope.tuning import knobs, parse_value, tune  # noqa: E402
+
+from .conftest import STORIES, needs_stories  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU test: the megakernel under the interpreter")
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_knob_list_and_value_parsing():
+    names = {k["name"]: k for k in knobs("megakernel")}
+    assert {"block_k", "max_rows", "rows_qkv", "programs_per_sm", "num_warps", "kv_splits", "block_s",
+            "prefetch"} <= set(names)
+    assert "timeline" not in names and "spin_cap" not in names  # switches, not knobs
+    assert parse_value(names["kv_splits"], "auto") is None and parse_value(names["block_k"], "0x100") == 256
+    assert parse_value(names["fast_launch"], "off") is False and parse_value(names["prefetch"], "line") == "line"
+    with pytest.raises(ValueError, match="block_k takes an integer, got 'big'"):
+        parse_value(names["block_k"], "big")
+    r = _cli("tune", "--list")
+    assert r.exit_code == 0 and "megakernel, megakernel-stages, megakernel-noprefetch (MegakernelParams):" in r.output
+    r = _cli("tune", "tiny-llama", "--knob", "warp_size", "--values", "1")
+    assert r.exit_code == 2 and "error: --knob: megakernel has no knob 'warp_size'" in r.output
+    r = _cli("tune", "tiny-llama", "--engine", "reference", "--knob", "block_k", "--values", "1")
+    assert r.exit_code == 2 and "'reference' has no tuning knobs" in r.output
+
+
+def test_tune_two_knobs_on_tiny_llama_with_invalid_values_as_rows(tmp_path):
+    # Knob 1 through the library: one valid value, one that fails validation.
+    doc = tune("tiny-llama", "block_k", ["64", "100"], [4, 8], steps=2)
+    ok, bad = doc["rows"]
+    assert doc["schema"] == "bubblescope.tune/1" and doc["family"] == "tile columns"
+    assert (bad["status"], bad["reason"]) == ("invalid", "megakernel params: block_k must be a power of two, got 100")
+    assert ok["status"] == "ok" and [p["context"] for p in ok["points"]] == [4, 8]
+    for p in ok["points"]:
+        assert 0 < p["token_ms_p50"] <= p["token_ms_p99"]
+        assert p["token_agreement"] == 1.0          # the reference engine, teacher-forced, picks the same tokens
+        assert 0 <= p["intrakernel_wait_ratio"] < 1  # from the kernel's own timestamps (interpreter: one program)
+        assert p["util_peak"] is None               # CPU: no peak to compare with
+    assert ok["compile"]["grid"] == 1 and ok["compile"]["registers"] is None
+    assert doc["base_params"]["max_rows"] == 512 and "block_k" not in doc["base_params"]  # CPU_PARAMS
+
+    # Knob 2 through the CLI: the output files, --save, and an invalid value as a row.
+    out = tmp_path / "out"
+    r = _cli("tune", "tiny-llama", "--knob", "kv_splits", "--values", "1,2,0", "--contexts", "4,8", "--steps", "2",
+             "--out", out, "--save", tmp_path / "tuned.json")
+    assert r.exit_code == 0, r.output
+    assert "kv_splits=0: invalid: megakernel params: kv_splits must be a positive integer, got 0" in r.output
+    doc2 = json.loads((out / "tune.json").read_text())
+    assert [row["status"] for row in doc2["rows"]] == ["ok", "ok", "invalid"]
+    html = (out / "tune.html").read_text()
+    assert "data:image/png;base64," in html and "kv_splits must be a positive integer" in html
+    # best = the lowest recorded p50 per context; the tuned ranges split at the geometric mean of 4 and 8.
+    for b in doc2["best"]:
+        p50s = {row["value"]: p["token_ms_p50"] for row in doc2["rows"] if row["status"] == "ok"
+                for p in row["points"] if p["context"] == b["context"]}
+        assert b["value"] == min(p50s, key=p50s.get)
+    tuned = json.loads((tmp_path / "tuned.json").read_text())
+    assert [r["max_context"] for r in tuned["ranges"]] == [int(math.sqrt(4 * 8)), None]
+    assert [r["params"]["kv_splits"] for r in tuned["ranges"]] == [b["value"] for b in doc2["best"]]
+
+
+def test_a_value_that_fails_to_build_is_a_row_not_a_crash(monkeypatch):
+    import bubblescope.engines as engines
+    real = engines.build_engine
+
+    def build(name, weights, max_seq_len, params=None):
+        if params is not None and params.block_s == 4:
+            raise RuntimeError("triton.runtime.errors.OutOfResources: out of resource: shared memory\nRequired: 1")
+        return real(name, weights, max_seq_len, params=params)
+    monkeypatch.setattr(engines, "build_engine", build)
+    doc = tune("tiny-llama", "block_s", ["4"], [4], steps=1)
+    assert doc["rows"][0]["status"] == "failed"
+    assert doc["rows"][0]["reason"] == "does not build: RuntimeError: triton.runtime.errors.OutOfResources: out of " \
+                                       "resource: shared memory"
+    assert doc["best"] == []
+    with pytest.raises(BubblescopeError, match="no value of the knob ran ok"):
+        tuned_document(doc)
+
+
+def _tuned_file(tmp_path, ranges):
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"schema": "bubblescope.tuned/1", "engine": "megakernel", "knob": "kv_splits",
+                                "ranges": ranges}))
+    return path
+
+
+def test_tuning_picks_the_entry_for_the_length(tmp_path):
+    from bubblescope.engines import build_engine
+    from bubblescope.models import dummy_weights, get_preset
+
+    t = load_tuning(_tuned_file(tmp_path, [{"max_context": 16, "params": {"kv_splits": 1}},
+                                           {"max_context": None, "params": {"kv_splits": 2}}]))
+    w = dummy_weights(get_preset("tiny-llama"))
+    for length, splits in ((10, 1), (16, 1), (17, 2), (40, 2)):
+        params, rec = engine_params(t, "megakernel", length, "cpu")
+        assert rec["params"] == {"kv_splits": splits}
+        eng = build_engine("megakernel", w, 48, params=params)
+        assert eng.compile_info()["tiling"]["kv_splits"] == splits  # the engine really runs with it
+    params, rec = engine_params(t, "reference", 10, "cpu")
+    assert params is None and rec["reason"] == "the file tunes megakernel, not reference"
+    with pytest.raises(BubblescopeError, match="ranges must be a non-empty list"):
+        load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": {"kv_splits": 1}},
+                                           {"max_context": 16, "params": {"kv_splits": 2}}]))
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(BubblescopeError, match="not a bubblescope tuned file"):
+        load_tuning(tmp_path / "x.json")
+    r = _cli("generate", "tiny-llama", "--engine", "megakernel", "--tuning", tmp_path / "missing.json")
+    assert r.exit_code == 2 and "--tuning" in r.output and "no such file" in r.output
+
+
+@needs_stories
+def test_generate_and_diagnose_take_tuning(tmp_path):
+    path = _tuned_file(tmp_path, [{"max_context": 16, "params": {"kv_splits": 1}},
+                                  {"max_context": None, "params": {"kv_splits": 2}}])
+    r = _cli("generate", STORIES, "--engine", "megakernel", "--prompt-ids", "1,403", "--max-new-tokens", "3",
+             "--tuning", path)
+    assert r.exit_code == 0, r.output
+    assert "--tuning: {'kv_splits': 1} (length 5)" in r.output
+    from bubblescope.diagnosis import diagnose
+    res = diagnose(str(STORIES), engines=["megakernel"], prompt_len=12, gen_len=8, runs=1, warmup=0,
+                   context_sweep=[], profile_steps=1, write=False, tuning=str(path))
+    eng = res.engines[0]
+    assert eng["status"] == "ok", eng["reason"]
+    assert eng["tuning"]["params"] == {"kv_splits": 2} and eng["tuning"]["length"] == 20
+    assert eng["compile"]["tiling"]["kv_splits"] == 2
+
+
+def test_cliffs_are_named_and_circled():
+    """A hand-made GPU-like document: one value spills, one loses residency (2 of 4 programs per SM)."""
+    from bubblescope.reports.tune_report import cliff, render_tune_html, tune_figure
+
+    def row(v, spills, per_sm, ms):
+        return {"value": v, "text": str(v), "status": "ok", "reason": None,
+                "compile": {"registers": 128, "spills": spills, "shared_bytes": 0, "programs_per_sm": per_sm,
+                            "requested_programs_per_sm": 4, "grid": 132 * per_sm},
+                "points": [{"context": 128, "token_ms_p50": ms, "token_ms_p99": ms * 1.1, "util_peak": 0.4,
+                            "intrakernel_wait_ratio": 0.3, "token_agreement": 1.0}]}
+    doc = {"engine": "megakernel", "knob": "block_k", "family": "tile columns", "contexts": [128], "steps": 8,
+           "model": {"name": "llama-3.2-1b", "dtype": "bfloat16"}, "device": {"type": "cuda", "name": "H200"},
+           "command": "bubblescope tune", "created": "now", "base_params": {"num_warps": 4},
+           "rows": [row(256, 0, 4, 1.2), row(512, 6, 4, 1.3), row(2048, 0, 2, 1.9)]}
+    doc["best"] = best_per_context(doc)
+    assert doc["best"] == [{"context": 128, "value": 256, "text": "256", "token_ms_p50": 1.2}]
+    assert [cliff(r) for r in doc["rows"]] == [None, "6 spilled words", "2 of 4 programs per SM resident"]
+    fig = tune_figure(doc)
+    circled = [c for c in fig.axes[0].collections if c.get_label() == "spills / lost residency"]
+    assert len(circled) == 1 and circled[0].get_offsets().tolist() == [[512, 1.3], [2048, 1.9]]
+    html = render_tune_html(doc)
+    assert "block_k=512: 6 spilled words" in html and "<td>1.200</td>" in html
