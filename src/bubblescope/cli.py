@@ -237,11 +237,15 @@ def report(
 def gate(
     results_path: Path = typer.Argument(..., metavar="RESULTS.json"),
     engine: Optional[str] = typer.Option(None, help="Engine to check (default: megakernel if ok, else the fastest)."),
-    min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util", help="Fraction of NVML peak."),
-    max_bubble_ratio: Optional[float] = typer.Option(None, "--max-bubble-ratio"),
-    max_token_p99_ms: Optional[float] = typer.Option(None, "--max-token-p99-ms"),
+    min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util",
+                                                       help="Lowest fraction of NVML peak bandwidth (0.35 = 35 %)."),
+    max_bubble_ratio: Optional[float] = typer.Option(None, "--max-bubble-ratio",
+                                                     help="Highest GPU idle fraction of the decode window (0-1)."),
+    max_token_p99_ms: Optional[float] = typer.Option(None, "--max-token-p99-ms", help="Highest p99 ms per token."),
     baseline: Optional[Path] = typer.Option(None, help="An older results.json to compare against."),
     max_regression: Optional[float] = typer.Option(None, "--max-regression", help="e.g. 0.05 = 5 % slower allowed."),
+    allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help="Compare against a baseline of another "
+                                        "model, dtype, device or workload anyway."),
 ):
     """CI gate: exit 0 when every check holds, 1 when one fails, 2 on unusable input."""
     from rich.console import Console
@@ -252,7 +256,8 @@ def gate(
     doc = load_results(results_path).doc
     base = load_results(baseline).doc if baseline is not None else None
     rep = run_gate(doc, engine=engine, min_bandwidth_util=min_bandwidth_util, max_bubble_ratio=max_bubble_ratio,
-                   max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression)
+                   max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression,
+                   allow_mismatch=allow_mismatch)
     render_gate(rep, Console())
     raise typer.Exit(rep.exit_code)
 
