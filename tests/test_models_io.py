@@ -246,6 +246,12 @@ def test_integer_weights_are_refused(tmp_path):
     (["generate", "tiny-llama", "--seed", str(10**23)], "error: --seed: must fit in 64 bits"),
     (["generate", "tiny-llama", "--prompt", "\udcff\udcfe"], "error: --prompt: not valid UTF-8 text"),
     (["diagnose", "model", "tiny-llama", "--engines", ",,"], "error: --engines: no engine names in ',,'"),
+    # issue 11 #2: top-p 0 keeps no token (was a 46-line traceback); a non-UTF-8 --out broke trace export.
+    (["generate", "tiny-llama", "--temperature", "1", "--top-p", "0"], "error: --top-p: must be in (0, 1]"),
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/\udcff"],
+     "error: --out: path '{tmp}/?' is not valid UTF-8"),
+    (["generate", "tiny-llama", "--prompt", "hi", "--prompt-ids", "1,2"],
+     "error: --prompt and --prompt-ids: give one of them, not both"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/file"],
      "error: --out {tmp}/file: cannot create the output directory (Not a directory)"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/taken"],

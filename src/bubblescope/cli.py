@@ -45,6 +45,18 @@ def _ints(text: str | None, label: str) -> list[int] | None:
         raise BubblescopeError(f"{label}: expected comma-separated integers, got {text!r}") from None
 
 
+def _path(path: Path | None, label: str) -> Path | None:
+    """``path`` unchanged, or a one-line error when it is not valid UTF-8 (undecodable bytes in argv arrive
+    as lone surrogates, which the trace exporter and the JSON/HTML writers cannot encode)."""
+    if path is not None:
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BubblescopeError(f"{label}: path {str(path).encode('utf-8', 'replace').decode()!r} is not "
+                                   "valid UTF-8; use a path in the terminal's encoding") from None
+    return path
+
+
 def _seed(seed: int) -> int:
     # torch.Generator.manual_seed takes 64 bits; beyond that it raises a bare ValueError.
     if not -(1 << 63) <= seed < 1 << 64:
@@ -60,11 +72,11 @@ def generate(
     tokenizer: Optional[str] = typer.Option(None, help="tokenizer.json or llama2.c tokenizer .bin."),
     prompt: str = typer.Option("", help="Prompt text (needs a tokenizer)."),
     prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="Prompt as comma-separated token ids."),
-    max_new_tokens: int = typer.Option(128, min=1),
+    max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate after the prompt."),
     temperature: float = typer.Option(0.0, min=0.0, help="0 means greedy."),
-    top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
-    top_p: float = typer.Option(1.0, min=0.0, max=1.0),
-    seed: int = typer.Option(0),
+    top_k: int = typer.Option(0, min=0, help="Keep the k most likely tokens; 0 disables top-k."),
+    top_p: float = typer.Option(1.0, max=1.0, help="Nucleus sampling mass in (0, 1]; 1 disables top-p."),
+    seed: int = typer.Option(0, help="Seed of the sampler and of dummy weights."),
     engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, ...)."),
     mode: str = typer.Option("eager", help="Reference engine mode: eager, cudagraph or compile."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
@@ -74,12 +86,15 @@ def generate(
     import torch
 
     from .engines import build_engine, prepare_triton
-    from .generation import SamplingParams
+    from .generation import SamplingParams, TextStream
     from .generation import generate as run
     from .models import load_model, parse_dtype, resolve_device
     from .models.loader import KNOWN_FILES, model_search_dirs
 
     seed = _seed(seed)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if prompt and prompt_ids is not None:
+        raise BubblescopeError("--prompt and --prompt-ids: give one of them, not both")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
@@ -117,16 +132,13 @@ def generate(
         raise BubblescopeError(f"--prompt: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
                                f"model's {cfg.max_position_embeddings} positions")
     dec = build_engine(name, loaded.weights, max_seq)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
         # the ms/token the user reads.
         run(dec, ids[:1], 3, eos_ids=())
-    res = run(dec, ids, max_new_tokens, params)
-    if tok is not None:
-        typer.echo(tok.decode(ids + res.tokens))
-    else:
-        typer.echo(" ".join(str(t) for t in ids + res.tokens))
+    stream = TextStream(tok, ids, sys.stdout)
+    res = run(dec, ids, max_new_tokens, params, on_token=stream.push)
+    stream.close()
     n = len(res.token_ms)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
@@ -159,6 +171,7 @@ def diagnose_model(
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
 
+    _path(out, "--out")
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     seed = _seed(seed)
@@ -218,6 +231,9 @@ def report(
 
     if fmt not in ("text", "json"):  # before anything is written
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    _path(html, "--html")
+    if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
+        raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
     results = load_results(results_path)
     if html is not None:
         from .reports.html import write_html
