@@ -90,3 +90,101 @@ def test_stream_without_tokenizer_writes_ids():
     assert out.getvalue() == "1 5 7"
     s.close()
     assert out.getvalue() == "1 5 7\n"
+
+
+def _diagnose(out, **kw):
+    from bubblescope.diagnosis import diagnose
+    return diagnose("tiny-llama", engines=["reference"], prompt_len=4, gen_len=3, runs=1, warmup=0,
+                    profile_steps=2, device="cpu", out=out, **kw)
+
+
+def test_an_interrupted_run_leaves_the_previous_run_and_a_new_run_leaves_no_stale_traces(tmp_path, monkeypatch):
+    """Ctrl-C left the previous results.json/report.html beside new traces, and a run with fewer engines kept
+    old traces (CI uploaded them). Now the folder holds one complete run: the old one after an interrupt,
+    the new one (and only its traces) after success. A file of the user's own is never touched."""
+    import bubblescope.diagnosis as dg
+
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    (out / "traces" / "megakernel.json.gz").write_bytes(b"old trace")
+    (out / "results.json").write_text("old results")
+    (out / "report.html").write_text("old report")
+    (out / "notes.txt").write_text("mine")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    real = dg._profile
+
+    def interrupted(name, engine, entry, ctx):
+        real(name, engine, entry, ctx)  # the new trace is written (into the staging folder) ...
+        raise KeyboardInterrupt         # ... then the user presses Ctrl-C
+
+    monkeypatch.setattr(dg, "_profile", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _diagnose(out)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before and sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.html",
+                                                                         "results.json", "traces"]
+    monkeypatch.setattr(dg, "_profile", real)
+    _diagnose(out)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.html", "results.json", "traces"]
+    assert [p.name for p in (out / "traces").iterdir()] == ["reference.json.gz"]
+    doc = json.loads((out / "results.json").read_text())
+    assert [e["name"] for e in doc["engines"]] == ["reference"]
+    assert doc["engines"][0]["trace_path"] == "traces/reference.json.gz"
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("model, expected", [
+    (None, "model: none given and stories260k's weights file was not found (searched {tmp}"),
+    ("stories260k", "model: stories260k's weights file was not found (searched {tmp}"),
+])
+def test_a_missing_model_file_is_said_in_the_report(tmp_path, monkeypatch, model, expected):
+    """`make diagnose` without the stories260K file silently measured tiny-llama dummy weights: the report
+    must say what was looked for, where, and what was measured instead."""
+    from rich.console import Console
+
+    import bubblescope.models.loader as loader
+    from bubblescope.diagnosis import diagnose
+    from bubblescope.reports.terminal import render_results
+
+    monkeypatch.setattr(loader, "model_search_dirs", lambda: [tmp_path / "models"])
+    res = diagnose(model, engines=["reference"], prompt_len=4, gen_len=3, runs=1, warmup=0, profile_steps=2,
+                   device="cpu", write=False)
+    notes = res.doc["device"]["notes"]
+    assert any(n.startswith(expected.format(tmp=tmp_path)) for n in notes), notes
+    assert res.doc["model"]["source"] == "dummy"
+    console = Console(record=True, width=200)
+    render_results(res, console)
+    assert expected.format(tmp=tmp_path) in console.export_text()
+
+
+def test_diagnose_trace_reads_the_trace_files_of_a_folder_and_skips_the_rest(tmp_path):
+    """`diagnose trace DIR` stopped at the first non-trace file (the run's own results.json). A diagnose
+    output folder holds results.json, report.html and traces; each non-trace file gets one note."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    from . import tracegen as tg
+    big = {"schemaVersion": 1, "deviceProperties": [{"id": i, "pad": "x" * 4000} for i in range(8)]}
+    tg.write(tmp_path / "a.json.gz", tg.document(tg.decode_trace_events()))
+    tg.write(tmp_path / "b.pt.trace.json", {**big, "traceEvents": tg.decode_trace_events()})  # key after 32 kB
+    (tmp_path / "results.json").write_text(json.dumps(g.healthy_doc()))
+    (tmp_path / "report.html").write_text("<!DOCTYPE html>")
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    (tmp_path / "traces").mkdir()
+    r = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert [f["path"] for f in summary["files"]] == [str(tmp_path / "a.json.gz"), str(tmp_path / "b.pt.trace.json")]
+    # The numbers are those of the same trace read directly (test_trace_metrics checks them by hand).
+    assert summary["files"][0]["devices"] == summary["files"][1]["devices"]
+    assert r.stderr.splitlines() == [
+        f"note: skipped {tmp_path / 'other.json'}: JSON without traceEvents (not a Chrome trace)",
+        f"note: skipped {tmp_path / 'report.html'}: not JSON",
+        f"note: skipped {tmp_path / 'results.json'}: a bubblescope results document (read it with "
+        "`bubblescope report`)"]
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and r.stderr == f"error: {tmp_path / 'empty'}: directory holds no Chrome trace file (it is empty)\n"

@@ -195,7 +195,8 @@ def diagnose_model(
 @diagnose_app.command("trace")
 @user_errors
 def diagnose_trace(
-    paths: List[Path] = typer.Argument(..., help="Kineto / torch.profiler Chrome traces (.json or .json.gz)."),
+    paths: List[Path] = typer.Argument(..., help="Kineto / torch.profiler Chrome traces (.json or .json.gz), "
+                                       "or directories: their trace files are read, other files skipped with a note."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     step_marker: Optional[str] = typer.Option(None, "--step-marker", help="record_function name (or prefix) "
                                               "of a decode step (default: bubblescope.decode_step)."),
@@ -206,10 +207,14 @@ def diagnose_trace(
     import json
 
     from .profiler.tracesummary import summarize_traces
+    from .trace_inputs import trace_files
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    summary = summarize_traces([str(p) for p in paths], step_marker=step_marker, threshold_us=idle_threshold_us)
+    files, skipped = trace_files([_path(p, "PATHS") for p in paths])
+    for note in skipped:
+        typer.echo(f"note: {note}", err=True)
+    summary = summarize_traces(files, step_marker=step_marker, threshold_us=idle_threshold_us)
     if fmt == "json":
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
