@@ -202,6 +202,7 @@ def diagnose_trace(
                                               "of a decode step (default: bubblescope.decode_step)."),
     idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
                                             help="Gaps shorter than this (µs) count as kernel-wait."),
+    wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
 ):
     """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces."""
     import json
@@ -221,7 +222,7 @@ def diagnose_trace(
         from rich.console import Console
 
         from .reports.trace_terminal import render_trace_summary
-        render_trace_summary(summary, Console())
+        render_trace_summary(summary, Console(), wide=wide)
 
 
 @app.command()

@@ -382,8 +382,21 @@ def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
         from .megakernel_engine.timeline import chrome_events, intrakernel_summary
         df = intra.frame
         entry["intrakernel"] = intrakernel_summary(df)
+        entry["intrakernel"]["activity"] = _activity(df, engine, ctx)
         append_trace_events(cap.trace_path, chrome_events(df, ts_offset_us=intra.ts_offset_us))
     entry["trace_path"] = str(path.relative_to(out)) if ctx["write"] else None
+
+
+def _activity(df, engine, ctx: dict) -> dict | None:
+    """The binned megakernel view of the profiled step (all programs), bandwidth estimated from the
+    tasks' bytes at the step's context (prompt + half the profiled steps)."""
+    from .profiler.intrakernel import activity_profile, opcode_bytes
+
+    weights = ctx["loaded"].weights
+    context = len(ctx["prompt"]) + ctx["profile_steps"] // 2
+    grid = getattr(engine, "compile_info", lambda: {})() or {}
+    return activity_profile(df, programs=grid.get("grid"),
+                            bytes_by_opcode=opcode_bytes(weights.config, weights.dtype.itemsize, context))
 
 
 def _tmpdir() -> str:

@@ -32,6 +32,8 @@ class RunFolder:
 
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
+        if self.out.exists() and not self.out.is_dir():
+            raise BubblescopeError(f"--out {self.out}: cannot create the output directory (Not a directory)")
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             for stale in self.out.glob(PREFIX + "*"):  # left by a run that was killed outright
