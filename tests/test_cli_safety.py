@@ -188,3 +188,21 @@ def test_diagnose_trace_reads_the_trace_files_of_a_folder_and_skips_the_rest(tmp
     (tmp_path / "empty").mkdir()
     r = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path / "empty")])
     assert r.exit_code == 2 and r.stderr == f"error: {tmp_path / 'empty'}: directory holds no Chrome trace file (it is empty)\n"
+
+
+def test_every_option_and_argument_has_help_text():
+    """Many `diagnose model` options had no help text."""
+    import typer.main
+
+    from bubblescope.cli import app
+    group = typer.main.get_command(app)
+    missing = []
+
+    def walk(cmd, path):
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub, path + [sub.name])
+        for p in getattr(cmd, "params", []):
+            if not (getattr(p, "help", None) or "").strip() and p.name != "help":
+                missing.append(" ".join(path) + f" {p.name}")
+    walk(group, ["bubblescope"])
+    assert missing == []

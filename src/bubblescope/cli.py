@@ -107,6 +107,8 @@ def generate(
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
     loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
     cfg, tok = loaded.config, loaded.tokenizer
+    for warning in loaded.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if prompt_ids is not None:
         ids = _ints(prompt_ids, "--prompt-ids")
     elif prompt and tok is None:
@@ -154,19 +156,25 @@ def generate(
 def diagnose_model(
     model: Optional[str] = typer.Argument(None, help="Preset, checkpoint directory, config.json or llama2.c .bin "
                                           "(default: llama-3.2-1b on a GPU, stories260k or tiny-llama on CPU)."),
-    checkpoint: Optional[str] = typer.Option(None),
-    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all)."),
-    prompt_len: Optional[int] = typer.Option(None, "--prompt-len"),
-    gen_len: Optional[int] = typer.Option(None, "--gen-len"),
-    runs: int = typer.Option(3),
-    warmup: int = typer.Option(1),
-    context_sweep: Optional[str] = typer.Option(None, "--context-sweep", help="e.g. 128,1024,4096; 'none' for none."),
-    profile_steps: int = typer.Option(8, "--profile-steps"),
-    dtype: Optional[str] = typer.Option(None),
-    device: Optional[str] = typer.Option(None),
-    out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/."),
+    checkpoint: Optional[str] = typer.Option(None, help="Weights to load instead of MODEL's (HF directory or "
+                                             "llama2.c .bin)."),
+    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all; see `bubblescope "
+                                          "engines`)."),
+    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens (default: 128 on a GPU, "
+                                             "16 on CPU)."),
+    gen_len: Optional[int] = typer.Option(None, "--gen-len", help="Tokens generated per timed run (default: 128 "
+                                          "on a GPU, 32 on CPU)."),
+    runs: int = typer.Option(3, help="Timed generations per engine (their tokens are pooled for p50/p99)."),
+    warmup: int = typer.Option(1, help="Untimed generations per engine before the timed runs."),
+    context_sweep: Optional[str] = typer.Option(None, "--context-sweep", help="Contexts to time, e.g. 128,1024,4096 "
+                                                "(default on a GPU; none on CPU); 'none' for none."),
+    profile_steps: int = typer.Option(8, "--profile-steps", help="Decode steps captured in each engine's trace."),
+    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
+    out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/ "
+                             "(replaced together at the end of the run; other files are kept)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the prompt, the dummy weights and the sampler."),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
@@ -228,8 +236,8 @@ def diagnose_trace(
 @app.command()
 @user_errors
 def report(
-    results_path: Path = typer.Argument(..., metavar="RESULTS.json"),
-    html: Optional[Path] = typer.Option(None, help="Also write the HTML report here."),
+    results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="A results.json of `diagnose model`."),
+    html: Optional[Path] = typer.Option(None, help="Also write the HTML report here (not over RESULTS.json)."),
     fmt: str = typer.Option("text", "--format", help="text (rich) or json."),
 ):
     """Re-render a results.json (terminal and/or HTML) without measuring anything."""
@@ -257,7 +265,7 @@ def report(
 @app.command()
 @user_errors
 def gate(
-    results_path: Path = typer.Argument(..., metavar="RESULTS.json"),
+    results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="The results.json to check."),
     engine: Optional[str] = typer.Option(None, help="Engine to check (default: megakernel if ok, else the fastest)."),
     min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util",
                                                        help="Lowest fraction of NVML peak bandwidth (0.35 = 35 %)."),

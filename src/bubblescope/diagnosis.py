@@ -207,7 +207,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                 raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
     info = device_info(dev if on_gpu else "cpu")
     copy = measure_copy_bandwidth(dev) if on_gpu else {"copy_GBps": None, "reason": "CPU run"}
-    notes = model_notes(requested, model, loaded.source, dev) + list(info.get("notes") or [])
+    notes = model_notes(requested, model, loaded.source, dev) + loaded.warnings + list(info.get("notes") or [])
     if not on_gpu:
         notes.append("CPU only: no GPU on this machine, so GPU timeline and bandwidth metrics are unavailable")
     if copy.get("reason") and on_gpu:

@@ -218,7 +218,7 @@ def chosen_programs(tasks: list[dict], k: int = GANTT_PROGRAMS) -> list[int]:
     picks = [by_wait[-1], by_wait[0], by_wait[len(by_wait) // 2]]
     spread = sorted(waits)
     picks += [spread[round(i * (len(spread) - 1) / max(k - 1, 1))] for i in range(k)]
-    return sorted(dict.fromkeys(picks))[:k] if len(waits) > k else sorted(waits)
+    return sorted(list(dict.fromkeys(picks))[:k]) if len(waits) > k else sorted(waits)
 
 
 def intrakernel_figure(engine: dict, device: dict | None = None):
