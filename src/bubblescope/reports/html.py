@@ -49,7 +49,7 @@ def _kernel_tables(engines: list[dict]) -> list[dict]:
 
 
 def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
-    from .plots import intrakernel_figure
+    from .plots import chosen_programs, intrakernel_figure
 
     out = []
     for eng in engines:
@@ -58,6 +58,7 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
             continue
         out.append({
             "name": eng["name"], "plot": _png_uri(intrakernel_figure(eng, device)),
+            "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
             "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
                       ("tasks per step", tables.fmt(ik.get("tasks_per_step")))],
