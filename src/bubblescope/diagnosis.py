@@ -231,10 +231,14 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         "engines": [],
         "findings": [],
     }
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
     # Everything is written into a staging folder and published at the end (see outdir.RunFolder).
     with (RunFolder(out) if write else nullcontext()) as stage:
-        results = _run_engines(doc, loaded, names, skips, prompt_len, gen_len, runs, warmup, sweep, max_seq,
-                               stage.stage if write else out, profile_steps, write, seed, progress, dev)
+        ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
+                   max_seq=max_seq, out=stage.stage if write else out, profile_steps=profile_steps, write=write,
+                   seed=seed)
+        results = _run_engines(names, skips, ctx, progress)
         if write:
             from .reports.html import write_html
             from .reports.results import write_results
@@ -244,17 +248,14 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     return results
 
 
-def _run_engines(doc, loaded, names, skips, prompt_len, gen_len, runs, warmup, sweep, max_seq, out,
-                 profile_steps, write, seed, progress, dev):
-    """Measure each engine into ``doc`` (traces under ``out/traces``); findings; the :class:`Results`."""
+def _run_engines(names: list[str], skips: dict[str, str], ctx: dict, progress: bool):
+    """Measure each engine into ``ctx["doc"]`` (traces under ``ctx["out"]/traces``), add the findings and
+    return the :class:`Results`."""
     from .reports.findings import find
     from .reports.results import Results
 
-    cfg, on_gpu, notes = loaded.config, dev.type == "cuda", doc["device"]["notes"]
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
-    ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
-               max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed)
+    doc, dev = ctx["doc"], ctx["loaded"].weights.device
+    on_gpu, notes = dev.type == "cuda", doc["device"]["notes"]
     oracle = None
     with _Progress(progress, total=len(names)) as bar:
         for name in names:

@@ -14,7 +14,7 @@ from .results import dig, ordered
 _DPI = 100
 _SAVE_DPI = 200  # high-DPI PNG: sharp on a 2x screen and when zoomed
 _WIDTH_IN = 10.0
-_WAIT_COLOUR = "#d9d9d9"
+_WAIT_COLOUR = "#a0a0a0"
 
 
 def _new_figure(height_in: float, rows: int = 1, cols: int = 1, **subplot_kw):
@@ -205,7 +205,7 @@ def sweep_figure(engines: list[dict], device: dict):
 
 
 GANTT_PROGRAMS = 6
-_IDLE_COLOUR = "#f4f4f4"
+_IDLE_COLOUR = "#ececec"
 
 
 def chosen_programs(tasks: list[dict], k: int = GANTT_PROGRAMS) -> list[int]:
@@ -244,12 +244,15 @@ def intrakernel_figure(engine: dict, device: dict | None = None):
     peak = (device or {}).get("nvml_peak_GBps")
     has_bw = bool(act and act.get("GBps"))
     picks = chosen_programs(tasks) if tasks else []
+    # Interpreter runs last seconds: label in ms then, so the axis never needs a "1e6" offset.
+    span_us = (act["bin_us"] * len(act["t_us"])) if act else max(t["end_us"] for t in tasks)
+    unit, scale = ("ms", 1e-3) if span_us >= 10_000 else ("µs", 1.0)
     heights = [3.0] + ([2.0] if has_bw else []) + ([0.5 + 0.4 * len(picks)] if picks else [])
     fig, axes = _new_figure(1.0 + sum(heights) * 0.9, rows=len(heights), sharex=True,
                             gridspec_kw={"height_ratios": heights})
     ax = axes[0]
     if act:
-        t = [x + act["bin_us"] / 2 for x in act["t_us"]]
+        t = [(x + act["bin_us"] / 2) * scale for x in act["t_us"]]
         n = act["programs"] or 1
         layers = [(op, colours[op]) for op in opcodes if op in act["states"]] + [
             (WAITING, _WAIT_COLOUR), (IDLE, _IDLE_COLOUR)]
@@ -266,7 +269,7 @@ def intrakernel_figure(engine: dict, device: dict | None = None):
     if has_bw:
         bw_ax = axes[row]
         row += 1
-        t = [x + act["bin_us"] / 2 for x in act["t_us"]]
+        t = [(x + act["bin_us"] / 2) * scale for x in act["t_us"]]
         bw_ax.plot(t, act["GBps"], color="#4c72b0", linewidth=1.2, label="weights + KV streamed (estimate)")
         if peak:
             bw_ax.axhline(peak, color="#c44e52", linestyle="--", label=f"NVML peak {peak:,.0f} GB/s")
@@ -278,20 +281,21 @@ def intrakernel_figure(engine: dict, device: dict | None = None):
     if picks:
         g_ax = axes[row]
         t0 = min(t["start_us"] for t in tasks)
-        if act is not None and ik.get("activity") is None:
-            t0 = min(t["start_us"] for t in tasks)
         rows = {p: i for i, p in enumerate(picks)}
         shown = [t for t in tasks if t["program"] in rows]
-        _bars(g_ax, [t["start_us"] - t0 for t in shown], [max(t["ready_us"] - t["start_us"], 0) for t in shown],
+        _bars(g_ax, [(t["start_us"] - t0) * scale for t in shown],
+              [max(t["ready_us"] - t["start_us"], 0) * scale for t in shown],
               [rows[t["program"]] - 0.4 for t in shown], 0.8, [_WAIT_COLOUR] * len(shown))
-        _bars(g_ax, [t["ready_us"] - t0 for t in shown], [max(t["end_us"] - t["ready_us"], 0) for t in shown],
+        _bars(g_ax, [(t["ready_us"] - t0) * scale for t in shown],
+              [max(t["end_us"] - t["ready_us"], 0) * scale for t in shown],
               [rows[t["program"]] - 0.4 for t in shown], 0.8, [colours[str(t["opcode"])] for t in shown])
         g_ax.set_yticks(range(len(picks)), [f"program {p}" for p in picks], fontsize=8)
         g_ax.set_ylim(len(picks) - 0.5, -0.5)
-        g_ax.set_title(f"(c) {len(picks)} chosen programs at full resolution (most, least and median waiting)",
+        g_ax.set_title(f"(c) {len(picks)} chosen program{'s' if len(picks) > 1 else ''} at full resolution "
+                       "(most, least and median waiting)",
                        fontsize=9, loc="left")
         if not act:
             _legend(g_ax, {**colours, "waiting on a dependency": _WAIT_COLOUR}, loc="upper left",
                     bbox_to_anchor=(1.01, 1.0), frameon=False)
-    axes[-1].set_xlabel("µs since the step's first task")
+    axes[-1].set_xlabel(f"{unit} since the step's first task")
     return fig

@@ -27,16 +27,17 @@ TIMELINE_COLUMNS = (
     ("launches\n/step", ("timeline", "launches_per_step"), "count"),
     ("bubble\nratio", ("timeline", "bubble_ratio"), "ratio"),
     ("launch\nshare", ("timeline", "launch_share"), "pct"),
-    ("host sync\nwait", ("timeline", "sync_share"), "pct"),
+    ("sync\nwait", ("timeline", "sync_share"), "pct"),
     ("token\nagreement", ("correctness", "token_agreement"), "pct"),
 )
 # The sync share is host time blocked in cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
-SYNC_NOTE = ("host sync wait: share of the step the host spends blocked in a synchronize call; high when the "
+SYNC_NOTE = ("sync wait: share of the step the host spends blocked in a synchronize call; high when the "
              "GPU is busy and the host has nothing else to do, which costs nothing by itself")
 HEADLINE = LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + TIMELINE_COLUMNS[1:]
 
 def fmt(value, kind: str = "num") -> str:
-    """Format one value for display: ``ms`` (3 decimals), ``rate`` (1), ``gbps`` (0), ``pct``
+    """Format one value for display: ``ms`` (3 decimals), ``rate`` (1), ``gbps`` (0; 2 significant
+    digits below 10), ``pct``
     (a fraction as a percentage, 1 decimal), ``ratio`` (3), ``count`` (integer or 1 decimal),
     ``bytes`` (GB/MB/kB, decimal units), ``text``, ``num`` (6 significant digits). None gives "—"."""
     if value is None:
@@ -47,8 +48,8 @@ def fmt(value, kind: str = "num") -> str:
         return f"{value:.3f}"
     if kind == "rate":
         return f"{value:.1f}"
-    if kind == "gbps":
-        return f"{value:.0f}"
+    if kind == "gbps":  # a CPU run of a tiny model streams a few hundredths of a GB/s: not "0"
+        return f"{value:.0f}" if abs(value) >= 10 or value == 0 else f"{value:.2g}"
     if kind == "pct":
         return f"{value * 100:.1f} %"
     if kind == "ratio":
