@@ -203,3 +203,29 @@ def test_sweep_and_latency_axes_go_log_across_a_decade_and_keep_legends_off_the_
     assert fig.axes[0].get_xscale() == "log"
     same = plots.sweep_figure(g.healthy_doc()["engines"][:2], doc["device"])
     assert same.axes[1].get_yscale() == "linear"
+
+
+def test_activity_of_a_real_megakernel_step_conserves_programs_and_bytes():
+    """On a real (interpreted) megakernel step's frame: at every bin, busy + waiting + idle = programs; the
+    bandwidth curve integrates back to the tasks' bytes, which sum to the config's matrices per layer plus
+    the LM head plus the KV cache at the context (hand formula from the config fields)."""
+    import torch
+
+    from bubblescope.megakernel_engine import MegakernelEngine
+    from bubblescope.models.weights import dummy_weights
+    from bubblescope.profiler.intrakernel import activity_profile, opcode_bytes
+
+    from . import test_megakernel as tm
+    cfg = tm.TINY["gqa-tied-llama3"]
+    e = MegakernelEngine(dummy_weights(cfg), params=tm.MID, max_seq_len=16)
+    e.prefill(torch.tensor([1, 2]))
+    with e.timeline() as rec:
+        e.decode(3)
+    act = activity_profile(rec.frame, bins=50, bytes_by_opcode=opcode_bytes(cfg, 4, context=3))
+    total = [sum(v[i] for v in act["states"].values()) for i in range(50)]
+    assert total == pytest.approx([1.0] * 50, abs=1e-3) and act["programs"] == 1
+    h, hd, nh, nkv, inter = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads,
+                             cfg.intermediate_size)
+    per_layer = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * inter + 2 * nkv * hd * 3
+    assert act["bytes"] == pytest.approx(4 * (cfg.num_hidden_layers * per_layer + cfg.vocab_size * h))
+    assert sum(act["GBps"]) * act["bin_us"] * 1e3 == pytest.approx(act["bytes"], rel=1e-3)
