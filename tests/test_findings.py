@@ -24,7 +24,7 @@ def test_launch_bound():
     tl = g.engine(doc, "reference-cudagraph")["timeline"]
     tl.update(bubble_ratio=0.62, kernels_per_step=412, launches_per_step=412, launch_share=0.55)
     f = _only(find(doc), "launch-bound")
-    assert f["engine"] == "reference-cudagraph" and f["severity"] == "warn"
+    assert f["engine"] == "reference-cudagraph" and f["severity"] == "problem"
     assert f["evidence"] == {"bubble_ratio": 0.62, "kernels_per_step": 412, "launches_per_step": 412,
                              "launch_share": 0.55}
     assert "62%" in f["title"] and "412 kernels" in f["title"]
@@ -53,7 +53,7 @@ def test_near_bandwidth_limit_is_good_news():
     doc = g.healthy_doc()
     g.engine(doc, "megakernel")["bandwidth"]["util_peak"] = 0.86
     f = _only(find(doc), "near-bandwidth-limit")
-    assert f["severity"] == "good"
+    assert f["severity"] == "info"
     assert f["evidence"] == {"util_peak": 0.86, "effective_GBps": 3106.6, "util_copy": 0.7293}
 
 

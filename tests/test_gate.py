@@ -85,7 +85,7 @@ def test_baseline_metric_missing_fails_closed():
     ({}, "no checks requested"),
     ({"engine": "nope", "max_bubble_ratio": 0.1}, "engine 'nope': not in the results"),
     ({"engine": "hf", "max_bubble_ratio": 0.1}, "engine 'hf': status skipped (transformers is not installed)"),
-    ({"min_bandwidth_util": -0.1}, "min_bandwidth_util must be a number >= 0"),
+    ({"min_bandwidth_util": -0.1}, "min_bandwidth_util must be a number in [0, 1]"),
     ({"max_bubble_ratio": 1.5}, "max_bubble_ratio must be a number in [0, 1]"),
     ({"max_token_p99_ms": float("nan")}, "max_token_p99_ms must be a number >= 0"),
     ({"max_regression": 0.05}, "--baseline and --max-regression must be given together"),
@@ -158,3 +158,47 @@ def test_report_with_a_bad_format_writes_no_html(tmp_path):
     (tmp_path / "dir.html").mkdir()
     r = _run_cli("report", tmp_path / "r.json", "--html", tmp_path / "dir.html")
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {tmp_path / 'dir.html'}: exists and is not a regular file")
+
+
+@pytest.mark.parametrize("path, value, shown", [
+    (("model", "name"), "stories260k", "model: llama-3.2-1b vs baseline stories260k"),
+    (("model", "dtype"), "float32", "dtype: bfloat16 vs baseline float32"),
+    (("device", "name"), "x86_64 (2 cores)", "device: NVIDIA H200 vs baseline x86_64 (2 cores)"),
+    (("workload", "gen_len"), 32, "gen_len: 128 vs baseline 32"),
+])
+def test_baseline_of_another_model_device_or_workload_is_refused(tmp_path, path, value, shown):
+    """Issue 11 #1: an H200 llama-3.2-1b run gated against a CPU stories260K baseline passed. The two must
+    agree on model, dtype, device name and workload, or the gate exits 2 unless --allow-mismatch."""
+    import json
+
+    base = g.healthy_doc()
+    base[path[0]][path[1]] = value
+    # A faster baseline: the regression checks would fail if they ran.
+    for eng in base["engines"]:
+        if eng["status"] == "ok":
+            eng["latency"]["token_ms_p50"] *= 0.5
+            eng["bandwidth"]["effective_GBps"] /= 0.5
+    with pytest.raises(BubblescopeError, match="baseline is not comparable") as info:
+        run_gate(g.healthy_doc(), baseline=base, max_regression=0.05)
+    assert shown in str(info.value) and "--allow-mismatch" in str(info.value)
+    assert run_gate(g.healthy_doc(), baseline=base, max_regression=0.05, allow_mismatch=True).exit_code == 1
+    (tmp_path / "new.json").write_text(json.dumps(g.healthy_doc()))
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    r = _run_cli("gate", tmp_path / "new.json", "--baseline", tmp_path / "base.json", "--max-regression", "0.05")
+    assert r.exit_code == 2 and r.stderr.startswith("error: gate: the baseline is not comparable (")
+    r = _run_cli("gate", tmp_path / "new.json", "--baseline", tmp_path / "base.json", "--max-regression", "0.05",
+                 "--allow-mismatch")
+    assert r.exit_code == 1 and "regression_token_ms_p50" in r.stdout
+
+
+@pytest.mark.parametrize("option, value, hint", [
+    ("--min-bandwidth-util", "35", "did you mean 0.35 for 35 %?"),
+    ("--max-bubble-ratio", "20", "did you mean 0.2 for 20 %?"),
+])
+def test_a_limit_given_in_percent_gets_a_hint(tmp_path, option, value, hint):
+    """Issue 11: a gate limit given in percent (35 for 0.35) is an error with the fraction suggested."""
+    import json
+
+    (tmp_path / "r.json").write_text(json.dumps(g.healthy_doc()))
+    r = _run_cli("gate", tmp_path / "r.json", option, value)
+    assert r.exit_code == 2 and hint in r.stderr and len(r.stderr.strip().splitlines()) == 1

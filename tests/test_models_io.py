@@ -246,6 +246,12 @@ def test_integer_weights_are_refused(tmp_path):
     (["generate", "tiny-llama", "--seed", str(10**23)], "error: --seed: must fit in 64 bits"),
     (["generate", "tiny-llama", "--prompt", "\udcff\udcfe"], "error: --prompt: not valid UTF-8 text"),
     (["diagnose", "model", "tiny-llama", "--engines", ",,"], "error: --engines: no engine names in ',,'"),
+    # issue 11 #2: top-p 0 keeps no token (was a 46-line traceback); a non-UTF-8 --out broke trace export.
+    (["generate", "tiny-llama", "--temperature", "1", "--top-p", "0"], "error: --top-p: must be in (0, 1]"),
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/\udcff"],
+     "error: --out: path '{tmp}/?' is not valid UTF-8"),
+    (["generate", "tiny-llama", "--prompt", "hi", "--prompt-ids", "1,2"],
+     "error: --prompt and --prompt-ids: give one of them, not both"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/file"],
      "error: --out {tmp}/file: cannot create the output directory (Not a directory)"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/taken"],
@@ -267,3 +273,24 @@ def test_cli_option_errors_are_one_line(tmp_path, args, message):
     assert r.exit_code == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.output
     assert r.stderr.startswith(fill(message)) and r.stdout == ""
     assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["results.json"]
+
+
+def test_non_finite_weights_are_warned_about(tmp_path):
+    """NaN weights generated garbage silently; the warning names the tensor and counts its NaN/Inf elements
+    (here 2 set by hand), in `generate` (stderr) and in diagnose's notes."""
+    from safetensors.torch import load_file, save_file
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    from bubblescope.models import load_model
+    save_hf_checkpoint(dummy_weights(TINY), tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    w = sd["model.layers.1.mlp.down_proj.weight"]
+    w[0, 0], w[3, 5] = float("nan"), float("inf")
+    save_file(sd, tmp_path / "model.safetensors")
+    expected = (f"weights: 1 tensor holds NaN or Inf values (model.layers.1.mlp.down_proj.weight: 2 of {w.numel()}); "
+                "logits and generated text will be garbage")
+    assert load_model(str(tmp_path)).warnings == [expected]
+    assert load_model("tiny-llama").warnings == []
+    r = CliRunner().invoke(app, ["generate", str(tmp_path), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
+    assert r.exit_code == 0 and f"warning: {expected}\n" in r.stderr

@@ -46,7 +46,7 @@ def test_terminal_report_shows_the_document_numbers():
     assert ref[1].split() == ["reference-cudagraph", "180", "1", "0.060", "1.2", "%", "85.0", "%", "100.0", "%"]
     assert "hf: skipped — transformers is not installed" in text
     assert "reference-compile: failed — torch.compile raised InductorError" in text
-    assert "bubble_ratio=0.62, kernels_per_step=412" in text and "Use CUDA graphs." in text
+    assert "bubble ratio 62.0 %, kernels per step 412" in text and "Use CUDA graphs." in text
 
 
 def test_terminal_report_without_a_gpu_says_so_and_prints_dashes():
@@ -101,7 +101,7 @@ def test_html_escapes_kernel_names_and_document_text(healthy_html):
 
 def test_html_headline_and_findings(healthy_html):
     assert ">0.800</td>" in healthy_html and ">64.5 %</td>" in healthy_html and ">2259</td>" in healthy_html
-    assert "bubble_ratio=0.62, kernels_per_step=412" in healthy_html
+    assert "bubble ratio 62.0 %, kernels per step 412" in healthy_html
     assert "transformers is not installed" in healthy_html
     assert "GPU: NVIDIA H200" in healthy_html
 

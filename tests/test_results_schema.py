@@ -85,7 +85,7 @@ def test_each_missing_required_key_is_reported(path):
     ("workload.context_sweep", [128, "1k"], "expected a list, each item an integer >= 0"),
     ("engines[0].latency.token_ms_samples", [0.8, None], "expected a list, each item a finite number > 0"),
     ("findings[0].evidence", {"bubble_ratio": "high"}, "expected an object, each value a finite number"),
-    ("findings[0].severity", "error", "expected one of 'info', 'warn', 'good'"),
+    ("findings[0].severity", "error", "expected one of 'info', 'warn', 'problem', 'good'"),
     ("engines", {"megakernel": {}}, "expected a list"),
     ("engines[0].compile", [], "expected an object"),
     ("model.name", None, "expected a string, got null"),

@@ -45,6 +45,18 @@ def _ints(text: str | None, label: str) -> list[int] | None:
         raise BubblescopeError(f"{label}: expected comma-separated integers, got {text!r}") from None
 
 
+def _path(path: Path | None, label: str) -> Path | None:
+    """``path`` unchanged, or a one-line error when it is not valid UTF-8 (undecodable bytes in argv arrive
+    as lone surrogates, which the trace exporter and the JSON/HTML writers cannot encode)."""
+    if path is not None:
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BubblescopeError(f"{label}: path {str(path).encode('utf-8', 'replace').decode()!r} is not "
+                                   "valid UTF-8; use a path in the terminal's encoding") from None
+    return path
+
+
 def _seed(seed: int) -> int:
     # torch.Generator.manual_seed takes 64 bits; beyond that it raises a bare ValueError.
     if not -(1 << 63) <= seed < 1 << 64:
@@ -60,11 +72,11 @@ def generate(
     tokenizer: Optional[str] = typer.Option(None, help="tokenizer.json or llama2.c tokenizer .bin."),
     prompt: str = typer.Option("", help="Prompt text (needs a tokenizer)."),
     prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="Prompt as comma-separated token ids."),
-    max_new_tokens: int = typer.Option(128, min=1),
+    max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate after the prompt."),
     temperature: float = typer.Option(0.0, min=0.0, help="0 means greedy."),
-    top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
-    top_p: float = typer.Option(1.0, min=0.0, max=1.0),
-    seed: int = typer.Option(0),
+    top_k: int = typer.Option(0, min=0, help="Keep the k most likely tokens; 0 disables top-k."),
+    top_p: float = typer.Option(1.0, max=1.0, help="Nucleus sampling mass in (0, 1]; 1 disables top-p."),
+    seed: int = typer.Option(0, help="Seed of the sampler and of dummy weights."),
     engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, "
                                "...), or auto: the megakernel where it runs, falling back to the reference if it "
                                "fails."),
@@ -78,7 +90,7 @@ def generate(
     import torch
 
     from .engines import build_engine, prepare_triton
-    from .generation import SamplingParams
+    from .generation import SamplingParams, TextStream
     from .generation import generate as run
     from .models import load_model, parse_dtype, resolve_device
     from .models.loader import KNOWN_FILES, model_search_dirs
@@ -87,6 +99,9 @@ def generate(
 
     seed = _seed(seed)
     tuned = load_tuning(tuning) if tuning is not None else None
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if prompt and prompt_ids is not None:
+        raise BubblescopeError("--prompt and --prompt-ids: give one of them, not both")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
@@ -99,6 +114,8 @@ def generate(
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
     loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
     cfg, tok = loaded.config, loaded.tokenizer
+    for warning in loaded.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if prompt_ids is not None:
         ids = _ints(prompt_ids, "--prompt-ids")
     elif prompt and tok is None:
@@ -130,18 +147,15 @@ def generate(
     from .fallback import describe
     for line in describe(dec):
         typer.echo(line, err=True)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
         # the ms/token the user reads.
         run(dec, ids[:1], 3, eos_ids=())
-    res = run(dec, ids, max_new_tokens, params)
+    stream = TextStream(tok, ids, sys.stdout)
+    res = run(dec, ids, max_new_tokens, params, on_token=stream.push)
+    stream.close()
     for line in describe(dec)[1 if getattr(dec, "auto_choice", None) else 0:]:
         typer.echo(line, err=True)
-    if tok is not None:
-        typer.echo(tok.decode(ids + res.tokens))
-    else:
-        typer.echo(" ".join(str(t) for t in ids + res.tokens))
     n = len(res.token_ms)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
@@ -157,20 +171,25 @@ def generate(
 def diagnose_model(
     model: Optional[str] = typer.Argument(None, help="Preset, checkpoint directory, config.json or llama2.c .bin "
                                           "(default: llama-3.2-1b on a GPU, stories260k or tiny-llama on CPU)."),
-    checkpoint: Optional[str] = typer.Option(None),
-    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all); auto: the "
-                                          "megakernel where it runs, else the reference."),
-    prompt_len: Optional[int] = typer.Option(None, "--prompt-len"),
-    gen_len: Optional[int] = typer.Option(None, "--gen-len"),
-    runs: int = typer.Option(3),
-    warmup: int = typer.Option(1),
-    context_sweep: Optional[str] = typer.Option(None, "--context-sweep", help="e.g. 128,1024,4096; 'none' for none."),
-    profile_steps: int = typer.Option(8, "--profile-steps"),
-    dtype: Optional[str] = typer.Option(None),
-    device: Optional[str] = typer.Option(None),
-    out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/."),
+    checkpoint: Optional[str] = typer.Option(None, help="Weights to load instead of MODEL's (HF directory or "
+                                             "llama2.c .bin)."),
+    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all; see `bubblescope "
+                                          "engines`); auto: the megakernel where it runs, else the reference."),
+    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens (default: 128 on a GPU, "
+                                             "16 on CPU)."),
+    gen_len: Optional[int] = typer.Option(None, "--gen-len", help="Tokens generated per timed run (default: 128 "
+                                          "on a GPU, 32 on CPU)."),
+    runs: int = typer.Option(3, help="Timed generations per engine (their tokens are pooled for p50/p99)."),
+    warmup: int = typer.Option(1, help="Untimed generations per engine before the timed runs."),
+    context_sweep: Optional[str] = typer.Option(None, "--context-sweep", help="Contexts to time, e.g. 128,1024,4096 "
+                                                "(default on a GPU; none on CPU); 'none' for none."),
+    profile_steps: int = typer.Option(8, "--profile-steps", help="Decode steps captured in each engine's trace."),
+    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
+    out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/ "
+                             "(replaced together at the end of the run; other files are kept)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the prompt, the dummy weights and the sampler."),
     tuning: Optional[Path] = typer.Option(None, help="Tuned file from `bubblescope tune --save`: megakernel engines "
                                           "take the entry for prompt + generated length."),
     counters: bool = typer.Option(False, "--counters", help="Also read hardware counters of each engine's top "
@@ -179,6 +198,7 @@ def diagnose_model(
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
 
+    _path(out, "--out")
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     seed = _seed(seed)
@@ -203,35 +223,41 @@ def diagnose_model(
 @diagnose_app.command("trace")
 @user_errors
 def diagnose_trace(
-    paths: List[Path] = typer.Argument(..., help="Kineto / torch.profiler Chrome traces (.json or .json.gz)."),
+    paths: List[Path] = typer.Argument(..., help="Kineto / torch.profiler Chrome traces (.json or .json.gz), "
+                                       "or directories: their trace files are read, other files skipped with a note."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     step_marker: Optional[str] = typer.Option(None, "--step-marker", help="record_function name (or prefix) "
                                               "of a decode step (default: bubblescope.decode_step)."),
     idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
                                             help="Gaps shorter than this (µs) count as kernel-wait."),
+    wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
 ):
     """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces."""
     import json
 
     from .profiler.tracesummary import summarize_traces
+    from .trace_inputs import trace_files
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    summary = summarize_traces([str(p) for p in paths], step_marker=step_marker, threshold_us=idle_threshold_us)
+    files, skipped = trace_files([_path(p, "PATHS") for p in paths])
+    for note in skipped:
+        typer.echo(f"note: {note}", err=True)
+    summary = summarize_traces(files, step_marker=step_marker, threshold_us=idle_threshold_us)
     if fmt == "json":
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
         from rich.console import Console
 
         from .reports.trace_terminal import render_trace_summary
-        render_trace_summary(summary, Console())
+        render_trace_summary(summary, Console(), wide=wide)
 
 
 @app.command()
 @user_errors
 def report(
-    results_path: Path = typer.Argument(..., metavar="RESULTS.json"),
-    html: Optional[Path] = typer.Option(None, help="Also write the HTML report here."),
+    results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="A results.json of `diagnose model`."),
+    html: Optional[Path] = typer.Option(None, help="Also write the HTML report here (not over RESULTS.json)."),
     fmt: str = typer.Option("text", "--format", help="text (rich) or json."),
 ):
     """Re-render a results.json (terminal and/or HTML) without measuring anything."""
@@ -239,6 +265,9 @@ def report(
 
     if fmt not in ("text", "json"):  # before anything is written
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    _path(html, "--html")
+    if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
+        raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
     results = load_results(results_path)
     if html is not None:
         from .reports.html import write_html
@@ -256,13 +285,17 @@ def report(
 @app.command()
 @user_errors
 def gate(
-    results_path: Path = typer.Argument(..., metavar="RESULTS.json"),
+    results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="The results.json to check."),
     engine: Optional[str] = typer.Option(None, help="Engine to check (default: megakernel if ok, else the fastest)."),
-    min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util", help="Fraction of NVML peak."),
-    max_bubble_ratio: Optional[float] = typer.Option(None, "--max-bubble-ratio"),
-    max_token_p99_ms: Optional[float] = typer.Option(None, "--max-token-p99-ms"),
+    min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util",
+                                                       help="Lowest fraction of NVML peak bandwidth (0.35 = 35 %)."),
+    max_bubble_ratio: Optional[float] = typer.Option(None, "--max-bubble-ratio",
+                                                     help="Highest GPU idle fraction of the decode window (0-1)."),
+    max_token_p99_ms: Optional[float] = typer.Option(None, "--max-token-p99-ms", help="Highest p99 ms per token."),
     baseline: Optional[Path] = typer.Option(None, help="An older results.json to compare against."),
     max_regression: Optional[float] = typer.Option(None, "--max-regression", help="e.g. 0.05 = 5 % slower allowed."),
+    allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help="Compare against a baseline of another "
+                                        "model, dtype, device or workload anyway."),
 ):
     """CI gate: exit 0 when every check holds, 1 when one fails, 2 on unusable input."""
     from rich.console import Console
@@ -273,7 +306,8 @@ def gate(
     doc = load_results(results_path).doc
     base = load_results(baseline).doc if baseline is not None else None
     rep = run_gate(doc, engine=engine, min_bandwidth_util=min_bandwidth_util, max_bubble_ratio=max_bubble_ratio,
-                   max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression)
+                   max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression,
+                   allow_mismatch=allow_mismatch)
     render_gate(rep, Console())
     raise typer.Exit(rep.exit_code)
 

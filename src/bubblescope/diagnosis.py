@@ -25,6 +25,7 @@ from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
 from .generation import SamplingParams, generate, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
+from .outdir import RunFolder
 
 GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
 SWEEP_STEPS = 16           # decode steps timed at each context of the sweep
@@ -51,6 +52,30 @@ def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: li
         "token_ms_samples": [round(x, 5) for x in token_ms],
         "ttft_ms_samples": [round(x, 5) for x in ttft_ms],
     }
+
+
+def model_notes(requested: str | None, model: str, source: str, dev: torch.device) -> list[str]:
+    """Plain-words notes when the measured model is not what a user may assume: a default chosen for them,
+    a missing weights file replaced by another model or by seeded dummy weights (text is then
+    meaningless; timings and bytes are those of the real shapes)."""
+    from .models.loader import KNOWN_FILES, model_search_dirs
+
+    searched = ", ".join(str(d) for d in model_search_dirs())
+    notes = []
+    if requested is None:
+        if dev.type == "cpu" and model == CPU_FALLBACK_MODEL:
+            notes.append(f"model: none given and {CPU_DEFAULT_MODEL}'s weights file was not found (searched "
+                         f"{searched}; set BUBBLESCOPE_MODELS or pass MODEL), so the {CPU_FALLBACK_MODEL} preset "
+                         "with seeded dummy weights was measured")
+        else:
+            notes.append(f"model: none given; measured the default {model} for a {dev.type.upper()} run")
+    if source == "dummy":
+        if model.lower() in KNOWN_FILES and requested is not None:
+            notes.append(f"model: {model}'s weights file was not found (searched {searched}), so seeded dummy "
+                         "weights of its config were measured")
+        elif not (requested is None and model == CPU_FALLBACK_MODEL):
+            notes.append(f"model: {model} ran with seeded dummy weights (real shapes and bytes, meaningless text)")
+    return notes
 
 
 def default_model(device: torch.device, checkpoint: str | None) -> str:
@@ -137,11 +162,12 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     sweep 128/1024/4096; on a CPU-only machine stories260K (float32) when its file is found
     (``--checkpoint``, ``$BUBBLESCOPE_MODELS`` or ``../shared/models``), else the ``tiny-llama`` dummy
     preset, prompt 16, 32 new tokens, no sweep. Writes ``out/results.json``, ``out/report.html`` and one
-    trace per engine under ``out/traces/`` (atomically) unless ``write`` is False. ``tuning``: a tuned file
-    (``bubblescope tune --save``); megakernel engines take the entry for prompt + generated length, recorded
-    in their entry's ``tuning``. ``counters``: also read each ok engine's hardware counters with Nsight
-    Compute (``counters.collect_counters``) into the document's ``counters`` section, which says why when it
-    cannot.
+    trace per engine under ``out/traces/`` unless ``write`` is False: staged in a hidden folder and
+    published together at the end, replacing the previous run's (an interrupted run leaves the previous
+    run intact; see :mod:`bubblescope.outdir`). ``tuning``: a tuned file (``bubblescope tune --save``);
+    megakernel engines take the entry for prompt + generated length, recorded in their entry's ``tuning``.
+    ``counters``: also read each ok engine's hardware counters with Nsight Compute
+    (``counters.collect_counters``) into the document's ``counters`` section, which says why when it cannot.
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
@@ -149,8 +175,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     """
     from .tuned import load_tuning
     from .profiler.hardware import device_info, measure_copy_bandwidth
-    from .reports.findings import find
-    from .reports.results import SCHEMA, Results
+    from .reports.results import SCHEMA
 
     tuned = load_tuning(tuning) if tuning is not None else None
     dev = resolve_device(device)
@@ -171,7 +196,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
             raise BubblescopeError(f"{label}: must be at least {low}, got {v}")
     if any(c < 1 for c in sweep):
         raise BubblescopeError(f"--context-sweep: contexts must be positive, got {sweep}")
-    model = model or default_model(dev, checkpoint)
+    requested, model = model, model or default_model(dev, checkpoint)
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
@@ -188,14 +213,9 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         for target in [out / "results.json", out / "report.html"] + [out / "traces" / f"{n}.json.gz" for n in names]:
             if target.exists() and not target.is_file():
                 raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
-        try:
-            (out / "traces").mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # --out is a file, under a file, or somewhere not writable
-            raise BubblescopeError(f"--out {out}: cannot create the output directory "
-                                   f"({exc.strerror or type(exc).__name__})") from None
     info = device_info(dev if on_gpu else "cpu")
     copy = measure_copy_bandwidth(dev) if on_gpu else {"copy_GBps": None, "reason": "CPU run"}
-    notes = list(info.get("notes") or [])
+    notes = model_notes(requested, model, loaded.source, dev) + loaded.warnings + list(info.get("notes") or [])
     if not on_gpu:
         notes.append("CPU only: no GPU on this machine, so GPU timeline and bandwidth metrics are unavailable")
     if copy.get("reason") and on_gpu:
@@ -223,8 +243,32 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     }
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
-    ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
-               max_seq=max_seq, out=out, profile_steps=profile_steps, write=write, seed=seed, tuning=tuned)
+    # Everything is written into a staging folder and published at the end (see outdir.RunFolder).
+    with (RunFolder(out) if write else nullcontext()) as stage:
+        ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
+                   max_seq=max_seq, out=stage.stage if write else out, profile_steps=profile_steps, write=write,
+                   seed=seed, tuning=tuned)
+        counters_args = (model, checkpoint, tuning) if counters else None
+        results = _run_engines(names, skips, ctx, progress, auto, counters_args)
+        if write:
+            from .reports.html import write_html
+            from .reports.results import write_results
+            write_results(results, stage.stage / "results.json")
+            write_html(results, stage.stage / "report.html")
+            stage.publish()
+    return results
+
+
+def _run_engines(names: list[str], skips: dict[str, str], ctx: dict, progress: bool, auto: dict | None = None,
+                 counters_args: tuple | None = None):
+    """Measure each engine into ``ctx["doc"]`` (traces under ``ctx["out"]/traces``), add the findings and
+    return the :class:`Results`. ``auto``: what ``--engines auto`` chose (its failure adds the reference as the
+    fallback); ``counters_args``: (model, checkpoint, tuning) to read hardware counters afterwards, or None."""
+    from .reports.findings import find
+    from .reports.results import Results
+
+    doc, dev = ctx["doc"], ctx["loaded"].weights.device
+    on_gpu, notes = dev.type == "cuda", doc["device"]["notes"]
     oracle = None
     with _Progress(progress, total=len(names)) as bar:
         for name in _with_fallback(names, auto, doc["engines"]):
@@ -250,9 +294,10 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
             doc["engines"].append(entry)
             _free(dev)
             bar.update(f"{name}: {entry['status']}", advance=1)
-        if counters:
+        if counters_args is not None:
             from .counters import collect_counters
-            doc["counters"] = collect_counters(doc, model, str(dev), doc["model"]["dtype"], seed, checkpoint,
+            model, checkpoint, tuning = counters_args
+            doc["counters"] = collect_counters(doc, model, str(dev), doc["model"]["dtype"], ctx["seed"], checkpoint,
                                                tuning, progress=bar.update)
         bar.update("diagnose: done")
     if not on_gpu and any(e["name"].startswith("megakernel") and e["status"] == "ok" for e in doc["engines"]):
@@ -260,13 +305,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                      "bandwidth and intra-kernel timeline measure the interpreter, not the kernel; only their "
                      "correctness numbers carry over to a GPU")
     doc["findings"] = find(doc)
-    results = Results(doc)
-    if write:
-        from .reports.html import write_html
-        from .reports.results import write_results
-        write_results(results, out / "results.json")
-        write_html(results, out / "report.html")
-    return results
+    return Results(doc)
 
 
 def _resolve_auto(names: list[str], weights) -> tuple[list[str], dict | None]:
@@ -390,8 +429,21 @@ def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
         from .megakernel_engine.timeline import chrome_events, intrakernel_summary
         df = intra.frame
         entry["intrakernel"] = intrakernel_summary(df)
+        entry["intrakernel"]["activity"] = _activity(df, engine, ctx)
         append_trace_events(cap.trace_path, chrome_events(df, ts_offset_us=intra.ts_offset_us))
     entry["trace_path"] = str(path.relative_to(out)) if ctx["write"] else None
+
+
+def _activity(df, engine, ctx: dict) -> dict | None:
+    """The binned megakernel view of the profiled step (all programs), bandwidth estimated from the
+    tasks' bytes at the step's context (prompt + half the profiled steps)."""
+    from .profiler.intrakernel import activity_profile, opcode_bytes
+
+    weights = ctx["loaded"].weights
+    context = len(ctx["prompt"]) + ctx["profile_steps"] // 2
+    grid = getattr(engine, "compile_info", lambda: {})() or {}
+    return activity_profile(df, programs=grid.get("grid"),
+                            bytes_by_opcode=opcode_bytes(weights.config, weights.dtype.itemsize, context))
 
 
 def _tmpdir() -> str:

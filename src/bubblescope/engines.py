@@ -7,12 +7,14 @@ cannot run here raises :class:`EngineUnavailable`, which ``diagnose`` reports as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from .errors import BubblescopeError, EngineUnavailable
-from .models.weights import ModelWeights
+
+if TYPE_CHECKING:  # listing engines must not import torch (seconds); building one does
+    import torch
+
+    from .models.weights import ModelWeights
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ def _hf(weights: ModelWeights, max_seq_len: int, params=None):
         import transformers  # noqa: F401
     except ImportError:
         raise EngineUnavailable("engine hf needs transformers, which is not installed") from None
+    from .hf_engine import HFEngine
     return HFEngine(weights, max_seq_len)
 
 
@@ -117,67 +120,3 @@ def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None
         dec.auto_choice = choice
         return dec
     return get_engine_spec(name).build(weights, max_seq_len, params=params)
-
-
-class HFEngine:
-    """transformers' ``AutoModelForCausalLM`` with our weights, as the peer users compare against.
-
-    Decoder protocol over ``model(input_ids, past_key_values=DynamicCache())``. The model is built on the
-    meta device and the weights assigned (no random init of a billion parameters), then the rotary
-    embedding, whose buffers are computed in ``__init__``, is rebuilt on the real device.
-    """
-
-    def __init__(self, weights: ModelWeights, max_seq_len: int):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        cfg = weights.config
-        self.name, self.config, self.device = "hf", cfg, weights.device
-        self.max_seq_len = max_seq_len
-        d = cfg.to_hf_dict()
-        d.pop("architectures")
-        hf_cfg = AutoConfig.for_model(**d)
-        hf_cfg.dtype = weights.dtype
-        hf_cfg._attn_implementation = "sdpa"
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(hf_cfg)
-        model.load_state_dict(weights.hf_state_dict(), strict=False, assign=True)
-        if cfg.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        rotary = model.model.rotary_emb
-        # Built outside the meta context; its signature differs across transformers versions (device= or not).
-        model.model.rotary_emb = type(rotary)(config=hf_cfg).to(self.device)
-        self.model = model.eval()
-        self.position = 0
-        self._cache = None
-
-    def reset(self) -> None:
-        from transformers import DynamicCache
-        self._cache = DynamicCache()
-        self.position = 0
-
-    @torch.inference_mode()
-    def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:
-        if token_ids.numel() > self.max_seq_len:
-            raise BubblescopeError(f"prompt: {token_ids.numel()} tokens do not fit the KV cache of "
-                                   f"{self.max_seq_len} positions")
-        self.reset()
-        out = self._forward(token_ids.view(1, -1).to(self.device))
-        self.position = token_ids.numel()
-        return out.logits[0, -1]
-
-    def _forward(self, ids: torch.Tensor):
-        import warnings
-        with warnings.catch_warnings():
-            # transformers 5.2x renames past_key_values to cache (FutureWarning); 4.x knows only the old name.
-            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-            return self.model(ids, past_key_values=self._cache, use_cache=True)
-
-    @torch.inference_mode()
-    def decode(self, token: int | torch.Tensor) -> torch.Tensor:
-        if isinstance(token, torch.Tensor):
-            ids = token.view(1, 1).to(self.device)
-        else:
-            ids = torch.tensor([[int(token)]], device=self.device)
-        out = self._forward(ids)
-        self.position += 1
-        return out.logits[0, -1]

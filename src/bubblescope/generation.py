@@ -56,6 +56,17 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        """Raises BubblescopeError: temperature below 0, top_k below 0, or top_p outside (0, 1] (top-p 0
+        would keep no token at all)."""
+        from .errors import BubblescopeError
+        if not self.temperature >= 0:
+            raise BubblescopeError(f"--temperature: must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise BubblescopeError(f"--top-k: must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise BubblescopeError(f"--top-p: must be in (0, 1] (1 disables it), got {self.top_p}")
+
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
     """Pick the next token from ``logits`` (V,) of any float dtype; returns a host int.
@@ -142,6 +153,7 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
     res.tokens.append(tok)
     if on_token:
         on_token(tok)
+        t1 = time.perf_counter()
     greedy = params.temperature <= 0
     while len(res.tokens) < max_new_tokens and tok not in eos:
         t0 = t1
@@ -151,9 +163,47 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
         res.tokens.append(tok)
         if on_token:
             on_token(tok)
+            t1 = time.perf_counter()  # the caller's printing is not decode time
     res.stopped_at_eos = tok in eos
     res.fallbacks = list(getattr(decoder, "fallbacks", ()))[seen:]
     return res
+
+
+class TextStream:
+    """Writes generated text as it is produced: the prompt at once, then each token's new characters.
+
+    With a tokenizer, the whole sequence is decoded again at each token and only the new suffix written,
+    so multi-token characters (byte-fallback pieces) and leading-space rules come out as ``decode`` of the
+    whole would give; text that ends in an incomplete character (U+FFFD) waits for the next token. Without
+    a tokenizer, token ids are written separated by spaces. The final text equals ``decode(prompt + tokens)``.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: list[int], out):
+        self.tok, self.ids, self.out, self.shown = tokenizer, list(prompt_ids), out, ""
+        self._write()
+
+    def _write(self) -> None:
+        if self.tok is None:
+            text = " ".join(str(t) for t in self.ids)
+        else:
+            text = self.tok.decode(self.ids)
+            if text.endswith("\ufffd"):
+                return
+        if text.startswith(self.shown):
+            self.out.write(text[len(self.shown):])
+            self.out.flush()
+            self.shown = text
+
+    def push(self, token: int) -> None:
+        """Add one generated token id and write what it adds to the text."""
+        self.ids.append(int(token))
+        self._write()
+
+    def close(self) -> None:
+        """Write what is still held back (or all of it, if decoding rewrote earlier text) and a newline."""
+        text = " ".join(str(t) for t in self.ids) if self.tok is None else self.tok.decode(self.ids)
+        self.out.write((text[len(self.shown):] if text.startswith(self.shown) else "\n" + text) + "\n")
+        self.out.flush()
 
 
 def teacher_forced_logits(decoder: Decoder, prompt_ids: list[int], forced: list[int]) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ class LoadedModel:
     tokenizer: object | None
     source: str          # "dummy" | "hf" | "llama2c"
     path: str | None
+    warnings: list[str] = field(default_factory=list)  # one line each, e.g. non-finite weights
 
     @property
     def config(self) -> ModelConfig:
@@ -125,4 +126,20 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     if tok_path is not None:
         tok = load_tokenizer(tok_path, vocab_size=weights.config.vocab_size if tok_path.suffix != ".json" else None,
                              bos_token_id=weights.config.bos_token_id)
-    return LoadedModel(weights, tok, source, str(path) if path else None)
+    return LoadedModel(weights, tok, source, str(path) if path else None, nonfinite_weights(weights))
+
+
+def nonfinite_weights(weights: ModelWeights, shown: int = 3) -> list[str]:
+    """One warning line when any weight tensor holds NaN or ±Inf (a broken conversion or checkpoint), naming
+    up to ``shown`` tensors (Hugging Face names) with their count of non-finite elements; else []."""
+    bad = []
+    for name, t in weights.hf_state_dict().items():
+        n = int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+        if n:
+            bad.append(f"{name}: {n} of {t.numel()}")
+    if not bad:
+        return []
+    more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+    some = f"{len(bad)} tensors hold" if len(bad) > 1 else "1 tensor holds"
+    return [f"weights: {some} NaN or Inf values ({'; '.join(bad[:shown])}{more}); logits and "
+            "generated text will be garbage"]

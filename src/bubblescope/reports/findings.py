@@ -47,6 +47,14 @@ THRESHOLDS: Mapping[str, float] = MappingProxyType({
 })
 
 
+# What a severity tells the reader (shown under the findings in the terminal and HTML reports).
+SEVERITIES: Mapping[str, str] = MappingProxyType({
+    "problem": "limits this engine now (half of the step or more lost, or wrong results): act on it first",
+    "warn": "costs time or makes the numbers less trustworthy: worth a look",
+    "info": "context for reading the numbers; nothing to fix",
+})
+
+
 def _finding(rule: str, severity: str, engine: dict, title: str, evidence: dict, advice: str) -> dict:
     return {"rule": rule, "severity": severity, "engine": engine.get("name"), "title": title,
             "evidence": {k: v for k, v in evidence.items() if v is not None}, "advice": advice}
@@ -59,7 +67,7 @@ def _launch_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     if bubble < t["launch_bound_min_bubble_ratio"] or kernels < t["launch_bound_min_kernels_per_step"]:
         return None
     return _finding(
-        "launch-bound", "warn", eng,
+        "launch-bound", "problem", eng,
         f"Launch-bound: the GPU is idle {bubble:.0%} of each step across {kernels:.0f} kernels",
         {"bubble_ratio": bubble, "kernels_per_step": kernels,
          "launches_per_step": dig(eng, "timeline", "launches_per_step"),
@@ -75,7 +83,7 @@ def _bubble_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     if bubble < t["bubble_bound_min_bubble_ratio"] or launches > t["bubble_bound_max_launches_per_step"]:
         return None
     return _finding(
-        "bubble-bound", "warn", eng,
+        "bubble-bound", "problem" if bubble >= 0.5 else "warn", eng,
         f"Bubble-bound: {launches:g} launch(es) per step, yet the GPU is idle {bubble:.0%} of it",
         {"bubble_ratio": bubble, "launches_per_step": launches,
          "kernels_per_step": dig(eng, "timeline", "kernels_per_step")},
@@ -88,7 +96,7 @@ def _near_limit(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     if util is None or util < t["near_limit_min_util_peak"]:
         return None
     return _finding(
-        "near-bandwidth-limit", "good", eng,
+        "near-bandwidth-limit", "info", eng,
         f"Near the bandwidth limit: {util:.0%} of NVML peak HBM bandwidth",
         {"util_peak": util, "effective_GBps": dig(eng, "bandwidth", "effective_GBps"),
          "util_copy": dig(eng, "bandwidth", "util_copy")},
@@ -155,7 +163,7 @@ def _fused_slow(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
         advice.append("too few bytes in flight per SM: cut registers (smaller tiles, fewer warps, no "
                       "prefetch into registers) until at least 2 programs fit per SM")
     return _finding(
-        "fused-slow", "warn", eng,
+        "fused-slow", "problem", eng,
         f"Fused path slower than expected: {util:.0%} of peak with {' and '.join(named)}",
         {"util_peak": util, "registers": regs, "spills": spills, "programs_per_sm": per_sm},
         "; ".join(advice).capitalize() + ".")
@@ -167,7 +175,7 @@ def _divergence(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
         return None
     ref = dig(eng, "correctness", "reference") or "the reference"
     return _finding(
-        "numerical-divergence", "warn", eng,
+        "numerical-divergence", "problem" if agree < 0.9 else "warn", eng,
         f"Numerical divergence: {agree:.1%} of greedy tokens agree with {ref}",
         {"token_agreement": agree, "steps": dig(eng, "correctness", "steps"),
          "max_abs_logit_diff": dig(eng, "correctness", "max_abs_logit_diff"),
@@ -266,7 +274,7 @@ def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]
 
     Returns:
         Findings in engine ladder order, then rule order: dicts with ``rule``, ``severity``
-        (``info``/``warn``/``good``), ``engine``, ``title``, ``evidence`` ({name: number}, null inputs
+        (:data:`SEVERITIES`), ``engine``, ``title``, ``evidence`` ({name: number}, null inputs
         left out) and one line of ``advice`` — the ``findings`` entries of the schema.
 
     Raises:

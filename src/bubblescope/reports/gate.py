@@ -78,7 +78,31 @@ def _limit(name: str, value: float | None, upper: float | None = None) -> None:
     bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
     if bad or (upper is not None and value > upper):
         span = f"in [0, {upper}]" if upper is not None else ">= 0"
-        raise BubblescopeError(f"gate: {name} must be a number {span}, got {value!r}")
+        raise BubblescopeError(f"gate: {name} must be a number {span}, got {value!r}"
+                               f"{percent_hint(name, value) if not bad else ''}")
+
+
+# What must match between a run and its baseline for a regression check to mean anything.
+COMPARABLE = (("model", ("model", "name")), ("dtype", ("model", "dtype")), ("device", ("device", "name")),
+              ("prompt_len", ("workload", "prompt_len")), ("gen_len", ("workload", "gen_len")))
+
+
+def baseline_mismatches(doc: dict, baseline: dict) -> list[str]:
+    """``"model: llama-3.2-1b vs stories260k"`` for each of model name, dtype, device name, prompt and
+    generation length that differs between a results document and its baseline (empty when comparable)."""
+    out = []
+    for label, path in COMPARABLE:
+        new, old = dig(doc, *path), dig(baseline, *path)
+        if new != old:
+            out.append(f"{label}: {new} vs baseline {old}")
+    return out
+
+
+def percent_hint(name: str, value: float | None, upper: float = 1.0) -> str:
+    """A hint when a fraction limit looks like a percentage (35 for 0.35), else ""."""
+    if value is not None and upper < value <= 100:
+        return f" ({name} is a fraction: did you mean {value / 100:g} for {value:g} %?)"
+    return ""
 
 
 def _check(name: str, engine: str, measured: float | None, limit: float, holds, what: str) -> Check:
@@ -90,7 +114,8 @@ def _check(name: str, engine: str, measured: float | None, limit: float, holds, 
 
 def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util: float | None = None,
              max_bubble_ratio: float | None = None, max_token_p99_ms: float | None = None,
-             baseline: Results | dict | None = None, max_regression: float | None = None) -> GateReport:
+             baseline: Results | dict | None = None, max_regression: float | None = None,
+             allow_mismatch: bool = False) -> GateReport:
     """Check one engine of a results document.
 
     Checks (each only when its limit is given):
@@ -106,25 +131,36 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
         doc: the results to gate (a :class:`Results` or its dict).
         engine: engine name; default "megakernel" when present and ok, else the ok engine with the
             lowest ``token_ms_p50``.
+        allow_mismatch: compare against a baseline of another model, dtype, device or workload anyway.
 
     Returns:
         A :class:`GateReport`; its ``exit_code`` is 0 (all hold) or 1 (one fails).
 
     Raises:
         BubblescopeError: a document is invalid, the engine is unknown or not ok (here or in the
-            baseline), a limit is negative or not finite, ``baseline`` and ``max_regression`` are not
-            given together, or no check is requested at all.
+            baseline), a limit is negative or not finite, a fraction limit is above 1 (the message
+            suggests the fraction when it looks like a percentage), ``baseline`` and ``max_regression`` are not
+            given together, no check is requested at all, or the baseline ran another model, dtype,
+            device (name) or workload (prompt/generation length) and ``allow_mismatch`` is False.
     """
-    _limit("min_bandwidth_util", min_bandwidth_util)
+    # Fractions, not percentages: a limit of 35 meant as 35 % would make every run fail (or pass).
+    _limit("min_bandwidth_util", min_bandwidth_util, upper=1)
     _limit("max_bubble_ratio", max_bubble_ratio, upper=1)
     _limit("max_token_p99_ms", max_token_p99_ms)
-    _limit("max_regression", max_regression)
+    _limit("max_regression", max_regression, upper=1)
     if (baseline is None) != (max_regression is None):
         raise BubblescopeError("gate: --baseline and --max-regression must be given together")
     if all(v is None for v in (min_bandwidth_util, max_bubble_ratio, max_token_p99_ms, baseline)):
         raise BubblescopeError("gate: no checks requested (give --min-bandwidth-util, --max-bubble-ratio, "
                                "--max-token-p99-ms or --baseline with --max-regression)")
-    eng = _pick_engine(_as_doc(doc, "results"), engine)
+    doc = _as_doc(doc, "results")
+    if baseline is not None:
+        baseline = _as_doc(baseline, "baseline")
+        diff = baseline_mismatches(doc, baseline)
+        if diff and not allow_mismatch:
+            raise BubblescopeError(f"gate: the baseline is not comparable ({'; '.join(diff)}); "
+                                   "pass --allow-mismatch to compare anyway")
+    eng = _pick_engine(doc, engine)
     name = eng["name"]
     checks = []
     if min_bandwidth_util is not None:
@@ -137,7 +173,7 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
         checks.append(_check("max_token_p99_ms", name, dig(eng, "latency", "token_ms_p99"), max_token_p99_ms,
                              lambda m, lim: m <= lim, "token_ms_p99 (ms)"))
     if baseline is not None:
-        old = _pick_engine(_as_doc(baseline, "baseline"), name)
+        old = _pick_engine(baseline, name)
         for metric, path in (("token_ms_p50", ("latency", "token_ms_p50")),
                              ("effective_GBps", ("bandwidth", "effective_GBps"))):
             before = dig(old, *path)
@@ -161,8 +197,11 @@ def render_gate(report: GateReport, console) -> None:
     from rich.text import Text
 
     table = Table(title=Text(f"bubblescope gate — engine {report.engine}"), title_justify="left")
+    # Names and numbers never wrap (a split number reads as two); only the detail sentence wraps, by word.
     for header in ("check", "measured", "limit", "result", "detail"):
-        table.add_column(header, justify="right" if header in ("measured", "limit") else "left")
+        table.add_column(header, justify="right" if header in ("measured", "limit") else "left",
+                         no_wrap=header != "detail", overflow="fold" if header == "detail" else "ellipsis",
+                         min_width=20 if header == "detail" else None)
     for c in report.checks:
         table.add_row(c.name, "—" if c.measured is None else f"{c.measured:.6g}",
                       "—" if c.limit is None else f"{c.limit:.6g}",

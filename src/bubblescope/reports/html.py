@@ -48,8 +48,8 @@ def _kernel_tables(engines: list[dict]) -> list[dict]:
     return out
 
 
-def _intrakernel(engines: list[dict]) -> list[dict]:
-    from .plots import intrakernel_figure
+def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
+    from .plots import chosen_programs, intrakernel_figure
 
     out = []
     for eng in engines:
@@ -57,7 +57,8 @@ def _intrakernel(engines: list[dict]) -> list[dict]:
         if ik is None:
             continue
         out.append({
-            "name": eng["name"], "plot": _png_uri(intrakernel_figure(eng)),
+            "name": eng["name"], "plot": _png_uri(intrakernel_figure(eng, device)),
+            "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
             "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
                       ("tasks per step", tables.fmt(ik.get("tasks_per_step")))],
@@ -87,7 +88,11 @@ def _context(doc: dict) -> dict:
     engines = ordered(doc.get("engines") or [])
     ok = [e for e in engines if e.get("status") == "ok"]
     device = doc.get("device") or {}
+    from .verdict import severity_legend, verdict
+
     return {
+        "verdict": verdict(doc), "severities": severity_legend(), "sync_note": tables.SYNC_NOTE,
+        "floors": bool(device.get("nvml_peak_GBps") or device.get("copy_GBps")),
         "title": f"bubblescope — {dig(doc, 'model', 'name')}",
         "device_line": tables.device_line(doc), "model_line": tables.model_line(doc),
         "workload_line": tables.workload_line(doc), "command": doc.get("command"), "created": doc.get("created"),
@@ -105,7 +110,7 @@ def _context(doc: dict) -> dict:
                   "latency": _png_uri(plots.latency_figure(ok)),
                   "sweep": _png_uri(plots.sweep_figure(ok, device))},
         "kernel_tables": _kernel_tables(ok),
-        "intrakernel": _intrakernel(ok),
+        "intrakernel": _intrakernel(ok, device),
         "details": _details(ok),
         "versions": sorted((doc.get("versions") or {}).items()),
         "device": [(k, tables.fmt(v)) for k, v in device.items() if k != "notes"],

@@ -12,8 +12,9 @@ import io
 from .results import dig, ordered
 
 _DPI = 100
+_SAVE_DPI = 200  # high-DPI PNG: sharp on a 2x screen and when zoomed
 _WIDTH_IN = 10.0
-_WAIT_COLOUR = "#d9d9d9"
+_WAIT_COLOUR = "#a0a0a0"
 
 
 def _new_figure(height_in: float, rows: int = 1, cols: int = 1, **subplot_kw):
@@ -56,7 +57,7 @@ def _legend(ax, colours: dict, **kw) -> None:
 def figure_png(fig) -> bytes:
     """Render a Figure to PNG bytes (Agg)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI)
+    fig.savefig(buf, format="png", dpi=_SAVE_DPI)
     return buf.getvalue()
 
 
@@ -121,6 +122,8 @@ def ladder_figure(engines: list[dict], device: dict):
             ax.axvline(floor_ms, color="#c44e52", linestyle=style, label=f"floor at {what}: {floor_ms:.3f} ms")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
+    else:
+        ax.set_title("no bandwidth floors: the device's bandwidth is unknown (CPU run)", fontsize=8, loc="left")
     ax.set_xlabel("ms per token (p50)")
     ax.set_xlim(0, max(p50) * 1.18)
     return fig
@@ -157,11 +160,14 @@ def latency_figure(engines: list[dict]):
         xs = sorted(eng["latency"]["token_ms_samples"])
         ys = [100 * (i + 1) / len(xs) for i in range(len(xs))]
         ax.step(xs, ys, where="post", label=_label(eng["name"]))
-    ax.set_xlabel("ms per token")
+    samples = [x for e in rows for x in e["latency"]["token_ms_samples"] if x > 0]
+    if samples and max(samples) / min(samples) >= 10:  # engines a decade apart: a linear axis crushes the fast ones
+        ax.set_xscale("log")
+    ax.set_xlabel("ms per token" + (" (log scale)" if ax.get_xscale() == "log" else ""))
     ax.set_ylabel("% of tokens at or below")
     ax.set_ylim(0, 101)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
@@ -170,7 +176,7 @@ def sweep_figure(engines: list[dict], device: dict):
     rows = [e for e in ordered(engines) if any(r.get("token_ms_p50") is not None for r in e.get("sweep") or [])]
     if not rows:
         return None
-    fig, (bw_ax, ms_ax) = _new_figure(3.4, cols=2)
+    fig, (bw_ax, ms_ax) = _new_figure(3.4 + 0.25 * ((len(rows) + 2) // 4), cols=2)
     for eng in rows:
         pts = sorted(eng["sweep"], key=lambda r: r["context"])
         bw = [(r["context"], r["effective_GBps"]) for r in pts if r.get("effective_GBps") is not None]
@@ -184,35 +190,112 @@ def sweep_figure(engines: list[dict], device: dict):
     for ax, ylabel in ((bw_ax, "effective GB/s"), (ms_ax, "ms per token (p50)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
+        ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
+        if ys and max(ys) / min(ys) >= 10:  # one slow engine would flatten every other line
+            ax.set_yscale("log")
+            ylabel += " (log scale)"
+        else:
+            ax.set_ylim(bottom=0)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    handles, labels = bw_ax.get_legend_handles_labels()
+    if handles:  # one legend for both panels, below them: never over the data
+        fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=min(len(handles), 4), frameon=False)
     return fig
 
 
-def intrakernel_figure(engine: dict):
-    """Inside one megakernel step: programs × µs, busy time coloured by opcode, waits in grey.
+GANTT_PROGRAMS = 6
+_IDLE_COLOUR = "#ececec"
 
-    Each task of ``intrakernel.tasks`` is drawn as a wait (start → ready) and a busy part (ready →
-    end). Returns None when the engine has no task timestamps.
+
+def chosen_programs(tasks: list[dict], k: int = GANTT_PROGRAMS) -> list[int]:
+    """Up to ``k`` programs worth drawing at full resolution: the one that waits most, the one that waits
+    least, the median, then others evenly spread, in program order."""
+    waits: dict[int, float] = {}
+    for t in tasks:
+        waits[t["program"]] = waits.get(t["program"], 0.0) + max(t["ready_us"] - t["start_us"], 0.0)
+    by_wait = sorted(waits, key=lambda p: (waits[p], p))
+    picks = [by_wait[-1], by_wait[0], by_wait[len(by_wait) // 2]]
+    spread = sorted(waits)
+    picks += [spread[round(i * (len(spread) - 1) / max(k - 1, 1))] for i in range(k)]
+    return sorted(list(dict.fromkeys(picks))[:k]) if len(waits) > k else sorted(waits)
+
+
+def intrakernel_figure(engine: dict, device: dict | None = None):
+    """Inside one megakernel step, three panels on one µs axis.
+
+    (a) What the programs do: stacked area of the mean share of programs busy on each opcode, waiting on a
+    dependency, or idle (``intrakernel.activity``; without it, computed from the sampled ``tasks``).
+    (b) Weight-streaming bandwidth estimated from the tasks' bytes and timestamps (``activity.GBps``, GB/s)
+    against the NVML peak, when both are known — the bubble in the memory pipeline.
+    (c) A Gantt of a few chosen programs (:func:`chosen_programs`) at full resolution: wait (grey) then
+    busy (opcode colour) per task. Legends sit outside the data. Returns None without task timestamps.
     """
-    tasks = dig(engine, "intrakernel", "tasks")
-    if not tasks:
+    from ..profiler.intrakernel import IDLE, WAITING, activity_profile
+
+    ik = engine.get("intrakernel") or {}
+    tasks = ik.get("tasks") or []
+    act = ik.get("activity") or (activity_profile(tasks) if tasks else None)
+    if not tasks and not act:
         return None
-    colours = _palette(sorted({str(t["opcode"]) for t in tasks}))
-    programs = max(t["program"] for t in tasks) + 1
-    t0 = min(t["start_us"] for t in tasks)
-    fig, (ax,) = _new_figure(min(2.0 + 0.04 * programs, 9.0))
-    _bars(ax, [t["start_us"] - t0 for t in tasks], [max(t["ready_us"] - t["start_us"], 0) for t in tasks],
-          [t["program"] - 0.45 for t in tasks], 0.9, [_WAIT_COLOUR] * len(tasks))
-    _bars(ax, [t["ready_us"] - t0 for t in tasks], [max(t["end_us"] - t["ready_us"], 0) for t in tasks],
-          [t["program"] - 0.45 for t in tasks], 0.9, [colours[str(t["opcode"])] for t in tasks])
-    ax.set_ylim(programs - 0.5, -0.5)
-    ax.set_ylabel("program")
-    ax.set_xlabel("µs since the step's first task")
-    ax.set_title(_label(engine["name"]), fontsize=9, loc="left")
-    _legend(ax, {**colours, "waiting on a dependency": _WAIT_COLOUR}, loc="upper center",
-            bbox_to_anchor=(0.5, -0.18), ncol=min(len(colours) + 1, 5))
+    opcodes = [s for s in (act["states"] if act else {}) if s not in (WAITING, IDLE)]
+    opcodes += sorted({str(t["opcode"]) for t in tasks} - set(opcodes))
+    colours = _palette(opcodes)
+    peak = (device or {}).get("nvml_peak_GBps")
+    has_bw = bool(act and act.get("GBps"))
+    picks = chosen_programs(tasks) if tasks else []
+    # Interpreter runs last seconds: label in ms then, so the axis never needs a "1e6" offset.
+    span_us = (act["bin_us"] * len(act["t_us"])) if act else max(t["end_us"] for t in tasks)
+    unit, scale = ("ms", 1e-3) if span_us >= 10_000 else ("µs", 1.0)
+    heights = [3.0] + ([2.0] if has_bw else []) + ([0.5 + 0.4 * len(picks)] if picks else [])
+    fig, axes = _new_figure(1.0 + sum(heights) * 0.9, rows=len(heights), sharex=True,
+                            gridspec_kw={"height_ratios": heights})
+    ax = axes[0]
+    if act:
+        t = [(x + act["bin_us"] / 2) * scale for x in act["t_us"]]
+        n = act["programs"] or 1
+        layers = [(op, colours[op]) for op in opcodes if op in act["states"]] + [
+            (WAITING, _WAIT_COLOUR), (IDLE, _IDLE_COLOUR)]
+        ax.stackplot(t, *[[100 * v / n for v in act["states"][name]] for name, _ in layers],
+                     colors=[c for _, c in layers], labels=[_label(f"busy: {op}") if op not in (WAITING, IDLE)
+                                                             else ("waiting on a dependency" if op == WAITING
+                                                                   else "idle (no task)") for op, _ in layers],
+                     linewidth=0)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel(f"% of {n} programs")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(f"{_label(engine['name'])}: (a) what the programs do over one step", fontsize=9, loc="left")
+    row = 1
+    if has_bw:
+        bw_ax = axes[row]
+        row += 1
+        t = [(x + act["bin_us"] / 2) * scale for x in act["t_us"]]
+        bw_ax.plot(t, act["GBps"], color="#4c72b0", linewidth=1.2, label="weights + KV streamed (estimate)")
+        if peak:
+            bw_ax.axhline(peak, color="#c44e52", linestyle="--", label=f"NVML peak {peak:,.0f} GB/s")
+        bw_ax.set_ylabel("GB/s")
+        bw_ax.set_ylim(bottom=0)
+        bw_ax.grid(alpha=0.3)
+        bw_ax.set_title("(b) weight-streaming bandwidth, from the tasks' bytes and timestamps", fontsize=9, loc="left")
+        bw_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if picks:
+        g_ax = axes[row]
+        t0 = min(t["start_us"] for t in tasks)
+        rows = {p: i for i, p in enumerate(picks)}
+        shown = [t for t in tasks if t["program"] in rows]
+        _bars(g_ax, [(t["start_us"] - t0) * scale for t in shown],
+              [max(t["ready_us"] - t["start_us"], 0) * scale for t in shown],
+              [rows[t["program"]] - 0.4 for t in shown], 0.8, [_WAIT_COLOUR] * len(shown))
+        _bars(g_ax, [(t["ready_us"] - t0) * scale for t in shown],
+              [max(t["end_us"] - t["ready_us"], 0) * scale for t in shown],
+              [rows[t["program"]] - 0.4 for t in shown], 0.8, [colours[str(t["opcode"])] for t in shown])
+        g_ax.set_yticks(range(len(picks)), [f"program {p}" for p in picks], fontsize=8)
+        g_ax.set_ylim(len(picks) - 0.5, -0.5)
+        g_ax.set_title(f"(c) {len(picks)} chosen program{'s' if len(picks) > 1 else ''} at full resolution "
+                       "(most, least and median waiting)",
+                       fontsize=9, loc="left")
+        if not act:
+            _legend(g_ax, {**colours, "waiting on a dependency": _WAIT_COLOUR}, loc="upper left",
+                    bbox_to_anchor=(1.01, 1.0), frameon=False)
+    axes[-1].set_xlabel(f"{unit} since the step's first task")
     return fig

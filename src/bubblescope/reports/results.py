@@ -29,7 +29,8 @@ ENGINE_ORDER = ("reference", "reference-cudagraph", "reference-compile", "hf",
                 "megakernel-stages", "megakernel-noprefetch", "megakernel")
 
 # ---- the schema as data -------------------------------------------------------------------------
-# A key ending in "?" may be null. Values: a kind name (below), "list[kind]", "dict[kind]", a tuple of
+# A key ending in "?" may be null; in "??", also absent (a key added after documents were written).
+# Values: a kind name (below), "list[kind]", "dict[kind]", a tuple of
 # allowed strings, a nested dict (a sub-record) or a one-element list holding a record spec.
 _KINDS = {
     "str": "a string",
@@ -64,7 +65,7 @@ _TIMELINE = {
         "launches": [{"name": "str", "start_us": "real", "dur_us": "num"}]},
 }
 _INTRAKERNEL = {
-    "wait_ratio?": "frac", "programs?": "int", "tasks_per_step?": "int",
+    "wait_ratio?": "frac", "programs?": "int", "tasks_per_step?": "int", "activity??": "dict",
     "by_opcode?": [{"opcode": "label", "tasks": "int", "busy_us": "num", "wait_us": "num"}],
     "tasks?": [{"program": "int", "opcode": "label", "layer?": "int",
                 "start_us": "real", "ready_us": "real", "end_us": "real"}],
@@ -80,7 +81,8 @@ _ENGINE = {
     "latency?": _LATENCY, "bandwidth?": _BANDWIDTH, "timeline?": _TIMELINE, "intrakernel?": _INTRAKERNEL,
     "compile?": _COMPILE, "correctness?": _CORRECTNESS, "sweep?": [_SWEEP_ROW], "trace_path?": "str",
 }
-_FINDING = {"rule": "str", "severity": ("info", "warn", "good"), "engine?": "str", "title": "str",
+# "good" is what results written before issue 11 used for near-bandwidth-limit (now "info"): still readable.
+_FINDING = {"rule": "str", "severity": ("info", "warn", "problem", "good"), "engine?": "str", "title": "str",
             "evidence": "dict[real]", "advice": "str"}
 _DOCUMENT = {
     "schema": "str", "created": "str", "command": "str",
@@ -149,7 +151,8 @@ def _check(value: Any, spec: Any, path: str, problems: list[str]) -> None:
             name, nullable = key.rstrip("?"), key.endswith("?")
             where = f"{path}.{name}" if path else name
             if name not in value:
-                problems.append(f"{where}: missing")
+                if not key.endswith("??"):  # "??": added later, so documents written before may lack it
+                    problems.append(f"{where}: missing")
             elif value[name] is None:
                 if not nullable:
                     problems.append(f"{where}: expected {_describe(sub)}, got null")

@@ -27,13 +27,17 @@ TIMELINE_COLUMNS = (
     ("launches\n/step", ("timeline", "launches_per_step"), "count"),
     ("bubble\nratio", ("timeline", "bubble_ratio"), "ratio"),
     ("launch\nshare", ("timeline", "launch_share"), "pct"),
-    ("sync\nshare", ("timeline", "sync_share"), "pct"),
+    ("sync\nwait", ("timeline", "sync_share"), "pct"),
     ("token\nagreement", ("correctness", "token_agreement"), "pct"),
 )
+# The sync share is host time blocked in cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
+SYNC_NOTE = ("sync wait: share of the step the host spends blocked in a synchronize call; high when the "
+             "GPU is busy and the host has nothing else to do, which costs nothing by itself")
 HEADLINE = LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + TIMELINE_COLUMNS[1:]
 
 def fmt(value, kind: str = "num") -> str:
-    """Format one value for display: ``ms`` (3 decimals), ``rate`` (1), ``gbps`` (0), ``pct``
+    """Format one value for display: ``ms`` (3 decimals), ``rate`` (1), ``gbps`` (0; 2 significant
+    digits below 10), ``pct``
     (a fraction as a percentage, 1 decimal), ``ratio`` (3), ``count`` (integer or 1 decimal),
     ``bytes`` (GB/MB/kB, decimal units), ``text``, ``num`` (6 significant digits). None gives "—"."""
     if value is None:
@@ -44,8 +48,8 @@ def fmt(value, kind: str = "num") -> str:
         return f"{value:.3f}"
     if kind == "rate":
         return f"{value:.1f}"
-    if kind == "gbps":
-        return f"{value:.0f}"
+    if kind == "gbps":  # a CPU run of a tiny model streams a few hundredths of a GB/s: not "0"
+        return f"{value:.0f}" if abs(value) >= 10 or value == 0 else f"{value:.2g}"
     if kind == "pct":
         return f"{value * 100:.1f} %"
     if kind == "ratio":
@@ -103,6 +107,31 @@ def workload_line(doc: dict) -> str:
             f"after {w.get('warmup')} warmup, context sweep [{sweep}], seed {fmt(w.get('seed'))}")
 
 
+def evidence_value(key: str, value) -> str:
+    """One evidence number rounded, with the unit its key names (``_ms`` ms, ``GBps`` GB/s, ratios, shares,
+    utilisations and agreement as %, ``growth``/``over`` as a factor, context in tokens, counts whole)."""
+    if value is None or isinstance(value, str):
+        return fmt(value)
+    k = key.lower()
+    if "gbps" in k:
+        return f"{value:,.0f} GB/s"
+    if "_ms" in k or k.startswith("ms"):
+        return f"{value:.3f} ms" if value < 100 else f"{value:,.1f} ms"
+    if "_us" in k:
+        return f"{value:,.1f} µs"
+    if "growth" in k or "_over_" in k:
+        return f"{value:.2f}x"
+    if any(w in k for w in ("ratio", "share", "util", "agreement")):
+        return f"{value * 100:.1f} %"
+    if "context" in k:
+        return f"{value:,.0f} tokens"
+    if "bytes" in k:
+        return fmt(value, "bytes")
+    if "logit" in k or "err" in k:
+        return f"{value:.3g}"
+    return fmt(value, "count")
+
+
 def evidence_text(evidence: dict) -> str:
-    """``name=value`` pairs of a finding's evidence, 6 significant digits."""
-    return ", ".join(f"{k}={fmt(v)}" for k, v in (evidence or {}).items())
+    """``name value unit`` pairs of a finding's evidence (``bubble ratio 62.0 %, kernels per step 412``)."""
+    return ", ".join(f"{k.replace('_', ' ')} {evidence_value(k, v)}" for k, v in (evidence or {}).items())

@@ -4,37 +4,50 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from . import tables
 from .results import Results, ordered
+from .verdict import severity_legend, verdict
 
 # Document text goes into Text objects, never into markup strings: kernel names such as
 # "void f<int, 4>()" or "a[b]" and words between colons (emoji codes) must print as they are.
-_SEVERITY_STYLE = {"good": "bold green", "warn": "bold yellow", "info": "bold cyan"}
+_SEVERITY_STYLE = {"good": "bold green", "problem": "bold red", "warn": "bold yellow", "info": "bold cyan"}
 
 
 def _engine_table(doc: dict, title: str, columns) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True)
     for i, (header, _, kind) in enumerate(columns):
-        table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=i == 0, overflow="fold")
+        # Numbers never wrap (a split "1.2284" reads as two numbers); the engine name folds if it must.
+        table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=i != 0, overflow="fold")
     for eng, row in zip(ordered(doc.get("engines") or []), tables.headline_rows(doc, columns)):
         table.add_row(*map(Text, row), style=None if eng.get("status") == "ok" else "dim")
     return table
 
 
-def _findings(doc: dict) -> Table:
-    table = Table(title="Findings", title_justify="left", show_lines=True)
-    for header in ("severity", "engine", "finding", "evidence", "advice"):
-        table.add_column(header, overflow="fold")
+def _findings(doc: dict) -> Group:
+    """One block per finding (severity, engine, title; evidence; action), wrapped by word: a five-column
+    table at 80 columns split numbers and names mid-word."""
+    parts = [Text("Findings", style="bold")]
     for f in doc.get("findings") or []:
         sev = str(f.get("severity"))
-        table.add_row(Text(sev, style=_SEVERITY_STYLE.get(sev, "bold")), Text(str(f.get("engine") or tables.MISSING)),
-                      Text(str(f.get("title"))), Text(tables.evidence_text(f.get("evidence"))),
-                      Text(str(f.get("advice"))))
-    return table
+        parts.append(Text.assemble((f"{sev.upper():7s}", _SEVERITY_STYLE.get(sev, "bold")), " ",
+                                   (str(f.get("engine") or tables.MISSING), "bold"), ": ", str(f.get("title"))))
+        parts.append(Padding(Text(f"evidence: {tables.evidence_text(f.get('evidence'))}"), (0, 0, 0, 2)))
+        parts.append(Padding(Text(f"action: {f.get('advice')}"), (0, 0, 0, 2)))
+    parts.append(Text("severity: " + "; ".join(f"{k} = {v}" for k, v in severity_legend()), style="dim"))
+    return Group(*parts)
+
+
+def _verdict(doc: dict):
+    v = verdict(doc)
+    if v is None:
+        return Text("Verdict: no engine measured a latency", style="bold")
+    body = Group(Text(v["text"]), Text.assemble(("Action: ", "bold"), v["action"]))
+    return Panel(body, title="Verdict", title_align="left")
 
 
 def render_results(results: Results | dict, console: Console) -> None:
@@ -58,12 +71,14 @@ def render_results(results: Results | dict, console: Console) -> None:
         Text(f"Workload: {tables.workload_line(doc)}"),
         Text(f"Command: {doc.get('command')}  ({doc.get('created')})"),
     )
+    console.print(_verdict(doc))
     console.print(Panel(header, title="bubblescope results", title_align="left", expand=False))
     for note in (doc.get("device") or {}).get("notes") or []:
         console.print(Text(f"note: {note}", style="dim"))
     console.print(_engine_table(doc, "Latency (ms per token) and bandwidth; — = not measured, dim = not run",
                                 tables.LATENCY_COLUMNS))
     console.print(_engine_table(doc, "Launches, bubbles and correctness", tables.TIMELINE_COLUMNS))
+    console.print(Text(tables.SYNC_NOTE, style="dim"))
     skipped = tables.not_run(doc)
     if skipped:
         console.print(Text("Engines not run", style="bold"))

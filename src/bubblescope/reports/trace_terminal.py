@@ -15,9 +15,9 @@ IDLE_PARTS = ("host_wait", "kernel_wait", "other")
 TIME_COLUMNS = ("busy", "span", "total")
 
 
-def _short(name: str) -> Text:
+def _short(name: str, wide: bool = False) -> Text:
     name = " ".join(str(name).split())
-    return Text(name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…")
+    return Text(name if wide or len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…")
 
 
 def _us(value) -> str:
@@ -33,14 +33,15 @@ def _us(value) -> str:
 def _table(title: str, headers: list[str], name_width: int = NAME_WIDTH) -> Table:
     table = Table(title=title, title_justify="left")
     for i, header in enumerate(headers):
-        # A long kernel name is cut to what the terminal leaves it; a time ("66.14 ms") stays whole.
+        # A long kernel name folds onto more lines (names that differ only in their tail stay apart); numbers
+        # and times ("66.14 ms") never wrap.
         table.add_column(
             header,
             justify="left" if i == 0 or header in ("name", "category") else "right",
-            no_wrap=header == "name",
-            overflow="ellipsis",
-            max_width=max(24, name_width) if header == "name" else None,
-            min_width=9 if header in TIME_COLUMNS else None,
+            no_wrap=header not in ("name", "category"),
+            overflow="fold" if header in ("name", "category") else "ellipsis",
+            min_width=min(24, name_width) if header == "name" else (9 if header in TIME_COLUMNS else None),
+            ratio=1 if header == "name" else None,
         )
     return table
 
@@ -49,7 +50,7 @@ def _devices(devices: list[dict]) -> list[Table]:
     """Two narrow tables (activity, then idle split), so both fit an 80-column terminal."""
     activity = _table(
         "GPU activity per device (whole trace)",
-        ["GPU", "kernels", "memcpy", "memset", "streams", "busy", "span", "bubble ratio"],
+        ["GPU", "kernels", "memcpy", "memset", "streams", "busy", "span", "bubble\nratio"],
     )
     idle = _table(
         f"Idle time per device (kernel-wait: gaps < {fmt((devices[0].get('idle') or {}).get('threshold_us'))} µs)",
@@ -98,13 +99,13 @@ def _steps(steps: dict, marker: str | None) -> Table:
     return table
 
 
-def _breakdown(title: str, rows: list[dict], with_name: bool, width: int) -> Table:
+def _breakdown(title: str, rows: list[dict], with_name: bool, width: int, wide: bool = False) -> Table:
     # The name gets what the other columns (category, count 5, total 9, share 7) and borders (16) leave.
     category = max([len("category")] + [len(str(r.get("category"))) for r in rows])
     headers = (["name"] if with_name else []) + ["category", "count", "total", "share"]
     table = _table(title, headers, name_width=min(NAME_WIDTH, width - category - 37))
     for r in rows:
-        cells = [_short(r["name"])] if with_name else []
+        cells = [_short(r["name"], wide)] if with_name else []
         table.add_row(
             *cells,
             Text(str(r["category"])),
@@ -115,14 +116,15 @@ def _breakdown(title: str, rows: list[dict], with_name: bool, width: int) -> Tab
     return table
 
 
-def render_trace_summary(summary: dict, console: Console) -> None:
+def render_trace_summary(summary: dict, console: Console, wide: bool = False) -> None:
     """Print a :func:`bubblescope.profiler.tracesummary.summarize_traces` result to ``console``.
 
     Per file: a header (path, rank, step marker), a device table (kernels, memcpys, memsets,
     streams, busy/span, bubble ratio, idle split with shares), the decode-step metrics when steps
     were found (or why they are unavailable), the top kernels and categories (of the decode steps
     when available, else of each device), and the file's warnings. Names are printed literally
-    (no rich markup) and cut to ``NAME_WIDTH`` characters; None shows as "—".
+    (no rich markup), folded over lines and cut to ``NAME_WIDTH`` characters unless ``wide``; None shows
+    as "—".
     """
     for f in summary.get("files") or []:
         rank = "" if f.get("rank") is None else f"  rank {f['rank']}"
@@ -143,6 +145,7 @@ def render_trace_summary(summary: dict, console: Console) -> None:
                     (steps.get("top_kernels") or [])[:TOP_SHOWN],
                     True,
                     console.width,
+                    wide,
                 )
             )
             console.print(
@@ -156,6 +159,7 @@ def render_trace_summary(summary: dict, console: Console) -> None:
                         (d.get("top_kernels") or [])[:TOP_SHOWN],
                         True,
                         console.width,
+                        wide,
                     )
                 )
                 console.print(

@@ -1,0 +1,64 @@
+"""Safe output folders: a run is staged in a hidden folder inside ``--out`` and published at the end.
+
+``diagnose`` writes ``results.json``, ``report.html`` and ``traces/`` into ``OUT/.bubblescope-partial-XXXX``;
+:meth:`RunFolder.publish` then replaces those three entries of ``OUT`` by the new ones (renames on one file
+system), so ``OUT`` holds either the previous complete run or the new one, never a mix: traces of engines
+the new run did not measure go with the old ``traces/``. An interrupted run (Ctrl-C, an exception) removes
+its staging folder and leaves ``OUT`` as it was; one killed outright leaves a staging folder that the next
+run removes. Other files in ``OUT`` are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import BubblescopeError
+
+OWNED = ("results.json", "report.html", "traces")
+PREFIX = ".bubblescope-partial-"
+
+
+class RunFolder:
+    """Context manager: ``with RunFolder(out) as stage: ...write under stage...; publish()``.
+
+    Leaving the block without :meth:`publish` (an exception, KeyboardInterrupt) deletes the staging folder.
+
+    Raises:
+        BubblescopeError: ``out`` cannot be created or written (a file, under a file, no permission).
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        if self.out.exists() and not self.out.is_dir():
+            raise BubblescopeError(f"--out {self.out}: cannot create the output directory (Not a directory)")
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            for stale in self.out.glob(PREFIX + "*"):  # left by a run that was killed outright
+                shutil.rmtree(stale, ignore_errors=True)
+            self.stage = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
+        except OSError as exc:
+            raise BubblescopeError(f"--out {self.out}: cannot create the output directory "
+                                   f"({exc.strerror or type(exc).__name__})") from None
+        self.published = False
+
+    def __enter__(self) -> "RunFolder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.published:
+            shutil.rmtree(self.stage, ignore_errors=True)
+
+    def publish(self) -> None:
+        """Replace ``OUT``'s results.json, report.html and traces/ by the staged ones (absent ones removed)."""
+        trash = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
+        for name in OWNED:
+            if (self.out / name).exists() or (self.out / name).is_symlink():
+                os.replace(self.out / name, trash / name)
+            if (self.stage / name).exists():
+                os.replace(self.stage / name, self.out / name)
+        self.published = True
+        shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(self.stage, ignore_errors=True)

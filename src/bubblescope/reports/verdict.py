@@ -1,0 +1,96 @@
+"""The verdict: what limits the fastest engine and the baseline, in one or two sentences, and one action.
+
+A pure function of a results document (like the findings, it reads only the document), shown first in the
+terminal and HTML reports. Bottleneck clauses, first that applies:
+
+* megakernel with an intra-kernel timeline: the share of program-time spent waiting on dependencies and
+  the opcode that waits most (``intrakernel.by_opcode``);
+* a GPU timeline with the GPU idle at least 20 % of the step (``bubble_ratio``): idle share and kernels
+  per step — the launch/bubble regime;
+* a bandwidth figure: the share of NVML peak it streams — the memory-bound regime;
+* else the latency only (a CPU run has no GPU timeline).
+"""
+
+from __future__ import annotations
+
+from .findings import SEVERITIES
+from .results import dig, ordered
+
+BASELINE = "reference"
+IDLE_MIN = 0.2  # below this share of idle GPU time, bubbles are not what limits an engine
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3f} ms/token" if v < 10 else f"{v:.1f} ms/token"
+
+
+def bottleneck(eng: dict, doc: dict) -> str:
+    """One clause naming what limits ``eng``, with its evidence in units (%, GB/s, kernels, µs)."""
+    util, gbps = dig(eng, "bandwidth", "util_peak"), dig(eng, "bandwidth", "effective_GBps")
+    stream = f"streams {gbps:,.0f} GB/s ({util:.0%} of NVML peak)" if util is not None and gbps is not None else None
+    wait, by = dig(eng, "intrakernel", "wait_ratio"), dig(eng, "intrakernel", "by_opcode") or []
+    if wait is not None and by and dig(doc, "device", "type") == "cuda":
+        top = max(by, key=lambda r: r.get("wait_us") or 0)
+        total = sum(r.get("wait_us") or 0 for r in by)
+        most = f", mostly {top['opcode']} ({top['wait_us'] / total:.0%} of the waiting)" if total > 0 else ""
+        return f"{wait:.0%} of program-time waiting on dependencies{most}" + (f"; {stream}" if stream else "")
+    bubble, kernels = dig(eng, "timeline", "bubble_ratio"), dig(eng, "timeline", "kernels_per_step")
+    if bubble is not None and bubble >= IDLE_MIN:
+        between = f" between {kernels:.0f} kernels" if kernels is not None else ""
+        return f"GPU idle {bubble:.0%} of each step{between}" + (f"; {stream}" if stream else "")
+    if stream:
+        return ("memory-bound, " if util >= 0.6 else "") + stream + (
+            f", GPU idle {bubble:.0%} of the step" if bubble is not None else "")
+    if dig(doc, "device", "type") != "cuda":
+        return "measured on the CPU: no GPU timeline or bandwidth to say more"
+    return "no timeline or bandwidth measured"
+
+
+def _fastest(engines: list[dict]) -> dict | None:
+    timed = [e for e in engines if dig(e, "latency", "token_ms_p50") is not None]
+    return min(timed, key=lambda e: e["latency"]["token_ms_p50"]) if timed else None
+
+
+def _action(best: dict, findings: list[dict]) -> str:
+    rank = {"problem": 0, "warn": 1, "info": 2}
+    own = sorted((f for f in findings if f.get("engine") == best["name"] and f.get("severity") != "info"),
+                 key=lambda f: rank.get(f.get("severity"), 3))
+    if own:
+        return own[0]["advice"]
+    util = dig(best, "bandwidth", "util_peak")
+    if util is not None and util >= 0.8:
+        return "Decode is at the bandwidth limit: only fewer bytes per token (quantized weights, a smaller KV " \
+               "cache) will make it faster."
+    if (dig(best, "intrakernel", "wait_ratio") or 0) >= IDLE_MIN and util is not None:
+        return ("Hide the waits: issue the next task's weight loads before waiting on its dependency counter and "
+                "use finer-grained dependencies (per head, per chunk) on the opcode that waits most.")
+    if util is not None:
+        return "Keep more bytes in flight per SM (bigger tiles, more programs per SM, loads issued ahead)."
+    return "Run on a GPU for the timeline and bandwidth numbers that say where the time goes."
+
+
+def verdict(doc: dict) -> dict | None:
+    """``{"text": one or two sentences, "action": one sentence, "best": name, "baseline": name | None}``,
+    or None when no engine has a latency."""
+    ok = ordered([e for e in doc.get("engines") or [] if e.get("status") == "ok"])
+    best = _fastest(ok)
+    if best is None:
+        return None
+    p50 = best["latency"]["token_ms_p50"]
+    base = next((e for e in ok if e["name"] == BASELINE and e is not best), None)
+    if base is None:
+        rest = [e for e in ok if e is not best and dig(e, "latency", "token_ms_p50") is not None]
+        base = max(rest, key=lambda e: e["latency"]["token_ms_p50"]) if rest else None
+    base_p50 = dig(base, "latency", "token_ms_p50") if base else None
+    speed = f", {base_p50 / p50:.1f}x faster than {base['name']}" if base_p50 else ""
+    text = f"Fastest: {best['name']} at {_ms(p50)}{speed}: {bottleneck(best, doc)}."
+    if base is not None:
+        b = f" at {_ms(base_p50)}" if base_p50 else ""
+        text += f" Baseline {base['name']}{b}: {bottleneck(base, doc)}."
+    return {"text": text, "action": _action(best, doc.get("findings") or []), "best": best["name"],
+            "baseline": base["name"] if base else None}
+
+
+def severity_legend() -> list[tuple[str, str]]:
+    """``(severity, meaning)`` pairs, most severe first."""
+    return list(SEVERITIES.items())

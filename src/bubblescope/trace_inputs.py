@@ -1,0 +1,79 @@
+"""Which files ``diagnose trace`` reads: files as given, and the trace files of a directory.
+
+A directory (such as a ``diagnose model --out`` folder, or a torch.profiler ``tensorboard_trace_handler``
+folder) holds other files too: ``results.json``, ``report.html``. Each regular file in it is sniffed —
+gunzipped when it starts with the gzip magic, then the first MiB of text looked at — and kept when it looks
+like Chrome Trace Event Format (a JSON array, or an object with a ``traceEvents`` key); the others are
+skipped with a one-line note saying why. Not recursive.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from pathlib import Path
+
+from .errors import BubblescopeError
+
+SNIFF_BYTES = 1 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def sniff_trace(path: str | os.PathLike) -> str | None:
+    """None when ``path`` looks like a Chrome/Kineto trace (plain or gzipped JSON), else why not (one line).
+
+    Reads at most :data:`SNIFF_BYTES` of decompressed text: the Trace Event Format puts either ``[`` first
+    (JSON array format) or an object whose ``traceEvents`` key Kineto writes after a few kB of metadata.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            raw = gzip.GzipFile(fileobj=f).read(SNIFF_BYTES) if head == GZIP_MAGIC else f.read(SNIFF_BYTES)
+    except (OSError, EOFError, zlib.error) as exc:
+        return f"unreadable ({getattr(exc, 'strerror', None) or exc})"
+    text = raw.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    if text.startswith("["):
+        return None
+    if not text.startswith("{"):
+        return "not JSON"
+    if '"traceEvents"' in text:
+        return None
+    if '"bubblescope.results/' in text:
+        return "a bubblescope results document (read it with `bubblescope report`)"
+    return "JSON without traceEvents (not a Chrome trace)"
+
+
+def trace_files(paths: list[str | os.PathLike]) -> tuple[list[str], list[str]]:
+    """``(files to read, notes on skipped files)``: a file path is kept as given (its errors come from the
+    parser); a directory gives its trace files, sorted by name.
+
+    Raises:
+        BubblescopeError: no paths, a path that does not exist, or a directory with no trace file in it
+            (the message names what was skipped).
+    """
+    files, notes = [], []
+    if not paths:
+        raise BubblescopeError("no trace paths given")
+    for path in map(Path, paths):
+        if not path.exists():
+            raise BubblescopeError(f"{path}: no such file or directory")
+        if not path.is_dir():
+            files.append(str(path))
+            continue
+        found, skipped = [], []
+        for entry in sorted(path.iterdir()):
+            if not entry.is_file():
+                continue
+            why = sniff_trace(entry)
+            if why is None:
+                found.append(str(entry))
+            else:
+                skipped.append(f"skipped {entry}: {why}")
+        if not found:
+            raise BubblescopeError(f"{path}: directory holds no Chrome trace file"
+                                   + (f" ({len(skipped)} other files skipped)" if skipped else " (it is empty)"))
+        files += found
+        notes += skipped
+    return files, notes
