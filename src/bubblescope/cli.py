@@ -188,22 +188,30 @@ def diagnose_trace(
                                               "of a decode step (default: bubblescope.decode_step)."),
     idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
                                             help="Gaps shorter than this (µs) count as kernel-wait."),
+    ranks: bool = typer.Option(False, "--ranks", help="The files are one trace per rank of one job, in rank "
+                               "order (automatic when their distributedInfo ranks differ)."),
+    skip_steps: int = typer.Option(0, "--skip-steps", min=0, help="Warm-up steps left out of the step figures."),
 ):
-    """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces."""
+    """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces; with one
+    trace per rank, also NCCL share, cross-rank skew and the slowest rank per step."""
     import json
 
-    from .profiler.tracesummary import summarize_traces
+    from .profiler.ranksummary import summarize_rank_traces
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    summary = summarize_traces([str(p) for p in paths], step_marker=step_marker, threshold_us=idle_threshold_us)
+    summary = summarize_rank_traces([str(p) for p in paths], step_marker=step_marker, threshold_us=idle_threshold_us,
+                                    skip_steps=skip_steps, force=ranks)
     if fmt == "json":
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
         from rich.console import Console
 
+        from .reports.ranks_terminal import render_ranks
         from .reports.trace_terminal import render_trace_summary
-        render_trace_summary(summary, Console())
+        console = Console()
+        render_trace_summary(summary, console)
+        render_ranks(summary["ranks"], console)
 
 
 @app.command()
