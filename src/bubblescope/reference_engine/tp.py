@@ -39,30 +39,9 @@ def check_tp(cfg: ModelConfig, world_size: int) -> None:
     """Check that ``cfg`` splits over ``world_size`` ranks (whole query heads, whole KV heads, equal MLP rows).
 
     Raises:
-        BubblescopeError: ``world_size`` < 1, or num_attention_heads, num_key_value_heads or
-            intermediate_size not a multiple of it (one line naming the field).
+        BubblescopeError: as :meth:`ModelConfig.tp_shard`.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise BubblescopeError(f"--tp: must be an integer >= 1, got {world_size!r}")
-    for name in ("num_key_value_heads", "num_attention_heads", "intermediate_size"):
-        value = getattr(cfg, name)
-        if value % world_size:
-            raise BubblescopeError(f"--tp {world_size}: {cfg.name}'s {name} {value} is not a multiple of "
-                                   f"{world_size} (each rank must hold whole heads and equal MLP slices)")
-
-
-def local_config(cfg: ModelConfig, world_size: int) -> ModelConfig:
-    """The config one rank's layers see: heads and intermediate_size divided by ``world_size``.
-
-    ``head_dim`` is carried over explicitly (the default hidden_size // heads would change with the heads).
-
-    Raises:
-        BubblescopeError: as :func:`check_tp`.
-    """
-    check_tp(cfg, world_size)
-    return cfg.replace(num_attention_heads=cfg.num_attention_heads // world_size,
-                       num_key_value_heads=cfg.num_key_value_heads // world_size,
-                       intermediate_size=cfg.intermediate_size // world_size, head_dim=cfg.head_dim)
+    cfg.tp_shard(world_size)
 
 
 def vocab_shard(vocab_size: int, world_size: int) -> int:
@@ -76,7 +55,7 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 
 
 def shard_weights(weights: ModelWeights, rank: int, world_size: int) -> ModelWeights:
-    """Rank ``rank``'s slice of ``weights`` (same device and dtype), with :func:`local_config`'s config.
+    """Rank ``rank``'s slice of ``weights`` (same device and dtype), with ``ModelConfig.tp_shard``'s config.
 
     Shapes per layer (H hidden, D head_dim, N world size): q_proj (Q/N, H), k_proj/v_proj (KV/N, H),
     o_proj (H, Q/N), gate/up (I/N, H), down (H, I/N), biases (Q/N,) / (KV/N,); norms whole. The embedding
@@ -86,7 +65,7 @@ def shard_weights(weights: ModelWeights, rank: int, world_size: int) -> ModelWei
         BubblescopeError: as :func:`check_tp`, or ``rank`` outside [0, world_size).
     """
     cfg = weights.config
-    local = local_config(cfg, world_size)
+    local = cfg.tp_shard(world_size)
     if not 0 <= rank < world_size:
         raise BubblescopeError(f"tensor parallelism: rank {rank} outside [0, {world_size})")
     width = {"q": local.q_size, "kv": local.kv_size, "i": local.intermediate_size}
@@ -202,4 +181,4 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, torch.device
     return dist.get_rank(), dist.get_world_size(), device
 
 
-__all__ = ["TPReferenceEngine", "check_tp", "init_distributed", "local_config", "shard_weights", "vocab_shard"]
+__all__ = ["TPReferenceEngine", "check_tp", "init_distributed", "shard_weights", "vocab_shard"]
