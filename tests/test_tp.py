@@ -7,6 +7,7 @@ rank saves what it saw and the parent compares with :class:`ReferenceEngine` run
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,3 +120,46 @@ def test_check_tp_errors():
         check_tp(cfg, 0)
     with pytest.raises(BubblescopeError, match="not initialized"):
         TPReferenceEngine(dummy_weights(cfg))
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_tp_refuses_a_split_before_spawning(tmp_path):
+    r = _cli("diagnose", "model", "stories260k", "--tp", "3", "--out", tmp_path / "o")
+    assert r.exit_code == 2
+    assert r.output.strip() == ("error: --tp 3: stories260k's num_key_value_heads 4 is not a multiple of 3 "
+                                "(each rank must hold whole heads and equal MLP slices)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_tp2_end_to_end_on_gloo(tmp_path):
+    """`diagnose model --tp 2` through torchrun on CPU: tp.json on rank 0, one trace per rank."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bubblescope.models.config import get_preset
+    from bubblescope.profiler.trace import load_trace
+    from bubblescope.profiler.traffic import rank_step_traffic
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "model", "tiny-llama", "--tp", "2",
+                        "--prompt-len", "4", "--gen-len", "4", "--runs", "1", "--profile-steps", "2",
+                        "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((tmp_path / "tp.json").read_text())
+    (eng,) = doc["engines"]
+    assert doc["world_size"] == 2 and eng["name"] == "reference-tp2" and doc["device"]["backend"] == "gloo"
+    want = rank_step_traffic(get_preset("tiny-llama"), 4, 4 + 4 // 2, 2)
+    assert eng["tp"]["rank_bytes_per_step"] == want["total_bytes"] and eng["tp"]["bus_bytes"] == want["bus_bytes"]
+    assert len(eng["latency"]["token_ms_samples"]) == 3  # 4 tokens: the prefill's and 3 decode steps
+    ranks = [load_trace(tmp_path / p).rank for p in eng["trace_paths"]]
+    assert ranks == [0, 1]  # Kineto wrote each process's rank

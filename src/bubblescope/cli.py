@@ -155,6 +155,8 @@ def diagnose_model(
     out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     seed: int = typer.Option(0),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks: runs the reference engine on N local "
+                           "processes through torchrun and writes tp.json plus one trace per rank."),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
@@ -162,6 +164,15 @@ def diagnose_model(
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     seed = _seed(seed)
+    if tp > 1:
+        from .tpdiagnose import MODES, launch_tp
+
+        mode = MODES.get(engines) if engines else None
+        if engines and mode is None:
+            raise BubblescopeError(f"--engines with --tp: one of {', '.join(MODES)}, got {engines!r}")
+        raise typer.Exit(launch_tp(tp, model=model, checkpoint=checkpoint, mode=mode, prompt_len=prompt_len,
+                                   gen_len=gen_len, runs=runs, profile_steps=profile_steps, dtype=dtype,
+                                   out=str(out), seed=seed, command=command_line()))
     sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")
     names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
     if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)

@@ -187,7 +187,7 @@ def rank_summary(traces: list[Trace], steps: pd.DataFrame,
             row.update(device=device, kernels=int(mine["kernels"].sum()), busy_us=float(dev["busy_us"]),
                        span_us=float(dev["span_us"]), bubble_ratio=float(dev["bubble_ratio"]))
         span = mine["span_us"].sum()
-        row.update(nccl_us=float(mine["nccl_us"].sum()),
+        row.update(nccl_us=float(mine["nccl_us"].sum()) if len(mine) else np.nan,
                    nccl_share=float(mine["nccl_us"].sum() / span) if span > 0 else np.nan,
                    compute_us_per_step=float(mine["compute_us"].median()) if len(mine) else np.nan,
                    nccl_us_per_step=float(mine["nccl_us"].median()) if len(mine) else np.nan,
