@@ -118,3 +118,16 @@ def test_cli_folder_of_rank_traces(traces, tmp_path):
 def test_cli_ranks_needs_two_files(traces, tmp_path):
     r = _cli("diagnose", "trace", tmp_path / "rank0.json.gz", "--ranks")
     assert r.exit_code == 2 and "at least two files" in r.output
+
+
+def test_rank_activities_share_one_axis(traces):
+    from bubblescope.profiler.ranks import rank_activities
+    from bubblescope.reports.rank_plots import rank_timeline_figure
+
+    a = rank_activities(traces, rank_steps(traces), max_steps=1)  # step 0 only; t0 = rank 0's start at 10 µs
+    assert a["rank"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert a["start_us"].tolist() == [0, 30, 50, 5, 45, 52] and a["end_us"].tolist() == [30, 50, 60, 45, 52, 62]
+    assert a["nccl"].tolist() == [False, True, False, False, True, False]
+    fig = rank_timeline_figure(a)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]
+    assert rank_timeline_figure(a.iloc[:0]) is None

@@ -7,7 +7,8 @@
 its shard, times greedy generation and records its own trace (``traces/<engine>-rank<r>.json.gz``, Kineto writes
 the rank into ``distributedInfo``). Rank 0 merges the traces (:mod:`.profiler.ranksummary`), adds the per-rank
 bytes per step and collectives (:func:`.profiler.traffic.rank_step_traffic`) and the findings, and writes
-``tp.json`` (schema ``bubblescope.tp/1``) atomically. The library call works inside any torchrun job.
+``tp.json`` (schema ``bubblescope.tp/1``) and, on GPUs, ``ranks_timeline.png`` (the ranks' first steps on one
+axis) atomically. The library call works inside any torchrun job.
 """
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ def _comm(section: dict | None, traffic: dict, peak_GBps: float | None) -> dict:
     out["bus_GBps"] = traffic["bus_bytes"] / nccl / 1e3 if nccl else None
     out.update({k: v for k, v in bound_by(traffic["total_bytes"], peak_GBps, nccl).items() if k != "nccl_us"})
     return out
+
+
+def _timeline_png(traces: list, path: Path) -> str | None:
+    """Draw the ranks' first steps on one axis into ``path`` (atomically); its name, or None if nothing to draw."""
+    from .profiler.capture import STEP_MARKER
+    from .profiler.ranks import rank_activities, rank_steps
+    from .reports.rank_plots import rank_timeline_figure
+
+    fig = rank_timeline_figure(rank_activities(traces, rank_steps(traces, STEP_MARKER)))
+    if fig is None:
+        return None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fig.savefig(fh, format="png")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path.name
 
 
 def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: str | None = None,
@@ -116,7 +134,9 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
     doc = None
     if rank == 0:
         paths = [out / "traces" / f"{engine.name}-rank{r}.json.gz" for r in range(world)]
-        section = multirank_section([load_trace(p) for p in paths], STEP_MARKER) if cap.gpu else None
+        traces = [load_trace(p) for p in paths]
+        section = multirank_section(traces, STEP_MARKER) if cap.gpu else None
+        plot = _timeline_png(traces, out / "ranks_timeline.png") if cap.gpu else None
         info = device_info(dev) if on_gpu else {}
         peak = info.get("nvml_peak_GBps")
         context = prompt_len + gen_len // 2
@@ -125,7 +145,8 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
         entry = {"name": engine.name, "status": "ok", "latency": lat,
                  "bandwidth": {"rank_bytes_per_step": traffic["total_bytes"], "context": context,
                                **bandwidth(traffic["total_bytes"], lat["token_ms_p50"], peak)},
-                 "tp": _comm(section, traffic, peak), "trace_paths": [str(p.relative_to(out)) for p in paths]}
+                 "tp": _comm(section, traffic, peak), "trace_paths": [str(p.relative_to(out)) for p in paths],
+                 "timeline_png": plot}
         doc = {"schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                "command": command or "bubblescope.tpdiagnose.tp_diagnose(...)", "world_size": world,
                "device": {"type": dev.type, "name": info.get("name"), "nvml_peak_GBps": peak,

@@ -194,3 +194,33 @@ def rank_summary(traces: list[Trace], steps: pd.DataFrame,
                    slowest_steps=int(slow.get(rank, 0)))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def rank_activities(traces: list[Trace], steps: pd.DataFrame, step_marker: str = DEFAULT_STEP_MARKER,
+                    skip_steps: int = 0, max_steps: int = 3) -> pd.DataFrame:
+    """The GPU activities of the first ``max_steps`` compared steps of every rank, on one time axis, for the
+    ranks' timeline plot: rank, step (as in ``steps``, the output of :func:`rank_steps`), name, nccl (bool),
+    start_us, end_us (µs from the earliest start of those steps over all ranks), sorted by (rank, start_us)."""
+    import pandas as pd
+
+    cols = ["rank", "step", "name", "nccl", "start_us", "end_us"]
+    shown = steps[(steps["step"] < max_steps) & steps["start_us"].notna()]
+    if shown.empty:
+        return pd.DataFrame(columns=cols)
+    frames = []
+    for rank, trace in zip(rank_ids(traces), traces):
+        mine = shown[shown["rank"] == rank]
+        if mine.empty:
+            continue
+        step = assign_steps(trace, step_marker) - skip_steps
+        keep = (step.isin(mine["step"].tolist()) & (trace.gpu["device"] == mine["device"].iloc[0])) \
+            .to_numpy(dtype=bool, na_value=False)
+        g = trace.gpu[keep]
+        frames.append(pd.DataFrame({"rank": rank, "step": step[keep].astype("int64").to_numpy(),
+                                    "name": g["name"].to_numpy(), "nccl": is_nccl(g["name"]).to_numpy(dtype=bool),
+                                    "start_us": g["ts_us"].to_numpy(), "end_us": g["end_us"].to_numpy()}))
+    out = pd.concat(frames, ignore_index=True)
+    t0 = float(shown["start_us"].min())
+    out["start_us"] -= t0
+    out["end_us"] -= t0
+    return out.sort_values(["rank", "start_us"], kind="stable", ignore_index=True)[cols]
