@@ -131,3 +131,13 @@ def test_rank_activities_share_one_axis(traces):
     fig = rank_timeline_figure(a)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]
     assert rank_timeline_figure(a.iloc[:0]) is None
+
+
+def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+
+    plain = [tg.kernel("gemv", 10, 5, 1)]  # rank-tagged, but no step marker
+    paths = [tg.write(tmp_path / f"r{r}.json", tg.document(tg.meta_events() + plain, rank=r)) for r in range(2)]
+    assert summarize_rank_traces(paths)["ranks"] is None
+    with pytest.raises(BubblescopeError, match="do not share one step marker"):
+        summarize_rank_traces(paths, force=True)

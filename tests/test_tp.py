@@ -153,9 +153,11 @@ def test_cli_tp2_end_to_end_on_gloo(tmp_path):
                                                         os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "model", "tiny-llama", "--tp", "2",
                         "--prompt-len", "4", "--gen-len", "4", "--runs", "1", "--profile-steps", "2",
-                        "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+                        "--out", str(tmp_path), "--format", "json"], capture_output=True, text=True, env=env,
+                       timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((tmp_path / "tp.json").read_text())
+    assert json.loads(r.stdout) == doc  # rank 0 prints what it wrote
     (eng,) = doc["engines"]
     assert doc["world_size"] == 2 and eng["name"] == "reference-tp2" and doc["device"]["backend"] == "gloo"
     want = rank_step_traffic(get_preset("tiny-llama"), 4, 4 + 4 // 2, 2)

@@ -172,7 +172,7 @@ def diagnose_model(
             raise BubblescopeError(f"--engines with --tp: one of {', '.join(MODES)}, got {engines!r}")
         raise typer.Exit(launch_tp(tp, model=model, checkpoint=checkpoint, mode=mode, prompt_len=prompt_len,
                                    gen_len=gen_len, runs=runs, profile_steps=profile_steps, dtype=dtype,
-                                   out=str(out), seed=seed, command=command_line()))
+                                   out=str(out), seed=seed, command=command_line(), format=fmt))
     sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")
     names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
     if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)

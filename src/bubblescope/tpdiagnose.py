@@ -200,8 +200,10 @@ def launch_tp(world_size: int, **kwargs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rank entry point: ``python -m bubblescope.tpdiagnose '<json kwargs of tp_diagnose>'``."""
+    """Rank entry point: ``python -m bubblescope.tpdiagnose '<json kwargs of tp_diagnose, plus "format": text|json>'``;
+    rank 0 prints the merged document in that format."""
     args = json.loads((argv or sys.argv[1:])[0])
+    fmt = args.pop("format", "text")
     try:
         doc = tp_diagnose(**args)
     except BubblescopeError as e:
@@ -212,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-    if doc is not None:
+    if doc is not None and fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    elif doc is not None:
         from rich.console import Console
 
         from .reports.tp_terminal import render_tp

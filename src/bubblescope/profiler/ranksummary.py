@@ -77,7 +77,7 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
 
     Raises:
         BubblescopeError: a bad file, path or option; ``force`` with one trace or with files of different
-            step markers.
+            step markers (without ``force`` such files get no ``ranks`` section).
     """
     threshold_us = metrics.check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
@@ -90,6 +90,8 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
         return out
     markers = {f["step_marker"] for f in files}
     if len(markers) != 1 or None in markers:
+        if not force:  # rank-tagged files without common steps: the per-file summaries are all there is
+            return out
         raise BubblescopeError(f"--ranks: the traces do not share one step marker (found {sorted(map(str, markers))})")
     out["ranks"] = multirank_section(traces, markers.pop(), skip_steps, threshold_us)
     return out
