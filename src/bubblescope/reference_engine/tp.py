@@ -94,6 +94,7 @@ class TPLayer(Layer):
     group = None  # the process group (None: the default one), set by TPTransformer
 
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum the ranks' partial O-proj / down-proj outputs (T, H) in place with one all-reduce; no host sync."""
         import torch.distributed as dist
 
         dist.all_reduce(partial, group=self.group)
