@@ -141,3 +141,24 @@ def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
     assert summarize_rank_traces(paths)["ranks"] is None
     with pytest.raises(BubblescopeError, match="do not share one step marker"):
         summarize_rank_traces(paths, force=True)
+
+
+def test_tp_comm_entry_and_communication_bound_finding(traces):
+    from bubblescope.profiler.ranksummary import multirank_section
+    from bubblescope.reports.findings import find
+    from bubblescope.tpdiagnose import _comm
+
+    section = multirank_section(traces, "bubblescope.decode_step")
+    traffic = {"world_size": 2, "allreduce_count": 4, "allreduce_bytes": 6000, "allgather_bytes": 3000,
+               "bus_bytes": 9000, "total_bytes": 4_800_000}
+    tp = _comm(section, traffic, 4800.0)
+    # least NCCL time per step over ranks: min(20, 7) = 7 and min(20, 11) = 11 -> median 9 µs;
+    # HBM floor 4.8 MB at 4800 GB/s = 1 µs; bus 9000 B in 9 µs = 1 GB/s.
+    assert tp["nccl_us_per_step"] == 9 and tp["hbm_floor_us"] == pytest.approx(1.0)
+    assert tp["bound"] == "communication" and tp["bus_GBps"] == pytest.approx(1.0)
+    doc = {"engines": [{"name": "reference-tp2", "status": "ok", "tp": tp}]}
+    (f,) = [f for f in find(doc) if f["rule"] == "communication-bound"]
+    assert f["evidence"]["nccl_us_per_step"] == 9 and f["engine"] == "reference-tp2"
+    assert not [f for f in find({"engines": [{"name": "x", "status": "ok",
+                                              "tp": _comm(section, traffic, 0.001)}]})
+                if f["rule"] == "communication-bound"]  # a 4.8 s floor: HBM bounds the step
