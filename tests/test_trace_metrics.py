@@ -283,6 +283,8 @@ def test_bad_threshold(decode, bad):
         ("void at::native::sbtopk::gatherTopK<float, unsigned int, 1, false>", "reduction/sampling"),
         ("void at::native::bitonicSortKVInPlace<float, long>", "reduction/sampling"),
         ("bubblescope_megakernel_step", "megakernel"),
+        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+        ("void ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "communication"),
         ("void fft2d_c2r_32x32<float, false>(float*, cudnn::reduced_divisor)", "other"),
         ("void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>", "copy/memset"),
     ],

@@ -153,3 +153,36 @@ def test_real_stories260k_checkpoint_bytes():
     t = step_traffic(get_preset("stories260k"), 4, 1)
     # Shared classifier: the file stores the table once; traffic adds one embedding row (64 fp32).
     assert t["weight_bytes"] == stored_weight_bytes + 64 * 4
+
+
+def test_rank_traffic_llama_3_1_8b_tp2_by_hand():
+    from bubblescope.profiler.traffic import rank_step_traffic
+
+    # H 4096, I 14336, 32 layers, 32 q heads / 8 KV heads of 128, vocab 128256, untied; rank = half of each.
+    layer = (2048 * 4096 + 2 * 512 * 4096 + 4096 * 2048  # q (16 heads), k and v (4 heads), o (its 2048 columns)
+             + 3 * 7168 * 4096                           # gate, up, down: 7168 of 14336 rows/columns
+             + 2 * 4096)                                 # the two RMSNorm weights, whole on every rank
+    weights = 4096 + 32 * layer + 4096 + 64128 * 4096    # embedding row, layers, final norm, half the LM head
+    t = rank_step_traffic(get_preset("llama-3.1-8b"), 2, 1024, 2)
+    assert t["weight_bytes"] == 2 * weights
+    assert t["kv_read_bytes"] == 2 * 32 * 4 * 128 * 1024 * 2 and t["kv_write_bytes"] == 2 * 32 * 4 * 128 * 2
+    assert t["allreduce_count"] == 64 and t["allreduce_bytes"] == 64 * 4096 * 2
+    assert t["allgather_bytes"] == 128256 * 2
+    assert t["bus_bytes"] == 64 * 4096 * 2 * 2 * 1 / 2 + 128256 * 2 * 1 / 2
+    one = rank_step_traffic(get_preset("llama-3.1-8b"), 2, 1024, 1)
+    assert one["bus_bytes"] == 0 and one["total_bytes"] == step_traffic(get_preset("llama-3.1-8b"), 2, 1024)["total_bytes"]
+
+
+def test_rank_traffic_uneven_vocab_and_bad_split():
+    from bubblescope.profiler.traffic import bound_by, rank_step_traffic
+
+    cfg = ModelConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=101)
+    assert rank_step_traffic(cfg, 4, 0, 2)["lm_head_bytes"] == 51 * 64 * 4  # ceil(101 / 2) rows
+    with pytest.raises(BubblescopeError, match="num_key_value_heads 2 is not a multiple of 4"):
+        rank_step_traffic(cfg, 4, 0, 4)
+    # 4.8e9 bytes at 4800 GB/s: a 1000 µs floor; NCCL 1200 µs per step is the larger part.
+    assert bound_by(4_800_000_000, 4800.0, 1200.0) == {"hbm_floor_us": 1000.0, "nccl_us": 1200.0,
+                                                       "bound": "communication"}
+    assert bound_by(4_800_000_000, 4800.0, 900.0)["bound"] == "hbm"
+    assert bound_by(4_800_000_000, None, 900.0)["bound"] is None

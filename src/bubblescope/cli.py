@@ -194,6 +194,8 @@ def diagnose_model(
                                           "take the entry for prompt + generated length."),
     counters: bool = typer.Option(False, "--counters", help="Also read hardware counters of each engine's top "
                                   "kernels with Nsight Compute (ncu), in a subprocess."),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks: runs the reference engine on N local "
+                           "processes through torchrun and writes tp.json plus one trace per rank."),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
@@ -202,6 +204,15 @@ def diagnose_model(
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     seed = _seed(seed)
+    if tp > 1:
+        from .tpdiagnose import MODES, launch_tp
+
+        mode = MODES.get(engines) if engines else None
+        if engines and mode is None:
+            raise BubblescopeError(f"--engines with --tp: one of {', '.join(MODES)}, got {engines!r}")
+        raise typer.Exit(launch_tp(tp, model=model, checkpoint=checkpoint, mode=mode, prompt_len=prompt_len,
+                                   gen_len=gen_len, runs=runs, profile_steps=profile_steps, dtype=dtype,
+                                   out=str(out), seed=seed, command=command_line(), format=fmt))
     sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")
     names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
     if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)
@@ -231,11 +242,15 @@ def diagnose_trace(
     idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
                                             help="Gaps shorter than this (µs) count as kernel-wait."),
     wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
+    ranks: bool = typer.Option(False, "--ranks", help="The files are one trace per rank of one job, in rank "
+                               "order (automatic when their distributedInfo ranks differ)."),
+    skip_steps: int = typer.Option(0, "--skip-steps", min=0, help="Warm-up steps left out of the step figures."),
 ):
-    """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces."""
+    """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces; with one
+    trace per rank, also NCCL share, cross-rank skew and the slowest rank per step."""
     import json
 
-    from .profiler.tracesummary import summarize_traces
+    from .profiler.ranksummary import summarize_rank_traces
     from .trace_inputs import trace_files
 
     if fmt not in ("text", "json"):
@@ -243,14 +258,18 @@ def diagnose_trace(
     files, skipped = trace_files([_path(p, "PATHS") for p in paths])
     for note in skipped:
         typer.echo(f"note: {note}", err=True)
-    summary = summarize_traces(files, step_marker=step_marker, threshold_us=idle_threshold_us)
+    summary = summarize_rank_traces([str(p) for p in files], step_marker=step_marker, threshold_us=idle_threshold_us,
+                                    skip_steps=skip_steps, force=ranks)
     if fmt == "json":
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
         from rich.console import Console
 
+        from .reports.ranks_terminal import render_ranks
         from .reports.trace_terminal import render_trace_summary
-        render_trace_summary(summary, Console(), wide=wide)
+        console = Console()
+        render_trace_summary(summary, console, wide=wide)
+        render_ranks(summary["ranks"], console)
 
 
 @app.command()

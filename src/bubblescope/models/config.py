@@ -184,6 +184,25 @@ class ModelConfig:
                                    f"{values['high_freq_factor']!r} must exceed low_freq_factor "
                                    f"{values['low_freq_factor']!r}")
 
+    def tp_shard(self, world_size: int) -> "ModelConfig":
+        """The config one of ``world_size`` tensor-parallel ranks computes (Megatron-LM layout): query heads,
+        KV heads and intermediate_size divided by ``world_size``; head_dim, hidden_size and vocab_size kept.
+
+        Raises:
+            BubblescopeError: ``world_size`` < 1, or num_key_value_heads, num_attention_heads or
+                intermediate_size not a multiple of it (each rank holds whole heads and equal MLP slices).
+        """
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise BubblescopeError(f"--tp: must be an integer >= 1, got {world_size!r}")
+        for name in ("num_key_value_heads", "num_attention_heads", "intermediate_size"):
+            value = getattr(self, name)
+            if value % world_size:
+                raise BubblescopeError(f"--tp {world_size}: {self.name}'s {name} {value} is not a multiple of "
+                                       f"{world_size} (each rank must hold whole heads and equal MLP slices)")
+        return self.replace(num_attention_heads=self.num_attention_heads // world_size,
+                            num_key_value_heads=self.num_key_value_heads // world_size,
+                            intermediate_size=self.intermediate_size // world_size, head_dim=self.head_dim)
+
     # ---- construction --------------------------------------------------------------------
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed (e.g. ``max_position_embeddings``)."""

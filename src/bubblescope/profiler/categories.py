@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # Inductor names fused ops as words between underscores, hence the (?:^|_)op(?:_|$) patterns.
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("megakernel", r"megakernel"),
+    # NCCL names every device kernel ncclKernel_* / ncclDevKernel_* (AllReduce, AllGather, SendRecv, ...).
+    ("communication", r"nccl"),
     (
         "copy/memset",
         r"^memcpy|^memset|direct_copy_kernel|\bcopy_kernel|catarraybatchedcopy|fillfunctor"

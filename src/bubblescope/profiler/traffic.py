@@ -156,3 +156,47 @@ def floor_ms(bytes_per_step: int, GBps: float | None) -> float | None:
         raise BubblescopeError(f"floor: bytes_per_step must be a number >= 0, got {bytes_per_step!r}")
     _check_rate("GBps", GBps)
     return None if GBps is None else bytes_per_step / GBps / 1e6
+
+
+def rank_step_traffic(cfg, dtype_bytes: int, context: int, world_size: int, kv_dtype_bytes: int | None = None) -> dict:
+    """:func:`step_traffic` of one of ``world_size`` tensor-parallel ranks (Megatron-LM layout, as
+    ``reference_engine.tp`` splits the model), plus the step's collectives.
+
+    HBM bytes per rank: the layers' projections and biases / N (``ModelConfig.tp_shard``), the RMSNorm
+    weights whole, one embedding row, ceil(vocab_size / N) rows of the LM head, and the KV cache of the
+    rank's num_key_value_heads / N heads. Collectives per step (batch 1, one token): 2 × layers
+    all-reduces of hidden_size elements (after O-proj and down-proj) and one all-gather of the
+    ceil(V/N) × N logits; ``allreduce_bytes`` and ``allgather_bytes`` are payload sizes (dtype_bytes each).
+    ``bus_bytes`` = allreduce_bytes × 2(N−1)/N + allgather_bytes × (N−1)/N, the bytes each rank's link
+    carries in a ring (the "bus bandwidth" factors of nccl-tests' doc/PERFORMANCE.md); 0 when N = 1.
+
+    Raises:
+        BubblescopeError: as :func:`step_traffic`, or a config that does not split over ``world_size``.
+    """
+    local = cfg.tp_shard(world_size)
+    rows = -(-cfg.vocab_size // world_size)
+    out = step_traffic(local.replace(vocab_size=rows), dtype_bytes, context, kv_dtype_bytes)
+    n = world_size
+    allreduce = 2 * cfg.num_hidden_layers * cfg.hidden_size * dtype_bytes
+    allgather = rows * n * dtype_bytes
+    out.update(world_size=n, allreduce_count=2 * cfg.num_hidden_layers, allreduce_bytes=allreduce,
+               allgather_bytes=allgather, bus_bytes=(allreduce * 2 * (n - 1) + allgather * (n - 1)) / n)
+    return out
+
+
+def bound_by(rank_bytes: int, peak_GBps: float | None, nccl_us: float | None) -> dict:
+    """Whether HBM or communication bounds a tensor-parallel step on one rank.
+
+    ``hbm_floor_us`` = rank_bytes / peak_GBps / 10^3 (the step if the rank streamed its bytes at the peak);
+    ``bound`` is ``communication`` when the step's NCCL kernel time (µs, e.g. the slowest rank's, which
+    waits least) exceeds that floor, else ``hbm``; None where an input is None.
+
+    Raises:
+        BubblescopeError: ``rank_bytes`` negative or ``peak_GBps`` not positive.
+    """
+    floor = floor_ms(rank_bytes, peak_GBps)
+    floor_us = None if floor is None else floor * 1e3
+    bound = None
+    if floor_us is not None and nccl_us is not None:
+        bound = "communication" if nccl_us > floor_us else "hbm"
+    return {"hbm_floor_us": floor_us, "nccl_us": nccl_us, "bound": bound}

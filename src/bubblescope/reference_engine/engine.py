@@ -32,6 +32,8 @@ class ReferenceEngine:
         EngineUnavailable: ``cudagraph`` without a CUDA device.
     """
 
+    model_class = Transformer  # reference_engine.tp swaps in its tensor-parallel model
+
     def __init__(self, weights: ModelWeights, mode: str = "eager", max_seq_len: int | None = None):
         if mode not in MODES:
             raise BubblescopeError(f"--mode: unknown mode {mode!r}; use one of {', '.join(MODES)}")
@@ -42,7 +44,7 @@ class ReferenceEngine:
         self.mode = mode
         self.name = "reference" if mode == "eager" else f"reference-{mode}"
         self.max_seq_len = max_seq_len or min(self.config.max_position_embeddings, 2048)
-        self.model = Transformer(weights, self.max_seq_len)
+        self.model = self.model_class(weights, self.max_seq_len)
         self.position = 0
         self._tok = torch.zeros(1, dtype=torch.long, device=self.device)
         self._pos = torch.zeros(1, dtype=torch.long, device=self.device)

@@ -80,13 +80,21 @@ class Layer(nn.Module):
             v_all = v_all.repeat_interleave(g, dim=1)
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)       # (1, nh, T, D)
         y = y.squeeze(0).transpose(0, 1).reshape(T, c.q_size)
-        x = x + F.linear(y, self.o_proj)
+        x = x + self.reduce(F.linear(y, self.o_proj))
         h = rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
-        return x + F.linear(F.silu(F.linear(h, self.gate_proj)) * F.linear(h, self.up_proj), self.down_proj)
+        return x + self.reduce(F.linear(F.silu(F.linear(h, self.gate_proj)) * F.linear(h, self.up_proj),
+                                        self.down_proj))
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum of the row-parallel O-proj / down-proj outputs over ranks: nothing to sum on one device
+        (``reference_engine.tp`` all-reduces here)."""
+        return partial
 
 
 class Transformer(nn.Module):
     """The model over a static KV cache of ``max_seq_len`` positions."""
+
+    layer_class = Layer  # reference_engine.tp swaps in its all-reducing layer
 
     def __init__(self, weights: ModelWeights, max_seq_len: int):
         super().__init__()
@@ -96,7 +104,7 @@ class Transformer(nn.Module):
         self.register_buffer("embed_tokens", weights.embed_tokens, persistent=False)
         self.register_buffer("norm", weights.norm, persistent=False)
         self.register_buffer("lm_head", weights.lm_head, persistent=False)
-        self.layers = nn.ModuleList(Layer(cfg, lw, max_seq_len) for lw in weights.layers)
+        self.layers = nn.ModuleList(self.layer_class(cfg, lw, max_seq_len) for lw in weights.layers)
         # cos/sin tables (S, D) in float32 like transformers' rotary embedding; cast to the activation dtype
         # at use, as transformers does.
         pos = torch.arange(max_seq_len, dtype=torch.float32)

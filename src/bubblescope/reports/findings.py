@@ -260,9 +260,25 @@ def _counters_memory(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | Non
         "working set fits in L2 and the bandwidth numbers overstate HBM traffic.")
 
 
+def _communication_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    # Only tensor-parallel runs carry "tp" (bubblescope.tpdiagnose); its numbers come from profiler.traffic.bound_by.
+    tp = eng.get("tp") or {}
+    floor, nccl = tp.get("hbm_floor_us"), tp.get("nccl_us_per_step")
+    if floor is None or nccl is None or tp.get("bound") != "communication":
+        return None
+    return _finding(
+        "communication-bound", "warn", eng,
+        f"Communication-bound: {nccl:.1f} µs of NCCL kernels per step exceed the {floor:.1f} µs a rank needs "
+        f"to stream its 1/{tp.get('world_size')} of the weights at peak",
+        {"nccl_us_per_step": nccl, "hbm_floor_us": floor, "world_size": tp.get("world_size"),
+         "allreduce_count": tp.get("allreduce_count"), "nccl_share": tp.get("nccl_share")},
+        "fewer ranks, or fewer and larger collectives (fuse the O-proj/down all-reduces with the next norm, "
+        "one-shot all-reduce for small messages), or overlap communication with the next layer's weight loads")
+
+
 RULES: tuple[Callable[[dict, dict, Mapping[str, float]], dict | None], ...] = (
     _launch_bound, _bubble_bound, _near_limit, _prefill_dominated, _kv_bound, _fused_slow,
-    _divergence, _unstable, _counters_occupancy, _counters_memory)
+    _divergence, _unstable, _counters_occupancy, _counters_memory, _communication_bound)
 
 
 def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]:

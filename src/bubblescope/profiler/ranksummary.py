@@ -1,0 +1,97 @@
+"""``diagnose trace`` over one trace per rank: the per-file summaries plus a JSON-ready multi-rank section.
+
+The result is the ``bubblescope.trace/1`` dict of :func:`~bubblescope.profiler.tracesummary.summarize_traces`
+with one more key, ``ranks`` (None when the files are not one trace per rank of one job)::
+
+    {"ranks": {"world_size": int, "step_marker": str, "skip_steps": int, "steps": int,
+               "per_rank": [{rank, path, device, steps, kernels, busy_us, span_us, bubble_ratio, nccl_us,
+                             nccl_share, compute_us_per_step, nccl_us_per_step, slowest_steps}],
+               "per_step": [{step, ranks, start_skew_us, end_skew_us, first_start_rank, last_start_rank,
+                             last_end_rank, slowest_rank, slowest_compute_us, fastest_compute_us,
+                             compute_skew_us, span_us, nccl_share_max, nccl_share_min}],
+               "rank_steps": [{rank, step, device, start_us, end_us, span_us, busy_us, compute_us, nccl_us,
+                               nccl_share, kernels, nccl_kernels, wall_us}],
+               "median": {start_skew_us, end_skew_us, compute_skew_us, nccl_share},
+               "warnings": [str]}}
+
+Definitions are :mod:`.ranks`'s. Each file is parsed once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from ..errors import BubblescopeError
+from . import metrics, ranks
+from .timeline import check_skip_steps
+from .trace import Trace, load_trace
+from .tracesummary import SCHEMA, expand_paths, summarize_trace
+
+
+def is_multirank(traces: list[Trace]) -> bool:
+    """True when there are at least two traces and each names a different ``distributedInfo.rank``."""
+    found = [t.rank for t in traces]
+    return len(found) > 1 and None not in found and len(set(found)) == len(found)
+
+
+def _records(frame) -> list[dict]:
+    import numpy as np
+
+    out = []
+    for row in frame.to_dict("records"):
+        out.append({k: (None if v is None or (isinstance(v, float) and not np.isfinite(v)) else
+                        int(v) if isinstance(v, (np.integer, bool, np.bool_)) or k.endswith("rank") and v == v
+                        else float(v) if isinstance(v, (float, np.floating)) else v) for k, v in row.items()})
+    return out
+
+
+def multirank_section(traces: list[Trace], step_marker: str, skip_steps: int = 0,
+                      threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US) -> dict:
+    """The ``ranks`` dict of the module doc for already parsed per-rank traces.
+
+    Raises:
+        BubblescopeError: two traces with the same rank, a bad threshold or skip count.
+    """
+    steps = ranks.rank_steps(traces, step_marker, check_skip_steps(skip_steps), threshold_us)
+    per_step = ranks.cross_rank_steps(steps)
+    per_rank = ranks.rank_summary(traces, steps, threshold_us)
+    warnings = []
+    counts = {t.path: len(ranks.one_rank_steps(t, 0, step_marker, threshold_us)) for t in traces}
+    if len(set(counts.values())) > 1:
+        warnings.append(f"ranks recorded different numbers of steps ({', '.join(map(str, counts.values()))}); "
+                        f"compared the first {int(steps['step'].max()) + 1 if len(steps) else 0} after warm-up")
+    median = {c: metrics.json_float(per_step[c].median()) if len(per_step) else None
+              for c in ("start_skew_us", "end_skew_us", "compute_skew_us")}
+    median["nccl_share"] = metrics.json_float(steps["nccl_share"].median()) if len(steps) else None
+    return {"world_size": len(traces), "step_marker": step_marker, "skip_steps": skip_steps,
+            "steps": int(len(per_step)), "per_rank": _records(per_rank), "per_step": _records(per_step),
+            "rank_steps": _records(steps), "median": median, "warnings": warnings}
+
+
+def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str | None = None,
+                          threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US, skip_steps: int = 0,
+                          force: bool = False) -> dict:
+    """Per-file summaries (as ``summarize_traces``) plus ``ranks``: the multi-rank section when the files are
+    one trace per rank (:func:`is_multirank`, or ``force`` with ranks taken by position), else None.
+
+    Raises:
+        BubblescopeError: a bad file, path or option; ``force`` with one trace or with files of different
+            step markers (without ``force`` such files get no ``ranks`` section).
+    """
+    threshold_us = metrics.check_threshold(threshold_us)
+    skip_steps = check_skip_steps(skip_steps)
+    traces = [load_trace(p) for p in expand_paths(paths)]
+    files = [summarize_trace(t, step_marker, threshold_us, skip_steps) for t in traces]
+    out = {"schema": SCHEMA, "files": files, "ranks": None}
+    if force and len(traces) < 2:
+        raise BubblescopeError("--ranks: needs one trace per rank (at least two files)")
+    if not (force or is_multirank(traces)):
+        return out
+    markers = {f["step_marker"] for f in files}
+    if len(markers) != 1 or None in markers:
+        if not force:  # rank-tagged files without common steps: the per-file summaries are all there is
+            return out
+        raise BubblescopeError(f"--ranks: the traces do not share one step marker (found {sorted(map(str, markers))})")
+    out["ranks"] = multirank_section(traces, markers.pop(), skip_steps, threshold_us)
+    return out

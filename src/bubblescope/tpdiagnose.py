@@ -1,0 +1,229 @@
+"""``diagnose model MODEL --tp N``: the tensor-parallel reference engine measured on every rank, merged on rank 0.
+
+:func:`launch_tp` (the CLI's side) checks that the model splits over N ranks, then runs
+``python -m torch.distributed.run --standalone --nproc-per-node N -m bubblescope.tpdiagnose '<json kwargs>'``
+(``torchrun``'s single-host rendezvous; for several nodes, start the same module with torchrun's usual
+``--nnodes``/``--rdzv-endpoint`` options). Every rank then runs :func:`tp_diagnose`: it loads the model, keeps
+its shard, times greedy generation and records its own trace (``traces/<engine>-rank<r>.json.gz``, Kineto writes
+the rank into ``distributedInfo``). Rank 0 merges the traces (:mod:`.profiler.ranksummary`), adds the per-rank
+bytes per step and collectives (:func:`.profiler.traffic.rank_step_traffic`) and the findings, and writes
+``tp.json`` (schema ``bubblescope.tp/1``) and, on GPUs, ``ranks_timeline.png`` (the ranks' first steps on one
+axis) atomically. The library call works inside any torchrun job.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import BubblescopeError
+
+SCHEMA = "bubblescope.tp/1"
+MODES = {"reference": "eager", "reference-cudagraph": "cudagraph"}
+
+
+def _atomic_json(path: Path, doc: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh, indent=2, allow_nan=False)
+    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; results files are meant to be shared
+    os.replace(tmp, path)
+
+
+def _comm(section: dict | None, traffic: dict, peak_GBps: float | None) -> dict:
+    """The ``tp`` entry: collectives per step, the NCCL time of the rank that waited least, the bound."""
+    from .profiler.traffic import bound_by
+
+    out = {k: traffic[k] for k in ("world_size", "allreduce_count", "allreduce_bytes", "allgather_bytes", "bus_bytes")}
+    out["rank_bytes_per_step"] = traffic["total_bytes"]
+    nccl = None
+    rows = (section or {}).get("rank_steps") or []
+    by_step: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("nccl_us") is not None:
+            by_step.setdefault(r["step"], []).append(r["nccl_us"])
+    if by_step:  # per step the least NCCL time over ranks is the closest to pure communication (no waiting)
+        nccl = statistics.median(min(v) for v in by_step.values())
+    out["nccl_us_per_step"] = nccl
+    out["nccl_share"] = ((section or {}).get("median") or {}).get("nccl_share")
+    out["bus_GBps"] = traffic["bus_bytes"] / nccl / 1e3 if nccl else None
+    out.update({k: v for k, v in bound_by(traffic["total_bytes"], peak_GBps, nccl).items() if k != "nccl_us"})
+    return out
+
+
+def _timeline_png(traces: list, path: Path) -> str | None:
+    """Draw the ranks' first steps on one axis into ``path`` (atomically); its name, or None if nothing to draw."""
+    from .profiler.capture import STEP_MARKER
+    from .profiler.ranks import rank_activities, rank_steps
+    from .reports.rank_plots import rank_timeline_figure
+
+    fig = rank_timeline_figure(rank_activities(traces, rank_steps(traces, STEP_MARKER)))
+    if fig is None:
+        return None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fig.savefig(fh, format="png")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path.name
+
+
+def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: str | None = None,
+                prompt_len: int | None = None, gen_len: int | None = None, runs: int = 3, profile_steps: int = 8,
+                dtype: str | None = None, out: str | Path = "bubblescope-out", seed: int = 0,
+                command: str | None = None) -> dict | None:
+    """Measure the tensor-parallel reference engine on this rank; on rank 0 return (and write) the merged doc.
+
+    Call on every rank of an initialized (or torchrun-described) process group. ``mode``: eager or cudagraph
+    (default: cudagraph on GPUs, eager on CPU). Defaults as ``diagnose``: prompt 128 / 16 and 128 / 32 new
+    tokens on GPU / CPU. Returns None on ranks other than 0.
+
+    Raises:
+        BubblescopeError: a model that does not split over the ranks, a workload beyond its positions, bad options.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from .diagnosis import default_model, latency_stats
+    from .generation import generate
+    from .models import load_model, parse_dtype
+    from .profiler.capture import STEP_MARKER, capture_decode_trace
+    from .profiler.hardware import device_info
+    from .profiler.ranksummary import multirank_section
+    from .profiler.trace import load_trace
+    from .profiler.traffic import bandwidth, rank_step_traffic
+    from .reference_engine.tp import TPReferenceEngine, init_distributed
+    from .reports.findings import find
+
+    rank, world, dev = init_distributed()
+    on_gpu = dev.type == "cuda"
+    mode = mode or ("cudagraph" if on_gpu else "eager")
+    prompt_len = prompt_len or (128 if on_gpu else 16)
+    gen_len = gen_len or (128 if on_gpu else 32)
+    model = model or default_model(dev, checkpoint)
+    tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
+    loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
+    cfg = loaded.config
+    need = prompt_len + gen_len + profile_steps + 8
+    if need > cfg.max_position_embeddings:
+        raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
+                               f"max_position_embeddings={cfg.max_position_embeddings}")
+    engine = TPReferenceEngine(loaded.weights, mode=mode, max_seq_len=need)
+    source, weight_bytes = loaded.source, loaded.weights.nbytes()
+    del loaded  # the full weights: each rank keeps only its shard
+    prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    generate(engine, prompt, min(gen_len, 8), eos_ids=())  # warm-up (graph capture, allocator)
+    token_ms, ttft, shares = [], [], []
+    for _ in range(runs):
+        res = generate(engine, prompt, gen_len, eos_ids=())
+        token_ms += res.token_ms
+        ttft.append(res.ttft_ms)
+        if res.decode_share is not None:
+            shares.append(res.decode_share)
+    out = Path(out)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    cap = capture_decode_trace(engine, prompt, steps=profile_steps, warmup=3,
+                               out_path=out / "traces" / f"{engine.name}-rank{rank}.json.gz")
+    dist.barrier()  # every rank's trace is on disk
+    doc = None
+    if rank == 0:
+        paths = [out / "traces" / f"{engine.name}-rank{r}.json.gz" for r in range(world)]
+        traces = [load_trace(p) for p in paths]
+        section = multirank_section(traces, STEP_MARKER) if cap.gpu else None
+        plot = _timeline_png(traces, out / "ranks_timeline.png") if cap.gpu else None
+        info = device_info(dev) if on_gpu else {}
+        peak = info.get("nvml_peak_GBps")
+        context = prompt_len + gen_len // 2
+        traffic = rank_step_traffic(cfg, tdtype.itemsize, context, world)
+        lat = latency_stats(token_ms, ttft, shares)
+        entry = {"name": engine.name, "status": "ok", "latency": lat,
+                 "bandwidth": {"rank_bytes_per_step": traffic["total_bytes"], "context": context,
+                               **bandwidth(traffic["total_bytes"], lat["token_ms_p50"], peak)},
+                 "tp": _comm(section, traffic, peak), "trace_paths": [str(p.relative_to(out)) for p in paths],
+                 "timeline_png": plot}
+        doc = {"schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               "command": command or "bubblescope.tpdiagnose.tp_diagnose(...)", "world_size": world,
+               "device": {"type": dev.type, "name": info.get("name"), "nvml_peak_GBps": peak,
+                          "backend": dist.get_backend()},
+               "model": {"name": cfg.name, "source": source, "weight_bytes": weight_bytes,
+                         "dtype": str(tdtype).replace("torch.", "")},
+               "workload": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "seed": seed,
+                            "profile_steps": profile_steps, "mode": mode},
+               "engines": [entry], "ranks": section,
+               "notes": [] if cap.gpu else ["CPU only: no GPU activity, so NCCL share, skew and the bound are "
+                                            "unavailable"]}
+        doc["findings"] = find(doc)
+        _atomic_json(out / "tp.json", doc)
+    dist.barrier()
+    return doc
+
+
+def check_split(model: str | None, checkpoint: str | None, world_size: int) -> None:
+    """Refuse, before any process starts, a preset or Hugging Face config that does not split over
+    ``world_size`` ranks (other sources are checked by the ranks).
+
+    Raises:
+        BubblescopeError: as ``ModelConfig.tp_shard``.
+    """
+    from .models.config import PRESETS, ModelConfig
+
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise BubblescopeError(f"--tp: must be an integer >= 1, got {world_size!r}")
+    path = Path(checkpoint or model or "")
+    if checkpoint is None and model and model.lower() in PRESETS:
+        PRESETS[model.lower()].tp_shard(world_size)
+    elif path.is_dir() and (path / "config.json").is_file() or path.suffix == ".json" and path.is_file():
+        ModelConfig.from_hf_config(path).tp_shard(world_size)
+
+
+def launch_tp(world_size: int, **kwargs) -> int:
+    """Run :func:`tp_diagnose` on ``world_size`` local ranks through torchrun; return 0, or 2 when a rank failed.
+
+    Raises:
+        BubblescopeError: the model does not split over ``world_size`` ranks (:func:`check_split`).
+    """
+    check_split(kwargs.get("model"), kwargs.get("checkpoint"), world_size)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+           "-m", "bubblescope.tpdiagnose", json.dumps(kwargs)]
+    rc = subprocess.run(cmd).returncode
+    if rc:
+        print(f"error: tensor-parallel run failed (torchrun exit {rc}); the ranks' messages are above",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rank entry point: ``python -m bubblescope.tpdiagnose '<json kwargs of tp_diagnose, plus "format": text|json>'``;
+    rank 0 prints the merged document in that format."""
+    args = json.loads((argv or sys.argv[1:])[0])
+    fmt = args.pop("format", "text")
+    try:
+        doc = tp_diagnose(**args)
+    except BubblescopeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if doc is not None and fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    elif doc is not None:
+        from rich.console import Console
+
+        from .reports.tp_terminal import render_tp
+        render_tp(doc, Console())
+        print(f"wrote {Path(args.get('out', 'bubblescope-out')) / 'tp.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

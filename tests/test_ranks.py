@@ -1,0 +1,164 @@
+"""Multi-rank merge on two synthetic per-rank traces; every expected number is worked out by hand below.
+
+Rank 0 (device 0), step 0: gemv [10,40) s7, ncclAllReduce [40,60) s20, gemv [60,70) s7 -> start 10, end 70,
+span 60, busy 60, compute 40, nccl 20 (share 1/3). Step 1: gemv [110,130), nccl [130,150), silu [155,160) ->
+start 110, end 160, span 50, busy 45, compute 25, nccl 20 (share 0.4).
+Rank 1 (device 1), step 0: gemv [15,55), nccl [55,62), gemv [62,72) -> start 15, end 72, span 57, busy 57,
+compute 50, nccl 7. Step 1: gemv [112,140), nccl [140,151) s20 and nccl [145,150) s21 (overlapping: union 11),
+silu [156,161) -> start 112, end 161, span 49, busy 44, compute 33, nccl 11.
+Across ranks: step 0 start skew 5, end skew 2, slowest rank 1 (compute 50 vs 40); step 1 start skew 2,
+end skew 1, slowest rank 1 (33 vs 25).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bubblescope.errors import BubblescopeError
+from bubblescope.profiler.ranks import cross_rank_steps, rank_steps, rank_summary
+from bubblescope.profiler.trace import load_trace
+
+from . import tracegen as tg
+
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def _rank_events(device: int, kernels: list[tuple[int, str, float, float, int]]) -> list[dict]:
+    ev = [tg.annotation("bubblescope.decode_step#0", 0, 100), tg.annotation("bubblescope.decode_step#1", 100, 100)]
+    for corr, name, ts, end, stream in kernels:
+        step_start = 0 if ts < 100 else 100
+        ev.append(tg.launch(step_start + corr % 10, 1, corr))
+        ev.append(tg.kernel(name, ts, end - ts, corr, stream=stream, device=device))
+    return tg.meta_events() + ev
+
+
+RANK0 = [(1, "gemv", 10, 40, 7), (2, NCCL, 40, 60, 20), (3, "gemv", 60, 70, 7),
+         (11, "gemv", 110, 130, 7), (12, NCCL, 130, 150, 20), (13, "silu", 155, 160, 7)]
+RANK1 = [(1, "gemv", 15, 55, 7), (2, NCCL, 55, 62, 20), (3, "gemv", 62, 72, 7),
+         (11, "gemv", 112, 140, 7), (12, NCCL, 140, 151, 20), (14, NCCL, 145, 150, 21), (13, "silu", 156, 161, 7)]
+
+
+@pytest.fixture
+def traces(tmp_path):
+    out = []
+    for rank, kernels in ((1, RANK1), (0, RANK0)):  # out of order on purpose: ranks come from distributedInfo
+        path = tg.write(tmp_path / f"rank{rank}.json.gz", tg.document(_rank_events(rank, kernels), rank=rank))
+        out.append(load_trace(path))
+    return out
+
+
+def test_rank_steps(traces):
+    s = rank_steps(traces)
+    assert s[["step", "rank"]].values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert s["device"].tolist() == [0, 1, 0, 1]
+    assert s["start_us"].tolist() == [10, 15, 110, 112]
+    assert s["end_us"].tolist() == [70, 72, 160, 161]
+    assert s["busy_us"].tolist() == [60, 57, 45, 44]
+    assert s["compute_us"].tolist() == [40, 50, 25, 33]
+    assert s["nccl_us"].tolist() == [20, 7, 20, 11]
+    assert s["nccl_share"].tolist() == pytest.approx([20 / 60, 7 / 57, 20 / 50, 11 / 49])
+    assert s["kernels"].tolist() == [3, 3, 3, 4] and s["nccl_kernels"].tolist() == [1, 1, 1, 2]
+
+
+def test_cross_rank_skew_and_slowest(traces):
+    x = cross_rank_steps(rank_steps(traces))
+    assert x["start_skew_us"].tolist() == [5, 2] and x["end_skew_us"].tolist() == [2, 1]
+    assert x["slowest_rank"].tolist() == [1, 1] and x["compute_skew_us"].tolist() == [10, 8]
+    assert x["last_start_rank"].tolist() == [1, 1] and x["first_start_rank"].tolist() == [0, 0]
+    assert x["span_us"].tolist() == [62, 51]
+    assert x["nccl_share_max"].tolist() == pytest.approx([1 / 3, 0.4])
+
+
+def test_skip_steps_renumbers(traces):
+    s = rank_steps(traces, skip_steps=1)
+    assert s["step"].tolist() == [0, 0] and s["start_us"].tolist() == [110, 112]
+
+
+def test_rank_summary(traces):
+    s = rank_steps(traces)
+    r = rank_summary(traces, s).set_index("rank")
+    assert r.loc[0, "busy_us"] == 105 and r.loc[0, "span_us"] == 150
+    assert r.loc[0, "bubble_ratio"] == pytest.approx(1 - 105 / 150)
+    assert r.loc[1, "busy_us"] == 101 and r.loc[1, "span_us"] == 146
+    assert r.loc[0, "nccl_share"] == pytest.approx(40 / 110) and r.loc[1, "nccl_share"] == pytest.approx(18 / 106)
+    assert r.loc[1, "slowest_steps"] == 2 and r.loc[0, "slowest_steps"] == 0
+    assert r.loc[0, "kernels"] == 6 and r.loc[1, "kernels"] == 7
+
+
+def test_duplicate_ranks(tmp_path):
+    paths = [tg.write(tmp_path / f"t{i}.json", tg.document(_rank_events(0, RANK0), rank=0)) for i in range(2)]
+    with pytest.raises(BubblescopeError, match="rank 0 again"):
+        rank_steps([load_trace(p) for p in paths])
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_folder_of_rank_traces(traces, tmp_path):
+    import json
+
+    r = _cli("diagnose", "trace", tmp_path, "--format", "json")
+    assert r.exit_code == 0, r.output
+    ranks = json.loads(r.stdout)["ranks"]
+    assert ranks["world_size"] == 2 and ranks["steps"] == 2
+    shares = sorted([20 / 60, 7 / 57, 20 / 50, 11 / 49])  # median of 4 = mean of the middle two
+    assert ranks["median"] == {"start_skew_us": 3.5, "end_skew_us": 1.5, "compute_skew_us": 9.0,
+                               "nccl_share": pytest.approx((shares[1] + shares[2]) / 2)}
+    assert [s["slowest_rank"] for s in ranks["per_step"]] == [1, 1]
+    text = _cli("diagnose", "trace", tmp_path / "rank0.json.gz", tmp_path / "rank1.json.gz", "--skip-steps", "1")
+    assert text.exit_code == 0, text.output
+    assert "2 ranks" in text.stdout and "1 steps compared" in text.stdout
+
+
+def test_cli_ranks_needs_two_files(traces, tmp_path):
+    r = _cli("diagnose", "trace", tmp_path / "rank0.json.gz", "--ranks")
+    assert r.exit_code == 2 and "at least two files" in r.output
+
+
+def test_rank_activities_share_one_axis(traces):
+    from bubblescope.profiler.ranks import rank_activities
+    from bubblescope.reports.rank_plots import rank_timeline_figure
+
+    a = rank_activities(traces, rank_steps(traces), max_steps=1)  # step 0 only; t0 = rank 0's start at 10 µs
+    assert a["rank"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert a["start_us"].tolist() == [0, 30, 50, 5, 45, 52] and a["end_us"].tolist() == [30, 50, 60, 45, 52, 62]
+    assert a["nccl"].tolist() == [False, True, False, False, True, False]
+    fig = rank_timeline_figure(a)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]
+    assert rank_timeline_figure(a.iloc[:0]) is None
+
+
+def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+
+    plain = [tg.kernel("gemv", 10, 5, 1)]  # rank-tagged, but no step marker
+    paths = [tg.write(tmp_path / f"r{r}.json", tg.document(tg.meta_events() + plain, rank=r)) for r in range(2)]
+    assert summarize_rank_traces(paths)["ranks"] is None
+    with pytest.raises(BubblescopeError, match="do not share one step marker"):
+        summarize_rank_traces(paths, force=True)
+
+
+def test_tp_comm_entry_and_communication_bound_finding(traces):
+    from bubblescope.profiler.ranksummary import multirank_section
+    from bubblescope.reports.findings import find
+    from bubblescope.tpdiagnose import _comm
+
+    section = multirank_section(traces, "bubblescope.decode_step")
+    traffic = {"world_size": 2, "allreduce_count": 4, "allreduce_bytes": 6000, "allgather_bytes": 3000,
+               "bus_bytes": 9000, "total_bytes": 4_800_000}
+    tp = _comm(section, traffic, 4800.0)
+    # least NCCL time per step over ranks: min(20, 7) = 7 and min(20, 11) = 11 -> median 9 µs;
+    # HBM floor 4.8 MB at 4800 GB/s = 1 µs; bus 9000 B in 9 µs = 1 GB/s.
+    assert tp["nccl_us_per_step"] == 9 and tp["hbm_floor_us"] == pytest.approx(1.0)
+    assert tp["bound"] == "communication" and tp["bus_GBps"] == pytest.approx(1.0)
+    doc = {"engines": [{"name": "reference-tp2", "status": "ok", "tp": tp}]}
+    (f,) = [f for f in find(doc) if f["rule"] == "communication-bound"]
+    assert f["evidence"]["nccl_us_per_step"] == 9 and f["engine"] == "reference-tp2"
+    assert not [f for f in find({"engines": [{"name": "x", "status": "ok",
+                                              "tp": _comm(section, traffic, 0.001)}]})
+                if f["rule"] == "communication-bound"]  # a 4.8 s floor: HBM bounds the step
