@@ -1,18 +1,19 @@
 """Parse a Kineto / Chrome trace (``.json`` or ``.json.gz``) once into pandas frames.
 
-The ``traceEvents`` array is streamed: the file is decoded in 4 Mi-character chunks and each event
-is decoded on its own by the C JSON scanner (``json.scanner.make_scanner``); only the fields the
-metrics use are kept, as one tuple per kept event with interned names, and become typed columns
-once at the end. Memory is the decoded chunk plus the kept fields, not a Python dict per event as
-``json.load`` builds (``benchmarks/trace_parse.py`` measures time and peak RSS against Holistic
-Trace Analysis). The C scanner is the floor: about 5 µs per event on one core.
+The ``traceEvents`` array is streamed: the file is decoded in 4 Mi-character windows, and the whole
+events of each window are decoded by msgspec in one call into small typed structs (only the fields
+the metrics use), then kept as typed numpy columns per table; no dict per event is built. Events
+msgspec refuses (NaN literals, lone surrogates, odd types) are read one at a time by the standard
+library's C scanner, into the same columns. Memory is one window plus the kept columns
+(``benchmarks/trace_parse.py`` measures time and peak RSS against Holistic Trace Analysis).
 
 Units: every ``ts``/``dur`` of the Chrome trace format is in microseconds whatever
 ``displayTimeUnit`` says (that key only sets the viewer's display unit, see the Trace Event Format
 spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written.
 
-Reading is split over three modules: :mod:`.tracejson` streams the JSON text, :mod:`.tracecolumns`
-keeps the fields of each event and builds the typed, cleaned frames, and this one holds the
+Reading is split over modules: :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes
+runs of events with msgspec, :mod:`.tracecolumns` keeps the fields of each event and builds the typed,
+cleaned frames, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events, and this one holds the
 :class:`Trace` container, the launch/sync API names and :func:`load_trace`, which ties them together.
 """
 

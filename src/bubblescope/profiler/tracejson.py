@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 _CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
 _MAX_EVENT_CHARS = 1 << 26  # one event larger than 64 Mi characters is treated as malformed
+_MAX_COMMAS = 4096  # '{' looked at from a window's end for the start of an event
+_BATCH_TRIES = 3  # cuts tried per window before reading it event by event
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER_TAIL = re.compile(r"[0-9.eE+\-]*")
 _COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
@@ -142,6 +144,52 @@ def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
             raise text.error("expected ',' or '}'" if c else "file ends early (truncated?)")
 
 
+def _batch_end(buf: str, pos: int, hi: int) -> int:
+    """Index of the last ``}`` in ``buf[pos:hi]`` followed by a comma and a ``{`` (whitespace allowed
+    between): the end of an event when that ``}`` closes one at the top level of the array (kernel
+    names such as ``{lambda(float)#1}, std::array`` hold "}," but rarely "}, {"); -1 if none is near
+    the end of the window."""
+    ws = " \t\n\r"
+    for _ in range(_MAX_COMMAS):
+        p = buf.rfind("{", pos, hi)
+        if p <= pos:
+            return -1
+        q = p - 1
+        while q > pos and buf[q] in ws:
+            q -= 1
+        if buf[q] == ",":
+            q -= 1
+            while q > pos and buf[q] in ws:
+                q -= 1
+            if buf[q] == "}":
+                return q
+        hi = p
+    return -1
+
+
+def _add_batches(text: _Text, cols: _Columns) -> bool:
+    """Decode every whole event from the cursor to the window's last "}," with msgspec at once.
+
+    A "}," inside a string or a nested object makes the text up to it invalid JSON, so msgspec refuses
+    it rather than splitting an event; the cut is then tried again, one event earlier. Returns
+    False when msgspec refused the text (odd values), so the caller reads this window event by event.
+    """
+    from .tracebatch import add_batch
+
+    buf, pos, hi = text.buf, text.pos, len(text.buf)
+    if not buf.startswith("{", pos):
+        return True
+    for _ in range(_BATCH_TRIES):
+        end = _batch_end(buf, pos, hi)
+        if end < 0:
+            return True
+        if add_batch(cols, buf[pos : end + 1]):
+            text.pos = _COMMA.match(buf, end + 1).end()
+            return True
+        hi = end
+    return False
+
+
 def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
     text.pos += 1  # the '['
     add = cols.add
@@ -150,10 +198,12 @@ def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
         return
     scan, comma = text.scanner, _COMMA.match
     while True:
-        # Fast path, kept in locals: whole event objects inside the window separated by commas.
-        # It stops at anything else (an event cut by the window, the closing bracket, bad JSON).
+        _add_batches(text, cols)
+        # Whatever the batch left in the window, event by event, kept in locals: whole event objects
+        # separated by commas. It stops at anything else (an event cut by the window, the closing
+        # bracket, bad JSON).
         buf, pos, size, need_value = text.buf, text.pos, len(text.buf), True
-        while True:
+        while pos < size:
             try:
                 ev, end = scan(buf, pos)
             except (StopIteration, json.JSONDecodeError):
@@ -166,8 +216,6 @@ def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
                 pos, need_value = end, False
                 break
             pos = m.end()
-            if pos >= size:
-                break
         text.pos = pos
         if need_value:  # the careful path: refills the window, or raises a one-line error
             c = text.peek()
