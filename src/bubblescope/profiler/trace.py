@@ -31,6 +31,7 @@ from ..errors import BubblescopeError
 # GPU_KINDS, RUNTIME_CATEGORIES and FLOW_PHASES (which events become which table) live with the
 # column building; they stay importable from here.
 from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES, _Columns  # noqa: F401
+from .tracechecks import drop_repeated
 from .tracejson import _open_text, _parse, _Text
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     gpu = frames["gpu"]
     gpu["device"] = gpu["device"].fillna(-1)  # neither args.device nor pid: one unknown device
     gpu = gpu.sort_values(["device", "ts_us"], kind="stable", ignore_index=True)
+    gpu, merged = drop_repeated(gpu)
     runtime = frames["runtime"].sort_values("ts_us", kind="stable", ignore_index=True)
     names = runtime["name"].unique()
     runtime["is_launch"] = runtime["name"].isin([n for n in names if api_base_name(n) in LAUNCH_APIS])
@@ -151,6 +153,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
     warnings = [f"{n} {what}" for what, n in cols.odd.items()]
     warnings += [f"{n} integers in {col} beyond int64 or not integers, set to null" for col, n in cols.bad_ints.items()]
+    warnings += merged
     if cols.bad_text:
         warnings.append(f"{cols.bad_text} distinct names had invalid UTF-8 (replaced by U+FFFD)")
     linked = gpu["correlation"].isin(runtime["correlation"].dropna()).to_numpy(dtype=bool, na_value=False)

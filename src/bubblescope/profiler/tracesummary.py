@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import BubblescopeError
 from . import metrics
 from .steps import DEFAULT_STEP_MARKER, find_steps
+from .tracechecks import overlap_notes, skew_note
 from .timeline import check_skip_steps, timeline_summary
 from .trace import Trace, load_trace
 
@@ -131,11 +132,16 @@ def summarize_trace(
         summary = timeline_summary(trace, marker, skip_steps, threshold_us)
         if summary["reason"]:
             warnings.append(f"steps: {summary['reason']}")
+    devices = _devices(trace, threshold_us)
+    warnings += overlap_notes(devices, trace.gpu)
+    skew = skew_note(trace)
+    if skew:
+        warnings.append(skew)
     return {
         "path": trace.path,
         "rank": trace.rank,
         "step_marker": marker,
-        "devices": _devices(trace, threshold_us),
+        "devices": devices,
         "steps": summary,
         "warnings": warnings,
     }
