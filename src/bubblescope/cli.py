@@ -192,18 +192,28 @@ def diagnose_trace(
     """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces."""
     import json
 
-    from .profiler.tracesummary import summarize_traces
+    from .profiler.tracesummary import file_errors, summarize_traces
+    from .reports.progress import trace_progress
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    summary = summarize_traces([str(p) for p in paths], step_marker=step_marker, threshold_us=idle_threshold_us)
-    if fmt == "json":
+    with trace_progress() as progress:
+        summary = summarize_traces([str(p) for p in paths], step_marker=step_marker, threshold_us=idle_threshold_us,
+                                   keep_going=True, progress=progress)
+    errors = file_errors(summary)
+    if len(errors) == len(summary["files"]):
+        pass  # nothing readable: only the errors below, no empty report
+    elif fmt == "json":
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
         from rich.console import Console
 
         from .reports.trace_terminal import render_trace_summary
         render_trace_summary(summary, Console())
+    if errors:  # every readable file was reported above; one line per unreadable one, then exit 2
+        for message in errors[:-1]:
+            typer.echo(f"error: {message}", err=True)
+        raise BubblescopeError(errors[-1])
 
 
 @app.command()

@@ -23,6 +23,7 @@ import gzip
 import os
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,8 +114,11 @@ def parse_rank(value: Any) -> int | None:
     return int(number) if number.is_integer() else None
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
+def load_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> Trace:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into a :class:`Trace`.
+
+    ``progress(done, total)``, if given, is called with the bytes of the file read so far and the
+    file's size (bytes, as on disk: compressed for .gz) after each 4 Mi-character window.
 
     Raises BubblescopeError (one line naming the file) when the file is missing, unreadable, a
     truncated or corrupt gzip, not JSON, or JSON without a ``traceEvents`` array. Odd events (ts 0
@@ -124,8 +128,13 @@ def load_trace(path: str | os.PathLike) -> Trace:
     path = os.fspath(path)
     cols = _Columns()
     try:
-        with _open_text(path) as stream:
-            meta, found = _parse(_Text(stream), cols)
+        stream, raw = _open_text(path)
+        size = os.fstat(raw.fileno()).st_size
+        report = None if progress is None else (lambda done: progress(done, size))
+        with stream:
+            meta, found = _parse(_Text(stream, report, raw), cols)
+        if progress is not None:
+            progress(size, size)
     except FileNotFoundError:
         raise BubblescopeError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -15,6 +15,7 @@ import io
 import json
 import json.scanner
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,8 +33,10 @@ _COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
 class _Text:
     """A sliding window over the decoded file from which JSON values are scanned one at a time."""
 
-    def __init__(self, stream: io.TextIOBase):
+    def __init__(self, stream: io.TextIOBase, progress: Callable[[int], None] | None = None, raw: Any = None):
         self._stream = stream
+        self._progress = progress  # called with the bytes of the file read so far, after each refill
+        self._raw = raw
         self.buf = ""
         self.pos = 0
         self.offset = 0  # characters dropped from the front of buf so far
@@ -50,6 +53,8 @@ class _Text:
         self.offset += self.pos
         self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
+        if self._progress is not None and self._raw is not None:
+            self._progress(self._raw.tell())
         return True
 
     def peek(self) -> str:
@@ -95,14 +100,15 @@ class _Text:
         at = self.offset + (self.pos if pos is None else pos)
         return ValueError(f"invalid JSON at character {at}: {what}")
 
-def _open_text(path: str) -> io.TextIOBase:
-    """Open as text, gunzipping when the file starts with the gzip magic (not by its suffix)."""
+def _open_text(path: str) -> tuple[io.TextIOBase, Any]:
+    """(text stream, the underlying file) of ``path``, gunzipped when the file starts with the gzip
+    magic (not by its suffix); the raw file's ``tell()`` is the progress through the file in bytes."""
     raw = open(path, "rb")  # noqa: SIM115 - closed by the wrapper
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     binary = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
     # Invalid UTF-8 in kernel names must not stop the parse: decode with U+FFFD replacement.
     # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error.
-    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline="")
+    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline=""), raw
 
 
 def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
