@@ -99,7 +99,21 @@ def _ratio(num: Any, den: Any) -> Any:
 
 
 def _launch_rows(trace: Trace) -> np.ndarray:
-    """Per GPU activity, the position in ``trace.runtime`` of the CPU call with its correlation (-1 if none)."""
+    """Per GPU activity, the position in ``trace.runtime`` of the CPU call with its correlation (-1 if none).
+
+    Kept on the trace between calls (a summary asks for it five times; each sorts every CPU call),
+    keyed by the frames' identity and lengths so a replaced or resized frame is looked up again.
+    """
+    key = (id(trace.gpu), id(trace.runtime), len(trace.gpu), len(trace.runtime))
+    cached = trace.__dict__.get("_launch_rows_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1].copy()
+    rows = _match_launches(trace)
+    object.__setattr__(trace, "_launch_rows_cache", (key, rows))
+    return rows.copy()
+
+
+def _match_launches(trace: Trace) -> np.ndarray:
     import numpy as np
 
     rt_ok = trace.runtime["correlation"].notna().to_numpy()

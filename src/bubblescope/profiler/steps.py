@@ -42,7 +42,6 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     made none (some exporters put the marker on another pid; launches are then matched by time only).
     """
     import numpy as np
-    import pandas as pd
 
     if not isinstance(step_marker, str) or not step_marker.strip():
         raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
@@ -52,11 +51,12 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     steps = ann[((names == step_marker) | names.str.startswith(prefix)).to_numpy(dtype=bool)]
     steps = steps.reset_index(drop=True)
     steps.insert(0, "step", np.arange(len(steps), dtype=np.int64))
-    threads = {
-        (p, t)
-        for p, t in zip(trace.runtime["pid"].tolist(), trace.runtime["tid"].tolist())
-        if not (pd.isna(p) or pd.isna(t))
-    }
+    rt = trace.runtime
+    known = (rt["pid"].notna() & rt["tid"].notna()).to_numpy(dtype=bool)
+    pairs = np.stack([rt["pid"].to_numpy(dtype="int64", na_value=0)[known],
+                      rt["tid"].to_numpy(dtype="int64", na_value=0)[known]], axis=1)
+    # the few distinct threads, not one Python tuple per CPU call
+    threads = set(map(tuple, np.unique(pairs, axis=0).tolist())) if len(pairs) else set()
     steps["matched_by"] = [
         "thread" if (p, t) in threads else "time" for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())
     ]

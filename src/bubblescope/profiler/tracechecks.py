@@ -75,7 +75,6 @@ def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
     within float64 rounding of the trace's times (an ulp per interval) are not overlap.
     """
     import numpy as np
-    import pandas as pd
 
     from .metrics import _interval_stats
 
@@ -83,10 +82,10 @@ def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
         return []
     device = gpu["device"].to_numpy(dtype="int64", na_value=-1)
     stream = gpu["stream"].to_numpy(dtype="int64", na_value=-1)
-    key, pairs = pd.factorize(pd.MultiIndex.from_arrays([device, stream]))
+    pairs, key = np.unique(np.stack([device, stream], axis=1), axis=0, return_inverse=True)
     ts, end = gpu["ts_us"].to_numpy(), gpu["end_us"].to_numpy()
-    per_stream = _interval_stats(key, ts, end, np.full(len(ts), np.nan), 0.0)["busy_us"]
-    stream_device = np.array([p[0] for p in pairs])[per_stream.index.to_numpy()]
+    per_stream = _interval_stats(key.reshape(-1), ts, end, np.full(len(ts), np.nan), 0.0)["busy_us"]
+    stream_device = pairs[per_stream.index.to_numpy(), 0]
     notes = []
     for dev in devices:
         mine = device == dev["device"]
