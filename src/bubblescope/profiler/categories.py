@@ -86,9 +86,9 @@ def categorize_frame(gpu: pd.DataFrame) -> pd.Series:
         return pd.Series([], index=gpu.index, dtype="str", name="category")
     names, name_uniques = pd.factorize(gpu["name"])
     kinds, kind_uniques = pd.factorize(gpu["kind"])
-    codes, pairs = np.unique(names.astype(np.int64) * len(kind_uniques) + kinds, return_inverse=True)
+    pairs, codes = pd.factorize(names.astype(np.int64) * len(kind_uniques) + kinds)
     cats = np.asarray(
         [categorize(str(name_uniques[c // len(kind_uniques)]), str(kind_uniques[c % len(kind_uniques)])) for c in codes],
         dtype=object,
     )
-    return pd.Series(cats[pairs.reshape(-1)], index=gpu.index, dtype="str", name="category")
+    return pd.Series(cats[pairs], index=gpu.index, dtype="str", name="category")

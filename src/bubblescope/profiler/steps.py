@@ -23,6 +23,7 @@ from .metrics import (
     _ratio,
     _stats_by,
     check_threshold,
+    pair_codes,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     pairs = np.stack([rt["pid"].to_numpy(dtype="int64", na_value=0)[known],
                       rt["tid"].to_numpy(dtype="int64", na_value=0)[known]], axis=1)
     # the few distinct threads, not one Python tuple per CPU call
-    threads = set(map(tuple, np.unique(pairs, axis=0).tolist())) if len(pairs) else set()
+    threads = set(map(tuple, pair_codes(pairs[:, 0], pairs[:, 1])[1].tolist()))
     steps["matched_by"] = [
         "thread" if (p, t) in threads else "time" for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())
     ]

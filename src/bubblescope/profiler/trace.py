@@ -33,7 +33,7 @@ from ..errors import BubblescopeError
 # column building; they stay importable from here.
 from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES, _Columns  # noqa: F401
 from .tracechecks import drop_repeated
-from .tracejson import _open_text, _parse, _Text
+from .tracejson import _open_text, _parse, _Reader, _Text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,11 +128,15 @@ def load_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
     path = os.fspath(path)
     cols = _Columns()
     try:
-        stream, raw = _open_text(path)
-        size = os.fstat(raw.fileno()).st_size
-        report = None if progress is None else (lambda done: progress(done, size))
-        with stream:
-            meta, found = _parse(_Text(stream, report, raw), cols)
+        binary, raw = _open_text(path)
+        with raw, binary:
+            size = os.fstat(raw.fileno()).st_size
+            reader = _Reader(binary, raw)
+            reader.start()
+            try:
+                meta, found = _parse(_Text(reader, None if progress is None else (lambda done: progress(done, size))), cols)
+            finally:
+                reader.close()
         if progress is not None:
             progress(size, size)
     except FileNotFoundError:

@@ -112,7 +112,7 @@ def add_batch(cols: _Columns, text: str) -> bool:
     odd: Counter[str] = Counter()
     tables: dict[str, dict[str, list]] = {}
     maybe = np.flatnonzero(codes == 6)
-    if len(maybe):
+    if len(maybe) and "ProfilerStep#" in text:  # old torch's step ranges among the CPU ops
         steps = [str(events[i].name).startswith("ProfilerStep#") for i in maybe.tolist()]
         codes[maybe[np.array(steps, dtype=bool)]] = 5
     gpu = np.flatnonzero((codes >= 1) & (codes <= 3))

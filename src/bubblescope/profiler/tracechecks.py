@@ -76,15 +76,15 @@ def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
     """
     import numpy as np
 
-    from .metrics import _interval_stats
+    from .metrics import _interval_stats, pair_codes
 
     if gpu.empty:
         return []
     device = gpu["device"].to_numpy(dtype="int64", na_value=-1)
     stream = gpu["stream"].to_numpy(dtype="int64", na_value=-1)
-    pairs, key = np.unique(np.stack([device, stream], axis=1), axis=0, return_inverse=True)
+    key, pairs = pair_codes(device, stream)
     ts, end = gpu["ts_us"].to_numpy(), gpu["end_us"].to_numpy()
-    per_stream = _interval_stats(key.reshape(-1), ts, end, np.full(len(ts), np.nan), 0.0)["busy_us"]
+    per_stream = _interval_stats(key, ts, end, np.full(len(ts), np.nan), 0.0)["busy_us"]
     stream_device = pairs[per_stream.index.to_numpy(), 0]
     notes = []
     for dev in devices:

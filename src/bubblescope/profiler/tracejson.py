@@ -10,11 +10,13 @@ one-line ``ValueError`` naming the character position.
 
 from __future__ import annotations
 
+import codecs
 import gzip
-import io
 import json
 import json.scanner
+import queue
 import re
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +32,60 @@ _NUMBER_TAIL = re.compile(r"[0-9.eE+\-]*")
 _COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
 
 
+class _Reader(threading.Thread):
+    """Reads and decodes the file ahead of the parser, one window at a time, in its own thread.
+
+    Inflating gzip releases the GIL, so on two cores it runs beside the JSON decoding; at most two
+    windows wait in the queue. Errors (corrupt gzip, I/O) are handed over and raised by :meth:`get`.
+    """
+
+    def __init__(self, binary: Any, raw: Any):
+        super().__init__(daemon=True, name="bubblescope-trace-reader")
+        self._binary, self._raw = binary, raw
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._halt = threading.Event()
+        # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error. Invalid
+        # UTF-8 in kernel names must not stop the parse: decoded with U+FFFD replacement.
+        self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+
+    def run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                data = self._binary.read(_CHUNK_CHARS)
+                text = self._decoder.decode(data, final=not data)
+                if text or not data:
+                    self._put((text, self._raw.tell(), None))
+                if not data:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the parsing thread by get()
+            self._put(("", 0, exc))
+
+    def _put(self, item: tuple) -> None:
+        while not self._halt.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def get(self) -> tuple[str, int]:
+        """(next decoded text, '' at the end; bytes of the file read so far)."""
+        text, done, exc = self._queue.get()
+        if exc is not None:
+            raise exc
+        return text, done
+
+    def close(self) -> None:
+        self._halt.set()
+        self.join()
+
+
 class _Text:
     """A sliding window over the decoded file from which JSON values are scanned one at a time."""
 
-    def __init__(self, stream: io.TextIOBase, progress: Callable[[int], None] | None = None, raw: Any = None):
-        self._stream = stream
+    def __init__(self, reader: _Reader, progress: Callable[[int], None] | None = None):
+        self._reader = reader
         self._progress = progress  # called with the bytes of the file read so far, after each refill
-        self._raw = raw
         self.buf = ""
         self.pos = 0
         self.offset = 0  # characters dropped from the front of buf so far
@@ -46,15 +95,15 @@ class _Text:
     def fill(self) -> bool:
         if self.eof:
             return False
-        chunk = self._stream.read(_CHUNK_CHARS)
+        chunk, done = self._reader.get()
         if not chunk:
             self.eof = True
             return False
         self.offset += self.pos
         self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
-        if self._progress is not None and self._raw is not None:
-            self._progress(self._raw.tell())
+        if self._progress is not None:
+            self._progress(done)
         return True
 
     def peek(self) -> str:
@@ -100,15 +149,12 @@ class _Text:
         at = self.offset + (self.pos if pos is None else pos)
         return ValueError(f"invalid JSON at character {at}: {what}")
 
-def _open_text(path: str) -> tuple[io.TextIOBase, Any]:
-    """(text stream, the underlying file) of ``path``, gunzipped when the file starts with the gzip
+def _open_text(path: str) -> tuple[Any, Any]:
+    """(binary stream, the underlying file) of ``path``, gunzipped when the file starts with the gzip
     magic (not by its suffix); the raw file's ``tell()`` is the progress through the file in bytes."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the wrapper
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller, with the gzip stream
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-    binary = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
-    # Invalid UTF-8 in kernel names must not stop the parse: decode with U+FFFD replacement.
-    # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error.
-    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline=""), raw
+    return (gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw), raw
 
 
 def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
