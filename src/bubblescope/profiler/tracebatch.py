@@ -34,8 +34,8 @@ class _Args(msgspec.Struct, gc=False):
     correlation: _Id = _NA
     external_id: Union[_Id, msgspec.UnsetType] = msgspec.field(name="External id", default=_UNSET)
     external_id_lower: _Id = msgspec.field(name="external id", default=_NA)
-    grid: Any = None
-    block: Any = None
+    grid: Union[tuple[int, ...], None] = None  # anything else: the per-event path keeps it as null
+    block: Union[tuple[int, ...], None] = None
     registers: Any = msgspec.field(name="registers per thread", default=None)
     shared_memory: Any = msgspec.field(name="shared memory", default=None)
     blocks_per_sm: Any = msgspec.field(name="blocks per SM", default=None)

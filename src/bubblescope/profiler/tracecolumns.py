@@ -280,6 +280,8 @@ class _Columns:
     def _dims(self, values: list) -> list:
         """[8, 1, 1] -> (8, 1, 1), one shared tuple per distinct value; None unless a list of ints."""
         seen = self.dims
+        if all(type(v) is tuple or v is None for v in values):  # from the batch decoder: ints already
+            return [v if v is None else seen.setdefault(v, v) for v in values]
         out = []
         for v in values:
             if type(v) is list:

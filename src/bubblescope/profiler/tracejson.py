@@ -219,22 +219,23 @@ def _batch_end(buf: str, pos: int, hi: int) -> int:
     return -1
 
 
-def _add_batches(text: _Text, cols: _Columns) -> bool:
+def _add_batches(text: _Text, cols: _Columns) -> bool | None:
     """Decode every whole event from the cursor to the window's last "}," with msgspec at once.
 
     A "}," inside a string or a nested object makes the text up to it invalid JSON, so msgspec refuses
-    it rather than splitting an event; the cut is then tried again, one event earlier. Returns
-    False when msgspec refused the text (odd values), so the caller reads this window event by event.
+    it rather than splitting an event; the cut is then tried again, one event earlier. Returns True
+    when events were decoded, None when the window holds no cut, False when msgspec refused the text
+    (odd values), so the caller reads this window event by event.
     """
     from .tracebatch import add_batch
 
     buf, pos, hi = text.buf, text.pos, len(text.buf)
     if not buf.startswith("{", pos):
-        return True
+        return None
     for _ in range(_BATCH_TRIES):
         end = _batch_end(buf, pos, hi)
         if end < 0:
-            return True
+            return None
         if add_batch(cols, buf[pos : end + 1]):
             text.pos = _COMMA.match(buf, end + 1).end()
             return True
@@ -250,7 +251,8 @@ def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
         return
     scan, comma = text.scanner, _COMMA.match
     while True:
-        _add_batches(text, cols)
+        if _add_batches(text, cols) and text.fill():
+            continue  # the window's cut-off last event, completed by the next window: batch again
         # Whatever the batch left in the window, event by event, kept in locals: whole event objects
         # separated by commas. It stops at anything else (an event cut by the window, the closing
         # bracket, bad JSON).
