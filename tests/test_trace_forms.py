@@ -199,3 +199,17 @@ def test_real_traces_present_for_the_comparison():
     if not REAL:
         pytest.skip("no real traces in ../shared/traces or tests/data")
     assert any("h200_reference" in p for p in REAL)
+
+
+def test_gzip_of_several_members_and_zero_padding(tmp_path):
+    # A trace gzipped in two members (as `cat a.gz b.gz` or a writer flushing in parts gives), padded
+    # with zeros after the last member, reads as the whole text.
+    text = json.dumps(tg.document(tg.decode_trace_events())).encode()
+    import gzip
+
+    half = len(text) // 2
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]) + bytes(16))
+    whole = load_trace(tg.write(tmp_path / "one.json", text))
+    parts = load_trace(path)
+    assert parts.gpu.equals(whole.gpu) and parts.runtime.equals(whole.runtime) and len(parts.gpu) == 10

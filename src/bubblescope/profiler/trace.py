@@ -128,10 +128,10 @@ def load_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
     path = os.fspath(path)
     cols = _Columns()
     try:
-        binary, raw = _open_text(path)
-        with raw, binary:
+        raw, gz = _open_text(path)
+        with raw:
             size = os.fstat(raw.fileno()).st_size
-            reader = _Reader(binary, raw)
+            reader = _Reader(raw, gz)
             reader.start()
             try:
                 meta, found = _parse(_Text(reader, None if progress is None else (lambda done: progress(done, size))), cols)
