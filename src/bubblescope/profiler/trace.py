@@ -114,11 +114,15 @@ def parse_rank(value: Any) -> int | None:
     return int(number) if number.is_integer() else None
 
 
-def load_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> Trace:
+def load_trace(
+    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True
+) -> Trace:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into a :class:`Trace`.
 
     ``progress(done, total)``, if given, is called with the bytes of the file read so far and the
     file's size (bytes, as on disk: compressed for .gz) after each 4 Mi-character window.
+    ``flows=False`` leaves ``Trace.flows`` empty (no metric reads it; it is a quarter of a Kineto
+    trace's events, so the summary skips it).
 
     Raises BubblescopeError (one line naming the file) when the file is missing, unreadable, a
     truncated or corrupt gzip, not JSON, or JSON without a ``traceEvents`` array. Odd events (ts 0
@@ -126,7 +130,7 @@ def load_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
     counted in ``Trace.warnings``.
     """
     path = os.fspath(path)
-    cols = _Columns()
+    cols = _Columns(keep_flows=flows)
     try:
         raw, gz = _open_text(path)
         with raw:
@@ -153,15 +157,14 @@ def load_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
         raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
 
     frames = cols.frames()
-    gpu = frames["gpu"]
-    gpu["device"] = gpu["device"].fillna(-1)  # neither args.device nor pid: one unknown device
-    gpu = gpu.sort_values(["device", "ts_us"], kind="stable", ignore_index=True)
-    gpu, merged = drop_repeated(gpu)
-    runtime = frames["runtime"].sort_values("ts_us", kind="stable", ignore_index=True)
+    # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
+    # annotations by ts_us (stable: the file's order among equal times)
+    gpu, merged = drop_repeated(frames["gpu"])
+    runtime = frames["runtime"]
     names = runtime["name"].unique()
     runtime["is_launch"] = runtime["name"].isin([n for n in names if api_base_name(n) in LAUNCH_APIS])
     runtime["is_sync"] = runtime["name"].isin([n for n in names if api_base_name(n) in SYNC_APIS])
-    annotations = frames["annotations"].sort_values("ts_us", kind="stable", ignore_index=True)
+    annotations = frames["annotations"]
     flows = frames["flows"]
 
     warnings = [f"{n} {what}" for what, n in cols.odd.items()]

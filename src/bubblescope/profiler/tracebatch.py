@@ -163,7 +163,7 @@ def add_batch(cols: _Columns, text: str) -> bool:
             "ts_us": ts,
             "dur_us": dur,
         }
-    flows = np.flatnonzero(codes == 7)
+    flows = np.flatnonzero(codes == 7) if cols.keep_flows else ()
     if len(flows):
         sub = [events[i] for i in flows.tolist()]
         tables["flows"] = {

@@ -103,6 +103,29 @@ TABLE_COLUMNS = {"gpu": _GPU_COLUMNS, "runtime": _RUNTIME_COLUMNS, "annotations"
 _FLUSH_ROWS = 1 << 16  # event dicts kept as tuples before they become typed columns
 
 
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
+
+    The per-window column chunks are small arrays on the C heap; freed after concatenation, their
+    pages stay in the process and the full columns (large, mmap-ed) come on top, so the peak would
+    be twice the columns. Trimming after each column keeps it near once.
+    """
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
 class _Columns:
     """The kept events of each table as typed column chunks, turned into frames once by :meth:`frames`.
 
@@ -111,7 +134,8 @@ class _Columns:
     fallback path) and keeps a tuple until :data:`_FLUSH_ROWS` of them are typed together.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_flows: bool = True) -> None:
+        self.keep_flows = keep_flows  # flow events (a quarter of a Kineto trace) are no metric's input
         self.pending: dict[str, list[tuple]] = {t: [] for t in TABLE_COLUMNS}
         self.chunks: dict[str, list[dict]] = {t: [] for t in TABLE_COLUMNS}
         self.vocab: list[str] = []  # code -> text of every name, category, kind and phase
@@ -132,7 +156,7 @@ class _Columns:
         ph = ev.get("ph")
         if ph == "X":
             self.add_complete(ev)
-        elif type(ph) is str and ph in FLOW_PHASES:
+        elif type(ph) is str and ph in FLOW_PHASES and self.keep_flows:
             self._pend(
                 "flows", (ev.get("id", _NA), ph, ev.get("ts"), ev.get("pid", _NA), ev.get("tid", _NA), ev.get("cat"))
             )
@@ -297,33 +321,31 @@ class _Columns:
         return out
 
     # ---- frames -----------------------------------------------------------------------------
-    def frame(self, table: str, label: str, texts: Any) -> pd.DataFrame:
+    def frame(self, table: str, texts: Any, sort_by: tuple[str, ...] = (), na_fill: dict | None = None) -> pd.DataFrame:
         """One table's chunks as a frame; rows with non-finite ts/dur, a negative dur or |ts|/dur beyond
-        2^63 µs are dropped."""
+        2^63 µs are dropped; absent ints in ``na_fill``'s columns take its value; rows are stably sorted
+        by ``sort_by``. Column by column, so memory holds the columns once plus one being reordered."""
         import numpy as np
         import pandas as pd
 
         columns = TABLE_COLUMNS[table]
         chunks = self.chunks[table]
-        data: dict[str, Any] = {}
+        raw: dict[str, Any] = {}
         for key in columns:
             parts = [c[key] for c in chunks]
-            if key in _INT_COLUMNS:
-                arr = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-                data[key] = pd.arrays.IntegerArray(arr, arr == _NA)
-            elif key in _FLOAT_COLUMNS:
-                data[key] = np.concatenate(parts) if parts else np.zeros(0)
-            elif key in ("grid", "block"):
-                data[key] = pd.Series(np.concatenate(parts) if parts else np.zeros(0, dtype=object), dtype=object)
-            else:
-                codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-                data[key] = pd.Series(texts[codes], dtype="str")
             for c in chunks:
                 del c[key]  # free each column's chunks once concatenated
+            if parts:
+                raw[key] = np.concatenate(parts)
+                del parts
+                _release_freed_memory()
+            else:
+                raw[key] = np.zeros(0, dtype=np.int64 if key in _INT_COLUMNS else np.float64
+                                    if key in _FLOAT_COLUMNS else object if key in ("grid", "block") else np.int32)
         self.chunks[table] = []
-        frame = pd.DataFrame(data)
-        if "dur_us" in frame:
-            ts, dur = frame["ts_us"].to_numpy(), frame["dur_us"].to_numpy()
+        rows = None  # the rows kept, in output order (None: all, as read)
+        if "dur_us" in raw:
+            ts, dur = raw["ts_us"], raw["dur_us"]
             bad = ~(np.isfinite(ts) & np.isfinite(dur))
             negative = dur < 0
             huge = ~bad & ((np.abs(ts) > _MAX_TIME_US) | (dur > _MAX_TIME_US))
@@ -333,10 +355,32 @@ class _Columns:
                 self.odd["events with negative dur excluded"] += int(negative.sum())
             if huge.any():
                 self.odd["events with |ts| or dur beyond 2^63 µs excluded"] += int(huge.sum())
-            if bad.any() or negative.any() or huge.any():
-                frame = frame[~(bad | negative | huge)].reset_index(drop=True)
-            frame.insert(frame.columns.get_loc("dur_us") + 1, "end_us", frame["ts_us"] + frame["dur_us"])
-        return frame
+            drop = bad | negative | huge
+            if drop.any():
+                rows = np.flatnonzero(~drop)
+        for key, value in (na_fill or {}).items():
+            raw[key][raw[key] == _NA] = value
+        if sort_by:
+            keys = [raw[k] if rows is None else raw[k][rows] for k in reversed(sort_by)]
+            order = np.lexsort(keys)  # stable: equal keys keep the file's order
+            rows = order if rows is None else rows[order]
+        data: dict[str, Any] = {}
+        for key in columns:
+            arr = raw.pop(key)
+            if rows is not None:
+                arr = arr[rows]
+            if key in _INT_COLUMNS:
+                data[key] = pd.arrays.IntegerArray(arr, arr == _NA)
+            elif key in _FLOAT_COLUMNS or key in ("grid", "block"):
+                data[key] = arr
+            else:
+                data[key] = pd.array(texts[arr], dtype="str")
+        ordered: dict[str, Any] = {}
+        for key, values in data.items():
+            ordered[key] = values
+            if key == "dur_us":
+                ordered["end_us"] = data["ts_us"] + values
+        return pd.DataFrame(ordered, copy=False)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         import numpy as np
@@ -358,4 +402,9 @@ class _Columns:
             else:
                 self.bad_text += "\ufffd" in text
             texts[i] = text
-        return {t: self.frame(t, t, texts) for t in TABLE_COLUMNS}
+        return {
+            "gpu": self.frame("gpu", texts, ("device", "ts_us"), {"device": -1}),  # -1: device unknown
+            "runtime": self.frame("runtime", texts, ("ts_us",)),
+            "annotations": self.frame("annotations", texts, ("ts_us",)),
+            "flows": self.frame("flows", texts),
+        }

@@ -1,10 +1,12 @@
-"""Stream the JSON text of a Chrome trace: walk the top level, hand each ``traceEvents`` entry on.
+"""Stream the JSON text of a Chrome trace: walk the top level, hand the ``traceEvents`` entries on.
 
-The file is opened as text (gunzipped when it starts with the gzip magic) and read through
-:class:`_Text`, a sliding window of decoded chunks from which one JSON value at a time is scanned
-by the C scanner. :func:`_parse` walks the top-level object key by key (or a bare event array),
-keeps every other key as metadata and passes each event of ``traceEvents`` to
-:meth:`~bubblescope.profiler.tracecolumns._Columns.add`; malformed or truncated text raises a
+A :class:`_Reader` thread reads the file (inflating gzip when it starts with the gzip magic) and
+decodes it to text window by window; :class:`_Text` is the sliding window the parser works on.
+:func:`_parse` walks the top-level object key by key (or a bare event array) with the standard
+library's C scanner and keeps every other key as metadata. Inside ``traceEvents``, the whole events
+of each window are handed to :func:`~bubblescope.profiler.tracebatch.add_batch` (msgspec, one call
+per window); what it refuses, and the event cut off at a window's end, go one at a time to
+:meth:`~bubblescope.profiler.tracecolumns._Columns.add`. Malformed or truncated text raises a
 one-line ``ValueError`` naming the character position.
 """
 

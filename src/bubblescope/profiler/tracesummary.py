@@ -173,7 +173,7 @@ def summarize_traces(
     files = []
     for path in expand_paths(paths):
         try:
-            trace = load_trace(path, progress(path) if progress is not None else None)
+            trace = load_trace(path, progress(path) if progress is not None else None, flows=False)
         except BubblescopeError as exc:
             if not keep_going:
                 raise
