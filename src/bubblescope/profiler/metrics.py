@@ -144,15 +144,21 @@ def _match_launches(trace: Trace) -> np.ndarray:
     return np.where(hit, np.flatnonzero(rt_ok)[first][i], -1)
 
 
+# The columns interval and breakdown metrics read; selecting them first keeps row filters from
+# copying the other (grid, occupancy, ...) columns of a trace of millions of activities.
+_INTERVAL_COLUMNS = ("name", "kind", "device", "stream", "ts_us", "dur_us", "end_us", "category")
+
+
 def _windowed(trace: Trace, window: tuple[float, float] | None) -> pd.DataFrame:
-    """GPU activities overlapping ``window`` (start_us, end_us), clipped to it; all of them if None."""
-    gpu = trace.gpu
+    """GPU activities overlapping ``window`` (start_us, end_us), clipped to it; all of them if None.
+    Columns: those of ``_INTERVAL_COLUMNS`` the trace has; index as in ``trace.gpu``."""
+    gpu = trace.gpu[[c for c in _INTERVAL_COLUMNS if c in trace.gpu]]
     if window is None:
         return gpu
     w0, w1 = float(window[0]), float(window[1])
     if not w1 >= w0:
         raise BubblescopeError(f"window {window!r}: end must not be before start")
-    gpu = gpu[(gpu["end_us"] >= w0) & (gpu["ts_us"] <= w1)].copy()
+    gpu = gpu[((gpu["end_us"] >= w0) & (gpu["ts_us"] <= w1)).to_numpy()].copy()
     gpu["ts_us"] = gpu["ts_us"].clip(lower=w0)
     gpu["end_us"] = gpu["end_us"].clip(upper=w1)
     gpu["dur_us"] = gpu["end_us"] - gpu["ts_us"]
@@ -242,7 +248,10 @@ def _breakdown(gpu: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def _scope(trace: Trace, window: tuple[float, float] | None, device: int | None) -> pd.DataFrame:
     gpu = _windowed(trace, window)
-    return gpu if device is None else gpu[(gpu["device"] == device).to_numpy(dtype=bool, na_value=False)]
+    if device is None:
+        return gpu
+    mine = (gpu["device"] == device).to_numpy(dtype=bool, na_value=False)
+    return gpu if mine.all() else gpu[mine]
 
 
 def kernel_breakdown(

@@ -102,9 +102,12 @@ def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
 
 def skew_note(trace: Trace) -> str | None:
     """A warning when GPU activities start before their launch call (CPU/GPU clock skew), else None."""
-    from .steps import launch_delays
+    from .metrics import _launch_rows
 
-    delays = launch_delays(trace)["delay_us"].to_numpy(dtype=float)
+    rows = _launch_rows(trace)
+    launched = rows >= 0
+    launched[launched] = trace.runtime["is_launch"].to_numpy(dtype=bool)[rows[launched]]
+    delays = trace.gpu["ts_us"].to_numpy()[launched] - trace.runtime["ts_us"].to_numpy()[rows[launched]]
     early = delays < 0
     if not early.any():
         return None

@@ -5,7 +5,7 @@ flows) as typed numpy column chunks: int64 ids (a sentinel for "absent"), float6
 into one shared vocabulary for names, shared tuples for grid/block. Rows arrive column-wise from the
 batch decoder (:mod:`.tracebatch`) or one event dict at a time (:meth:`_Columns.add`, for text the
 batch decoder refuses: NaN literals, lone surrogates, odd types), then become one frame per table at
-the end (:meth:`_Columns.frames`); rows with unusable times are dropped and every oddity is counted
+the end (:meth:`_Columns.frames`, built by :mod:`.traceframes`); rows with unusable times are dropped and every oddity is counted
 for ``Trace.warnings``. ``B``/``E`` duration events are paired into complete events
 (:mod:`.tracepairs`).
 """
@@ -97,33 +97,9 @@ _X_TABLES = {**GPU_KINDS, **{c: "runtime" for c in RUNTIME_CATEGORIES}, "user_an
 _NUMBER = (int, float, str)  # str: a numeric string, parsed with the column (non-numeric: excluded then)
 _EMPTY: dict = {}
 _PLAIN_NUMBERS = frozenset({int, float, type(None)})
-_STR_COLUMNS = frozenset({"name", "kind", "category", "phase", "cat"})
 TABLE_COLUMNS = {"gpu": _GPU_COLUMNS, "runtime": _RUNTIME_COLUMNS, "annotations": _ANNOTATION_COLUMNS,
                  "flows": _FLOW_COLUMNS}
 _FLUSH_ROWS = 1 << 16  # event dicts kept as tuples before they become typed columns
-
-
-def _release_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
-
-    The per-window column chunks are small arrays on the C heap; freed after concatenation, their
-    pages stay in the process and the full columns (large, mmap-ed) come on top, so the peak would
-    be twice the columns. Trimming after each column keeps it near once.
-    """
-    global _TRIM
-    if _TRIM is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM: Any = None
 
 
 class _Columns:
@@ -321,90 +297,8 @@ class _Columns:
         return out
 
     # ---- frames -----------------------------------------------------------------------------
-    def frame(self, table: str, texts: Any, sort_by: tuple[str, ...] = (), na_fill: dict | None = None) -> pd.DataFrame:
-        """One table's chunks as a frame; rows with non-finite ts/dur, a negative dur or |ts|/dur beyond
-        2^63 µs are dropped; absent ints in ``na_fill``'s columns take its value; rows are stably sorted
-        by ``sort_by``. Column by column, so memory holds the columns once plus one being reordered."""
-        import numpy as np
-        import pandas as pd
-
-        columns = TABLE_COLUMNS[table]
-        chunks = self.chunks[table]
-        raw: dict[str, Any] = {}
-        for key in columns:
-            parts = [c[key] for c in chunks]
-            for c in chunks:
-                del c[key]  # free each column's chunks once concatenated
-            if parts:
-                raw[key] = np.concatenate(parts)
-                del parts
-                _release_freed_memory()
-            else:
-                raw[key] = np.zeros(0, dtype=np.int64 if key in _INT_COLUMNS else np.float64
-                                    if key in _FLOAT_COLUMNS else object if key in ("grid", "block") else np.int32)
-        self.chunks[table] = []
-        rows = None  # the rows kept, in output order (None: all, as read)
-        if "dur_us" in raw:
-            ts, dur = raw["ts_us"], raw["dur_us"]
-            bad = ~(np.isfinite(ts) & np.isfinite(dur))
-            negative = dur < 0
-            huge = ~bad & ((np.abs(ts) > _MAX_TIME_US) | (dur > _MAX_TIME_US))
-            if bad.any():
-                self.odd["complete events without a finite numeric ts/dur excluded"] += int(bad.sum())
-            if negative.any():
-                self.odd["events with negative dur excluded"] += int(negative.sum())
-            if huge.any():
-                self.odd["events with |ts| or dur beyond 2^63 µs excluded"] += int(huge.sum())
-            drop = bad | negative | huge
-            if drop.any():
-                rows = np.flatnonzero(~drop)
-        for key, value in (na_fill or {}).items():
-            raw[key][raw[key] == _NA] = value
-        if sort_by:
-            keys = [raw[k] if rows is None else raw[k][rows] for k in reversed(sort_by)]
-            order = np.lexsort(keys)  # stable: equal keys keep the file's order
-            rows = order if rows is None else rows[order]
-        data: dict[str, Any] = {}
-        for key in columns:
-            arr = raw.pop(key)
-            if rows is not None:
-                arr = arr[rows]
-            if key in _INT_COLUMNS:
-                data[key] = pd.arrays.IntegerArray(arr, arr == _NA)
-            elif key in _FLOAT_COLUMNS or key in ("grid", "block"):
-                data[key] = arr
-            else:
-                data[key] = pd.array(texts[arr], dtype="str")
-        ordered: dict[str, Any] = {}
-        for key, values in data.items():
-            ordered[key] = values
-            if key == "dur_us":
-                ordered["end_us"] = data["ts_us"] + values
-        return pd.DataFrame(ordered, copy=False)
-
     def frames(self) -> dict[str, pd.DataFrame]:
-        import numpy as np
+        """One frame per table (see :func:`.traceframes.build_frames`); the columns are consumed."""
+        from .traceframes import build_frames
 
-        from .tracepairs import pair_durations
-
-        for ev in pair_durations(self.pairs, self.odd):
-            self.add_complete(ev)
-        self.pairs = []
-        self.flush()
-        # \ud800-style escapes give lone surrogates, which cannot be encoded or printed.
-        texts = np.empty(len(self.vocab), dtype=object)
-        for i, text in enumerate(self.vocab):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                text = _SURROGATE.sub("\ufffd", text)
-                self.bad_text += 1
-            else:
-                self.bad_text += "\ufffd" in text
-            texts[i] = text
-        return {
-            "gpu": self.frame("gpu", texts, ("device", "ts_us"), {"device": -1}),  # -1: device unknown
-            "runtime": self.frame("runtime", texts, ("ts_us",)),
-            "annotations": self.frame("annotations", texts, ("ts_us",)),
-            "flows": self.frame("flows", texts),
-        }
+        return build_frames(self)
