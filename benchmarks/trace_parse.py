@@ -1,14 +1,18 @@
-"""Time and peak memory of ``summarize_traces`` against Holistic Trace Analysis on the same traces.
+"""Whole ``bubblescope diagnose trace`` processes against Holistic Trace Analysis, on a trace scaled 1× to 100×.
 
-Cases: (a) a large trace of ``--events`` events made by repeating a real Kineto trace's events with
-shifted timestamps and fresh correlation/external/flow ids, gzipped; (b) the real A100 trace from
-``../shared/traces``. Each (case, tool, repeat) runs in a fresh child process, alternating tools,
-and reports the seconds spent in the call (imports excluded) and the child's peak RSS
-(``getrusage(RUSAGE_SELF).ru_maxrss``) next to its RSS right after the imports.
-HTA 0.5.0 pins its own dependencies, so it runs from a separate virtualenv (``--hta-python``):
-``python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install holistictraceanalysis==0.5.0``.
+The trace given on the command line (default: ``tests/data/h200_reference_eager.json.gz``, a real
+Kineto trace) is first repeated to ``--base-events`` events (the 1× trace; 0 keeps it as is), then
+written at each scale in ``--scales``: ``k`` copies of its non-metadata events, each copy shifted past
+the previous one's end, with correlation, External id and flow ids offset so no two copies share one,
+gzipped. Each (scale, tool) runs as its own process, timed as a user waits for it (interpreter start
+and imports included): wall seconds, CPU seconds (user + system) and peak RSS from ``wait4``'s rusage
+of that child, and bytes of peak RSS per event. HTA 0.5 pins its own dependencies, so it runs from a
+separate virtualenv (``--hta-python``; ``python -m venv /tmp/hta && /tmp/hta/bin/pip install
+holistictraceanalysis==0.5.0``) and only up to ``--hta-max-scale`` (it needs ~80 bytes of RAM per byte
+of JSON). Both tools' busy time and idle split of rank 0 are recorded side by side (HTA: temporal and
+idle-time breakdown, ``include_last_profiler_step=True``, ``consecutive_kernel_delay`` = our threshold).
 
-    python benchmarks/trace_parse.py --events 1000000 --repeats 3 --out benchmarks/results/trace_parse.json
+    python benchmarks/trace_parse.py TRACE.json.gz --base-events 216000 --scales 1,10,50,100 --hta-max-scale 10
 """
 
 from __future__ import annotations
@@ -20,43 +24,33 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT.parent / "shared" / "traces" / "a100_alexnet.json.gz"
+SOURCE = ROOT / "tests" / "data" / "h200_reference_eager.json.gz"
 
-# Run in the child: argv = tool, trace path. Prints one JSON line.
-CHILD = r"""
-import json, os, resource, sys, time
-tool, path = sys.argv[1], sys.argv[2]
-if tool == "bubblescope":
-    from bubblescope.profiler.tracesummary import summarize_traces
-    import pandas, numpy
-    run = lambda: summarize_traces([path])
-else:
-    from hta.trace_analysis import TraceAnalysis
-    import logging; logging.disable(logging.WARNING)
-    def run():
-        ta = TraceAnalysis(trace_dir=os.path.dirname(path))
-        return ta.get_temporal_breakdown(visualize=False)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-t0 = time.perf_counter()
-run()
-seconds = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(json.dumps({"seconds": seconds, "peak_rss_bytes": peak * 1024, "import_rss_bytes": base * 1024,
-                  "children_peak_rss_bytes": kids * 1024}))
+# Run in the HTA child: argv = trace directory, kernel-wait threshold (µs). Prints one JSON line.
+HTA_CHILD = r"""
+import json, logging, sys
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
+temporal = ta.get_temporal_breakdown(visualize=False)
+idle, _ = ta.get_idle_time_breakdown(visualize=False, consecutive_kernel_delay=int(float(sys.argv[2])))
+row = temporal.iloc[0]
+print(json.dumps({"busy_us": float(row["compute_time(us)"] + row["non_compute_time(us)"]),
+                  "idle_us": float(row["idle_time(us)"]),
+                  "idle_by_category_us": {str(k): float(v) for k, v in idle.groupby("idle_category")["idle_time"].sum().items()}}))
 """
 
 VERSIONS = r"""
 import json, sys, importlib.metadata as md
 out = {"python": sys.version.split()[0]}
-for name in ("pandas", "numpy", "holistictraceanalysis", "bubblescope"):
+for name in ("pandas", "numpy", "msgspec", "holistictraceanalysis", "bubblescope"):
     try:
         out[name] = md.version(name)
     except md.PackageNotFoundError:
@@ -65,37 +59,39 @@ print(json.dumps(out))
 """
 
 
-def make_large_trace(source: Path, events: int, out: Path) -> dict:
-    """Write ``out`` (.json.gz): ``source``'s metadata and its non-metadata events repeated until
-    ``events`` events, each copy shifted past the previous one's end with correlation, External id
-    and flow ids offset so no two copies share one. Returns {events, uncompressed_bytes, gz_bytes}."""
-    with gzip.open(source, "rt", encoding="utf-8") as fh:
-        doc = json.load(fh)
-    base = doc.pop("traceEvents")
-    meta = [e for e in base if e.get("ph") == "M"]
-    body = [e for e in base if e.get("ph") != "M"]
-    ts = [e["ts"] for e in body if isinstance(e.get("ts"), (int, float))]
-    shift = max(e["ts"] + e.get("dur", 0) for e in body if isinstance(e.get("ts"), (int, float))) - min(ts) + 1000
+def _load(source: Path) -> dict:
+    opener = gzip.open if source.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(source, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def make_scaled(doc: dict, base_events: int, scale: int, out: Path) -> dict:
+    """Write ``out`` (.json.gz, gzip level 1): ``doc``'s metadata events once, then its other events
+    repeated to ``base_events`` × ``scale`` events (``base_events`` 0: all of them, ``scale`` times),
+    each copy shifted past the previous one's end, ids offset per copy. Returns
+    {events, uncompressed_bytes, gz_bytes}."""
+    events = doc["traceEvents"]
+    meta = [e for e in events if e.get("ph") == "M"]
+    body = [e for e in events if e.get("ph") != "M"]
+    timed = [e for e in body if isinstance(e.get("ts"), (int, float))]
+    shift = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000
     ids = [e.get("args", {}).get(k) for e in body for k in ("correlation", "External id")] + [e.get("id") for e in body]
     id_step = max(i for i in ids if isinstance(i, int)) + 1
-    written = 0
-    size = 0
+    target = (base_events or len(body) + len(meta)) * scale - len(meta)
+    head = {k: v for k, v in doc.items() if k != "traceEvents"}
     tmp = out.with_name(out.name + ".tmp")
+    size, written, k = 0, 0, 0
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=1) as fh:
-        head = json.dumps(doc)[:-1] + ', "traceEvents": ['
-        fh.write(head)
-        size += len(head)
-        first = True
-        for ev in meta:
-            s = ("" if first else ",\n") + json.dumps(ev)
-            fh.write(s)
-            size += len(s)
-            first, written = False, written + 1
-        k = 0
-        while written < events:
-            for ev in body:
-                if written >= events:
-                    break
+
+        def put(text: str) -> None:
+            nonlocal size
+            fh.write(text)
+            size += len(text)
+
+        put(json.dumps(head)[:-1] + ', "traceEvents": [\n' + ",\n".join(json.dumps(e) for e in meta))
+        while written < target:
+            copy = []
+            for ev in body[: target - written]:
                 e = dict(ev)
                 if isinstance(e.get("ts"), (int, float)):
                     e["ts"] = e["ts"] + k * shift
@@ -107,162 +103,196 @@ def make_large_trace(source: Path, events: int, out: Path) -> dict:
                         if isinstance(a.get(key), int) and a[key] > 0:
                             a[key] += k * id_step
                     e["args"] = a
-                s = ",\n" + json.dumps(e)
-                fh.write(s)
-                size += len(s)
-                written += 1
+                copy.append(e)
+            put(",\n" + json.dumps(copy)[1:-1].replace("}, {", "},\n{"))
+            written += len(copy)
             k += 1
-        fh.write("]}")
-        size += 2
+        put("\n]}")
     os.replace(tmp, out)
-    return {"events": written, "uncompressed_bytes": size, "gz_bytes": out.stat().st_size}
+    return {"events": written + len(meta), "uncompressed_bytes": size, "gz_bytes": out.stat().st_size}
 
 
-def _child(python: str, tool: str, path: Path) -> dict:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [python, "-c", CHILD, tool, str(path)], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir()
-    )
+def _timed(cmd: list[str], env: dict, timeout_s: float) -> tuple[dict, str]:
+    """Run ``cmd``; (wall_s, cpu_s, peak_rss_bytes, returncode), stdout. Peak RSS is the child's own."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=tempfile.gettempdir())
+        deadline = t0 + timeout_s
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    sample = {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "returncode": proc.returncode,
+        "timed_out": wall > timeout_s,
+    }
     if proc.returncode != 0:
-        raise RuntimeError(f"{tool} on {path} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        sample["stderr_tail"] = stderr[-2000:]
+    return sample, stdout
+
+
+def _ours(path: Path, threshold_us: float, timeout_s: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "bubblescope", "diagnose", "trace", str(path), "--format", "json",
+           "--idle-threshold-us", str(threshold_us)]
+    sample, stdout = _timed(cmd, env, timeout_s)
+    if sample["returncode"] == 0:
+        dev = json.loads(stdout)["files"][0]["devices"][0]
+        sample["result"] = {"busy_us": dev["busy_us"], "span_us": dev["span_us"], "idle": dev["idle"]}
+    return sample
+
+
+def _hta(python: str, path: Path, threshold_us: float, timeout_s: float) -> dict:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("PYTHONPATH", None)
+    sample, stdout = _timed([python, "-c", HTA_CHILD, str(path.parent), str(threshold_us)], env, timeout_s)
+    if sample["returncode"] == 0 and stdout.strip():
+        sample["result"] = json.loads(stdout.strip().splitlines()[-1])
+    return sample
 
 
 def _versions(python: str) -> dict:
-    out = subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True, check=True)
+    out = subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     return json.loads(out.stdout)
 
 
 def _machine() -> dict:
-    cpu = platform.processor()
+    cpu, mem = platform.processor(), None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-        mem = next(
-            int(line.split()[1]) * 1024
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal")
-        )
+        mem = next(int(x.split()[1]) * 1024 for x in Path("/proc/meminfo").read_text().splitlines()
+                   if x.startswith("MemTotal"))
     except (OSError, StopIteration):
-        mem = None
+        pass
     return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem}
 
 
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def _markdown(result: dict) -> str:
-    hta = result["versions"]["hta"].get("holistictraceanalysis")
-    machine, load = result["machine"], result["loadavg_1min"]
+    m = result["machine"]
     lines = [
-        f"# Trace parsing: bubblescope vs Holistic Trace Analysis {hta}",
+        f"# `diagnose trace` vs Holistic Trace Analysis {result['versions']['hta'].get('holistictraceanalysis', '(not run)')}",
         "",
-        f"{result['date']}, {machine['cpu']}, {machine['cores']} cores, 1-min load average {load[0]:.2f} before and "
-        f"{load[1]:.2f} after (other work shared the machine). {result['repeats']} runs per cell, alternating tools, "
-        "medians; time = the call only (imports excluded); peak RSS of the child process (its RSS after the "
-        "imports in brackets).",
+        f"{result['date']}, commit {str(result['commit'])[:7]}, {m['cpu']}, {m['cores']} cores, 1-min load "
+        f"{result['loadavg_1min'][0]:.2f} before, {result['loadavg_1min'][1]:.2f} after (shared machine). "
+        f"Source: `{result['source']}` repeated to {result['base_events']:,} events as 1×. Whole processes "
+        "(start-up and imports included), one run per cell.",
         "",
-        "| trace | events | MB (uncompressed) | bubblescope s | HTA s | speed-up | bubblescope peak MB | HTA peak MB "
-        "| memory ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| scale | events | gz MB | JSON MB | ours wall s | ours CPU s | ours peak MB | ours B/event "
+        "| HTA wall s | HTA peak MB | time ratio | memory ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for case in result["cases"]:
-        b, h = case["median"]["bubblescope"], case["median"]["hta"]
-        mb = {
-            t: f"{c['peak_rss_bytes'] / 1e6:.0f} ({c['import_rss_bytes'] / 1e6:.0f})" for t, c in case["median"].items()
-        }
+    for c in result["cases"]:
+        o, h = c["bubblescope"], c.get("hta")
+        hs = (f"{h['wall_s']:.1f}" + (" (timed out)" if h["timed_out"] else "") if h else "not run")
+        hm = f"{h['peak_rss_bytes'] / 1e6:.0f}" if h else "—"
+        ratio = (f"{o['wall_s'] / h['wall_s']:.2f}", f"{o['peak_rss_bytes'] / h['peak_rss_bytes']:.2f}") if (
+            h and h["returncode"] == 0) else ("—", "—")
         lines.append(
-            f"| {case['name']} | {case['events']:,} | {case['uncompressed_bytes'] / 1e6:.1f} | {b['seconds']:.2f} | "
-            f"{h['seconds']:.2f} | {case['speedup']:.1f}× | {mb['bubblescope']} | {mb['hta']} | "
-            f"{case['memory_ratio']:.2f} |"
+            f"| {c['scale']}× | {c['events']:,} | {c['gz_bytes'] / 1e6:.1f} | {c['uncompressed_bytes'] / 1e6:.0f} | "
+            f"{o['wall_s']:.2f} | {o['cpu_s']:.2f} | {o['peak_rss_bytes'] / 1e6:.0f} | "
+            f"{o['peak_rss_bytes'] / c['events']:.0f} | {hs} | {hm} | {ratio[0]} | {ratio[1]} |"
         )
-    lines += ["", "Goal: ≥ 4× faster and ≤ half the peak memory. Raw samples: `trace_parse.json`.", ""]
-    for case in result["cases"]:
-        fast, small = case["speedup"] >= 4, case["memory_ratio"] <= 0.5
-        lines.append(
-            f"- {case['name']}: speed goal {'met' if fast else 'not met'} ({case['speedup']:.1f}×), "
-            f"memory goal {'met' if small else 'not met'} ({case['memory_ratio']:.2f} of HTA's peak)."
-        )
-    lines += [
-        "",
-        "Both tools decode every event with a C JSON parser (bubblescope: the standard library's scanner, one",
-        "event at a time; HTA: `json.load` of the whole file), so on one core that decoding bounds the",
-        "speed-up; on the small trace both peaks are mostly the interpreter with pandas imported.",
-        "",
-    ]
-    return "\n".join(lines)
+    lines += ["", "Agreement (rank 0, µs): ours busy_us / idle split vs HTA temporal and idle-time breakdown.", ""]
+    for c in result["cases"]:
+        o, h = c["bubblescope"].get("result"), (c.get("hta") or {}).get("result")
+        if o and h:
+            lines.append(f"- {c['scale']}×: ours busy {o['busy_us']:.3f}, idle {o['idle']['idle_us']:.3f} "
+                         f"(host {o['idle']['host_wait_us']:.3f}, kernel {o['idle']['kernel_wait_us']:.3f}, "
+                         f"other {o['idle']['other_us']:.3f}); HTA busy {h['busy_us']:.3f}, idle {h['idle_us']:.3f} "
+                         f"{h['idle_by_category_us']}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="events in the large synthetic trace")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per (trace, tool)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "trace_parse.json")
-    parser.add_argument("--source", type=Path, default=SOURCE, help="real trace to repeat and to measure")
+    parser.add_argument("trace", nargs="?", type=Path, default=SOURCE, help="Kineto trace to scale (.json/.json.gz)")
+    parser.add_argument("--base-events", type=int, default=0, help="events of the 1× trace (0: the trace as is)")
+    parser.add_argument("--scales", default="1,10,50,100", help="comma-separated scale factors")
     parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python", help="python of a venv with HTA 0.5.0")
+    parser.add_argument("--hta-max-scale", type=int, default=10, help="largest scale HTA is run on")
+    parser.add_argument("--threshold-us", type=float, default=30.0, help="kernel-wait threshold of both tools (µs)")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="per-process limit")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "trace_parse.json")
+    parser.add_argument("--work", type=Path, default=None, help="keep the scaled traces here (default: a temp dir)")
     args = parser.parse_args(argv)
-    if not args.source.is_file():
-        parser.error(f"--source {args.source}: no such file")
-    if not Path(args.hta_python).is_file():
-        parser.error(f"--hta-python {args.hta_python}: not found (see the module docstring)")
+    if not args.trace.is_file():
+        parser.error(f"{args.trace}: no such file")
+    scales = [int(s) for s in args.scales.split(",")]
+    hta = Path(args.hta_python).is_file()
+    if not hta:
+        print(f"--hta-python {args.hta_python}: not found; timing bubblescope alone", file=sys.stderr)
 
     load_before = os.getloadavg()[0]
-    work = Path(tempfile.mkdtemp(prefix="bubblescope-bench-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="bubblescope-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    doc = _load(args.trace)
+    cases = []
     try:
-        cases = []
-        large_dir, mid_dir = work / "large", work / "mid"
-        large_dir.mkdir(), mid_dir.mkdir()
-        info = make_large_trace(args.source, args.events, large_dir / "large.json.gz")
-        cases.append({"name": f"synthetic ({args.source.name} repeated)", "path": large_dir / "large.json.gz", **info})
-        mid = mid_dir / args.source.name
-        shutil.copy(args.source, mid)
-        with gzip.open(mid, "rt") as fh:
-            text = fh.read()
-        cases.append(
-            {
-                "name": args.source.name,
-                "path": mid,
-                "events": len(json.loads(text)["traceEvents"]),
-                "uncompressed_bytes": len(text.encode()),
-                "gz_bytes": mid.stat().st_size,
-            }
-        )
-        tools = {"bubblescope": sys.executable, "hta": args.hta_python}
-        for case in cases:
-            case["samples"] = {t: [] for t in tools}
-            for _ in range(args.repeats):
-                for tool, python in tools.items():
-                    sample = _child(python, tool, case["path"])
-                    case["samples"][tool].append(sample)
-                    peak = sample["peak_rss_bytes"] / 1e6
-                    print(f"{case['name']}: {tool} {sample['seconds']:.2f} s, peak {peak:.0f} MB", file=sys.stderr)
-            case["median"] = {
-                t: {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-                for t, samples in case["samples"].items()
-            }
-            b, h = case["median"]["bubblescope"], case["median"]["hta"]
-            case["speedup"] = h["seconds"] / b["seconds"]
-            case["memory_ratio"] = b["peak_rss_bytes"] / h["peak_rss_bytes"]
-            del case["path"]
+        for scale in scales:
+            case_dir = work / f"x{scale}"
+            case_dir.mkdir(exist_ok=True)
+            path = case_dir / "trace.json.gz"
+            info_path = work / f"x{scale}.info.json"  # outside the directory HTA reads
+            if path.is_file() and info_path.is_file():
+                info = json.loads(info_path.read_text())
+            else:
+                info = make_scaled(doc, args.base_events, scale, path)
+                info_path.write_text(json.dumps(info))
+            case = {"scale": scale, **info}
+            case["bubblescope"] = _ours(path, args.threshold_us, args.timeout_s)
+            print(f"{scale}x: bubblescope {case['bubblescope']['wall_s']:.2f} s, "
+                  f"{case['bubblescope']['peak_rss_bytes'] / 1e6:.0f} MB", file=sys.stderr)
+            if hta and scale <= args.hta_max_scale:
+                case["hta"] = _hta(args.hta_python, path, args.threshold_us, args.timeout_s)
+                print(f"{scale}x: HTA {case['hta']['wall_s']:.2f} s, {case['hta']['peak_rss_bytes'] / 1e6:.0f} MB",
+                      file=sys.stderr)
+            cases.append(case)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
     result = {
         "benchmark": "trace_parse",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
         "machine": _machine(),
-        "repeats": args.repeats,
         "loadavg_1min": [load_before, os.getloadavg()[0]],
-        "calls": {
-            "bubblescope": "summarize_traces([path])",
-            "hta": "TraceAnalysis(trace_dir=dir).get_temporal_breakdown(visualize=False)",
+        "source": str(args.trace),
+        "base_events": cases[0]["events"] // cases[0]["scale"] if cases else 0,
+        "threshold_us": args.threshold_us,
+        "commands": {
+            "bubblescope": "python -m bubblescope diagnose trace TRACE --format json --idle-threshold-us T",
+            "hta": "TraceAnalysis(trace_dir, include_last_profiler_step=True): get_temporal_breakdown, "
+                   "get_idle_time_breakdown(consecutive_kernel_delay=T)",
         },
-        "versions": {"bubblescope": _versions(sys.executable), "hta": _versions(args.hta_python)},
+        "versions": {"bubblescope": _versions(sys.executable), "hta": _versions(args.hta_python) if hta else {}},
         "cases": cases,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in (
-        (args.out, json.dumps(result, indent=2) + "\n"),
-        (args.out.with_suffix(".md"), _markdown(result)),
-    ):
+    for path, text in ((args.out, json.dumps(result, indent=2) + "\n"), (args.out.with_suffix(".md"), _markdown(result))):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

@@ -194,6 +194,11 @@ _GOOD_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
      "llama3 rope_scaling.high_freq_factor 4 must exceed low_freq_factor 4"),
     ({"rope_parameters": [1]}, "rope_parameters must be an object, got [1]"),
+    # 64 / 3 heads: transformers' attention needs hidden_size = heads * head_dim without a head_dim field.
+    ({"num_attention_heads": 3, "num_key_value_heads": 3},
+     "hidden_size 64 is not divisible by num_attention_heads 3 and no head_dim is given"),
+    ({"num_attention_heads": 3, "num_key_value_heads": 3, "head_dim": None},
+     "hidden_size 64 is not divisible by num_attention_heads 3 and no head_dim is given"),
 ])
 def test_bad_config_values_are_one_line_errors(tmp_path, changes, message):
     """Each of these raised ValueError, TypeError, KeyError, AttributeError or ZeroDivisionError (a
@@ -202,6 +207,27 @@ def test_bad_config_values_are_one_line_errors(tmp_path, changes, message):
     with pytest.raises(BubblescopeError) as info:
         ModelConfig.from_hf_config(tmp_path)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_heads_not_dividing_hidden_size_with_explicit_head_dim_is_accepted(tmp_path):
+    # Qwen3-0.6B style: 1024 hidden, 16 heads of 128 (q_size 2048 != hidden_size) is valid with head_dim given.
+    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, "num_attention_heads": 3,
+                                                      "num_key_value_heads": 3, "head_dim": 16}))
+    cfg = ModelConfig.from_hf_config(tmp_path)
+    assert (cfg.head_dim, cfg.q_size) == (16, 48)
+
+
+def test_heads_not_dividing_hidden_size_exit_2_nothing_written(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**_GOOD_CFG, "num_attention_heads": 3,
+                                                            "num_key_value_heads": 3}))
+    out = tmp_path / "out"
+    r = _cli("diagnose", "model", str(tmp_path / "m"), "--out", str(out))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: model config ")
+    assert lines[0].endswith("hidden_size 64 is not divisible by num_attention_heads 3 and no head_dim is given")
+    assert not out.exists()
 
 
 def test_integral_floats_in_config_are_accepted(tmp_path):

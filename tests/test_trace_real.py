@@ -129,6 +129,26 @@ def test_a100_alexnet():
     assert table["wall_us"].tolist() == [s["dur"] for s in steps]
 
 
+def test_a100_alexnet_streams_overlap_warning():
+    """Changed by issue 12: the summary now names the time streams 7 and 20 run at once (a warning; no
+    number changes). Expected from the raw events: per-stream unions summed minus the device union."""
+    events = [e for e in _events("a100_alexnet.json.gz") if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+    def union(intervals):
+        total, reach = 0.0, -float("inf")
+        for start, end in sorted(intervals):
+            total += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        return total
+
+    spans = [(e["ts"], e["ts"] + e["dur"], e["args"]["stream"]) for e in events]
+    overlap = sum(union([(a, b) for a, b, s in spans if s == st_]) for st_ in {s for *_, s in spans}) - union(
+        [(a, b) for a, b, _ in spans]
+    )
+    warnings = summarize_traces([TRACES / "a100_alexnet.json.gz"])["files"][0]["warnings"]
+    assert overlap > 0 and any(w.startswith(f"device 0: its 2 streams run at the same time for {overlap:,.3f} µs") for w in warnings)
+
+
 def test_triton_culaunchkernel():
     tr = load_trace(TRACES / "triton_culaunchkernel.json.gz")
     assert tr.metadata["displayTimeUnit"] == "ms" and tr.rank is None

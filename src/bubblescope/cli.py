@@ -251,6 +251,8 @@ def diagnose_trace(
     import json
 
     from .profiler.ranksummary import summarize_rank_traces
+    from .profiler.tracesummary import file_errors
+    from .reports.progress import trace_progress
     from .trace_inputs import trace_files
 
     if fmt not in ("text", "json"):
@@ -258,9 +260,14 @@ def diagnose_trace(
     files, skipped = trace_files([_path(p, "PATHS") for p in paths])
     for note in skipped:
         typer.echo(f"note: {note}", err=True)
-    summary = summarize_rank_traces([str(p) for p in files], step_marker=step_marker, threshold_us=idle_threshold_us,
-                                    skip_steps=skip_steps, force=ranks)
-    if fmt == "json":
+    with trace_progress() as progress:
+        summary = summarize_rank_traces([str(p) for p in files], step_marker=step_marker,
+                                        threshold_us=idle_threshold_us, skip_steps=skip_steps, force=ranks,
+                                        keep_going=True, progress=progress)
+    errors = file_errors(summary)
+    if len(errors) == len(summary["files"]):
+        pass  # nothing readable: only the errors below, no empty report
+    elif fmt == "json":
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
         from rich.console import Console
@@ -270,6 +277,10 @@ def diagnose_trace(
         console = Console()
         render_trace_summary(summary, console, wide=wide)
         render_ranks(summary["ranks"], console)
+    if errors:  # every readable file was reported above; one line per unreadable one, then exit 2
+        for message in errors[:-1]:
+            typer.echo(f"error: {message}", err=True)
+        raise BubblescopeError(errors[-1])
 
 
 @app.command()

@@ -75,6 +75,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if not self.head_dim and _positive_int(self.hidden_size) and _positive_int(self.num_attention_heads):
+            # Without an explicit head_dim, transformers' attention splits hidden_size into the heads
+            # (LlamaAttention raised "hidden_size must be divisible by num_heads" before head_dim existed);
+            # flooring the quotient would build a model whose q_proj no longer matches hidden_size.
+            if self.hidden_size % self.num_attention_heads:
+                raise BubblescopeError(
+                    f"model config {self.name}: hidden_size {self.hidden_size} is not divisible by "
+                    f"num_attention_heads {self.num_attention_heads} and no head_dim is given")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         eos = self.eos_token_id
         if eos is None:

@@ -86,7 +86,11 @@ def categorize_frame(gpu: pd.DataFrame) -> pd.Series:
 
     if gpu.empty:
         return pd.Series([], index=gpu.index, dtype="str", name="category")
-    keys = pd.MultiIndex.from_arrays([gpu["name"], gpu["kind"]])
-    codes, uniques = pd.factorize(keys)
-    cats = np.asarray([categorize(str(n), str(k)) for n, k in uniques], dtype=object)
-    return pd.Series(cats[codes], index=gpu.index, dtype="str", name="category")
+    names, name_uniques = pd.factorize(gpu["name"])
+    kinds, kind_uniques = pd.factorize(gpu["kind"])
+    pairs, codes = pd.factorize(names.astype(np.int64) * len(kind_uniques) + kinds)
+    cats = np.asarray(
+        [categorize(str(name_uniques[c // len(kind_uniques)]), str(kind_uniques[c % len(kind_uniques)])) for c in codes],
+        dtype=object,
+    )
+    return pd.Series(cats[pairs], index=gpu.index, dtype="str", name="category")

@@ -89,6 +89,23 @@ def _interval_stats(
     return out[list(_STATS)]
 
 
+def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(code per row, the distinct (a, b) rows as an (n, 2) array) of two int64 columns, by hashing.
+
+    np.unique(axis=...) sorts the rows as bytes, O(n log n) with a large constant; factorizing each
+    column and then their combined codes is linear.
+    """
+    import numpy as np
+    import pandas as pd
+
+    ca, ua = pd.factorize(a)
+    cb, ub = pd.factorize(b)
+    codes, uniq = pd.factorize(ca.astype(np.int64) * max(len(ub), 1) + cb)
+    uniq = np.asarray(uniq, dtype=np.int64)
+    rows = np.stack([np.asarray(ua)[uniq // max(len(ub), 1)], np.asarray(ub)[uniq % max(len(ub), 1)]], axis=1)
+    return codes, rows.reshape(-1, 2)
+
+
 def _ratio(num: Any, den: Any) -> Any:
     """num/den with NaN where den is 0 (works on scalars and Series)."""
     import numpy as np
@@ -99,7 +116,21 @@ def _ratio(num: Any, den: Any) -> Any:
 
 
 def _launch_rows(trace: Trace) -> np.ndarray:
-    """Per GPU activity, the position in ``trace.runtime`` of the CPU call with its correlation (-1 if none)."""
+    """Per GPU activity, the position in ``trace.runtime`` of the CPU call with its correlation (-1 if none).
+
+    Kept on the trace between calls (a summary asks for it five times; each sorts every CPU call),
+    keyed by the frames' identity and lengths so a replaced or resized frame is looked up again.
+    """
+    key = (id(trace.gpu), id(trace.runtime), len(trace.gpu), len(trace.runtime))
+    cached = trace.__dict__.get("_launch_rows_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1].copy()
+    rows = _match_launches(trace)
+    object.__setattr__(trace, "_launch_rows_cache", (key, rows))
+    return rows.copy()
+
+
+def _match_launches(trace: Trace) -> np.ndarray:
     import numpy as np
 
     rt_ok = trace.runtime["correlation"].notna().to_numpy()
@@ -113,15 +144,21 @@ def _launch_rows(trace: Trace) -> np.ndarray:
     return np.where(hit, np.flatnonzero(rt_ok)[first][i], -1)
 
 
+# The columns interval and breakdown metrics read; selecting them first keeps row filters from
+# copying the other (grid, occupancy, ...) columns of a trace of millions of activities.
+_INTERVAL_COLUMNS = ("name", "kind", "device", "stream", "ts_us", "dur_us", "end_us", "category")
+
+
 def _windowed(trace: Trace, window: tuple[float, float] | None) -> pd.DataFrame:
-    """GPU activities overlapping ``window`` (start_us, end_us), clipped to it; all of them if None."""
-    gpu = trace.gpu
+    """GPU activities overlapping ``window`` (start_us, end_us), clipped to it; all of them if None.
+    Columns: those of ``_INTERVAL_COLUMNS`` the trace has; index as in ``trace.gpu``."""
+    gpu = trace.gpu[[c for c in _INTERVAL_COLUMNS if c in trace.gpu]]
     if window is None:
         return gpu
     w0, w1 = float(window[0]), float(window[1])
     if not w1 >= w0:
         raise BubblescopeError(f"window {window!r}: end must not be before start")
-    gpu = gpu[(gpu["end_us"] >= w0) & (gpu["ts_us"] <= w1)].copy()
+    gpu = gpu[((gpu["end_us"] >= w0) & (gpu["ts_us"] <= w1)).to_numpy()].copy()
     gpu["ts_us"] = gpu["ts_us"].clip(lower=w0)
     gpu["end_us"] = gpu["end_us"].clip(upper=w1)
     gpu["dur_us"] = gpu["end_us"] - gpu["ts_us"]
@@ -166,8 +203,8 @@ def device_summary(
     out = pd.DataFrame(index=stats.index)
     for name, col in (("kernel", "kernels"), ("memcpy", "memcpys"), ("memset", "memsets")):
         out[col] = np.bincount(code[kind == name], minlength=len(out)).astype(np.int64)
-    pairs = np.unique(np.stack([code, gpu["stream"].to_numpy(dtype="int64", na_value=-1)]), axis=1)
-    out["streams"] = np.bincount(pairs[0], minlength=len(out)).astype(np.int64)
+    _, pairs = pair_codes(code.astype(np.int64), gpu["stream"].to_numpy(dtype="int64", na_value=-1))
+    out["streams"] = np.bincount(pairs[:, 0], minlength=len(out)).astype(np.int64)
     out = out.join(stats)
     out.insert(out.columns.get_loc("span_us") + 1, "bubble_ratio", 1 - _ratio(out["busy_us"], out["span_us"]))
     return out.rename_axis("device").reset_index()
@@ -211,7 +248,10 @@ def _breakdown(gpu: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def _scope(trace: Trace, window: tuple[float, float] | None, device: int | None) -> pd.DataFrame:
     gpu = _windowed(trace, window)
-    return gpu if device is None else gpu[(gpu["device"] == device).to_numpy(dtype=bool, na_value=False)]
+    if device is None:
+        return gpu
+    mine = (gpu["device"] == device).to_numpy(dtype=bool, na_value=False)
+    return gpu if mine.all() else gpu[mine]
 
 
 def kernel_breakdown(

@@ -71,23 +71,40 @@ def multirank_section(traces: list[Trace], step_marker: str, skip_steps: int = 0
 
 def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str | None = None,
                           threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US, skip_steps: int = 0,
-                          force: bool = False) -> dict:
-    """Per-file summaries (as ``summarize_traces``) plus ``ranks``: the multi-rank section when the files are
-    one trace per rank (:func:`is_multirank`, or ``force`` with ranks taken by position), else None.
+                          force: bool = False, keep_going: bool = False, progress=None) -> dict:
+    """Per-file summaries (as ``summarize_traces``, with its ``keep_going`` and ``progress``) plus ``ranks``: the
+    multi-rank section when the readable files are one trace per rank (:func:`is_multirank`, or ``force`` with
+    ranks taken by position), else None. Only traces that name a rank (or all, with ``force``) stay in memory
+    for the merge; the others are summarized and dropped, one at a time.
 
     Raises:
-        BubblescopeError: a bad file, path or option; ``force`` with one trace or with files of different
-            step markers (without ``force`` such files get no ``ranks`` section).
+        BubblescopeError: a bad path or option, a bad file unless ``keep_going``; ``force`` with one trace or
+            with files of different step markers (without ``force`` such files get no ``ranks`` section).
     """
     threshold_us = metrics.check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
-    traces = [load_trace(p) for p in expand_paths(paths)]
-    files = [summarize_trace(t, step_marker, threshold_us, skip_steps) for t in traces]
+    traces, files, unranked = [], [], 0
+    for path in expand_paths(paths):
+        try:
+            trace = load_trace(path, progress(path) if progress is not None else None, flows=False)
+        except BubblescopeError as exc:
+            if not keep_going:
+                raise
+            files.append({"path": path, "error": str(exc)})
+            continue
+        files.append(summarize_trace(trace, step_marker, threshold_us, skip_steps))
+        if force or (trace.rank is not None and not unranked):
+            traces.append(trace)
+        else:  # a trace without a rank: no automatic merge, so nothing needs to be kept
+            unranked += 1
+            traces.clear()
+        del trace
     out = {"schema": SCHEMA, "files": files, "ranks": None}
     if force and len(traces) < 2:
         raise BubblescopeError("--ranks: needs one trace per rank (at least two files)")
-    if not (force or is_multirank(traces)):
+    if not (force or (not unranked and is_multirank(traces))):
         return out
+    files = [f for f in files if "error" not in f]
     markers = {f["step_marker"] for f in files}
     if len(markers) != 1 or None in markers:
         if not force:  # rank-tagged files without common steps: the per-file summaries are all there is

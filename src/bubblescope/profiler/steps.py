@@ -23,6 +23,7 @@ from .metrics import (
     _ratio,
     _stats_by,
     check_threshold,
+    pair_codes,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     made none (some exporters put the marker on another pid; launches are then matched by time only).
     """
     import numpy as np
-    import pandas as pd
 
     if not isinstance(step_marker, str) or not step_marker.strip():
         raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
@@ -52,11 +52,12 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     steps = ann[((names == step_marker) | names.str.startswith(prefix)).to_numpy(dtype=bool)]
     steps = steps.reset_index(drop=True)
     steps.insert(0, "step", np.arange(len(steps), dtype=np.int64))
-    threads = {
-        (p, t)
-        for p, t in zip(trace.runtime["pid"].tolist(), trace.runtime["tid"].tolist())
-        if not (pd.isna(p) or pd.isna(t))
-    }
+    rt = trace.runtime
+    known = (rt["pid"].notna() & rt["tid"].notna()).to_numpy(dtype=bool)
+    pairs = np.stack([rt["pid"].to_numpy(dtype="int64", na_value=0)[known],
+                      rt["tid"].to_numpy(dtype="int64", na_value=0)[known]], axis=1)
+    # the few distinct threads, not one Python tuple per CPU call
+    threads = set(map(tuple, pair_codes(pairs[:, 0], pairs[:, 1])[1].tolist()))
     steps["matched_by"] = [
         "thread" if (p, t) in threads else "time" for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())
     ]
@@ -116,7 +117,9 @@ def _step_table(trace: Trace, steps: pd.DataFrame, threshold_us: float) -> tuple
     import pandas as pd
 
     gpu_step, rt_step = _gpu_steps(trace, steps)
-    mine = trace.gpu[gpu_step >= 0].assign(step=gpu_step[gpu_step >= 0])
+    # the columns the step metrics and timeline_summary read, before the row filter copies them
+    keep = ["name", "kind", "device", "stream", "ts_us", "dur_us", "end_us", "correlation", "registers_per_thread"]
+    mine = trace.gpu[keep][gpu_step >= 0].assign(step=gpu_step[gpu_step >= 0])
     device = _main_device(mine)
     mine = mine[mine["device"] == device] if device is not None else mine
     mine = mine.assign(launch_ts_us=_launch_ts(trace, mine), category=categorize_frame(mine))
@@ -165,25 +168,42 @@ def step_metrics(
     return table
 
 
-def launch_delays(trace: Trace) -> pd.DataFrame:
-    """Per GPU activity launched by a launch API (see ``trace.LAUNCH_APIS``): name, kind, device,
-    stream, correlation, launch_name, launch_ts_us, start_us, delay_us = start − launch call start (µs),
-    first_in_launch (False for the later kernels of a CUDA-graph replay, which share one launch)."""
+def _launch_delay_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(launch-call row per GPU activity or -1 when not launched by a launch API, delay_us = start −
+    launch call start (NaN when not launched), first_in_launch), all aligned with ``trace.gpu``."""
     import numpy as np
+    import pandas as pd
 
     rows = _launch_rows(trace)
     rt = trace.runtime
     launched = rows >= 0
     launched[launched] = rt["is_launch"].to_numpy(dtype=bool)[rows[launched]]
-    gpu = trace.gpu[launched]
+    rows = np.where(launched, rows, -1)
+    start = trace.gpu["ts_us"].to_numpy()
+    delay = np.full(len(start), np.nan)
+    delay[launched] = start[launched] - rt["ts_us"].to_numpy()[rows[launched]]
+    first = np.zeros(len(start), dtype=bool)
+    sel = np.flatnonzero(launched)
+    if len(sel):
+        # the earliest-starting activity of each launch (a CUDA-graph replay's first kernel); ties: file order
+        order = sel[np.argsort(start[sel], kind="stable")]
+        corr = trace.gpu["correlation"].to_numpy(dtype="int64", na_value=0)[order]
+        first[order] = ~pd.Series(corr).duplicated().to_numpy()
+    return rows, delay, first
+
+
+def launch_delays(trace: Trace) -> pd.DataFrame:
+    """Per GPU activity launched by a launch API (see ``trace.LAUNCH_APIS``): name, kind, device,
+    stream, correlation, launch_name, launch_ts_us, start_us, delay_us = start − launch call start (µs),
+    first_in_launch (False for the later kernels of a CUDA-graph replay, which share one launch)."""
+    rows, delay, first = _launch_delay_arrays(trace)
+    launched = rows >= 0
+    rt = trace.runtime
     r = rows[launched]
-    out = gpu[["name", "kind", "device", "stream", "correlation"]].copy()
+    out = trace.gpu[["name", "kind", "device", "stream", "correlation"]][launched].copy()
     out["launch_name"] = rt["name"].to_numpy()[r]
     out["launch_ts_us"] = rt["ts_us"].to_numpy()[r]
-    out["start_us"] = gpu["ts_us"]
-    out["delay_us"] = out["start_us"] - out["launch_ts_us"]
-    first = np.ones(len(out), dtype=bool)
-    if len(out):
-        first = ~out.sort_values("start_us", kind="stable").duplicated("correlation").reindex(out.index).to_numpy()
-    out["first_in_launch"] = first
+    out["start_us"] = trace.gpu["ts_us"].to_numpy()[launched]
+    out["delay_us"] = delay[launched]
+    out["first_in_launch"] = first[launched]
     return out

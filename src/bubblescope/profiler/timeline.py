@@ -23,9 +23,9 @@ from .metrics import (
 from .steps import (
     DEFAULT_STEP_MARKER,
     _gpu_steps,
+    _launch_delay_arrays,
     _step_table,
     find_steps,
-    launch_delays,
 )
 
 if TYPE_CHECKING:
@@ -115,8 +115,9 @@ def timeline_summary(
     decode_window = (float(mine["ts_us"].min()), float(mine["end_us"].max()))
     in_window = device_summary(trace, decode_window, threshold_us)
     row = in_window[in_window["device"] == device].iloc[0]
-    delays = launch_delays(trace).reindex(mine.index).dropna(subset=["delay_us"])
-    delays = delays[delays["first_in_launch"].astype(bool)]["delay_us"].to_numpy(dtype=float)
+    _, delay, first = _launch_delay_arrays(trace)
+    pick = trace.gpu.index.get_indexer(mine.index)
+    delays = delay[pick][first[pick] & ~np.isnan(delay[pick])]
     regs = mine.loc[mine["kind"] == "kernel", "registers_per_thread"].max()
     out.update(
         available=True,

@@ -1,18 +1,19 @@
 """Parse a Kineto / Chrome trace (``.json`` or ``.json.gz``) once into pandas frames.
 
-The ``traceEvents`` array is streamed: the file is decoded in 4 Mi-character chunks and each event
-is decoded on its own by the C JSON scanner (``json.scanner.make_scanner``); only the fields the
-metrics use are kept, as one tuple per kept event with interned names, and become typed columns
-once at the end. Memory is the decoded chunk plus the kept fields, not a Python dict per event as
-``json.load`` builds (``benchmarks/trace_parse.py`` measures time and peak RSS against Holistic
-Trace Analysis). The C scanner is the floor: about 5 µs per event on one core.
+The ``traceEvents`` array is streamed: the file is decoded in 4 Mi-character windows, and the whole
+events of each window are decoded by msgspec in one call into small typed structs (only the fields
+the metrics use), then kept as typed numpy columns per table; no dict per event is built. Events
+msgspec refuses (NaN literals, lone surrogates, odd types) are read one at a time by the standard
+library's C scanner, into the same columns. Memory is one window plus the kept columns
+(``benchmarks/trace_parse.py`` measures time and peak RSS against Holistic Trace Analysis).
 
 Units: every ``ts``/``dur`` of the Chrome trace format is in microseconds whatever
 ``displayTimeUnit`` says (that key only sets the viewer's display unit, see the Trace Event Format
 spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written.
 
-Reading is split over three modules: :mod:`.tracejson` streams the JSON text, :mod:`.tracecolumns`
-keeps the fields of each event and builds the typed, cleaned frames, and this one holds the
+Reading is split over modules: :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes
+runs of events with msgspec, :mod:`.tracecolumns` keeps the fields of each event and builds the typed,
+cleaned frames, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events, and this one holds the
 :class:`Trace` container, the launch/sync API names and :func:`load_trace`, which ties them together.
 """
 
@@ -22,6 +23,7 @@ import gzip
 import os
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +32,8 @@ from ..errors import BubblescopeError
 # GPU_KINDS, RUNTIME_CATEGORIES and FLOW_PHASES (which events become which table) live with the
 # column building; they stay importable from here.
 from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES, _Columns  # noqa: F401
-from .tracejson import _open_text, _parse, _Text
+from .tracechecks import drop_repeated
+from .tracejson import _open_text, _parse, _Reader, _Text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -111,8 +114,15 @@ def parse_rank(value: Any) -> int | None:
     return int(number) if number.is_integer() else None
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
+def load_trace(
+    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True
+) -> Trace:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into a :class:`Trace`.
+
+    ``progress(done, total)``, if given, is called with the bytes of the file read so far and the
+    file's size (bytes, as on disk: compressed for .gz) after each 4 Mi-character window.
+    ``flows=False`` leaves ``Trace.flows`` empty (no metric reads it; it is a quarter of a Kineto
+    trace's events, so the summary skips it).
 
     Raises BubblescopeError (one line naming the file) when the file is missing, unreadable, a
     truncated or corrupt gzip, not JSON, or JSON without a ``traceEvents`` array. Odd events (ts 0
@@ -120,10 +130,19 @@ def load_trace(path: str | os.PathLike) -> Trace:
     counted in ``Trace.warnings``.
     """
     path = os.fspath(path)
-    cols = _Columns()
+    cols = _Columns(keep_flows=flows)
     try:
-        with _open_text(path) as stream:
-            meta, found = _parse(_Text(stream), cols)
+        raw, gz = _open_text(path)
+        with raw:
+            size = os.fstat(raw.fileno()).st_size
+            reader = _Reader(raw, gz)
+            reader.start()
+            try:
+                meta, found = _parse(_Text(reader, None if progress is None else (lambda done: progress(done, size))), cols)
+            finally:
+                reader.close()
+        if progress is not None:
+            progress(size, size)
     except FileNotFoundError:
         raise BubblescopeError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -138,18 +157,19 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
 
     frames = cols.frames()
-    gpu = frames["gpu"]
-    gpu["device"] = gpu["device"].fillna(-1)  # neither args.device nor pid: one unknown device
-    gpu = gpu.sort_values(["device", "ts_us"], kind="stable", ignore_index=True)
-    runtime = frames["runtime"].sort_values("ts_us", kind="stable", ignore_index=True)
+    # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
+    # annotations by ts_us (stable: the file's order among equal times)
+    gpu, merged = drop_repeated(frames["gpu"])
+    runtime = frames["runtime"]
     names = runtime["name"].unique()
     runtime["is_launch"] = runtime["name"].isin([n for n in names if api_base_name(n) in LAUNCH_APIS])
     runtime["is_sync"] = runtime["name"].isin([n for n in names if api_base_name(n) in SYNC_APIS])
-    annotations = frames["annotations"].sort_values("ts_us", kind="stable", ignore_index=True)
+    annotations = frames["annotations"]
     flows = frames["flows"]
 
     warnings = [f"{n} {what}" for what, n in cols.odd.items()]
     warnings += [f"{n} integers in {col} beyond int64 or not integers, set to null" for col, n in cols.bad_ints.items()]
+    warnings += merged
     if cols.bad_text:
         warnings.append(f"{cols.bad_text} distinct names had invalid UTF-8 (replaced by U+FFFD)")
     linked = gpu["correlation"].isin(runtime["correlation"].dropna()).to_numpy(dtype=bool, na_value=False)

@@ -1,10 +1,13 @@
 """Which trace events are kept, and how their fields become typed, cleaned pandas columns.
 
-:class:`_Columns` receives every decoded event: complete events of the GPU, runtime/driver and
-annotation categories and flow events are kept as one tuple each (names interned), all else is
-dropped. :meth:`_Columns.frames` turns the tuples into one frame per table at the end, column by
-column: nullable int64 for ids, float64 for times, tuples for grid/block, text for names; rows
-with unusable times are dropped and every oddity is counted for ``Trace.warnings``.
+:class:`_Columns` keeps the events of each table (GPU activities, runtime/driver calls, annotations,
+flows) as typed numpy column chunks: int64 ids (a sentinel for "absent"), float64 times, int32 codes
+into one shared vocabulary for names, shared tuples for grid/block. Rows arrive column-wise from the
+batch decoder (:mod:`.tracebatch`) or one event dict at a time (:meth:`_Columns.add`, for text the
+batch decoder refuses: NaN literals, lone surrogates, odd types), then become one frame per table at
+the end (:meth:`_Columns.frames`, built by :mod:`.traceframes`); rows with unusable times are dropped and every oddity is counted
+for ``Trace.warnings``. ``B``/``E`` duration events are paired into complete events
+(:mod:`.tracepairs`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _float(value: Any) -> float:
-    """A JSON number as float; NaN for anything else (strings, null, bools, ints beyond float)."""
+    """A JSON number, or a string holding one (the Trace Event Format's writers use both), as float;
+    NaN for anything else (null, bools, text, ints beyond float)."""
     if type(value) is float:
         return value
     if type(value) is int:
@@ -43,7 +47,27 @@ def _float(value: Any) -> float:
             return float(value)
         except OverflowError:
             return math.nan
+    if type(value) is str:
+        try:
+            return float(value)
+        except (ValueError, OverflowError):
+            return math.nan
     return math.nan
+
+
+def _int(value: Any) -> int | None:
+    """An int64 id from an int, an integral float or a numeric string; None for anything else."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    elif type(value) is str:
+        try:
+            value = int(value)
+        except ValueError:
+            number = _float(value)
+            value = int(number) if math.isfinite(number) and number.is_integer() else None
+    if type(value) is int and -(1 << 63) <= value < (1 << 63):
+        return value
+    return None
 
 
 _GPU_COLUMNS = (
@@ -70,32 +94,36 @@ _INT_COLUMNS = frozenset({"device", "stream", "correlation", "external_id", "pid
 _FLOAT_COLUMNS = frozenset({"ts_us", "dur_us", *_GPU_COLUMNS[10:]})
 # Complete-event category -> the table it goes to (a GPU kind, "runtime" or "annotation").
 _X_TABLES = {**GPU_KINDS, **{c: "runtime" for c in RUNTIME_CATEGORIES}, "user_annotation": "annotation"}
-_NUMBER = (int, float)
+_NUMBER = (int, float, str)  # str: a numeric string, parsed with the column (non-numeric: excluded then)
 _EMPTY: dict = {}
+_PLAIN_NUMBERS = frozenset({int, float, type(None)})
+TABLE_COLUMNS = {"gpu": _GPU_COLUMNS, "runtime": _RUNTIME_COLUMNS, "annotations": _ANNOTATION_COLUMNS,
+                 "flows": _FLOW_COLUMNS}
+_FLUSH_ROWS = 1 << 16  # event dicts kept as tuples before they become typed columns
 
 
 class _Columns:
-    """Rows of the kept events (tuples, names interned), turned into frames once by :meth:`frames`.
+    """The kept events of each table as typed column chunks, turned into frames once by :meth:`frames`.
 
-    :meth:`add` runs once per event, so it only checks types and appends; range checks, int64
-    overflow and NaN are handled column-wise afterwards.
+    :meth:`extend` takes one batch of rows column-wise (lists of raw JSON values) and types it at once,
+    so memory holds numpy arrays, not Python objects per event. :meth:`add` takes one event dict (the
+    fallback path) and keeps a tuple until :data:`_FLUSH_ROWS` of them are typed together.
     """
 
-    def __init__(self) -> None:
-        self.gpu: list[tuple] = []
-        self.runtime: list[tuple] = []
-        self.annotations: list[tuple] = []
-        self.flows: list[tuple] = []
-        self.names: dict[str, str] = {}
+    def __init__(self, keep_flows: bool = True) -> None:
+        self.keep_flows = keep_flows  # flow events (a quarter of a Kineto trace) are no metric's input
+        self.pending: dict[str, list[tuple]] = {t: [] for t in TABLE_COLUMNS}
+        self.chunks: dict[str, list[dict]] = {t: [] for t in TABLE_COLUMNS}
+        self.vocab: list[str] = []  # code -> text of every name, category, kind and phase
+        self.codes: dict[str, int] = {}
+        self.dims: dict[tuple, tuple | None] = {}  # one shared tuple per distinct grid/block
+        self.pairs: list[dict] = []  # B/E events, paired into complete events by frames()
         self.odd: Counter[str] = Counter()
         self.bad_ints: Counter[str] = Counter()
+        self.bad_text = 0
         self.events = 0
 
-    def _name(self, raw: Any) -> str:
-        if type(raw) is str:
-            return self.names.setdefault(raw, raw)
-        return self.names.setdefault(str(raw), str(raw)) if raw is not None else ""
-
+    # ---- the per-event fallback -----------------------------------------------------------
     def add(self, ev: Any) -> None:
         self.events += 1
         if type(ev) is not dict:
@@ -103,105 +131,157 @@ class _Columns:
             return
         ph = ev.get("ph")
         if ph == "X":
-            cat = ev.get("cat")
-            try:
-                table = _X_TABLES.get(cat)
-            except TypeError:  # a list or object as category: no table of ours
-                table = None
-            name = ev.get("name")
-            if table is None:
-                if cat not in ("cpu_op", "Operator") or not str(name).startswith("ProfilerStep#"):
-                    return
-                table = "annotation"  # old torch wrote ProfilerStep#N as a CPU op
-            ts, dur = ev.get("ts"), ev.get("dur")
-            if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
-                self.odd["complete events without a finite numeric ts/dur excluded"] += 1
-                return
-            if ts == 0 and dur == 0:
-                self.odd["events with ts 0 and dur 0 excluded"] += 1
-                return
-            args = ev.get("args")
-            if type(args) is not dict:
-                args = _EMPTY
-            name = self._name(name)
-            if table == "runtime":
-                self.runtime.append(
-                    (
-                        name,
-                        self._name(cat),
-                        ev.get("pid", _NA),
-                        ev.get("tid", _NA),
-                        ts,
-                        dur,
-                        args.get("correlation", _NA),
-                        args.get("External id", args.get("external id", _NA)),
-                    )
-                )
-            elif table == "annotation":
-                self.annotations.append((name, ev.get("pid", _NA), ev.get("tid", _NA), ts, dur))
-            else:
-                self.gpu.append(
-                    (
-                        name,
-                        table,
-                        args.get("device", ev.get("pid", _NA)),
-                        args.get("stream", ev.get("tid", _NA)),
-                        ts,
-                        dur,
-                        args.get("correlation", _NA),
-                        args.get("External id", args.get("external id", _NA)),
-                        args.get("grid"),
-                        args.get("block"),
-                        args.get("registers per thread"),
-                        args.get("shared memory"),
-                        args.get("blocks per SM"),
-                        args.get("warps per SM"),
-                        args.get("est. achieved occupancy %"),
-                    )
-                )
-        elif type(ph) is str and ph in FLOW_PHASES:
-            self.flows.append(
-                (ev.get("id", _NA), ph, ev.get("ts"), ev.get("pid", _NA), ev.get("tid", _NA), self._name(ev.get("cat")))
+            self.add_complete(ev)
+        elif type(ph) is str and ph in FLOW_PHASES and self.keep_flows:
+            self._pend(
+                "flows", (ev.get("id", _NA), ph, ev.get("ts"), ev.get("pid", _NA), ev.get("tid", _NA), ev.get("cat"))
             )
+        elif ph == "B" or ph == "E":
+            self.pairs.append(ev)
+
+    def add_complete(self, ev: dict) -> None:
+        """One complete (``X``) event dict, or a paired ``B``/``E`` made into one."""
+        cat = ev.get("cat")
+        try:
+            table = _X_TABLES.get(cat)
+        except TypeError:  # a list or object as category: no table of ours
+            table = None
+        name = ev.get("name")
+        if table is None:
+            if cat not in ("cpu_op", "Operator") or not str(name).startswith("ProfilerStep#"):
+                return
+            table = "annotation"  # old torch wrote ProfilerStep#N as a CPU op
+        ts, dur = ev.get("ts"), ev.get("dur")
+        if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
+            self.odd["complete events without a finite numeric ts/dur excluded"] += 1
+            return
+        if ts == 0 and dur == 0:
+            self.odd["events with ts 0 and dur 0 excluded"] += 1
+            return
+        args = ev.get("args")
+        if type(args) is not dict:
+            args = _EMPTY
+        if table == "runtime":
+            row = (name, cat, ev.get("pid", _NA), ev.get("tid", _NA), ts, dur, args.get("correlation", _NA),
+                   args.get("External id", args.get("external id", _NA)))
+            self._pend("runtime", row)
+        elif table == "annotation":
+            self._pend("annotations", (name, ev.get("pid", _NA), ev.get("tid", _NA), ts, dur))
+        else:
+            row = (
+                name,
+                table,
+                args.get("device", ev.get("pid", _NA)),
+                args.get("stream", ev.get("tid", _NA)),
+                ts,
+                dur,
+                args.get("correlation", _NA),
+                args.get("External id", args.get("external id", _NA)),
+                args.get("grid"),
+                args.get("block"),
+                args.get("registers per thread"),
+                args.get("shared memory"),
+                args.get("blocks per SM"),
+                args.get("warps per SM"),
+                args.get("est. achieved occupancy %"),
+            )
+            self._pend("gpu", row)
+
+    def _pend(self, table: str, row: tuple) -> None:
+        rows = self.pending[table]
+        rows.append(row)
+        if len(rows) >= _FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Type the pending event tuples (kept in arrival order before any later batch)."""
+        for table, rows in self.pending.items():
+            if rows:
+                columns = TABLE_COLUMNS[table]
+                self.extend(table, {c: [row[i] for row in rows] for i, c in enumerate(columns)})
+                rows.clear()
+
+    # ---- typed columns ----------------------------------------------------------------------
+    def extend(self, table: str, values: dict[str, list]) -> None:
+        """Append one batch of rows of ``table``, given column-wise as raw JSON values."""
+        import numpy as np
+
+        chunk: dict[str, Any] = {}
+        for key in TABLE_COLUMNS[table]:
+            vals = values[key]
+            if key in _INT_COLUMNS:
+                label = "flow id" if table == "flows" and key == "id" else key if key in ("pid", "tid") else "args." + key
+                chunk[key] = self._ints(vals, label)
+            elif key in _FLOAT_COLUMNS:
+                chunk[key] = self._floats(vals)
+            elif key in ("grid", "block"):
+                chunk[key] = np.fromiter(self._dims(vals), dtype=object, count=len(vals))  # never a 2-D array
+            else:
+                chunk[key] = self.encode(vals)
+        self.chunks[table].append(chunk)
+
+    def encode(self, values: list) -> Any:
+        """Texts (str, or null/other values as ``str()``/"") as int32 codes into :attr:`vocab`."""
+        import numpy as np
+
+        codes = self.codes
+        try:
+            uniq = dict.fromkeys(values)
+        except TypeError:  # unhashable names (lists): their text
+            values = [v if type(v) is str else ("" if v is None else str(v)) for v in values]
+            uniq = dict.fromkeys(values)
+        local = {}
+        for v in uniq:
+            text = v if type(v) is str else ("" if v is None else str(v))
+            code = codes.get(text)
+            if code is None:
+                code = codes[text] = len(self.vocab)
+                self.vocab.append(text)
+            local[v] = code
+        return np.fromiter(map(local.__getitem__, values), dtype=np.int32, count=len(values))
 
     def _ints(self, values: list, column: str) -> Any:
         import numpy as np
-        import pandas as pd
 
         try:
-            arr = np.array(values) if values else np.zeros(0, dtype=np.int64)
+            arr = np.array(values) if len(values) else np.zeros(0, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):  # lists of uneven length among them
             arr = None
         if arr is None or arr.dtype != np.int64 or arr.ndim != 1:  # None, floats, strings, lists, beyond int64
             clean = []
             for v in values:
-                if type(v) is float and v.is_integer():
-                    v = int(v)
-                if type(v) is int and -(1 << 63) <= v < (1 << 63):
-                    clean.append(v)
-                else:
+                i = _int(v)
+                if i is None:
                     clean.append(_NA)
                     if v is not None:
                         self.bad_ints[column] += 1
+                else:
+                    clean.append(i)
             arr = np.array(clean, dtype=np.int64)
-        return pd.arrays.IntegerArray(arr, arr == _NA)
+        return arr
 
     @staticmethod
     def _floats(values: list) -> Any:
         import numpy as np
 
+        if isinstance(values, np.ndarray):
+            return values.astype(np.float64, copy=False)
         try:
-            arr = np.array(values, dtype=np.float64) if values else np.zeros(0)
-            if arr.ndim == 1:
-                return arr
+            # dtype=None first: numpy would parse strings and bools itself, unlike _float.
+            arr = np.array(values) if len(values) else np.zeros(0)
+            if arr.ndim == 1 and arr.dtype.kind in "if":
+                return arr.astype(np.float64, copy=False)
+            if arr.ndim == 1 and set(map(type, values)) <= _PLAIN_NUMBERS:  # numbers and nulls
+                return np.array(values, dtype=np.float64)
         except (TypeError, ValueError, OverflowError):
             pass
         return np.array([_float(v) for v in values], dtype=np.float64)
 
-    @staticmethod
-    def _dims(values: list) -> list:
+    def _dims(self, values: list) -> list:
         """[8, 1, 1] -> (8, 1, 1), one shared tuple per distinct value; None unless a list of ints."""
-        seen: dict[tuple, tuple | None] = {}
+        seen = self.dims
+        if all(type(v) is tuple or v is None for v in values):  # from the batch decoder: ints already
+            return [v if v is None else seen.setdefault(v, v) for v in values]
         out = []
         for v in values:
             if type(v) is list:
@@ -216,61 +296,9 @@ class _Columns:
                 out.append(None)
         return out
 
-    def frame(self, rows: list[tuple], columns: tuple[str, ...], label: str) -> pd.DataFrame:
-        """One table's rows as a frame; rows with non-finite ts/dur, a negative dur or |ts|/dur beyond
-        2^63 µs are dropped."""
-        import numpy as np
-        import pandas as pd
-
-        cols = [[row[i] for row in rows] for i in range(len(columns))]  # 6x faster than zip(*rows)
-        data: dict[str, Any] = {}
-        for key, values in zip(columns, cols):
-            if key in _INT_COLUMNS:
-                data[key] = self._ints(
-                    values,
-                    "flow id" if label == "flows" and key == "id" else key if key in ("pid", "tid") else "args." + key,
-                )
-            elif key in _FLOAT_COLUMNS:
-                data[key] = self._floats(values)
-            elif key in ("grid", "block"):
-                data[key] = pd.Series(self._dims(values), dtype=object)
-            else:
-                data[key] = pd.Series(values, dtype="str")
-        frame = pd.DataFrame(data)
-        if "dur_us" in frame:
-            ts, dur = frame["ts_us"].to_numpy(), frame["dur_us"].to_numpy()
-            bad = ~(np.isfinite(ts) & np.isfinite(dur))
-            negative = dur < 0
-            huge = ~bad & ((np.abs(ts) > _MAX_TIME_US) | (dur > _MAX_TIME_US))
-            if bad.any():
-                self.odd["complete events without a finite numeric ts/dur excluded"] += int(bad.sum())
-            if negative.any():
-                self.odd["events with negative dur excluded"] += int(negative.sum())
-            if huge.any():
-                self.odd["events with |ts| or dur beyond 2^63 µs excluded"] += int(huge.sum())
-            if bad.any() or negative.any() or huge.any():
-                frame = frame[~(bad | negative | huge)].reset_index(drop=True)
-            frame.insert(frame.columns.get_loc("dur_us") + 1, "end_us", frame["ts_us"] + frame["dur_us"])
-        return frame
-
+    # ---- frames -----------------------------------------------------------------------------
     def frames(self) -> dict[str, pd.DataFrame]:
-        out = {
-            "gpu": self.frame(self.gpu, _GPU_COLUMNS, "gpu"),
-            "runtime": self.frame(self.runtime, _RUNTIME_COLUMNS, "runtime"),
-            "annotations": self.frame(self.annotations, _ANNOTATION_COLUMNS, "annotations"),
-            "flows": self.frame(self.flows, _FLOW_COLUMNS, "flows"),
-        }
-        # \ud800-style escapes give lone surrogates, which cannot be encoded or printed.
-        fix = {}
-        for name in self.names:
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                fix[name] = _SURROGATE.sub("\ufffd", name)
-        self.bad_text = sum(1 for name in self.names if "\ufffd" in name or name in fix)
-        if fix:
-            for frame in out.values():
-                for col in ("name", "category", "cat"):
-                    if col in frame:
-                        frame[col] = frame[col].map(lambda n: fix.get(n, n))
-        return out
+        """One frame per table (see :func:`.traceframes.build_frames`); the columns are consumed."""
+        from .traceframes import build_frames
+
+        return build_frames(self)

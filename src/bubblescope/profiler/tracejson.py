@@ -1,20 +1,25 @@
-"""Stream the JSON text of a Chrome trace: walk the top level, hand each ``traceEvents`` entry on.
+"""Stream the JSON text of a Chrome trace: walk the top level, hand the ``traceEvents`` entries on.
 
-The file is opened as text (gunzipped when it starts with the gzip magic) and read through
-:class:`_Text`, a sliding window of decoded chunks from which one JSON value at a time is scanned
-by the C scanner. :func:`_parse` walks the top-level object key by key (or a bare event array),
-keeps every other key as metadata and passes each event of ``traceEvents`` to
-:meth:`~bubblescope.profiler.tracecolumns._Columns.add`; malformed or truncated text raises a
+A :class:`_Reader` thread reads the file (inflating gzip when it starts with the gzip magic) and
+decodes it to text window by window; :class:`_Text` is the sliding window the parser works on.
+:func:`_parse` walks the top-level object key by key (or a bare event array) with the standard
+library's C scanner and keeps every other key as metadata. Inside ``traceEvents``, the whole events
+of each window are handed to :func:`~bubblescope.profiler.tracebatch.add_batch` (msgspec, one call
+per window); what it refuses, and the event cut off at a window's end, go one at a time to
+:meth:`~bubblescope.profiler.tracecolumns._Columns.add`. Malformed or truncated text raises a
 one-line ``ValueError`` naming the character position.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
+import codecs
 import json
 import json.scanner
+import queue
 import re
+import threading
+import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,16 +27,98 @@ if TYPE_CHECKING:
 
 _CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
 _MAX_EVENT_CHARS = 1 << 26  # one event larger than 64 Mi characters is treated as malformed
+_MAX_COMMAS = 4096  # '{' looked at from a window's end for the start of an event
+_BATCH_TRIES = 3  # cuts tried per window before reading it event by event
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER_TAIL = re.compile(r"[0-9.eE+\-]*")
 _COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
 
 
+class _Gunzip:
+    """gzip members (RFC 1952; several in a row, as ``cat a.gz b.gz`` gives) inflated by zlib in large
+    pieces: each call releases the GIL for the whole piece, which ``gzip.GzipFile`` (128 KiB steps
+    of Python code) does not, so inflation overlaps the JSON decoding on another core."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self._inflate = zlib.decompressobj(wbits=31)
+
+    def read(self, size: int) -> bytes:
+        """About 8-10× ``size`` // 8 bytes of JSON text; b"" at the end. EOFError when the file ends
+        inside a member, zlib.error when it is corrupt."""
+        while True:
+            data = self._raw.read(max(1, size // 8))
+            if not data:
+                if not self._inflate.eof:
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                return b""
+            out = []
+            while data:
+                if self._inflate.eof:
+                    if not data.strip(b"\0"):  # zero padding after the last member, as gzip allows
+                        break
+                    self._inflate = zlib.decompressobj(wbits=31)
+                out.append(self._inflate.decompress(data))
+                data = self._inflate.unused_data
+            if any(out):
+                return b"".join(out)
+
+
+class _Reader(threading.Thread):
+    """Reads and decodes the file ahead of the parser, one window at a time, in its own thread.
+
+    Inflating gzip releases the GIL, so on two cores it runs beside the JSON decoding; at most two
+    windows wait in the queue. Errors (corrupt gzip, I/O) are handed over and raised by :meth:`get`.
+    """
+
+    def __init__(self, raw: Any, gz: bool):
+        super().__init__(daemon=True, name="bubblescope-trace-reader")
+        self._raw = raw
+        self._binary = _Gunzip(raw) if gz else raw
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._halt = threading.Event()
+        # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error. Invalid
+        # UTF-8 in kernel names must not stop the parse: decoded with U+FFFD replacement.
+        self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+
+    def run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                data = self._binary.read(_CHUNK_CHARS)
+                text = self._decoder.decode(data, final=not data)
+                if text or not data:
+                    self._put((text, self._raw.tell(), None))
+                if not data:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the parsing thread by get()
+            self._put(("", 0, exc))
+
+    def _put(self, item: tuple) -> None:
+        while not self._halt.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def get(self) -> tuple[str, int]:
+        """(next decoded text, '' at the end; bytes of the file read so far)."""
+        text, done, exc = self._queue.get()
+        if exc is not None:
+            raise exc
+        return text, done
+
+    def close(self) -> None:
+        self._halt.set()
+        self.join()
+
+
 class _Text:
     """A sliding window over the decoded file from which JSON values are scanned one at a time."""
 
-    def __init__(self, stream: io.TextIOBase):
-        self._stream = stream
+    def __init__(self, reader: _Reader, progress: Callable[[int], None] | None = None):
+        self._reader = reader
+        self._progress = progress  # called with the bytes of the file read so far, after each refill
         self.buf = ""
         self.pos = 0
         self.offset = 0  # characters dropped from the front of buf so far
@@ -41,13 +128,15 @@ class _Text:
     def fill(self) -> bool:
         if self.eof:
             return False
-        chunk = self._stream.read(_CHUNK_CHARS)
+        chunk, done = self._reader.get()
         if not chunk:
             self.eof = True
             return False
         self.offset += self.pos
         self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
+        if self._progress is not None:
+            self._progress(done)
         return True
 
     def peek(self) -> str:
@@ -93,14 +182,12 @@ class _Text:
         at = self.offset + (self.pos if pos is None else pos)
         return ValueError(f"invalid JSON at character {at}: {what}")
 
-def _open_text(path: str) -> io.TextIOBase:
-    """Open as text, gunzipping when the file starts with the gzip magic (not by its suffix)."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the wrapper
+def _open_text(path: str) -> tuple[Any, bool]:
+    """(the file opened for reading bytes, whether it is gzip): by the gzip magic, not the suffix.
+    The file's ``tell()`` is the progress through it in bytes."""
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-    binary = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
-    # Invalid UTF-8 in kernel names must not stop the parse: decode with U+FFFD replacement.
-    # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error.
-    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline="")
+    return raw, head == b"\x1f\x8b"
 
 
 def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
@@ -142,6 +229,53 @@ def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
             raise text.error("expected ',' or '}'" if c else "file ends early (truncated?)")
 
 
+def _batch_end(buf: str, pos: int, hi: int) -> int:
+    """Index of the last ``}`` in ``buf[pos:hi]`` followed by a comma and a ``{`` (whitespace allowed
+    between): the end of an event when that ``}`` closes one at the top level of the array (kernel
+    names such as ``{lambda(float)#1}, std::array`` hold "}," but rarely "}, {"); -1 if none is near
+    the end of the window."""
+    ws = " \t\n\r"
+    for _ in range(_MAX_COMMAS):
+        p = buf.rfind("{", pos, hi)
+        if p <= pos:
+            return -1
+        q = p - 1
+        while q > pos and buf[q] in ws:
+            q -= 1
+        if buf[q] == ",":
+            q -= 1
+            while q > pos and buf[q] in ws:
+                q -= 1
+            if buf[q] == "}":
+                return q
+        hi = p
+    return -1
+
+
+def _add_batches(text: _Text, cols: _Columns) -> bool | None:
+    """Decode every whole event from the cursor to the window's last "}," with msgspec at once.
+
+    A "}," inside a string or a nested object makes the text up to it invalid JSON, so msgspec refuses
+    it rather than splitting an event; the cut is then tried again, one event earlier. Returns True
+    when events were decoded, None when the window holds no cut, False when msgspec refused the text
+    (odd values), so the caller reads this window event by event.
+    """
+    from .tracebatch import add_batch
+
+    buf, pos, hi = text.buf, text.pos, len(text.buf)
+    if not buf.startswith("{", pos):
+        return None
+    for _ in range(_BATCH_TRIES):
+        end = _batch_end(buf, pos, hi)
+        if end < 0:
+            return None
+        if add_batch(cols, buf[pos : end + 1]):
+            text.pos = _COMMA.match(buf, end + 1).end()
+            return True
+        hi = end
+    return False
+
+
 def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
     text.pos += 1  # the '['
     add = cols.add
@@ -150,10 +284,13 @@ def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
         return
     scan, comma = text.scanner, _COMMA.match
     while True:
-        # Fast path, kept in locals: whole event objects inside the window separated by commas.
-        # It stops at anything else (an event cut by the window, the closing bracket, bad JSON).
+        if _add_batches(text, cols) and text.fill():
+            continue  # the window's cut-off last event, completed by the next window: batch again
+        # Whatever the batch left in the window, event by event, kept in locals: whole event objects
+        # separated by commas. It stops at anything else (an event cut by the window, the closing
+        # bracket, bad JSON).
         buf, pos, size, need_value = text.buf, text.pos, len(text.buf), True
-        while True:
+        while pos < size:
             try:
                 ev, end = scan(buf, pos)
             except (StopIteration, json.JSONDecodeError):
@@ -166,8 +303,6 @@ def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
                 pos, need_value = end, False
                 break
             pos = m.end()
-            if pos >= size:
-                break
         text.pos = pos
         if need_value:  # the careful path: refills the window, or raises a one-line error
             c = text.peek()

@@ -12,7 +12,8 @@ Schema ``bubblescope.trace/1``::
                              "categories": [{category, count, total_us, share}],
                              "top_kernels": [{name, category, count, total_us, share}]}],
                 "steps": <timeline.timeline_summary dict> | None,
-                "warnings": [str]}]}
+                "warnings": [str]}
+               | {"path": str, "error": str}]}   # a file that could not be read (keep_going)
 
 Device figures cover the whole trace; ``steps`` covers the decode steps found by the step marker.
 """
@@ -20,12 +21,13 @@ Device figures cover the whole trace; ``steps`` covers the decode steps found by
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import BubblescopeError
 from . import metrics
 from .steps import DEFAULT_STEP_MARKER, find_steps
+from .tracechecks import overlap_notes, skew_note
 from .timeline import check_skip_steps, timeline_summary
 from .trace import Trace, load_trace
 
@@ -131,11 +133,16 @@ def summarize_trace(
         summary = timeline_summary(trace, marker, skip_steps, threshold_us)
         if summary["reason"]:
             warnings.append(f"steps: {summary['reason']}")
+    devices = _devices(trace, threshold_us)
+    warnings += overlap_notes(devices, trace.gpu)
+    skew = skew_note(trace)
+    if skew:
+        warnings.append(skew)
     return {
         "path": trace.path,
         "rank": trace.rank,
         "step_marker": marker,
-        "devices": _devices(trace, threshold_us),
+        "devices": devices,
         "steps": summary,
         "warnings": warnings,
     }
@@ -146,17 +153,37 @@ def summarize_traces(
     step_marker: str | None = None,
     threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US,
     skip_steps: int = 0,
+    keep_going: bool = False,
+    progress: Callable[[str], Callable[[int, int], None] | None] | None = None,
 ) -> dict:
     """Parse each trace (directories expand to their trace files) and summarize it; see the module doc.
 
     ``step_marker`` None tries ``bubblescope.decode_step`` then ``ProfilerStep``. ``threshold_us`` is
     the kernel-wait threshold of the idle breakdown (µs); ``skip_steps`` drops warm-up steps.
-    Raises BubblescopeError for a bad file, path or option (the CLI exits 2); a trace without GPU
-    activity is summarized with ``"devices": []`` and a warning.
+    Raises BubblescopeError for a bad path or option (the CLI exits 2), and for a bad file unless
+    ``keep_going``: then that file's entry is ``{"path": str, "error": str}`` (the one-line message)
+    and the other files are summarized. ``progress(path)`` may return a ``(done, total)`` bytes
+    callback for :func:`~bubblescope.profiler.trace.load_trace`. A trace without GPU activity is
+    summarized with ``"devices": []`` and a warning.
     """
     threshold_us = metrics.check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
     if step_marker is not None and (not isinstance(step_marker, str) or not step_marker.strip()):
         raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
-    files = [summarize_trace(load_trace(p), step_marker, threshold_us, skip_steps) for p in expand_paths(paths)]
+    files = []
+    for path in expand_paths(paths):
+        try:
+            trace = load_trace(path, progress(path) if progress is not None else None, flows=False)
+        except BubblescopeError as exc:
+            if not keep_going:
+                raise
+            files.append({"path": path, "error": str(exc)})
+            continue
+        files.append(summarize_trace(trace, step_marker, threshold_us, skip_steps))
+        del trace  # one file's frames in memory at a time
     return {"schema": SCHEMA, "files": files}
+
+
+def file_errors(summary: dict) -> list[str]:
+    """The one-line errors of the files :func:`summarize_traces` could not read (``keep_going``)."""
+    return [f["error"] for f in summary.get("files", []) if "error" in f]

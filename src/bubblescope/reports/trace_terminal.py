@@ -129,6 +129,9 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
     for f in summary.get("files") or []:
         rank = "" if f.get("rank") is None else f"  rank {f['rank']}"
         console.rule(Text(f"{f.get('path')}{rank}"), align="left")
+        if "error" in f:  # a file that could not be read; the others are still shown
+            console.print(Text(f"error: {f['error']}", style="red"))
+            continue
         devices = f.get("devices") or []
         if devices:
             for table in _devices(devices):

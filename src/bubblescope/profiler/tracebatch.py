@@ -1,0 +1,218 @@
+"""Decode a run of whole ``traceEvents`` entries at once with msgspec and keep them as typed columns.
+
+:func:`add_batch` gets the JSON text of consecutive events (``{...}, {...}``), decodes it in one
+call into :class:`_Event` structs that hold only the fields the metrics read (msgspec skips the
+rest without building them), picks the kept events by (ph, cat) and hands each table's fields to
+:meth:`~bubblescope.profiler.tracecolumns._Columns.extend` column by column: no dict per event and
+no Python call per event. Field types are strict where the Trace Event Format is (numbers or numeric
+strings for times and ids); text they refuse (NaN literals, a list as category, lone surrogates,
+ids beyond 64 bits) makes :func:`add_batch` return False before anything is kept, and the caller
+reads those events one at a time with the standard library instead, so both paths give the same
+columns.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Union
+
+import msgspec
+
+from .tracecolumns import _NA, _X_TABLES, FLOW_PHASES
+
+if TYPE_CHECKING:
+    from .tracecolumns import _Columns
+
+_Id = Union[int, str, None]
+_Num = Union[int, float, str, None]
+_UNSET = msgspec.UNSET
+
+
+class _Args(msgspec.Struct, gc=False):
+    device: Union[_Id, msgspec.UnsetType] = _UNSET
+    stream: Union[_Id, msgspec.UnsetType] = _UNSET
+    correlation: _Id = _NA
+    external_id: Union[_Id, msgspec.UnsetType] = msgspec.field(name="External id", default=_UNSET)
+    external_id_lower: _Id = msgspec.field(name="external id", default=_NA)
+    grid: Union[tuple[int, ...], None] = None  # anything else: the per-event path keeps it as null
+    block: Union[tuple[int, ...], None] = None
+    registers: Any = msgspec.field(name="registers per thread", default=None)
+    shared_memory: Any = msgspec.field(name="shared memory", default=None)
+    blocks_per_sm: Any = msgspec.field(name="blocks per SM", default=None)
+    warps_per_sm: Any = msgspec.field(name="warps per SM", default=None)
+    occupancy: Any = msgspec.field(name="est. achieved occupancy %", default=None)
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: _Id = _NA
+    tid: _Id = _NA
+    ts: _Num = None
+    dur: _Num = None
+    id: _Id = _NA
+    args: Union[_Args, None, msgspec.UnsetType] = _UNSET
+
+
+_DECODER = msgspec.json.Decoder(list[_Event])
+# Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step).
+_KINDS = ("kernel", "memcpy", "memset")
+_X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
+_X_CODE.update({"cpu_op": 6, "Operator": 6})
+_PH_CODE = {**{p: 7 for p in FLOW_PHASES}, "B": 8, "E": 9}
+
+
+def _args(sub: list[_Event]) -> list[_Args]:
+    return [a if type(a) is _Args else _NO_ARGS for a in (e.args for e in sub)]
+
+
+def _either(first: list, second: list) -> list:
+    """``first`` where set, else ``second`` (a JSON key absent from the event is UNSET)."""
+    if _UNSET not in first:
+        return first
+    return [b if a is _UNSET else a for a, b in zip(first, second)]
+
+
+def _complete(cols: _Columns, sub: list[_Event], odd: dict) -> tuple[list[_Event], Any, Any]:
+    """Drop complete events without usable times (counted as the per-event path counts them);
+    return (kept events, ts, dur) with ts/dur as float64 arrays."""
+    import numpy as np
+
+    ts = cols._floats([e.ts for e in sub])
+    dur = cols._floats([e.dur for e in sub])
+    finite = np.isfinite(ts) & np.isfinite(dur)
+    zero = finite & (ts == 0) & (dur == 0)
+    if not finite.all() or zero.any():
+        if not finite.all():
+            odd["complete events without a finite numeric ts/dur excluded"] += int((~finite).sum())
+        if zero.any():
+            odd["events with ts 0 and dur 0 excluded"] += int(zero.sum())
+        keep = finite & ~zero
+        sub = [e for e, k in zip(sub, keep.tolist()) if k]
+        ts, dur = ts[keep], dur[keep]
+    return sub, ts, dur
+
+
+def add_batch(cols: _Columns, text: str) -> bool:
+    """Keep the events of ``text`` (JSON objects separated by commas); False, keeping nothing, when
+    msgspec refuses the text or a value's type (the caller then reads it event by event)."""
+    import numpy as np
+
+    try:
+        events = _DECODER.decode("[" + text + "]")
+        codes = np.array(
+            [_X_CODE.get(e.cat, 0) if e.ph == "X" else _PH_CODE.get(e.ph, 0) for e in events], dtype=np.int8
+        )
+    except (msgspec.DecodeError, TypeError):  # TypeError: a list or object as ph or cat
+        return False
+    odd: Counter[str] = Counter()
+    tables: dict[str, dict[str, list]] = {}
+    maybe = np.flatnonzero(codes == 6)
+    if len(maybe) and "ProfilerStep#" in text:  # old torch's step ranges among the CPU ops
+        steps = [str(events[i].name).startswith("ProfilerStep#") for i in maybe.tolist()]
+        codes[maybe[np.array(steps, dtype=bool)]] = 5
+    gpu = np.flatnonzero((codes >= 1) & (codes <= 3))
+    if len(gpu):
+        sub, ts, dur = _complete(cols, [events[i] for i in gpu.tolist()], odd)
+        kinds = [_KINDS[c - 1] for c in codes[gpu].tolist()] if len(sub) == len(gpu) else None
+        if kinds is None:  # some rows were dropped: take the kinds of the kept ones
+            kinds = [_X_TABLES[e.cat] for e in sub]
+        args = _args(sub)
+        tables["gpu"] = {
+            "name": [e.name for e in sub],
+            "kind": kinds,
+            "device": _either([a.device for a in args], [e.pid for e in sub]),
+            "stream": _either([a.stream for a in args], [e.tid for e in sub]),
+            "ts_us": ts,
+            "dur_us": dur,
+            "correlation": [a.correlation for a in args],
+            "external_id": _either([a.external_id for a in args], [a.external_id_lower for a in args]),
+            "grid": [a.grid for a in args],
+            "block": [a.block for a in args],
+            "registers_per_thread": [a.registers for a in args],
+            "shared_memory_bytes": [a.shared_memory for a in args],
+            "blocks_per_sm": [a.blocks_per_sm for a in args],
+            "warps_per_sm": [a.warps_per_sm for a in args],
+            "occupancy_pct": [a.occupancy for a in args],
+        }
+    runtime = np.flatnonzero(codes == 4)
+    if len(runtime):
+        sub, ts, dur = _complete(cols, [events[i] for i in runtime.tolist()], odd)
+        args = _args(sub)
+        tables["runtime"] = {
+            "name": [e.name for e in sub],
+            "category": [e.cat for e in sub],
+            "pid": [e.pid for e in sub],
+            "tid": [e.tid for e in sub],
+            "ts_us": ts,
+            "dur_us": dur,
+            "correlation": [a.correlation for a in args],
+            "external_id": _either([a.external_id for a in args], [a.external_id_lower for a in args]),
+        }
+    annotations = np.flatnonzero(codes == 5)
+    if len(annotations):
+        sub, ts, dur = _complete(cols, [events[i] for i in annotations.tolist()], odd)
+        tables["annotations"] = {
+            "name": [e.name for e in sub],
+            "pid": [e.pid for e in sub],
+            "tid": [e.tid for e in sub],
+            "ts_us": ts,
+            "dur_us": dur,
+        }
+    flows = np.flatnonzero(codes == 7) if cols.keep_flows else ()
+    if len(flows):
+        sub = [events[i] for i in flows.tolist()]
+        tables["flows"] = {
+            "id": [e.id for e in sub],
+            "phase": [e.ph for e in sub],
+            "ts_us": [e.ts for e in sub],
+            "pid": [e.pid for e in sub],
+            "tid": [e.tid for e in sub],
+            "cat": [e.cat for e in sub],
+        }
+    pairs = np.flatnonzero(codes >= 8)
+    # Everything is typed and checked: keep it, after the event dicts the fallback path holds.
+    cols.flush()
+    cols.events += len(events)
+    for key, n in odd.items():
+        cols.odd[key] += n
+    for table, values in tables.items():
+        cols.extend(table, values)
+    for i in pairs.tolist():
+        cols.pairs.append(_as_dict(events[i]))
+    return True
+
+
+def _as_dict(ev: _Event) -> dict:
+    """A B/E event as the dict the per-event path would have built (absent keys left out)."""
+    out: dict[str, Any] = {"ph": ev.ph}
+    for key in ("cat", "name", "ts"):
+        value = getattr(ev, key)
+        if value is not None:
+            out[key] = value
+    for key in ("pid", "tid"):
+        value = getattr(ev, key)
+        if value != _NA:
+            out[key] = value
+    if type(ev.args) is _Args:
+        a = ev.args
+        args = {
+            "device": a.device,
+            "stream": a.stream,
+            "correlation": a.correlation,
+            "External id": a.external_id,
+            "external id": a.external_id_lower,
+            "grid": a.grid,
+            "block": a.block,
+            "registers per thread": a.registers,
+            "shared memory": a.shared_memory,
+            "blocks per SM": a.blocks_per_sm,
+            "warps per SM": a.warps_per_sm,
+            "est. achieved occupancy %": a.occupancy,
+        }
+        out["args"] = {k: v for k, v in args.items() if v is not _UNSET and v is not None and v != _NA}
+    return out

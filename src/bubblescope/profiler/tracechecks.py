@@ -1,0 +1,118 @@
+"""Event patterns that would count GPU time twice or give impossible numbers, found and named.
+
+- :func:`drop_repeated`: a GPU activity repeated exactly, or nested inside another of the same name
+  on the same device and stream (a profiler writing one kernel twice, a range re-emitted around
+  itself), is counted once: the outer (first) one is kept.
+- :func:`overlap_notes`: streams of one device running at the same time. busy_us is a union and
+  counts that time once; category and kernel totals sum durations and count it per activity, so the
+  warning gives the size of the difference.
+- :func:`skew_note`: kernels that start before the CPU call that launched them. CUPTI takes GPU
+  times from the GPU's clock and CPU times from the host's; when the two disagree, launch delays come
+  out negative, and the warning says by how much.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .trace import Trace
+
+
+def drop_repeated(gpu: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """(``gpu`` without repeated or same-name nested activities, warnings naming what was merged).
+
+    ``gpu`` is a ``Trace.gpu`` frame (name, device, stream, ts_us, end_us). Within one (device,
+    stream, name), an activity whose [ts_us, end_us] lies inside an earlier-starting (or equal, longer)
+    one is dropped. Row order of the kept activities is unchanged; the index is renumbered.
+    """
+    import numpy as np
+    import pandas as pd
+
+    n = len(gpu)
+    if n < 2:
+        return gpu, []
+    name, _ = pd.factorize(gpu["name"])
+    device = gpu["device"].to_numpy(dtype="int64", na_value=-(1 << 63))
+    stream = gpu["stream"].to_numpy(dtype="int64", na_value=-(1 << 63))
+    ts, end = gpu["ts_us"].to_numpy(), gpu["end_us"].to_numpy()
+    order = np.lexsort((-end, ts, name, stream, device))  # the outer range first among equal starts
+    d, s, k, t, e = device[order], stream[order], name[order], ts[order], end[order]
+    head = np.ones(n, dtype=bool)
+    head[1:] = (d[1:] != d[:-1]) | (s[1:] != s[:-1]) | (k[1:] != k[:-1])
+    group = np.cumsum(head) - 1
+    reach = pd.Series(e).groupby(group).cummax().to_numpy()
+    inside = np.zeros(n, dtype=bool)
+    inside[1:] = ~head[1:] & (e[1:] <= reach[:-1])
+    if not inside.any():
+        return gpu, []
+    same = np.zeros(n, dtype=bool)
+    same[1:] = inside[1:] & (t[1:] == t[:-1]) & (e[1:] == e[:-1])
+    drop = np.zeros(n, dtype=bool)
+    drop[order] = inside
+    notes = []
+    if same.any():
+        notes.append(
+            f"{int(same.sum())} GPU activities repeated exactly (same device, stream, name, start and duration): "
+            "counted once"
+        )
+    nested = int(inside.sum() - same.sum())
+    if nested:
+        notes.append(
+            f"{nested} GPU activities nested inside another of the same name on the same device and stream: "
+            "counted once (the outer one kept)"
+        )
+    return gpu[~drop].reset_index(drop=True), notes
+
+
+def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
+    """One warning per device whose streams run at the same time: the summed busy time of its
+    streams (each a union) minus the device's busy_us, in µs.
+
+    ``devices`` are the ``devices`` entries of a trace summary (device, streams, busy_us). Differences
+    within float64 rounding of the trace's times (an ulp per interval) are not overlap.
+    """
+    import numpy as np
+
+    from .metrics import _interval_stats, pair_codes
+
+    if gpu.empty:
+        return []
+    device = gpu["device"].to_numpy(dtype="int64", na_value=-1)
+    stream = gpu["stream"].to_numpy(dtype="int64", na_value=-1)
+    key, pairs = pair_codes(device, stream)
+    ts, end = gpu["ts_us"].to_numpy(), gpu["end_us"].to_numpy()
+    per_stream = _interval_stats(key, ts, end, np.full(len(ts), np.nan), 0.0)["busy_us"]
+    stream_device = pairs[per_stream.index.to_numpy(), 0]
+    notes = []
+    for dev in devices:
+        mine = device == dev["device"]
+        overlap = float(per_stream.to_numpy()[stream_device == dev["device"]].sum()) - dev["busy_us"]
+        rounding = 2 * int(mine.sum()) * float(np.spacing(np.abs(end[mine]).max()))
+        if dev["streams"] > 1 and overlap > rounding:
+            notes.append(
+                f"device {dev['device']}: its {dev['streams']} streams run at the same time for {overlap:,.3f} µs: "
+                "busy and idle time count that time once, category and kernel totals (summed durations) once "
+                "per activity"
+            )
+    return notes
+
+
+def skew_note(trace: Trace) -> str | None:
+    """A warning when GPU activities start before their launch call (CPU/GPU clock skew), else None."""
+    from .metrics import _launch_rows
+
+    rows = _launch_rows(trace)
+    launched = rows >= 0
+    launched[launched] = trace.runtime["is_launch"].to_numpy(dtype=bool)[rows[launched]]
+    delays = trace.gpu["ts_us"].to_numpy()[launched] - trace.runtime["ts_us"].to_numpy()[rows[launched]]
+    early = delays < 0
+    if not early.any():
+        return None
+    return (
+        f"{int(early.sum())} of {len(delays)} launched GPU activities start before their launch call, by up to "
+        f"{-float(delays[early].min()):,.3f} µs: the CPU and GPU clocks disagree, so those launch delays are "
+        "negative and host-wait idle time is undercounted"
+    )

@@ -1,0 +1,134 @@
+"""The kept events' column chunks of a :class:`~.tracecolumns._Columns` turned into one frame per table.
+
+Column by column: each column's chunks are concatenated and freed before the next, rows are dropped
+(unusable times, counted) and sorted by index arrays rather than by DataFrame copies, so the peak
+is about the columns once plus one column; texts come from the shared vocabulary as pandas strings.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .tracecolumns import _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE, TABLE_COLUMNS
+from .tracepairs import pair_durations
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .tracecolumns import _Columns
+
+_TRIM: Any = None
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
+
+    The per-window column chunks are small arrays on the C heap; freed after concatenation, their
+    pages stay in the process and the full columns (large, mmap-ed) come on top, so the peak would
+    be twice the columns. Trimming after each column keeps it near once.
+    """
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+
+def table_frame(
+    cols: _Columns, table: str, texts: Any, sort_by: tuple[str, ...] = (), na_fill: dict | None = None
+) -> pd.DataFrame:
+    """One table's chunks as a frame; rows with non-finite ts/dur, a negative dur or |ts|/dur beyond
+    2^63 µs are dropped; absent ints in ``na_fill``'s columns take its value; rows are stably sorted
+    by ``sort_by``. Column by column, so memory holds the columns once plus one being reordered."""
+    import numpy as np
+    import pandas as pd
+
+    columns = TABLE_COLUMNS[table]
+    chunks = cols.chunks[table]
+    raw: dict[str, Any] = {}
+    for key in columns:
+        parts = [c[key] for c in chunks]
+        for c in chunks:
+            del c[key]  # free each column's chunks once concatenated
+        if parts:
+            raw[key] = np.concatenate(parts)
+            del parts
+            _release_freed_memory()
+        else:
+            raw[key] = np.zeros(0, dtype=np.int64 if key in _INT_COLUMNS else np.float64
+                                if key in _FLOAT_COLUMNS else object if key in ("grid", "block") else np.int32)
+    cols.chunks[table] = []
+    rows = None  # the rows kept, in output order (None: all, as read)
+    if "dur_us" in raw:
+        ts, dur = raw["ts_us"], raw["dur_us"]
+        bad = ~(np.isfinite(ts) & np.isfinite(dur))
+        negative = dur < 0
+        huge = ~bad & ((np.abs(ts) > _MAX_TIME_US) | (dur > _MAX_TIME_US))
+        if bad.any():
+            cols.odd["complete events without a finite numeric ts/dur excluded"] += int(bad.sum())
+        if negative.any():
+            cols.odd["events with negative dur excluded"] += int(negative.sum())
+        if huge.any():
+            cols.odd["events with |ts| or dur beyond 2^63 µs excluded"] += int(huge.sum())
+        drop = bad | negative | huge
+        if drop.any():
+            rows = np.flatnonzero(~drop)
+    for key, value in (na_fill or {}).items():
+        raw[key][raw[key] == _NA] = value
+    if sort_by:
+        keys = [raw[k] if rows is None else raw[k][rows] for k in reversed(sort_by)]
+        order = np.lexsort(keys)  # stable: equal keys keep the file's order
+        rows = order if rows is None else rows[order]
+    data: dict[str, Any] = {}
+    for key in columns:
+        arr = raw.pop(key)
+        if rows is not None:
+            arr = arr[rows]
+        if key in _INT_COLUMNS:
+            data[key] = pd.arrays.IntegerArray(arr, arr == _NA)
+        elif key in _FLOAT_COLUMNS or key in ("grid", "block"):
+            data[key] = arr
+        else:
+            data[key] = pd.array(texts[arr], dtype="str")
+    ordered: dict[str, Any] = {}
+    for key, values in data.items():
+        ordered[key] = values
+        if key == "dur_us":
+            ordered["end_us"] = data["ts_us"] + values
+    return pd.DataFrame(ordered, copy=False)
+
+
+def build_frames(cols: _Columns) -> dict[str, pd.DataFrame]:
+    """One frame per table: the B/E pairs made complete events and kept, pending event dicts typed,
+    names with lone surrogates repaired (counted in ``cols.bad_text``); gpu sorted by (device, ts_us)
+    with device -1 where unknown, runtime and annotations by ts_us, flows as read."""
+    import numpy as np
+
+    for ev in pair_durations(cols.pairs, cols.odd):
+        cols.add_complete(ev)
+    cols.pairs = []
+    cols.flush()
+    # \ud800-style escapes give lone surrogates, which cannot be encoded or printed.
+    texts = np.empty(len(cols.vocab), dtype=object)
+    for i, text in enumerate(cols.vocab):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = _SURROGATE.sub("\ufffd", text)
+            cols.bad_text += 1
+        else:
+            cols.bad_text += "\ufffd" in text
+        texts[i] = text
+    return {
+        "gpu": table_frame(cols, "gpu", texts, ("device", "ts_us"), {"device": -1}),  # -1: device unknown
+        "runtime": table_frame(cols, "runtime", texts, ("ts_us",)),
+        "annotations": table_frame(cols, "annotations", texts, ("ts_us",)),
+        "flows": table_frame(cols, "flows", texts),
+    }

@@ -1,0 +1,95 @@
+"""``bubblescope diagnose trace`` on several files: each its own result, a bad one reported alone;
+the progress callback of the reader; no torch import on the way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bubblescope.profiler.trace import load_trace
+from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.reports import progress as progress_mod
+
+from . import tracegen as tg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "bubblescope", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+def _good(tmp_path, name, busy):
+    events = [tg.launch(90, 1, 1), tg.kernel("k", 100, busy, 1)]
+    return tg.write(tmp_path / name, tg.document(events))
+
+
+def test_several_files_each_own_result_and_a_bad_one_reported_alone(tmp_path):
+    a, b = _good(tmp_path, "a.json", 4), _good(tmp_path, "b.json.gz", 7)
+    bad = tmp_path / "bad.json"
+    bad.write_text(cut := '{"traceEvents": [{"ph": "X", "ts": 1')
+    r = _cli("diagnose", "trace", str(a), str(bad), str(b), "--format", "json")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"error: {bad}: not a Chrome trace: invalid JSON at character {len(cut)}: "
+                                             "ends inside a JSON value (truncated?)"]
+    files = json.loads(r.stdout)["files"]
+    assert [f["path"] for f in files] == [str(a), str(bad), str(b)]
+    assert [f["devices"][0]["busy_us"] for f in (files[0], files[2])] == [4.0, 7.0]
+    assert files[1] == {"path": str(bad), "error": r.stderr.strip()[len("error: "):]}
+    text = _cli("diagnose", "trace", str(a), str(bad), str(b))
+    assert text.returncode == 2 and str(b) in text.stdout and "error: " in text.stdout
+
+
+def test_only_bad_files_print_only_errors(tmp_path):
+    r = _cli("diagnose", "trace", str(tmp_path / "none.json"), "--format", "json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [f"error: {tmp_path / 'none.json'}: no such file"]
+
+
+def test_library_raises_unless_keep_going(tmp_path):
+    a = _good(tmp_path, "a.json", 4)
+    try:
+        summarize_traces([a, tmp_path / "missing.json"])
+    except Exception as exc:  # noqa: BLE001 - the type is checked below
+        assert type(exc).__name__ == "BubblescopeError" and "missing.json: no such file" in str(exc)
+    else:
+        raise AssertionError("no error for a missing file")
+    s = summarize_traces([a, tmp_path / "missing.json"], keep_going=True)
+    assert s["files"][1] == {"path": str(tmp_path / "missing.json"), "error": f"{tmp_path / 'missing.json'}: no such file"}
+
+
+def test_progress_reports_bytes_up_to_the_file_size(tmp_path, monkeypatch):
+    from bubblescope.profiler import tracejson
+
+    monkeypatch.setattr(tracejson, "_CHUNK_CHARS", 4096)  # many windows from a small file
+    path = tg.write(tmp_path / "p.json", tg.document(tg.decode_trace_events() * 40))
+    seen = []
+    load_trace(path, progress=lambda done, total: seen.append((done, total)))
+    size = path.stat().st_size
+    assert len(seen) > 3 and all(t == size for _, t in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (size, size)
+
+
+def test_progress_bar_only_for_large_files(tmp_path, monkeypatch):
+    small = _good(tmp_path, "small.json", 4)
+    with progress_mod.trace_progress(force=True) as for_file:
+        assert for_file(str(small)) is None and for_file(str(tmp_path / "missing.json")) is None
+        monkeypatch.setattr(progress_mod, "MIN_BYTES", 10)
+        callback = for_file(str(small))
+        assert callable(callback)
+        callback(5, 10)
+
+
+def test_diagnose_trace_imports_neither_torch_nor_triton(tmp_path):
+    path = _good(tmp_path, "a.json", 4)
+    code = (
+        "import sys; from bubblescope.cli import main; sys.argv = ['bubblescope', 'diagnose', 'trace', "
+        f"{str(path)!r}, '--format', 'json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print([m for m in ('torch', 'triton') if m in sys.modules], file=sys.stderr)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
