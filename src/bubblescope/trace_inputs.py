@@ -46,19 +46,18 @@ def sniff_trace(path: str | os.PathLike) -> str | None:
 
 
 def trace_files(paths: list[str | os.PathLike]) -> tuple[list[str], list[str]]:
-    """``(files to read, notes on skipped files)``: a file path is kept as given (its errors come from the
-    parser); a directory gives its trace files, sorted by name.
+    """``(files to read, notes on skipped files)``: a path that is not a directory is kept as given (a missing
+    or bad file is reported by the parser, beside the other files' results); a directory gives its trace
+    files, sorted by name.
 
     Raises:
-        BubblescopeError: no paths, a path that does not exist, or a directory with no trace file in it
-            (the message names what was skipped).
+        BubblescopeError: no paths, or a directory with no trace file in it (the message names what was
+            skipped).
     """
     files, notes = [], []
     if not paths:
         raise BubblescopeError("no trace paths given")
     for path in map(Path, paths):
-        if not path.exists():
-            raise BubblescopeError(f"{path}: no such file or directory")
         if not path.is_dir():
             files.append(str(path))
             continue
