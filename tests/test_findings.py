@@ -112,6 +112,18 @@ def test_fused_slow_causes(compile_info, fires):
     assert [f["rule"] for f in find(doc)] == (["fused-slow"] if fires else [])
 
 
+def test_fused_slow_ignores_the_gluon_kernels_one_cta_per_sm():
+    """The H200 diagnose of 2026-12-01 flagged megakernel-stages (Gluon, 255 registers, 1 CTA/SM by design) with
+    "cut registers until 2 programs fit": wrong advice for a TMA-ring kernel. Spills still count."""
+    doc = g.healthy_doc()
+    mk = g.engine(doc, "megakernel")
+    mk["bandwidth"]["util_peak"] = 0.10
+    mk["compile"].update(registers=255, spills=0, programs_per_sm=1, implementation="gluon")
+    assert find(doc) == []
+    mk["compile"].update(spills=24)
+    assert _only(find(doc), "fused-slow")["title"].endswith("with register spills")
+
+
 def test_fused_slow_only_for_megakernel_engines():
     doc = g.healthy_doc()
     ref = g.engine(doc, "reference-cudagraph")

@@ -229,3 +229,28 @@ def test_activity_of_a_real_megakernel_step_conserves_programs_and_bytes():
     per_layer = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * inter + 2 * nkv * hd * 3
     assert act["bytes"] == pytest.approx(4 * (cfg.num_hidden_layers * per_layer + cfg.vocab_size * h))
     assert sum(act["GBps"]) * act["bin_us"] * 1e3 == pytest.approx(act["bytes"], rel=1e-3)
+
+
+def test_verdict_baseline_is_the_best_op_by_op_engine_when_eager_did_not_run():
+    """The H200 diagnose of 2026-12-01 ran reference-compile and four megakernel variants without the eager
+    reference: the verdict compared against megakernel-stages (the slowest, an ablation). Users compare the
+    megakernel with the op-by-op engine they run today, so the fastest reference-* engine is the baseline."""
+    doc = _launch_bound_doc()
+    slow = dict(g.engine(doc, "megakernel"), name="megakernel-stages")
+    slow["latency"] = dict(slow["latency"], token_ms_p50=5.0)
+    doc["engines"].append(slow)
+    doc["findings"] = find(doc)
+    v = verdict(doc)
+    assert v["best"] == "megakernel" and v["baseline"] == "reference-cudagraph"
+    assert "1.4x faster than reference-cudagraph" in v["text"]
+
+
+def test_verdict_action_for_the_gluon_kernel_does_not_ask_for_what_it_already_does():
+    doc = _launch_bound_doc()
+    mk = g.engine(doc, "megakernel")
+    mk["intrakernel"]["wait_ratio"] = 0.26
+    mk["compile"]["implementation"] = "gluon"
+    doc["findings"] = find(doc)
+    assert verdict(doc)["action"].startswith("Shorten the dependency chain")
+    mk["compile"]["implementation"] = "triton"
+    assert verdict(doc)["action"].startswith("Hide the waits")

@@ -149,9 +149,12 @@ def _fused_slow(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     if not str(eng.get("name", "")).startswith("megakernel") or util is None or comp is None:
         return None
     spills, per_sm, regs = comp.get("spills"), comp.get("programs_per_sm"), comp.get("registers")
+    # The Gluon kernel runs one CTA per SM by design (its bytes in flight are the TMA ring, not warps), and a
+    # warp-specialized binary reports the per-thread maximum (255): only spills say something there.
+    by_design = comp.get("implementation") == "gluon"
     causes = {"register spills": spills is not None and spills >= t["fused_slow_min_spills"],
-              "poor residency": per_sm is not None and per_sm < t["fused_slow_min_programs_per_sm"],
-              "high register use": regs is not None and regs >= t["fused_slow_max_registers"]}
+              "poor residency": not by_design and per_sm is not None and per_sm < t["fused_slow_min_programs_per_sm"],
+              "high register use": not by_design and regs is not None and regs >= t["fused_slow_max_registers"]}
     named = [c for c, hit in causes.items() if hit]
     if util >= t["fused_slow_max_util_peak"] or not named:
         return None
