@@ -31,6 +31,7 @@ SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CU
 
 
 def pow2_floor(n: int) -> int:
+    """Largest power of two <= n (1 for n <= 1)."""
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
@@ -89,7 +90,13 @@ def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tilin
 
 def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_seq_len: int, dtype: torch.dtype,
                      has_bias: bool, ring: int | None = None) -> dict:
-    """Compile-time arguments of ``gluon.kernel.megakernel`` (shapes, tile and layout parameters, switches)."""
+    """Compile-time arguments of ``gluon.kernel.megakernel`` (shapes, tile and layout parameters, switches).
+
+    ``BK`` = 512 bytes of columns per box row (256 bf16 / 128 fp32, the H200 probe's stage width), capped at
+    the narrowest matrix; ``NCH_*`` = column chunks of K = H, Q, I; ``KCH_*`` their staged-vector capacity
+    (a power of two); ``NS`` = ring slots that fit beside ``xs`` (:func:`fit_ring`); ``VEC``/``TK`` = 16-byte
+    vectors per thread and threads along K of the tile layout; ``VD``/``TD`` the same along head_dim.
+    """
     esize = torch.empty((), dtype=dtype).element_size()
     br = t.rows_qkv
     bk = min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
