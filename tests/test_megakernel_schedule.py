@@ -255,6 +255,28 @@ def test_timeline_decode_summary_and_chrome_events():
     assert {e["tid"] for e in ev} == {0, 1, 2} and ev[0]["cat"] not in ("kernel", "Kernel")
 
 
+def test_gluon_timeline_producer_stamps_become_load_columns_and_events():
+    """5 stamps per task (Gluon): the producer issued each weighted task's first tile 3 µs before the consumer
+    started it and its last 1 µs after; attention tasks (no weights) keep 0 stamps -> NaN, no load event."""
+    cfg = TINY["gqa-tied-llama3"]
+    sch = build_schedule(cfg, SMALL, 2)
+    p, t = sch.table.shape[:2]
+    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
+    weighted = sch.table[..., 0].numpy() != OP_ATTN
+    load0 = np.where(weighted, base - 3000, 0)
+    load1 = np.where(weighted, base + 1000, 0)
+    stamps = np.stack([base, base + 500, base + 2500, load0, load1], axis=-1)
+    df = decode_timeline([sch], [torch.from_numpy(stamps)])
+    assert df["load_start_us"].isna().tolist() == (df["name"] == "ATTN").tolist()
+    w = df.dropna(subset=["load_start_us"])
+    assert ((w["ts_us"] - w["load_start_us"]) == 3.0).all() and ((w["load_end_us"] - w["ts_us"]) == 1.0).all()
+    assert intrakernel_summary(df)["producer_lead_us_p50"] == 3.0
+    ev = chrome_events(df)
+    loads = [e for e in ev if e["cat"] == "megakernel_load"]
+    assert len(loads) == len(w) and all(e["dur"] == 4.0 and e["args"]["lead_us"] == 3.0 for e in loads)
+    assert {e["pid"] for e in loads} == {"megakernel (intra-kernel) producer"}
+
+
 def test_lower_pads_empty_slots():
     sch = build_schedule(TINY["gqa-tied-llama3"], SMALL, 1)
     table, counts = lower(sch.tasks[:5], 3, sch.num_counters)

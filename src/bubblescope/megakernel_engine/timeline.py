@@ -91,7 +91,8 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
 def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict:
     """Summary of one step's timeline (from :func:`decode_timeline`).
 
-    Returns a dict: ``wait_ratio`` (Σ wait / Σ (end − start)), ``programs`` (distinct programs that ran
+    Returns a dict: ``producer_lead_us_p50`` (Gluon: median µs between a task's first weight-tile issue and
+    its consumer's start; None for the Triton kernel), ``wait_ratio`` (Σ wait / Σ (end − start)), ``programs`` (distinct programs that ran
     tasks), ``tasks_per_step``, ``span_us`` (first start to last end), ``by_opcode`` — a list of
     {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, and ``tasks``:
     [{program, opcode, layer, start_us, ready_us, end_us}] in start order (times in µs, 3 decimals).
@@ -110,7 +111,10 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
     for name, g in sorted(df.groupby("name"), key=lambda kv: order.get(kv[0], 99)):
         by.append({"opcode": name, "tasks": int(len(g)), "busy_us": float((g["end_us"] - g["ready_us"]).sum()),
                    "wait_us": float(g["wait_us"].sum())})
+    lead = (df["ts_us"] - df["load_start_us"]).dropna() if "load_start_us" in df else None
     return {
+        # Gluon only: how far ahead of the consumer's task start the producer issued its first weight tile
+        "producer_lead_us_p50": float(lead.median()) if lead is not None and len(lead) else None,
         "wait_ratio": float(df["wait_us"].sum()) / total if total > 0 else 0.0,
         "programs": int(df["program"].nunique()),
         "tasks_per_step": int(len(df)),
@@ -128,9 +132,21 @@ def chrome_events(df: pd.DataFrame, ts_offset_us: float = 0.0, pid: str = "megak
     """Chrome-trace complete events (``ph: "X"``), one ``tid`` per program, to show beside CUPTI kernels.
 
     ``ts_offset_us`` places the step on the trace's clock (e.g. the CUPTI kernel's ``ts``). Each event's
-    ``args`` hold layer, task, tile and the wait (µs) before its dependencies were met.
+    ``args`` hold layer, task, tile and the wait (µs) before its dependencies were met. With the Gluon
+    kernel's :data:`LOAD_COLUMNS`, each task with weights also gets a ``load <opcode>`` event under the process
+    ``<pid> producer`` (same ``tid``): from its first to its last weight-tile issue, so Perfetto shows the
+    weight stream running ahead of the compute beside it.
     """
-    return [{"name": r.name, "cat": "megakernel_task", "ph": "X", "ts": ts_offset_us + float(r.ts_us),
-             "dur": float(r.dur_us), "pid": pid, "tid": int(r.program),
-             "args": {"layer": int(r.layer), "task": int(r.task), "tile": int(r.tile), "wait_us": float(r.wait_us)}}
-            for r in df.itertuples(index=False)]
+    events = [{"name": r.name, "cat": "megakernel_task", "ph": "X", "ts": ts_offset_us + float(r.ts_us),
+               "dur": float(r.dur_us), "pid": pid, "tid": int(r.program),
+               "args": {"layer": int(r.layer), "task": int(r.task), "tile": int(r.tile), "wait_us": float(r.wait_us)}}
+              for r in df.itertuples(index=False)]
+    if "load_start_us" in df:
+        loads = df.dropna(subset=LOAD_COLUMNS)
+        events += [{"name": f"load {r.name}", "cat": "megakernel_load", "ph": "X",
+                    "ts": ts_offset_us + float(r.load_start_us), "dur": max(0.0, float(r.load_end_us - r.load_start_us)),
+                    "pid": f"{pid} producer", "tid": int(r.program),
+                    "args": {"layer": int(r.layer), "task": int(r.task),
+                             "lead_us": float(r.ts_us - r.load_start_us)}}
+                   for r in loads.itertuples(index=False)]
+    return events
