@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from ..errors import BubblescopeError
 from . import metrics, ranks
 from .timeline import check_skip_steps
-from .trace import Trace, load_trace
-from .tracesummary import SCHEMA, expand_paths, summarize_trace
+from .trace import Trace
+from .tracesummary import SCHEMA, iter_traces, summarize_trace
 
 
 def is_multirank(traces: list[Trace]) -> bool:
@@ -84,13 +84,9 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
     threshold_us = metrics.check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
     traces, files, unranked = [], [], 0
-    for path in expand_paths(paths):
-        try:
-            trace = load_trace(path, progress(path) if progress is not None else None, flows=False)
-        except BubblescopeError as exc:
-            if not keep_going:
-                raise
-            files.append({"path": path, "error": str(exc)})
+    for _path, trace, error in iter_traces(paths, keep_going, progress):
+        if error is not None:
+            files.append(error)
             continue
         files.append(summarize_trace(trace, step_marker, threshold_us, skip_steps))
         if force or (trace.rank is not None and not unranked):

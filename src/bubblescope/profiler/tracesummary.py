@@ -171,17 +171,22 @@ def summarize_traces(
     if step_marker is not None and (not isinstance(step_marker, str) or not step_marker.strip()):
         raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
     files = []
+    for path, trace, error in iter_traces(paths, keep_going, progress):
+        files.append(error or summarize_trace(trace, step_marker, threshold_us, skip_steps))
+        del trace  # one file's frames in memory at a time
+    return {"schema": SCHEMA, "files": files}
+
+
+def iter_traces(paths, keep_going: bool = False, progress=None):
+    """``(path, Trace or None, None or {"path", "error"})`` per file of :func:`expand_paths` (flows not read);
+    a bad file raises BubblescopeError unless ``keep_going``, then gives its one-line error entry."""
     for path in expand_paths(paths):
         try:
-            trace = load_trace(path, progress(path) if progress is not None else None, flows=False)
+            yield path, load_trace(path, progress(path) if progress is not None else None, flows=False), None
         except BubblescopeError as exc:
             if not keep_going:
                 raise
-            files.append({"path": path, "error": str(exc)})
-            continue
-        files.append(summarize_trace(trace, step_marker, threshold_us, skip_steps))
-        del trace  # one file's frames in memory at a time
-    return {"schema": SCHEMA, "files": files}
+            yield path, None, {"path": path, "error": str(exc)}
 
 
 def file_errors(summary: dict) -> list[str]:
