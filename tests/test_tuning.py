@@ -131,6 +131,22 @@ def test_tuning_picks_the_entry_for_the_length(tmp_path):
     assert r.exit_code == 2 and "--tuning" in r.output and "no such file" in r.output
 
 
+@pytest.mark.parametrize("params, message", [
+    ({"kv_splits": True}, "kv_splits must be int | None, got true"),      # was taken as kv_splits 1
+    ({"block_k": True}, "block_k must be int, got true"),                # was a traceback in the interpreter
+    ({"fast_launch": "no"}, 'fast_launch must be bool, got "no"'),       # was taken as on
+    ({"prefetch": 5}, "prefetch must be str, got 5"),
+])
+def test_tuned_values_of_the_wrong_json_type_are_one_line_errors(tmp_path, params, message):
+    with pytest.raises(BubblescopeError) as info:
+        load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": params}]))
+    assert str(info.value) == f"--tuning {tmp_path / 'tuned.json'}: {message}"
+    r = _cli("generate", "tiny-llama", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--engine", "megakernel",
+             "--tuning", tmp_path / "tuned.json")
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {info.value}"]
+    assert load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": {"kv_splits": None}}]))
+
+
 @needs_stories
 def test_generate_and_diagnose_take_tuning(tmp_path):
     path = _tuned_file(tmp_path, [{"max_context": 16, "params": {"kv_splits": 1}},
