@@ -206,3 +206,29 @@ def test_every_option_and_argument_has_help_text():
                 missing.append(" ".join(path) + f" {p.name}")
     walk(group, ["bubblescope"])
     assert missing == []
+
+
+def test_diagnose_trace_on_a_diagnose_model_output_folder_reads_its_traces_subfolder(tmp_path):
+    """`diagnose trace bubblescope-out` said "directory holds no Chrome trace file": `diagnose model` writes
+    its traces to traces/<engine>.json.gz, one level down."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    from . import tracegen as tg
+    (tmp_path / "traces").mkdir()
+    tg.write(tmp_path / "traces" / "reference.json.gz", tg.document(tg.decode_trace_events()))
+    (tmp_path / "results.json").write_text(json.dumps(g.healthy_doc()))
+    (tmp_path / "report.html").write_text("<!DOCTYPE html>")
+    r = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    direct = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path / "traces" / "reference.json.gz"),
+                                      "--format", "json"])
+    files, files_direct = json.loads(r.stdout)["files"], json.loads(direct.stdout)["files"]
+    assert [f["path"] for f in files] == [str(tmp_path / "traces" / "reference.json.gz")]
+    assert files[0]["devices"] == files_direct[0]["devices"] and files[0]["devices"]
+    assert f"note: reading {tmp_path / 'traces'}: {tmp_path} holds no trace itself" in r.stderr
+    # An empty traces/ folder still gives the one-line error.
+    (tmp_path / "traces" / "reference.json.gz").unlink()
+    r = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {tmp_path}: directory holds no Chrome trace file")

@@ -194,6 +194,10 @@ _GOOD_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
      "llama3 rope_scaling.high_freq_factor 4 must exceed low_freq_factor 4"),
     ({"rope_parameters": [1]}, "rope_parameters must be an object, got [1]"),
+    # transformers derives these only when absent or null; an explicit 0 used to be replaced silently.
+    ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
+    ({"head_dim": 0}, "config field head_dim must be a positive integer or null, got 0"),
+    ({"head_dim": -16}, "config field head_dim must be a positive integer or null, got -16"),
     # 64 / 3 heads: transformers' attention needs hidden_size = heads * head_dim without a head_dim field.
     ({"num_attention_heads": 3, "num_key_value_heads": 3},
      "hidden_size 64 is not divisible by num_attention_heads 3 and no head_dim is given"),

@@ -51,6 +51,19 @@ def test_verdict_prefers_the_eager_reference_as_baseline_and_takes_the_action_of
     assert v["action"] == problem["advice"]
 
 
+def test_verdict_does_not_call_a_slower_megakernel_the_baseline():
+    """A CPU run where the eager reference beat the megakernel printed "Baseline megakernel", though the
+    README defines the baseline as the eager reference."""
+    doc = _launch_bound_doc()
+    g.engine(doc, "reference-cudagraph")["name"] = "reference"
+    g.engine(doc, "megakernel")["latency"]["token_ms_p50"] = 1.65  # 1.5x the reference's 1.1 ms
+    v = verdict(doc)
+    assert v["best"] == "reference" and v["baseline"] == "megakernel"
+    assert "Baseline" not in v["text"]
+    assert v["text"].startswith("Fastest: reference at 1.100 ms/token, 1.5x faster than megakernel: ")
+    assert " Compared with megakernel at 1.650 ms/token: " in v["text"]
+
+
 def test_severities_mean_something():
     """launch-bound (62 % idle) is a problem; prefill-dominated is info; near-limit is info, not 'good'."""
     doc = _launch_bound_doc()

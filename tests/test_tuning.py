@@ -131,6 +131,22 @@ def test_tuning_picks_the_entry_for_the_length(tmp_path):
     assert r.exit_code == 2 and "--tuning" in r.output and "no such file" in r.output
 
 
+@pytest.mark.parametrize("params, message", [
+    ({"kv_splits": True}, "kv_splits must be int | None, got true"),      # was taken as kv_splits 1
+    ({"block_k": True}, "block_k must be int, got true"),                # was a traceback in the interpreter
+    ({"fast_launch": "no"}, 'fast_launch must be bool, got "no"'),       # was taken as on
+    ({"prefetch": 5}, "prefetch must be str, got 5"),
+])
+def test_tuned_values_of_the_wrong_json_type_are_one_line_errors(tmp_path, params, message):
+    with pytest.raises(BubblescopeError) as info:
+        load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": params}]))
+    assert str(info.value) == f"--tuning {tmp_path / 'tuned.json'}: {message}"
+    r = _cli("generate", "tiny-llama", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--engine", "megakernel",
+             "--tuning", tmp_path / "tuned.json")
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {info.value}"]
+    assert load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": {"kv_splits": None}}]))
+
+
 @needs_stories
 def test_generate_and_diagnose_take_tuning(tmp_path):
     path = _tuned_file(tmp_path, [{"max_context": 16, "params": {"kv_splits": 1}},
@@ -170,3 +186,39 @@ def test_cliffs_are_named_and_circled():
     assert len(circled) == 1 and circled[0].get_offsets().tolist() == [[512, 1.3], [2048, 1.9]]
     html = render_tune_html(doc)
     assert "block_k=512: 6 spilled words" in html and "<td>1.200</td>" in html
+
+
+def _tune_doc(compile_info: dict, util_peak) -> dict:
+    point = {"context": 4096, "token_ms_p50": 1.234, "token_ms_p99": 12.345, "util_peak": util_peak,
+             "intrakernel_wait_ratio": 0.271, "token_agreement": 1.0}
+    return {"engine": "megakernel", "knob": "programs_per_sm", "family": "residency", "steps": 3,
+            "model": {"name": "llama-3.2-1b", "dtype": "bfloat16"}, "device": {"name": "NVIDIA H200", "type": "cuda"},
+            "rows": [{"text": "16", "value": 16, "status": "ok", "points": [point], "compile": compile_info}],
+            "best": [{"context": 4096, "text": "16", "token_ms_p50": 1.234}]}
+
+
+def test_tune_table_fits_80_columns_without_cutting_numbers():
+    """At 80 columns the twelve-column table cut every cell to "330.…"; a GPU row must print whole, and a CPU
+    run leaves out (and names) the columns nobody measured."""
+    from rich.console import Console
+
+    from bubblescope.reports.tune_report import render_tune
+
+    gpu = _tune_doc({"registers": 168, "spills": 12, "shared_bytes": 101376, "programs_per_sm": 3,
+                     "requested_programs_per_sm": 4, "grid": 396}, 0.555)
+    console = Console(width=80, record=True)
+    render_tune(gpu, console)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("16 "))
+    assert row.split() == ["16", "4096", "1.234", "12.345", "55.5", "%", "27.1", "%", "100.0", "%", "168", "12",
+                           "101376", "3", "396"]
+    assert "not measured" not in text
+
+    cpu = _tune_doc({"registers": None, "spills": None, "shared_bytes": None, "programs_per_sm": None,
+                     "grid": 1}, None)
+    console = Console(width=80, record=True)
+    render_tune(cpu, console)
+    text = console.export_text()
+    assert "…" not in text
+    assert "not measured (columns left out): % peak, regs, spills, smem B, progs/SM" in text

@@ -4,7 +4,8 @@ A directory (such as a ``diagnose model --out`` folder, or a torch.profiler ``te
 folder) holds other files too: ``results.json``, ``report.html``. Each regular file in it is sniffed —
 gunzipped when it starts with the gzip magic, then the first MiB of text looked at — and kept when it looks
 like Chrome Trace Event Format (a JSON array, or an object with a ``traceEvents`` key); the others are
-skipped with a one-line note saying why. Not recursive.
+skipped with a one-line note saying why. Not recursive, except that a folder with no trace of its own is
+read through its ``traces/`` subfolder, where ``diagnose model`` writes them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def sniff_trace(path: str | os.PathLike) -> str | None:
 def trace_files(paths: list[str | os.PathLike]) -> tuple[list[str], list[str]]:
     """``(files to read, notes on skipped files)``: a path that is not a directory is kept as given (a missing
     or bad file is reported by the parser, beside the other files' results); a directory gives its trace
-    files, sorted by name.
+    files, sorted by name, or those of its ``traces/`` subfolder when it holds none itself (the layout
+    ``diagnose model --out`` writes).
 
     Raises:
         BubblescopeError: no paths, or a directory with no trace file in it (the message names what was
@@ -61,18 +63,31 @@ def trace_files(paths: list[str | os.PathLike]) -> tuple[list[str], list[str]]:
         if not path.is_dir():
             files.append(str(path))
             continue
-        found, skipped = [], []
-        for entry in sorted(path.iterdir()):
-            if not entry.is_file():
-                continue
-            why = sniff_trace(entry)
-            if why is None:
-                found.append(str(entry))
-            else:
-                skipped.append(f"skipped {entry}: {why}")
+        found, skipped = _trace_files_of(path)
+        sub = path / "traces"
+        if not found and sub.is_dir() and not sub.is_symlink():
+            # `diagnose model --out DIR` writes its traces to DIR/traces/: take DIR as meaning them.
+            found, more = _trace_files_of(sub)
+            skipped += more
+            if found:
+                skipped.append(f"reading {sub}: {path} holds no trace itself (a `diagnose model` output folder)")
         if not found:
             raise BubblescopeError(f"{path}: directory holds no Chrome trace file"
                                    + (f" ({len(skipped)} other files skipped)" if skipped else " (it is empty)"))
         files += found
         notes += skipped
     return files, notes
+
+
+def _trace_files_of(folder: Path) -> tuple[list[str], list[str]]:
+    """``(trace files, notes on skipped files)`` of the regular files directly in ``folder``, by name."""
+    found, skipped = [], []
+    for entry in sorted(folder.iterdir()):
+        if not entry.is_file():
+            continue
+        why = sniff_trace(entry)
+        if why is None:
+            found.append(str(entry))
+        else:
+            skipped.append(f"skipped {entry}: {why}")
+    return found, skipped

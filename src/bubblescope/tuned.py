@@ -119,7 +119,8 @@ def load_tuning(path: str | Path) -> Tuning:
                                "write one with `bubblescope tune ... --save`)")
     engine, knob, ranges = doc.get("engine"), doc.get("knob"), doc.get("ranges")
     try:
-        names = {k["name"] for k in knobs(engine)} if isinstance(engine, str) else set()
+        types = {k["name"]: k["type"] for k in knobs(engine)} if isinstance(engine, str) else {}
+        names = set(types)
     except BubblescopeError:
         raise BubblescopeError(f"--tuning {p}: engine {engine!r} has no tuning knobs") from None
     if knob not in names:
@@ -131,7 +132,27 @@ def load_tuning(path: str | Path) -> Tuning:
     if not ok or None in bounds or bounds != sorted(bounds):
         raise BubblescopeError(f"--tuning {p}: ranges must be a non-empty list of {{max_context, params}} in "
                                "increasing order, the last one open")
+    for r in ranges:
+        for name, value in r["params"].items():
+            if not _json_type_ok(types[name], value):
+                raise BubblescopeError(f"--tuning {p}: {name} must be {types[name]}, got {json.dumps(value)}")
     return Tuning(str(p), engine, knob, tuple(ranges))
+
+
+def _json_type_ok(annotation: str, value) -> bool:
+    """Whether a JSON value has the knob's annotated type (``"int | None"``, ``"bool"``, ``"str"``).
+
+    JSON true is no integer here, and "no" no bool: MegakernelParams.validate() would take true as
+    block_k 1 (a power of two) and any non-empty string as fast_launch on."""
+    if value is None:
+        return "None" in annotation
+    if annotation.startswith("bool"):
+        return isinstance(value, bool)
+    if annotation.startswith("int"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation.startswith("str"):
+        return isinstance(value, str)
+    return True
 
 
 def engine_params(tuning: Tuning | None, engine: str, length: int, device_type: str):

@@ -288,10 +288,11 @@ class ModelConfig:
             intermediate_size=integer("intermediate_size", d["intermediate_size"]),
             num_hidden_layers=integer("num_hidden_layers", d["num_hidden_layers"]),
             num_attention_heads=integer("num_attention_heads", d["num_attention_heads"]),
-            num_key_value_heads=integer("num_key_value_heads",
-                                        d.get("num_key_value_heads") or d["num_attention_heads"]),
+            # transformers falls back only when the field is absent or null: an explicit 0 is an error.
+            num_key_value_heads=integer("num_key_value_heads", d["num_attention_heads"]
+                                        if d.get("num_key_value_heads") is None else d["num_key_value_heads"]),
             vocab_size=integer("vocab_size", d["vocab_size"]),
-            head_dim=integer("head_dim", d.get("head_dim") or 0),
+            head_dim=_explicit_head_dim(name, d.get("head_dim")),
             rope_theta=number("rope_theta", d.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
             rope_scaling=rope_scaling,
             rms_norm_eps=number("rms_norm_eps", d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
@@ -327,6 +328,21 @@ class ModelConfig:
         if not isinstance(d, dict):
             raise BubblescopeError(f"{p}: expected a JSON object")
         return cls.from_hf_dict(d, name=p.parent.name or "custom")
+
+
+def _explicit_head_dim(name: str, value: Any) -> int:
+    """``head_dim`` as given, or 0 (derive it from hidden_size) when absent or null, as transformers does.
+
+    Raises:
+        BubblescopeError: an explicit value that is not a positive integer (0 would otherwise be derived).
+    """
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BubblescopeError(f"{name}: config field head_dim must be a positive integer or null, got {value!r}")
+    return value
 
 
 def _llama3_scaling(factor: float) -> dict:

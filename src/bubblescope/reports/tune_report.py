@@ -11,8 +11,9 @@ from pathlib import Path
 from . import tables
 from .results import atomic_write_text
 
-COLUMNS = ("value", "context", "p50 ms", "p99 ms", "% peak", "wait", "agree", "regs", "spills", "smem B",
-           "progs/SM", "grid")
+# Headers break over two lines so that all twelve columns fit an 80-column terminal.
+COLUMNS = ("value", "context", "p50\nms", "p99\nms", "%\npeak", "wait", "agree", "regs", "spills", "smem\nB",
+           "progs\n/SM", "grid")
 
 
 def cliff(row: dict) -> str | None:
@@ -54,14 +55,25 @@ def title(doc: dict) -> str:
 
 def render_tune(doc: dict, console) -> None:
     """Print the tune table and the best value per context to a rich ``console``."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=title(doc), title_justify="left")
-    for i, h in enumerate(COLUMNS):
-        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
-    for row in rows(doc):
-        t.add_row(*row)
+    body = rows(doc)
+    # A column nobody measured (on a CPU: % of peak and the compiled resources) only costs width; the
+    # value column stays so that the table still says what was tried.
+    keep = [i for i in range(len(COLUMNS)) if i == 0 or not body or any(r[i] != tables.MISSING for r in body)]
+    # SIMPLE_HEAD's column divider is already a space: padding would double every gap.
+    t = Table(box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    for i in keep:
+        t.add_column(COLUMNS[i], justify="left" if i == 0 else "right", no_wrap=True)
+    for row in body:
+        t.add_row(*(row[i] for i in keep))
+    # A table title wraps at the table's width, which is narrow once columns are left out.
+    console.print(title(doc), markup=False, highlight=False)
     console.print(t)
+    dropped = [COLUMNS[i].replace("\n/", "/").replace("\n", " ") for i in range(len(COLUMNS)) if i not in keep]
+    if dropped:
+        console.print(f"not measured (columns left out): {', '.join(dropped)}", soft_wrap=True)
     for value, status, reason in not_run(doc):
         console.print(f"{doc['knob']}={value}: {status}: {reason}", markup=False, highlight=False, soft_wrap=True)
     for b in doc["best"]:

@@ -92,7 +92,10 @@ def verdict(doc: dict) -> dict | None:
     text = f"Fastest: {best['name']} at {_ms(p50)}{speed}: {bottleneck(best, doc)}."
     if base is not None:
         b = f" at {_ms(base_p50)}" if base_p50 else ""
-        text += f" Baseline {base['name']}{b}: {bottleneck(base, doc)}."
+        # When the eager reference is itself the fastest, the engine it is compared with is no baseline.
+        label = "Baseline" if best["name"] != BASELINE and str(base["name"]).startswith("reference") \
+            else "Compared with"
+        text += f" {label} {base['name']}{b}: {bottleneck(base, doc)}."
     return {"text": text, "action": _action(best, doc.get("findings") or []), "best": best["name"],
             "baseline": base["name"] if base else None}
 
