@@ -86,7 +86,8 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
     traces, files, unranked = [], [], 0
     for path in expand_paths(paths):
         try:
-            trace = load_trace(path, progress(path) if progress is not None else None, flows=False)
+            trace = load_trace(path, progress(path) if progress is not None else None, flows=False,
+                               lean=True)
         except BubblescopeError as exc:
             if not keep_going:
                 raise

@@ -115,14 +115,18 @@ def parse_rank(value: Any) -> int | None:
 
 
 def load_trace(
-    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True
+    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True,
+    lean: bool = False,
 ) -> Trace:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into a :class:`Trace`.
 
     ``progress(done, total)``, if given, is called with the bytes of the file read so far and the
     file's size (bytes, as on disk: compressed for .gz) after each 4 Mi-character window.
     ``flows=False`` leaves ``Trace.flows`` empty (no metric reads it; it is a quarter of a Kineto
-    trace's events, so the summary skips it).
+    trace's events, so the summary skips it). ``lean=True`` also leaves out the columns no summary
+    metric reads: ``external_id`` of gpu and runtime, and gpu's grid, block, shared_memory_bytes,
+    blocks_per_sm, warps_per_sm and occupancy_pct (msgspec then skips those args unbuilt: less time
+    and memory; every other column is the same).
 
     Raises BubblescopeError (one line naming the file) when the file is missing, unreadable, a
     truncated or corrupt gzip, not JSON, or JSON without a ``traceEvents`` array. Odd events (ts 0
@@ -130,7 +134,7 @@ def load_trace(
     counted in ``Trace.warnings``.
     """
     path = os.fspath(path)
-    cols = _Columns(keep_flows=flows)
+    cols = _Columns(keep_flows=flows, lean=lean)
     try:
         raw, gz = _open_text(path)
         with raw:

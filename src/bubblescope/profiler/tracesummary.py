@@ -173,7 +173,8 @@ def summarize_traces(
     files = []
     for path in expand_paths(paths):
         try:
-            trace = load_trace(path, progress(path) if progress is not None else None, flows=False)
+            trace = load_trace(path, progress(path) if progress is not None else None, flows=False,
+                               lean=True)
         except BubblescopeError as exc:
             if not keep_going:
                 raise
