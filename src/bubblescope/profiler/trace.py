@@ -32,6 +32,7 @@ from ..errors import BubblescopeError
 # GPU_KINDS, RUNTIME_CATEGORIES and FLOW_PHASES (which events become which table) live with the
 # column building; they stay importable from here.
 from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES, _Columns  # noqa: F401
+from .categories import categorize_frame
 from .tracechecks import drop_repeated
 from .tracejson import _open_text, _parse, _Reader, _Text
 
@@ -80,7 +81,8 @@ class Trace:
       (device, ts_us): name, kind ∈ {kernel, memcpy, memset}, device (``args.device``, else pid, else -1),
       stream (``args.stream``, else tid), ts_us, dur_us, end_us, correlation, external_id, grid,
       block (tuples), registers_per_thread, shared_memory_bytes, blocks_per_sm, warps_per_sm,
-      occupancy_pct (Kineto's "est. achieved occupancy %").
+      occupancy_pct (Kineto's "est. achieved occupancy %"), category (:func:`.categories.categorize`
+      of name and kind).
     - ``runtime``: CUDA runtime/driver API calls on the CPU, sorted by ts_us: name, category, pid,
       tid, ts_us, dur_us, end_us, correlation, external_id, is_launch, is_sync.
     - ``annotations``: ``record_function`` ranges (category ``user_annotation``, plus legacy
@@ -164,6 +166,7 @@ def load_trace(
     # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
     # annotations by ts_us (stable: the file's order among equal times)
     gpu, merged = drop_repeated(frames["gpu"])
+    gpu["category"] = categorize_frame(gpu)  # once here, not per metric: each pass hashes every name
     runtime = frames["runtime"]
     names = runtime["name"].unique()
     runtime["is_launch"] = runtime["name"].isin([n for n in names if api_base_name(n) in LAUNCH_APIS])
