@@ -84,12 +84,13 @@ def test_progress_bar_only_for_large_files(tmp_path, monkeypatch):
 
 
 def test_diagnose_trace_imports_neither_torch_nor_triton(tmp_path):
+    """Nor rich: stderr is a pipe here, so no progress bar can be drawn and --format json renders nothing."""
     path = _good(tmp_path, "a.json", 4)
     code = (
         "import sys; from bubblescope.cli import main; sys.argv = ['bubblescope', 'diagnose', 'trace', "
         f"{str(path)!r}, '--format', 'json']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print([m for m in ('torch', 'triton') if m in sys.modules], file=sys.stderr)"
+        "print([m for m in ('torch', 'triton', 'rich') if m in sys.modules], file=sys.stderr)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr

@@ -333,3 +333,38 @@ def test_utf8_byte_order_mark_is_skipped(tmp_path):
     for name in ("bom.json", "bom.json.gz"):  # write() gzips the .gz one
         tr = load_trace(tg.write(tmp_path / name, raw))
         assert tr.gpu["name"].tolist() == ["k"] and tr.warnings == []
+
+
+def test_lean_load_keeps_the_same_values_of_fewer_columns(tmp_path):
+    """lean=True (what the summary reads) gives the full load's frames minus the dropped columns, on a
+    real trace and on odd forms (B/E pairs with args, lower-case "external id", dims msgspec refuses);
+    the category column is categorize() of each row's name and kind."""
+    from pathlib import Path
+
+    from bubblescope.profiler.categories import categorize
+
+    dropped_gpu = ["external_id", "grid", "block", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
+                   "occupancy_pct"]
+    be = {"cat": "kernel", "name": "be_kernel", "pid": 0, "tid": 7,
+          "args": {"device": 0, "stream": 7, "correlation": 9, "grid": [2, 1, 1], "registers per thread": 40}}
+    odd = [
+        *tg.decode_trace_events(),
+        {**be, "ph": "B", "ts": 300}, {**be, "ph": "E", "ts": 312.5},
+        {**tg.launch(295, 1, 9), "args": {"correlation": 9, "external id": 77}},
+        tg.kernel("nested_dims", 400, 1, 10, grid=[[1], 2], block="x"),
+    ]
+    paths = [tg.write(tmp_path / "odd.json", tg.document(odd))]
+    real = Path(__file__).parent / "data" / "h200_reference_eager.json.gz"
+    paths += [real] if real.is_file() else []
+    for path in paths:
+        full, lean = load_trace(path, flows=False), load_trace(path, flows=False, lean=True)
+        assert lean.gpu.equals(full.gpu.drop(columns=dropped_gpu)), path
+        assert lean.runtime.equals(full.runtime.drop(columns=["external_id"])), path
+        assert lean.annotations.equals(full.annotations) and lean.warnings == full.warnings, path
+        assert lean.event_count == full.event_count
+        expected = [categorize(n, k) for n, k in zip(full.gpu["name"], full.gpu["kind"])]
+        assert full.gpu["category"].tolist() == expected and len(expected) > 0
+    assert full.gpu["registers_per_thread"].notna().any()  # a kept arg, read by both decoders
+    be_row = load_trace(paths[0], lean=True).gpu.set_index("name").loc["be_kernel"]
+    assert (be_row["ts_us"], be_row["dur_us"], be_row["correlation"], be_row["registers_per_thread"]) == (
+        300.0, 12.5, 9, 40.0)

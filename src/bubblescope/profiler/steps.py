@@ -119,10 +119,13 @@ def _step_table(trace: Trace, steps: pd.DataFrame, threshold_us: float) -> tuple
     gpu_step, rt_step = _gpu_steps(trace, steps)
     # the columns the step metrics and timeline_summary read, before the row filter copies them
     keep = ["name", "kind", "device", "stream", "ts_us", "dur_us", "end_us", "correlation", "registers_per_thread"]
+    keep += ["category"] if "category" in trace.gpu else []  # load_trace's; a hand-built frame may lack it
     mine = trace.gpu[keep][gpu_step >= 0].assign(step=gpu_step[gpu_step >= 0])
     device = _main_device(mine)
     mine = mine[mine["device"] == device] if device is not None else mine
-    mine = mine.assign(launch_ts_us=_launch_ts(trace, mine), category=categorize_frame(mine))
+    mine = mine.assign(launch_ts_us=_launch_ts(trace, mine))
+    if "category" not in mine:
+        mine = mine.assign(category=categorize_frame(mine))
     stats = _stats_by(mine, mine["step"].to_numpy(), mine["launch_ts_us"].to_numpy(), threshold_us)
 
     table = steps[["step", "name", "ts_us"]].copy()

@@ -159,7 +159,9 @@ def step_timeline(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER, step_ind
     t0 = float(steps["ts_us"].iloc[int(step_index)])
     gpu_step, rt_step = _gpu_steps(trace, steps)
     gpu = trace.gpu[gpu_step == int(step_index)]
-    gpu = gpu.assign(category=categorize_frame(gpu)).sort_values("ts_us", kind="stable")
+    if "category" not in gpu:  # load_trace adds it; a hand-built frame may lack it
+        gpu = gpu.assign(category=categorize_frame(gpu))
+    gpu = gpu.sort_values("ts_us", kind="stable")
     rt = trace.runtime[(rt_step == int(step_index)) & trace.runtime["is_launch"].to_numpy(dtype=bool)]
     stream = gpu["stream"].to_numpy(dtype="float64", na_value=np.nan)
     return {

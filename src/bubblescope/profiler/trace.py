@@ -32,6 +32,7 @@ from ..errors import BubblescopeError
 # GPU_KINDS, RUNTIME_CATEGORIES and FLOW_PHASES (which events become which table) live with the
 # column building; they stay importable from here.
 from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES, _Columns  # noqa: F401
+from .categories import categorize_frame
 from .tracechecks import drop_repeated
 from .tracejson import _open_text, _parse, _Reader, _Text
 
@@ -80,7 +81,8 @@ class Trace:
       (device, ts_us): name, kind ∈ {kernel, memcpy, memset}, device (``args.device``, else pid, else -1),
       stream (``args.stream``, else tid), ts_us, dur_us, end_us, correlation, external_id, grid,
       block (tuples), registers_per_thread, shared_memory_bytes, blocks_per_sm, warps_per_sm,
-      occupancy_pct (Kineto's "est. achieved occupancy %").
+      occupancy_pct (Kineto's "est. achieved occupancy %"), category (:func:`.categories.categorize`
+      of name and kind).
     - ``runtime``: CUDA runtime/driver API calls on the CPU, sorted by ts_us: name, category, pid,
       tid, ts_us, dur_us, end_us, correlation, external_id, is_launch, is_sync.
     - ``annotations``: ``record_function`` ranges (category ``user_annotation``, plus legacy
@@ -115,14 +117,18 @@ def parse_rank(value: Any) -> int | None:
 
 
 def load_trace(
-    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True
+    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True,
+    lean: bool = False,
 ) -> Trace:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into a :class:`Trace`.
 
     ``progress(done, total)``, if given, is called with the bytes of the file read so far and the
     file's size (bytes, as on disk: compressed for .gz) after each 4 Mi-character window.
     ``flows=False`` leaves ``Trace.flows`` empty (no metric reads it; it is a quarter of a Kineto
-    trace's events, so the summary skips it).
+    trace's events, so the summary skips it). ``lean=True`` also leaves out the columns no summary
+    metric reads: ``external_id`` of gpu and runtime, and gpu's grid, block, shared_memory_bytes,
+    blocks_per_sm, warps_per_sm and occupancy_pct (msgspec then skips those args unbuilt: less time
+    and memory; every other column is the same).
 
     Raises BubblescopeError (one line naming the file) when the file is missing, unreadable, a
     truncated or corrupt gzip, not JSON, or JSON without a ``traceEvents`` array. Odd events (ts 0
@@ -130,7 +136,7 @@ def load_trace(
     counted in ``Trace.warnings``.
     """
     path = os.fspath(path)
-    cols = _Columns(keep_flows=flows)
+    cols = _Columns(keep_flows=flows, lean=lean)
     try:
         raw, gz = _open_text(path)
         with raw:
@@ -160,6 +166,7 @@ def load_trace(
     # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
     # annotations by ts_us (stable: the file's order among equal times)
     gpu, merged = drop_repeated(frames["gpu"])
+    gpu["category"] = categorize_frame(gpu)  # once here, not per metric: each pass hashes every name
     runtime = frames["runtime"]
     names = runtime["name"].unique()
     runtime["is_launch"] = runtime["name"].isin([n for n in names if api_base_name(n) in LAUNCH_APIS])

@@ -43,7 +43,13 @@ class _Args(msgspec.Struct, gc=False):
     occupancy: Any = msgspec.field(name="est. achieved occupancy %", default=None)
 
 
-_NO_ARGS = _Args()
+class _LeanArgs(msgspec.Struct, gc=False):
+    """The args a summary reads (``load_trace(lean=True)``): msgspec skips the others unbuilt."""
+
+    device: Union[_Id, msgspec.UnsetType] = _UNSET
+    stream: Union[_Id, msgspec.UnsetType] = _UNSET
+    correlation: _Id = _NA
+    registers: Any = msgspec.field(name="registers per thread", default=None)
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -58,7 +64,13 @@ class _Event(msgspec.Struct, gc=False):
     args: Union[_Args, None, msgspec.UnsetType] = _UNSET
 
 
-_DECODER = msgspec.json.Decoder(list[_Event])
+class _LeanEvent(_Event, gc=False):
+    args: Union[_LeanArgs, None, msgspec.UnsetType] = _UNSET
+
+
+# (decoder, args type, args of an event without them) for full and lean columns
+_FULL = (msgspec.json.Decoder(list[_Event]), _Args, _Args())
+_LEAN = (msgspec.json.Decoder(list[_LeanEvent]), _LeanArgs, _LeanArgs())
 # Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step).
 _KINDS = ("kernel", "memcpy", "memset")
 _X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
@@ -66,8 +78,8 @@ _X_CODE.update({"cpu_op": 6, "Operator": 6})
 _PH_CODE = {**{p: 7 for p in FLOW_PHASES}, "B": 8, "E": 9}
 
 
-def _args(sub: list[_Event]) -> list[_Args]:
-    return [a if type(a) is _Args else _NO_ARGS for a in (e.args for e in sub)]
+def _args(sub: list[_Event], kind: type, empty: Any) -> list:
+    return [a if type(a) is kind else empty for a in (e.args for e in sub)]
 
 
 def _either(first: list, second: list) -> list:
@@ -102,8 +114,9 @@ def add_batch(cols: _Columns, text: str) -> bool:
     msgspec refuses the text or a value's type (the caller then reads it event by event)."""
     import numpy as np
 
+    decoder, kind, empty = _LEAN if cols.lean else _FULL
     try:
-        events = _DECODER.decode("[" + text + "]")
+        events = decoder.decode("[" + text + "]")
         codes = np.array(
             [_X_CODE.get(e.cat, 0) if e.ph == "X" else _PH_CODE.get(e.ph, 0) for e in events], dtype=np.int8
         )
@@ -121,8 +134,8 @@ def add_batch(cols: _Columns, text: str) -> bool:
         kinds = [_KINDS[c - 1] for c in codes[gpu].tolist()] if len(sub) == len(gpu) else None
         if kinds is None:  # some rows were dropped: take the kinds of the kept ones
             kinds = [_X_TABLES[e.cat] for e in sub]
-        args = _args(sub)
-        tables["gpu"] = {
+        args = _args(sub, kind, empty)
+        tables["gpu"] = gpu = {
             "name": [e.name for e in sub],
             "kind": kinds,
             "device": _either([a.device for a in args], [e.pid for e in sub]),
@@ -130,19 +143,22 @@ def add_batch(cols: _Columns, text: str) -> bool:
             "ts_us": ts,
             "dur_us": dur,
             "correlation": [a.correlation for a in args],
-            "external_id": _either([a.external_id for a in args], [a.external_id_lower for a in args]),
-            "grid": [a.grid for a in args],
-            "block": [a.block for a in args],
             "registers_per_thread": [a.registers for a in args],
-            "shared_memory_bytes": [a.shared_memory for a in args],
-            "blocks_per_sm": [a.blocks_per_sm for a in args],
-            "warps_per_sm": [a.warps_per_sm for a in args],
-            "occupancy_pct": [a.occupancy for a in args],
         }
+        if not cols.lean:
+            gpu.update({
+                "external_id": _either([a.external_id for a in args], [a.external_id_lower for a in args]),
+                "grid": [a.grid for a in args],
+                "block": [a.block for a in args],
+                "shared_memory_bytes": [a.shared_memory for a in args],
+                "blocks_per_sm": [a.blocks_per_sm for a in args],
+                "warps_per_sm": [a.warps_per_sm for a in args],
+                "occupancy_pct": [a.occupancy for a in args],
+            })
     runtime = np.flatnonzero(codes == 4)
     if len(runtime):
         sub, ts, dur = _complete(cols, [events[i] for i in runtime.tolist()], odd)
-        args = _args(sub)
+        args = _args(sub, kind, empty)
         tables["runtime"] = {
             "name": [e.name for e in sub],
             "category": [e.cat for e in sub],
@@ -151,8 +167,10 @@ def add_batch(cols: _Columns, text: str) -> bool:
             "ts_us": ts,
             "dur_us": dur,
             "correlation": [a.correlation for a in args],
-            "external_id": _either([a.external_id for a in args], [a.external_id_lower for a in args]),
         }
+        if not cols.lean:
+            tables["runtime"]["external_id"] = _either([a.external_id for a in args],
+                                                       [a.external_id_lower for a in args])
     annotations = np.flatnonzero(codes == 5)
     if len(annotations):
         sub, ts, dur = _complete(cols, [events[i] for i in annotations.tolist()], odd)
@@ -198,21 +216,8 @@ def _as_dict(ev: _Event) -> dict:
         value = getattr(ev, key)
         if value != _NA:
             out[key] = value
-    if type(ev.args) is _Args:
-        a = ev.args
-        args = {
-            "device": a.device,
-            "stream": a.stream,
-            "correlation": a.correlation,
-            "External id": a.external_id,
-            "external id": a.external_id_lower,
-            "grid": a.grid,
-            "block": a.block,
-            "registers per thread": a.registers,
-            "shared memory": a.shared_memory,
-            "blocks per SM": a.blocks_per_sm,
-            "warps per SM": a.warps_per_sm,
-            "est. achieved occupancy %": a.occupancy,
-        }
-        out["args"] = {k: v for k, v in args.items() if v is not _UNSET and v is not None and v != _NA}
+    a = ev.args
+    if type(a) is _Args or type(a) is _LeanArgs:  # the JSON keys of the fields it was decoded with
+        values = zip(type(a).__struct_encode_fields__, (getattr(a, f) for f in type(a).__struct_fields__))
+        out["args"] = {k: v for k, v in values if v is not _UNSET and v is not None and v != _NA}
     return out

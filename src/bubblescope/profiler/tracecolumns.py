@@ -99,6 +99,10 @@ _EMPTY: dict = {}
 _PLAIN_NUMBERS = frozenset({int, float, type(None)})
 TABLE_COLUMNS = {"gpu": _GPU_COLUMNS, "runtime": _RUNTIME_COLUMNS, "annotations": _ANNOTATION_COLUMNS,
                  "flows": _FLOW_COLUMNS}
+# What a summary never reads (load_trace(lean=True) leaves it out): launch ids and kernel shapes.
+_LEAN_DROPPED = frozenset({"external_id", "grid", "block", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
+                           "occupancy_pct"})
+LEAN_COLUMNS = {t: tuple(c for c in cols if c not in _LEAN_DROPPED) for t, cols in TABLE_COLUMNS.items()}
 _FLUSH_ROWS = 1 << 16  # event dicts kept as tuples before they become typed columns
 
 
@@ -110,8 +114,10 @@ class _Columns:
     fallback path) and keeps a tuple until :data:`_FLUSH_ROWS` of them are typed together.
     """
 
-    def __init__(self, keep_flows: bool = True) -> None:
+    def __init__(self, keep_flows: bool = True, lean: bool = False) -> None:
         self.keep_flows = keep_flows  # flow events (a quarter of a Kineto trace) are no metric's input
+        self.lean = lean
+        self.columns = LEAN_COLUMNS if lean else TABLE_COLUMNS  # the columns kept per table
         self.pending: dict[str, list[tuple]] = {t: [] for t in TABLE_COLUMNS}
         self.chunks: dict[str, list[dict]] = {t: [] for t in TABLE_COLUMNS}
         self.vocab: list[str] = []  # code -> text of every name, category, kind and phase
@@ -203,11 +209,12 @@ class _Columns:
 
     # ---- typed columns ----------------------------------------------------------------------
     def extend(self, table: str, values: dict[str, list]) -> None:
-        """Append one batch of rows of ``table``, given column-wise as raw JSON values."""
+        """Append one batch of rows of ``table``, given column-wise as raw JSON values (only the
+        columns of :attr:`columns` are read)."""
         import numpy as np
 
         chunk: dict[str, Any] = {}
-        for key in TABLE_COLUMNS[table]:
+        for key in self.columns[table]:
             vals = values[key]
             if key in _INT_COLUMNS:
                 label = "flow id" if table == "flows" and key == "id" else key if key in ("pid", "tid") else "args." + key

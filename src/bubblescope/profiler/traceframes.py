@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .tracecolumns import _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE, TABLE_COLUMNS
+from .tracecolumns import _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE
 from .tracepairs import pair_durations
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def table_frame(
     import numpy as np
     import pandas as pd
 
-    columns = TABLE_COLUMNS[table]
+    columns = cols.columns[table]
     chunks = cols.chunks[table]
     raw: dict[str, Any] = {}
     for key in columns:

@@ -182,11 +182,14 @@ def iter_traces(paths, keep_going: bool = False, progress=None):
     a bad file raises BubblescopeError unless ``keep_going``, then gives its one-line error entry."""
     for path in expand_paths(paths):
         try:
-            yield path, load_trace(path, progress(path) if progress is not None else None, flows=False), None
+            trace = load_trace(path, progress(path) if progress is not None else None, flows=False,
+                               lean=True)
         except BubblescopeError as exc:
             if not keep_going:
                 raise
             yield path, None, {"path": path, "error": str(exc)}
+            continue
+        yield path, trace, None
 
 
 def file_errors(summary: dict) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 MIN_BYTES = 4 << 20  # 4 MiB on disk: about 1 s of reading; smaller files finish before a bar helps
@@ -17,6 +18,9 @@ MIN_BYTES = 4 << 20  # 4 MiB on disk: about 1 s of reading; smaller files finish
 def trace_progress(force: bool = False) -> Iterator[Callable[[str], Callable[[int, int], None] | None]]:
     """Yield ``for_file(path)``, which returns a ``(done_bytes, total_bytes)`` callback drawing that
     file's bar, or None for a small file (or when stderr is not a terminal, unless ``force``)."""
+    if not force and not _stderr_is_tty():  # no bar to draw: spare the rich import (~50 ms of start-up)
+        yield lambda path: None
+        return
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -43,3 +47,10 @@ def trace_progress(force: bool = False) -> Iterator[Callable[[str], Callable[[in
 
     with progress:
         yield for_file
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
