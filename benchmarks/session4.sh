@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Fourth session's bounded GPU rounds (run by the lead through the device tool, from the repository root).
+#   bash benchmarks/session4.sh tp       # 2 GPUs: NCCL TP tests, Llama-3.1-8B TP=2 and TP=1 diagnose (issue 15),
+#                                        # then the issue-13 records (tune curves, ncu counters)
+#   bash benchmarks/session4.sh mk SWEEP # megakernel: gluon_check sections + the named sweep (issue 10)
+# Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+R=${OUT:-/tmp/bubblescope-session}/run
+mkdir -p "$R"
+log() { echo "=== $* $(date +%T)"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__,'gpus',torch.cuda.device_count())"
+  echo "commit ${BUBBLESCOPE_COMMIT:-unknown}"; } > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+BS="python3 -m bubblescope"
+case "${1:-}" in
+tp)
+  log tp-tests
+  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_tp.py -p no:cacheprovider > "$R/pytest_tp.log" 2>&1; echo "rc=$?" >> "$R/pytest_tp.log"
+  tail -4 "$R/pytest_tp.log"
+  log tp2-8b
+  timeout 240 $BS diagnose model llama-3.1-8b --tp 2 --out "$R/tp2_llama-3.1-8b" > "$R/tp2.log" 2>&1; echo "rc=$?" >> "$R/tp2.log"
+  tail -40 "$R/tp2.log"
+  log tp1-8b
+  timeout 150 $BS diagnose model llama-3.1-8b --engines reference-cudagraph --out "$R/tp1_llama-3.1-8b" > "$R/tp1.log" 2>&1; echo "rc=$?" >> "$R/tp1.log"
+  tail -30 "$R/tp1.log"
+  rm -f "$R"/tp*/report.html
+  ;;
+records)
+  log tune-ring
+  timeout 200 $BS tune llama-3.2-1b --knob num_stages --values 4,8,12 --contexts 128,4096 --out "$R/tune_ring" --save "$R/tune_ring/tuned.json" > "$R/tune_ring.log" 2>&1; echo "rc=$?" >> "$R/tune_ring.log"
+  tail -20 "$R/tune_ring.log"
+  log tune-rows
+  timeout 200 $BS tune llama-3.2-1b --knob max_rows --values 16,32,64 --contexts 128,4096 --out "$R/tune_rows" > "$R/tune_rows.log" 2>&1; echo "rc=$?" >> "$R/tune_rows.log"
+  tail -20 "$R/tune_rows.log"
+  log counters
+  timeout 280 $BS diagnose model llama-3.2-1b --engines megakernel,megakernel-triton,reference-compile --counters --out "$R/counters" > "$R/counters.log" 2>&1; echo "rc=$?" >> "$R/counters.log"
+  tail -40 "$R/counters.log"
+  rm -f "$R"/counters/report.html
+  ;;
+mk)
+  log gluon-check
+  timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"
+  tail -80 "$R/gluon_check.log"
+  ;;
+esac
+find "$R" -type f | head -50
