@@ -36,12 +36,17 @@ def section_stories(args, out):
     from bubblescope.models import load_llama2c
     w = load_llama2c(args.stories, device="cuda", dtype=torch.float32)
     ref = build_engine("reference", w, 512)
-    mk = build_engine("megakernel-gluon", w, 512)
+    mk = build_engine("megakernel-gluon", w, 512, params=_params(args))
     prompt = [1, 403, 407, 261, 378]
     a = generate(ref, prompt, args.tokens, eos_ids=()).tokens
     b = generate(mk, prompt, args.tokens, eos_ids=()).tokens
     first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
     out["stories"] = {"tokens": len(a), "identical": a == b, "first_mismatch": first, "compile": mk.compile_info()}
+
+
+def _params(args):
+    from bubblescope.megakernel_engine import MegakernelParams
+    return MegakernelParams(**json.loads(args.params))
 
 
 def _teacher_forced(engine, ids):
@@ -72,7 +77,7 @@ def section_tiny(args, out):
         g = torch.Generator().manual_seed(2)
         ids = torch.randint(0, cfg.vocab_size, (40,), generator=g).tolist()
         ref = _teacher_forced(build_engine("reference", w, 512), ids)
-        mk = _teacher_forced(build_engine("megakernel-gluon", w, 512), ids)
+        mk = _teacher_forced(build_engine("megakernel-gluon", w, 512, params=_params(args)), ids)
         res[name] = {"max_abs": float((ref - mk).abs().max()), "rel": _rel(mk, ref),
                      "argmax_agree": float((ref.argmax(-1) == mk.argmax(-1)).float().mean())}
     out["tiny"] = res
@@ -88,7 +93,7 @@ def section_llama(args, out):
     w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, cfg.vocab_size, (args.steps,), generator=g).tolist()
-    mk_eng = build_engine("megakernel-gluon", w, 1024)
+    mk_eng = build_engine("megakernel-gluon", w, 1024, params=_params(args))
     mk = _teacher_forced(mk_eng, ids)
     info = mk_eng.compile_info()
     del mk_eng
@@ -113,8 +118,11 @@ def section_timeline(args, out):
     cfg = get_preset("llama-3.2-1b")
     w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
     res = {}
-    for name in ("megakernel-gluon", "megakernel-noprefetch"):
-        eng = build_engine(name, w, args.context + 64)
+    runs = [("megakernel-gluon", None), ("megakernel-noprefetch", None)]
+    if args.params != "{}":
+        runs.insert(1, ("megakernel-gluon+params", _params(args)))
+    for name, params in runs:
+        eng = build_engine(name.split("+")[0], w, args.context + 64, params=params)
         eng.prefill(torch.arange(3, 3 + args.context))
         with eng.timeline() as rec:
             for _ in range(3):
@@ -155,6 +163,12 @@ SWEEPS = {
                ("splits8", "gluon", {"kv_splits": 8})],
     "r8": [("triton-default", "triton", {}), ("default", "gluon", {}), ("l2-6", "gluon", {"l2_ahead": 6}),
            ("l2-12", "gluon", {"l2_ahead": 12}), ("l2-24", "gluon", {"l2_ahead": 24}), ("default-again", "gluon", {})],
+    "r9": [("triton-default", "triton", {}), ("default", "gluon", {}), ("wp4", "gluon", {"wait_prefetch": 4}),
+           ("wp8", "gluon", {"wait_prefetch": 8}), ("wp16", "gluon", {"wait_prefetch": 16}),
+           ("wp8-all", "gluon", {"wait_prefetch": 8, "wait_prefetch_ops": "QKV,OPROJ,GATEUP,DOWN,LMHEAD"}),
+           ("chunk64", "gluon", {"attn_min_chunk": 64}), ("wp8-chunk64", "gluon", {"wait_prefetch": 8, "attn_min_chunk": 64})],
+    "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),
+               ("wp16", "gluon", {"wait_prefetch": 16}), ("chunk64", "gluon", {"attn_min_chunk": 64})],
     "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),
                ("splits64", "gluon", {"kv_splits": 64}), ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}),
                ("bs64", "gluon", {"block_s": 64})],
@@ -162,8 +176,9 @@ SWEEPS = {
 
 
 def section_sweep(args, out):
-    """Per config: build the engine with those params, prefill ``--context`` tokens, time ``--timed`` greedy
-    steps (host wall time with the token on the host): median and p99 ms; compile info."""
+    """Per config: build the engine with those params and prefill ``--context`` tokens; then ``--rounds`` rounds in
+    which every config times ``--timed / --rounds`` greedy steps in turn (interleaved, so clock and neighbour
+    drift hit all configs alike): median and p99 ms over all its steps, the per-round medians, compile info."""
     import statistics
 
     import numpy as np
@@ -175,6 +190,7 @@ def section_sweep(args, out):
     cfg = get_preset("llama-3.2-1b")
     w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
     res = out.setdefault(f"sweep_{args.sweep}_{args.context}", {})
+    engines = {}
     for name, impl, kw in SWEEPS[args.sweep]:
         try:
             eng = MegakernelEngine(w, MegakernelParams(**kw), max_seq_len=args.context + args.timed + 64, impl=impl)
@@ -182,20 +198,31 @@ def section_sweep(args, out):
             tok = 5
             for _ in range(10):
                 tok = eng.decode_greedy(tok)
-            ts = []
-            for _ in range(args.timed):
-                t0 = time.perf_counter()
-                tok = eng.decode_greedy(tok)
-                ts.append((time.perf_counter() - t0) * 1e3)
+            engines[name] = (eng, tok, [], [])
             info = eng.compile_info()
-            res[name] = {"params": kw, "impl": impl, "ms_p50": statistics.median(ts),
-                         "ms_p99": float(np.percentile(ts, 99)), "registers": info.get("registers"),
-                         "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"),
-                         "grid": info.get("grid")}
-            del eng
-            torch.cuda.empty_cache()
+            res[name] = {"params": kw, "impl": impl, "registers": info.get("registers"),
+                         "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"), "grid": info.get("grid")}
         except Exception as e:
             res[name] = {"params": kw, "error": f"{type(e).__name__}: {e}"[-800:]}
+            print("  ", name, json.dumps(res[name])[:300], flush=True)
+    per_round = max(1, args.timed // args.rounds)
+    for _ in range(args.rounds):
+        for name, (eng, tok, ts, medians) in list(engines.items()):
+            try:
+                mine = []
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    tok = eng.decode_greedy(tok)
+                    mine.append((time.perf_counter() - t0) * 1e3)
+                ts += mine
+                medians.append(statistics.median(mine))
+                engines[name] = (eng, tok, ts, medians)
+            except Exception as e:
+                res[name]["error"] = f"{type(e).__name__}: {e}"[-800:]
+                del engines[name]
+    for name, (eng, tok, ts, medians) in engines.items():
+        res[name].update({"ms_p50": statistics.median(ts), "ms_p99": float(np.percentile(ts, 99)),
+                          "round_medians_ms": medians, "steps": len(ts)})
         print("  ", name, json.dumps(res[name])[:300], flush=True)
     out["sweep"] = {"last": f"sweep_{args.sweep}_{args.context}"}
 
@@ -212,6 +239,9 @@ def main():
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--sweep", default="r2", choices=tuple(SWEEPS))
     ap.add_argument("--timed", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds of the sweep")
+    ap.add_argument("--params", default="{}", help="MegakernelParams fields (JSON) for the stories, llama and "
+                    "timeline sections")
     ap.add_argument("--out", default="runs/gluon_check.json")
     a = ap.parse_args()
     out = {"started": time.strftime("%Y-%m-%dT%H:%M:%S")}

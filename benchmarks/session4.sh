@@ -40,6 +40,14 @@ records)
   tail -40 "$R/counters.log"
   rm -f "$R"/counters/report.html
   ;;
+r9)
+  log r9-check-128
+  timeout 330 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r9.json" --sections stories,sweep,timeline --tokens 100 --sweep r9 --timed 200 --rounds 5 --params '{"wait_prefetch": 8}' > "$R/gluon_check_r9.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r9.log"
+  tail -30 "$R/gluon_check_r9.log"
+  log r9-4096
+  timeout 200 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r9long.json" --sections sweep --sweep r9long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r9long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r9long.log"
+  tail -12 "$R/gluon_check_r9long.log"
+  ;;
 mk)
   log gluon-check
   timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"
@@ -47,3 +55,4 @@ mk)
   ;;
 esac
 find "$R" -type f | head -50
+(cd "$R/.." && tar czf run.tgz run)

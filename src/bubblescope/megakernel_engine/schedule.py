@@ -133,6 +133,11 @@ class MegakernelParams:
         l2_ahead: Gluon kernel only: when the producer issues ring tile t, it also asks L2 for tile
             t + l2_ahead (``cp.async.bulk.prefetch.L2``), so during a long dependency wait more than the ring's
             worth of weights is on its way (0: off).
+        wait_prefetch: Gluon kernel only: tiles a consumer asks L2 for (``cp.async.bulk.prefetch.L2``) past the
+            ring's horizon when it starts a dependency wait of a task whose opcode is in ``wait_prefetch_ops``, so
+            HBM keeps streaming after the ring is full during a long wait (0: off).
+        wait_prefetch_ops: comma-separated opcode names whose dependency waits issue ``wait_prefetch``
+            (default ``OPROJ``: the wait on the attention chain, the longest of a layer).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -168,6 +173,8 @@ class MegakernelParams:
     spin_sleep_ns: int = 0
     split_k: int = 2
     l2_ahead: int = 0
+    wait_prefetch: int = 0
+    wait_prefetch_ops: str = "OPROJ"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -210,6 +217,12 @@ class MegakernelParams:
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
         if not isinstance(self.l2_ahead, int) or self.l2_ahead < 0:
             raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
+        if not isinstance(self.wait_prefetch, int) or isinstance(self.wait_prefetch, bool) or self.wait_prefetch < 0:
+            raise BubblescopeError(f"megakernel params: wait_prefetch must be an integer >= 0, got {self.wait_prefetch!r}")
+        bad = [n for n in self.wait_prefetch_ops_names() if n not in OPCODES or n in ("NOP", "ATTN", "ATTN_REDUCE")]
+        if bad:
+            raise BubblescopeError(f"megakernel params: wait_prefetch_ops names {', '.join(bad)}; use some of "
+                                   f"QKV, OPROJ, GATEUP, DOWN, LMHEAD")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:
@@ -218,6 +231,13 @@ class MegakernelParams:
 
     def prefetch_next_ops_names(self) -> list[str]:
         return [n.strip().upper() for n in str(self.prefetch_next).split(",") if n.strip()]
+
+    def wait_prefetch_ops_names(self) -> list[str]:
+        return [n.strip().upper() for n in str(self.wait_prefetch_ops).split(",") if n.strip()]
+
+    def wait_prefetch_mask(self) -> int:
+        """Bit ``op`` set for each opcode of ``wait_prefetch_ops`` (the Gluon kernel's WAIT_PF_OPS)."""
+        return sum(1 << OPCODES[n] for n in set(self.wait_prefetch_ops_names()))
 
 
 def pick_rows(n_rows: int, grid: int, max_rows: int, multiple: int = 1, task_overhead_rows: float = 1.0) -> int:

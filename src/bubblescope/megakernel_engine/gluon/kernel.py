@@ -418,7 +418,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               KCH_H: gl.constexpr, KCH_Q: gl.constexpr, KCH_I: gl.constexpr, VEC: gl.constexpr,
               TK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
               TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
-              SPLIT: gl.constexpr):
+              SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
+              PF_LANES_C: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HB: gl.constexpr = BR // 2
@@ -456,6 +457,10 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             need = gl.load(row + F_NEED)
             target = epoch * gl.load(row + F_INC) + need
             if (wait_cnt != known_cnt) | (known_seen < target):
+                if WAIT_PF > 0:
+                    if ((WAIT_PF_OPS >> op) & 1) != 0:
+                        _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, NF, H, Q, KV,
+                                            I, IP, BR, BK, NS, NCH_H, NCH_Q, NCH_I, SPLIT, WAIT_PF, PF_LANES_C, NW)
                 seen = _spin(counters_ptr + wait_cnt, target, spin_cap)
                 gl.thread_barrier()
                 known_cnt = wait_cnt
@@ -603,15 +608,16 @@ def _cursor_next(prow, pi, pc, n, NF: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: 
 @gluon.jit
 def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
                       KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
-                      SPLIT: gl.constexpr):
+                      SPLIT: gl.constexpr, LANES: gl.constexpr, WARPS: gl.constexpr):
     """``cp.async.bulk.prefetch.L2`` of one ring tile's rows (PTX ISA 8.0, sm_90: 16-byte aligned address and
-    size), one row per lane of the producer warp; rows that would pass K are clipped, empty ones predicated off."""
-    PL: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    size): ``LANES`` (a power of two >= BR) row slots over the calling partition's ``WARPS`` warps; columns that
+    would pass K are clipped, slots past the tile's rows predicated off."""
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
     op = gl.load(prow + F_OP)
     layer = gl.load(prow + F_LAYER).to(gl.int64)
     a1 = gl.load(prow + F_A1)
-    j = gl.arange(0, 32, layout=PL)
+    j = gl.arange(0, LANES, layout=PL)
     rows = BR
     cols = BK
     c0 = pc * BK
@@ -640,13 +646,36 @@ def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, 
         "=r,l,r", [addr, size], dtype=gl.int32, is_pure=False, pack=1)
 
 
+# While a consumer waits on its inputs, the producer can only run a ring ahead (NS tiles); once the ring is full
+# HBM idles for the rest of the wait (the attention chain: ~7.5 µs per layer against ~5 µs of ring, NOTES.md).
+# So the waiting consumer asks L2 for the WAIT_PF tiles just past the ring's horizon (tile ``it + NS`` on, where
+# ``it`` is the first tile of task i): when the producer reaches them they are L2 hits.
+@gluon.jit
+def _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, NF: gl.constexpr,
+                        H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr,
+                        BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr,
+                        NCH_Q: gl.constexpr, NCH_I: gl.constexpr, SPLIT: gl.constexpr, WAIT_PF: gl.constexpr,
+                        LANES: gl.constexpr, WARPS: gl.constexpr):
+    prow = row
+    pi = i
+    pc = -1
+    for _ in range(NS + 1):
+        prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
+    for _ in range(WAIT_PF):
+        if pi < n:
+            _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP, BR, BK,
+                              SPLIT, LANES, WARPS)
+            prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
+
+
 @gluon.jit
 def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
               max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap,
               H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, IP: gl.constexpr, NF: gl.constexpr,
               BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
-              wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr):
+              wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
+              PF_LANES_P: gl.constexpr):
     TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
     NROWS: gl.constexpr = Q + 2 * KV
     pid = gl.program_id(0)
@@ -706,7 +735,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 if L2_AHEAD > 0:
                     if pi < n:
                         _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
-                                          BR, BK, SPLIT)
+                                          BR, BK, SPLIT, PF_LANES_P, 1)
                         prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
                 it += 1
             if TIMELINE:
@@ -728,7 +757,8 @@ def megakernel(
         KCH_Q: gl.constexpr, KCH_I: gl.constexpr, KCH: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr,
         BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr,
         HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
+        WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
@@ -749,9 +779,10 @@ def megakernel(
                      kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
-                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT)),
+                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
+                     wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                     head_ptr, I, L2_AHEAD)),
+                     head_ptr, I, L2_AHEAD, PF_LANES_P)),
     ], [1], [PRODUCER_REGS])
