@@ -167,6 +167,8 @@ SWEEPS = {
            ("wp8", "gluon", {"wait_prefetch": 8}), ("wp16", "gluon", {"wait_prefetch": 16}),
            ("wp8-all", "gluon", {"wait_prefetch": 8, "wait_prefetch_ops": "QKV,OPROJ,GATEUP,DOWN,LMHEAD"}),
            ("chunk64", "gluon", {"attn_min_chunk": 64}), ("wp8-chunk64", "gluon", {"wait_prefetch": 8, "attn_min_chunk": 64})],
+    "r10": [("triton-default", "triton", {}), ("default", "gluon", {}), ("chunk64", "gluon", {"attn_min_chunk": 64}),
+            ("wp2", "gluon", {"wait_prefetch": 2}), ("default-again", "gluon", {})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),
                ("wp16", "gluon", {"wait_prefetch": 16}), ("chunk64", "gluon", {"attn_min_chunk": 64})],
     "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),

@@ -48,6 +48,14 @@ r9)
   timeout 200 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r9long.json" --sections sweep --sweep r9long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r9long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r9long.log"
   tail -12 "$R/gluon_check_r9long.log"
   ;;
+r10)
+  log r10-check
+  timeout 300 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r10.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r10 --timed 200 --rounds 5 > "$R/gluon_check_r10.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r10.log"
+  tail -30 "$R/gluon_check_r10.log" | cut -c1-1500
+  log decode-latency-1b
+  timeout 230 python3 benchmarks/decode_latency.py --engines reference-compile,megakernel-triton,megakernel,megakernel-noprefetch --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 210 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -14 "$R/decode_latency_1b.log"
+  ;;
 mk)
   log gluon-check
   timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"

@@ -364,6 +364,9 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     return seen, t_ready
 
 # Per query head over the `used` splits: M = max_s m_s, w_s = exp(m_s − M), out = Σ w_s·acc_s / Σ w_s·l_s.
+# One pass over blocks of BLOCK_SPLIT splits with a running maximum (the old sums rescaled by exp(M_old − M_new)),
+# so m, l and acc of a block are loaded together: one L2 round trip per block (usually the only block) instead of
+# a max pass and a sum pass, on the layer's critical chain.
 @gluon.jit
 def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr,
                   GP: gl.constexpr, NSPLIT: gl.constexpr, BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr):
@@ -375,15 +378,7 @@ def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr
     d3 = gl.expand_dims(gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, QL)), 0), 1)
     mg = gs < G
     row = gl.expand_dims((kvh * G + gs) * NSPLIT, 1)
-    big = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, SL))
-    s0 = 0
-    while s0 < used:
-        sp = gl.expand_dims(s0 + sp0, 0)
-        mm = gl.expand_dims(mg, 1) & (sp < used)
-        mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
-        big = gl.maximum(big, gl.max(mv, axis=1))
-        s0 += BLOCK_SPLIT
-    big = gl.where(mg, big, 0.0)
+    big = gl.full([GP], -1.0e30, gl.float32, gl.SliceLayout(1, SL))  # finite: exp(big − new) stays defined
     den = gl.zeros([GP], gl.float32, gl.SliceLayout(1, SL))
     acc = gl.zeros([GP, D], gl.float32, QL)
     s0 = 0
@@ -394,9 +389,13 @@ def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr
         lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
         av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
                      cache_modifier=".cg")
-        w = gl.exp(mv - gl.expand_dims(big, 1))
-        den += gl.sum(w * lv, axis=1)
-        acc += gl.sum(gl.expand_dims(w, 2) * av, axis=1)
+        new = gl.maximum(big, gl.max(mv, axis=1))
+        scale = gl.exp(big - new)
+        w = gl.exp(mv - gl.expand_dims(new, 1))
+        den = den * scale + gl.sum(w * lv, axis=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QL)), 1) \
+            + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
+        big = new
         s0 += BLOCK_SPLIT
     out = acc / gl.expand_dims(gl.convert_layout(den, gl.SliceLayout(1, QL)), 1)
     gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
@@ -510,6 +509,14 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             silu = _rnd(g / (1.0 + gl.exp(-g)), ACT)
             gl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
         elif op == OP_OPROJ:
+            # the residual rows are issued before the staging load so the two L2 round trips overlap (both
+            # inputs are final once the wait above is met); it is one round trip less on the layer's chain
+            r = a1 + gl.arange(0, BRO, layout=YL)
+            mr = r < a1 + a2
+            if layer == 0:  # layer 0's residual is the embedding row (x is not written yet)
+                res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
+            else:
+                res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             if key != staged:
                 _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
@@ -517,14 +524,11 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
             else:
                 acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
-            r = a1 + gl.arange(0, BRO, layout=YL)
-            mr = r < a1 + a2
-            if layer == 0:  # layer 0's residual is the embedding row (x is not written yet)
-                res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
-            else:
-                res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_DOWN:
+            r = a1 + gl.arange(0, BRO, layout=YL)  # residual first, as in OPROJ
+            mr = r < a1 + a2
+            res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             if key != staged:
                 _stage_vector(act_ptr, act_ptr, xs, eps, False, I, KCH_I, BK, VEC, TK, NW)
                 staged = key
@@ -532,9 +536,6 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW)
             else:
                 acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
-            r = a1 + gl.arange(0, BRO, layout=YL)
-            mr = r < a1 + a2
-            res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_LMHEAD:
             if key != staged:
