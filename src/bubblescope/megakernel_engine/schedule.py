@@ -138,6 +138,9 @@ class MegakernelParams:
             HBM keeps streaming after the ring is full during a long wait (0: off).
         wait_prefetch_ops: comma-separated opcode names whose dependency waits issue ``wait_prefetch``
             (default ``OPROJ``: the wait on the attention chain, the longest of a layer).
+        spin_poll: Gluon kernel only: how a dependency wait polls its counter: ``load`` (``ld.acquire.gpu``:
+            pollers of one counter are served side by side) or ``atomic`` (an acquire read-modify-write, which
+            the counter's L2 slice serialises with every other poll and with the signaller's increment).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -175,6 +178,7 @@ class MegakernelParams:
     l2_ahead: int = 0
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
+    spin_poll: str = "load"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -223,6 +227,8 @@ class MegakernelParams:
         if bad:
             raise BubblescopeError(f"megakernel params: wait_prefetch_ops names {', '.join(bad)}; use some of "
                                    f"QKV, OPROJ, GATEUP, DOWN, LMHEAD")
+        if self.spin_poll not in ("load", "atomic"):
+            raise BubblescopeError(f"megakernel params: spin_poll must be load or atomic, got {self.spin_poll!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:
