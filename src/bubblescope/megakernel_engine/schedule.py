@@ -178,7 +178,7 @@ class MegakernelParams:
     l2_ahead: int = 0
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
-    spin_poll: str = "load"
+    spin_poll: str = "atomic"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True

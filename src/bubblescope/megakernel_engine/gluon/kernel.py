@@ -82,9 +82,9 @@ def _ld_acquire(ptr):
                                      is_pure=False, pack=1)
 
 
-# Polling with a load, not an atomic: every CTA polls the same few counters, and atomics on one address are
-# serialised in its L2 slice, so 132 pollers' read-modify-writes queue in front of the signaller's increment
-# and of each other. Loads of one line are served side by side. POLL = 0 keeps the atomic (A/B switch).
+# POLL = 1 polls with a load (``ld.acquire.gpu``), POLL = 0 with an acquire atomic. The idea: atomics on one
+# address are serialised in its L2 slice, so 132 pollers' read-modify-writes could queue in front of the
+# signaller's increment. Measured on the H200 (round 11, NOTES.md): no difference (0.908 against 0.908 ms).
 @gluon.jit
 def _spin(cnt_ptr, target, spin_cap, POLL: gl.constexpr):
     """Acquire-spin until ``*cnt_ptr >= target`` or ``spin_cap`` polls; returns the last value seen."""
