@@ -133,6 +133,11 @@ class MegakernelParams:
         l2_ahead: Gluon kernel only: when the producer issues ring tile t, it also asks L2 for tile
             t + l2_ahead (``cp.async.bulk.prefetch.L2``), so during a long dependency wait more than the ring's
             worth of weights is on its way (0: off).
+        qk_norm_in_attn: Gluon kernel only: q/k-norm (Qwen3) and RoPE of q and the new k in the ATTN task
+            instead of the QKV task, so QKV tasks need not hold whole heads (``rows_qkv`` only even): QKV tasks
+            write raw q (+ bias) to the q buffer and raw k (+ bias) to a (kv heads, head_dim) scratch; every ATTN
+            task norms and rotates its G query heads, and the split holding the new position norms and rotates
+            the new k and writes it into the K cache. No effect on models without q/k-norm.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -168,6 +173,7 @@ class MegakernelParams:
     spin_sleep_ns: int = 0
     split_k: int = 2
     l2_ahead: int = 0
+    qk_norm_in_attn: bool = False
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -249,7 +255,8 @@ class Tiling:
     ``i_pad``: intermediate size rounded up to a multiple of ``gb`` (zero rows pad the last block).
     ``block_*``: the power-of-two register tile sizes (compile-time constants); a GATEUP / LMHEAD task covers
     ``gateup_blocks`` / ``lm_blocks`` of them. ``pf_next_ops``: opcodes whose tasks also prefetch the next
-    task of their queue.
+    task of their queue. ``qk_norm_attn``: q/k-norm and RoPE of q and k are done in the ATTN task (see
+    ``MegakernelParams.qk_norm_in_attn``; only for a model with q/k-norm).
     """
 
     rows_qkv: int
@@ -274,12 +281,14 @@ class Tiling:
     block_lm: int
     block_qh: int
     block_split: int
+    qk_norm_attn: bool = False
 
 
 def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
     """Fill in automatic tile sizes for ``grid`` programs (see :func:`pick_rows`)."""
     d, g, nkv = cfg.head_dim, cfg.gqa_group, cfg.num_key_value_heads
-    mult = d if cfg.qk_norm else 2  # q/k-norm needs whole heads in one task
+    qk_attn = bool(cfg.qk_norm and params.qk_norm_in_attn)
+    mult = d if cfg.qk_norm and not qk_attn else 2  # q/k-norm in the QKV task needs whole heads in one task
     if params.rows_qkv is not None and params.rows_qkv % mult:
         raise BubblescopeError(f"megakernel params: rows_qkv must be a multiple of {mult} for {cfg.name}")
     r_qkv = params.rows_qkv or pick_rows(cfg.q_size + 2 * cfg.kv_size, grid, params.max_rows, mult)
@@ -298,7 +307,7 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
         i_pad=-(-cfg.intermediate_size // (r_gu // 2)) * (r_gu // 2),
         block_p=next_pow2(r_qkv // 2), block_o=next_pow2(r_o), block_gu=next_pow2(r_gu // 2),
         block_dn=next_pow2(r_dn), block_lm=next_pow2(r_lm), block_qh=next_pow2(heads * g),
-        block_split=min(16, next_pow2(splits)))
+        block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn)
 
 
 @dataclass(frozen=True)
