@@ -242,3 +242,18 @@ def test_gluon_tile_choice_per_model_is_recorded():
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8
     json.dumps(out)  # results.json carries it as is
+
+
+def test_auto_picks_gluon_for_qwen3_on_hopper(monkeypatch):
+    """On an sm_90 device (its capability stubbed: no GPU here) ``auto`` chooses the Gluon kernel for Qwen3-0.6B and
+    Qwen2.5-0.5B, and still the Triton one on sm_80."""
+    from types import SimpleNamespace
+
+    from bubblescope.megakernel_engine.engine import choose_impl
+    cap = {"v": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["v"])
+    for name in ("qwen3-0.6b", "qwen2.5-0.5b"):
+        w = SimpleNamespace(config=get_preset(name), dtype=torch.bfloat16, device=torch.device("cuda"))
+        assert choose_impl(w, "auto")[0] == "gluon"
+    cap["v"] = (8, 0)
+    assert choose_impl(w, "auto") == ("triton", "the Gluon megakernel targets Hopper (sm_90); this GPU is sm_80")
