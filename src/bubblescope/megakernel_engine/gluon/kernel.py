@@ -321,6 +321,21 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     else:
         k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
     v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    if QK_NORM:  # what does not depend on the QKV stage (norm weights, cos/sin at pos) is loaded before the wait
+        HALF: gl.constexpr = D // 2
+        nw = qknorm_ptr + layer.to(gl.int64) * (2 * D)  # (q_norm, k_norm) of this layer
+        dqp = (dq + HALF) % D  # rotate_half partner
+        dkp = (dk + HALF) % D
+        wq = gl.expand_dims(gl.load(nw + dq).to(gl.float32), 0)
+        wqp = gl.expand_dims(gl.load(nw + dqp).to(gl.float32), 0)
+        cq = gl.expand_dims(gl.load(cos_ptr + pos * HALF + dq % HALF).to(ACT).to(gl.float32), 0)
+        sq = gl.expand_dims(gl.load(sin_ptr + pos * HALF + dq % HALF).to(ACT).to(gl.float32), 0)
+        wk = gl.load(nw + D + dk).to(gl.float32)
+        wkp = gl.load(nw + D + dkp).to(gl.float32)
+        ck = gl.load(cos_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
+        sk_ = gl.load(sin_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
     seen = target
     if do_wait:
         seen = _spin(wait_ptr, target, spin_cap)
@@ -332,31 +347,19 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         if not QK_NORM:
             k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
         v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
-    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     mq = gq < G
     hq = kvh * G + gq
     q = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), mask=gl.expand_dims(mq, 1), other=0.0,
                 cache_modifier=".cg").to(gl.float32)
     if QK_NORM:
-        HALF: gl.constexpr = D // 2
-        nw = qknorm_ptr + layer.to(gl.int64) * (2 * D)  # (q_norm, k_norm) of this layer
-        dqp = (dq + HALF) % D  # rotate_half partner
         qp = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dqp, 0), mask=gl.expand_dims(mq, 1),
                      other=0.0, cache_modifier=".cg").to(gl.float32)
-        inv_q = gl.rsqrt(gl.sum(q * q, axis=1) / D + eps)
-        q = _norm_rope(q, qp, gl.expand_dims(inv_q, 1), gl.expand_dims(gl.load(nw + dq).to(gl.float32), 0),
-                       gl.expand_dims(gl.load(nw + dqp).to(gl.float32), 0),
-                       gl.expand_dims(gl.load(cos_ptr + pos * HALF + dq % HALF).to(ACT).to(gl.float32), 0),
-                       gl.expand_dims(gl.load(sin_ptr + pos * HALF + dq % HALF).to(ACT).to(gl.float32), 0),
-                       gl.expand_dims(dq < HALF, 0), ACT)
-        dkp = (dk + HALF) % D
         kr = gl.load(knew_ptr + kvh * D + dk, cache_modifier=".cg").to(gl.float32)
         krp = gl.load(knew_ptr + kvh * D + dkp, cache_modifier=".cg").to(gl.float32)
+        inv_q = gl.rsqrt(gl.sum(q * q, axis=1) / D + eps)
+        q = _norm_rope(q, qp, gl.expand_dims(inv_q, 1), wq, wqp, cq, sq, gl.expand_dims(dq < HALF, 0), ACT)
         inv_k = gl.rsqrt(gl.sum(kr * kr, axis=0) / D + eps)
-        knew = _norm_rope(kr, krp, inv_k, gl.load(nw + D + dk).to(gl.float32), gl.load(nw + D + dkp).to(gl.float32),
-                          gl.load(cos_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32),
-                          gl.load(sin_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32), dk < HALF, ACT)
+        knew = _norm_rope(kr, krp, inv_k, wk, wkp, ck, sk_, dk < HALF, ACT)
         if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps
             gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew.to(ACT))
         knew2 = gl.expand_dims(knew, 0)
