@@ -7,7 +7,8 @@ opcode          one task computes                                           task
 ==============  ==========================================================  ==========================
 ``QKV``         RMSNorm(x) + a tile of r/2 row pairs of the fused QKV        ceil((Q + 2·KV) / r)
                 matvec (+ bias, q/k norm, RoPE), written to the q buffer /   (r = ``rows_qkv``)
-                the KV cache
+                the KV cache (``qk_norm_in_attn``: raw q and k, and the
+                ATTN task norms and rotates them)
 ``ATTN``        flash-decoding partials (m, l, acc) of the query heads of    kv-head groups × splits
                 some KV heads over one split of the positions; with the
                 fused reduction (default) the last split task to finish
