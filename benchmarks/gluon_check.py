@@ -4,11 +4,12 @@ Sections (each in this process; run the script under ``timeout`` — a wrong rin
 mbarrier wait, which has no timeout):
 
 * ``stories``: stories260K fp32, ``--tokens`` greedy tokens, ``megakernel-gluon`` vs ``reference`` (eager).
-* ``tiny``: tiny random fp32 configs (GQA, Qwen2 biases, untied head), teacher-forced 24 random tokens: max abs
-  logit error vs the reference.
-* ``llama``: llama-3.2-1b dummy bf16, ``--steps`` teacher-forced random tokens: argmax agreement with the bf16
-  reference, relative logit error of each against an fp32 reference on the same weights.
-* ``timeline``: the Gluon kernel's per-task stamps for one step at ``--context``: wait ratio, per-opcode busy
+* ``tiny``: tiny random fp32 configs (GQA, Qwen2 biases, untied head, Qwen3 q/k-norm with head_dim 128 and
+  QKV tiles of part of a head), teacher-forced 40 random tokens: max abs logit error vs the reference.
+* ``llama``: ``--model`` (default llama-3.2-1b; e.g. qwen3-0.6b) dummy bf16, ``--steps`` teacher-forced random
+  tokens: argmax agreement with the bf16 reference, relative logit error of each against an fp32 reference on
+  the same weights.
+* ``timeline``: ``--model``: the Gluon kernel's per-task stamps for one step at ``--context``: wait ratio, per-opcode busy
   / wait (µs of program time), producer lead (first weight load issued before the task's consumer start).
 
 Writes JSON (``--out``) after every section.
@@ -70,6 +71,9 @@ def section_tiny(args, out):
         "qwen2-bias-untied": dict(model_type="qwen2", hidden_size=256, intermediate_size=384, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=777, attention_bias=True,
                                   tie_word_embeddings=False),
+        "qwen3-qknorm-d128": dict(model_type="qwen3", hidden_size=256, intermediate_size=384, num_hidden_layers=2,
+                                  num_attention_heads=8, num_key_value_heads=4, head_dim=128, qk_norm=True,
+                                  vocab_size=555, tie_word_embeddings=False),
     }
     for name, kw in cfgs.items():
         cfg = ModelConfig(name=name, max_position_embeddings=512, **kw)
@@ -89,7 +93,7 @@ def section_llama(args, out):
     from bubblescope.engines import build_engine
     from bubblescope.models.config import get_preset
     from bubblescope.models.weights import dummy_weights
-    cfg = get_preset("llama-3.2-1b")
+    cfg = get_preset(args.model)
     w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, cfg.vocab_size, (args.steps,), generator=g).tolist()
@@ -100,7 +104,7 @@ def section_llama(args, out):
     ref = _teacher_forced(build_engine("reference", w, 1024), ids)
     w32 = dummy_weights(cfg, device="cuda", dtype=torch.float32, seed=0)
     f32 = _teacher_forced(build_engine("reference", w32, 1024), ids)
-    out["llama"] = {"steps": len(ids), "argmax_agree_vs_bf16_ref": float((ref.argmax(-1) == mk.argmax(-1)).float().mean()),
+    out["llama"] = {"model": args.model, "steps": len(ids), "argmax_agree_vs_bf16_ref": float((ref.argmax(-1) == mk.argmax(-1)).float().mean()),
                     "argmax_agree_vs_fp32": float((f32.argmax(-1) == mk.argmax(-1)).float().mean()),
                     "rel_err_mk_vs_fp32": _rel(mk, f32), "rel_err_ref_vs_fp32": _rel(ref, f32),
                     "max_rel_err_mk_vs_fp32_per_step": max(_rel(mk[k], f32[k]) for k in range(len(ids))),
@@ -115,9 +119,9 @@ def section_timeline(args, out):
     from bubblescope.megakernel_engine.timeline import intrakernel_summary
     from bubblescope.models.config import get_preset
     from bubblescope.models.weights import dummy_weights
-    cfg = get_preset("llama-3.2-1b")
+    cfg = get_preset(args.model)
     w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
-    res = {}
+    res = {"model": args.model}
     runs = [("megakernel-gluon", None), ("megakernel-noprefetch", None)]
     if args.params != "{}":
         runs.insert(1, ("megakernel-gluon+params", _params(args)))
@@ -193,7 +197,7 @@ def section_sweep(args, out):
     from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models.config import get_preset
     from bubblescope.models.weights import dummy_weights
-    cfg = get_preset("llama-3.2-1b")
+    cfg = get_preset(args.model)
     w = dummy_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
     res = out.setdefault(f"sweep_{args.sweep}_{args.context}", {})
     engines = {}
@@ -242,6 +246,7 @@ def main():
     ap.add_argument("--stories", default=".carry/models/stories260K/stories260K.bin")
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--model", default="llama-3.2-1b", help="preset of the llama, timeline and sweep sections")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--sweep", default="r2", choices=tuple(SWEEPS))
     ap.add_argument("--timed", type=int, default=100)

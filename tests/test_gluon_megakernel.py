@@ -21,7 +21,7 @@ from bubblescope.megakernel_engine.gluon.host import (
 from bubblescope.megakernel_engine.interpreter import ScheduleInterpreter
 from bubblescope.megakernel_engine.schedule import MegakernelParams
 from bubblescope.models import load_llama2c
-from bubblescope.models.config import get_preset
+from bubblescope.models.config import ModelConfig, get_preset
 from bubblescope.models.weights import dummy_weights
 from bubblescope.reference_engine import ReferenceEngine
 
@@ -36,7 +36,7 @@ def _oracle(w, grid, **kw):
     return ScheduleInterpreter(w, params=params, max_seq_len=48)
 
 
-@pytest.mark.parametrize("name", [n for n in TINY if not TINY[n].qk_norm])
+@pytest.mark.parametrize("name", list(TINY))
 def test_gluon_schedule_matches_reference_on_tiny_configs(name):
     cfg = TINY[name]
     w = dummy_weights(cfg, seed=4)
@@ -95,7 +95,7 @@ def test_gluon_support_rules_name_the_reason():
     assert gluon_unsupported(llama, torch.bfloat16, (9, 0)) is None
     assert "Hopper" in gluon_unsupported(llama, torch.bfloat16, (8, 0))
     assert "CUDA GPU" in gluon_unsupported(llama, torch.bfloat16, None)
-    assert "q/k-norm" in gluon_unsupported(get_preset("qwen3-0.6b"), torch.bfloat16, (9, 0))
+    assert gluon_unsupported(get_preset("qwen3-0.6b"), torch.bfloat16, (9, 0)) is None  # q/k-norm in ATTN
     odd = TINY["mha-untied"].__class__(**{**vars(TINY["mha-untied"]), "intermediate_size": 42})
     assert "16-byte" in gluon_unsupported(odd, torch.bfloat16, (9, 0))  # 42 × 2 bytes per row
 
@@ -120,6 +120,8 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams()),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
@@ -130,8 +132,9 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
-    """The Gluon kernel (default, noprefetch + timeline, Qwen2 biases with 7 query heads per kv head, head_dim 128
-    with a 14336-wide staged vector, fp32) through Triton and ptxas for sm_90a,
+    """The Gluon kernel (default, noprefetch + timeline, Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
+    in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
+    staged vector, fp32) through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
     import importlib.util
@@ -150,3 +153,107 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
         assert info["spill_store_bytes"] == 0, info
         assert info["registers"] * info["num_warps"] * 32 <= 65536, info
         assert info["shared_bytes"] <= SMEM_PER_BLOCK_SM90, info
+
+
+# ---- Qwen3: q/k-norm and RoPE in the attention task ------------------------------------------------------------
+# head_dim != hidden / heads, untied heads, GQA; BR chosen so that a QKV tile holds part of a head (BR/2 < D/2).
+QWEN3 = {
+    "d64-br32": (ModelConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=64, vocab_size=97, rope_theta=1e6, rms_norm_eps=1e-6,
+                             qk_norm=True, model_type="qwen3", tie_word_embeddings=False,
+                             max_position_embeddings=64, name="qwen3-d64"), {}),
+    "gqa4-d32-br4": (ModelConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=8,
+                                 num_key_value_heads=2, head_dim=32, vocab_size=131, rope_theta=1e6,
+                                 rms_norm_eps=1e-6, qk_norm=True, model_type="qwen3", tie_word_embeddings=False,
+                                 max_position_embeddings=64, name="qwen3-gqa4"), {"max_rows": 4}),
+}
+
+
+def _qwen3(name, seed=6):
+    cfg, kw = QWEN3[name]
+    return dummy_weights(cfg, seed=seed), kw
+
+
+def _hf_logits(w, prompt, forced):
+    """transformers' own model (Qwen3ForCausalLM here) on the same weights, fp32: (T, V) logits from the last
+    prompt position on."""
+    transformers = pytest.importorskip("transformers")
+    d = w.config.to_hf_dict()
+    arch = d.pop("architectures")
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**d)).eval()
+    assert type(hf).__name__ == arch[0]
+    missing, unexpected = hf.load_state_dict(w.hf_state_dict(), strict=False)
+    assert not unexpected and all("lm_head" in m for m in missing)
+    with torch.no_grad():
+        return hf(torch.tensor([prompt + forced])).logits[0, len(prompt) - 1:]
+
+
+@pytest.mark.parametrize("name", list(QWEN3))
+def test_gluon_qwen3_qknorm_in_attention_matches_reference_and_transformers(name):
+    w, kw = _qwen3(name)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, w.config.vocab_size, (5,), generator=g).tolist()
+    forced = torch.randint(3, w.config.vocab_size, (30,), generator=g).tolist()
+    orc = _oracle(w, grid=5, attn_min_chunk=2, kv_splits=3, **kw)  # the new position moves through the splits
+    t = orc.schedule.tiling
+    assert t.qk_norm_attn and t.rows_qkv % w.config.head_dim != 0  # QKV tiles hold part of a head
+    got = teacher_forced_logits(orc, prompt, forced)
+    ref = teacher_forced_logits(ReferenceEngine(w, max_seq_len=48), prompt, forced)
+    hf = _hf_logits(w, prompt, forced)
+    assert (got - ref).abs().max().item() < 1e-4
+    assert (got - hf).abs().max().item() < 1e-4
+
+
+def test_gluon_qwen3_no_task_reads_the_new_k_before_it_is_written():
+    """With the K cache poisoned (NaN) at every position from the current one on, before each step, the logits
+    stay those of the reference: only the split holding the new position writes cache[pos], and before anyone
+    reads it; QKV tasks leave it alone (raw k goes to k_new)."""
+    w, kw = _qwen3("gqa4-d32-br4", seed=8)
+    orc = _oracle(w, grid=7, attn_min_chunk=2, kv_splits=4, **kw)
+    ref = ReferenceEngine(w, max_seq_len=48)
+    tokens = [3, 17, 5, 99, 42, 7, 8, 64, 11, 2]
+    ref_logits = ref.prefill(torch.tensor(tokens[:1])).float()
+    for n, tok in enumerate(tokens):
+        orc.buffers["k_cache"][:, :, n:] = float("nan")
+        if n == 4:  # mid-way: after the QKV stage of layer 0 the new position of the cache is still untouched
+            mid = orc.step(tok, stop_after=(0, "QKV"))
+            assert mid["k_cache"][0, :, n].isnan().all() and not mid["k_new"].isnan().any()
+            orc.buffers["k_cache"][:, :, n:] = float("nan")
+        orc.run_programs(tok)
+        if n:
+            ref_logits = ref.decode(tok).float()
+        assert (orc.buffers["logits"] - ref_logits).abs().max().item() < 1e-4
+    assert not orc.buffers["k_cache"][:, :, :len(tokens)].isnan().any()
+
+
+def test_gluon_tile_choice_per_model_is_recorded():
+    """The Gluon tiling of each model (compile_info()["gluon"] and the offline compile's report): Qwen3-0.6B
+    (head_dim 128, 2 query heads per kv head) gets 32-position attention blocks and q/k-norm in the attention
+    task, Llama-3.2-1B (head_dim 64) 64-position blocks and RoPE in the QKV epilogue."""
+    from bubblescope.megakernel_engine.gluon.host import gluon_choice
+    out = {}
+    for name in ("qwen3-0.6b", "llama-3.2-1b", "qwen2.5-0.5b"):
+        cfg = get_preset(name)
+        params = gluon_params(cfg, MegakernelParams())
+        t = gluon_tiling(cfg, MegakernelParams(), 132)
+        out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
+    assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
+                                 "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True}
+    assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
+    assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8
+    json.dumps(out)  # results.json carries it as is
+
+
+def test_auto_picks_gluon_for_qwen3_on_hopper(monkeypatch):
+    """On an sm_90 device (its capability stubbed: no GPU here) ``auto`` chooses the Gluon kernel for Qwen3-0.6B and
+    Qwen2.5-0.5B, and still the Triton one on sm_80."""
+    from types import SimpleNamespace
+
+    from bubblescope.megakernel_engine.engine import choose_impl
+    cap = {"v": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["v"])
+    for name in ("qwen3-0.6b", "qwen2.5-0.5b"):
+        w = SimpleNamespace(config=get_preset(name), dtype=torch.bfloat16, device=torch.device("cuda"))
+        assert choose_impl(w, "auto")[0] == "gluon"
+    cap["v"] = (8, 0)
+    assert choose_impl(w, "auto") == ("triton", "the Gluon megakernel targets Hopper (sm_90); this GPU is sm_80")

@@ -118,6 +118,8 @@ class MegakernelEngine:
         if self.impl == "gluon":  # one CTA per SM, each weight task one TMA tile (gluon/host.py)
             from .gluon import host as GH
             params = GH.gluon_params(cfg, params)
+        else:  # q/k-norm in the attention task is the Gluon kernel's; the Triton kernel norms whole-head QKV tiles
+            params = params.replace(qk_norm_in_attn=False)
         self.params = params
         self._kernel = L.load_kernel(self.interpret)
         if self.impl == "gluon":
@@ -147,6 +149,8 @@ class MegakernelEngine:
         self._info.update(tasks_per_step=len(self.schedule.tasks), launches_per_step=len(self._launches),
                           tasks_per_opcode=self.schedule.tasks_per_opcode(), tiling=dict(vars(self.tiling)),
                           prefetch=self._launchers[params.timeline].constexprs["PREFETCH"])
+        if self.impl == "gluon":
+            self._info["gluon"] = GH.gluon_choice(self.tiling, self._launchers[params.timeline].constexprs)
         self._max_inc = max(self.schedule.increments) if variant != "stages" else 0
         self._timeline_on = params.timeline
         self.reset()
@@ -166,6 +170,7 @@ class MegakernelEngine:
             state_ptr=z(4, dtype=i32),                            # position, epoch, input token, greedy token
             counters_ptr=z(num_counters(cfg, t), dtype=i32), done_ptr=z(1, dtype=i32),
             err_ptr=z(ERR_FIELDS, dtype=i32))
+        self._knew = z(cfg.kv_size)  # Gluon, q/k-norm: the raw new k of the current layer (kernel.py, _attention)
         self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
         if dev.type == "cuda":
             self._err_host = torch.zeros(ERR_FIELDS, dtype=i32, pin_memory=True)
@@ -209,7 +214,8 @@ class MegakernelEngine:
             {k: v for k, v in self._buf.items()}, **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"]),
             emb_ptr=p.embed, fnorm_ptr=p.final_norm, bqkv_ptr=dummy if p.bqkv is None else p.bqkv,
             anorm_ptr=p.anorm, mnorm_ptr=p.mnorm, cos_ptr=p.cos, sin_ptr=p.sin, kc_ptr=self.k_cache,
-            vc_ptr=self.v_cache, wqkv_ptr=p.wqkv, wo_ptr=p.wo, wgu_ptr=p.wgu, wdown_ptr=p.wdown, head_ptr=p.lm_head,
+            vc_ptr=self.v_cache, qknorm_ptr=dummy if p.qknorm is None else p.qknorm, knew_ptr=self._knew,
+            wqkv_ptr=p.wqkv, wo_ptr=p.wo, wgu_ptr=p.wgu, wdown_ptr=p.wdown, head_ptr=p.lm_head,
             spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),
             sm_scale=1.0 / math.sqrt(cfg.head_dim))
         return GH.make_launcher(self._gluon_kernel, args, cx, params.num_warps, fast=params.fast_launch,
@@ -360,7 +366,8 @@ class MegakernelEngine:
     # ---- introspection --------------------------------------------------------------------------------------
     def compile_info(self) -> dict:
         """``registers``, ``spills``, ``shared_bytes``, ``num_warps``, ``programs_per_sm``, ``grid`` (always
-        present; register data None under the interpreter), residency limits, tiling, task counts."""
+        present; register data None under the interpreter), residency limits, tiling, task counts; for the Gluon
+        kernel ``gluon``, its tile shapes (``gluon.host.gluon_choice``)."""
         return dict(self._info)
 
     def greedy_token(self) -> torch.Tensor:

@@ -50,7 +50,8 @@ class ScheduleInterpreter:
             "k_cache": z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim),
             "v_cache": z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim),
             "pm": z(nq, dtype=torch.float32), "pl": z(nq, dtype=torch.float32),
-            "pacc": z(nq, cfg.head_dim, dtype=torch.float32), "logits": z(cfg.vocab_size, dtype=torch.float32)}
+            "pacc": z(nq, cfg.head_dim, dtype=torch.float32), "logits": z(cfg.vocab_size, dtype=torch.float32),
+            "k_new": z(cfg.num_key_value_heads, cfg.head_dim)}  # raw new k (Tiling.qk_norm_attn)
         self._tickets: dict[int, int] = {}
         self.position = 0
 
@@ -62,6 +63,22 @@ class ScheduleInterpreter:
         x = src.float()
         inv = torch.rsqrt(x.pow(2).mean() + self.config.rms_norm_eps)
         return self._rnd(self._rnd(x * inv) * w.float())
+
+    def _rope(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        """rotate_half RoPE of ACT-valued (..., D) rows at ``pos``, rounded as ops.op_qkv rounds it."""
+        half = x.shape[-1] // 2
+        lo, hi = x[..., :half], x[..., half:]
+        c = self.packed.cos[pos].to(self.act).float()
+        s = self.packed.sin[pos].to(self.act).float()
+        return torch.cat((self._rnd(self._rnd(lo * c) - self._rnd(hi * s)),
+                          self._rnd(self._rnd(hi * c) + self._rnd(lo * s))), dim=-1)
+
+    def _normed_rope(self, x: torch.Tensor, w: torch.Tensor, pos: int) -> torch.Tensor:
+        """Per-head RMSNorm (q_norm / k_norm weight ``w`` (D,)) then RoPE of raw ACT rows (..., D): what the
+        Gluon ATTN task does with ``Tiling.qk_norm_attn`` (each row's statistics over its own D values)."""
+        xf = x.float()
+        inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return self._rope(self._rnd(self._rnd(xf * inv) * w.float()), pos)
 
     # ---- one task ----------------------------------------------------------------------------------------
     def run_task(self, t: Task, token: int, pos: int) -> None:
@@ -83,6 +100,15 @@ class ScheduleInterpreter:
             i, head = j % half, j // half
             nqh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
             is_q, is_v = head < nqh, head >= nqh + nkv
+            if tl_.qk_norm_attn:  # raw q (+ bias) → q buffer, raw k → k_new, v → cache; ATTN norms and rotates
+                for sel, dst, h0 in ((is_q, "q", 0), (~is_q & ~is_v, "k_new", nqh)):
+                    hh, ii = head[sel] - h0, i[sel]
+                    b[dst].view(-1)[hh * D + ii] = lo[sel].to(self.act)
+                    b[dst].view(-1)[hh * D + half + ii] = hi[sel].to(self.act)
+                sel, hh, ii = is_v, head[is_v] - nqh - nkv, i[is_v]
+                b["v_cache"][layer, hh, pos, ii], b["v_cache"][layer, hh, pos, half + ii] = \
+                    lo[sel].to(self.act), hi[sel].to(self.act)
+                return
             if p.qknorm is not None:
                 lo2, hi2 = lo.view(-1, half), hi.view(-1, half)
                 r = torch.rsqrt((lo2.pow(2).sum(1) + hi2.pow(2).sum(1)) / D + cfg.rms_norm_eps)
@@ -107,12 +133,21 @@ class ScheduleInterpreter:
             n = pos + 1
             chunk = max(-(-n // ns), tl_.attn_min_chunk)
             lo_s, hi_s = t.a2 * chunk, min(n, (t.a2 + 1) * chunk)
+            if tl_.qk_norm_attn and lo_s < hi_s:
+                # The split holding `pos` norms and rotates the new k and writes it to the cache itself; the
+                # others read positions < pos only (written in earlier steps).
+                if hi_s == n:
+                    for kvh in range(t.a0, t.a0 + t.a1):
+                        b["k_cache"][layer, kvh, pos] = self._normed_rope(b["k_new"][kvh], p.qknorm[layer, 1],
+                                                                          pos).to(self.act)
             for hq in range(t.a0 * g, (t.a0 + t.a1) * g):
                 out = hq * ns + t.a2
                 if lo_s >= hi_s:
                     b["pm"][out], b["pl"][out], b["pacc"][out] = float("-inf"), 0.0, 0.0
                     continue
                 q = b["q"][hq * D:(hq + 1) * D].float()
+                if tl_.qk_norm_attn:  # every split norms and rotates its own copy (the q buffer stays raw)
+                    q = self._normed_rope(q, p.qknorm[layer, 0], pos)
                 k = b["k_cache"][layer, hq // g, lo_s:hi_s].float()
                 v = b["v_cache"][layer, hq // g, lo_s:hi_s].float()
                 sc = (k @ q) / math.sqrt(D)

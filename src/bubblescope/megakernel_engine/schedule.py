@@ -7,7 +7,8 @@ opcode          one task computes                                           task
 ==============  ==========================================================  ==========================
 ``QKV``         RMSNorm(x) + a tile of r/2 row pairs of the fused QKV        ceil((Q + 2·KV) / r)
                 matvec (+ bias, q/k norm, RoPE), written to the q buffer /   (r = ``rows_qkv``)
-                the KV cache
+                the KV cache (``qk_norm_in_attn``: raw q and k, and the
+                ATTN task norms and rotates them)
 ``ATTN``        flash-decoding partials (m, l, acc) of the query heads of    kv-head groups × splits
                 some KV heads over one split of the positions; with the
                 fused reduction (default) the last split task to finish
@@ -141,6 +142,11 @@ class MegakernelParams:
         spin_poll: Gluon kernel only: how a dependency wait polls its counter: ``load`` (``ld.acquire.gpu``:
             pollers of one counter are served side by side) or ``atomic`` (an acquire read-modify-write, which
             the counter's L2 slice serialises with every other poll and with the signaller's increment).
+        qk_norm_in_attn: Gluon kernel only: q/k-norm (Qwen3) and RoPE of q and the new k in the ATTN task
+            instead of the QKV task, so QKV tasks need not hold whole heads (``rows_qkv`` only even): QKV tasks
+            write raw q (+ bias) to the q buffer and raw k (+ bias) to a (kv heads, head_dim) scratch; every ATTN
+            task norms and rotates its G query heads, and the split holding the new position norms and rotates
+            the new k and writes it into the K cache. No effect on models without q/k-norm.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -179,6 +185,7 @@ class MegakernelParams:
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
     spin_poll: str = "atomic"
+    qk_norm_in_attn: bool = False
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -275,7 +282,8 @@ class Tiling:
     ``i_pad``: intermediate size rounded up to a multiple of ``gb`` (zero rows pad the last block).
     ``block_*``: the power-of-two register tile sizes (compile-time constants); a GATEUP / LMHEAD task covers
     ``gateup_blocks`` / ``lm_blocks`` of them. ``pf_next_ops``: opcodes whose tasks also prefetch the next
-    task of their queue.
+    task of their queue. ``qk_norm_attn``: q/k-norm and RoPE of q and k are done in the ATTN task (see
+    ``MegakernelParams.qk_norm_in_attn``; only for a model with q/k-norm).
     """
 
     rows_qkv: int
@@ -300,12 +308,14 @@ class Tiling:
     block_lm: int
     block_qh: int
     block_split: int
+    qk_norm_attn: bool = False
 
 
 def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
     """Fill in automatic tile sizes for ``grid`` programs (see :func:`pick_rows`)."""
     d, g, nkv = cfg.head_dim, cfg.gqa_group, cfg.num_key_value_heads
-    mult = d if cfg.qk_norm else 2  # q/k-norm needs whole heads in one task
+    qk_attn = bool(cfg.qk_norm and params.qk_norm_in_attn)
+    mult = d if cfg.qk_norm and not qk_attn else 2  # q/k-norm in the QKV task needs whole heads in one task
     if params.rows_qkv is not None and params.rows_qkv % mult:
         raise BubblescopeError(f"megakernel params: rows_qkv must be a multiple of {mult} for {cfg.name}")
     r_qkv = params.rows_qkv or pick_rows(cfg.q_size + 2 * cfg.kv_size, grid, params.max_rows, mult)
@@ -324,7 +334,7 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
         i_pad=-(-cfg.intermediate_size // (r_gu // 2)) * (r_gu // 2),
         block_p=next_pow2(r_qkv // 2), block_o=next_pow2(r_o), block_gu=next_pow2(r_gu // 2),
         block_dn=next_pow2(r_dn), block_lm=next_pow2(r_lm), block_qh=next_pow2(heads * g),
-        block_split=min(16, next_pow2(splits)))
+        block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
 
     Needs: a Hopper GPU (sm_90: TMA and warp specialization as Triton 3.6 lowers them), Triton's Gluon
     dialect, bf16/fp16/fp32 weights, 16-byte aligned weight rows (a TMA rule: the row stride of each weight
-    matrix is a multiple of 16 bytes), no q/k-norm (Qwen3: not in the Gluon kernel yet).
+    matrix is a multiple of 16 bytes). q/k-norm (Qwen3) runs in the attention task (``qk_norm_in_attn``).
     """
     if capability is None:
         return "the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run Gluon)"
@@ -52,8 +52,6 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
         return f"this Triton has no Gluon Hopper dialect ({e})"
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"the Gluon megakernel supports bf16/fp16/fp32 weights, not {dtype}"
-    if cfg.qk_norm:
-        return "q/k-norm (Qwen3) is not in the Gluon megakernel yet"
     esize = torch.empty((), dtype=dtype).element_size()
     for name, k in (("hidden_size", cfg.hidden_size), ("q_size", cfg.q_size),
                     ("intermediate_size", cfg.intermediate_size)):
@@ -64,7 +62,8 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
 
 def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
-    per attention task, the fused split reduction, one CTA per SM. ``BR`` is ``params.max_rows`` when set below
+    per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
+    task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set below
     the default, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must divide head_dim/2);
     the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless ``attn_min_chunk`` is set."""
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else DEFAULT_ROWS, cfg.head_dim)
@@ -73,12 +72,14 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
     # the attention's (GP, BLOCK_S, D) products: at most 16384 values (128 per consumer thread), or registers spill
     # (offline sm_90 compile: Qwen2.5-0.5B's 8 padded query heads per kv head spilled 108 bytes at BLOCK_S 64,
-    # head_dim 128 (Llama-3.2-3B, 3.1-8B) 52 and 110 bytes)
-    block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim)))
+    # head_dim 128 (Llama-3.2-3B, 3.1-8B) 52 and 110 bytes); and each (BLOCK_S, D) K/V tile, two of them in
+    # flight, at most 4096 values (32 per consumer thread): Qwen3-0.6B (2 query heads per kv head, head_dim 128,
+    # q/k-norm in the attention task) spilled 32 bytes at BLOCK_S 64, none at 32
+    block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim), 4096 // cfg.head_dim))
     block_s = block_s if params.block_s == MegakernelParams.block_s else params.block_s
     return params.replace(block_s=block_s, rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
-                          kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk)
+                          kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk, qk_norm_in_attn=True)
 
 
 def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
@@ -113,11 +114,23 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         NS=fit_ring(int(ring or params_ring(params)), br * bk * esize, max(kch.values()) * bk * esize), NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
         KCH_Q=kch["Q"], KCH_I=kch["I"], KCH=max(kch.values()), VEC=vec, TK=min(32, bk // vec),
         BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
-        HAS_BIAS=has_bias, PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
+        HAS_BIAS=has_bias, QK_NORM=bool(t.qk_norm_attn), PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         POLL=1 if params.spin_poll == "load" else 0,
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
+
+
+def gluon_choice(t: Tiling, cx: dict) -> dict:
+    """The Gluon tiling chosen for a model, for ``compile_info()["gluon"]`` and results.json: ``BR`` (rows per
+    QKV / gate-up / LM-head tile), ``BK`` (columns per box), ``ring`` (weight-ring slots), ``split_k`` (column
+    boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
+    attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
+    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task); ``t`` from :func:`gluon_tiling`, ``cx``
+    from :func:`gluon_constexprs`."""
+    return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
+            "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
+            "qk_norm_in_attn": bool(cx["QK_NORM"])}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
@@ -217,5 +230,5 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     return {**usage, "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
             "ring_bytes": cx["NS"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
             "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
-            "tiling": vars(t), "smem_limit": SMEM_PER_BLOCK_SM90,
+            "tiling": vars(t), "gluon": gluon_choice(t, cx), "smem_limit": SMEM_PER_BLOCK_SM90,
             "grid_hint": math.ceil(grid)}

@@ -229,10 +229,13 @@ def _mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, H
 # QKV: pairs j = a1 .. a1+a2-1 of the stacked q|k|v heads (pair j = rows (i, i + D/2) of head j // (D/2));
 # out_lo = lo·cos − hi·sin, out_hi = hi·cos + lo·sin (rotate_half RoPE; v unrotated), with the reference's
 # roundings; q → q buffer, k/v → cache[layer, kv head, pos].
+# QK_NORM (Qwen3): the per-head RMSNorm needs a whole head, and a tile of BR rows holds BR/2 of its D/2 pairs, so
+# the task stores raw q (+ bias) → q buffer and raw k (+ bias) → knew (NKV, D), both rounded to ACT as the
+# reference's linear output is; the ATTN task norms and rotates them (_qk_norm_rope). v → cache as above.
 @gluon.jit
 def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
                   Q: gl.constexpr, KV: gl.constexpr, D: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
-                  HB: gl.constexpr, HAS_BIAS: gl.constexpr, YL: gl.constexpr):
+                  HB: gl.constexpr, HAS_BIAS: gl.constexpr, YL: gl.constexpr, knew_ptr, QK_NORM: gl.constexpr):
     ACT: gl.constexpr = q_ptr.dtype.element_ty
     HALF: gl.constexpr = D // 2
     NROWS: gl.constexpr = Q + 2 * KV
@@ -250,18 +253,27 @@ def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr
     head = j // HALF
     is_q = head < NQH
     is_v = head >= NQH + NKV
-    c = gl.load(cos_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
-    s = gl.load(sin_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
-    out_lo = gl.where(is_v, lo, _rnd(_rnd(lo * c, ACT) - _rnd(hi * s, ACT), ACT)).to(ACT)
-    out_hi = gl.where(is_v, hi, _rnd(_rnd(hi * c, ACT) + _rnd(lo * s, ACT), ACT)).to(ACT)
+    if QK_NORM:
+        out_lo = lo.to(ACT)
+        out_hi = hi.to(ACT)
+    else:
+        c = gl.load(cos_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
+        s = gl.load(sin_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
+        out_lo = gl.where(is_v, lo, _rnd(_rnd(lo * c, ACT) - _rnd(hi * s, ACT), ACT)).to(ACT)
+        out_hi = gl.where(is_v, hi, _rnd(_rnd(hi * c, ACT) + _rnd(lo * s, ACT), ACT)).to(ACT)
     q_dst = q_ptr + head * D + i
     gl.store(q_dst, out_lo, mask=mj & is_q)
     gl.store(q_dst + HALF, out_hi, mask=mj & is_q)
     kvh = gl.where(is_v, head - NQH - NKV, head - NQH)
     cache_off = ((layer64 * NKV + kvh) * S_MAX + pos) * D + i
     m_k = mj & (~is_q) & (~is_v)
-    gl.store(kc_ptr + cache_off, out_lo, mask=m_k)
-    gl.store(kc_ptr + cache_off + HALF, out_hi, mask=m_k)
+    if QK_NORM:
+        k_dst = knew_ptr + kvh * D + i
+        gl.store(k_dst, out_lo, mask=m_k)
+        gl.store(k_dst + HALF, out_hi, mask=m_k)
+    else:
+        gl.store(kc_ptr + cache_off, out_lo, mask=m_k)
+        gl.store(kc_ptr + cache_off + HALF, out_hi, mask=m_k)
     gl.store(vc_ptr + cache_off, out_lo, mask=mj & is_v)
     gl.store(vc_ptr + cache_off + HALF, out_hi, mask=mj & is_v)
 
@@ -290,12 +302,18 @@ def _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V: gl.constexpr, BR: gl.
 # Only position `pos` of the cache is written in this step (by the QKV tasks): a first block of older positions is
 # loaded BEFORE waiting for the QKV stage, so its latency hides behind the wait, and every later block is loaded
 # one iteration ahead of its use (the loads of block b+1 are in flight while block b is computed).
+# QK_NORM (Qwen3): the q buffer holds raw q and `knew` the raw new k (_qkv_epilogue). Every split norms and rotates
+# its G query heads (G·D values, cheaper than a hop); the split holding `pos` (the last non-empty one) also norms
+# and rotates the new k and writes it to cache[pos] for later steps. No task reads cache[pos] in this step: K
+# blocks are loaded over positions < pos only (so the first one always before the wait), and the new k enters
+# the scores from registers.
 @gluon.jit
 def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap, counters_ptr,
                q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr,
                GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
-               TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr, POLL: gl.constexpr):
+               TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr, POLL: gl.constexpr,
+               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
     """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
@@ -312,8 +330,28 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     offs = base + gl.expand_dims(s_lo + sk, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
     mk = gl.expand_dims(s_lo + sk < s_hi, 1)
     old = s_lo + BLOCK_S <= pos  # the first block holds no position written in this step
-    k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    k_hi = s_hi
+    if QK_NORM:  # K of positions < pos only: none is written in this step
+        k_hi = gl.minimum(s_hi, pos)
+        k = gl.load(kc_ptr + offs, mask=gl.expand_dims(s_lo + sk < k_hi, 1), other=0.0, cache_modifier=".cg")
+    else:
+        k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
     v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    if QK_NORM:  # what does not depend on the QKV stage (norm weights, cos/sin at pos) is loaded before the wait
+        HALF: gl.constexpr = D // 2
+        nw = qknorm_ptr + layer.to(gl.int64) * (2 * D)  # (q_norm, k_norm) of this layer
+        dqp = (dq + HALF) % D  # rotate_half partner
+        dkp = (dk + HALF) % D
+        wq = gl.expand_dims(gl.load(nw + dq).to(gl.float32), 0)
+        wqp = gl.expand_dims(gl.load(nw + dqp).to(gl.float32), 0)
+        cq = gl.expand_dims(gl.load(cos_ptr + pos * HALF + dq % HALF).to(ACT).to(gl.float32), 0)
+        sq = gl.expand_dims(gl.load(sin_ptr + pos * HALF + dq % HALF).to(ACT).to(gl.float32), 0)
+        wk = gl.load(nw + D + dk).to(gl.float32)
+        wkp = gl.load(nw + D + dkp).to(gl.float32)
+        ck = gl.load(cos_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
+        sk_ = gl.load(sin_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
     seen = target
     if do_wait:
         seen = _spin(wait_ptr, target, spin_cap, POLL)
@@ -322,14 +360,25 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     if TIMELINE:
         t_ready = _now(pos)
     if s_lo + BLOCK_S > pos:  # the first block holds the new position: load it after the wait
-        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+        if not QK_NORM:
+            k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
         v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
-    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     mq = gq < G
     hq = kvh * G + gq
     q = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), mask=gl.expand_dims(mq, 1), other=0.0,
                 cache_modifier=".cg").to(gl.float32)
+    if QK_NORM:
+        qp = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dqp, 0), mask=gl.expand_dims(mq, 1),
+                     other=0.0, cache_modifier=".cg").to(gl.float32)
+        kr = gl.load(knew_ptr + kvh * D + dk, cache_modifier=".cg").to(gl.float32)
+        krp = gl.load(knew_ptr + kvh * D + dkp, cache_modifier=".cg").to(gl.float32)
+        inv_q = gl.rsqrt(gl.sum(q * q, axis=1) / D + eps)
+        q = _norm_rope(q, qp, gl.expand_dims(inv_q, 1), wq, wqp, cq, sq, gl.expand_dims(dq < HALF, 0), ACT)
+        inv_k = gl.rsqrt(gl.sum(kr * kr, axis=0) / D + eps)
+        knew = _norm_rope(kr, krp, inv_k, wk, wkp, ck, sk_, dk < HALF, ACT)
+        if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps
+            gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew.to(ACT))
+        knew2 = gl.expand_dims(knew, 0)
     q3 = gl.expand_dims(q, 1)
     ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, SL))
     m = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, SL))
@@ -340,9 +389,15 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         nxt = s0 + BLOCK_S + sk  # the next block, in flight during this one's math (all masked after the last)
         offs_n = base + gl.expand_dims(nxt, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
         mk_n = gl.expand_dims(nxt < s_hi, 1)
-        k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        if QK_NORM:
+            k_n = gl.load(kc_ptr + offs_n, mask=gl.expand_dims(nxt < k_hi, 1), other=0.0, cache_modifier=".cg")
+        else:
+            k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
         v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
-        sc = gl.sum(q3 * gl.expand_dims(k.to(gl.float32), 0), axis=2) * sm_scale
+        kf = k.to(gl.float32)
+        if QK_NORM:  # the new position's k from registers
+            kf = gl.where(gl.expand_dims(s0 + sk == pos, 1), knew2, kf)
+        sc = gl.sum(q3 * gl.expand_dims(kf, 0), axis=2) * sm_scale
         sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc, float("-inf"))
         m_new = gl.maximum(m, gl.max(sc, axis=1))
         alpha = gl.exp(m - m_new)
@@ -378,6 +433,20 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
             gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
 
     return seen, t_ready
+
+
+@gluon.jit
+def _norm_rope(x, xp, inv, w, wp, c, s, lo_half, ACT: gl.constexpr):
+    """Per-head RMSNorm·weight then rotate_half RoPE of raw ACT-valued x (float32; ``xp`` its partners at
+    (d + D/2) mod D, ``inv`` the head's rsqrt(mean(x²) + eps), ``w``/``wp`` the norm weight at d and at the
+    partner, ``c``/``s`` cos/sin at d mod D/2 in ACT), rounded where the reference rounds: n = (x·inv → ACT)·w
+    → ACT (transformers' RMSNorm), out = n·cos ∓ partner·sin with each product and the sum in ACT."""
+    n = _rnd(_rnd(x * inv, ACT) * w, ACT)
+    npart = _rnd(_rnd(xp * inv, ACT) * wp, ACT)
+    a = _rnd(n * c, ACT)
+    b = _rnd(npart * s, ACT)
+    return _rnd(gl.where(lo_half, a - b, a + b), ACT)
+
 
 # Per query head over the `used` splits: M = max_s m_s, w_s = exp(m_s − M), out = Σ w_s·acc_s / Σ w_s·l_s.
 # One pass over blocks of BLOCK_SPLIT splits with a running maximum (the old sums rescaled by exp(M_old − M_new)),
@@ -434,7 +503,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               TK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
               TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
-              PF_LANES_C: gl.constexpr, POLL: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr):
+              PF_LANES_C: gl.constexpr, POLL: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
+              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HB: gl.constexpr = BR // 2
@@ -495,7 +565,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                                           gl.load(row + F_SIGNAL), counters_ptr + gl.maximum(wait_cnt, 0), target,
                                           (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
                                           vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
-                                          MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, POLL)
+                                          MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, POLL,
+                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
                 if TIMELINE:
                     t_ready = t_attn
                 if seen < target:
@@ -512,7 +583,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
             _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, Q,
-                          KV, D, NKV, S_MAX, HB, HAS_BIAS, YL)
+                          KV, D, NKV, S_MAX, HB, HAS_BIAS, YL, knew_ptr, QK_NORM)
         elif op == OP_GATEUP:
             if key != staged:
                 _stage_vector(x_ptr, mnorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
@@ -776,8 +847,12 @@ def megakernel(
         HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr, POLL: gl.constexpr,
-        wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr):
+        wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
+        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
+
+    ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
+    the q_norm and k_norm weights, ``knew_ptr`` (NKV, D) the raw new k; see ``_attention``).
 
     Shared memory: the ring ``bufs`` (NS, BR, BK) of weight tiles with its ``full``/``empty`` mbarriers, and
     ``xs`` (KCH, BK) for the staged input vector. Grid: one CTA per SM (all resident: the schedule's waits
@@ -797,7 +872,7 @@ def megakernel(
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C, POLL,
-                     wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr)),
+                     wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
