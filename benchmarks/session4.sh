@@ -64,6 +64,26 @@ r11)
   timeout 120 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r11long.json" --sections sweep --sweep r11long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r11long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r11long.log"
   tail -6 "$R/gluon_check_r11long.log" | cut -c1-400
   ;;
+final)
+  log decode-latency-1b
+  timeout 140 python3 benchmarks/decode_latency.py --engines reference-compile,megakernel-triton,megakernel,megakernel-noprefetch --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 125 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -9 "$R/decode_latency_1b.log"
+  log gpu-tests
+  timeout 170 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -x > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -12 "$R/pytest_gpu.log"
+  log decode-latency-qwen
+  timeout 100 python3 benchmarks/decode_latency.py --models qwen3-0.6b,qwen2.5-0.5b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_qwen.json" --max-seconds 90 > "$R/decode_latency_qwen.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_qwen.log"
+  tail -9 "$R/decode_latency_qwen.log"
+  log counters
+  timeout 100 $BS diagnose model llama-3.2-1b --engines megakernel --counters --out "$R/counters" > "$R/counters.log" 2>&1; echo "rc=$?" >> "$R/counters.log"
+  tail -25 "$R/counters.log"
+  rm -f "$R"/counters/report.html
+  log ncu-csv
+  cmd=$(python3 -c "import shlex; from bubblescope.profiler.ncu import ncu_command, find_ncu; from bubblescope.counters import generate_argv; print(shlex.join(ncu_command(find_ncu(), generate_argv('llama-3.2-1b', 'megakernel', 'cuda', 'bfloat16', 0), 16, 1, 'megakernel')))")
+  echo "$cmd" > "$R/ncu_megakernel.cmd"
+  timeout 50 $cmd > "$R/ncu_megakernel.csv" 2> "$R/ncu_megakernel.err"; echo "rc=$?" >> "$R/ncu_megakernel.err"
+  tail -3 "$R/ncu_megakernel.err"; wc -l "$R/ncu_megakernel.csv"
+  ;;
 mk)
   log gluon-check
   timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"

@@ -8,46 +8,33 @@ NVLink multicast stays off (NCCL_NVLS_ENABLE=0) as the device notes ask.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from bubblescope.generation import generate, teacher_forced_logits
+from bubblescope.generation import generate
 from bubblescope.models import dummy_weights
-from bubblescope.models.config import ModelConfig
 from bubblescope.reference_engine import ReferenceEngine
 
-from .test_tp import _free_port
+from .tp_gpu_worker import CFG, PROMPT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 
-CFG = ModelConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=4, vocab_size=4099, max_position_embeddings=512, name="tp-gpu")
-PROMPT = list(range(5, 37))
-
-
-def _rank(rank: int, port: int, out: str) -> None:
-    import torch.distributed as dist
-
-    from bubblescope.reference_engine.tp import TPReferenceEngine
-
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        w = dummy_weights(CFG, f"cuda:{rank}", torch.float32, seed=3)
-        seen = {}
-        for mode in ("eager", "cudagraph"):
-            eng = TPReferenceEngine(w, mode, 128)
-            seen[mode] = generate(eng, PROMPT, 64, eos_ids=()).tokens
-            seen[mode + "_logits"] = teacher_forced_logits(eng, PROMPT, seen[mode][:16])
-        torch.save(seen, f"{out}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
 
 def test_tp2_nccl_eager_and_cudagraph_match_tp1(tmp_path):
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    torch.multiprocessing.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=2)
+    # The ranks run under torchrun in a subprocess with a deadline, as `diagnose model --tp` runs them: a hung
+    # collective is a failure with each rank's stack (faulthandler), never a hung test session. (An earlier
+    # version used torch.multiprocessing.spawn inside pytest and hung on the H200 pair, 2026-12-01.)
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1] / "src"), str(Path(__file__).resolve().parents[1]),
+         os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(Path(__file__).with_name("tp_gpu_worker.py")), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     w = dummy_weights(CFG, "cuda:0", torch.float32, seed=3)
     want = generate(ReferenceEngine(w, "eager", 128), PROMPT, 64, eos_ids=()).tokens

@@ -28,6 +28,8 @@ SCHEMA = "bubblescope.tp/1"
 MODES = {"reference": "eager", "reference-cudagraph": "cudagraph"}
 
 
+PROFILER_SKEW_STEPS = 1  # profiled steps left out of the cross-rank comparison (see tp_diagnose)
+
 def _atomic_json(path: Path, doc: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as fh:
@@ -110,7 +112,7 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
-    need = prompt_len + gen_len + profile_steps + 8
+    need = prompt_len + gen_len + profile_steps + PROFILER_SKEW_STEPS + 8
     if need > cfg.max_position_embeddings:
         raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
                                f"max_position_embeddings={cfg.max_position_embeddings}")
@@ -128,14 +130,17 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
             shares.append(res.decode_share)
     out = Path(out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    cap = capture_decode_trace(engine, prompt, steps=profile_steps, warmup=3,
+    # One extra step, left out of the cross-rank section: the ranks start their profilers one after the other,
+    # so the first profiled step's collectives absorb that start-up difference (a 95 ms start skew on two H200s,
+    # 2026-12-01), which is the tool's, not the engine's.
+    cap = capture_decode_trace(engine, prompt, steps=profile_steps + PROFILER_SKEW_STEPS, warmup=3,
                                out_path=out / "traces" / f"{engine.name}-rank{rank}.json.gz")
     dist.barrier()  # every rank's trace is on disk
     doc = None
     if rank == 0:
         paths = [out / "traces" / f"{engine.name}-rank{r}.json.gz" for r in range(world)]
         traces = [load_trace(p) for p in paths]
-        section = multirank_section(traces, STEP_MARKER) if cap.gpu else None
+        section = multirank_section(traces, STEP_MARKER, skip_steps=PROFILER_SKEW_STEPS) if cap.gpu else None
         plot = _timeline_png(traces, out / "ranks_timeline.png") if cap.gpu else None
         info = device_info(dev) if on_gpu else {}
         peak = info.get("nvml_peak_GBps")
