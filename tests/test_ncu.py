@@ -6,7 +6,9 @@ format, every field quoted, the column names ncu uses, ``==PROF==`` lines and th
 before the header, thousands grouped with commas, ``n/a`` for a metric with no value). Launch 0 of
 ``megakernel`` carries the counters recorded on the H200 in issue 13 (DRAM 48.8 % of peak, L2 hit 35 %,
 warps active 24.9 %, 2.52 GB read, 1.07 ms); launch 1 and the argmax kernel are made up to exercise
-aggregation. A CSV recorded on the GPU should replace it (GPU run pending).
+aggregation. ``tests/data/ncu_h200_megakernel.csv`` is a CSV RECORDED on the H200 (2026-12-01, the Gluon
+megakernel on llama-3.2-1b, the command in ``benchmarks/results/h200-2026-12-01-s4/ncu_megakernel.cmd``): its
+values below are what ncu printed there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from bubblescope.profiler.ncu import kernel_summary, ncu_command, parse_ncu_csv,
 from bubblescope.reports.findings import find
 
 CSV = (Path(__file__).parent / "data" / "ncu_handwritten.csv").read_text()
+RECORDED = (Path(__file__).parent / "data" / "ncu_h200_megakernel.csv").read_text()
 ARGMAX = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, " \
          "unsigned int, long, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4>)"
 
@@ -35,6 +38,29 @@ def test_parse_skips_the_preamble_and_reads_grouped_numbers():
     assert rows[-1]["kernel"] == ARGMAX and rows[-1]["value"] is None and rows[-1]["text"] == "n/a"
     with pytest.raises(BubblescopeError, match="no CSV header"):
         parse_ncu_csv("==PROF== Connected to process 1\n==WARNING== No kernels were profiled.\n")
+
+
+def test_recorded_h200_csv_parses_with_every_metric_we_ask_for():
+    from bubblescope.profiler.ncu import METRICS
+    rows = parse_ncu_csv(RECORDED)  # the generate command's own output and ==PROF== lines come first
+    assert {r["metric"] for r in rows} == set(METRICS)  # ncu on the H200 accepted every metric name we ask for
+    (mk,) = kernel_summary(rows)
+    assert (mk["name"], mk["launches"]) == ("megakernel", 1)
+    assert mk["duration_us"] == pytest.approx(790.208)                    # "790,208" ns
+    assert mk["metrics"]["dram__bytes_read.sum"] == 2_473_451_776
+    assert mk["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"] == pytest.approx(65.14)
+    assert mk["metrics"]["launch__registers_per_thread"] == 255
+    assert next(iter(stall_reasons(mk["metrics"]).items())) == ("barrier", pytest.approx(48.44))
+
+
+def test_low_occupancy_finding_skips_the_warp_specialized_gluon_kernel():
+    (mk,) = kernel_summary(parse_ncu_csv(RECORDED))
+    doc = {"device": {"type": "cuda"}, "counters": {"available": True, "engines": [
+        {"engine": "megakernel", "available": True, "kernels": [mk]}]}}
+    eng = {"name": "megakernel", "status": "ok", "compile": {"implementation": "triton"}}
+    ids = lambda e: {f["rule"] for f in find({**doc, "engines": [e]})}  # noqa: E731
+    assert "counters-low-occupancy" in ids(eng)
+    assert "counters-low-occupancy" not in ids({**eng, "compile": {"implementation": "gluon"}})
 
 
 def test_kernel_summary_means_per_kernel_and_durations_in_us():
