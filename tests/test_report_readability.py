@@ -190,6 +190,23 @@ def test_activity_profile_matches_a_hand_computed_step():
     assert a["GBps"] == pytest.approx([1, 3, 3, 2]) and a["bytes"] == 9000
 
 
+def test_activity_profile_spreads_bytes_from_the_producers_first_load():
+    """The Gluon frame's ``load_start_us``: QKV's weights issued at 8 µs (2 µs before the consumer starts it at
+    10) and the task ends at 12, so its 4000 B spread over [8, 12) = 1 GB/s per 1-µs bin from the first issue;
+    OPROJ (no load stamp: NaN) keeps its own [11, 13) window, 2000 B → 1 GB/s. The axis starts at the first
+    issue. By hand per bin [8,9) .. [12,13): 1, 1, 1, 2, 1."""
+    import pandas as pd
+
+    from bubblescope.profiler.intrakernel import activity_profile
+
+    frame = pd.DataFrame({"name": ["QKV", "OPROJ"], "program": [0, 1], "layer": [0, 0], "ts_us": [10.0, 11.0],
+                          "ready_us": [10.0, 11.5], "end_us": [12.0, 13.0], "load_start_us": [8.0, float("nan")]})
+    a = activity_profile(frame, bins=5, bytes_by_opcode={"QKV": 4000, "OPROJ": 2000})
+    assert a["t_us"] == [0, 1, 2, 3, 4]
+    assert a["GBps"] == pytest.approx([1, 1, 1, 2, 1]) and a["bytes"] == 6000
+    assert a["states"]["waiting"] == pytest.approx([0, 0, 0, 0.5, 0])  # OPROJ waits [11, 11.5)
+
+
 def test_opcode_bytes_sum_to_the_analytic_weights():
     """Per layer QKV+OPROJ+GATEUP+DOWN plus LMHEAD equal the config's matrices (norms and embedding aside)."""
     from bubblescope.models import get_preset

@@ -8,8 +8,12 @@ Input: one step's task frame (``megakernel_engine.timeline.decode_timeline`` col
 
 Bandwidth estimate: a task's bytes (:func:`opcode_bytes`: the weights of its (layer, opcode) divided evenly
 among that pair's tasks; attention reads the KV cache) are spread uniformly over the whole task, start to end,
-because the kernel issues weight loads before it waits on the dependency (DESIGN.md, "Megakernel"). It is an
-estimate of when bytes move, not a measurement: the counters are per task, not per load.
+because the kernel issues weight loads before it waits on the dependency (DESIGN.md, "Megakernel"). Where the
+frame has the Gluon producer's stamps (``load_start_us``: its first TMA issue for the task, often long before
+the consumer starts it, while the ring fills during an earlier wait), the task's bytes are spread from that
+issue to the task's end instead: spreading them over the consumer's window alone put the estimate above the
+NVML peak on the H200 (2026-12-01). It is an estimate of when bytes move, not a measurement: the counters are
+per task, not per load.
 """
 
 from __future__ import annotations
@@ -43,14 +47,19 @@ def opcode_bytes(config, dtype_bytes: int, context: int) -> dict[str, int]:
 def _columns(tasks) -> dict[str, np.ndarray]:
     """Arrays opcode, program, layer, start, ready, end from a frame or a list of task records."""
     if hasattr(tasks, "columns"):  # a decode_timeline frame
+        start = tasks["ts_us"].to_numpy(float)
+        load = tasks["load_start_us"].to_numpy(float) if "load_start_us" in tasks.columns else start
         return {"opcode": tasks["name"].astype(str).to_numpy(), "program": tasks["program"].to_numpy(),
-                "layer": tasks["layer"].to_numpy(), "start": tasks["ts_us"].to_numpy(float),
-                "ready": tasks["ready_us"].to_numpy(float), "end": tasks["end_us"].to_numpy(float)}
+                "layer": tasks["layer"].to_numpy(), "start": start,
+                "ready": tasks["ready_us"].to_numpy(float), "end": tasks["end_us"].to_numpy(float),
+                "load": np.where(np.isfinite(load), np.minimum(load, start), start)}
     return {"opcode": np.array([str(t["opcode"]) for t in tasks]), "program": np.array([t["program"] for t in tasks]),
             "layer": np.array([-1 if t.get("layer") is None else t["layer"] for t in tasks]),
             "start": np.array([t["start_us"] for t in tasks], float),
             "ready": np.array([t["ready_us"] for t in tasks], float),
-            "end": np.array([t["end_us"] for t in tasks], float)}
+            "end": np.array([t["end_us"] for t in tasks], float),
+            "load": np.array([t.get("load_start_us") if t.get("load_start_us") is not None else t["start_us"]
+                              for t in tasks], float)}
 
 
 def _binned(a: np.ndarray, b: np.ndarray, w: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -81,14 +90,15 @@ def activity_profile(tasks, bins: int = 160, programs: int | None = None,
         bytes_by_opcode: :func:`opcode_bytes`; with it, ``GBps`` is estimated (see the module docstring).
 
     Returns:
-        ``{"t_us": bin starts (µs from the first start), "bin_us", "programs", "states": {opcode: mean
+        ``{"t_us": bin starts (µs from the first start, or the first load issue where earlier), "bin_us", "programs", "states": {opcode: mean
         programs busy on it per bin, ..., "waiting": ..., "idle": ...}, "GBps": per bin or None,
         "bytes": Σ task bytes or None}``, lists rounded to 5 significant digits; None for no tasks.
     """
     c = _columns(tasks)
     if len(c["start"]) == 0:
         return None
-    t0, t1 = float(c["start"].min()), float(c["end"].max())
+    c["load"] = np.minimum(c["load"], c["start"])
+    t0, t1 = float(c["load"].min()), float(c["end"].max())  # the producer's first load issue may come first
     span = max(t1 - t0, 1e-9)
     edges = np.linspace(0.0, span, bins + 1)
     start, ready, end = c["start"] - t0, np.clip(c["ready"] - t0, c["start"] - t0, None), c["end"] - t0
@@ -109,8 +119,9 @@ def activity_profile(tasks, bins: int = 160, programs: int | None = None,
         count = dict(zip(keys, counts))
         for i, (op, key) in enumerate(zip(c["opcode"], pairs)):
             per_task[i] = bytes_by_opcode.get(op, 0) / count[key]
-        dur = np.maximum(end - start, 1e-9)
-        gbps = _binned(start, end, per_task / dur, edges) * 1e6 / 1e9  # bytes/µs → GB/s
+        load = c["load"] - t0
+        dur = np.maximum(end - load, 1e-9)
+        gbps = _binned(load, end, per_task / dur, edges) * 1e6 / 1e9  # bytes/µs → GB/s
         total = float(per_task.sum())
 
     def r(x):  # 5 significant digits: GB/s under the CPU interpreter are 1e-3, on an H200 1e3
