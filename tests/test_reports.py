@@ -179,3 +179,23 @@ def test_chromium_loads_every_image_and_screenshots(tmp_path, healthy_html):
     assert data.startswith(PNG_MAGIC)
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1200, 1600)
+
+
+def test_html_names_each_megakernels_kernel_and_tile_shapes():
+    """The tile shapes chosen per model (issue 14) are on the page: the Gluon choice from ``compile.gluon``, the
+    Triton rows from ``compile.tiling``."""
+    from bubblescope.reports.html import kernel_tiling
+
+    gluon = {"implementation": "gluon", "gluon": {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16,
+                                                  "block_s": 32, "min_chunk": 32, "splits": 16,
+                                                  "qk_norm_in_attn": True}}
+    assert kernel_tiling(gluon) == ("gluon: BR 32 · BK 256 · ring 12 · split_k 2 · rows_od 16 · block_s 32 · "
+                                    "min_chunk 32 · splits 16 · q/k-norm in attention")
+    triton = {"implementation": "triton", "tiling": {"rows_qkv": 6, "rows_o": 4, "rows_gateup": 8, "rows_down": 4,
+                                                     "rows_lm": 8, "kv_splits": 64}}
+    assert kernel_tiling(triton) == "triton: rows qkv/o/gateup/down/lm 6/4/8/4/8 · splits 64"
+    assert kernel_tiling({"registers": 40}) == "—"
+    doc = g.healthy_doc()
+    g.engine(doc, "megakernel")["compile"].update(gluon)
+    page = render_html(doc)
+    assert "<th>kernel and tiles</th>" in page and "gluon: BR 32 · BK 256 · ring 12" in page

@@ -68,13 +68,30 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
     return out
 
 
+def kernel_tiling(c: dict) -> str:
+    """One line naming a megakernel's implementation and the tile shapes chosen for the model (from
+    ``compile.gluon`` / ``compile.tiling`` of results.json), e.g. ``gluon: BR 32 · ring 12 · split_k 2 ·
+    block_s 64 · splits 16``; "—" for engines without them."""
+    g, t = c.get("gluon") or {}, c.get("tiling") or {}
+    if g:
+        parts = [f"{k} {g[k]}" for k in ("BR", "BK", "ring", "split_k", "rows_od", "block_s", "min_chunk", "splits")
+                 if g.get(k) is not None]
+        if g.get("qk_norm_in_attn"):
+            parts.append("q/k-norm in attention")
+        return f"{c.get('implementation') or 'gluon'}: " + " · ".join(parts)
+    if t:
+        rows = "/".join(str(t.get(k, "?")) for k in ("rows_qkv", "rows_o", "rows_gateup", "rows_down", "rows_lm"))
+        return f"{c.get('implementation') or 'triton'}: rows qkv/o/gateup/down/lm {rows} · splits {t.get('kv_splits')}"
+    return "—"
+
+
 def _details(engines: list[dict]) -> list[list[str]]:
     rows = []
     for eng in engines:
         c, k = eng.get("compile") or {}, eng.get("correctness") or {}
         if not c and not k:
             continue
-        rows.append([eng["name"], *(tables.fmt(c.get(key)) for key in
+        rows.append([eng["name"], kernel_tiling(c), *(tables.fmt(c.get(key)) for key in
                                     ("registers", "spills", "shared_bytes", "num_warps", "programs_per_sm", "grid")),
                      tables.fmt(k.get("reference"), "text"), tables.fmt(k.get("steps")),
                      tables.fmt(k.get("token_agreement"), "pct"), tables.fmt(k.get("max_abs_logit_diff")),
