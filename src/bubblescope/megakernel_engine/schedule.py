@@ -139,6 +139,9 @@ class MegakernelParams:
             HBM keeps streaming after the ring is full during a long wait (0: off).
         wait_prefetch_ops: comma-separated opcode names whose dependency waits issue ``wait_prefetch``
             (default ``OPROJ``: the wait on the attention chain, the longest of a layer).
+        wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
+            round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
+            (``prefetch.global.L2`` per 128-byte line from the consumer threads).
         spin_poll: Gluon kernel only: how a dependency wait polls its counter: ``load`` (``ld.acquire.gpu``:
             pollers of one counter are served side by side) or ``atomic`` (an acquire read-modify-write, which
             the counter's L2 slice serialises with every other poll and with the signaller's increment).
@@ -184,6 +187,7 @@ class MegakernelParams:
     l2_ahead: int = 0
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
+    wait_prefetch_mode: str = "bulk"
     spin_poll: str = "atomic"
     qk_norm_in_attn: bool = False
     timeline: bool = False
@@ -234,6 +238,9 @@ class MegakernelParams:
         if bad:
             raise BubblescopeError(f"megakernel params: wait_prefetch_ops names {', '.join(bad)}; use some of "
                                    f"QKV, OPROJ, GATEUP, DOWN, LMHEAD")
+        if self.wait_prefetch_mode not in ("bulk", "line"):
+            raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
+                                   f"got {self.wait_prefetch_mode!r}")
         if self.spin_poll not in ("load", "atomic"):
             raise BubblescopeError(f"megakernel params: spin_poll must be load or atomic, got {self.spin_poll!r}")
         if self.split_k not in (1, 2):

@@ -503,7 +503,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               TK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
               TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
-              PF_LANES_C: gl.constexpr, POLL: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
+              PF_LANES_C: gl.constexpr, POLL: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
+              wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
@@ -545,7 +546,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 if WAIT_PF > 0:
                     if ((WAIT_PF_OPS >> op) & 1) != 0:
                         _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, NF, H, Q, KV,
-                                            I, IP, BR, BK, NS, NCH_H, NCH_Q, NCH_I, SPLIT, WAIT_PF, PF_LANES_C, NW)
+                                            I, IP, BR, BK, NS, NCH_H, NCH_Q, NCH_I, SPLIT, WAIT_PF, PF_LANES_C, NW,
+                                            WAIT_PF_LINE)
                 seen = _spin(counters_ptr + wait_cnt, target, spin_cap, POLL)
                 gl.thread_barrier()
                 known_cnt = wait_cnt
@@ -696,10 +698,12 @@ def _cursor_next(prow, pi, pc, n, NF: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: 
 @gluon.jit
 def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
                       KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
-                      SPLIT: gl.constexpr, LANES: gl.constexpr, WARPS: gl.constexpr):
-    """``cp.async.bulk.prefetch.L2`` of one ring tile's rows (PTX ISA 8.0, sm_90: 16-byte aligned address and
-    size): ``LANES`` (a power of two >= BR) row slots over the calling partition's ``WARPS`` warps; columns that
-    would pass K are clipped, slots past the tile's rows predicated off."""
+                      SPLIT: gl.constexpr, LANES: gl.constexpr, WARPS: gl.constexpr, LINE: gl.constexpr = False):
+    """L2 prefetch of one ring tile. ``LINE`` False: ``cp.async.bulk.prefetch.L2`` per row (PTX ISA 8.0, sm_90:
+    16-byte aligned address and size), ``LANES`` (a power of two >= BR) row slots over the calling partition's
+    ``WARPS`` warps, columns past K clipped, slots past the tile's rows predicated off; it goes through the SM's
+    TMA unit. ``LINE`` True: ``prefetch.global.L2`` per 128-byte line from the load/store units (one line per
+    slot of ``BR·BK·bytes/128``), which leaves the TMA queue to the ring's loads."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
     op = gl.load(prow + F_OP)
@@ -727,11 +731,24 @@ def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, 
         cols = BK * SPLIT
         c0 = pc * BK * SPLIT
         base = wdown_ptr + (layer * H + a1) * I
-    size = gl.where(j < rows, gl.minimum(cols, K - c0), 0) * ESIZE
-    addr = (base + j.to(gl.int64) * K + c0).to(gl.int64, bitcast=True)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr, size], dtype=gl.int32, is_pure=False, pack=1)
+    if LINE:
+        NL: gl.constexpr = BR * BK * ESIZE // 128
+        LE: gl.constexpr = 128 // ESIZE  # elements per line
+        jl = gl.arange(0, NL, layout=PL)
+        lpr = cols // LE  # lines per tile row
+        r = jl // lpr
+        col = c0 + (jl % lpr) * LE
+        ok = ((r < rows) & (col < K)).to(gl.int32)
+        laddr = (base + r.to(gl.int64) * K + col).to(gl.int64, bitcast=True)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [laddr, ok], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        size = gl.where(j < rows, gl.minimum(cols, K - c0), 0) * ESIZE
+        addr = (base + j.to(gl.int64) * K + c0).to(gl.int64, bitcast=True)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, size], dtype=gl.int32, is_pure=False, pack=1)
 
 
 # While a consumer waits on its inputs, the producer can only run a ring ahead (NS tiles); once the ring is full
@@ -743,7 +760,7 @@ def _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_pt
                         H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr,
                         BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr,
                         NCH_Q: gl.constexpr, NCH_I: gl.constexpr, SPLIT: gl.constexpr, WAIT_PF: gl.constexpr,
-                        LANES: gl.constexpr, WARPS: gl.constexpr):
+                        LANES: gl.constexpr, WARPS: gl.constexpr, LINE: gl.constexpr):
     prow = row
     pi = i
     pc = -1
@@ -752,7 +769,7 @@ def _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_pt
     for _ in range(WAIT_PF):
         if pi < n:
             _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP, BR, BK,
-                              SPLIT, LANES, WARPS)
+                              SPLIT, LANES, WARPS, LINE)
             prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
 
 
@@ -847,7 +864,7 @@ def megakernel(
         HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr, POLL: gl.constexpr,
-        wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
+        WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
@@ -872,7 +889,7 @@ def megakernel(
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C, POLL,
-                     wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
+                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
