@@ -49,12 +49,16 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
     from bubblescope.generation import generate
 
     t0 = time.time()
-    eng = build_engine(name, weights, max_seq)
+    # "ENGINE@stepwise": the engine with generate()'s launch-ahead off (the host reads each token before the
+    # next step is launched), to time what keeping one step in flight saves, in the same run
+    base, _, how = name.partition("@")
+    ahead = how != "stepwise"
+    eng = build_engine(base, weights, max_seq)
     for _ in range(warmup):
-        generate(eng, prompt, min(gen_len, 32), eos_ids=())
+        generate(eng, prompt, min(gen_len, 32), eos_ids=(), launch_ahead=ahead)
     samples, ttft, tokens = [], [], None
     for _ in range(runs):
-        res = generate(eng, prompt, gen_len, eos_ids=())
+        res = generate(eng, prompt, gen_len, eos_ids=(), launch_ahead=ahead)
         samples += res.token_ms
         ttft.append(res.ttft_ms)
         tokens = res.tokens
@@ -71,7 +75,7 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
             break
         g = torch.Generator().manual_seed(c)
         p = torch.randint(3, weights.config.vocab_size, (c,), generator=g).tolist()
-        res = generate(eng, p, 33, eos_ids=())
+        res = generate(eng, p, 33, eos_ids=(), launch_ahead=ahead)
         out["long_context"].append({"context": c, "token_ms_p50": _percentile(res.token_ms, 50),
                                     "token_ms_samples": [round(x, 5) for x in res.token_ms]})
     out["build_and_run_s"] = round(time.time() - t0, 2)
@@ -92,7 +96,8 @@ def _write_json(doc: dict, out: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama-3.2-1b")
-    ap.add_argument("--engines", default="reference,reference-cudagraph,reference-compile,megakernel-stages,"
+    ap.add_argument("--engines", help="engine names; ENGINE@stepwise times ENGINE with generate()'s launch-ahead off",
+                    default="reference,reference-cudagraph,reference-compile,megakernel-stages,"
                                          "megakernel-noprefetch,megakernel")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=256)

@@ -3,6 +3,8 @@
 #   bash benchmarks/session4.sh tp       # 2 GPUs: NCCL TP tests, Llama-3.1-8B TP=2 and TP=1 diagnose (issue 15),
 #                                        # then the issue-13 records (tune curves, ncu counters)
 #   bash benchmarks/session4.sh mk SWEEP # megakernel: gluon_check sections + the named sweep (issue 10)
+#   bash benchmarks/session4.sh next     # prepared for the next session's first call: GPU tests (launch-ahead
+#                                        # path, Qwen3), decode latency with and without launch-ahead, sweep r12
 # Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
@@ -83,6 +85,17 @@ final)
   echo "$cmd" > "$R/ncu_megakernel.cmd"
   timeout 50 $cmd > "$R/ncu_megakernel.csv" 2> "$R/ncu_megakernel.err"; echo "rc=$?" >> "$R/ncu_megakernel.err"
   tail -3 "$R/ncu_megakernel.err"; wc -l "$R/ncu_megakernel.csv"
+  ;;
+next)
+  log gpu-tests
+  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -x > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -8 "$R/pytest_gpu.log"
+  log decode-latency-ahead
+  timeout 170 python3 benchmarks/decode_latency.py --engines reference-compile,megakernel-triton,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_ahead.json" --max-seconds 150 > "$R/decode_latency_ahead.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_ahead.log"
+  tail -9 "$R/decode_latency_ahead.log"
+  log r12
+  timeout 200 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r12.json" --sections stories,sweep --tokens 100 --sweep r12 --timed 300 --rounds 6 > "$R/gluon_check_r12.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r12.log"
+  tail -12 "$R/gluon_check_r12.log" | cut -c1-400
   ;;
 mk)
   log gluon-check

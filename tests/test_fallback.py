@@ -179,3 +179,18 @@ def test_auto_falls_back_to_the_reference_when_the_megakernel_cannot_be_built(mo
     assert dec.name == "reference"
     assert dec.auto_choice["reason"] == ("the megakernel could not be built here (EngineUnavailable: timeline kernel "
                                          "fits 0 programs per SM)")
+
+
+def test_fallback_decoder_does_not_forward_launching_ahead():
+    """Steps launched ahead would bypass the history replayed on a failure: generate() must take the stepwise
+    path through a FallbackDecoder (hasattr false), even over an engine that can launch ahead."""
+    from bubblescope.fallback import FallbackDecoder
+
+    class Ahead:
+        name, config, device, position = "x", None, torch.device("cpu"), 0
+
+        def launch_greedy(self, token):  # pragma: no cover - must not be reached
+            raise AssertionError
+
+    dec = FallbackDecoder(Ahead(), make_backup=lambda: None)
+    assert not any(hasattr(dec, a) for a in ("launch_greedy", "next_greedy_token", "discard_queued"))

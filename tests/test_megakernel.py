@@ -205,3 +205,41 @@ def test_user_errors():
     info = e.compile_info()
     assert {"registers", "spills", "shared_bytes", "num_warps", "programs_per_sm", "grid"} <= set(info)
     assert info["grid"] == 1 and info["interpret"] is True
+
+
+def test_generate_keeps_one_step_ahead_and_undoes_it_at_eos():
+    """generate() launches step k+1 before reading step k's token (launch_greedy / next_greedy_token). Stopping at
+    an EOS with the next step launched must give the reference's tokens and leave the engine where a stepwise
+    run would be: same position, and the next decode gives the logits of a fresh engine fed the same history."""
+    w = dummy_weights(TINY["mha-untied"], "cpu", torch.float32, seed=2)  # tokens 23, 51, 14, 13, 59, ...
+    full = generate(ReferenceEngine(w, max_seq_len=64), PROMPT, 8, eos_ids=()).tokens
+    stop = next(k for k in range(2, 8) if full[k] not in full[:k])  # a token first seen after two decode steps
+    eos = full[stop]
+    mk = MegakernelEngine(w, MID, max_seq_len=64)
+    got = generate(mk, PROMPT, 8, eos_ids=(eos,))
+    assert got.tokens == full[:stop + 1] and got.stopped_at_eos
+    assert mk.position == len(PROMPT) + stop  # the launched-ahead step was undone
+    after = mk.decode(eos).clone()
+    fresh = MegakernelEngine(w, MID, max_seq_len=64)
+    fresh.prefill(torch.tensor(PROMPT + full[:stop]))
+    assert torch.equal(after, fresh.decode(eos))
+    # without EOS every launched step is read: nothing left queued, position = prompt + tokens - 1
+    mk2 = MegakernelEngine(w, MID, max_seq_len=64)
+    assert generate(mk2, PROMPT, 6, eos_ids=()).tokens == full[:6] and mk2.position == len(PROMPT) + 5
+
+
+def test_launch_greedy_misuse_is_a_one_line_error():
+    w = dummy_weights(TINY["gqa-tied-llama3"], "cpu", torch.float32, seed=0)
+    mk = MegakernelEngine(w, MID, max_seq_len=64)
+    with pytest.raises(BubblescopeError, match="no previous step"):
+        mk.launch_greedy(None)
+    with pytest.raises(BubblescopeError, match="no step queued"):
+        mk.next_greedy_token()
+    mk.prefill(torch.tensor(PROMPT))
+    mk.launch_greedy(5)
+    mk.launch_greedy(None)
+    with pytest.raises(BubblescopeError, match="at most 2"):
+        mk.launch_greedy(None)
+    with pytest.raises(BubblescopeError, match="unread"):
+        mk.decode(5)
+    assert mk.discard_queued() == 2 and mk.position == len(PROMPT)

@@ -123,7 +123,8 @@ class FallbackDecoder:
 
     def __getattr__(self, attr: str):
         # compile_info, timeline, last_logits...: the engine that runs now, so hasattr() tells what it offers.
-        if attr in ("primary", "active"):
+        # Steps launched ahead (launch_greedy...) would bypass the history this class replays on a failure.
+        if attr in ("primary", "active", "launch_greedy", "next_greedy_token", "discard_queued"):
             raise AttributeError(attr)
         return getattr(self.active, attr)
 

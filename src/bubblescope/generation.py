@@ -26,6 +26,10 @@ class Decoder(Protocol):
 
     Optional: ``decode_greedy(token) -> int``, one decode step returning the argmax of its logits as a host
     int, for engines that can pick it without an extra kernel (the megakernel); :func:`greedy_step` uses it.
+    Optional, with it: ``launch_greedy(token | None)`` (queue a greedy step; ``None``: the token the previous
+    step picked on the device), ``next_greedy_token() -> int`` (wait for the oldest queued step) and
+    ``discard_queued()`` (undo the queued steps not read): :func:`generate` then keeps one step in flight
+    while the host handles a token, so the device does not idle between steps.
     """
 
     name: str
@@ -126,12 +130,16 @@ def _sync(device: torch.device) -> None:
 
 def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tokens: int,
              params: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] | None = None,
-             on_token: Callable[[int], None] | None = None) -> GenerationResult:
+             on_token: Callable[[int], None] | None = None, launch_ahead: bool = True) -> GenerationResult:
     """Prefill ``prompt_ids`` then decode up to ``max_new_tokens`` tokens (stopping after an EOS id).
 
     ``eos_ids`` defaults to the decoder config's ``eos_token_id``; pass ``()`` to never stop early.
     The first token comes from the prefill logits, so ``max_new_tokens`` tokens need
-    ``max_new_tokens - 1`` decode steps.
+    ``max_new_tokens - 1`` decode steps. Greedy decoding on an engine that can launch ahead (the megakernel:
+    see :class:`Decoder`) keeps one step in flight: step k+1 is launched before step k's token is read, and
+    undone if that token is an EOS, so the tokens, the KV cache and ``position`` end as a stepwise run's.
+    ``token_ms`` is the host time from one token in hand to the next either way. ``launch_ahead=False``
+    forces the stepwise loop (benchmarks time both).
 
     Raises:
         BubblescopeError: the prompt plus new tokens do not fit the decoder's KV cache (from the engine).
@@ -155,15 +163,31 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
         on_token(tok)
         t1 = time.perf_counter()
     greedy = params.temperature <= 0
+    ahead = launch_ahead and greedy and callable(getattr(decoder, "launch_greedy", None))
+    queued = 0  # steps launched ahead whose token is not read yet
     while len(res.tokens) < max_new_tokens and tok not in eos:
         t0 = t1
-        tok = greedy_step(decoder, tok) if greedy else sample(decoder.decode(tok), params, gen)
+        if ahead:
+            if queued == 0:
+                decoder.launch_greedy(tok)
+                queued = 1
+            # the step after this one is needed unless this token is EOS: launch it before reading this token,
+            # so the device runs it while the host reads, checks and hands out this one
+            if len(res.tokens) + queued < max_new_tokens and decoder.position < getattr(decoder, "max_seq_len", 0):
+                decoder.launch_greedy(None)
+                queued += 1
+            tok = decoder.next_greedy_token()
+            queued -= 1
+        else:
+            tok = greedy_step(decoder, tok) if greedy else sample(decoder.decode(tok), params, gen)
         t1 = time.perf_counter()
         res.token_ms.append((t1 - t0) * 1e3)
         res.tokens.append(tok)
         if on_token:
             on_token(tok)
             t1 = time.perf_counter()  # the caller's printing is not decode time
+    if queued:  # stopped at EOS with the next step already launched: undo it
+        decoder.discard_queued()
     res.stopped_at_eos = tok in eos
     res.fallbacks = list(getattr(decoder, "fallbacks", ()))[seen:]
     return res

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from contextlib import contextmanager
 
 import torch
@@ -42,6 +43,7 @@ VARIANTS = {"fused": "megakernel", "stages": "megakernel-stages", "noprefetch": 
 CPU_PARAMS = MegakernelParams(max_rows=512, block_k=256, kv_splits=1, attn_kv_heads=64, block_s=256)
 ERR_FIELDS = 16
 ERR_TOKEN = 15              # the kernel's last program writes the step's greedy token into err[15]
+AHEAD_MAX = 2               # launch_greedy steps whose token is unread (generate keeps one step ahead)
 AMAX_EMPTY = -(2 ** 63)     # kernel.AMAX_EMPTY: the greedy key buffer between steps
 
 
@@ -173,8 +175,10 @@ class MegakernelEngine:
         self._knew = z(cfg.kv_size)  # Gluon, q/k-norm: the raw new k of the current layer (kernel.py, _attention)
         self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
         if dev.type == "cuda":
-            self._err_host = torch.zeros(ERR_FIELDS, dtype=i32, pin_memory=True)
-            self._err_event = torch.cuda.Event()
+            # one pinned copy of the error record (with the step's greedy token) per step in flight: a step's
+            # copy must not be overwritten before the host reads its token (launch_greedy keeps <= AHEAD_MAX)
+            self._err_hosts = [torch.zeros(ERR_FIELDS, dtype=i32, pin_memory=True) for _ in range(AHEAD_MAX + 1)]
+            self._err_events = [torch.cuda.Event() for _ in range(AHEAD_MAX + 1)]
 
     @property
     def _stamps(self) -> int:
@@ -236,6 +240,8 @@ class MegakernelEngine:
         self._epoch = 0
         self._failed: str | None = None
         self._err_pending = False
+        self._steps_run = 0        # steps launched since the last reset (picks the pinned copy slot)
+        self._wanted = deque()     # launch_greedy steps whose token the caller has not read: GPU (copy, event), CPU int
         self._stamped = False      # the stamp buffers hold the last step's timeline
         self._launch_host_us = 0.0
 
@@ -275,9 +281,16 @@ class MegakernelEngine:
         A device tensor's id is not range-checked (that would need a sync); the kernel clamps it.
 
         Raises:
-            BubblescopeError: the KV cache is full, or an int token outside the vocabulary.
+            BubblescopeError: the KV cache is full, an int token outside the vocabulary, or steps queued by
+                :meth:`launch_greedy` still unread.
             KernelStuck: a task of this or (on GPU) an earlier step waited past its spin cap.
         """
+        if self._wanted:  # their pinned copies could be overwritten before the tokens are read
+            raise BubblescopeError("decode: steps queued by launch_greedy are unread (next_greedy_token first)")
+        self._decode_step(token)
+        return self._out()
+
+    def _decode_step(self, token: int | torch.Tensor) -> None:
         if self.position >= self.max_seq_len:
             raise BubblescopeError(f"decode: the KV cache of {self.max_seq_len} positions is full")
         tok_in = -1
@@ -288,7 +301,6 @@ class MegakernelEngine:
                 raise BubblescopeError(f"decode: token id {token} outside the vocabulary of {self.config.vocab_size}")
             tok_in = int(token)  # a kernel argument: no host-to-device write per step
         self._step(tok_in)
-        return self._out()
 
     @torch.inference_mode()
     def decode_greedy(self, token: int | torch.Tensor) -> int:
@@ -300,13 +312,75 @@ class MegakernelEngine:
         Raises:
             BubblescopeError, KernelStuck: as :meth:`decode`.
         """
-        self.decode(token)
+        if self._wanted:
+            raise BubblescopeError("decode_greedy: steps queued by launch_greedy are unread (next_greedy_token)")
+        if isinstance(token, torch.Tensor):  # a device token: no host read (the kernel clamps it)
+            self._decode_step(token)
+            self._wanted.append(int(self._err[ERR_TOKEN]) if self.interpret else self._inflight)
+            return self.next_greedy_token()
+        self.launch_greedy(token)
+        return self.next_greedy_token()
+
+    # ---- steps launched ahead (the host reads a token while the next step runs) --------------------------------
+    # Reading each token before launching the next step leaves the GPU idle between steps for the copy, the
+    # host's wake-up, Python and the launch. With the greedy pick on the device (state[2]), the next step can be
+    # launched before the host reads this one's token: generate() keeps one step ahead (vLLM's asynchronous
+    # scheduling does the same). A step launched ahead that turns out not to be needed (EOS) is discarded.
+    def launch_greedy(self, token: int | None) -> None:
+        """Queue one greedy decode step without waiting: for ``token`` (host int), or with ``None`` for the token
+        the previous step picked on the device. Read its token with :meth:`next_greedy_token`.
+
+        Raises:
+            BubblescopeError: the KV cache is full, a token outside the vocabulary, more than
+                :data:`AHEAD_MAX` steps unread, or ``None`` with no step before it.
+            KernelStuck: an earlier step got stuck.
+        """
+        if len(self._wanted) >= AHEAD_MAX:
+            raise BubblescopeError(f"launch_greedy: at most {AHEAD_MAX} steps may be unread")
+        if token is None:
+            if self.position == 0:
+                raise BubblescopeError("launch_greedy: no previous step picked a token (prefill first)")
+            if self.position >= self.max_seq_len:
+                raise BubblescopeError(f"decode: the KV cache of {self.max_seq_len} positions is full")
+            self._step(-1)
+        else:
+            self._decode_step(int(token))
         if self.interpret:
-            return int(self._err[ERR_TOKEN])
-        self._err_event.synchronize()
-        self._err_pending = False
-        self._check(self._err_host)
-        return int(self._err_host[ERR_TOKEN])
+            self._wanted.append(int(self._err[ERR_TOKEN]))
+        else:
+            self._wanted.append(self._inflight)
+
+    def next_greedy_token(self) -> int:
+        """Wait for the oldest step queued by :meth:`launch_greedy`; its greedy token as a host int.
+
+        Raises:
+            BubblescopeError: no step is queued. KernelStuck: that step (or an earlier one) got stuck.
+        """
+        if not self._wanted:
+            raise BubblescopeError("next_greedy_token: no step queued (launch_greedy first)")
+        entry = self._wanted.popleft()
+        if isinstance(entry, int):
+            return entry
+        buf, event = entry
+        event.synchronize()
+        self._check(buf)
+        return int(buf[ERR_TOKEN])
+
+    def discard_queued(self) -> int:
+        """Wait for the steps queued by :meth:`launch_greedy` and not read, and undo them: the position goes back
+        by their number (their KV entries are overwritten by the next steps). Returns how many.
+
+        Raises:
+            KernelStuck: one of them (or an earlier step) got stuck.
+        """
+        n = 0
+        while self._wanted:
+            self.next_greedy_token()
+            n += 1
+        if n:
+            self.position -= n
+            self._state[0:1].fill_(self.position)  # stream-ordered: the next step reads the rewound position
+        return n
 
     def last_logits(self) -> torch.Tensor:
         """float32 (V,) logits of the last step (the static device buffer; copy it to keep it)."""
@@ -333,17 +407,21 @@ class MegakernelEngine:
         if self.interpret:
             self._check(self._err)
         else:
-            self._err_host.copy_(self._err, non_blocking=True)
-            self._err_event.record()
+            slot = self._steps_run % len(self._err_hosts)
+            buf, event = self._err_hosts[slot], self._err_events[slot]
+            buf.copy_(self._err, non_blocking=True)
+            event.record()
+            self._inflight = (buf, event)
             self._err_pending = True
+        self._steps_run += 1
 
     # ---- stuck-task detection ------------------------------------------------------------------------------
     def _check_pending(self) -> None:
         if self._failed:
             raise KernelStuck(self._failed)
-        if self._err_pending and self._err_event.query():
+        if self._err_pending and self._inflight[1].query():
             self._err_pending = False
-            self._check(self._err_host)
+            self._check(self._inflight[0])
 
     def _check(self, err: torch.Tensor) -> None:
         e = err.tolist()
