@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
 from .categories import categorize_frame
+from .intervals import STATS as _STATS
+from .intervals import interval_stats, pair_codes  # noqa: F401 - pair_codes: part of this module's API
+from .intervals import ratio as _ratio
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,7 +33,6 @@ if TYPE_CHECKING:
 # separates the launch gap from a real stall.
 DEFAULT_IDLE_THRESHOLD_US = 5.0
 TOP_KERNELS = 15
-_STATS = ("busy_us", "span_us", "first_us", "last_us", "host_wait_us", "kernel_wait_us", "other_idle_us")
 
 
 def check_threshold(threshold_us: float) -> float:
@@ -47,72 +49,14 @@ def check_threshold(threshold_us: float) -> float:
 def _interval_stats(
     groups: np.ndarray, start: np.ndarray, end: np.ndarray, launch_ts: np.ndarray, threshold_us: float
 ) -> pd.DataFrame:
-    """Union and idle split of intervals per group key; one row per key, columns ``_STATS`` (µs)."""
-    import numpy as np
+    """Union and idle split of intervals per group key (:func:`.intervals.interval_stats`); one row per
+    key (index ``group``), columns ``_STATS`` (µs)."""
     import pandas as pd
 
-    n = len(start)
-    if n == 0:
+    if len(start) == 0:
         return pd.DataFrame(columns=list(_STATS), dtype=float)
-    order = np.lexsort((start, groups))
-    g, s, e, lt = groups[order], start[order], end[order], launch_ts[order]
-    head = np.ones(n, dtype=bool)
-    head[1:] = g[1:] != g[:-1]
-    code = np.cumsum(head) - 1
-    reach = pd.Series(e).groupby(code).cummax().to_numpy()  # furthest end so far in the group
-    prev = np.full(n, -np.inf)
-    prev[1:] = reach[:-1]
-    new = head | (s > prev)  # an activity starting after everything before it opens an interval
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, n - 1)
-    k = int(code[-1]) + 1
-    busy = np.bincount(code[first], weights=reach[last] - s[first], minlength=k).astype(float)
-    gap_rows = new & ~head
-    gap = s[gap_rows] - prev[gap_rows]
-    host = lt[gap_rows] >= prev[gap_rows]  # NaN launch time (no launch call) is never host-wait
-    short = ~host & (gap < threshold_us)
-    gc = code[gap_rows]
-    ends = np.bincount(code, minlength=k)
-    out = pd.DataFrame(
-        {
-            "busy_us": busy,
-            "first_us": s[head],
-            "last_us": reach[np.cumsum(ends) - 1],
-            # bincount of an empty array returns ints whatever the weights; keep every column float.
-            "host_wait_us": np.bincount(gc, weights=gap * host, minlength=k).astype(float),
-            "kernel_wait_us": np.bincount(gc, weights=gap * short, minlength=k).astype(float),
-            "other_idle_us": np.bincount(gc, weights=gap * (~host & ~short), minlength=k).astype(float),
-        },
-        index=pd.Index(g[head], name="group"),
-    )
-    out["span_us"] = out["last_us"] - out["first_us"]
-    return out[list(_STATS)]
-
-
-def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(code per row, the distinct (a, b) rows as an (n, 2) array) of two int64 columns, by hashing.
-
-    np.unique(axis=...) sorts the rows as bytes, O(n log n) with a large constant; factorizing each
-    column and then their combined codes is linear.
-    """
-    import numpy as np
-    import pandas as pd
-
-    ca, ua = pd.factorize(a)
-    cb, ub = pd.factorize(b)
-    codes, uniq = pd.factorize(ca.astype(np.int64) * max(len(ub), 1) + cb)
-    uniq = np.asarray(uniq, dtype=np.int64)
-    rows = np.stack([np.asarray(ua)[uniq // max(len(ub), 1)], np.asarray(ub)[uniq % max(len(ub), 1)]], axis=1)
-    return codes, rows.reshape(-1, 2)
-
-
-def _ratio(num: Any, den: Any) -> Any:
-    """num/den with NaN where den is 0 (works on scalars and Series)."""
-    import numpy as np
-
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.divide(num, den)
-    return np.where(np.asarray(den) > 0, out, np.nan) if np.ndim(out) else (out if den > 0 else math.nan)
+    keys, stats = interval_stats(groups, start, end, launch_ts, threshold_us)
+    return pd.DataFrame(stats, index=pd.Index(keys, name="group"))
 
 
 def _launch_rows(trace: Trace) -> np.ndarray:

@@ -26,10 +26,11 @@ from ..errors import BubblescopeError
 from . import metrics, ranks
 from .timeline import check_skip_steps
 from .trace import Trace
+from .tracearrays import TraceArrays
 from .tracesummary import SCHEMA, iter_traces, summarize_trace
 
 
-def is_multirank(traces: list[Trace]) -> bool:
+def is_multirank(traces: list[Trace] | list[TraceArrays]) -> bool:
     """True when there are at least two traces and each names a different ``distributedInfo.rank``."""
     found = [t.rank for t in traces]
     return len(found) > 1 and None not in found and len(set(found)) == len(found)
@@ -106,5 +107,6 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
         if not force:  # rank-tagged files without common steps: the per-file summaries are all there is
             return out
         raise BubblescopeError(f"--ranks: the traces do not share one step marker (found {sorted(map(str, markers))})")
-    out["ranks"] = multirank_section(traces, markers.pop(), skip_steps, threshold_us)
+    # the cross-rank metrics work on pandas frames: built here, only for a multi-rank job
+    out["ranks"] = multirank_section([t.to_trace() for t in traces], markers.pop(), skip_steps, threshold_us)
     return out

@@ -304,8 +304,9 @@ class _Columns:
         return out
 
     # ---- frames -----------------------------------------------------------------------------
-    def frames(self) -> dict[str, pd.DataFrame]:
-        """One frame per table (see :func:`.traceframes.build_frames`); the columns are consumed."""
-        from .traceframes import build_frames
+    def arrays(self) -> tuple[Any, dict[str, dict[str, Any]]]:
+        """(texts of the codes, numpy columns per table), see :func:`.traceframes.build_arrays`; the
+        column chunks are consumed."""
+        from .traceframes import build_arrays
 
-        return build_frames(self)
+        return build_arrays(self)
