@@ -78,7 +78,7 @@ def breakdown(arrays: TraceArrays, rows: np.ndarray, by_name: bool, n: int | Non
         return []
     gpu = arrays.gpu
     cats = gpu["category"][rows]
-    codes, uniq = factorize(gpu["name"][rows] if by_name else cats)
+    codes, uniq = factorize(gpu["name"][rows] if by_name else cats)  # int codes: hashed by sorting, fast
     first = np.full(len(uniq), len(codes))
     np.minimum.at(first, codes, np.arange(len(codes)))
     count = np.bincount(codes, minlength=len(uniq)).astype(np.int64)
@@ -89,7 +89,7 @@ def breakdown(arrays: TraceArrays, rows: np.ndarray, by_name: bool, n: int | Non
     out = []
     for i in order.tolist():
         rec = {"name": str(arrays.texts[uniq[i]])} if by_name else {}
-        rec.update(category=str(cats[first[i]]), count=int(count[i]), total_us=json_float(total[i]),
+        rec.update(category=str(arrays.texts[cats[first[i]]]), count=int(count[i]), total_us=json_float(total[i]),
                    share=json_float(share[i]))
         out.append(rec)
     return out

@@ -30,17 +30,16 @@ def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(code per row, the distinct (a, b) rows as an (n, 2) int64 array, in first-appearance order) of
-    two int64 columns."""
+    """(code per row, the distinct (a, b) rows as an (n, 2) int64 array, sorted) of two int64 columns."""
     import numpy as np
 
-    ca, ua = factorize(a)
-    cb, ub = factorize(b)
+    ua, ca = np.unique(a, return_inverse=True)
+    ub, cb = np.unique(b, return_inverse=True)
     width = max(len(ub), 1)
-    codes, uniq = factorize(ca * width + cb)
+    uniq, codes = np.unique(ca.reshape(-1).astype(np.int64) * width + cb.reshape(-1), return_inverse=True)
     rows = np.stack([np.asarray(ua, dtype=np.int64)[uniq // width], np.asarray(ub, dtype=np.int64)[uniq % width]],
                     axis=1)
-    return codes, rows.reshape(-1, 2)
+    return codes.reshape(-1), rows.reshape(-1, 2)
 
 
 def group_cummax(code: np.ndarray, values: np.ndarray) -> np.ndarray:

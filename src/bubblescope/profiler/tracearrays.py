@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
 from .categories import categorize
+from .heap import parse_heap
 from .tracecolumns import _INT_COLUMNS, _NA, _Columns
 from .tracejson import _open_text, _parse, _Reader, _Text
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 # The columns of each table the summaries read, and what stands in for a column a hand-built frame lacks.
-_TEXT_COLUMNS = {"gpu": ("name", "kind"), "runtime": ("name", "category"), "annotations": ("name",),
+_TEXT_COLUMNS = {"gpu": ("name", "kind", "category"), "runtime": ("name", "category"), "annotations": ("name",),
                  "flows": ("phase", "cat")}
 
 
@@ -36,11 +37,11 @@ class TraceArrays:
     """One parsed trace as numpy columns per table; the columns and row orders of :class:`~.trace.Trace`'s
     frames (see its doc), with these representations:
 
-    - texts (name, kind, category of runtime, phase, cat): int32 codes into ``texts`` (object array);
+    - texts (name, kind, category, phase, cat): int32 codes into ``texts`` (object array);
     - integer ids (device, stream, correlation, external_id, pid, tid, id): int64, absent = ``_NA``
       (-2^63); gpu ``device`` is -1 where unknown;
     - times (µs) and the kernel-shape numbers: float64 (NaN where absent); grid/block: object tuples;
-    - gpu ``category``: object array of category names; runtime ``is_launch``/``is_sync``: bool.
+    - runtime ``is_launch``/``is_sync``: bool.
     """
 
     path: str
@@ -57,14 +58,10 @@ class TraceArrays:
 
     def to_trace(self) -> Trace:
         """The same trace as pandas frames (ints nullable Int64, texts pandas strings); columns shared."""
-        import pandas as pd
-
         from .trace import Trace
         from .traceframes import frame_of
 
-        gpu = frame_of({k: v for k, v in self.gpu.items() if k != "category"}, self.texts)
-        gpu["category"] = pd.array(self.gpu["category"], dtype="str")
-        return Trace(path=self.path, rank=self.rank, metadata=self.metadata, gpu=gpu,
+        return Trace(path=self.path, rank=self.rank, metadata=self.metadata, gpu=frame_of(self.gpu, self.texts),
                      runtime=frame_of(self.runtime, self.texts), annotations=frame_of(self.annotations, self.texts),
                      flows=frame_of(self.flows, self.texts), warnings=list(self.warnings),
                      event_count=self.event_count)
@@ -94,7 +91,7 @@ class TraceArrays:
                     out[col] = series.to_numpy(dtype="int64", na_value=-1 if col == "device" else _NA)
                 elif col in ("is_launch", "is_sync"):
                     out[col] = series.to_numpy(dtype=bool, na_value=False)
-                elif col in ("grid", "block", "category"):
+                elif col in ("grid", "block"):
                     out[col] = series.to_numpy(dtype=object)
                 else:
                     out[col] = series.to_numpy(dtype=float, na_value=np.nan)
@@ -102,7 +99,7 @@ class TraceArrays:
         gpu, runtime = tables["gpu"], tables["runtime"]
         gpu.setdefault("registers_per_thread", np.full(len(trace.gpu), np.nan))
         if "category" not in gpu:
-            gpu["category"] = categories_of(gpu["name"], gpu["kind"], texts)
+            gpu["category"], texts = categories_of(gpu["name"], gpu["kind"], texts)
         if "is_launch" not in runtime:
             runtime.update(api_flags(runtime["name"], texts))
         return cls(path=trace.path, rank=trace.rank, metadata=trace.metadata, texts=texts, gpu=gpu, runtime=runtime,
@@ -110,17 +107,22 @@ class TraceArrays:
                    event_count=trace.event_count)
 
 
-def categories_of(name: np.ndarray, kind: np.ndarray, texts: np.ndarray) -> np.ndarray:
-    """Category (:func:`.categories.categorize`) per GPU activity of name/kind codes, as an object
-    array; each distinct (name, kind) is classified once."""
+def categories_of(name: np.ndarray, kind: np.ndarray, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(category (:func:`.categories.categorize`) per GPU activity of name/kind codes as int32 codes,
+    ``texts`` with the category names it lacked appended); each distinct (name, kind) is classified once."""
     import numpy as np
 
     if len(name) == 0:
-        return np.zeros(0, dtype=object)
+        return np.zeros(0, dtype=np.int32), texts
     width = max(len(texts), 1)
     uniq, inverse = np.unique(name.astype(np.int64) * width + kind, return_inverse=True)
-    cats = np.array([categorize(texts[k // width], texts[k % width]) for k in uniq.tolist()] or [""], dtype=object)
-    return cats[inverse.reshape(-1)]
+    cats = [categorize(texts[k // width], texts[k % width]) for k in uniq.tolist()]
+    have = {t: i for i, t in enumerate(texts.tolist()) if t in set(cats)}
+    added = [c for c in dict.fromkeys(cats) if c not in have]
+    have.update({c: len(texts) + i for i, c in enumerate(added)})
+    if added:
+        texts = np.concatenate([texts, np.array(added, dtype=object)])
+    return np.array([have[c] for c in cats], dtype=np.int32)[inverse.reshape(-1)], texts
 
 
 def api_flags(name: np.ndarray, texts: np.ndarray) -> dict[str, np.ndarray]:
@@ -176,7 +178,7 @@ def read_trace_arrays(
     cols = _Columns(keep_flows=flows, lean=lean)
     try:
         raw, gz = _open_text(path)
-        with raw:
+        with raw, parse_heap():
             size = os.fstat(raw.fileno()).st_size
             reader = _Reader(raw, gz)
             reader.start()
@@ -203,7 +205,7 @@ def read_trace_arrays(
     # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
     # annotations by ts_us (stable: the file's order among equal times)
     gpu, merged = drop_repeated(tables["gpu"])
-    gpu["category"] = categories_of(gpu["name"], gpu["kind"], texts)  # once here, not per metric
+    gpu["category"], texts = categories_of(gpu["name"], gpu["kind"], texts)  # once here, not per metric
     runtime = tables["runtime"]
     runtime.update(api_flags(runtime["name"], texts))
 

@@ -10,36 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .tracecolumns import _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE
+from .heap import release_freed_memory
 from .tracepairs import pair_durations
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from .tracecolumns import _Columns
-
-_TRIM: Any = None
-
-
-def _release_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
-
-    The per-window column chunks are small arrays on the C heap; freed after concatenation, their
-    pages stay in the process and the full columns (large, mmap-ed) come on top, so the peak would
-    be twice the columns. Trimming after each column keeps it near once.
-    """
-    global _TRIM
-    if _TRIM is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
 
 def table_arrays(
     cols: _Columns, table: str, sort_by: tuple[str, ...] = (), na_fill: dict | None = None
@@ -60,7 +37,7 @@ def table_arrays(
         if parts:
             raw[key] = np.concatenate(parts)
             del parts
-            _release_freed_memory()
+            release_freed_memory()
         else:
             raw[key] = np.zeros(0, dtype=np.int64 if key in _INT_COLUMNS else np.float64
                                 if key in _FLOAT_COLUMNS else object if key in ("grid", "block") else np.int32)
