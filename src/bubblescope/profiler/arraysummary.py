@@ -114,9 +114,11 @@ def find_steps(arrays: TraceArrays, step_marker: str) -> dict[str, np.ndarray]:
     rows = np.flatnonzero(marks[ann["name"]]) if len(ann["name"]) else np.zeros(0, dtype=np.int64)
     steps = {k: ann[k][rows] for k in ("name", "pid", "tid", "ts_us", "dur_us", "end_us")}
     steps["step"] = np.arange(len(rows), dtype=np.int64)
-    rt = arrays.runtime
-    known = (rt["pid"] != _NA) & (rt["tid"] != _NA)
-    threads = set(map(tuple, pair_codes(rt["pid"][known], rt["tid"][known])[1].tolist()))
+    threads = arrays.cache.get("threads")
+    if threads is None:  # the few distinct threads with CUDA calls, not one Python tuple per call
+        rt = arrays.runtime
+        known = (rt["pid"] != _NA) & (rt["tid"] != _NA)
+        threads = arrays.cache["threads"] = set(map(tuple, pair_codes(rt["pid"][known], rt["tid"][known])[1].tolist()))
     steps["thread"] = np.array([(p, t) in threads for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())],
                                dtype=bool)
     return steps

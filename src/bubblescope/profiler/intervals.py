@@ -44,10 +44,19 @@ def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def group_cummax(code: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Running maximum of float ``values`` within each run of equal ``code`` (codes ascending, runs
-    contiguous): values are ranked once, so a run's maxima never reach into the run before it."""
+    contiguous). Few runs (devices, streams, steps): one ``maximum.accumulate`` per run; many: values
+    are ranked once, so that one accumulate over rank + run offset never reaches into the run before."""
     import numpy as np
 
     n = len(values)
+    if n == 0:
+        return values.copy()
+    starts = np.flatnonzero(np.diff(code)) + 1
+    if len(starts) < 4096:
+        out = np.empty(n)
+        for lo, hi in zip([0, *starts.tolist()], [*starts.tolist(), n]):
+            np.maximum.accumulate(values[lo:hi], out=out[lo:hi])
+        return out
     order = np.argsort(values, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
@@ -68,8 +77,11 @@ def interval_stats(
     n = len(start)
     if n == 0:
         return np.asarray(groups)[:0], {k: np.zeros(0) for k in STATS}
-    order = np.lexsort((start, groups))
-    g, s, e, lt = groups[order], start[order], end[order], launch_ts[order]
+    if np.all(groups[1:] >= groups[:-1]) and np.all((start[1:] >= start[:-1]) | (groups[1:] != groups[:-1])):
+        g, s, e, lt = groups, start, end, launch_ts  # already by group then start (gpu is sorted so)
+    else:
+        order = np.lexsort((start, groups))
+        g, s, e, lt = groups[order], start[order], end[order], launch_ts[order]
     head = np.ones(n, dtype=bool)
     head[1:] = g[1:] != g[:-1]
     code = np.cumsum(head) - 1
