@@ -33,6 +33,24 @@ def _launch_ts(arrays: TraceArrays, rows: np.ndarray) -> np.ndarray:
     return np.where(found >= 0, ts[np.maximum(found, 0)] if len(ts) else np.nan, np.nan)
 
 
+def window_rows(
+    arrays: TraceArrays, window: tuple[float, float] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows of the GPU activities overlapping ``window`` (start_us, end_us), their starts and ends
+    clipped to it); every activity, unclipped, when ``window`` is None. BubblescopeError when the
+    window ends before it starts."""
+    import numpy as np
+
+    ts, end = arrays.gpu["ts_us"], arrays.gpu["end_us"]
+    if window is None:
+        return np.arange(len(ts)), ts, end
+    w0, w1 = float(window[0]), float(window[1])
+    if not w1 >= w0:
+        raise BubblescopeError(f"window {window!r}: end must not be before start")
+    rows = np.flatnonzero((end >= w0) & (ts <= w1))
+    return rows, np.maximum(ts[rows], w0), np.minimum(end[rows], w1)
+
+
 def device_table(
     arrays: TraceArrays, threshold_us: float, window: tuple[float, float] | None = None
 ) -> dict[str, np.ndarray]:
@@ -42,14 +60,7 @@ def device_table(
     import numpy as np
 
     gpu = arrays.gpu
-    ts, end = gpu["ts_us"], gpu["end_us"]
-    rows = np.arange(len(ts))
-    if window is not None:
-        w0, w1 = float(window[0]), float(window[1])
-        if not w1 >= w0:
-            raise BubblescopeError(f"window {window!r}: end must not be before start")
-        rows = np.flatnonzero((end >= w0) & (ts <= w1))
-        ts, end = np.maximum(ts[rows], w0), np.minimum(end[rows], w1)
+    rows, ts, end = window_rows(arrays, window)
     dev = gpu["device"][rows]
     keys, stats = interval_stats(dev, ts, end, _launch_ts(arrays, rows), threshold_us)
     code = np.searchsorted(keys, dev)
@@ -66,33 +77,39 @@ def device_table(
     return out
 
 
-def breakdown(arrays: TraceArrays, rows: np.ndarray, by_name: bool, n: int | None = None) -> list[dict]:
+def breakdown_table(
+    arrays: TraceArrays, rows: np.ndarray, by_name: bool, n: int | None = None, dur: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """GPU time of the activities ``rows`` by category, or by name (``by_name``) with each name's
-    category: JSON-ready records {name?, category, count, total_us (summed durations, µs), share (of
-    the rows' total)}, by total_us then count descending (ties: first seen first), the first ``n``."""
+    category: {name (if by_name), category (object str), count (int64), total_us (summed durations,
+    µs; ``dur`` if given, else ``dur_us``), share (of the rows' total; NaN if 0)}, by total_us then
+    count descending (ties: first seen first), the first ``n``."""
     import numpy as np
 
-    from .metrics import json_float
-
-    if len(rows) == 0:
-        return []
-    gpu = arrays.gpu
+    gpu, texts = arrays.gpu, arrays.texts
     cats = gpu["category"][rows]
-    codes, uniq = factorize(gpu["name"][rows] if by_name else cats)  # int codes: hashed by sorting, fast
+    codes, uniq = factorize(gpu["name"][rows] if by_name else cats)  # int codes: factorized by sorting
     first = np.full(len(uniq), len(codes))
     np.minimum.at(first, codes, np.arange(len(codes)))
     count = np.bincount(codes, minlength=len(uniq)).astype(np.int64)
-    total = np.bincount(codes, weights=gpu["dur_us"][rows].astype(float), minlength=len(uniq))
+    weights = (gpu["dur_us"][rows] if dur is None else dur).astype(float)
+    total = np.bincount(codes, weights=weights, minlength=len(uniq)).astype(float)
     grand = total.sum()
     share = total / grand if grand > 0 else np.full(len(total), np.nan)
     order = np.lexsort((-count, -total))[:n]
-    out = []
-    for i in order.tolist():
-        rec = {"name": str(arrays.texts[uniq[i]])} if by_name else {}
-        rec.update(category=str(arrays.texts[cats[first[i]]]), count=int(count[i]), total_us=json_float(total[i]),
-                   share=json_float(share[i]))
-        out.append(rec)
+    out = {"name": texts[uniq[order]].astype(object)} if by_name else {}
+    out.update(category=texts[cats[first[order]]].astype(object), count=count[order], total_us=total[order],
+               share=share[order])
     return out
+
+
+def breakdown(arrays: TraceArrays, rows: np.ndarray, by_name: bool, n: int | None = None) -> list[dict]:
+    """:func:`breakdown_table` as JSON-ready records (names str, count int, total_us/share float or None)."""
+    from .metrics import json_float
+
+    table = breakdown_table(arrays, rows, by_name, n)
+    return [{k: (json_float(v) if k in ("total_us", "share") else int(v) if k == "count" else str(v))
+             for k, v in zip(table, row)} for row in zip(*table.values())]
 
 
 def find_steps(arrays: TraceArrays, step_marker: str) -> dict[str, np.ndarray]:
@@ -200,15 +217,16 @@ def step_table(arrays: TraceArrays, steps: dict, threshold_us: float) -> tuple[d
     return table, rows, step_of
 
 
-def launch_delays(arrays: TraceArrays) -> tuple[np.ndarray, np.ndarray]:
-    """(delay_us = GPU activity start − its launch call's start, NaN when not launched by a launch
-    API; first_in_launch: the earliest-starting activity of each launch, ties in file order), per
-    GPU activity."""
+def launch_delays(arrays: TraceArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row of the launch call of each GPU activity, -1 when not launched by a launch API; delay_us =
+    start − that call's start, NaN when not launched; first_in_launch: the earliest-starting activity
+    of each launch, ties in file order), all aligned with the gpu table."""
     import numpy as np
 
     rows = launch_rows(arrays)
     launched = rows >= 0
     launched[launched] = arrays.runtime["is_launch"][rows[launched]]
+    rows = np.where(launched, rows, -1)
     start = arrays.gpu["ts_us"]
     delay = np.full(len(start), np.nan)
     delay[launched] = start[launched] - arrays.runtime["ts_us"][rows[launched]]
@@ -218,4 +236,4 @@ def launch_delays(arrays: TraceArrays) -> tuple[np.ndarray, np.ndarray]:
         order = sel[np.argsort(start[sel], kind="stable")]
         corr = arrays.gpu["correlation"][order]
         first[order] = first_of_each(np.where(corr == _NA, 0, corr))
-    return delay, first
+    return rows, delay, first

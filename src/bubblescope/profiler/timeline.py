@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
-from .categories import categorize_frame
 from .intervals import ratio as _ratio
 from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
-from .steps import DEFAULT_STEP_MARKER, _gpu_steps, find_steps
+from .steps import DEFAULT_STEP_MARKER
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -50,9 +49,9 @@ def timeline_summary(
     import numpy as np
 
     from . import arraysummary as az
-    from .tracearrays import TraceArrays
+    from .tracearrays import as_arrays
 
-    arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
+    arrays = as_arrays(trace)
     threshold_us = check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
     out: dict[str, Any] = {
@@ -108,7 +107,7 @@ def timeline_summary(
     device = int(gpu["device"][rows[0]])
     decode_window = (float(gpu["ts_us"][rows].min()), float(gpu["end_us"][rows].max()))
     in_window = az.device_table(arrays, threshold_us, decode_window)
-    delay, first = az.launch_delays(arrays)
+    _, delay, first = az.launch_delays(arrays)
     delays = delay[rows][first[rows] & ~np.isnan(delay[rows])]
     kernels = rows[arrays.texts[gpu["kind"][rows]] == "kernel"]
     regs = gpu["registers_per_thread"][kernels]
@@ -145,38 +144,41 @@ def _nan_stat(stat: Any, values: Any) -> float | None:
     return float(stat(values)) if len(values) else None
 
 
-def step_timeline(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER, step_index: int = 0) -> dict:
+def step_timeline(
+    trace: Trace | TraceArrays, step_marker: str = DEFAULT_STEP_MARKER, step_index: int = 0
+) -> dict:
     """One step's activities for a timeline plot, times in µs relative to the step range's start:
     ``{"kernels": [{name, category, stream, start_us, dur_us}], "launches": [{name, start_us, dur_us}]}``
-    (all GPU activities of the step, every launch call in it). BubblescopeError if no such step."""
+    (all GPU activities of the step by start, every launch call in it). BubblescopeError if no such step."""
     import numpy as np
 
-    steps = find_steps(trace, step_marker)
-    if not 0 <= int(step_index) < len(steps):
+    from . import arraysummary as az
+    from .tracearrays import as_arrays
+    from .tracecolumns import _NA
+
+    arrays = as_arrays(trace)
+    steps = az.find_steps(arrays, step_marker)
+    i = int(step_index)
+    if not 0 <= i < len(steps["step"]):
         raise BubblescopeError(
-            f"step {step_index}: out of range, the trace has {len(steps)} steps marked {step_marker!r}"
+            f"step {step_index}: out of range, the trace has {len(steps['step'])} steps marked {step_marker!r}"
         )
-    t0 = float(steps["ts_us"].iloc[int(step_index)])
-    gpu_step, rt_step = _gpu_steps(trace, steps)
-    gpu = trace.gpu[gpu_step == int(step_index)]
-    if "category" not in gpu:  # load_trace adds it; a hand-built frame may lack it
-        gpu = gpu.assign(category=categorize_frame(gpu))
-    gpu = gpu.sort_values("ts_us", kind="stable")
-    rt = trace.runtime[(rt_step == int(step_index)) & trace.runtime["is_launch"].to_numpy(dtype=bool)]
-    stream = gpu["stream"].to_numpy(dtype="float64", na_value=np.nan)
+    t0 = float(steps["ts_us"][i])
+    gpu_step, rt_step = az.gpu_steps(arrays, steps)
+    gpu, rt, texts = arrays.gpu, arrays.runtime, arrays.texts
+    rows = np.flatnonzero(gpu_step == i)
+    rows = rows[np.argsort(gpu["ts_us"][rows], kind="stable")]
+    calls = np.flatnonzero((rt_step == i) & rt["is_launch"])
     return {
         "kernels": [
-            {
-                "name": n,
-                "category": c,
-                "stream": None if s != s else int(s),
-                "start_us": float(t - t0),
-                "dur_us": float(d),
-            }
-            for n, c, s, t, d in zip(gpu["name"], gpu["category"], stream, gpu["ts_us"], gpu["dur_us"])
+            {"name": texts[n], "category": texts[c], "stream": None if s == _NA else s, "start_us": t - t0,
+             "dur_us": d}
+            for n, c, s, t, d in zip(gpu["name"][rows].tolist(), gpu["category"][rows].tolist(),
+                                     gpu["stream"][rows].tolist(), gpu["ts_us"][rows].tolist(),
+                                     gpu["dur_us"][rows].tolist())
         ],
         "launches": [
-            {"name": n, "start_us": float(t - t0), "dur_us": float(d)}
-            for n, t, d in zip(rt["name"], rt["ts_us"], rt["dur_us"])
+            {"name": texts[n], "start_us": t - t0, "dur_us": d}
+            for n, t, d in zip(rt["name"][calls].tolist(), rt["ts_us"][calls].tolist(), rt["dur_us"][calls].tolist())
         ],
     }

@@ -107,6 +107,21 @@ class TraceArrays:
                    event_count=trace.event_count)
 
 
+def as_arrays(trace: Trace | TraceArrays) -> TraceArrays:
+    """``trace`` as columns: itself if it is a TraceArrays, else :meth:`TraceArrays.from_trace`, kept on
+    the Trace between calls (keyed by its frames' identity and lengths, so a replaced frame is converted again)."""
+    if isinstance(trace, TraceArrays):
+        return trace
+    frames = (trace.gpu, trace.runtime, trace.annotations, trace.flows)
+    key = tuple((id(f), len(f), len(f.columns)) for f in frames)
+    cached = trace.__dict__.get("_arrays_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    arrays = TraceArrays.from_trace(trace)
+    object.__setattr__(trace, "_arrays_cache", (key, arrays))
+    return arrays
+
+
 def categories_of(name: np.ndarray, kind: np.ndarray, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(category (:func:`.categories.categorize`) per GPU activity of name/kind codes as int32 codes,
     ``texts`` with the category names it lacked appended); each distinct (name, kind) is classified once."""
