@@ -18,7 +18,7 @@ from typing import Any
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers (<malloc.h>)
 _DEFAULT = 128 * 1024  # glibc's initial value of both
 _MMAP_BELOW = 64 << 20  # text windows and per-window columns come from the heap; whole columns are mmap-ed
-_TRIM_ABOVE = 256 << 20  # freed heap top kept for the next window up to this
+_TRIM_ABOVE = 32 << 20  # freed heap top kept for the next window up to this
 _LIBC: Any = None
 
 
@@ -46,7 +46,7 @@ def release_freed_memory() -> None:
 
 @contextlib.contextmanager
 def parse_heap() -> Iterator[None]:
-    """Within the block, freed heap memory up to 256 MiB is kept for reuse and blocks below 64 MiB
+    """Within the block, freed heap memory up to 32 MiB is kept for reuse and blocks below 64 MiB
     come from the heap; after it, glibc's default thresholds are back and free pages are returned."""
     lib = libc()
     if lib:

@@ -5,10 +5,10 @@ device's activity intervals over all streams, span_us is last end − first star
 1 − busy/span. Idle gaps between busy intervals are split as in Holistic Trace Analysis' idle-time
 breakdown, with the threshold in µs: host-wait when the next activity's launch call started at or
 after the previous activity ended, else kernel-wait when the gap is below ``threshold_us``, else
-other. This module owns those interval metrics per device (:func:`device_summary`,
-:func:`idle_breakdown`), GPU time by kernel category and name (:func:`kernel_breakdown`,
-:func:`top_kernels`), their JSON forms (:func:`json_float`, :func:`records`) and the helpers the
-step metrics (:mod:`.steps`) and the JSON summaries (:mod:`.timeline`) share.
+other. This module gives those interval metrics per device (:func:`device_summary`,
+:func:`idle_breakdown`) and GPU time by kernel category and name (:func:`kernel_breakdown`,
+:func:`top_kernels`) as pandas frames of what :mod:`.arraysummary` computes on numpy columns (the
+numpy cores are :mod:`.intervals`'s), and their JSON forms (:func:`json_float`, :func:`records`).
 """
 
 from __future__ import annotations

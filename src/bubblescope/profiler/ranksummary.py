@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 
 from ..errors import BubblescopeError
-from . import metrics, ranks
+from . import metrics
 from .timeline import check_skip_steps
 from .trace import Trace
 from .tracearrays import TraceArrays
@@ -54,6 +54,8 @@ def multirank_section(traces: list[Trace], step_marker: str, skip_steps: int = 0
     Raises:
         BubblescopeError: two traces with the same rank, a bad threshold or skip count.
     """
+    from . import ranks  # pandas: only for a multi-rank job
+
     steps = ranks.rank_steps(traces, step_marker, check_skip_steps(skip_steps), threshold_us)
     per_step = ranks.cross_rank_steps(steps)
     per_rank = ranks.rank_summary(traces, steps, threshold_us)

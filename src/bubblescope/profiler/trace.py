@@ -12,9 +12,11 @@ Units: every ``ts``/``dur`` of the Chrome trace format is in microseconds whatev
 spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written.
 
 Reading is split over modules: :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes
-runs of events with msgspec, :mod:`.tracecolumns` keeps the fields of each event and builds the typed,
-cleaned frames, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events, and this one holds the
-:class:`Trace` container, the launch/sync API names and :func:`load_trace`, which ties them together.
+runs of events with msgspec, :mod:`.tracecolumns` keeps the fields of each event, :mod:`.traceframes`
+builds the typed, cleaned columns, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events,
+:mod:`.tracearrays` ties them together into numpy columns (what ``diagnose trace`` computes on,
+without pandas), and this one holds the :class:`Trace` container of pandas frames, the launch/sync
+API names and :func:`load_trace`.
 """
 
 from __future__ import annotations

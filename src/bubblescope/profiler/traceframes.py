@@ -1,8 +1,10 @@
-"""The kept events' column chunks of a :class:`~.tracecolumns._Columns` turned into one frame per table.
+"""The kept events' column chunks of a :class:`~.tracecolumns._Columns` turned into one set of numpy
+columns per table (:func:`build_arrays`), and such columns into a pandas frame (:func:`frame_of`).
 
 Column by column: each column's chunks are concatenated and freed before the next, rows are dropped
 (unusable times, counted) and sorted by index arrays rather than by DataFrame copies, so the peak
-is about the columns once plus one column; texts come from the shared vocabulary as pandas strings.
+is about the columns once plus one column; texts stay int32 codes into the shared vocabulary until a
+frame is asked for (pandas strings then).
 """
 
 from __future__ import annotations
