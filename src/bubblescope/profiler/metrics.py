@@ -8,7 +8,7 @@ after the previous activity ended, else kernel-wait when the gap is below ``thre
 other. This module gives those interval metrics per device (:func:`device_summary`,
 :func:`idle_breakdown`) and GPU time by kernel category and name (:func:`kernel_breakdown`,
 :func:`top_kernels`) as pandas frames of what :mod:`.arraysummary` computes on numpy columns (the
-numpy cores are :mod:`.intervals`'s), and their JSON forms (:func:`json_float`, :func:`records`).
+numpy cores are :mod:`.intervals`'s), and the JSON form of a number (:func:`json_float`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
 from .intervals import STATS as _STATS
-from .intervals import interval_stats, pair_codes  # noqa: F401 - pair_codes: part of this module's API
+from .intervals import interval_stats
 from .intervals import ratio as _ratio
 
 if TYPE_CHECKING:
@@ -134,14 +134,3 @@ def json_float(value: Any, digits: int | None = None) -> float | None:
     if not math.isfinite(value):
         return None
     return round(value, digits) if digits is not None else value
-
-
-def records(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
-    """Rows of a breakdown frame as JSON-ready dicts (count int, total_us/share float or None, else str)."""
-    return [
-        {
-            c: (json_float(v) if c in ("total_us", "share") else (int(v) if c == "count" else str(v)))
-            for c, v in zip(cols, row)
-        }
-        for row in frame[cols].itertuples(index=False)
-    ]
