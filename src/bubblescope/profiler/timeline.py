@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 
 
 def check_skip_steps(skip_steps: int) -> int:
-    """Return ``skip_steps`` as int; BubblescopeError unless it is an integer >= 0."""
-    import numpy as np
+    """Return ``skip_steps`` as int (Python or numpy integers); BubblescopeError unless it is an integer >= 0."""
+    import numbers  # numpy's integers register as Integral: no numpy import before a trace is being read
 
-    if isinstance(skip_steps, bool) or not isinstance(skip_steps, (int, np.integer)) or skip_steps < 0:
+    if isinstance(skip_steps, bool) or not isinstance(skip_steps, numbers.Integral) or skip_steps < 0:
         raise BubblescopeError(f"skip_steps {skip_steps!r}: must be an integer >= 0")
     return int(skip_steps)
 

@@ -184,8 +184,6 @@ def read_trace_arrays(
     :meth:`TraceArrays.to_trace`): BubblescopeError (one line naming the file) for a missing,
     unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array.
     """
-    import numpy as np
-
     from .trace import parse_rank
     from .tracechecks import drop_repeated
 
@@ -215,6 +213,8 @@ def read_trace_arrays(
         raise BubblescopeError(f"{path}: not a Chrome trace: {exc}") from None
     if not found:
         raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
+
+    import numpy as np  # first imported by the parse, which the reader thread's inflating overlaps
 
     texts, tables = cols.arrays()
     # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
