@@ -205,9 +205,8 @@ def step_table(arrays: TraceArrays, steps: dict, threshold_us: float) -> tuple[d
         if count_col:
             table[count_col] = np.bincount(rt_step[sel], minlength=n).astype(np.int64)
         table[time_col] = np.bincount(rt_step[sel], weights=overlap[sel], minlength=n).astype(float)
-    at = np.searchsorted(keys, steps["step"]) if len(keys) else np.zeros(n, dtype=np.int64)
-    found = (at < len(keys)) & (keys[np.minimum(at, max(len(keys) - 1, 0))] == steps["step"]) if len(keys) else \
-        np.zeros(n, dtype=bool)
+    at = np.minimum(np.searchsorted(keys, steps["step"]), max(len(keys) - 1, 0))  # the step's stats row
+    found = keys[at] == steps["step"] if len(keys) else np.zeros(n, dtype=bool)  # False: no GPU activity
     for col in ("busy_us", "span_us", "host_wait_us", "kernel_wait_us", "other_idle_us"):
         values = np.full(n, np.nan)
         values[found] = stats[col][at[found]]

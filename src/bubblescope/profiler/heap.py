@@ -2,9 +2,8 @@
 
 Parsing allocates and frees a few text windows of megabytes per window (the decoded chunk, the
 slice handed to msgspec). glibc serves such sizes with ``mmap`` or trims them off the heap top
-once freed, so each new window touches fresh pages: a page fault per 4 KiB, which costs more than
-copying the text (measured on this project's 2-core machine: 11 copies of a 4 Mi-character window
-took 104 ms with the default settings, 7 ms with these). :func:`parse_heap` raises the mmap and
+once freed, so each new window touches fresh pages: a page fault per 4 KiB, which costs several
+times the copy of the text itself. :func:`parse_heap` raises the mmap and
 trim thresholds (``mallopt(3)``) for the parse and puts back glibc's defaults (128 KiB) and trims
 after it. On other C libraries it does nothing.
 """
