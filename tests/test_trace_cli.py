@@ -1,5 +1,5 @@
 """``bubblescope diagnose trace`` on several files: each its own result, a bad one reported alone;
-the progress callback of the reader; no torch import on the way."""
+the progress callback of the reader; no torch (nor pandas) import on the way."""
 
 from __future__ import annotations
 
@@ -84,13 +84,14 @@ def test_progress_bar_only_for_large_files(tmp_path, monkeypatch):
 
 
 def test_diagnose_trace_imports_neither_torch_nor_triton(tmp_path):
-    """Nor rich: stderr is a pipe here, so no progress bar can be drawn and --format json renders nothing."""
+    """Nor rich: stderr is a pipe here, so no progress bar can be drawn and --format json renders nothing.
+    Nor pandas: the summary is computed on numpy columns."""
     path = _good(tmp_path, "a.json", 4)
     code = (
         "import sys; from bubblescope.cli import main; sys.argv = ['bubblescope', 'diagnose', 'trace', "
         f"{str(path)!r}, '--format', 'json']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print([m for m in ('torch', 'triton', 'rich') if m in sys.modules], file=sys.stderr)"
+        "print([m for m in ('torch', 'triton', 'rich', 'pandas') if m in sys.modules], file=sys.stderr)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr

@@ -16,11 +16,6 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import pandas as pd
-
 # Matched against the lower-cased name (faster than re.IGNORECASE on kilobyte-long C++ names).
 # Inductor names fused ops as words between underscores, hence the (?:^|_)op(?:_|$) patterns.
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -74,23 +69,3 @@ def categorize(name: str, kind: str = "kernel") -> str:
         if rx.search(name):
             return cat
     return OTHER
-
-
-def categorize_frame(gpu: pd.DataFrame) -> pd.Series:
-    """Category per row of a GPU-activity frame (columns ``name``, ``kind``), as a str Series.
-
-    Classifies each distinct (name, kind) once, so it is linear in rows with a small constant.
-    """
-    import numpy as np
-    import pandas as pd
-
-    if gpu.empty:
-        return pd.Series([], index=gpu.index, dtype="str", name="category")
-    names, name_uniques = pd.factorize(gpu["name"])
-    kinds, kind_uniques = pd.factorize(gpu["kind"])
-    pairs, codes = pd.factorize(names.astype(np.int64) * len(kind_uniques) + kinds)
-    cats = np.asarray(
-        [categorize(str(name_uniques[c // len(kind_uniques)]), str(kind_uniques[c % len(kind_uniques)])) for c in codes],
-        dtype=object,
-    )
-    return pd.Series(cats[pairs], index=gpu.index, dtype="str", name="category")

@@ -5,10 +5,10 @@ device's activity intervals over all streams, span_us is last end − first star
 1 − busy/span. Idle gaps between busy intervals are split as in Holistic Trace Analysis' idle-time
 breakdown, with the threshold in µs: host-wait when the next activity's launch call started at or
 after the previous activity ended, else kernel-wait when the gap is below ``threshold_us``, else
-other. This module owns those interval metrics per device (:func:`device_summary`,
-:func:`idle_breakdown`), GPU time by kernel category and name (:func:`kernel_breakdown`,
-:func:`top_kernels`), their JSON forms (:func:`json_float`, :func:`records`) and the helpers the
-step metrics (:mod:`.steps`) and the JSON summaries (:mod:`.timeline`) share.
+other. This module gives those interval metrics per device (:func:`device_summary`,
+:func:`idle_breakdown`) and GPU time by kernel category and name (:func:`kernel_breakdown`,
+:func:`top_kernels`) as pandas frames of what :mod:`.arraysummary` computes on numpy columns (the
+numpy cores are :mod:`.intervals`'s), and the JSON form of a number (:func:`json_float`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
-from .categories import categorize_frame
+from .intervals import STATS as _STATS
+from .intervals import interval_stats
+from .intervals import ratio as _ratio
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
 # separates the launch gap from a real stall.
 DEFAULT_IDLE_THRESHOLD_US = 5.0
 TOP_KERNELS = 15
-_STATS = ("busy_us", "span_us", "first_us", "last_us", "host_wait_us", "kernel_wait_us", "other_idle_us")
 
 
 def check_threshold(threshold_us: float) -> float:
@@ -47,138 +48,14 @@ def check_threshold(threshold_us: float) -> float:
 def _interval_stats(
     groups: np.ndarray, start: np.ndarray, end: np.ndarray, launch_ts: np.ndarray, threshold_us: float
 ) -> pd.DataFrame:
-    """Union and idle split of intervals per group key; one row per key, columns ``_STATS`` (µs)."""
-    import numpy as np
+    """Union and idle split of intervals per group key (:func:`.intervals.interval_stats`); one row per
+    key (index ``group``), columns ``_STATS`` (µs)."""
     import pandas as pd
 
-    n = len(start)
-    if n == 0:
+    if len(start) == 0:
         return pd.DataFrame(columns=list(_STATS), dtype=float)
-    order = np.lexsort((start, groups))
-    g, s, e, lt = groups[order], start[order], end[order], launch_ts[order]
-    head = np.ones(n, dtype=bool)
-    head[1:] = g[1:] != g[:-1]
-    code = np.cumsum(head) - 1
-    reach = pd.Series(e).groupby(code).cummax().to_numpy()  # furthest end so far in the group
-    prev = np.full(n, -np.inf)
-    prev[1:] = reach[:-1]
-    new = head | (s > prev)  # an activity starting after everything before it opens an interval
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, n - 1)
-    k = int(code[-1]) + 1
-    busy = np.bincount(code[first], weights=reach[last] - s[first], minlength=k).astype(float)
-    gap_rows = new & ~head
-    gap = s[gap_rows] - prev[gap_rows]
-    host = lt[gap_rows] >= prev[gap_rows]  # NaN launch time (no launch call) is never host-wait
-    short = ~host & (gap < threshold_us)
-    gc = code[gap_rows]
-    ends = np.bincount(code, minlength=k)
-    out = pd.DataFrame(
-        {
-            "busy_us": busy,
-            "first_us": s[head],
-            "last_us": reach[np.cumsum(ends) - 1],
-            # bincount of an empty array returns ints whatever the weights; keep every column float.
-            "host_wait_us": np.bincount(gc, weights=gap * host, minlength=k).astype(float),
-            "kernel_wait_us": np.bincount(gc, weights=gap * short, minlength=k).astype(float),
-            "other_idle_us": np.bincount(gc, weights=gap * (~host & ~short), minlength=k).astype(float),
-        },
-        index=pd.Index(g[head], name="group"),
-    )
-    out["span_us"] = out["last_us"] - out["first_us"]
-    return out[list(_STATS)]
-
-
-def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(code per row, the distinct (a, b) rows as an (n, 2) array) of two int64 columns, by hashing.
-
-    np.unique(axis=...) sorts the rows as bytes, O(n log n) with a large constant; factorizing each
-    column and then their combined codes is linear.
-    """
-    import numpy as np
-    import pandas as pd
-
-    ca, ua = pd.factorize(a)
-    cb, ub = pd.factorize(b)
-    codes, uniq = pd.factorize(ca.astype(np.int64) * max(len(ub), 1) + cb)
-    uniq = np.asarray(uniq, dtype=np.int64)
-    rows = np.stack([np.asarray(ua)[uniq // max(len(ub), 1)], np.asarray(ub)[uniq % max(len(ub), 1)]], axis=1)
-    return codes, rows.reshape(-1, 2)
-
-
-def _ratio(num: Any, den: Any) -> Any:
-    """num/den with NaN where den is 0 (works on scalars and Series)."""
-    import numpy as np
-
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.divide(num, den)
-    return np.where(np.asarray(den) > 0, out, np.nan) if np.ndim(out) else (out if den > 0 else math.nan)
-
-
-def _launch_rows(trace: Trace) -> np.ndarray:
-    """Per GPU activity, the position in ``trace.runtime`` of the CPU call with its correlation (-1 if none).
-
-    Kept on the trace between calls (a summary asks for it five times; each sorts every CPU call),
-    keyed by the frames' identity and lengths so a replaced or resized frame is looked up again.
-    """
-    key = (id(trace.gpu), id(trace.runtime), len(trace.gpu), len(trace.runtime))
-    cached = trace.__dict__.get("_launch_rows_cache")
-    if cached is not None and cached[0] == key:
-        return cached[1].copy()
-    rows = _match_launches(trace)
-    object.__setattr__(trace, "_launch_rows_cache", (key, rows))
-    return rows.copy()
-
-
-def _match_launches(trace: Trace) -> np.ndarray:
-    import numpy as np
-
-    rt_ok = trace.runtime["correlation"].notna().to_numpy()
-    rc = trace.runtime["correlation"].to_numpy(dtype="int64", na_value=0)[rt_ok]
-    gc = trace.gpu["correlation"].to_numpy(dtype="int64", na_value=0)
-    values, first = np.unique(rc, return_index=True)  # runtime is time-sorted: the earliest call per id
-    if len(values) == 0:
-        return np.full(len(gc), -1, dtype=np.int64)
-    i = np.minimum(np.searchsorted(values, gc), len(values) - 1)
-    hit = (values[i] == gc) & trace.gpu["correlation"].notna().to_numpy()
-    return np.where(hit, np.flatnonzero(rt_ok)[first][i], -1)
-
-
-# The columns interval and breakdown metrics read; selecting them first keeps row filters from
-# copying the other (grid, occupancy, ...) columns of a trace of millions of activities.
-_INTERVAL_COLUMNS = ("name", "kind", "device", "stream", "ts_us", "dur_us", "end_us", "category")
-
-
-def _windowed(trace: Trace, window: tuple[float, float] | None) -> pd.DataFrame:
-    """GPU activities overlapping ``window`` (start_us, end_us), clipped to it; all of them if None.
-    Columns: those of ``_INTERVAL_COLUMNS`` the trace has; index as in ``trace.gpu``."""
-    gpu = trace.gpu[[c for c in _INTERVAL_COLUMNS if c in trace.gpu]]
-    if window is None:
-        return gpu
-    w0, w1 = float(window[0]), float(window[1])
-    if not w1 >= w0:
-        raise BubblescopeError(f"window {window!r}: end must not be before start")
-    gpu = gpu[((gpu["end_us"] >= w0) & (gpu["ts_us"] <= w1)).to_numpy()].copy()
-    gpu["ts_us"] = gpu["ts_us"].clip(lower=w0)
-    gpu["end_us"] = gpu["end_us"].clip(upper=w1)
-    gpu["dur_us"] = gpu["end_us"] - gpu["ts_us"]
-    return gpu
-
-
-def _stats_by(gpu: pd.DataFrame, key: np.ndarray, launch_ts: np.ndarray, threshold_us: float) -> pd.DataFrame:
-    return _interval_stats(key, gpu["ts_us"].to_numpy(), gpu["end_us"].to_numpy(), launch_ts, threshold_us)
-
-
-def _launch_ts(trace: Trace, gpu: pd.DataFrame) -> np.ndarray:
-    import numpy as np
-
-    rows = _launch_rows(trace)[trace.gpu.index.get_indexer(gpu.index)]
-    ts = trace.runtime["ts_us"].to_numpy()
-    return np.where(rows >= 0, ts[np.maximum(rows, 0)] if len(ts) else np.nan, np.nan)
-
-
-def _devices(gpu: pd.DataFrame) -> np.ndarray:
-    return gpu["device"].to_numpy(dtype="int64", na_value=-1)
+    keys, stats = interval_stats(groups, start, end, launch_ts, threshold_us)
+    return pd.DataFrame(stats, index=pd.Index(keys, name="group"))
 
 
 def device_summary(
@@ -191,23 +68,12 @@ def device_summary(
     the clipped last end − first start). Devices are ids as in the trace (``args.device``, else pid;
     -1 where absent). Empty frame when the trace has no GPU activity.
     """
-    import numpy as np
     import pandas as pd
 
-    threshold_us = check_threshold(threshold_us)
-    gpu = _windowed(trace, window)
-    dev = _devices(gpu)
-    stats = _stats_by(gpu, dev, _launch_ts(trace, gpu), threshold_us)
-    code = np.searchsorted(stats.index.to_numpy(), dev)  # stats rows are the sorted device ids
-    kind = gpu["kind"].to_numpy()
-    out = pd.DataFrame(index=stats.index)
-    for name, col in (("kernel", "kernels"), ("memcpy", "memcpys"), ("memset", "memsets")):
-        out[col] = np.bincount(code[kind == name], minlength=len(out)).astype(np.int64)
-    _, pairs = pair_codes(code.astype(np.int64), gpu["stream"].to_numpy(dtype="int64", na_value=-1))
-    out["streams"] = np.bincount(pairs[:, 0], minlength=len(out)).astype(np.int64)
-    out = out.join(stats)
-    out.insert(out.columns.get_loc("span_us") + 1, "bubble_ratio", 1 - _ratio(out["busy_us"], out["span_us"]))
-    return out.rename_axis("device").reset_index()
+    from .arraysummary import device_table
+    from .tracearrays import as_arrays
+
+    return pd.DataFrame(device_table(as_arrays(trace), check_threshold(threshold_us), window))
 
 
 def idle_breakdown(
@@ -225,33 +91,22 @@ def idle_breakdown(
     out["threshold_us"] = float(threshold_us)
     return out
 
-def _breakdown(gpu: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """count, total_us and share per ``by`` (["category"] or ["name", "category"]; a name has one category)."""
-    import numpy as np
+def _breakdown(trace: Trace, window: tuple[float, float] | None, device: int | None, by_name: bool,
+               n: int | None = None) -> pd.DataFrame:
+    """:func:`.arraysummary.breakdown_table` of the activities in scope (``window`` clip, one ``device``
+    or all; durations clipped to the window) as a frame."""
     import pandas as pd
 
-    if gpu.empty:
-        return pd.DataFrame(columns=[*by, "count", "total_us", "share"])
-    cats = (gpu["category"] if "category" in gpu else categorize_frame(gpu)).to_numpy()
-    codes, uniques = pd.factorize(gpu[by[0]].to_numpy() if by[0] != "category" else cats)
-    out = pd.DataFrame({by[0]: np.asarray(uniques, dtype=object)})
-    if len(by) > 1:
-        first = np.full(len(uniques), len(codes))
-        np.minimum.at(first, codes, np.arange(len(codes)))
-        out["category"] = cats[first]
-    out["count"] = np.bincount(codes, minlength=len(uniques)).astype(np.int64)
-    out["total_us"] = np.bincount(codes, weights=gpu["dur_us"].to_numpy(dtype=float), minlength=len(uniques))
-    total = out["total_us"].sum()
-    out["share"] = out["total_us"] / total if total > 0 else math.nan
-    return out.sort_values(["total_us", "count"], ascending=False, kind="stable", ignore_index=True)
+    from .arraysummary import breakdown_table, window_rows
+    from .tracearrays import as_arrays
 
-
-def _scope(trace: Trace, window: tuple[float, float] | None, device: int | None) -> pd.DataFrame:
-    gpu = _windowed(trace, window)
-    if device is None:
-        return gpu
-    mine = (gpu["device"] == device).to_numpy(dtype=bool, na_value=False)
-    return gpu if mine.all() else gpu[mine]
+    arrays = as_arrays(trace)
+    rows, ts, end = window_rows(arrays, window)
+    dur = None if window is None else end - ts
+    if device is not None:
+        mine = arrays.gpu["device"][rows] == device
+        rows, dur = rows[mine], None if dur is None else dur[mine]
+    return pd.DataFrame(breakdown_table(arrays, rows, by_name, n, dur))
 
 
 def kernel_breakdown(
@@ -260,7 +115,7 @@ def kernel_breakdown(
     """GPU time by kernel category (``categories.CATEGORIES``): category, count, total_us (sum of
     durations, µs), share (of all GPU-activity time in scope: ``window`` clip, one ``device`` or all);
     sorted by total_us descending."""
-    return _breakdown(_scope(trace, window, device), ["category"])
+    return _breakdown(trace, window, device, by_name=False)
 
 
 def top_kernels(
@@ -268,7 +123,7 @@ def top_kernels(
 ) -> pd.DataFrame:
     """The ``n`` GPU activities (by name) with most total time: name, category, count, total_us,
     share (of all GPU-activity time in scope, as in :func:`kernel_breakdown`)."""
-    return _breakdown(_scope(trace, window, device), ["name", "category"]).head(int(n))
+    return _breakdown(trace, window, device, by_name=True, n=int(n))
 
 
 def json_float(value: Any, digits: int | None = None) -> float | None:
@@ -279,14 +134,3 @@ def json_float(value: Any, digits: int | None = None) -> float | None:
     if not math.isfinite(value):
         return None
     return round(value, digits) if digits is not None else value
-
-
-def records(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
-    """Rows of a breakdown frame as JSON-ready dicts (count int, total_us/share float or None, else str)."""
-    return [
-        {
-            c: (json_float(v) if c in ("total_us", "share") else (int(v) if c == "count" else str(v)))
-            for c, v in zip(cols, row)
-        }
-        for row in frame[cols].itertuples(index=False)
-    ]

@@ -23,13 +23,14 @@ import os
 from collections.abc import Iterable
 
 from ..errors import BubblescopeError
-from . import metrics, ranks
+from . import metrics
 from .timeline import check_skip_steps
 from .trace import Trace
+from .tracearrays import TraceArrays
 from .tracesummary import SCHEMA, iter_traces, summarize_trace
 
 
-def is_multirank(traces: list[Trace]) -> bool:
+def is_multirank(traces: list[Trace] | list[TraceArrays]) -> bool:
     """True when there are at least two traces and each names a different ``distributedInfo.rank``."""
     found = [t.rank for t in traces]
     return len(found) > 1 and None not in found and len(set(found)) == len(found)
@@ -53,6 +54,8 @@ def multirank_section(traces: list[Trace], step_marker: str, skip_steps: int = 0
     Raises:
         BubblescopeError: two traces with the same rank, a bad threshold or skip count.
     """
+    from . import ranks  # pandas: only for a multi-rank job
+
     steps = ranks.rank_steps(traces, step_marker, check_skip_steps(skip_steps), threshold_us)
     per_step = ranks.cross_rank_steps(steps)
     per_rank = ranks.rank_summary(traces, steps, threshold_us)
@@ -106,5 +109,6 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
         if not force:  # rank-tagged files without common steps: the per-file summaries are all there is
             return out
         raise BubblescopeError(f"--ranks: the traces do not share one step marker (found {sorted(map(str, markers))})")
-    out["ranks"] = multirank_section(traces, markers.pop(), skip_steps, threshold_us)
+    # the cross-rank metrics work on pandas frames: built here, only for a multi-rank job
+    out["ranks"] = multirank_section([t.to_trace() for t in traces], markers.pop(), skip_steps, threshold_us)
     return out

@@ -6,28 +6,17 @@ replay's kernels all carry the cudaGraphLaunch's), the launch call being inside 
 
 This module finds the steps (:func:`find_steps`), assigns GPU activities to them
 (:func:`assign_steps`), computes per-step metrics (:func:`step_metrics`) and the delay from each
-launch call to its kernel's start (:func:`launch_delays`); the interval arithmetic (busy, span,
-idle split) is :mod:`.metrics`'s.
+launch call to its kernel's start (:func:`launch_delays`), as pandas frames of the numbers
+:mod:`.arraysummary` computes on the trace's columns.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import BubblescopeError
-from .categories import categorize_frame
-from .metrics import (
-    DEFAULT_IDLE_THRESHOLD_US,
-    _launch_rows,
-    _launch_ts,
-    _ratio,
-    _stats_by,
-    check_threshold,
-    pair_codes,
-)
+from .metrics import DEFAULT_IDLE_THRESHOLD_US, check_threshold
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
     from .trace import Trace
@@ -41,58 +30,24 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     Returns step (0.. in time order), name, pid, tid, ts_us, dur_us, end_us, matched_by: "thread"
     when the marker's thread made CUDA calls (launches are matched on that pid/tid), "time" when it
     made none (some exporters put the marker on another pid; launches are then matched by time only).
+    BubblescopeError for an empty marker.
     """
     import numpy as np
+    import pandas as pd
 
-    if not isinstance(step_marker, str) or not step_marker.strip():
-        raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
-    ann = trace.annotations
-    names = ann["name"]
-    prefix = step_marker if step_marker.endswith("#") else step_marker + "#"
-    steps = ann[((names == step_marker) | names.str.startswith(prefix)).to_numpy(dtype=bool)]
-    steps = steps.reset_index(drop=True)
-    steps.insert(0, "step", np.arange(len(steps), dtype=np.int64))
-    rt = trace.runtime
-    known = (rt["pid"].notna() & rt["tid"].notna()).to_numpy(dtype=bool)
-    pairs = np.stack([rt["pid"].to_numpy(dtype="int64", na_value=0)[known],
-                      rt["tid"].to_numpy(dtype="int64", na_value=0)[known]], axis=1)
-    # the few distinct threads, not one Python tuple per CPU call
-    threads = set(map(tuple, pair_codes(pairs[:, 0], pairs[:, 1])[1].tolist()))
-    steps["matched_by"] = [
-        "thread" if (p, t) in threads else "time" for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())
-    ]
-    return steps
+    from . import arraysummary as az
+    from .tracearrays import as_arrays
+    from .tracecolumns import _NA
 
-
-def _runtime_steps(trace: Trace, steps: pd.DataFrame) -> np.ndarray:
-    """Per CPU call in ``trace.runtime``: the step whose range holds its start on its thread (-1: none)."""
-    import numpy as np
-
-    rt = trace.runtime
-    out = np.full(len(rt), -1, dtype=np.int64)
-    ts = rt["ts_us"].to_numpy()
-    pid = rt["pid"].to_numpy(dtype="float64", na_value=np.nan)
-    tid = rt["tid"].to_numpy(dtype="float64", na_value=np.nan)
-    for (p, t, how), grp in steps.groupby(["pid", "tid", "matched_by"], dropna=False, sort=False):
-        if how == "thread":  # a marker without pid/tid never has CUDA calls on its thread, so p, t are set
-            sel = np.flatnonzero((pid == float(p)) & (tid == float(t)))
-        else:
-            sel = np.arange(len(rt))
-        grp = grp.sort_values("ts_us")
-        k = np.searchsorted(grp["ts_us"].to_numpy(), ts[sel], side="right") - 1
-        inside = (k >= 0) & (ts[sel] < grp["end_us"].to_numpy()[np.maximum(k, 0)])
-        out[sel[inside]] = grp["step"].to_numpy()[k[inside]]
-    return out
-
-
-def _gpu_steps(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(step per GPU activity, step per CPU call), -1 where unassigned."""
-    import numpy as np
-
-    rt_step = _runtime_steps(trace, steps)
-    rows = _launch_rows(trace)
-    gpu_step = np.where(rows >= 0, rt_step[np.maximum(rows, 0)] if len(rt_step) else -1, -1)
-    return gpu_step, rt_step
+    arrays = as_arrays(trace)
+    st = az.find_steps(arrays, step_marker)
+    return pd.DataFrame({
+        "step": st["step"],
+        "name": pd.array(arrays.texts[st["name"]], dtype="str"),
+        **{k: pd.arrays.IntegerArray(st[k], st[k] == _NA) for k in ("pid", "tid")},
+        **{k: st[k] for k in ("ts_us", "dur_us", "end_us")},
+        "matched_by": np.where(st["thread"], "thread", "time").astype(object),
+    })
 
 
 def assign_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.Series:
@@ -100,58 +55,12 @@ def assign_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.Ser
     no step; an Int64 Series aligned with ``trace.gpu``."""
     import pandas as pd
 
-    gpu_step, _ = _gpu_steps(trace, find_steps(trace, step_marker))
+    from . import arraysummary as az
+    from .tracearrays import as_arrays
+
+    arrays = as_arrays(trace)
+    gpu_step, _ = az.gpu_steps(arrays, az.find_steps(arrays, step_marker))
     return pd.Series(pd.array(gpu_step, dtype="Int64"), index=trace.gpu.index, name="step").where(gpu_step >= 0)
-
-
-def _main_device(gpu: pd.DataFrame) -> int | None:
-    if gpu.empty:
-        return None
-    counts = gpu["device"].value_counts()
-    return int(counts[counts == counts.max()].index.min())
-
-
-def _step_table(trace: Trace, steps: pd.DataFrame, threshold_us: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-step metrics, the step-assigned GPU activities of the main device with step/category/launch_ts)."""
-    import numpy as np
-    import pandas as pd
-
-    gpu_step, rt_step = _gpu_steps(trace, steps)
-    # the columns the step metrics and timeline_summary read, before the row filter copies them
-    keep = ["name", "kind", "device", "stream", "ts_us", "dur_us", "end_us", "correlation", "registers_per_thread"]
-    keep += ["category"] if "category" in trace.gpu else []  # load_trace's; a hand-built frame may lack it
-    mine = trace.gpu[keep][gpu_step >= 0].assign(step=gpu_step[gpu_step >= 0])
-    device = _main_device(mine)
-    mine = mine[mine["device"] == device] if device is not None else mine
-    mine = mine.assign(launch_ts_us=_launch_ts(trace, mine))
-    if "category" not in mine:
-        mine = mine.assign(category=categorize_frame(mine))
-    stats = _stats_by(mine, mine["step"].to_numpy(), mine["launch_ts_us"].to_numpy(), threshold_us)
-
-    table = steps[["step", "name", "ts_us"]].copy()
-    table["wall_us"] = steps["dur_us"]
-    kernels = mine[mine["kind"] == "kernel"].groupby("step").size()
-    table["kernels"] = kernels.reindex(table["step"], fill_value=0).to_numpy().astype("int64")
-    rt = trace.runtime
-    in_step = rt_step >= 0
-    ends = steps["end_us"].to_numpy()[np.maximum(rt_step, 0)]
-    # min(dur, step end - start) rather than min(end, step end) - start: exact for calls inside the step
-    overlap = np.clip(np.minimum(rt["dur_us"].to_numpy(), ends - rt["ts_us"].to_numpy()), 0, None)
-    for flag, count_col, time_col in (("is_launch", "launches", "launch_us"), ("is_sync", None, "sync_us")):
-        sel = in_step & rt[flag].to_numpy(dtype=bool)
-        if count_col:
-            table[count_col] = np.bincount(rt_step[sel], minlength=len(steps)).astype("int64")
-        table[time_col] = np.bincount(rt_step[sel], weights=overlap[sel], minlength=len(steps)).astype(float)
-    per = stats.reindex(table["step"])
-    table["gpu_busy_us"] = per["busy_us"].to_numpy()
-    table["gpu_span_us"] = per["span_us"].to_numpy()
-    table["bubble_ratio"] = 1 - _ratio(table["gpu_busy_us"].to_numpy(), table["gpu_span_us"].to_numpy())
-    table["launch_share"] = _ratio(table["launch_us"].to_numpy(), table["wall_us"].to_numpy())
-    table["sync_share"] = _ratio(table["sync_us"].to_numpy(), table["wall_us"].to_numpy())
-    for col in ("host_wait_us", "kernel_wait_us", "other_idle_us"):
-        table[col] = per[col].to_numpy()
-    table["device"] = pd.array([device] * len(table), dtype="Int64")
-    return table.reset_index(drop=True), mine
 
 
 def step_metrics(
@@ -166,40 +75,34 @@ def step_metrics(
     wall_us), host_wait_us, kernel_wait_us, other_idle_us (the step's idle gaps), device. GPU columns
     cover the device with most step activity; NaN where the step has no GPU activity.
     """
-    threshold_us = check_threshold(threshold_us)
-    table, _ = _step_table(trace, find_steps(trace, step_marker), threshold_us)
-    return table
-
-
-def _launch_delay_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(launch-call row per GPU activity or -1 when not launched by a launch API, delay_us = start −
-    launch call start (NaN when not launched), first_in_launch), all aligned with ``trace.gpu``."""
-    import numpy as np
     import pandas as pd
 
-    rows = _launch_rows(trace)
-    rt = trace.runtime
-    launched = rows >= 0
-    launched[launched] = rt["is_launch"].to_numpy(dtype=bool)[rows[launched]]
-    rows = np.where(launched, rows, -1)
-    start = trace.gpu["ts_us"].to_numpy()
-    delay = np.full(len(start), np.nan)
-    delay[launched] = start[launched] - rt["ts_us"].to_numpy()[rows[launched]]
-    first = np.zeros(len(start), dtype=bool)
-    sel = np.flatnonzero(launched)
-    if len(sel):
-        # the earliest-starting activity of each launch (a CUDA-graph replay's first kernel); ties: file order
-        order = sel[np.argsort(start[sel], kind="stable")]
-        corr = trace.gpu["correlation"].to_numpy(dtype="int64", na_value=0)[order]
-        first[order] = ~pd.Series(corr).duplicated().to_numpy()
-    return rows, delay, first
+    from . import arraysummary as az
+    from .intervals import ratio
+    from .tracearrays import as_arrays
+
+    threshold_us = check_threshold(threshold_us)
+    arrays = as_arrays(trace)
+    steps = az.find_steps(arrays, step_marker)
+    t, _, _ = az.step_table(arrays, steps, threshold_us)
+    out = {"step": t["step"], "name": pd.array(arrays.texts[steps["name"]], dtype="str")}
+    out.update({k: t[k] for k in ("ts_us", "wall_us", "kernels", "launches", "launch_us", "sync_us", "gpu_busy_us",
+                                  "gpu_span_us", "bubble_ratio")})
+    out["launch_share"] = ratio(t["launch_us"], t["wall_us"])
+    out["sync_share"] = ratio(t["sync_us"], t["wall_us"])
+    out.update({k: t[k] for k in ("host_wait_us", "kernel_wait_us", "other_idle_us")})
+    out["device"] = pd.array([t["device"]] * len(t["step"]), dtype="Int64")
+    return pd.DataFrame(out)
 
 
 def launch_delays(trace: Trace) -> pd.DataFrame:
     """Per GPU activity launched by a launch API (see ``trace.LAUNCH_APIS``): name, kind, device,
     stream, correlation, launch_name, launch_ts_us, start_us, delay_us = start − launch call start (µs),
     first_in_launch (False for the later kernels of a CUDA-graph replay, which share one launch)."""
-    rows, delay, first = _launch_delay_arrays(trace)
+    from . import arraysummary as az
+    from .tracearrays import as_arrays
+
+    rows, delay, first = az.launch_delays(as_arrays(trace))
     launched = rows >= 0
     rt = trace.runtime
     r = rows[launched]

@@ -1,7 +1,8 @@
 """The JSON-ready timeline of one engine's decode: :func:`timeline_summary` (the metrics the results
 file stores) and :func:`step_timeline` (one step's activities, for the timeline plot).
 
-Both are built from the step assignment of :mod:`.steps` and the interval metrics of :mod:`.metrics`.
+The summary is computed on numpy columns (:mod:`.arraysummary`, no pandas), the step timeline from
+the step assignment of :mod:`.steps`.
 """
 
 from __future__ import annotations
@@ -9,40 +10,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
-from .categories import categorize_frame
-from .metrics import (
-    DEFAULT_IDLE_THRESHOLD_US,
-    TOP_KERNELS,
-    _breakdown,
-    _ratio,
-    check_threshold,
-    device_summary,
-    json_float,
-    records,
-)
-from .steps import (
-    DEFAULT_STEP_MARKER,
-    _gpu_steps,
-    _launch_delay_arrays,
-    _step_table,
-    find_steps,
-)
+from .intervals import ratio as _ratio
+from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
+from .steps import DEFAULT_STEP_MARKER
 
 if TYPE_CHECKING:
     from .trace import Trace
+    from .tracearrays import TraceArrays
 
 
 def check_skip_steps(skip_steps: int) -> int:
-    """Return ``skip_steps`` as int; BubblescopeError unless it is an integer >= 0."""
-    import numpy as np
+    """Return ``skip_steps`` as int (Python or numpy integers); BubblescopeError unless it is an integer >= 0."""
+    import numbers  # numpy's integers register as Integral: no numpy import before a trace is being read
 
-    if isinstance(skip_steps, bool) or not isinstance(skip_steps, (int, np.integer)) or skip_steps < 0:
+    if isinstance(skip_steps, bool) or not isinstance(skip_steps, numbers.Integral) or skip_steps < 0:
         raise BubblescopeError(f"skip_steps {skip_steps!r}: must be an integer >= 0")
     return int(skip_steps)
 
 
 def timeline_summary(
-    trace: Trace,
+    trace: Trace | TraceArrays,
     step_marker: str = DEFAULT_STEP_MARKER,
     skip_steps: int = 0,
     threshold_us: float = DEFAULT_IDLE_THRESHOLD_US,
@@ -61,6 +48,10 @@ def timeline_summary(
     """
     import numpy as np
 
+    from . import arraysummary as az
+    from .tracearrays import as_arrays
+
+    arrays = as_arrays(trace)
     threshold_us = check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
     out: dict[str, Any] = {
@@ -83,100 +74,111 @@ def timeline_summary(
         "categories": [],
         "max_registers_per_thread": None,
     }
-    steps = find_steps(trace, step_marker)
-    if steps.empty:
+    steps = az.find_steps(arrays, step_marker)
+    if not len(steps["step"]):
         out["reason"] = f"no step marker {step_marker!r} in trace"
         return out
-    table, mine = _step_table(trace, steps, threshold_us)
-    table = table[table["step"] >= skip_steps]
-    if table.empty:
-        out["reason"] = f"all {len(steps)} steps are warm-up (skip_steps={skip_steps})"
+    table, rows, step_of = az.step_table(arrays, steps, threshold_us)
+    measured = table["step"] >= skip_steps
+    table = {k: (v[measured] if isinstance(v, np.ndarray) else v) for k, v in table.items()}
+    if not measured.any():
+        out["reason"] = f"all {len(steps['step'])} steps are warm-up (skip_steps={skip_steps})"
         return out
-    mine = mine[mine["step"] >= skip_steps]
-    wall = float(table["wall_us"].median())
-    launches = float(table["launches"].median())
+    rows = rows[step_of >= skip_steps]
+    wall = float(np.median(table["wall_us"]))
+    launches = float(np.median(table["launches"]))
     out.update(
-        steps=len(table),
+        steps=int(measured.sum()),
         launches_per_step=launches,
         step_wall_us=json_float(wall),
         launches_per_s=json_float(launches / (wall / 1e6)) if wall > 0 else None,
         launch_share=json_float(_ratio(table["launch_us"].sum(), table["wall_us"].sum())),
         sync_share=json_float(_ratio(table["sync_us"].sum(), table["wall_us"].sum())),
     )
-    if trace.gpu.empty:
+    gpu = arrays.gpu
+    if not len(gpu["ts_us"]):
         out["reason"] = "no GPU activity in trace (CPU-only run)"
         return out
-    if mine.empty:
+    if not len(rows):
         out["reason"] = (
             "no GPU activity linked to the steps (no launch inside a step carries a kernel's correlation id)"
         )
         return out
-    device = int(mine["device"].iloc[0])
-    decode_window = (float(mine["ts_us"].min()), float(mine["end_us"].max()))
-    in_window = device_summary(trace, decode_window, threshold_us)
-    row = in_window[in_window["device"] == device].iloc[0]
-    _, delay, first = _launch_delay_arrays(trace)
-    pick = trace.gpu.index.get_indexer(mine.index)
-    delays = delay[pick][first[pick] & ~np.isnan(delay[pick])]
-    regs = mine.loc[mine["kind"] == "kernel", "registers_per_thread"].max()
+    device = int(gpu["device"][rows[0]])
+    decode_window = (float(gpu["ts_us"][rows].min()), float(gpu["end_us"][rows].max()))
+    in_window = az.device_table(arrays, threshold_us, decode_window)
+    _, delay, first = az.launch_delays(arrays)
+    delays = delay[rows][first[rows] & ~np.isnan(delay[rows])]
+    kernels = rows[arrays.texts[gpu["kind"][rows]] == "kernel"]
+    regs = gpu["registers_per_thread"][kernels]
+    regs = regs[~np.isnan(regs)]
     out.update(
         available=True,
         device=device,
-        kernels_per_step=float(table["kernels"].median()),
-        bubble_ratio=json_float(row["bubble_ratio"]),
-        bubble_ratio_steps=[json_float(v) for v in table["bubble_ratio"]],
-        gpu_busy_us_per_step=json_float(table["gpu_busy_us"].median()),
+        kernels_per_step=float(np.median(table["kernels"])),
+        bubble_ratio=json_float(in_window["bubble_ratio"][np.flatnonzero(in_window["device"] == device)[0]]),
+        bubble_ratio_steps=[json_float(v) for v in table["bubble_ratio"].tolist()],
+        gpu_busy_us_per_step=json_float(_nan_stat(np.median, table["gpu_busy_us"])),
         idle={
-            "host_wait_us": json_float(table["host_wait_us"].mean()),
-            "kernel_wait_us": json_float(table["kernel_wait_us"].mean()),
-            "other_us": json_float(table["other_idle_us"].mean()),
+            "host_wait_us": json_float(_nan_stat(np.mean, table["host_wait_us"])),
+            "kernel_wait_us": json_float(_nan_stat(np.mean, table["kernel_wait_us"])),
+            "other_us": json_float(_nan_stat(np.mean, table["other_idle_us"])),
             "threshold_us": threshold_us,
         },
         launch_delay_us={
             k: (json_float(np.percentile(delays, q)) if len(delays) else None)
             for k, q in (("p50", 50), ("p90", 90), ("max", 100))
         },
-        top_kernels=records(
-            _breakdown(mine, ["name", "category"]).head(TOP_KERNELS), ["name", "category", "count", "total_us", "share"]
-        ),
-        categories=records(_breakdown(mine, ["category"]), ["category", "count", "total_us", "share"]),
-        max_registers_per_thread=None if regs != regs or regs is None else int(regs),
+        top_kernels=az.breakdown(arrays, rows, by_name=True, n=TOP_KERNELS),
+        categories=az.breakdown(arrays, rows, by_name=False),
+        max_registers_per_thread=int(regs.max()) if len(regs) else None,
     )
     return out
 
 
-def step_timeline(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER, step_index: int = 0) -> dict:
-    """One step's activities for a timeline plot, times in µs relative to the step range's start:
-    ``{"kernels": [{name, category, stream, start_us, dur_us}], "launches": [{name, start_us, dur_us}]}``
-    (all GPU activities of the step, every launch call in it). BubblescopeError if no such step."""
+def _nan_stat(stat: Any, values: Any) -> float | None:
+    """``stat`` of the non-NaN values (as pandas' skipna reductions), None when there are none."""
     import numpy as np
 
-    steps = find_steps(trace, step_marker)
-    if not 0 <= int(step_index) < len(steps):
+    values = values[~np.isnan(values)]
+    return float(stat(values)) if len(values) else None
+
+
+def step_timeline(
+    trace: Trace | TraceArrays, step_marker: str = DEFAULT_STEP_MARKER, step_index: int = 0
+) -> dict:
+    """One step's activities for a timeline plot, times in µs relative to the step range's start:
+    ``{"kernels": [{name, category, stream, start_us, dur_us}], "launches": [{name, start_us, dur_us}]}``
+    (all GPU activities of the step by start, every launch call in it). BubblescopeError if no such step."""
+    import numpy as np
+
+    from . import arraysummary as az
+    from .tracearrays import as_arrays
+    from .tracecolumns import _NA
+
+    arrays = as_arrays(trace)
+    steps = az.find_steps(arrays, step_marker)
+    i = int(step_index)
+    if not 0 <= i < len(steps["step"]):
         raise BubblescopeError(
-            f"step {step_index}: out of range, the trace has {len(steps)} steps marked {step_marker!r}"
+            f"step {step_index}: out of range, the trace has {len(steps['step'])} steps marked {step_marker!r}"
         )
-    t0 = float(steps["ts_us"].iloc[int(step_index)])
-    gpu_step, rt_step = _gpu_steps(trace, steps)
-    gpu = trace.gpu[gpu_step == int(step_index)]
-    if "category" not in gpu:  # load_trace adds it; a hand-built frame may lack it
-        gpu = gpu.assign(category=categorize_frame(gpu))
-    gpu = gpu.sort_values("ts_us", kind="stable")
-    rt = trace.runtime[(rt_step == int(step_index)) & trace.runtime["is_launch"].to_numpy(dtype=bool)]
-    stream = gpu["stream"].to_numpy(dtype="float64", na_value=np.nan)
+    t0 = float(steps["ts_us"][i])
+    gpu_step, rt_step = az.gpu_steps(arrays, steps)
+    gpu, rt, texts = arrays.gpu, arrays.runtime, arrays.texts
+    rows = np.flatnonzero(gpu_step == i)
+    rows = rows[np.argsort(gpu["ts_us"][rows], kind="stable")]
+    calls = np.flatnonzero((rt_step == i) & rt["is_launch"])
     return {
         "kernels": [
-            {
-                "name": n,
-                "category": c,
-                "stream": None if s != s else int(s),
-                "start_us": float(t - t0),
-                "dur_us": float(d),
-            }
-            for n, c, s, t, d in zip(gpu["name"], gpu["category"], stream, gpu["ts_us"], gpu["dur_us"])
+            {"name": texts[n], "category": texts[c], "stream": None if s == _NA else s, "start_us": t - t0,
+             "dur_us": d}
+            for n, c, s, t, d in zip(gpu["name"][rows].tolist(), gpu["category"][rows].tolist(),
+                                     gpu["stream"][rows].tolist(), gpu["ts_us"][rows].tolist(),
+                                     gpu["dur_us"][rows].tolist())
         ],
         "launches": [
-            {"name": n, "start_us": float(t - t0), "dur_us": float(d)}
-            for n, t, d in zip(rt["name"], rt["ts_us"], rt["dur_us"])
+            {"name": texts[n], "start_us": t - t0, "dur_us": d}
+            for n, t, d in zip(rt["name"][calls].tolist(), rt["ts_us"][calls].tolist(), rt["dur_us"][calls].tolist())
         ],
     }

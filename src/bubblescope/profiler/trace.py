@@ -12,29 +12,24 @@ Units: every ``ts``/``dur`` of the Chrome trace format is in microseconds whatev
 spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written.
 
 Reading is split over modules: :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes
-runs of events with msgspec, :mod:`.tracecolumns` keeps the fields of each event and builds the typed,
-cleaned frames, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events, and this one holds the
-:class:`Trace` container, the launch/sync API names and :func:`load_trace`, which ties them together.
+runs of events with msgspec, :mod:`.tracecolumns` keeps the fields of each event, :mod:`.traceframes`
+builds the typed, cleaned columns, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events,
+:mod:`.tracearrays` ties them together into numpy columns (what ``diagnose trace`` computes on,
+without pandas), and this one holds the :class:`Trace` container of pandas frames, the launch/sync
+API names and :func:`load_trace`.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BubblescopeError
-
 # GPU_KINDS, RUNTIME_CATEGORIES and FLOW_PHASES (which events become which table) live with the
 # column building; they stay importable from here.
-from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES, _Columns  # noqa: F401
-from .categories import categorize_frame
-from .tracechecks import drop_repeated
-from .tracejson import _open_text, _parse, _Reader, _Text
+from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES  # noqa: F401
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,68 +130,6 @@ def load_trace(
     and dur 0, missing ts/dur, integers beyond int64, invalid UTF-8) are excluded or repaired and
     counted in ``Trace.warnings``.
     """
-    path = os.fspath(path)
-    cols = _Columns(keep_flows=flows, lean=lean)
-    try:
-        raw, gz = _open_text(path)
-        with raw:
-            size = os.fstat(raw.fileno()).st_size
-            reader = _Reader(raw, gz)
-            reader.start()
-            try:
-                meta, found = _parse(_Text(reader, None if progress is None else (lambda done: progress(done, size))), cols)
-            finally:
-                reader.close()
-        if progress is not None:
-            progress(size, size)
-    except FileNotFoundError:
-        raise BubblescopeError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BubblescopeError(f"{path}: is a directory, not a trace file") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise BubblescopeError(f"{path}: corrupt or truncated gzip ({exc})") from None
-    except OSError as exc:
-        raise BubblescopeError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except (ValueError, RecursionError) as exc:
-        raise BubblescopeError(f"{path}: not a Chrome trace: {exc}") from None
-    if not found:
-        raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
+    from .tracearrays import read_trace_arrays
 
-    frames = cols.frames()
-    # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
-    # annotations by ts_us (stable: the file's order among equal times)
-    gpu, merged = drop_repeated(frames["gpu"])
-    gpu["category"] = categorize_frame(gpu)  # once here, not per metric: each pass hashes every name
-    runtime = frames["runtime"]
-    names = runtime["name"].unique()
-    runtime["is_launch"] = runtime["name"].isin([n for n in names if api_base_name(n) in LAUNCH_APIS])
-    runtime["is_sync"] = runtime["name"].isin([n for n in names if api_base_name(n) in SYNC_APIS])
-    annotations = frames["annotations"]
-    flows = frames["flows"]
-
-    warnings = [f"{n} {what}" for what, n in cols.odd.items()]
-    warnings += [f"{n} integers in {col} beyond int64 or not integers, set to null" for col, n in cols.bad_ints.items()]
-    warnings += merged
-    if cols.bad_text:
-        warnings.append(f"{cols.bad_text} distinct names had invalid UTF-8 (replaced by U+FFFD)")
-    linked = gpu["correlation"].isin(runtime["correlation"].dropna()).to_numpy(dtype=bool, na_value=False)
-    if len(gpu) and not linked.all():
-        warnings.append(
-            f"{int((~linked).sum())} of {len(gpu)} GPU activities have no CPU call with "
-            "their correlation id (launch unknown)"
-        )
-    rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None
-    rank = parse_rank(rank_raw)
-    if rank_raw is not None and rank is None:
-        warnings.append(f"distributedInfo.rank {rank_raw!r} is not an integer; rank unknown")
-    return Trace(
-        path=path,
-        rank=rank,
-        metadata=meta,
-        gpu=gpu,
-        runtime=runtime,
-        annotations=annotations,
-        flows=flows,
-        warnings=warnings,
-        event_count=cols.events,
-    )
+    return read_trace_arrays(path, progress, flows, lean).to_trace()

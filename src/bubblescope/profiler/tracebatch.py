@@ -13,6 +13,8 @@ columns.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Union
 
@@ -60,22 +62,50 @@ class _Event(msgspec.Struct, gc=False):
     tid: _Id = _NA
     ts: _Num = None
     dur: _Num = None
-    id: _Id = _NA
     args: Union[_Args, None, msgspec.UnsetType] = _UNSET
+
+
+class _FlowEvent(_Event, gc=False):
+    id: _Id = _NA  # only flow events read it
 
 
 class _LeanEvent(_Event, gc=False):
     args: Union[_LeanArgs, None, msgspec.UnsetType] = _UNSET
 
 
-# (decoder, args type, args of an event without them) for full and lean columns
-_FULL = (msgspec.json.Decoder(list[_Event]), _Args, _Args())
-_LEAN = (msgspec.json.Decoder(list[_LeanEvent]), _LeanArgs, _LeanArgs())
+class _LeanFlowEvent(_LeanEvent, gc=False):
+    id: _Id = _NA
+
+
+@functools.cache
+def _decoding(lean: bool, flows: bool) -> tuple[Any, type, Any]:
+    """(decoder of a list of events, args type, args of an event without them) for the columns kept."""
+    event = (_LeanFlowEvent if flows else _LeanEvent) if lean else (_FlowEvent if flows else _Event)
+    args = _LeanArgs if lean else _Args
+    return msgspec.json.Decoder(list[event]), args, args()
+
+
 # Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step).
 _KINDS = ("kernel", "memcpy", "memset")
 _X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
 _X_CODE.update({"cpu_op": 6, "Operator": 6})
 _PH_CODE = {**{p: 7 for p in FLOW_PHASES}, "B": 8, "E": 9}
+_PH_CAT = operator.attrgetter("ph", "cat")
+
+
+class _Codes(dict):
+    """(ph, cat) -> table code, computed on the first sight of each pair: one C-level dict lookup per
+    event instead of a Python expression. TypeError for an unhashable ph or cat (a list)."""
+
+    def __missing__(self, key: tuple) -> int:
+        ph, cat = key
+        code = _X_CODE.get(cat, 0) if ph == "X" else _PH_CODE.get(ph, 0)
+        if len(self) < 4096:  # a trace with a new category per event must not grow this without bound
+            self[key] = code
+        return code
+
+
+_CODES = _Codes()
 
 
 def _args(sub: list[_Event], kind: type, empty: Any) -> list:
@@ -114,12 +144,10 @@ def add_batch(cols: _Columns, text: str) -> bool:
     msgspec refuses the text or a value's type (the caller then reads it event by event)."""
     import numpy as np
 
-    decoder, kind, empty = _LEAN if cols.lean else _FULL
+    decoder, kind, empty = _decoding(cols.lean, cols.keep_flows)
     try:
         events = decoder.decode("[" + text + "]")
-        codes = np.array(
-            [_X_CODE.get(e.cat, 0) if e.ph == "X" else _PH_CODE.get(e.ph, 0) for e in events], dtype=np.int8
-        )
+        codes = np.fromiter(map(_CODES.__getitem__, map(_PH_CAT, events)), dtype=np.int8, count=len(events))
     except (msgspec.DecodeError, TypeError):  # TypeError: a list or object as ph or cat
         return False
     odd: Counter[str] = Counter()

@@ -13,45 +13,42 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from .trace import Trace
+    from .tracearrays import TraceArrays
 
 
-def drop_repeated(gpu: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+def drop_repeated(gpu: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """(``gpu`` without repeated or same-name nested activities, warnings naming what was merged).
 
-    ``gpu`` is a ``Trace.gpu`` frame (name, device, stream, ts_us, end_us). Within one (device,
-    stream, name), an activity whose [ts_us, end_us] lies inside an earlier-starting (or equal, longer)
-    one is dropped. Row order of the kept activities is unchanged; the index is renumbered.
+    ``gpu`` is the gpu table of a :class:`~.tracearrays.TraceArrays` (numpy columns name codes,
+    device, stream, ts_us, end_us, ...). Within one (device, stream, name), an activity whose
+    [ts_us, end_us] lies inside an earlier-starting (or equal, longer) one is dropped. Row order of
+    the kept activities is unchanged.
     """
     import numpy as np
-    import pandas as pd
 
-    n = len(gpu)
+    from .intervals import group_cummax
+
+    n = len(gpu["ts_us"])
     if n < 2:
         return gpu, []
-    name, _ = pd.factorize(gpu["name"])
-    device = gpu["device"].to_numpy(dtype="int64", na_value=-(1 << 63))
-    stream = gpu["stream"].to_numpy(dtype="int64", na_value=-(1 << 63))
-    ts, end = gpu["ts_us"].to_numpy(), gpu["end_us"].to_numpy()
+    name, device, stream = gpu["name"], gpu["device"], gpu["stream"]
+    ts, end = gpu["ts_us"], gpu["end_us"]
     order = np.lexsort((-end, ts, name, stream, device))  # the outer range first among equal starts
     d, s, k, t, e = device[order], stream[order], name[order], ts[order], end[order]
     head = np.ones(n, dtype=bool)
     head[1:] = (d[1:] != d[:-1]) | (s[1:] != s[:-1]) | (k[1:] != k[:-1])
-    group = np.cumsum(head) - 1
-    reach = pd.Series(e).groupby(group).cummax().to_numpy()
+    reach = group_cummax(np.cumsum(head) - 1, e)
     inside = np.zeros(n, dtype=bool)
     inside[1:] = ~head[1:] & (e[1:] <= reach[:-1])
     if not inside.any():
         return gpu, []
     same = np.zeros(n, dtype=bool)
     same[1:] = inside[1:] & (t[1:] == t[:-1]) & (e[1:] == e[:-1])
-    drop = np.zeros(n, dtype=bool)
-    drop[order] = inside
+    keep = np.ones(n, dtype=bool)
+    keep[order] = ~inside
     notes = []
     if same.any():
         notes.append(
@@ -64,10 +61,10 @@ def drop_repeated(gpu: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             f"{nested} GPU activities nested inside another of the same name on the same device and stream: "
             "counted once (the outer one kept)"
         )
-    return gpu[~drop].reset_index(drop=True), notes
+    return {key: arr[keep] for key, arr in gpu.items()}, notes
 
 
-def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
+def overlap_notes(devices: list[dict], arrays: TraceArrays) -> list[str]:
     """One warning per device whose streams run at the same time: the summed busy time of its
     streams (each a union) minus the device's busy_us, in µs.
 
@@ -76,20 +73,23 @@ def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
     """
     import numpy as np
 
-    from .metrics import _interval_stats, pair_codes
+    from .intervals import interval_stats, pair_codes
+    from .tracecolumns import _NA
 
-    if gpu.empty:
+    gpu = arrays.gpu
+    if not len(gpu["ts_us"]):
         return []
-    device = gpu["device"].to_numpy(dtype="int64", na_value=-1)
-    stream = gpu["stream"].to_numpy(dtype="int64", na_value=-1)
+    device = gpu["device"]
+    stream = np.where(gpu["stream"] == _NA, -1, gpu["stream"])
     key, pairs = pair_codes(device, stream)
-    ts, end = gpu["ts_us"].to_numpy(), gpu["end_us"].to_numpy()
-    per_stream = _interval_stats(key, ts, end, np.full(len(ts), np.nan), 0.0)["busy_us"]
-    stream_device = pairs[per_stream.index.to_numpy(), 0]
+    ts, end = gpu["ts_us"], gpu["end_us"]
+    keys, stats = interval_stats(key, ts, end, np.full(len(ts), np.nan), 0.0)
+    per_stream = stats["busy_us"]
+    stream_device = pairs[keys, 0]
     notes = []
     for dev in devices:
         mine = device == dev["device"]
-        overlap = float(per_stream.to_numpy()[stream_device == dev["device"]].sum()) - dev["busy_us"]
+        overlap = float(per_stream[stream_device == dev["device"]].sum()) - dev["busy_us"]
         rounding = 2 * int(mine.sum()) * float(np.spacing(np.abs(end[mine]).max()))
         if dev["streams"] > 1 and overlap > rounding:
             notes.append(
@@ -100,14 +100,14 @@ def overlap_notes(devices: list[dict], gpu: pd.DataFrame) -> list[str]:
     return notes
 
 
-def skew_note(trace: Trace) -> str | None:
+def skew_note(arrays: TraceArrays) -> str | None:
     """A warning when GPU activities start before their launch call (CPU/GPU clock skew), else None."""
-    from .metrics import _launch_rows
+    from .tracearrays import launch_rows
 
-    rows = _launch_rows(trace)
+    rows = launch_rows(arrays)
     launched = rows >= 0
-    launched[launched] = trace.runtime["is_launch"].to_numpy(dtype=bool)[rows[launched]]
-    delays = trace.gpu["ts_us"].to_numpy()[launched] - trace.runtime["ts_us"].to_numpy()[rows[launched]]
+    launched[launched] = arrays.runtime["is_launch"][rows[launched]]
+    delays = arrays.gpu["ts_us"][launched] - arrays.runtime["ts_us"][rows[launched]]
     early = delays < 0
     if not early.any():
         return None

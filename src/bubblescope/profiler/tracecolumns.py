@@ -1,12 +1,12 @@
-"""Which trace events are kept, and how their fields become typed, cleaned pandas columns.
+"""Which trace events are kept, and how their fields become typed, cleaned numpy columns.
 
 :class:`_Columns` keeps the events of each table (GPU activities, runtime/driver calls, annotations,
 flows) as typed numpy column chunks: int64 ids (a sentinel for "absent"), float64 times, int32 codes
 into one shared vocabulary for names, shared tuples for grid/block. Rows arrive column-wise from the
 batch decoder (:mod:`.tracebatch`) or one event dict at a time (:meth:`_Columns.add`, for text the
-batch decoder refuses: NaN literals, lone surrogates, odd types), then become one frame per table at
-the end (:meth:`_Columns.frames`, built by :mod:`.traceframes`); rows with unusable times are dropped and every oddity is counted
-for ``Trace.warnings``. ``B``/``E`` duration events are paired into complete events
+batch decoder refuses: NaN literals, lone surrogates, odd types), then become whole columns per
+table at the end (:meth:`_Columns.arrays`, built by :mod:`.traceframes`); rows with unusable times
+are dropped and every oddity is counted for ``Trace.warnings``. ``B``/``E`` duration events are paired into complete events
 (:mod:`.tracepairs`).
 """
 
@@ -15,10 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import pandas as pd
+from typing import Any
 
 # Chrome-trace category -> activity kind. Old Kineto wrote the capitalised names.
 GPU_KINDS = {
@@ -304,8 +301,9 @@ class _Columns:
         return out
 
     # ---- frames -----------------------------------------------------------------------------
-    def frames(self) -> dict[str, pd.DataFrame]:
-        """One frame per table (see :func:`.traceframes.build_frames`); the columns are consumed."""
-        from .traceframes import build_frames
+    def arrays(self) -> tuple[Any, dict[str, dict[str, Any]]]:
+        """(texts of the codes, numpy columns per table), see :func:`.traceframes.build_arrays`; the
+        column chunks are consumed."""
+        from .traceframes import build_arrays
 
-        return build_frames(self)
+        return build_arrays(self)

@@ -1,8 +1,10 @@
-"""The kept events' column chunks of a :class:`~.tracecolumns._Columns` turned into one frame per table.
+"""The kept events' column chunks of a :class:`~.tracecolumns._Columns` turned into one set of numpy
+columns per table (:func:`build_arrays`), and such columns into a pandas frame (:func:`frame_of`).
 
 Column by column: each column's chunks are concatenated and freed before the next, rows are dropped
 (unusable times, counted) and sorted by index arrays rather than by DataFrame copies, so the peak
-is about the columns once plus one column; texts come from the shared vocabulary as pandas strings.
+is about the columns once plus one column; texts stay int32 codes into the shared vocabulary until a
+frame is asked for (pandas strings then).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .tracecolumns import _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE
+from .heap import release_freed_memory
 from .tracepairs import pair_durations
 
 if TYPE_CHECKING:
@@ -17,38 +20,14 @@ if TYPE_CHECKING:
 
     from .tracecolumns import _Columns
 
-_TRIM: Any = None
-
-
-def _release_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
-
-    The per-window column chunks are small arrays on the C heap; freed after concatenation, their
-    pages stay in the process and the full columns (large, mmap-ed) come on top, so the peak would
-    be twice the columns. Trimming after each column keeps it near once.
-    """
-    global _TRIM
-    if _TRIM is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-
-def table_frame(
-    cols: _Columns, table: str, texts: Any, sort_by: tuple[str, ...] = (), na_fill: dict | None = None
-) -> pd.DataFrame:
-    """One table's chunks as a frame; rows with non-finite ts/dur, a negative dur or |ts|/dur beyond
-    2^63 µs are dropped; absent ints in ``na_fill``'s columns take its value; rows are stably sorted
-    by ``sort_by``. Column by column, so memory holds the columns once plus one being reordered."""
+def table_arrays(
+    cols: _Columns, table: str, sort_by: tuple[str, ...] = (), na_fill: dict | None = None
+) -> dict[str, Any]:
+    """One table's chunks as numpy columns (ints int64 with ``_NA`` for absent, texts int32 codes into
+    the vocabulary, ``end_us`` after ``dur_us``); rows with non-finite ts/dur, a negative dur or
+    |ts|/dur beyond 2^63 µs are dropped; absent ints in ``na_fill``'s columns take its value; rows
+    are stably sorted by ``sort_by``. Column by column, so memory holds the columns once plus one."""
     import numpy as np
-    import pandas as pd
 
     columns = cols.columns[table]
     chunks = cols.chunks[table]
@@ -60,7 +39,7 @@ def table_frame(
         if parts:
             raw[key] = np.concatenate(parts)
             del parts
-            _release_freed_memory()
+            release_freed_memory()
         else:
             raw[key] = np.zeros(0, dtype=np.int64 if key in _INT_COLUMNS else np.float64
                                 if key in _FLOAT_COLUMNS else object if key in ("grid", "block") else np.int32)
@@ -89,33 +68,34 @@ def table_frame(
     data: dict[str, Any] = {}
     for key in columns:
         arr = raw.pop(key)
-        if rows is not None:
-            arr = arr[rows]
-        if key in _INT_COLUMNS:
-            data[key] = pd.arrays.IntegerArray(arr, arr == _NA)
-        elif key in _FLOAT_COLUMNS or key in ("grid", "block"):
-            data[key] = arr
-        else:
-            data[key] = pd.array(texts[arr], dtype="str")
-    ordered: dict[str, Any] = {}
-    for key, values in data.items():
-        ordered[key] = values
+        data[key] = arr if rows is None else arr[rows]
         if key == "dur_us":
-            ordered["end_us"] = data["ts_us"] + values
-    return pd.DataFrame(ordered, copy=False)
+            data["end_us"] = data["ts_us"] + data["dur_us"]
+    return data
 
 
-def build_frames(cols: _Columns) -> dict[str, pd.DataFrame]:
-    """One frame per table: the B/E pairs made complete events and kept, pending event dicts typed,
-    names with lone surrogates repaired (counted in ``cols.bad_text``); gpu sorted by (device, ts_us)
-    with device -1 where unknown, runtime and annotations by ts_us, flows as read."""
+def frame_of(data: dict[str, Any], texts: Any) -> pd.DataFrame:
+    """A table of :func:`table_arrays` as a DataFrame: ints as nullable Int64 (``<NA>`` for ``_NA``),
+    codes as pandas strings, other columns as they are (no copy)."""
+    import pandas as pd
+
+    out: dict[str, Any] = {}
+    for key, arr in data.items():
+        if arr.dtype.kind == "i" and key in _INT_COLUMNS:
+            out[key] = pd.arrays.IntegerArray(arr, arr == _NA)
+        elif arr.dtype.kind == "i":
+            out[key] = pd.array(texts[arr], dtype="str")
+        else:
+            out[key] = arr
+    return pd.DataFrame(out, copy=False)
+
+
+def vocabulary(cols: _Columns) -> tuple[Any, Any]:
+    """(texts of the codes as an object array, None or the code each code becomes): names with lone
+    surrogates are repaired (counted in ``cols.bad_text``); when a repaired text equals another
+    code's, both become the first one's code, so that one text has one code."""
     import numpy as np
 
-    for ev in pair_durations(cols.pairs, cols.odd):
-        cols.add_complete(ev)
-    cols.pairs = []
-    cols.flush()
-    # \ud800-style escapes give lone surrogates, which cannot be encoded or printed.
     texts = np.empty(len(cols.vocab), dtype=object)
     for i, text in enumerate(cols.vocab):
         try:
@@ -126,9 +106,31 @@ def build_frames(cols: _Columns) -> dict[str, pd.DataFrame]:
         else:
             cols.bad_text += "\ufffd" in text
         texts[i] = text
-    return {
-        "gpu": table_frame(cols, "gpu", texts, ("device", "ts_us"), {"device": -1}),  # -1: device unknown
-        "runtime": table_frame(cols, "runtime", texts, ("ts_us",)),
-        "annotations": table_frame(cols, "annotations", texts, ("ts_us",)),
-        "flows": table_frame(cols, "flows", texts),
+    if not cols.bad_text or len(set(texts.tolist())) == len(texts):
+        return texts, None
+    first: dict[str, int] = {}
+    canon = np.array([first.setdefault(t, i) for i, t in enumerate(texts.tolist())], dtype=np.int32)
+    return texts, canon
+
+
+def build_arrays(cols: _Columns) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """(texts of the codes, one :func:`table_arrays` dict per table): the B/E pairs made complete
+    events and kept, pending event dicts typed; gpu sorted by (device, ts_us) with device -1 where
+    unknown, runtime and annotations by ts_us, flows as read."""
+    for ev in pair_durations(cols.pairs, cols.odd):
+        cols.add_complete(ev)
+    cols.pairs = []
+    cols.flush()
+    texts, canon = vocabulary(cols)
+    tables = {
+        "gpu": table_arrays(cols, "gpu", ("device", "ts_us"), {"device": -1}),  # -1: device unknown
+        "runtime": table_arrays(cols, "runtime", ("ts_us",)),
+        "annotations": table_arrays(cols, "annotations", ("ts_us",)),
+        "flows": table_arrays(cols, "flows"),
     }
+    if canon is not None:
+        for data in tables.values():
+            for key, arr in data.items():
+                if arr.dtype == np.int32:
+                    data[key] = canon[arr]
+    return texts, tables

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .tracecolumns import _Columns
 
 _CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
+_FIRST_CHARS = 1 << 18  # the first refill: parsing starts after 256 Ki characters, not 4 Mi, are inflated
 _MAX_EVENT_CHARS = 1 << 26  # one event larger than 64 Mi characters is treated as malformed
 _MAX_COMMAS = 4096  # '{' looked at from a window's end for the start of an event
 _BATCH_TRIES = 3  # cuts tried per window before reading it event by event
@@ -83,8 +84,10 @@ class _Reader(threading.Thread):
 
     def run(self) -> None:
         try:
+            size = min(_FIRST_CHARS, _CHUNK_CHARS)
             while not self._halt.is_set():
-                data = self._binary.read(_CHUNK_CHARS)
+                data = self._binary.read(size)
+                size = _CHUNK_CHARS
                 text = self._decoder.decode(data, final=not data)
                 if text or not data:
                     self._put((text, self._raw.tell(), None))

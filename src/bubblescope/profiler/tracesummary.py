@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
 from . import metrics
-from .steps import DEFAULT_STEP_MARKER, find_steps
-from .tracechecks import overlap_notes, skew_note
+from .arraysummary import breakdown, device_table, find_steps
+from .steps import DEFAULT_STEP_MARKER
 from .timeline import check_skip_steps, timeline_summary
-from .trace import Trace, load_trace
+from .tracearrays import TraceArrays, read_trace_arrays
+from .tracechecks import overlap_notes, skew_note
+
+if TYPE_CHECKING:
+    from .trace import Trace
 
 SCHEMA = "bubblescope.trace/1"
 # Tried in order when no marker is given: ours, then torch.profiler's schedule steps.
@@ -59,88 +63,81 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
     return out
 
 
-def _idle(row: Any, threshold_us: float) -> dict:
-    parts = {
-        k: float(row[c])
-        for k, c in (
-            ("host_wait_us", "host_wait_us"),
-            ("kernel_wait_us", "kernel_wait_us"),
-            ("other_us", "other_idle_us"),
-        )
-    }
+def _idle(table: dict, i: int, threshold_us: float) -> dict:
+    parts = {k: float(table[c][i]) for k, c in (("host_wait_us", "host_wait_us"), ("kernel_wait_us", "kernel_wait_us"),
+                                                 ("other_us", "other_idle_us"))}
     idle = sum(parts.values())
     shares = {k.replace("_us", "_share"): (v / idle if idle > 0 else None) for k, v in parts.items()}
     return {"idle_us": idle, **parts, **shares, "threshold_us": threshold_us}
 
 
-def _devices(trace: Trace, threshold_us: float) -> list[dict]:
-    table = metrics.device_summary(trace, threshold_us=threshold_us)
+def _devices(arrays: TraceArrays, threshold_us: float) -> list[dict]:
+    import numpy as np
+
+    table = device_table(arrays, threshold_us)
     out = []
-    for _, row in table.iterrows():
-        device = int(row["device"])
+    for i, device in enumerate(table["device"].tolist()):
+        rows = np.flatnonzero(arrays.gpu["device"] == device)
         out.append(
             {
                 "device": device,
-                **{k: int(row[k]) for k in ("kernels", "memcpys", "memsets", "streams")},
-                "busy_us": float(row["busy_us"]),
-                "span_us": float(row["span_us"]),
-                "bubble_ratio": metrics.json_float(row["bubble_ratio"]),
-                "idle": _idle(row, threshold_us),
-                "categories": metrics.records(
-                    metrics.kernel_breakdown(trace, device=device), ["category", "count", "total_us", "share"]
-                ),
-                "top_kernels": metrics.records(
-                    metrics.top_kernels(trace, metrics.TOP_KERNELS, device=device),
-                    ["name", "category", "count", "total_us", "share"],
-                ),
+                **{k: int(table[k][i]) for k in ("kernels", "memcpys", "memsets", "streams")},
+                "busy_us": float(table["busy_us"][i]),
+                "span_us": float(table["span_us"][i]),
+                "bubble_ratio": metrics.json_float(table["bubble_ratio"][i]),
+                "idle": _idle(table, i, threshold_us),
+                "categories": breakdown(arrays, rows, by_name=False),
+                "top_kernels": breakdown(arrays, rows, by_name=True, n=metrics.TOP_KERNELS),
             }
         )
     return out
 
 
-def _marker(trace: Trace, step_marker: str | None) -> tuple[str | None, Any]:
-    """(marker used, its steps frame), or (None, None) when no candidate marks any step."""
+def _marker(arrays: TraceArrays, step_marker: str | None) -> tuple[str | None, Any]:
+    """(marker used, its steps), or (None, None) when no candidate marks any step."""
     for marker in (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS:
-        steps = find_steps(trace, marker)
-        if len(steps):
+        steps = find_steps(arrays, marker)
+        if len(steps["step"]):
             return marker, steps
     return None, None
 
 
 def summarize_trace(
-    trace: Trace,
+    trace: Trace | TraceArrays,
     step_marker: str | None = None,
     threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US,
     skip_steps: int = 0,
 ) -> dict:
-    """The ``files[i]`` entry of :func:`summarize_traces` for an already parsed trace."""
+    """The ``files[i]`` entry of :func:`summarize_traces` for an already parsed trace (pandas frames
+    or numpy columns; computed on the columns)."""
+    arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
     threshold_us = metrics.check_threshold(threshold_us)
-    warnings = list(trace.warnings)
-    if trace.gpu.empty:
+    warnings = list(arrays.warnings)
+    if not len(arrays.gpu["ts_us"]):
         warnings.append("no GPU activity in trace (CPU-only run)")
-    marker, steps = _marker(trace, step_marker)
+    marker, steps = _marker(arrays, step_marker)
     summary = None
     if marker is None:
         tried = (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS
         warnings.append(f"no step marker ({' or '.join(map(repr, tried))}) in trace: whole-trace figures only")
     else:
-        by_time = int((steps["matched_by"] == "time").sum())
+        by_time = int((~steps["thread"]).sum())
         if by_time:
             warnings.append(
-                f"{by_time} of {len(steps)} steps marked {marker!r} lie on a thread without "
+                f"{by_time} of {len(steps['step'])} steps marked {marker!r} lie on a thread without "
                 "CUDA calls: launches matched to them by time only"
             )
-        summary = timeline_summary(trace, marker, skip_steps, threshold_us)
+        summary = timeline_summary(arrays, marker, skip_steps, threshold_us)
         if summary["reason"]:
             warnings.append(f"steps: {summary['reason']}")
-    devices = _devices(trace, threshold_us)
-    warnings += overlap_notes(devices, trace.gpu)
-    skew = skew_note(trace)
+    devices = _devices(arrays, threshold_us)
+    warnings += overlap_notes(devices, arrays)
+    skew = skew_note(arrays)
     if skew:
         warnings.append(skew)
     return {
-        "path": trace.path,
-        "rank": trace.rank,
+        "path": arrays.path,
+        "rank": arrays.rank,
         "step_marker": marker,
         "devices": devices,
         "steps": summary,
@@ -178,12 +175,13 @@ def summarize_traces(
 
 
 def iter_traces(paths, keep_going: bool = False, progress=None):
-    """``(path, Trace or None, None or {"path", "error"})`` per file of :func:`expand_paths` (flows not read);
-    a bad file raises BubblescopeError unless ``keep_going``, then gives its one-line error entry."""
+    """``(path, TraceArrays or None, None or {"path", "error"})`` per file of :func:`expand_paths` (flows
+    and the columns no summary reads are not kept); a bad file raises BubblescopeError unless
+    ``keep_going``, then gives its one-line error entry."""
     for path in expand_paths(paths):
         try:
-            trace = load_trace(path, progress(path) if progress is not None else None, flows=False,
-                               lean=True)
+            trace = read_trace_arrays(path, progress(path) if progress is not None else None, flows=False,
+                                      lean=True)
         except BubblescopeError as exc:
             if not keep_going:
                 raise

@@ -1,0 +1,245 @@
+"""A parsed trace as numpy columns (:class:`TraceArrays`): what ``diagnose trace`` computes on, without pandas.
+
+:func:`read_trace_arrays` streams the file (:mod:`.tracejson`), keeps the events as typed columns
+(:mod:`.tracecolumns`, :mod:`.traceframes`), merges repeated GPU activities, classifies kernels and
+flags launch/sync calls once. :meth:`TraceArrays.to_trace` wraps the same columns in the pandas
+frames of :class:`~bubblescope.profiler.trace.Trace` (what :func:`~.trace.load_trace` returns), and
+:meth:`TraceArrays.from_trace` goes back, so every summary has one numpy implementation.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BubblescopeError
+from .categories import categorize
+from .heap import parse_heap
+from .tracecolumns import _INT_COLUMNS, _NA, _Columns
+from .tracejson import _open_text, _parse, _Reader, _Text
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .trace import Trace
+
+# The columns of each table the summaries read, and what stands in for a column a hand-built frame lacks.
+_TEXT_COLUMNS = {"gpu": ("name", "kind", "category"), "runtime": ("name", "category"), "annotations": ("name",),
+                 "flows": ("phase", "cat")}
+
+
+@dataclass
+class TraceArrays:
+    """One parsed trace as numpy columns per table; the columns and row orders of :class:`~.trace.Trace`'s
+    frames (see its doc), with these representations:
+
+    - texts (name, kind, category, phase, cat): int32 codes into ``texts`` (object array);
+    - integer ids (device, stream, correlation, external_id, pid, tid, id): int64, absent = ``_NA``
+      (-2^63); gpu ``device`` is -1 where unknown;
+    - times (µs) and the kernel-shape numbers: float64 (NaN where absent); grid/block: object tuples;
+    - runtime ``is_launch``/``is_sync``: bool.
+    """
+
+    path: str
+    rank: int | None
+    metadata: dict
+    texts: Any
+    gpu: dict[str, Any]
+    runtime: dict[str, Any]
+    annotations: dict[str, Any]
+    flows: dict[str, Any]
+    warnings: list[str]
+    event_count: int = 0
+    cache: dict = field(default_factory=dict, repr=False)  # derived arrays (launch rows), computed once
+
+    def to_trace(self) -> Trace:
+        """The same trace as pandas frames (ints nullable Int64, texts pandas strings); columns shared."""
+        from .trace import Trace
+        from .traceframes import frame_of
+
+        return Trace(path=self.path, rank=self.rank, metadata=self.metadata, gpu=frame_of(self.gpu, self.texts),
+                     runtime=frame_of(self.runtime, self.texts), annotations=frame_of(self.annotations, self.texts),
+                     flows=frame_of(self.flows, self.texts), warnings=list(self.warnings),
+                     event_count=self.event_count)
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> TraceArrays:
+        """The arrays of a :class:`~.trace.Trace` (from :func:`~.trace.load_trace` or built by hand: a
+        missing ``category``, ``is_launch``/``is_sync`` or ``registers_per_thread`` is derived or NaN)."""
+        import numpy as np
+        import pandas as pd
+
+        frames = {"gpu": trace.gpu, "runtime": trace.runtime, "annotations": trace.annotations, "flows": trace.flows}
+        keys = [(t, c) for t, frame in frames.items() for c in frame.columns if c in _TEXT_COLUMNS[t]]
+        pieces = [frames[t][c].astype(object).fillna("").astype(str).to_numpy(dtype=object) for t, c in keys]
+        codes, uniq = pd.factorize(np.concatenate(pieces) if pieces else np.zeros(0, dtype=object))
+        texts = np.asarray(uniq, dtype=object)
+        starts = np.cumsum([0] + [len(p) for p in pieces]).tolist()
+        text_codes = {key: codes[starts[i] : starts[i + 1]].astype(np.int32) for i, key in enumerate(keys)}
+        tables: dict[str, dict[str, Any]] = {}
+        for table, frame in frames.items():
+            out: dict[str, Any] = {}
+            for col in frame.columns:
+                series = frame[col]
+                if (table, col) in text_codes:
+                    out[col] = text_codes[table, col]
+                elif col in _INT_COLUMNS:
+                    out[col] = series.to_numpy(dtype="int64", na_value=-1 if col == "device" else _NA)
+                elif col in ("is_launch", "is_sync"):
+                    out[col] = series.to_numpy(dtype=bool, na_value=False)
+                elif col in ("grid", "block"):
+                    out[col] = series.to_numpy(dtype=object)
+                else:
+                    out[col] = series.to_numpy(dtype=float, na_value=np.nan)
+            tables[table] = out
+        gpu, runtime = tables["gpu"], tables["runtime"]
+        gpu.setdefault("registers_per_thread", np.full(len(trace.gpu), np.nan))
+        if "category" not in gpu:
+            gpu["category"], texts = categories_of(gpu["name"], gpu["kind"], texts)
+        if "is_launch" not in runtime:
+            runtime.update(api_flags(runtime["name"], texts))
+        return cls(path=trace.path, rank=trace.rank, metadata=trace.metadata, texts=texts, gpu=gpu, runtime=runtime,
+                   annotations=tables["annotations"], flows=tables["flows"], warnings=list(trace.warnings),
+                   event_count=trace.event_count)
+
+
+def as_arrays(trace: Trace | TraceArrays) -> TraceArrays:
+    """``trace`` as columns: itself if it is a TraceArrays, else :meth:`TraceArrays.from_trace`, kept on
+    the Trace between calls (keyed by its frames' identity and lengths, so a replaced frame is converted again)."""
+    if isinstance(trace, TraceArrays):
+        return trace
+    frames = (trace.gpu, trace.runtime, trace.annotations, trace.flows)
+    key = tuple((id(f), len(f), len(f.columns)) for f in frames)
+    cached = trace.__dict__.get("_arrays_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    arrays = TraceArrays.from_trace(trace)
+    object.__setattr__(trace, "_arrays_cache", (key, arrays))
+    return arrays
+
+
+def categories_of(name: np.ndarray, kind: np.ndarray, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(category (:func:`.categories.categorize`) per GPU activity of name/kind codes as int32 codes,
+    ``texts`` with the category names it lacked appended); each distinct (name, kind) is classified once."""
+    import numpy as np
+
+    if len(name) == 0:
+        return np.zeros(0, dtype=np.int32), texts
+    width = max(len(texts), 1)
+    uniq, inverse = np.unique(name.astype(np.int64) * width + kind, return_inverse=True)
+    cats = [categorize(texts[k // width], texts[k % width]) for k in uniq.tolist()]
+    have = {t: i for i, t in enumerate(texts.tolist()) if t in set(cats)}
+    added = [c for c in dict.fromkeys(cats) if c not in have]
+    have.update({c: len(texts) + i for i, c in enumerate(added)})
+    if added:
+        texts = np.concatenate([texts, np.array(added, dtype=object)])
+    return np.array([have[c] for c in cats], dtype=np.int32)[inverse.reshape(-1)], texts
+
+
+def api_flags(name: np.ndarray, texts: np.ndarray) -> dict[str, np.ndarray]:
+    """``is_launch`` and ``is_sync`` per CPU call of name codes (see ``trace.LAUNCH_APIS``/``SYNC_APIS``)."""
+    import numpy as np
+
+    from .trace import LAUNCH_APIS, SYNC_APIS, api_base_name
+
+    launch = np.zeros(len(texts), dtype=bool)
+    sync = np.zeros(len(texts), dtype=bool)
+    for code in np.unique(name).tolist():
+        base = api_base_name(texts[code])
+        launch[code], sync[code] = base in LAUNCH_APIS, base in SYNC_APIS
+    return {"is_launch": launch[name], "is_sync": sync[name]}
+
+
+def launch_rows(arrays: TraceArrays) -> np.ndarray:
+    """Per GPU activity, the row in ``arrays.runtime`` of the CPU call with its correlation id (-1 if
+    none; the earliest such call, runtime being time-sorted). Computed once per trace; a copy."""
+    import numpy as np
+
+    rows = arrays.cache.get("launch_rows")
+    if rows is None:
+        rc_all, gc = arrays.runtime["correlation"], arrays.gpu["correlation"]
+        rt_ok = rc_all != _NA
+        values, first = np.unique(rc_all[rt_ok], return_index=True)
+        if len(values) == 0:
+            rows = np.full(len(gc), -1, dtype=np.int64)
+        else:
+            i = np.minimum(np.searchsorted(values, gc), len(values) - 1)
+            hit = (values[i] == gc) & (gc != _NA)
+            rows = np.where(hit, np.flatnonzero(rt_ok)[first][i], -1)
+        arrays.cache["launch_rows"] = rows
+    return rows.copy()
+
+
+def read_trace_arrays(
+    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True,
+    lean: bool = False,
+) -> TraceArrays:
+    """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into :class:`TraceArrays`.
+
+    Arguments and errors as :func:`~bubblescope.profiler.trace.load_trace` (which is this plus
+    :meth:`TraceArrays.to_trace`): BubblescopeError (one line naming the file) for a missing,
+    unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array.
+    """
+    from .trace import parse_rank
+    from .tracechecks import drop_repeated
+
+    path = os.fspath(path)
+    cols = _Columns(keep_flows=flows, lean=lean)
+    try:
+        raw, gz = _open_text(path)
+        with raw, parse_heap():
+            size = os.fstat(raw.fileno()).st_size
+            reader = _Reader(raw, gz)
+            reader.start()
+            try:
+                meta, found = _parse(_Text(reader, None if progress is None else (lambda done: progress(done, size))), cols)
+            finally:
+                reader.close()
+        if progress is not None:
+            progress(size, size)
+    except FileNotFoundError:
+        raise BubblescopeError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BubblescopeError(f"{path}: is a directory, not a trace file") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise BubblescopeError(f"{path}: corrupt or truncated gzip ({exc})") from None
+    except OSError as exc:
+        raise BubblescopeError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise BubblescopeError(f"{path}: not a Chrome trace: {exc}") from None
+    if not found:
+        raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
+
+    import numpy as np  # first imported by the parse, which the reader thread's inflating overlaps
+
+    texts, tables = cols.arrays()
+    # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
+    # annotations by ts_us (stable: the file's order among equal times)
+    gpu, merged = drop_repeated(tables["gpu"])
+    gpu["category"], texts = categories_of(gpu["name"], gpu["kind"], texts)  # once here, not per metric
+    runtime = tables["runtime"]
+    runtime.update(api_flags(runtime["name"], texts))
+
+    warnings = [f"{n} {what}" for what, n in cols.odd.items()]
+    warnings += [f"{n} integers in {col} beyond int64 or not integers, set to null" for col, n in cols.bad_ints.items()]
+    warnings += merged
+    if cols.bad_text:
+        warnings.append(f"{cols.bad_text} distinct names had invalid UTF-8 (replaced by U+FFFD)")
+    gc, rc = gpu["correlation"], runtime["correlation"]
+    linked = (gc != _NA) & np.isin(gc, rc[rc != _NA])
+    if len(gc) and not linked.all():
+        warnings.append(
+            f"{int((~linked).sum())} of {len(gc)} GPU activities have no CPU call with "
+            "their correlation id (launch unknown)"
+        )
+    rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None
+    rank = parse_rank(rank_raw)
+    if rank_raw is not None and rank is None:
+        warnings.append(f"distributedInfo.rank {rank_raw!r} is not an integer; rank unknown")
+    return TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
+                       annotations=tables["annotations"], flows=tables["flows"], warnings=warnings,
+                       event_count=cols.events)
