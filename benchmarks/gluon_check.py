@@ -185,6 +185,10 @@ SWEEPS = {
             ("wpl8-all", "gluon", {"wait_prefetch": 8, "wait_prefetch_mode": "line",
                                    "wait_prefetch_ops": "QKV,OPROJ,GATEUP,DOWN,LMHEAD"}),
             ("default-again", "gluon", {})],
+    # queue balance on thin models (run with --model qwen3-0.6b / qwen2.5-0.5b): BR 16 halves the O-proj / down
+    # tiles, so a 1024-wide hidden size gives 128 such tasks for 132 SMs instead of 64
+    "rows": [("triton-default", "triton", {}), ("default", "gluon", {}), ("br16", "gluon", {"max_rows": 16}),
+             ("br16-ns24", "gluon", {"max_rows": 16, "num_stages": 24}), ("default-again", "gluon", {})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),
                ("wp16", "gluon", {"wait_prefetch": 16}), ("chunk64", "gluon", {"attn_min_chunk": 64})],
     "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),

@@ -5,6 +5,7 @@
 #   bash benchmarks/session4.sh mk SWEEP # megakernel: gluon_check sections + the named sweep (issue 10)
 #   bash benchmarks/session4.sh next     # prepared for the next session's first call: GPU tests (launch-ahead
 #                                        # path, Qwen3), decode latency with and without launch-ahead, sweep r12
+#   bash benchmarks/session4.sh next2    # tile rows on the thin Qwen models (queue balance, issue 14)
 # Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
@@ -96,6 +97,13 @@ next)
   log r12
   timeout 200 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r12.json" --sections stories,sweep --tokens 100 --sweep r12 --timed 300 --rounds 6 > "$R/gluon_check_r12.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r12.log"
   tail -12 "$R/gluon_check_r12.log" | cut -c1-400
+  ;;
+next2)
+  for m in qwen3-0.6b qwen2.5-0.5b; do
+    log rows-$m
+    timeout 140 python3 benchmarks/gluon_check.py --model $m --out "$R/gluon_check_rows_$m.json" --sections sweep,timeline --sweep rows --timed 200 --rounds 5 > "$R/gluon_check_rows_$m.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_rows_$m.log"
+    tail -8 "$R/gluon_check_rows_$m.log" | cut -c1-300
+  done
   ;;
 mk)
   log gluon-check
