@@ -211,6 +211,8 @@ def test_bad_config_values_are_one_line_errors(tmp_path, changes, message):
     with pytest.raises(BubblescopeError) as info:
         ModelConfig.from_hf_config(tmp_path)
     assert message in str(info.value) and "\n" not in str(info.value)
+    # The file to fix is named, not the model folder (QA finding).
+    assert str(info.value).startswith(f"{tmp_path / 'config.json'}: "), str(info.value)
 
 
 def test_heads_not_dividing_hidden_size_with_explicit_head_dim_is_accepted(tmp_path):
@@ -229,8 +231,49 @@ def test_heads_not_dividing_hidden_size_exit_2_nothing_written(tmp_path):
     r = _cli("diagnose", "model", str(tmp_path / "m"), "--out", str(out))
     assert r.returncode == 2 and r.stdout == "", r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: model config ")
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'm' / 'config.json'}: ")
     assert lines[0].endswith("hidden_size 64 is not divisible by num_attention_heads 3 and no head_dim is given")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+@pytest.mark.parametrize("value", ["float99", "auto", "bfloat16", "float16", None])
+def test_config_dtype_field_is_checked_as_transformers_reads_it(tmp_path, key, value):
+    """transformers' PretrainedConfig resolves torch_dtype / dtype with getattr(torch, value): "float99" and
+    "auto" fail there, so they are one-line errors naming the file, the field and the allowed values here."""
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, key: value}))
+    try:
+        transformers.AutoConfig.from_pretrained(tmp_path)
+        hf_ok = True
+    except AttributeError:
+        hf_ok = False
+    if hf_ok:
+        assert ModelConfig.from_hf_config(tmp_path).hidden_size == 64
+        return
+    with pytest.raises(BubblescopeError) as info:
+        ModelConfig.from_hf_config(tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'config.json'}: config field {key} must be a torch dtype name "
+                               f"(float32, float16, bfloat16, float64, ... as transformers reads it) or null, "
+                               f"got {json.dumps(value)}")
+
+
+@pytest.mark.parametrize("value", [5, ["bfloat16"]])
+def test_config_dtype_of_wrong_json_type_is_refused(tmp_path, value):
+    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, "torch_dtype": value}))
+    with pytest.raises(BubblescopeError, match=r"config field torch_dtype must be a torch dtype name"):
+        ModelConfig.from_hf_config(tmp_path)
+
+
+def test_bad_config_dtype_exit_2_nothing_written(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**_GOOD_CFG, "torch_dtype": "float99"}))
+    out = tmp_path / "out"
+    r = _cli("diagnose", "model", str(tmp_path / "m"), "--out", str(out), "--engines", "reference")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'm' / 'config.json'}: config field torch_dtype must be a torch dtype name (float32, "
+        "float16, bfloat16, float64, ... as transformers reads it) or null, got \"float99\""]
     assert not out.exists()
 
 

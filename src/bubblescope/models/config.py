@@ -260,6 +260,7 @@ class ModelConfig:
         missing = [k for k in required if k not in d]
         if missing:
             raise BubblescopeError(f"{name}: config is missing {', '.join(missing)}")
+        _check_dtype_fields(name, d)
         family = SUPPORTED_MODEL_TYPES[model_type]
         rope_scaling = d.get("rope_scaling")
         # transformers >= 4.5x may store rope settings under "rope_parameters".
@@ -327,7 +328,38 @@ class ModelConfig:
             raise BubblescopeError(f"{p}: not valid JSON ({e.__class__.__name__}: {e})") from None
         if not isinstance(d, dict):
             raise BubblescopeError(f"{p}: expected a JSON object")
-        return cls.from_hf_dict(d, name=p.parent.name or "custom")
+        name = p.parent.name or "custom"
+        try:
+            return cls.from_hf_dict(d, name=name)
+        except BubblescopeError as e:
+            # The messages name the model (the folder); the user needs the file to fix.
+            msg = str(e)
+            for prefix in (f"model config {name}: ", f"{name}: "):
+                if msg.startswith(prefix):
+                    msg = msg[len(prefix):]
+                    break
+            raise BubblescopeError(f"{p}: {msg}") from None
+
+
+def _check_dtype_fields(name: str, d: dict) -> None:
+    """``torch_dtype`` / ``dtype`` (the name transformers >= 4.56 writes), when present, must be null or the
+    name of a torch dtype: transformers' ``PretrainedConfig`` turns the string into ``getattr(torch, value)``
+    and fails on anything else ("float99", "auto"). bubblescope computes in ``--dtype`` whatever the
+    checkpoint says, but a config transformers cannot load is not silently accepted either.
+
+    Raises:
+        BubblescopeError: the field is not a string or null, or the string names no torch dtype.
+    """
+    import torch
+
+    for key in ("torch_dtype", "dtype"):
+        value = d.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise BubblescopeError(
+                f"{name}: config field {key} must be a torch dtype name (float32, float16, bfloat16, float64, "
+                f"... as transformers reads it) or null, got {json.dumps(value)}")
 
 
 def _explicit_head_dim(name: str, value: Any) -> int:
