@@ -95,7 +95,7 @@ def generate(
     from .models import load_model, parse_dtype, resolve_device
     from .models.loader import KNOWN_FILES, model_search_dirs
 
-    from .tuned import engine_params, load_tuning
+    from .tuned import describe_pick, engine_params, load_tuning
 
     seed = _seed(seed)
     tuned = load_tuning(tuning) if tuning is not None else None
@@ -114,8 +114,9 @@ def generate(
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
     loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
     cfg, tok = loaded.config, loaded.tokenizer
-    for warning in loaded.warnings:
-        typer.echo(f"warning: {warning}", err=True)
+    for warning in loaded.warnings + ([tuned.check_model(cfg)] if tuned is not None else []):
+        if warning:
+            typer.echo(f"warning: {warning}", err=True)
     if prompt_ids is not None:
         ids = _ints(prompt_ids, "--prompt-ids")
     elif prompt and tok is None:
@@ -142,7 +143,7 @@ def generate(
                                f"model's {cfg.max_position_embeddings} positions")
     mk_params, picked = engine_params(tuned, name, max_seq, dev.type)
     if picked:
-        typer.echo(f"--tuning: {picked.get('reason') or picked['params']} (length {max_seq})", err=True)
+        typer.echo(describe_pick(picked, name), err=True)
     dec = build_engine(name, loaded.weights, max_seq, params=mk_params)
     from .fallback import describe
     for line in describe(dec):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BubblescopeError
@@ -64,12 +64,36 @@ def save_tuned(doc: dict, path: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class Tuning:
-    """A loaded tuned file: ``engine``, ``knob`` and ``ranges`` (as in :func:`tuned_document`)."""
+    """A loaded tuned file: ``engine``, ``knob``, ``ranges`` (as in :func:`tuned_document`) and ``model``
+    (``{"name", "config_sha256", ...}``; empty for files written before the hash was recorded)."""
 
     path: str
     engine: str
     knob: str
     ranges: tuple
+    model: dict = field(default_factory=dict)
+
+    def check_model(self, config) -> str | None:
+        """Refuse a file tuned for another model: tile sizes tuned for one model's shapes say nothing about
+        another's. ``config`` is the :class:`~bubblescope.models.ModelConfig` about to run.
+
+        Returns:
+            None when the file's ``model.config_sha256`` matches ``config.config_sha256()``; a warning (one
+            line) when the file records no hash (written by an older bubblescope), so it cannot be checked.
+
+        Raises:
+            BubblescopeError: the hashes differ (the message names both models).
+        """
+        tuned_hash, tuned_name = self.model.get("config_sha256"), self.model.get("name")
+        if tuned_hash is None:
+            named = f"; it names {tuned_name}" if tuned_name else ""
+            return (f"--tuning {self.path}: the file does not record which model it was tuned for (written "
+                    f"before bubblescope stored the config hash{named}): applied to {config.name} unchecked")
+        if tuned_hash != config.config_sha256():
+            raise BubblescopeError(
+                f"--tuning {self.path}: tuned for {tuned_name} (config {tuned_hash[:12]}), not for {config.name} "
+                f"(config {config.config_sha256()[:12]}); run `bubblescope tune` on this model with --save")
+        return None
 
     def pick(self, length: int) -> dict:
         """The range entry for a sequence of ``length`` positions: the first whose ``max_context`` is None
@@ -136,7 +160,12 @@ def load_tuning(path: str | Path) -> Tuning:
         for name, value in r["params"].items():
             if not _json_type_ok(types[name], value):
                 raise BubblescopeError(f"--tuning {p}: {name} must be {types[name]}, got {json.dumps(value)}")
-    return Tuning(str(p), engine, knob, tuple(ranges))
+    model = doc.get("model", {})
+    if not isinstance(model, dict) or not isinstance(model.get("config_sha256", ""), str) \
+            or not isinstance(model.get("name", ""), str):
+        raise BubblescopeError(f"--tuning {p}: model must be an object with a string name and config_sha256, got "
+                               f"{json.dumps(model)[:80]}")
+    return Tuning(str(p), engine, knob, tuple(ranges), model)
 
 
 def _json_type_ok(annotation: str, value) -> bool:
@@ -153,6 +182,17 @@ def _json_type_ok(annotation: str, value) -> bool:
     if annotation.startswith("str"):
         return isinstance(value, str)
     return True
+
+
+def describe_pick(record: dict, engine: str) -> str:
+    """One line saying what ``--tuning`` did for ``engine`` (a record of :func:`engine_params`), e.g.
+    ``--tuning tuned.json: megakernel takes kv_splits=1 (entry up to length 16; this run's length 5)``."""
+    if record.get("params") is None:
+        return f"--tuning {record['path']}: not applied to {engine} ({record.get('reason')})"
+    values = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in record["params"].items())
+    entry = (f"entry up to length {record['max_context']}" if record.get("max_context") is not None
+             else "last, open-ended entry")
+    return f"--tuning {record['path']}: {engine} takes {values} ({entry}; this run's length {record['length']})"
 
 
 def engine_params(tuning: Tuning | None, engine: str, length: int, device_type: str):

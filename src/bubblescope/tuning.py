@@ -179,7 +179,8 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
            "command": command or "bubblescope.tuning.tune(...)", "engine": engine, "knob": knob,
            "family": spec["family"], "values": list(values), "contexts": sorted(set(contexts)), "steps": steps,
            "device": {"type": dev.type, "name": info.get("name"), "nvml_peak_GBps": peak},
-           "model": {"name": cfg.name, "source": loaded.source, "dtype": str(tdtype).replace("torch.", "")},
+           "model": {"name": cfg.name, "source": loaded.source, "dtype": str(tdtype).replace("torch.", ""),
+                     "config_sha256": cfg.config_sha256()},
            "base_params": {k: v for k, v in dataclasses.asdict(base_params).items() if k != knob},
            "rows": rows}
     doc["best"] = best_per_context(doc)

@@ -235,6 +235,12 @@ class ModelConfig:
             d["mlp_bias"] = False
         return d
 
+    def config_sha256(self) -> str:
+        """SHA-256 (hex) of :meth:`to_hf_dict` as sorted-key JSON: the model's identity by its shapes and
+        numbers, whatever it is called (a preset and a checkpoint folder of the same config agree)."""
+        import hashlib
+        return hashlib.sha256(json.dumps(self.to_hf_dict(), sort_keys=True).encode()).hexdigest()
+
     @classmethod
     def from_hf_dict(cls, d: dict, name: str = "custom") -> "ModelConfig":
         """Build from a parsed Hugging Face ``config.json``.
