@@ -267,3 +267,17 @@ def test_verdict_action_for_the_gluon_kernel_does_not_ask_for_what_it_already_do
     assert verdict(doc)["action"].startswith("Shorten the dependency chain")
     mk["compile"]["implementation"] = "triton"
     assert verdict(doc)["action"].startswith("Hide the waits")
+
+
+def test_table_titles_fit_an_80_column_terminal_with_one_short_engine():
+    """QA finding: with one engine named "reference" (a CPU run) the latency table is 61 columns wide and
+    rich wrapped its title at that width: "... dim =" / "not run" on two lines of an 80-column terminal."""
+    doc = g.null_metrics_doc()
+    doc["engines"] = doc["engines"][:1]
+    doc["engines"][0]["name"] = "reference"
+    console = Console(width=80, record=True)
+    render_results(doc, console)
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    assert "Latency (ms per token) and bandwidth; — = not measured, dim = not run" in lines
+    assert "Launches, bubbles and correctness" in lines
+    assert max(map(len, lines)) <= 80
