@@ -145,7 +145,7 @@ def test_cli_exit_codes_on_hostile_results(tmp_path):
                 "expected a finite number > 0 (0 is not a measurement: use null), got 1000000000000000000000000000000000000...")
     assert r.stderr.strip().splitlines() == [expected]
     r = _run_cli("gate", tmp_path / "null.json", "--engine", "megakernel", "--max-bubble-ratio", "0.5")
-    assert r.exit_code == 1 and r.stdout.endswith("gate FAILED: 1 of 1 checks failed (exit 1)\n")
+    assert r.exit_code == 1 and r.stdout.endswith("gate FAILED: 1 of 1 check failed (exit 1)\n")
 
 
 def test_report_with_a_bad_format_writes_no_html(tmp_path):

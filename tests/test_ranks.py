@@ -112,7 +112,7 @@ def test_cli_folder_of_rank_traces(traces, tmp_path):
     assert [s["slowest_rank"] for s in ranks["per_step"]] == [1, 1]
     text = _cli("diagnose", "trace", tmp_path / "rank0.json.gz", tmp_path / "rank1.json.gz", "--skip-steps", "1")
     assert text.exit_code == 0, text.output
-    assert "2 ranks" in text.stdout and "1 steps compared" in text.stdout
+    assert "2 ranks" in text.stdout and "1 step compared" in text.stdout
 
 
 def test_cli_ranks_needs_two_files(traces, tmp_path):

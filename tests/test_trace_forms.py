@@ -129,11 +129,11 @@ def test_repeated_and_nested_same_name_events_count_once(tmp_path, reader):
         ("k", 100, 7), ("k2", 105, 7), ("r", 120, 7), ("r", 125, 8)
     ]
     assert (
-        "1 GPU activities repeated exactly (same device, stream, name, start and duration): counted once"
+        "1 GPU activity repeated exactly (same device, stream, name, start and duration): counted once"
         in tr.warnings
     )
     assert (
-        "1 GPU activities nested inside another of the same name on the same device and stream: counted once "
+        "1 GPU activity nested inside another of the same name on the same device and stream: counted once "
         "(the outer one kept)" in tr.warnings
     )
     dev = _summary(tr.path)["devices"][0]

@@ -50,7 +50,7 @@ def test_basic_columns_and_values(tmp_path):
     launches = tr.runtime[tr.runtime["is_launch"]]
     assert sorted(launches["name"].unique()) == ["cudaGraphLaunch", "cudaLaunchKernel"] and len(launches) == 6
     assert list(tr.runtime.loc[tr.runtime["is_sync"], "name"]) == ["cudaStreamSynchronize"]
-    assert tr.warnings == ["1 of 10 GPU activities have no CPU call with their correlation id (launch unknown)"]
+    assert tr.warnings == ["1 of 10 GPU activities has no CPU call with their correlation id (launch unknown)"]
     assert tr.metadata["deviceProperties"][0]["numSms"] == 132 and "traceEvents" not in tr.metadata
 
 

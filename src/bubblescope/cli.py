@@ -13,6 +13,7 @@ from typing import List, Optional
 import typer
 
 from .errors import BubblescopeError
+from .wording import count
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profile and diagnose batch-size-1 LLM decode: bubbles, launches, bandwidth.")
@@ -139,7 +140,8 @@ def generate(
         raise BubblescopeError(f"--prompt-ids: token ids must be in [0, {cfg.vocab_size})")
     max_seq = len(ids) + max_new_tokens
     if max_seq > cfg.max_position_embeddings:
-        raise BubblescopeError(f"--prompt: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
+        raise BubblescopeError(f"--prompt: {count(len(ids), 'prompt token')} + "
+                               f"{count(max_new_tokens, 'new token')} exceed the "
                                f"model's {cfg.max_position_embeddings} positions")
     mk_params, picked = engine_params(tuned, name, max_seq, dev.type)
     if picked:
@@ -164,7 +166,7 @@ def generate(
              if n else "no decode step (the first token was EOS)")
     note = " (Triton CPU interpreter: slow by design)" if dev.type == "cpu" and "megakernel" in name else ""
     typer.echo(f"{dec.name} on {where}{note}, {weights}: TTFT {res.ttft_ms:.2f} ms, {speed}, "
-               f"{len(res.tokens)} tokens", err=True)
+               f"{count(len(res.tokens), 'token')}", err=True)
 
 
 @diagnose_app.command("model")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
+from .wording import count
 
 SCHEMA = "bubblescope.tune/1"
 # Engines whose construction takes a parameter object, and which fields are tuning knobs. The Triton
@@ -159,7 +160,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     cfg = loaded.config
     max_seq = max(contexts) + steps + 2
     if max_seq > cfg.max_position_embeddings:
-        raise BubblescopeError(f"--contexts: {max(contexts)} + {steps} steps exceed {cfg.name}'s "
+        raise BubblescopeError(f"--contexts: {max(contexts)} + {count(steps, 'step')} exceed {cfg.name}'s "
                                f"max_position_embeddings {cfg.max_position_embeddings}")
     cls = _params_class(engine)
     from .megakernel_engine import CPU_PARAMS

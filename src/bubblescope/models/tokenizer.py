@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 from ..errors import BubblescopeError
+from ..wording import count
 
 
 class HFTokenizer:
@@ -66,7 +67,7 @@ class Llama2cTokenizer:
         except struct.error:
             raise BubblescopeError(f"{p}: not a llama2.c tokenizer file (truncated at byte {off})") from None
         if vocab_size is not None and len(pieces) != vocab_size:
-            raise BubblescopeError(f"{p}: holds {len(pieces)} tokens, the model expects {vocab_size}")
+            raise BubblescopeError(f"{p}: holds {count(len(pieces), 'token')}, the model expects {vocab_size}")
         self.pieces = pieces
         self.scores = scores
         self.vocab_size = len(pieces)

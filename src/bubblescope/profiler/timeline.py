@@ -27,6 +27,7 @@ from .steps import (
     _step_table,
     find_steps,
 )
+from ..wording import count
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -90,7 +91,8 @@ def timeline_summary(
     table, mine = _step_table(trace, steps, threshold_us)
     table = table[table["step"] >= skip_steps]
     if table.empty:
-        out["reason"] = f"all {len(steps)} steps are warm-up (skip_steps={skip_steps})"
+        every = f"all {len(steps)} steps are" if len(steps) != 1 else "the only step is"
+        out["reason"] = f"{every} warm-up (skip_steps={skip_steps})"
         return out
     mine = mine[mine["step"] >= skip_steps]
     wall = float(table["wall_us"].median())
@@ -154,7 +156,7 @@ def step_timeline(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER, step_ind
     steps = find_steps(trace, step_marker)
     if not 0 <= int(step_index) < len(steps):
         raise BubblescopeError(
-            f"step {step_index}: out of range, the trace has {len(steps)} steps marked {step_marker!r}"
+            f"step {step_index}: out of range, the trace has {count(len(steps), 'step')} marked {step_marker!r}"
         )
     t0 = float(steps["ts_us"].iloc[int(step_index)])
     gpu_step, rt_step = _gpu_steps(trace, steps)

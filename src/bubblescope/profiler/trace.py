@@ -35,6 +35,7 @@ from .tracecolumns import FLOW_PHASES, GPU_KINDS, RUNTIME_CATEGORIES, _Columns  
 from .categories import categorize_frame
 from .tracechecks import drop_repeated
 from .tracejson import _open_text, _parse, _Reader, _Text
+from ..wording import count, plural
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -178,11 +179,12 @@ def load_trace(
     warnings += [f"{n} integers in {col} beyond int64 or not integers, set to null" for col, n in cols.bad_ints.items()]
     warnings += merged
     if cols.bad_text:
-        warnings.append(f"{cols.bad_text} distinct names had invalid UTF-8 (replaced by U+FFFD)")
+        warnings.append(f"{count(cols.bad_text, 'distinct name')} had invalid UTF-8 (replaced by U+FFFD)")
     linked = gpu["correlation"].isin(runtime["correlation"].dropna()).to_numpy(dtype=bool, na_value=False)
     if len(gpu) and not linked.all():
         warnings.append(
-            f"{int((~linked).sum())} of {len(gpu)} GPU activities have no CPU call with "
+            f"{int((~linked).sum())} of {count(len(gpu), 'GPU activity', 'GPU activities')} "
+            f"{plural(int((~linked).sum()), 'has', 'have')} no CPU call with "
             "their correlation id (launch unknown)"
         )
     rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None

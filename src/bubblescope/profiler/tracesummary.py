@@ -30,6 +30,7 @@ from .steps import DEFAULT_STEP_MARKER, find_steps
 from .tracechecks import overlap_notes, skew_note
 from .timeline import check_skip_steps, timeline_summary
 from .trace import Trace, load_trace
+from ..wording import count, plural
 
 SCHEMA = "bubblescope.trace/1"
 # Tried in order when no marker is given: ours, then torch.profiler's schedule steps.
@@ -127,7 +128,8 @@ def summarize_trace(
         by_time = int((steps["matched_by"] == "time").sum())
         if by_time:
             warnings.append(
-                f"{by_time} of {len(steps)} steps marked {marker!r} lie on a thread without "
+                f"{by_time} of {count(len(steps), 'step')} marked {marker!r} {plural(by_time, 'lies', 'lie')} on a "
+                "thread without "
                 "CUDA calls: launches matched to them by time only"
             )
         summary = timeline_summary(trace, marker, skip_steps, threshold_us)

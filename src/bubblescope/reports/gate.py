@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import BubblescopeError
 from .results import Results, dig, validate_results
+from ..wording import count, plural
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,8 @@ def render_gate(report: GateReport, console) -> None:
     failed = sum(not c.passed for c in report.checks)
     if failed:
         console.print(Text.assemble(("gate FAILED", "bold red"),
-                                    f": {failed} of {len(report.checks)} checks failed (exit 1)"))
+                                    f": {failed} of {count(len(report.checks), 'check')} failed (exit 1)"))
     else:
-        console.print(Text.assemble(("gate PASSED", "bold green"), f": {len(report.checks)} of {len(report.checks)} checks hold (exit 0)"))
+        n = len(report.checks)
+        console.print(Text.assemble(("gate PASSED", "bold green"),
+                                    f": {n} of {count(n, 'check')} {plural(n, 'holds', 'hold')} (exit 0)"))
