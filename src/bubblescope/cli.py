@@ -260,7 +260,7 @@ def diagnose_trace(
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    files, skipped = trace_files([_path(p, "PATHS") for p in paths])
+    files, skipped = trace_files(paths)
     for note in skipped:
         typer.echo(f"note: {note}", err=True)
     with trace_progress() as progress:

@@ -130,7 +130,7 @@ def summarize_trace(
             warnings.append(
                 f"{by_time} of {count(len(steps), 'step')} marked {marker!r} {plural(by_time, 'lies', 'lie')} on a "
                 "thread without "
-                "CUDA calls: launches matched to them by time only"
+                f"CUDA calls: launches matched to {plural(by_time, 'it', 'them')} by time only"
             )
         summary = timeline_summary(trace, marker, skip_steps, threshold_us)
         if summary["reason"]:
