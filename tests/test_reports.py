@@ -179,3 +179,25 @@ def test_chromium_loads_every_image_and_screenshots(tmp_path, healthy_html):
     assert data.startswith(PNG_MAGIC)
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1200, 1600)
+
+
+def test_results_without_engines_report_nothing(tmp_path):
+    """QA finding: `report` over a results.json whose `engines` is empty printed its (stale) findings with
+    exit 0. Now it is the "no data" case `gate` and `diagnose trace` already treat so: one line, exit 2,
+    no --html written; the library renderer says there is nothing to report and shows no finding."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    doc = g.healthy_doc()
+    doc["engines"] = []
+    doc["findings"] = [g.a_finding()]
+    path = write_results(doc, tmp_path / "results.json")
+    r = CliRunner().invoke(app, ["report", str(path), "--html", str(tmp_path / "r.html")])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"error: {path}: the results hold no engine (empty 'engines'): nothing to report"]
+    assert not (tmp_path / "r.html").exists()
+    r = CliRunner().invoke(app, ["report", str(path), "--format", "json"])
+    assert r.exit_code == 2 and r.stdout == ""
+    text = _terminal_text(doc)
+    assert text.strip() == "Nothing to report: the results hold no engine"

@@ -301,7 +301,7 @@ def report(
     _path(html, "--html")
     if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
         raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
-    results = load_results(results_path)
+    results = load_results(results_path).require_engines(str(results_path))
     if html is not None:
         from .reports.html import write_html
         write_html(results, html)

@@ -67,6 +67,9 @@ def render_results(results: Results | dict, console: Console) -> None:
         console: where to print (``Console(record=True)`` captures it).
     """
     doc = results.doc if isinstance(results, Results) else results
+    if not doc.get("engines"):  # no engine: nothing measured, and any findings could only be stale
+        console.print(Text("Nothing to report: the results hold no engine", style="bold"))
+        return
     header = Group(
         Text(tables.device_line(doc), style="bold"),
         Text(f"Model: {tables.model_line(doc)}"),
