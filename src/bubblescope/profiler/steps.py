@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import BubblescopeError
+from ..wording import count, plural
 from .categories import categorize_frame
 from .metrics import (
     DEFAULT_IDLE_THRESHOLD_US,
@@ -40,7 +41,15 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
 
     Returns step (0.. in time order), name, pid, tid, ts_us, dur_us, end_us, matched_by: "thread"
     when the marker's thread made CUDA calls (launches are matched on that pid/tid), "time" when it
-    made none (some exporters put the marker on another pid; launches are then matched by time only).
+    made none (some exporters put the marker on another pid; launches are then matched by time only),
+    and overlap_us.
+
+    Overlapping ranges (on one thread, pid and tid): ``overlap_us`` is how long a step's range shares with the
+    next step that starts on its thread (0 for most; a nested step's whole length for the outer one). Ranges
+    are kept as recorded (``dur_us`` is each step's own wall time); a CPU call, and with it its kernels,
+    belongs to the latest-starting step whose range holds the call's start: the later step in an overlap,
+    the inner one in a nest, the outer one again after the inner one ends. No call counts in two steps.
+    :func:`overlap_note` words the warning.
     """
     import numpy as np
 
@@ -61,7 +70,49 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     steps["matched_by"] = [
         "thread" if (p, t) in threads else "time" for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())
     ]
+    ts, end = steps["ts_us"].to_numpy(dtype="float64"), steps["end_us"].to_numpy(dtype="float64")
+    overlap = np.zeros(len(steps))
+    for idx in steps.groupby(["pid", "tid"], dropna=False, sort=False).indices.values():
+        idx = idx[np.argsort(ts[idx], kind="stable")]
+        overlap[idx[:-1]] = np.clip(np.minimum(end[idx[:-1]], end[idx[1:]]) - ts[idx[1:]], 0, None)
+    steps["overlap_us"] = overlap
     return steps
+
+
+def _owners(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cut the time axis at every step start and end: (boundaries sorted, the step owning each piece from
+    its boundary to the next: the latest-starting range holding it, -1 for none). ``ts``/``end`` (µs) are
+    one thread's steps; positions index them. A sweep over the 2 x steps boundaries with a heap."""
+    import heapq
+
+    import numpy as np
+
+    bounds = np.unique(np.concatenate([ts, end]))
+    starts = np.argsort(ts, kind="stable")
+    owner = np.full(len(bounds), -1, dtype=np.int64)
+    active: list[tuple[float, int]] = []  # (-start, position): the latest start on top
+    j = 0
+    for b, edge in enumerate(bounds):
+        while j < len(starts) and ts[starts[j]] <= edge:
+            heapq.heappush(active, (-ts[starts[j]], int(starts[j])))
+            j += 1
+        while active and end[active[0][1]] <= edge:  # ended ranges leave lazily, when they come on top
+            heapq.heappop(active)
+        owner[b] = active[0][1] if active else -1
+    return bounds, owner
+
+
+def overlap_note(steps: pd.DataFrame, marker: str) -> str | None:
+    """One warning line when step ranges of :func:`find_steps` overlap on a thread (how many, by how much
+    in µs, and what is done about it), else None."""
+    over = steps["overlap_us"].to_numpy() if "overlap_us" in steps else []
+    n = int((over > 0).sum()) if len(over) else 0
+    if not n:
+        return None
+    return (f"{n} of {count(len(steps), 'step')} marked {marker!r} {plural(n, 'overlaps', 'overlap')} the next "
+            f"step on {plural(n, 'its', 'their')} thread, by up to {float(over.max()):,.3f} µs "
+            f"({float(over.sum()):,.3f} µs in all): each CPU call and its kernels count in the latest-starting "
+            "step holding the call, never in two; step wall times are the ranges as recorded")
 
 
 def _runtime_steps(trace: Trace, steps: pd.DataFrame) -> np.ndarray:
@@ -78,10 +129,11 @@ def _runtime_steps(trace: Trace, steps: pd.DataFrame) -> np.ndarray:
             sel = np.flatnonzero((pid == float(p)) & (tid == float(t)))
         else:
             sel = np.arange(len(rt))
-        grp = grp.sort_values("ts_us")
-        k = np.searchsorted(grp["ts_us"].to_numpy(), ts[sel], side="right") - 1
-        inside = (k >= 0) & (ts[sel] < grp["end_us"].to_numpy()[np.maximum(k, 0)])
-        out[sel[inside]] = grp["step"].to_numpy()[k[inside]]
+        bounds, owner = _owners(grp["ts_us"].to_numpy(dtype="float64"), grp["end_us"].to_numpy(dtype="float64"))
+        k = np.searchsorted(bounds, ts[sel], side="right") - 1
+        mine = np.where(k >= 0, owner[np.maximum(k, 0)], -1)
+        hit = mine >= 0
+        out[sel[hit]] = grp["step"].to_numpy()[mine[hit]]
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import BubblescopeError
 from . import metrics
-from .steps import DEFAULT_STEP_MARKER, find_steps
+from .steps import DEFAULT_STEP_MARKER, find_steps, overlap_note
 from .tracechecks import overlap_notes, skew_note
 from .timeline import check_skip_steps, timeline_summary
 from .trace import Trace, load_trace
@@ -129,9 +129,11 @@ def summarize_trace(
         if by_time:
             warnings.append(
                 f"{by_time} of {count(len(steps), 'step')} marked {marker!r} {plural(by_time, 'lies', 'lie')} on a "
-                "thread without "
-                f"CUDA calls: launches matched to {plural(by_time, 'it', 'them')} by time only"
+                f"thread without CUDA calls: launches matched to {plural(by_time, 'it', 'them')} by time only"
             )
+        cut = overlap_note(steps, marker)
+        if cut:
+            warnings.append(cut)
         summary = timeline_summary(trace, marker, skip_steps, threshold_us)
         if summary["reason"]:
             warnings.append(f"steps: {summary['reason']}")
