@@ -84,8 +84,8 @@ def test_begin_end_nesting_args_merge_and_unpaired(tmp_path, reader):
     tr = load_trace(tg.write(tmp_path / "n.json", tg.document(events)))
     got = tr.gpu[["name", "ts_us", "dur_us", "correlation"]].values.tolist()
     assert sorted(got) == [["inner", 102.0, 2.0, 2], ["outer", 100.0, 10.0, 1]]
-    assert "1 'E' events without an open 'B' on their thread ignored" in tr.warnings
-    assert "1 'B' events never closed by an 'E' on their thread ignored" in tr.warnings
+    assert "1 'E' event without an open 'B' on its thread ignored" in tr.warnings
+    assert "1 'B' event never closed by an 'E' on its thread ignored" in tr.warnings
     dev = _summary(tr.path)["devices"][0]
     assert (dev["kernels"], dev["busy_us"], dev["span_us"]) == (2, 10.0, 10.0)
 

@@ -231,7 +231,7 @@ def test_bad_numbers_are_excluded_or_nulled(tmp_path):
     assert tr.runtime["correlation"].isna().all()
     assert "2 complete events without a finite numeric ts/dur excluded" in tr.warnings
     assert "2 integers in args.correlation beyond int64 or not integers, set to null" in tr.warnings
-    assert "1 integers in args.stream beyond int64 or not integers, set to null" in tr.warnings
+    assert "1 integer in args.stream beyond int64 or not an integer, set to null" in tr.warnings
     assert str(tr.gpu["correlation"].dtype) == "Int64"
 
 

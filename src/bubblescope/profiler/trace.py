@@ -117,6 +117,14 @@ def parse_rank(value: Any) -> int | None:
     return int(number) if number.is_integer() else None
 
 
+_SINGULAR = {"events": "event", "entries": "entry", "their": "its"}
+
+
+def _one(phrase: str) -> str:
+    """A count phrase of the parser ("complete events without ... excluded") worded for exactly one."""
+    return " ".join(_SINGULAR.get(word, word) for word in phrase.split(" "))
+
+
 def load_trace(
     path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True,
     lean: bool = False,
@@ -175,8 +183,9 @@ def load_trace(
     annotations = frames["annotations"]
     flows = frames["flows"]
 
-    warnings = [f"{n} {what}" for what, n in cols.odd.items()]
-    warnings += [f"{n} integers in {col} beyond int64 or not integers, set to null" for col, n in cols.bad_ints.items()]
+    warnings = [f"{n} {what if n != 1 else _one(what)}" for what, n in cols.odd.items()]
+    warnings += [f"{count(n, 'integer')} in {col} beyond int64 or not {plural(n, 'an integer', 'integers')}, set to "
+                 "null" for col, n in cols.bad_ints.items()]
     warnings += merged
     if cols.bad_text:
         warnings.append(f"{count(cols.bad_text, 'distinct name')} had invalid UTF-8 (replaced by U+FFFD)")
