@@ -367,3 +367,15 @@ def test_non_finite_weights_are_warned_about(tmp_path):
     assert load_model("tiny-llama").warnings == []
     r = CliRunner().invoke(app, ["generate", str(tmp_path), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
     assert r.exit_code == 0 and f"warning: {expected}\n" in r.stderr
+
+
+@pytest.mark.parametrize("data", [b"", b"\x01\x02\x03"])
+def test_a_tokenizer_file_too_short_for_its_header_is_a_one_line_error(tmp_path, data):
+    """An empty (or 3-byte) tokenizer.bin raised UnboundLocalError (a traceback) instead of the truncation
+    error: the header's 4 bytes were read before the offset the message names was set."""
+    (tmp_path / "tok.bin").write_bytes(data)
+    with pytest.raises(BubblescopeError) as info:
+        Llama2cTokenizer(tmp_path / "tok.bin")
+    assert str(info.value) == f"{tmp_path / 'tok.bin'}: not a llama2.c tokenizer file (truncated at byte 0)"
+    r = _cli("generate", "tiny-llama", "--tokenizer", str(tmp_path / "tok.bin"), "--prompt", "hi")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {info.value}" and r.stdout == ""

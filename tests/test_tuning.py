@@ -162,6 +162,10 @@ def test_tuning_picks_the_entry_for_the_length(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(BubblescopeError, match="not a bubblescope tuned file"):
         load_tuning(tmp_path / "x.json")
+    (tmp_path / "x.json").write_text("null")  # was "(schema 'NoneType', ...)": Python's name for JSON null
+    with pytest.raises(BubblescopeError, match=r"not a bubblescope tuned file \(a JSON null, not an object; "
+                                               r"expected schema 'bubblescope.tuned/1'"):
+        load_tuning(tmp_path / "x.json")
     r = _cli("generate", "tiny-llama", "--engine", "megakernel", "--tuning", tmp_path / "missing.json")
     assert r.exit_code == 2 and "--tuning" in r.output and "no such file" in r.output
 

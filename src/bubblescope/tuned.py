@@ -138,8 +138,8 @@ def load_tuning(path: str | Path) -> Tuning:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BubblescopeError(f"--tuning {p}: not a readable JSON file ({type(e).__name__})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise BubblescopeError(f"--tuning {p}: not a bubblescope tuned file (schema {got!r}, expected {SCHEMA!r}; "
+        got = f"schema {doc.get('schema')!r}" if isinstance(doc, dict) else f"a JSON {_json_kind(doc)}, not an object"
+        raise BubblescopeError(f"--tuning {p}: not a bubblescope tuned file ({got}; expected schema {SCHEMA!r}: "
                                "write one with `bubblescope tune ... --save`)")
     engine, knob, ranges = doc.get("engine"), doc.get("knob"), doc.get("ranges")
     try:
@@ -166,6 +166,15 @@ def load_tuning(path: str | Path) -> Tuning:
         raise BubblescopeError(f"--tuning {p}: model must be an object with a string name and config_sha256, got "
                                f"{json.dumps(model)[:80]}")
     return Tuning(str(p), engine, knob, tuple(ranges), model)
+
+
+def _json_kind(value) -> str:
+    """The JSON name of a parsed value's type: null, boolean, number, string, array, object."""
+    for kind, types in (("null", type(None)), ("boolean", bool), ("number", (int, float)), ("string", str),
+                        ("array", list)):
+        if isinstance(value, types):
+            return kind
+    return "object"
 
 
 def _json_type_ok(annotation: str, value) -> bool:

@@ -53,6 +53,7 @@ class Llama2cTokenizer:
             raise BubblescopeError(f"{path}: no such tokenizer file")
         data = p.read_bytes()
         pieces, scores = [], []
+        off = 0  # an empty or 3-byte file fails on the header, before off is set there
         try:
             (self.max_token_length,) = struct.unpack_from("<i", data, 0)
             off = 4
