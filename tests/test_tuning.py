@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 
 import torch
 
@@ -162,6 +163,10 @@ def test_tuning_picks_the_entry_for_the_length(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(BubblescopeError, match="not a bubblescope tuned file"):
         load_tuning(tmp_path / "x.json")
+    for key, value, shown in (("knob", ["kv_splits"], '["kv_splits"]'), ("engine", 5, "5")):  # knob: a TypeError
+        (tmp_path / "x.json").write_text(json.dumps({**json.loads(_tuned_file(tmp_path, []).read_text()), key: value}))
+        with pytest.raises(BubblescopeError, match=re.escape(f"x.json: {key} must be a string, got {shown}")):
+            load_tuning(tmp_path / "x.json")
     (tmp_path / "x.json").write_text("null")  # was "(schema 'NoneType', ...)": Python's name for JSON null
     with pytest.raises(BubblescopeError, match=r"not a bubblescope tuned file \(a JSON null, not an object; "
                                                r"expected schema 'bubblescope.tuned/1'"):

@@ -142,8 +142,11 @@ def load_tuning(path: str | Path) -> Tuning:
         raise BubblescopeError(f"--tuning {p}: not a bubblescope tuned file ({got}; expected schema {SCHEMA!r}: "
                                "write one with `bubblescope tune ... --save`)")
     engine, knob, ranges = doc.get("engine"), doc.get("knob"), doc.get("ranges")
+    for field_name, value in (("engine", engine), ("knob", knob)):
+        if not isinstance(value, str):
+            raise BubblescopeError(f"--tuning {p}: {field_name} must be a string, got {json.dumps(value)[:80]}")
     try:
-        types = {k["name"]: k["type"] for k in knobs(engine)} if isinstance(engine, str) else {}
+        types = {k["name"]: k["type"] for k in knobs(engine)}
         names = set(types)
     except BubblescopeError:
         raise BubblescopeError(f"--tuning {p}: engine {engine!r} has no tuning knobs") from None
