@@ -194,6 +194,10 @@ _GOOD_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
      "llama3 rope_scaling.high_freq_factor 4 must exceed low_freq_factor 4"),
     ({"rope_parameters": [1]}, "rope_parameters must be an object, got [1]"),
+    # bool("false") is True: these flipped the weight layout silently.
+    ({"tie_word_embeddings": "false"}, 'config field tie_word_embeddings must be true, false or null, got "false"'),
+    ({"attention_bias": 1}, "config field attention_bias must be true, false or null, got 1"),
+    ({"mlp_bias": "no"}, 'config field mlp_bias must be true, false or null, got "no"'),
     # transformers derives these only when absent or null; an explicit 0 used to be replaced silently.
     ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
     ({"head_dim": 0}, "config field head_dim must be a positive integer or null, got 0"),

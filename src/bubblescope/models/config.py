@@ -260,6 +260,11 @@ class ModelConfig:
                 f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
         if model_type == "mistral" and d.get("sliding_window"):
             raise BubblescopeError(f"{name}: Mistral with sliding_window={d['sliding_window']} is not supported")
+        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+            # bool("false") is True: a string here would silently flip the layout.
+            if d.get(key) is not None and not isinstance(d[key], bool):
+                raise BubblescopeError(f"{name}: config field {key} must be true, false or null, got "
+                                       f"{json.dumps(d[key])}")
         if d.get("mlp_bias"):
             raise BubblescopeError(f"{name}: mlp_bias=true is not supported")
         required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -303,8 +308,8 @@ class ModelConfig:
             rope_theta=number("rope_theta", d.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
             rope_scaling=rope_scaling,
             rms_norm_eps=number("rms_norm_eps", d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", family == "qwen2")),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings") or False),
+            attention_bias=d["attention_bias"] if d.get("attention_bias") is not None else family == "qwen2",
             qk_norm=family == "qwen3",
             max_position_embeddings=integer("max_position_embeddings", d.get("max_position_embeddings", 2048)),
             bos_token_id=d.get("bos_token_id"),
