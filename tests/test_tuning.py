@@ -271,3 +271,26 @@ def test_tune_table_fits_80_columns_without_cutting_numbers():
     text = console.export_text()
     assert "…" not in text
     assert "not measured (columns left out): % peak, regs, spills, smem B, progs/SM" in text
+
+
+@pytest.mark.parametrize("save, why", [("dir", "exists and is not a regular file"),
+                                       ("missing/tuned.json", "its folder {tmp}/missing does not exist")])
+def test_an_unusable_save_path_is_refused_before_measuring(tmp_path, save, why):
+    """A --save path that cannot be written failed only after the whole tuning run, with tune.json and
+    tune.html already written and exit 2; now it is refused first and nothing is written."""
+    (tmp_path / "dir").mkdir()
+    out = tmp_path / "out"
+    r = _cli("tune", "tiny-llama", "--knob", "kv_splits", "--values", "1", "--contexts", "4", "--steps", "1",
+             "--out", out, "--save", tmp_path / save)
+    assert r.exit_code == 2 and r.output.startswith(f"error: --save {tmp_path / save}: ")
+    assert why.replace("{tmp}", str(tmp_path)) in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_an_output_taken_by_a_directory_is_refused_before_measuring(tmp_path):
+    (tmp_path / "out" / "tune.html").mkdir(parents=True)
+    r = _cli("tune", "tiny-llama", "--knob", "kv_splits", "--values", "1", "--contexts", "4", "--steps", "1",
+             "--out", tmp_path / "out")
+    assert r.exit_code == 2 and r.output.strip() == (f"error: --out {tmp_path / 'out'}: {tmp_path / 'out' / 'tune.html'} "
+                                                     "exists and is not a regular file")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tune.html"]

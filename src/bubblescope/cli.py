@@ -384,6 +384,8 @@ def tune(
     from .diagnosis import command_line
     from .reports.tune_report import render_tune, write_tune_outputs
 
+    from .tuned import check_save_path
+    check_save_path(save)
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
                    device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)

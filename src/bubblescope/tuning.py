@@ -146,6 +146,9 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         raise BubblescopeError("--values: no values given")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise BubblescopeError(f"--out {out}: exists and is not a directory")
+    for target in ([Path(out) / "tune.json", Path(out) / "tune.html"] if out is not None else []):
+        if target.exists() and not target.is_file():  # found now, not after the measurements
+            raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
