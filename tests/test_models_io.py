@@ -329,6 +329,11 @@ def test_integer_weights_are_refused(tmp_path):
      "error: --out: path '{tmp}/?' is not valid UTF-8"),
     (["generate", "tiny-llama", "--prompt", "hi", "--prompt-ids", "1,2"],
      "error: --prompt and --prompt-ids: give one of them, not both"),
+    # were "--prompt: empty prompt and the model has no BOS token" and ".: directory has no config.json"
+    (["generate", "tiny-llama", "--prompt-ids", ""], "error: --prompt-ids: no token ids in ''"),
+    (["generate", "", "--prompt-ids", "1"], "error: MODEL: empty; give a preset name or a path"),
+    (["diagnose", "model", "tiny-llama", "--checkpoint", " ", "--engines", "reference"],
+     "error: --checkpoint: empty; give a preset name or a path"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/file"],
      "error: --out {tmp}/file: cannot create the output directory (Not a directory)"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/taken"],

@@ -120,6 +120,8 @@ def generate(
             typer.echo(f"warning: {warning}", err=True)
     if prompt_ids is not None:
         ids = _ints(prompt_ids, "--prompt-ids")
+        if not ids:
+            raise BubblescopeError(f"--prompt-ids: no token ids in {prompt_ids!r}")
     elif prompt and tok is None:
         if loaded.source == "dummy" and model is not None and model.lower() in KNOWN_FILES:
             raise BubblescopeError(
