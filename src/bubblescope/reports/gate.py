@@ -174,7 +174,10 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
         checks.append(_check("max_token_p99_ms", name, dig(eng, "latency", "token_ms_p99"), max_token_p99_ms,
                              lambda m, lim: m <= lim, "token_ms_p99 (ms)"))
     if baseline is not None:
-        old = _pick_engine(baseline, name)
+        try:
+            old = _pick_engine(baseline, name)
+        except BubblescopeError as e:  # say which document lacks it: the run's was checked above
+            raise BubblescopeError(f"--baseline: {e}") from None
         for metric, path in (("token_ms_p50", ("latency", "token_ms_p50")),
                              ("effective_GBps", ("bandwidth", "effective_GBps"))):
             before = dig(old, *path)
