@@ -291,6 +291,7 @@ def test_an_output_taken_by_a_directory_is_refused_before_measuring(tmp_path):
     (tmp_path / "out" / "tune.html").mkdir(parents=True)
     r = _cli("tune", "tiny-llama", "--knob", "kv_splits", "--values", "1", "--contexts", "4", "--steps", "1",
              "--out", tmp_path / "out")
-    assert r.exit_code == 2 and r.output.strip() == (f"error: --out {tmp_path / 'out'}: {tmp_path / 'out' / 'tune.html'} "
-                                                     "exists and is not a regular file")
+    taken = tmp_path / "out" / "tune.html"
+    assert r.exit_code == 2
+    assert r.output.strip() == f"error: --out {tmp_path / 'out'}: {taken} exists and is not a regular file"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tune.html"]

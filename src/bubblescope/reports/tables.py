@@ -110,7 +110,8 @@ def workload_line(doc: dict) -> str:
     w = doc.get("workload") or {}
     sweep = ", ".join(str(c) for c in w.get("context_sweep") or []) or MISSING
     return (f"prompt {_count(w.get('prompt_len'), 'token')}, generate {w.get('gen_len')}, "
-            f"{_count(w.get('runs'), 'run')} after {_count(w.get('warmup'), 'warm-up run')}, context sweep [{sweep}], seed {fmt(w.get('seed'))}")
+            f"{_count(w.get('runs'), 'run')} after {_count(w.get('warmup'), 'warm-up run')}, "
+            f"context sweep [{sweep}], seed {fmt(w.get('seed'))}")
 
 
 def evidence_value(key: str, value) -> str:
