@@ -108,7 +108,8 @@ class Tuning:
                     f"before bubblescope stored the config hash{named}): applied to {config.name} unchecked")
         if tuned_hash != config.config_sha256():
             raise BubblescopeError(
-                f"--tuning {self.path}: tuned for {tuned_name} (config {tuned_hash[:12]}), not for {config.name} "
+                f"--tuning {self.path}: tuned for {tuned_name or 'another model'} (config {tuned_hash[:12]}), not "
+                f"for {config.name} "
                 f"(config {config.config_sha256()[:12]}); run `bubblescope tune` on this model with --save")
         return None
 
