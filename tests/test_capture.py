@@ -189,3 +189,26 @@ def test_gpu_capture_has_kernels_inside_steps(tmp_path):
     first = min(e["ts"] for e in step_ranges(trace))
     assert min(k["ts"] for k in kernels) >= first  # warm-up kernels are not in the trace
     assert res.tokens == greedy_reference(ToyDecoder("cuda"), [3, 17, 5], 1 + 2 + 4)
+
+
+def test_capture_keeps_kineto_markers_off_stderr(tmp_path, capfd):
+    """torch 2.13's Kineto prints 'USDT:... profiler_start' / 'profiler_stop' on every profiled run (QA
+    finding): the capture drops exactly those lines, on descriptor 2 where C++ writes them."""
+    capture_decode_trace(ToyDecoder(), [1, 2], steps=2, warmup=0, out_path=tmp_path / "t.json.gz")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "profiler_stop" not in err, err
+
+
+def test_kineto_marker_filter_keeps_other_stderr_lines(capfd):
+    """Real messages written to descriptor 2 inside the window (Kineto's ERROR lines, Python warnings) reach
+    stderr unchanged and in order; only the two marker lines are dropped."""
+    from bubblescope.profiler.kineto_log import drop_kineto_markers
+
+    with drop_kineto_markers():
+        os.write(2, b"USDT:2026-12-01 10:05:38 16373:16373 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+                    b"ERROR:2026-12-01 10:05:38 16373:16373 CuptiActivityApi.cpp:1] CUPTI_ERROR_NOT_INITIALIZED\n"
+                    b"USDT:2026-12-01 10:05:38 16373:16373 Other.cpp:3] something_else\n"
+                    b"USDT:2026-12-01 10:05:38 16373:16373 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
+    assert capfd.readouterr().err == (
+        "ERROR:2026-12-01 10:05:38 16373:16373 CuptiActivityApi.cpp:1] CUPTI_ERROR_NOT_INITIALIZED\n"
+        "USDT:2026-12-01 10:05:38 16373:16373 Other.cpp:3] something_else\n")

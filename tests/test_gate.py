@@ -81,6 +81,16 @@ def test_baseline_metric_missing_fails_closed():
     assert report.checks[1].limit is None and report.exit_code == 1
 
 
+def test_a_baseline_without_the_engine_is_named_as_the_baseline():
+    """Was "engine 'megakernel': not in the results (engines: none)": which results, the run's or the
+    baseline's, was left to guess."""
+    old = g.healthy_doc()
+    old["engines"] = []
+    with pytest.raises(BubblescopeError) as info:
+        run_gate(g.healthy_doc(), baseline=old, max_regression=0.05)
+    assert str(info.value) == "--baseline: engine 'megakernel': not in the results (engines: none)"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({}, "no checks requested"),
     ({"engine": "nope", "max_bubble_ratio": 0.1}, "engine 'nope': not in the results"),
@@ -145,7 +155,7 @@ def test_cli_exit_codes_on_hostile_results(tmp_path):
                 "expected a finite number > 0 (0 is not a measurement: use null), got 1000000000000000000000000000000000000...")
     assert r.stderr.strip().splitlines() == [expected]
     r = _run_cli("gate", tmp_path / "null.json", "--engine", "megakernel", "--max-bubble-ratio", "0.5")
-    assert r.exit_code == 1 and r.stdout.endswith("gate FAILED: 1 of 1 checks failed (exit 1)\n")
+    assert r.exit_code == 1 and r.stdout.endswith("gate FAILED: 1 of 1 check failed (exit 1)\n")
 
 
 def test_report_with_a_bad_format_writes_no_html(tmp_path):

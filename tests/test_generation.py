@@ -30,6 +30,18 @@ def test_temperature_matches_softmax():
     assert np.abs(_freqs(SamplingParams(temperature=0.7, seed=1)) - p).max() < 0.025
 
 
+def test_a_tiny_temperature_is_the_greedy_limit_not_a_nan_crash():
+    """--temperature 1e-45 made logits / T overflow to inf and softmax NaN: torch.multinomial raised (a
+    traceback). As T -> 0 the softmax puts all mass on the maximum, shared between tied maxima."""
+    for t in (1e-45, 1e-30):
+        assert _freqs(SamplingParams(temperature=t, seed=4), n=200).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+        assert _freqs(SamplingParams(temperature=t, top_k=2, top_p=0.5, seed=4), n=50)[0] == 1.0
+    g = torch.Generator().manual_seed(5)
+    tied = np.bincount([sample(torch.tensor([0.0, 3.0, 3.0]), SamplingParams(temperature=1e-45), g)
+                        for _ in range(2000)], minlength=3) / 2000
+    assert tied[0] == 0 and abs(tied[1] - 0.5) < 0.05
+
+
 def test_top_k_and_top_p_truncate_then_renormalize():
     e = np.exp(LOGITS.numpy())
     k2 = np.where(np.isin(np.arange(5), [0, 1]), e, 0)

@@ -194,6 +194,10 @@ _GOOD_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
      "llama3 rope_scaling.high_freq_factor 4 must exceed low_freq_factor 4"),
     ({"rope_parameters": [1]}, "rope_parameters must be an object, got [1]"),
+    # bool("false") is True: these flipped the weight layout silently.
+    ({"tie_word_embeddings": "false"}, 'config field tie_word_embeddings must be true, false or null, got "false"'),
+    ({"attention_bias": 1}, "config field attention_bias must be true, false or null, got 1"),
+    ({"mlp_bias": "no"}, 'config field mlp_bias must be true, false or null, got "no"'),
     # transformers derives these only when absent or null; an explicit 0 used to be replaced silently.
     ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
     ({"head_dim": 0}, "config field head_dim must be a positive integer or null, got 0"),
@@ -211,6 +215,8 @@ def test_bad_config_values_are_one_line_errors(tmp_path, changes, message):
     with pytest.raises(BubblescopeError) as info:
         ModelConfig.from_hf_config(tmp_path)
     assert message in str(info.value) and "\n" not in str(info.value)
+    # The file to fix is named, not the model folder (QA finding).
+    assert str(info.value).startswith(f"{tmp_path / 'config.json'}: "), str(info.value)
 
 
 def test_heads_not_dividing_hidden_size_with_explicit_head_dim_is_accepted(tmp_path):
@@ -229,8 +235,49 @@ def test_heads_not_dividing_hidden_size_exit_2_nothing_written(tmp_path):
     r = _cli("diagnose", "model", str(tmp_path / "m"), "--out", str(out))
     assert r.returncode == 2 and r.stdout == "", r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: model config ")
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'm' / 'config.json'}: ")
     assert lines[0].endswith("hidden_size 64 is not divisible by num_attention_heads 3 and no head_dim is given")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+@pytest.mark.parametrize("value", ["float99", "auto", "bfloat16", "float16", None])
+def test_config_dtype_field_is_checked_as_transformers_reads_it(tmp_path, key, value):
+    """transformers' PretrainedConfig resolves torch_dtype / dtype with getattr(torch, value): "float99" and
+    "auto" fail there, so they are one-line errors naming the file, the field and the allowed values here."""
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, key: value}))
+    try:
+        transformers.AutoConfig.from_pretrained(tmp_path)
+        hf_ok = True
+    except AttributeError:
+        hf_ok = False
+    if hf_ok:
+        assert ModelConfig.from_hf_config(tmp_path).hidden_size == 64
+        return
+    with pytest.raises(BubblescopeError) as info:
+        ModelConfig.from_hf_config(tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'config.json'}: config field {key} must be a torch dtype name "
+                               f"(float32, float16, bfloat16, float64, ... as transformers reads it) or null, "
+                               f"got {json.dumps(value)}")
+
+
+@pytest.mark.parametrize("value", [5, ["bfloat16"]])
+def test_config_dtype_of_wrong_json_type_is_refused(tmp_path, value):
+    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, "torch_dtype": value}))
+    with pytest.raises(BubblescopeError, match=r"config field torch_dtype must be a torch dtype name"):
+        ModelConfig.from_hf_config(tmp_path)
+
+
+def test_bad_config_dtype_exit_2_nothing_written(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**_GOOD_CFG, "torch_dtype": "float99"}))
+    out = tmp_path / "out"
+    r = _cli("diagnose", "model", str(tmp_path / "m"), "--out", str(out), "--engines", "reference")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'm' / 'config.json'}: config field torch_dtype must be a torch dtype name (float32, "
+        "float16, bfloat16, float64, ... as transformers reads it) or null, got \"float99\""]
     assert not out.exists()
 
 
@@ -282,6 +329,11 @@ def test_integer_weights_are_refused(tmp_path):
      "error: --out: path '{tmp}/?' is not valid UTF-8"),
     (["generate", "tiny-llama", "--prompt", "hi", "--prompt-ids", "1,2"],
      "error: --prompt and --prompt-ids: give one of them, not both"),
+    # were "--prompt: empty prompt and the model has no BOS token" and ".: directory has no config.json"
+    (["generate", "tiny-llama", "--prompt-ids", ""], "error: --prompt-ids: no token ids in ''"),
+    (["generate", "", "--prompt-ids", "1"], "error: MODEL: empty; give a preset name or a path"),
+    (["diagnose", "model", "tiny-llama", "--checkpoint", " ", "--engines", "reference"],
+     "error: --checkpoint: empty; give a preset name or a path"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/file"],
      "error: --out {tmp}/file: cannot create the output directory (Not a directory)"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/taken"],
@@ -324,3 +376,15 @@ def test_non_finite_weights_are_warned_about(tmp_path):
     assert load_model("tiny-llama").warnings == []
     r = CliRunner().invoke(app, ["generate", str(tmp_path), "--prompt-ids", "1,2", "--max-new-tokens", "2"])
     assert r.exit_code == 0 and f"warning: {expected}\n" in r.stderr
+
+
+@pytest.mark.parametrize("data", [b"", b"\x01\x02\x03"])
+def test_a_tokenizer_file_too_short_for_its_header_is_a_one_line_error(tmp_path, data):
+    """An empty (or 3-byte) tokenizer.bin raised UnboundLocalError (a traceback) instead of the truncation
+    error: the header's 4 bytes were read before the offset the message names was set."""
+    (tmp_path / "tok.bin").write_bytes(data)
+    with pytest.raises(BubblescopeError) as info:
+        Llama2cTokenizer(tmp_path / "tok.bin")
+    assert str(info.value) == f"{tmp_path / 'tok.bin'}: not a llama2.c tokenizer file (truncated at byte 0)"
+    r = _cli("generate", "tiny-llama", "--tokenizer", str(tmp_path / "tok.bin"), "--prompt", "hi")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {info.value}" and r.stdout == ""

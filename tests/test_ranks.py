@@ -112,7 +112,7 @@ def test_cli_folder_of_rank_traces(traces, tmp_path):
     assert [s["slowest_rank"] for s in ranks["per_step"]] == [1, 1]
     text = _cli("diagnose", "trace", tmp_path / "rank0.json.gz", tmp_path / "rank1.json.gz", "--skip-steps", "1")
     assert text.exit_code == 0, text.output
-    assert "2 ranks" in text.stdout and "1 steps compared" in text.stdout
+    assert "2 ranks" in text.stdout and "1 step compared" in text.stdout
 
 
 def test_cli_ranks_needs_two_files(traces, tmp_path):
@@ -139,8 +139,11 @@ def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
     plain = [tg.kernel("gemv", 10, 5, 1)]  # rank-tagged, but no step marker
     paths = [tg.write(tmp_path / f"r{r}.json", tg.document(tg.meta_events() + plain, rank=r)) for r in range(2)]
     assert summarize_rank_traces(paths)["ranks"] is None
-    with pytest.raises(BubblescopeError, match="do not share one step marker"):
+    with pytest.raises(BubblescopeError) as info:
         summarize_rank_traces(paths, force=True)
+    # Each file named with what it has (was "found ['None']": Python's None, quoted like a marker name).
+    assert str(info.value) == (f"--ranks: the traces do not share one step marker ({paths[0]}: no step marker; "
+                               f"{paths[1]}: no step marker)")
 
 
 def test_tp_comm_entry_and_communication_bound_finding(traces):

@@ -284,3 +284,35 @@ def test_verdict_action_for_the_gluon_kernel_does_not_ask_for_what_it_already_do
     assert verdict(doc)["action"].startswith("Shorten the dependency chain")
     mk["compile"]["implementation"] = "triton"
     assert verdict(doc)["action"].startswith("Hide the waits")
+
+
+def test_table_titles_fit_an_80_column_terminal_with_one_short_engine():
+    """QA finding: with one engine named "reference" (a CPU run) the latency table is 61 columns wide and
+    rich wrapped its title at that width: "... dim =" / "not run" on two lines of an 80-column terminal."""
+    doc = g.null_metrics_doc()
+    doc["engines"] = doc["engines"][:1]
+    doc["engines"][0]["name"] = "reference"
+    console = Console(width=80, record=True)
+    render_results(doc, console)
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    assert "Latency (ms per token) and bandwidth; — = not measured, dim = not run" in lines
+    assert "Launches, bubbles and correctness" in lines
+    assert max(map(len, lines)) <= 80
+
+
+def test_counts_of_one_are_singular_in_the_report():
+    """QA finding: "1 runs" in the workload line (a `--runs 1` run); the same for every count + noun."""
+    from bubblescope.reports.tables import workload_line
+    from bubblescope.wording import count
+
+    doc = g.null_metrics_doc()
+    doc["workload"].update(runs=1, warmup=1, prompt_len=1)
+    assert workload_line(doc).startswith("prompt 1 token, generate ")
+    assert "1 run after 1 warm-up run," in workload_line(doc)
+    doc["workload"].update(runs=3, warmup=0)
+    assert "3 runs after 0 warm-up runs," in workload_line(doc)
+    assert (count(1, "kernel", fmt=".0f"), count(0.96, "kernel", fmt=".0f"), count(2, "kernel")) == \
+        ("1 kernel", "1 kernel", "2 kernels")
+    console = Console(width=80, record=True)
+    render_results(doc, console)
+    assert not re.search(r"\b1 (runs|tokens|steps|kernels|checks|positions)\b", console.export_text())

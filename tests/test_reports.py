@@ -199,3 +199,25 @@ def test_html_names_each_megakernels_kernel_and_tile_shapes():
     g.engine(doc, "megakernel")["compile"].update(gluon)
     page = render_html(doc)
     assert "<th>kernel and tiles</th>" in page and "gluon: BR 32 · BK 256 · ring 12" in page
+
+
+def test_results_without_engines_report_nothing(tmp_path):
+    """QA finding: `report` over a results.json whose `engines` is empty printed its (stale) findings with
+    exit 0. Now it is the "no data" case `gate` and `diagnose trace` already treat so: one line, exit 2,
+    no --html written; the library renderer says there is nothing to report and shows no finding."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    doc = g.healthy_doc()
+    doc["engines"] = []
+    doc["findings"] = [g.a_finding()]
+    path = write_results(doc, tmp_path / "results.json")
+    r = CliRunner().invoke(app, ["report", str(path), "--html", str(tmp_path / "r.html")])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"error: {path}: the results hold no engine (empty 'engines'): nothing to report"]
+    assert not (tmp_path / "r.html").exists()
+    r = CliRunner().invoke(app, ["report", str(path), "--format", "json"])
+    assert r.exit_code == 2 and r.stdout == ""
+    text = _terminal_text(doc)
+    assert text.strip() == "Nothing to report: the results hold no engine"

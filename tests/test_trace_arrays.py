@@ -64,6 +64,25 @@ def test_interval_stats_by_hand():
     assert s["other_idle_us"].tolist() == [10, 0]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_range_owners_is_the_latest_starting_range_holding_each_point(seed):
+    """Against a plain loop over the ranges: overlapping, nested, equal, zero-length and disjoint ranges
+    (seeds without an overlap take the searchsorted path), points on every start and end and between."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 9))
+    ts = rng.integers(0, 30, n).astype(float) * 10
+    end = ts + rng.choice([0, 5, 10, 20, 40, 150], n)
+    if seed % 4 == 0:  # disjoint ranges in shuffled order
+        ts = np.sort(rng.choice(np.arange(0, 400, 20), n, replace=False)).astype(float)[rng.permutation(n)]
+        end = ts + rng.integers(0, 20, n)
+    at = np.concatenate([ts, end, rng.uniform(-10, 500, 50)])
+    want = []
+    for x in at.tolist():
+        holding = [i for i in range(n) if ts[i] <= x < end[i]]
+        want.append(max(holding, key=lambda i: (ts[i], -i)) if holding else -1)  # equal starts: earlier position
+    assert intervals.range_owners(ts, end, at).tolist() == want
+
+
 def _traces():
     out = [DATA / "h200_reference_eager.json.gz", DATA / "h200_reference_cudagraph.json.gz"]
     return out + (sorted(SHARED.glob("*.json*")) if SHARED.is_dir() else [])

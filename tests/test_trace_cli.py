@@ -95,3 +95,27 @@ def test_diagnose_trace_imports_neither_torch_nor_triton(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
+
+
+def test_a_non_utf8_file_name_is_read_like_report_and_gate_read_theirs(tmp_path):
+    """QA finding: `diagnose trace` refused a latin-1 byte in a file name ("not valid UTF-8") while `report` and
+    `gate` opened theirs. The name arrives as bytes in argv, Python holds it with surrogateescape, the file
+    opens through os.fsencode, and --format json keeps the name so that os.fsencode gives the bytes back."""
+    import os
+
+    raw = os.fsencode(tmp_path) + b"/caf\xe9.json"
+    _good(tmp_path, "plain.json", 40)
+    os.rename(tmp_path / "plain.json", raw)
+    r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", raw, "--format", "json"],
+                       capture_output=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert os.fsencode(doc["files"][0]["path"]) == raw
+    assert doc["files"][0]["devices"][0]["busy_us"] == 40.0  # the hand-made trace: one 40 µs kernel
+    text = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", raw], capture_output=True,
+                          cwd=ROOT, timeout=300)
+    assert text.returncode == 0 and b"caf" in text.stdout, text.stderr
+    # A folder holding the file finds it by content, as before.
+    folder = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", os.fsencode(tmp_path),
+                             "--format", "json"], capture_output=True, cwd=ROOT, timeout=300)
+    assert folder.returncode == 0 and os.fsencode(json.loads(folder.stdout)["files"][0]["path"]) == raw

@@ -84,8 +84,8 @@ def test_begin_end_nesting_args_merge_and_unpaired(tmp_path, reader):
     tr = load_trace(tg.write(tmp_path / "n.json", tg.document(events)))
     got = tr.gpu[["name", "ts_us", "dur_us", "correlation"]].values.tolist()
     assert sorted(got) == [["inner", 102.0, 2.0, 2], ["outer", 100.0, 10.0, 1]]
-    assert "1 'E' events without an open 'B' on their thread ignored" in tr.warnings
-    assert "1 'B' events never closed by an 'E' on their thread ignored" in tr.warnings
+    assert "1 'E' event without an open 'B' on its thread ignored" in tr.warnings
+    assert "1 'B' event never closed by an 'E' on its thread ignored" in tr.warnings
     dev = _summary(tr.path)["devices"][0]
     assert (dev["kernels"], dev["busy_us"], dev["span_us"]) == (2, 10.0, 10.0)
 
@@ -129,11 +129,11 @@ def test_repeated_and_nested_same_name_events_count_once(tmp_path, reader):
         ("k", 100, 7), ("k2", 105, 7), ("r", 120, 7), ("r", 125, 8)
     ]
     assert (
-        "1 GPU activities repeated exactly (same device, stream, name, start and duration): counted once"
+        "1 GPU activity repeated exactly (same device, stream, name, start and duration): counted once"
         in tr.warnings
     )
     assert (
-        "1 GPU activities nested inside another of the same name on the same device and stream: counted once "
+        "1 GPU activity nested inside another of the same name on the same device and stream: counted once "
         "(the outer one kept)" in tr.warnings
     )
     dev = _summary(tr.path)["devices"][0]

@@ -7,6 +7,9 @@ device 0, one of them a CUDA-graph replay, plus a launch-less kernel and a kerne
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -187,6 +190,10 @@ def test_timeline_summary(decode):
 def test_timeline_summary_without_steps_or_gpu(tmp_path):
     none = tm.timeline_summary(load_trace(tg.write(tmp_path / "a.json", tg.document([tg.kernel("k", 1, 1, 1)]))))
     assert none["available"] is False and "no step marker" in none["reason"] and none["kernels_per_step"] is None
+    # No step but a launch call: the per-step frame is empty (indexing the steps' ends raised IndexError).
+    unmarked = load_trace(tg.write(tmp_path / "u.json", tg.document([tg.launch(1, 1, 1), tg.kernel("k", 3, 1, 1)])))
+    table = st.step_metrics(unmarked)
+    assert table.empty and "bubble_ratio" in table and st.assign_steps(unmarked).isna().all()
     # CPU-only: steps and launch calls but no kernels (e.g. CUPTI off). Launch 2 of 10 µs, sync 5 of 10 µs.
     ev = [
         tg.annotation("bubblescope.decode_step#0", 0.5, 10),
@@ -387,3 +394,35 @@ def test_render_prints_a_markup_step_marker_literally(tmp_path):
     console = Console(record=True, width=200)
     render_trace_summary(s, console)
     assert "Decode steps (marker '[/]')" in console.export_text()
+
+
+def test_overlapping_step_ranges_are_warned_once_and_each_call_counts_in_one_step(tmp_path):
+    """QA finding: overlapping ProfilerStep ranges gave no warning (and a nest lost the outer step's calls after
+    the inner one). Hand-made: #0 [0, 100) and #1 [90, 200) overlap by 10 µs; #3 [320, 340) is nested in
+    #2 [300, 400), 20 µs. Each launch goes to the latest-starting range holding it: 50 -> #0, 95 -> #1
+    (the overlap), 150 -> #1, 330 -> #3 (inside the nest), 360 -> #2 (the outer one again)."""
+    launches = {1: 50, 2: 95, 3: 150, 4: 330, 5: 360}
+    ev = [tg.annotation("ProfilerStep#0", 0, 100), tg.annotation("ProfilerStep#1", 90, 110),
+          tg.annotation("ProfilerStep#2", 300, 100), tg.annotation("ProfilerStep#3", 320, 20)]
+    for corr, ts in launches.items():
+        ev += [tg.launch(ts, 1, corr), tg.kernel(f"k{corr}", ts + 2, 1, corr)]
+    path = tg.write(tmp_path / "overlap.json", tg.document(ev))
+    tr = load_trace(path)
+    steps = st.find_steps(tr, "ProfilerStep")
+    assert steps["overlap_us"].tolist() == [10.0, 0.0, 20.0, 0.0]
+    assert steps["dur_us"].tolist() == [100.0, 110.0, 100.0, 20.0]  # wall times as recorded
+    by_kernel = dict(zip(tr.gpu["name"], st.assign_steps(tr, "ProfilerStep").tolist()))
+    assert by_kernel == {"k1": 0, "k2": 1, "k3": 1, "k4": 3, "k5": 2}
+    assert st.step_metrics(tr, "ProfilerStep")["kernels"].tolist() == [1, 2, 1, 1]
+    note = ("2 of 4 steps marked 'ProfilerStep' overlap the next step on their thread, by up to 20.000 µs "
+            "(30.000 µs in all): each CPU call and its kernels count in the latest-starting step holding the "
+            "call, never in two; step wall times are the ranges as recorded")
+    assert st.overlap_note(steps, "ProfilerStep") == note
+    # Once per file, among the file's other warnings: the JSON's list and the text report's "warning:" lines.
+    r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", str(path), "--format", "json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout)["files"][0]["warnings"].count(note) == 1, r.stderr
+    r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", str(path)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+    assert r.returncode == 0 and r.stdout.count(f"warning: {note}") == 1, r.stdout
+    assert st.overlap_note(st.find_steps(tr, "ProfilerStep#0"), "ProfilerStep#0") is None  # one step alone

@@ -50,7 +50,7 @@ def test_basic_columns_and_values(tmp_path):
     launches = tr.runtime[tr.runtime["is_launch"]]
     assert sorted(launches["name"].unique()) == ["cudaGraphLaunch", "cudaLaunchKernel"] and len(launches) == 6
     assert list(tr.runtime.loc[tr.runtime["is_sync"], "name"]) == ["cudaStreamSynchronize"]
-    assert tr.warnings == ["1 of 10 GPU activities have no CPU call with their correlation id (launch unknown)"]
+    assert tr.warnings == ["1 of 10 GPU activities has no CPU call with their correlation id (launch unknown)"]
     assert tr.metadata["deviceProperties"][0]["numSms"] == 132 and "traceEvents" not in tr.metadata
 
 
@@ -231,7 +231,7 @@ def test_bad_numbers_are_excluded_or_nulled(tmp_path):
     assert tr.runtime["correlation"].isna().all()
     assert "2 complete events without a finite numeric ts/dur excluded" in tr.warnings
     assert "2 integers in args.correlation beyond int64 or not integers, set to null" in tr.warnings
-    assert "1 integers in args.stream beyond int64 or not integers, set to null" in tr.warnings
+    assert "1 integer in args.stream beyond int64 or not an integer, set to null" in tr.warnings
     assert str(tr.gpu["correlation"].dtype) == "Int64"
 
 

@@ -3,9 +3,11 @@ file, and ``--tuning`` picking the entry for the sequence length."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 
 import torch
 
@@ -80,6 +82,10 @@ def test_tune_two_knobs_on_tiny_llama_with_invalid_values_as_rows(tmp_path):
     tuned = json.loads((tmp_path / "tuned.json").read_text())
     assert [r["max_context"] for r in tuned["ranges"]] == [int(math.sqrt(4 * 8)), None]
     assert [r["params"]["kv_splits"] for r in tuned["ranges"]] == [b["value"] for b in doc2["best"]]
+    # The model's identity travels with the file (checked by --tuning): the hash of its HF config dict.
+    from bubblescope.models import get_preset
+    expected = hashlib.sha256(json.dumps(get_preset("tiny-llama").to_hf_dict(), sort_keys=True).encode()).hexdigest()
+    assert tuned["model"]["config_sha256"] == expected and tuned["model"]["name"] == "tiny-llama"
 
 
 def test_a_value_that_fails_to_build_is_a_row_not_a_crash(monkeypatch):
@@ -100,11 +106,41 @@ def test_a_value_that_fails_to_build_is_a_row_not_a_crash(monkeypatch):
         tuned_document(doc)
 
 
-def _tuned_file(tmp_path, ranges):
+def _tuned_file(tmp_path, ranges, model=None):
+    """A tuned file; without ``model``, as bubblescope wrote them before the config hash (no identity)."""
     path = tmp_path / "tuned.json"
-    path.write_text(json.dumps({"schema": "bubblescope.tuned/1", "engine": "megakernel", "knob": "kv_splits",
-                                "ranges": ranges}))
+    doc = {"schema": "bubblescope.tuned/1", "engine": "megakernel", "knob": "kv_splits", "ranges": ranges}
+    path.write_text(json.dumps(doc if model is None else {**doc, "model": model}))
     return path
+
+
+def test_a_tuned_file_for_another_model_is_refused(tmp_path):
+    """QA finding: a file tuned for llama-3.2-1b was applied to tiny-llama without a word."""
+    from bubblescope.diagnosis import diagnose
+    from bubblescope.models import get_preset
+
+    other = get_preset("llama-3.2-1b")
+    path = _tuned_file(tmp_path, [{"max_context": None, "params": {"kv_splits": 1}}],
+                       model={"name": "llama-3.2-1b", "config_sha256": other.config_sha256()})
+    tiny = get_preset("tiny-llama")
+    message = (f"--tuning {path}: tuned for llama-3.2-1b (config {other.config_sha256()[:12]}), not for tiny-llama "
+               f"(config {tiny.config_sha256()[:12]}); run `bubblescope tune` on this model with --save")
+    r = _cli("generate", "tiny-llama", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--engine", "megakernel",
+             "--tuning", path)
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {message}"]
+    out = tmp_path / "out"
+    r = _cli("diagnose", "model", "tiny-llama", "--engines", "megakernel", "--tuning", path, "--out", out)
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {message}"]
+    assert not out.exists()
+    with pytest.raises(BubblescopeError, match="tuned for llama-3.2-1b"):
+        diagnose("tiny-llama", engines=["reference"], write=False, tuning=str(path))
+    # The same config under another name (a checkpoint folder of the preset) is the same model.
+    assert load_tuning(path).check_model(other.replace(name="my-folder")) is None
+    # A file without a model section (older bubblescope) still loads, with a warning naming the gap.
+    old = load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": {"kv_splits": 1}}]))
+    assert "does not record which model it was tuned for" in old.check_model(tiny)
+    with pytest.raises(BubblescopeError, match="model must be an object"):
+        load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": {"kv_splits": 1}}], model="x"))
 
 
 def test_tuning_picks_the_entry_for_the_length(tmp_path):
@@ -126,6 +162,14 @@ def test_tuning_picks_the_entry_for_the_length(tmp_path):
                                            {"max_context": 16, "params": {"kv_splits": 2}}]))
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(BubblescopeError, match="not a bubblescope tuned file"):
+        load_tuning(tmp_path / "x.json")
+    for key, value, shown in (("knob", ["kv_splits"], '["kv_splits"]'), ("engine", 5, "5")):  # knob: a TypeError
+        (tmp_path / "x.json").write_text(json.dumps({**json.loads(_tuned_file(tmp_path, []).read_text()), key: value}))
+        with pytest.raises(BubblescopeError, match=re.escape(f"x.json: {key} must be a string, got {shown}")):
+            load_tuning(tmp_path / "x.json")
+    (tmp_path / "x.json").write_text("null")  # was "(schema 'NoneType', ...)": Python's name for JSON null
+    with pytest.raises(BubblescopeError, match=r"not a bubblescope tuned file \(a JSON null, not an object; "
+                                               r"expected schema 'bubblescope.tuned/1'"):
         load_tuning(tmp_path / "x.json")
     r = _cli("generate", "tiny-llama", "--engine", "megakernel", "--tuning", tmp_path / "missing.json")
     assert r.exit_code == 2 and "--tuning" in r.output and "no such file" in r.output
@@ -154,7 +198,10 @@ def test_generate_and_diagnose_take_tuning(tmp_path):
     r = _cli("generate", STORIES, "--engine", "megakernel", "--prompt-ids", "1,403", "--max-new-tokens", "3",
              "--tuning", path)
     assert r.exit_code == 0, r.output
-    assert "--tuning: {'kv_splits': 1} (length 5)" in r.output
+    lines = r.output.splitlines()
+    assert f"warning: --tuning {path}: the file does not record which model it was tuned for (written before " \
+           "bubblescope stored the config hash): applied to stories260k unchecked" in lines
+    assert f"--tuning {path}: megakernel takes kv_splits=1 (entry up to length 16; this run's length 5)" in lines
     from bubblescope.diagnosis import diagnose
     res = diagnose(str(STORIES), engines=["megakernel"], prompt_len=12, gen_len=8, runs=1, warmup=0,
                    context_sweep=[], profile_steps=1, write=False, tuning=str(path))
@@ -162,6 +209,8 @@ def test_generate_and_diagnose_take_tuning(tmp_path):
     assert eng["status"] == "ok", eng["reason"]
     assert eng["tuning"]["params"] == {"kv_splits": 2} and eng["tuning"]["length"] == 20
     assert eng["compile"]["tiling"]["kv_splits"] == 2
+    assert (f"--tuning {path}: megakernel takes kv_splits=2 (last, open-ended entry; this run's length 20)"
+            in res.doc["device"]["notes"])
 
 
 def test_cliffs_are_named_and_circled():
@@ -222,3 +271,27 @@ def test_tune_table_fits_80_columns_without_cutting_numbers():
     text = console.export_text()
     assert "…" not in text
     assert "not measured (columns left out): % peak, regs, spills, smem B, progs/SM" in text
+
+
+@pytest.mark.parametrize("save, why", [("dir", "exists and is not a regular file"),
+                                       ("missing/tuned.json", "its folder {tmp}/missing does not exist")])
+def test_an_unusable_save_path_is_refused_before_measuring(tmp_path, save, why):
+    """A --save path that cannot be written failed only after the whole tuning run, with tune.json and
+    tune.html already written and exit 2; now it is refused first and nothing is written."""
+    (tmp_path / "dir").mkdir()
+    out = tmp_path / "out"
+    r = _cli("tune", "tiny-llama", "--knob", "kv_splits", "--values", "1", "--contexts", "4", "--steps", "1",
+             "--out", out, "--save", tmp_path / save)
+    assert r.exit_code == 2 and r.output.startswith(f"error: --save {tmp_path / save}: ")
+    assert why.replace("{tmp}", str(tmp_path)) in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_an_output_taken_by_a_directory_is_refused_before_measuring(tmp_path):
+    (tmp_path / "out" / "tune.html").mkdir(parents=True)
+    r = _cli("tune", "tiny-llama", "--knob", "kv_splits", "--values", "1", "--contexts", "4", "--steps", "1",
+             "--out", tmp_path / "out")
+    taken = tmp_path / "out" / "tune.html"
+    assert r.exit_code == 2
+    assert r.output.strip() == f"error: --out {tmp_path / 'out'}: {taken} exists and is not a regular file"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tune.html"]

@@ -13,6 +13,7 @@ from typing import List, Optional
 import typer
 
 from .errors import BubblescopeError
+from .wording import count
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profile and diagnose batch-size-1 LLM decode: bubbles, launches, bandwidth.")
@@ -95,7 +96,7 @@ def generate(
     from .models import load_model, parse_dtype, resolve_device
     from .models.loader import KNOWN_FILES, model_search_dirs
 
-    from .tuned import engine_params, load_tuning
+    from .tuned import describe_pick, engine_params, load_tuning
 
     seed = _seed(seed)
     tuned = load_tuning(tuning) if tuning is not None else None
@@ -114,10 +115,13 @@ def generate(
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
     loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
     cfg, tok = loaded.config, loaded.tokenizer
-    for warning in loaded.warnings:
-        typer.echo(f"warning: {warning}", err=True)
+    for warning in loaded.warnings + ([tuned.check_model(cfg)] if tuned is not None else []):
+        if warning:
+            typer.echo(f"warning: {warning}", err=True)
     if prompt_ids is not None:
         ids = _ints(prompt_ids, "--prompt-ids")
+        if not ids:
+            raise BubblescopeError(f"--prompt-ids: no token ids in {prompt_ids!r}")
     elif prompt and tok is None:
         if loaded.source == "dummy" and model is not None and model.lower() in KNOWN_FILES:
             raise BubblescopeError(
@@ -138,11 +142,12 @@ def generate(
         raise BubblescopeError(f"--prompt-ids: token ids must be in [0, {cfg.vocab_size})")
     max_seq = len(ids) + max_new_tokens
     if max_seq > cfg.max_position_embeddings:
-        raise BubblescopeError(f"--prompt: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
+        raise BubblescopeError(f"--prompt: {count(len(ids), 'prompt token')} + "
+                               f"{count(max_new_tokens, 'new token')} exceed the "
                                f"model's {cfg.max_position_embeddings} positions")
     mk_params, picked = engine_params(tuned, name, max_seq, dev.type)
     if picked:
-        typer.echo(f"--tuning: {picked.get('reason') or picked['params']} (length {max_seq})", err=True)
+        typer.echo(describe_pick(picked, name), err=True)
     dec = build_engine(name, loaded.weights, max_seq, params=mk_params)
     from .fallback import describe
     for line in describe(dec):
@@ -163,7 +168,7 @@ def generate(
              if n else "no decode step (the first token was EOS)")
     note = " (Triton CPU interpreter: slow by design)" if dev.type == "cpu" and "megakernel" in name else ""
     typer.echo(f"{dec.name} on {where}{note}, {weights}: TTFT {res.ttft_ms:.2f} ms, {speed}, "
-               f"{len(res.tokens)} tokens", err=True)
+               f"{count(len(res.tokens), 'token')}", err=True)
 
 
 @diagnose_app.command("model")
@@ -257,7 +262,7 @@ def diagnose_trace(
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    files, skipped = trace_files([_path(p, "PATHS") for p in paths])
+    files, skipped = trace_files(paths)
     for note in skipped:
         typer.echo(f"note: {note}", err=True)
     with trace_progress() as progress:
@@ -298,7 +303,7 @@ def report(
     _path(html, "--html")
     if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
         raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
-    results = load_results(results_path)
+    results = load_results(results_path).require_engines(str(results_path))
     if html is not None:
         from .reports.html import write_html
         write_html(results, html)
@@ -381,6 +386,8 @@ def tune(
     from .diagnosis import command_line
     from .reports.tune_report import render_tune, write_tune_outputs
 
+    from .tuned import check_save_path
+    check_save_path(save)
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
                    device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)

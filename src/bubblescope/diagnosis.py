@@ -216,6 +216,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     info = device_info(dev if on_gpu else "cpu")
     copy = measure_copy_bandwidth(dev) if on_gpu else {"copy_GBps": None, "reason": "CPU run"}
     notes = model_notes(requested, model, loaded.source, dev) + loaded.warnings + list(info.get("notes") or [])
+    if tuned is not None and (unchecked := tuned.check_model(cfg)):
+        notes.append(unchecked)
     if not on_gpu:
         notes.append("CPU only: no GPU on this machine, so GPU timeline and bandwidth metrics are unavailable")
     if copy.get("reason") and on_gpu:
@@ -354,9 +356,11 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     doc, loaded = ctx["doc"], ctx["loaded"]
     cfg = loaded.config
     dev = loaded.weights.device
-    from .tuned import engine_params
+    from .tuned import describe_pick, engine_params
     prompt = ctx["prompt"]
     params, entry["tuning"] = engine_params(ctx["tuning"], name, len(prompt) + ctx["gen_len"], dev.type)
+    if entry["tuning"]:
+        doc["device"]["notes"].append(describe_pick(entry["tuning"], name))
     engine = build_engine(name, loaded.weights, ctx["max_seq"], params=params)
     bar.update(f"{name}: warm-up")
     for _ in range(ctx["warmup"]):

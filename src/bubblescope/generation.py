@@ -82,6 +82,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.temperature <= 0:
         return int(torch.argmax(logits))
     x = logits.float() / params.temperature
+    if not torch.isfinite(x.max()):
+        # A tiny temperature (1e-45) overflows to inf and softmax gives NaN; softmax is shift-invariant, so
+        # shifting by the max first gives the T -> 0 limit: the maximum (ties shared), the rest -inf.
+        x = (logits.float() - logits.float().max()) / params.temperature
     if params.top_k > 0 and params.top_k < x.numel():
         kth = torch.topk(x, params.top_k).values[-1]
         x = torch.where(x < kth, torch.full_like(x, float("-inf")), x)

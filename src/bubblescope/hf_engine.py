@@ -6,6 +6,7 @@ import torch
 
 from .errors import BubblescopeError
 from .models.weights import ModelWeights
+from .wording import count
 
 
 class HFEngine:
@@ -48,7 +49,7 @@ class HFEngine:
     def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:
         if token_ids.numel() > self.max_seq_len:
             raise BubblescopeError(f"prompt: {token_ids.numel()} tokens do not fit the KV cache of "
-                                   f"{self.max_seq_len} positions")
+                                   f"{count(self.max_seq_len, 'position')}")
         self.reset()
         out = self._forward(token_ids.view(1, -1).to(self.device))
         self.position = token_ids.numel()

@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 from .errors import BubblescopeError
+from .wording import count
 
 SNIFF_BYTES = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b"
@@ -73,7 +74,8 @@ def trace_files(paths: list[str | os.PathLike]) -> tuple[list[str], list[str]]:
                 skipped.append(f"reading {sub}: {path} holds no trace itself (a `diagnose model` output folder)")
         if not found:
             raise BubblescopeError(f"{path}: directory holds no Chrome trace file"
-                                   + (f" ({len(skipped)} other files skipped)" if skipped else " (it is empty)"))
+                                   + (f" ({count(len(skipped), 'other file')} skipped)" if skipped
+                                      else " (it is empty)"))
         files += found
         notes += skipped
     return files, notes

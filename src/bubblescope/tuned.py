@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BubblescopeError
@@ -55,6 +55,23 @@ def tuned_document(doc: dict) -> dict:
             "source": doc.get("command"), "ranges": ranges}
 
 
+def check_save_path(path: str | Path | None) -> None:
+    """Before minutes of measuring: ``--save`` must name a file that can be created or replaced (its folder
+    exists; the path is not a directory or device). Nothing is written.
+
+    Raises:
+        BubblescopeError: the path cannot take the tuned file (the message says why).
+    """
+    if path is None:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise BubblescopeError(f"--save {p}: exists and is not a regular file (a directory or device); give a "
+                               "file path")
+    if not p.parent.is_dir():
+        raise BubblescopeError(f"--save {p}: its folder {p.parent} does not exist")
+
+
 def save_tuned(doc: dict, path: str | Path) -> Path:
     """Write :func:`tuned_document` of ``doc`` to ``path`` atomically. Raises BubblescopeError as it does,
     or when ``path`` cannot be written."""
@@ -64,12 +81,37 @@ def save_tuned(doc: dict, path: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class Tuning:
-    """A loaded tuned file: ``engine``, ``knob`` and ``ranges`` (as in :func:`tuned_document`)."""
+    """A loaded tuned file: ``engine``, ``knob``, ``ranges`` (as in :func:`tuned_document`) and ``model``
+    (``{"name", "config_sha256", ...}``; empty for files written before the hash was recorded)."""
 
     path: str
     engine: str
     knob: str
     ranges: tuple
+    model: dict = field(default_factory=dict)
+
+    def check_model(self, config) -> str | None:
+        """Refuse a file tuned for another model: tile sizes tuned for one model's shapes say nothing about
+        another's. ``config`` is the :class:`~bubblescope.models.ModelConfig` about to run.
+
+        Returns:
+            None when the file's ``model.config_sha256`` matches ``config.config_sha256()``; a warning (one
+            line) when the file records no hash (written by an older bubblescope), so it cannot be checked.
+
+        Raises:
+            BubblescopeError: the hashes differ (the message names both models).
+        """
+        tuned_hash, tuned_name = self.model.get("config_sha256"), self.model.get("name")
+        if tuned_hash is None:
+            named = f"; it names {tuned_name}" if tuned_name else ""
+            return (f"--tuning {self.path}: the file does not record which model it was tuned for (written "
+                    f"before bubblescope stored the config hash{named}): applied to {config.name} unchecked")
+        if tuned_hash != config.config_sha256():
+            raise BubblescopeError(
+                f"--tuning {self.path}: tuned for {tuned_name or 'another model'} (config {tuned_hash[:12]}), not "
+                f"for {config.name} "
+                f"(config {config.config_sha256()[:12]}); run `bubblescope tune` on this model with --save")
+        return None
 
     def pick(self, length: int) -> dict:
         """The range entry for a sequence of ``length`` positions: the first whose ``max_context`` is None
@@ -114,12 +156,15 @@ def load_tuning(path: str | Path) -> Tuning:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BubblescopeError(f"--tuning {p}: not a readable JSON file ({type(e).__name__})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise BubblescopeError(f"--tuning {p}: not a bubblescope tuned file (schema {got!r}, expected {SCHEMA!r}; "
+        got = f"schema {doc.get('schema')!r}" if isinstance(doc, dict) else f"a JSON {_json_kind(doc)}, not an object"
+        raise BubblescopeError(f"--tuning {p}: not a bubblescope tuned file ({got}; expected schema {SCHEMA!r}: "
                                "write one with `bubblescope tune ... --save`)")
     engine, knob, ranges = doc.get("engine"), doc.get("knob"), doc.get("ranges")
+    for field_name, value in (("engine", engine), ("knob", knob)):
+        if not isinstance(value, str):
+            raise BubblescopeError(f"--tuning {p}: {field_name} must be a string, got {json.dumps(value)[:80]}")
     try:
-        types = {k["name"]: k["type"] for k in knobs(engine)} if isinstance(engine, str) else {}
+        types = {k["name"]: k["type"] for k in knobs(engine)}
         names = set(types)
     except BubblescopeError:
         raise BubblescopeError(f"--tuning {p}: engine {engine!r} has no tuning knobs") from None
@@ -136,7 +181,21 @@ def load_tuning(path: str | Path) -> Tuning:
         for name, value in r["params"].items():
             if not _json_type_ok(types[name], value):
                 raise BubblescopeError(f"--tuning {p}: {name} must be {types[name]}, got {json.dumps(value)}")
-    return Tuning(str(p), engine, knob, tuple(ranges))
+    model = doc.get("model", {})
+    if not isinstance(model, dict) or not isinstance(model.get("config_sha256", ""), str) \
+            or not isinstance(model.get("name", ""), str):
+        raise BubblescopeError(f"--tuning {p}: model must be an object with a string name and config_sha256, got "
+                               f"{json.dumps(model)[:80]}")
+    return Tuning(str(p), engine, knob, tuple(ranges), model)
+
+
+def _json_kind(value) -> str:
+    """The JSON name of a parsed value's type: null, boolean, number, string, array, object."""
+    for kind, types in (("null", type(None)), ("boolean", bool), ("number", (int, float)), ("string", str),
+                        ("array", list)):
+        if isinstance(value, types):
+            return kind
+    return "object"
 
 
 def _json_type_ok(annotation: str, value) -> bool:
@@ -153,6 +212,17 @@ def _json_type_ok(annotation: str, value) -> bool:
     if annotation.startswith("str"):
         return isinstance(value, str)
     return True
+
+
+def describe_pick(record: dict, engine: str) -> str:
+    """One line saying what ``--tuning`` did for ``engine`` (a record of :func:`engine_params`), e.g.
+    ``--tuning tuned.json: megakernel takes kv_splits=1 (entry up to length 16; this run's length 5)``."""
+    if record.get("params") is None:
+        return f"--tuning {record['path']}: not applied to {engine} ({record.get('reason')})"
+    values = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in record["params"].items())
+    entry = (f"entry up to length {record['max_context']}" if record.get("max_context") is not None
+             else "last, open-ended entry")
+    return f"--tuning {record['path']}: {engine} takes {values} ({entry}; this run's length {record['length']})"
 
 
 def engine_params(tuning: Tuning | None, engine: str, length: int, device_type: str):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
+from .wording import count
 
 SCHEMA = "bubblescope.tune/1"
 # Engines whose construction takes a parameter object, and which fields are tuning knobs. The Triton
@@ -147,6 +148,9 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         raise BubblescopeError("--values: no values given")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise BubblescopeError(f"--out {out}: exists and is not a directory")
+    for target in ([Path(out) / "tune.json", Path(out) / "tune.html"] if out is not None else []):
+        if target.exists() and not target.is_file():  # found now, not after the measurements
+            raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
@@ -161,7 +165,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     cfg = loaded.config
     max_seq = max(contexts) + steps + 2
     if max_seq > cfg.max_position_embeddings:
-        raise BubblescopeError(f"--contexts: {max(contexts)} + {steps} steps exceed {cfg.name}'s "
+        raise BubblescopeError(f"--contexts: {max(contexts)} + {count(steps, 'step')} exceed {cfg.name}'s "
                                f"max_position_embeddings {cfg.max_position_embeddings}")
     cls = _params_class(engine)
     from .megakernel_engine import CPU_PARAMS
@@ -181,7 +185,8 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
            "command": command or "bubblescope.tuning.tune(...)", "engine": engine, "knob": knob,
            "family": spec["family"], "values": list(values), "contexts": sorted(set(contexts)), "steps": steps,
            "device": {"type": dev.type, "name": info.get("name"), "nvml_peak_GBps": peak},
-           "model": {"name": cfg.name, "source": loaded.source, "dtype": str(tdtype).replace("torch.", "")},
+           "model": {"name": cfg.name, "source": loaded.source, "dtype": str(tdtype).replace("torch.", ""),
+                     "config_sha256": cfg.config_sha256()},
            "base_params": {k: v for k, v in dataclasses.asdict(base_params).items() if k != knob},
            "rows": rows}
     doc["best"] = best_per_context(doc)

@@ -235,6 +235,12 @@ class ModelConfig:
             d["mlp_bias"] = False
         return d
 
+    def config_sha256(self) -> str:
+        """SHA-256 (hex) of :meth:`to_hf_dict` as sorted-key JSON: the model's identity by its shapes and
+        numbers, whatever it is called (a preset and a checkpoint folder of the same config agree)."""
+        import hashlib
+        return hashlib.sha256(json.dumps(self.to_hf_dict(), sort_keys=True).encode()).hexdigest()
+
     @classmethod
     def from_hf_dict(cls, d: dict, name: str = "custom") -> "ModelConfig":
         """Build from a parsed Hugging Face ``config.json``.
@@ -254,12 +260,18 @@ class ModelConfig:
                 f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
         if model_type == "mistral" and d.get("sliding_window"):
             raise BubblescopeError(f"{name}: Mistral with sliding_window={d['sliding_window']} is not supported")
+        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+            # bool("false") is True: a string here would silently flip the layout.
+            if d.get(key) is not None and not isinstance(d[key], bool):
+                raise BubblescopeError(f"{name}: config field {key} must be true, false or null, got "
+                                       f"{json.dumps(d[key])}")
         if d.get("mlp_bias"):
             raise BubblescopeError(f"{name}: mlp_bias=true is not supported")
         required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
         missing = [k for k in required if k not in d]
         if missing:
             raise BubblescopeError(f"{name}: config is missing {', '.join(missing)}")
+        _check_dtype_fields(name, d)
         family = SUPPORTED_MODEL_TYPES[model_type]
         rope_scaling = d.get("rope_scaling")
         # transformers >= 4.5x may store rope settings under "rope_parameters".
@@ -296,8 +308,8 @@ class ModelConfig:
             rope_theta=number("rope_theta", d.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
             rope_scaling=rope_scaling,
             rms_norm_eps=number("rms_norm_eps", d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", family == "qwen2")),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings") or False),
+            attention_bias=d["attention_bias"] if d.get("attention_bias") is not None else family == "qwen2",
             qk_norm=family == "qwen3",
             max_position_embeddings=integer("max_position_embeddings", d.get("max_position_embeddings", 2048)),
             bos_token_id=d.get("bos_token_id"),
@@ -327,7 +339,38 @@ class ModelConfig:
             raise BubblescopeError(f"{p}: not valid JSON ({e.__class__.__name__}: {e})") from None
         if not isinstance(d, dict):
             raise BubblescopeError(f"{p}: expected a JSON object")
-        return cls.from_hf_dict(d, name=p.parent.name or "custom")
+        name = p.parent.name or "custom"
+        try:
+            return cls.from_hf_dict(d, name=name)
+        except BubblescopeError as e:
+            # The messages name the model (the folder); the user needs the file to fix.
+            msg = str(e)
+            for prefix in (f"model config {name}: ", f"{name}: "):
+                if msg.startswith(prefix):
+                    msg = msg[len(prefix):]
+                    break
+            raise BubblescopeError(f"{p}: {msg}") from None
+
+
+def _check_dtype_fields(name: str, d: dict) -> None:
+    """``torch_dtype`` / ``dtype`` (the name transformers >= 4.56 writes), when present, must be null or the
+    name of a torch dtype: transformers' ``PretrainedConfig`` turns the string into ``getattr(torch, value)``
+    and fails on anything else ("float99", "auto"). bubblescope computes in ``--dtype`` whatever the
+    checkpoint says, but a config transformers cannot load is not silently accepted either.
+
+    Raises:
+        BubblescopeError: the field is not a string or null, or the string names no torch dtype.
+    """
+    import torch
+
+    for key in ("torch_dtype", "dtype"):
+        value = d.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise BubblescopeError(
+                f"{name}: config field {key} must be a torch dtype name (float32, float16, bfloat16, float64, "
+                f"... as transformers reads it) or null, got {json.dumps(value)}")
 
 
 def _explicit_head_dim(name: str, value: Any) -> int:

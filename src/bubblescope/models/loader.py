@@ -110,6 +110,9 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
         BubblescopeError: unknown preset, missing path, unsupported config, malformed weights.
     """
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    for label, value in (("MODEL", model), ("--checkpoint", checkpoint), ("--tokenizer", tokenizer)):
+        if value is not None and not str(value).strip():  # Path("") is ".", which would be searched instead
+            raise BubblescopeError(f"{label}: empty; give a preset name or a path")
     path = checkpoint
     if path is None and model.lower() not in PRESETS:
         if not Path(model).exists() and os.sep not in model and not model.endswith((".bin", ".json")):

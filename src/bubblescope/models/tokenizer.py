@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 from ..errors import BubblescopeError
+from ..wording import count
 
 
 class HFTokenizer:
@@ -52,6 +53,7 @@ class Llama2cTokenizer:
             raise BubblescopeError(f"{path}: no such tokenizer file")
         data = p.read_bytes()
         pieces, scores = [], []
+        off = 0  # an empty or 3-byte file fails on the header, before off is set there
         try:
             (self.max_token_length,) = struct.unpack_from("<i", data, 0)
             off = 4
@@ -66,7 +68,7 @@ class Llama2cTokenizer:
         except struct.error:
             raise BubblescopeError(f"{p}: not a llama2.c tokenizer file (truncated at byte {off})") from None
         if vocab_size is not None and len(pieces) != vocab_size:
-            raise BubblescopeError(f"{p}: holds {len(pieces)} tokens, the model expects {vocab_size}")
+            raise BubblescopeError(f"{p}: holds {count(len(pieces), 'token')}, the model expects {vocab_size}")
         self.pieces = pieces
         self.scores = scores
         self.vocab_size = len(pieces)

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import BubblescopeError
 from .config import ModelConfig
+from ..wording import count
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -315,7 +316,7 @@ def load_llama2c(path: str | Path, device: str | torch.device = "cpu",
         raise BubblescopeError(f"{path}: no such file")
     size = p.stat().st_size
     if size < _LLAMA2C_HEADER.size:
-        raise BubblescopeError(f"{p}: truncated llama2.c checkpoint ({size} bytes, header alone is 28)")
+        raise BubblescopeError(f"{p}: truncated llama2.c checkpoint ({count(size, 'byte')}, header alone is 28)")
     with open(p, "rb") as fh:
         dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = _LLAMA2C_HEADER.unpack(fh.read(28))
     shared = vocab > 0

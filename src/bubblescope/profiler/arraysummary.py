@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
-from .intervals import factorize, first_of_each, interval_stats, pair_codes, ratio
+from ..wording import count, plural
+from .intervals import factorize, first_of_each, interval_stats, pair_codes, range_owners, ratio
 from .tracearrays import launch_rows
 from .tracecolumns import _NA
 
@@ -115,8 +116,11 @@ def breakdown(arrays: TraceArrays, rows: np.ndarray, by_name: bool, n: int | Non
 def find_steps(arrays: TraceArrays, step_marker: str) -> dict[str, np.ndarray]:
     """Decode-step ranges, as :func:`.steps.find_steps`: annotations named ``step_marker`` or
     ``step_marker#<anything>``, in time order: step (0..), name (codes), pid, tid, ts_us, dur_us,
-    end_us, and thread (bool): True when the marker's thread made CUDA calls (launches are matched on
-    that pid/tid), False when matched by time only."""
+    end_us, thread (bool): True when the marker's thread made CUDA calls (launches are matched on
+    that pid/tid), False when matched by time only, and overlap_us (float64, µs): how long a step's range
+    shares with the next step that starts on its thread (pid, tid); 0 for most, a nested step's whole
+    length for the outer one. Ranges stay as recorded; :func:`gpu_steps` gives each CPU call to the
+    latest-starting range holding it, and :func:`overlap_note` words the warning."""
     import numpy as np
 
     if not isinstance(step_marker, str) or not step_marker.strip():
@@ -138,12 +142,48 @@ def find_steps(arrays: TraceArrays, step_marker: str) -> dict[str, np.ndarray]:
         threads = arrays.cache["threads"] = set(map(tuple, pair_codes(rt["pid"][known], rt["tid"][known])[1].tolist()))
     steps["thread"] = np.array([(p, t) in threads for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())],
                                dtype=bool)
+    steps["overlap_us"] = _overlaps(steps)
     return steps
 
 
+def _overlaps(steps: dict) -> np.ndarray:
+    """overlap_us of :func:`find_steps`: per step, min(its end, the next one's end) − the next one's start,
+    clipped at 0, the next one being the next to start on the same (pid, tid)."""
+    import numpy as np
+
+    out = np.zeros(len(steps["step"]))
+    if len(out) < 2:
+        return out
+    thread = pair_codes(steps["pid"], steps["tid"])[0]
+    order = np.lexsort((steps["ts_us"], thread))  # by thread, then start; stable among equal starts
+    a, b = order[:-1], order[1:]
+    same = thread[a] == thread[b]
+    a, b = a[same], b[same]
+    ts, end = steps["ts_us"], steps["end_us"]
+    out[a] = np.clip(np.minimum(end[a], end[b]) - ts[b], 0, None)
+    return out
+
+
+def overlap_note(steps: Any, marker: str) -> str | None:
+    """One warning line when step ranges of :func:`find_steps` (its dict, or the frame of
+    :func:`.steps.find_steps`) overlap on a thread: how many, by how much (µs) and what is done about it;
+    None when none do."""
+    import numpy as np
+
+    over = np.asarray(steps["overlap_us"], dtype=float) if "overlap_us" in steps else np.zeros(0)
+    n = int((over > 0).sum())
+    if not n:
+        return None
+    return (f"{n} of {count(len(over), 'step')} marked {marker!r} {plural(n, 'overlaps', 'overlap')} the next "
+            f"step on {plural(n, 'its', 'their')} thread, by up to {float(over.max()):,.3f} µs "
+            f"({float(over.sum()):,.3f} µs in all): each CPU call and its kernels count in the latest-starting "
+            "step holding the call, never in two; step wall times are the ranges as recorded")
+
+
 def _runtime_steps(arrays: TraceArrays, steps: dict) -> np.ndarray:
-    """Per CPU call: the step whose range holds its start on its thread (-1: none). Groups of steps
-    (pid, tid, thread) in first-seen order; a later group's match wins."""
+    """Per CPU call: the step whose range holds its start on its thread, the latest-starting one where
+    ranges overlap or nest (:func:`.intervals.range_owners`); -1: none. Groups of steps (pid, tid, thread)
+    in first-seen order; a later group's match wins."""
     import numpy as np
 
     rt = arrays.runtime
@@ -159,9 +199,9 @@ def _runtime_steps(arrays: TraceArrays, steps: dict) -> np.ndarray:
             sel = np.flatnonzero((pid == steps["pid"][mine[0]]) & (tid == steps["tid"][mine[0]]) & (pid != _NA))
         else:
             sel = np.arange(len(ts))
-        k = np.searchsorted(steps["ts_us"][mine], ts[sel], side="right") - 1
-        inside = (k >= 0) & (ts[sel] < steps["end_us"][mine][np.maximum(k, 0)])
-        out[sel[inside]] = steps["step"][mine][k[inside]]
+        owner = range_owners(steps["ts_us"][mine], steps["end_us"][mine], ts[sel])
+        hit = owner >= 0
+        out[sel[hit]] = steps["step"][mine][owner[hit]]
     return out
 
 
@@ -197,7 +237,8 @@ def step_table(arrays: TraceArrays, steps: dict, threshold_us: float) -> tuple[d
     is_kernel = arrays.texts[gpu["kind"][rows]] == "kernel" if len(rows) else np.zeros(0, dtype=bool)
     table["kernels"] = np.bincount(step_of[is_kernel], minlength=n).astype(np.int64)
     in_step = rt_step >= 0
-    ends = steps["end_us"][np.maximum(rt_step, 0)]
+    # no step at all: nothing to index (every call is outside, in_step is all False)
+    ends = steps["end_us"][np.maximum(rt_step, 0)] if n else np.full(len(rt_step), np.nan)
     # min(dur, step end - start) rather than min(end, step end) - start: exact for calls inside the step
     overlap = np.clip(np.minimum(rt["dur_us"], ends - rt["ts_us"]), 0, None)
     for flag, count_col, time_col in (("is_launch", "launches", "launch_us"), ("is_sync", None, "sync_us")):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BubblescopeError
+from .kineto_log import quiet_start_stop
 
 STEP_MARKER = "bubblescope.decode_step"
 CPU_ONLY_NOTE = "CPU-only capture: GPU metrics unavailable"
@@ -138,7 +139,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     if gpu:
         torch.cuda.synchronize(decoder.device)
-    with profile(activities=activities, record_shapes=False) as prof:
+    with quiet_start_stop(profile(activities=activities, record_shapes=False)) as prof:
         for i in range(steps):
             with record_function(f"{step_marker}#{i}"):
                 tok = greedy_step(decoder, tok)

@@ -17,6 +17,7 @@ from contextlib import suppress
 from importlib import metadata
 
 from ..errors import BubblescopeError
+from ..wording import count as plural_count
 
 _GIB = 1 << 30
 
@@ -167,7 +168,8 @@ def device_info(device="cuda:0") -> dict:
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     count = torch.cuda.device_count()
     if index >= count:
-        raise BubblescopeError(f"device {device!r}: index {index} is out of range ({count} CUDA device(s) visible)")
+        raise BubblescopeError(f"device {device!r}: index {index} is out of range "
+                               f"({plural_count(count, 'CUDA device')} visible)")
     props = torch.cuda.get_device_properties(index)
     info.update(name=props.name, type="cuda", index=index, sm_count=props.multi_processor_count,
                 l2_bytes=getattr(props, "L2_cache_size", None), total_memory_bytes=props.total_memory,

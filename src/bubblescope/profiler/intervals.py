@@ -128,3 +128,33 @@ def first_of_each(keys: np.ndarray) -> np.ndarray:
     if len(keys):
         out[np.unique(keys, return_index=True)[1]] = True
     return out
+
+
+def range_owners(ts: np.ndarray, end: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each time of ``at`` (µs): the position (into ``ts``/``end``) of the latest-starting range
+    [ts, end) holding it, -1 for none. Ranges may overlap or nest: a point in an overlap goes to the later
+    range, one in a nest to the inner range, one after the inner range's end to the outer one again. Equal
+    starts: the earlier position. The time axis is cut at every start and end and each piece given its
+    owner by a sweep with a heap (2 x ranges steps); ranges that do not overlap skip the sweep."""
+    import heapq
+
+    import numpy as np
+
+    order = np.argsort(ts, kind="stable")
+    if len(order) < 2 or np.all(end[order][:-1] <= ts[order][1:]):  # no overlap: the last range started
+        k = np.searchsorted(ts[order], at, side="right") - 1
+        inside = (k >= 0) & (at < end[order][np.maximum(k, 0)]) if len(order) else np.zeros(len(at), dtype=bool)
+        return np.where(inside, order[np.maximum(k, 0)] if len(order) else -1, -1)
+    bounds = np.unique(np.concatenate([ts, end]))
+    owner = np.full(len(bounds), -1, dtype=np.int64)
+    active: list[tuple[float, int]] = []  # (-start, position): the latest start on top
+    j = 0
+    for b, edge in enumerate(bounds.tolist()):
+        while j < len(order) and ts[order[j]] <= edge:
+            heapq.heappush(active, (-float(ts[order[j]]), int(order[j])))
+            j += 1
+        while active and end[active[0][1]] <= edge:  # ended ranges leave lazily, when they come on top
+            heapq.heappop(active)
+        owner[b] = active[0][1] if active else -1
+    k = np.searchsorted(bounds, at, side="right") - 1
+    return np.where(k >= 0, owner[np.maximum(k, 0)], -1)

@@ -108,7 +108,9 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
     if len(markers) != 1 or None in markers:
         if not force:  # rank-tagged files without common steps: the per-file summaries are all there is
             return out
-        raise BubblescopeError(f"--ranks: the traces do not share one step marker (found {sorted(map(str, markers))})")
+        found = "; ".join(f"{f['path']}: {repr(f['step_marker']) if f['step_marker'] else 'no step marker'}"
+                          for f in files)
+        raise BubblescopeError(f"--ranks: the traces do not share one step marker ({found})")
     # the cross-rank metrics work on pandas frames: built here, only for a multi-rank job
     out["ranks"] = multirank_section([t.to_trace() for t in traces], markers.pop(), skip_steps, threshold_us)
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .arraysummary import overlap_note  # noqa: F401  (the warning of overlapping steps; importable from here)
 from .metrics import DEFAULT_IDLE_THRESHOLD_US, check_threshold
 
 if TYPE_CHECKING:
@@ -29,8 +30,15 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
 
     Returns step (0.. in time order), name, pid, tid, ts_us, dur_us, end_us, matched_by: "thread"
     when the marker's thread made CUDA calls (launches are matched on that pid/tid), "time" when it
-    made none (some exporters put the marker on another pid; launches are then matched by time only).
-    BubblescopeError for an empty marker.
+    made none (some exporters put the marker on another pid; launches are then matched by time only),
+    and overlap_us. BubblescopeError for an empty marker.
+
+    Overlapping ranges (on one thread, pid and tid): ``overlap_us`` is how long a step's range shares with the
+    next step that starts on its thread (0 for most; a nested step's whole length for the outer one). Ranges
+    are kept as recorded (``dur_us`` is each step's own wall time); a CPU call, and with it its kernels,
+    belongs to the latest-starting step whose range holds the call's start: the later step in an overlap,
+    the inner one in a nest, the outer one again after the inner one ends. No call counts in two steps.
+    :func:`overlap_note` words the warning.
     """
     import numpy as np
     import pandas as pd
@@ -47,6 +55,7 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
         **{k: pd.arrays.IntegerArray(st[k], st[k] == _NA) for k in ("pid", "tid")},
         **{k: st[k] for k in ("ts_us", "dur_us", "end_us")},
         "matched_by": np.where(st["thread"], "thread", "time").astype(object),
+        "overlap_us": st["overlap_us"],
     })
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
+from ..wording import count
 from .intervals import ratio as _ratio
 from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
 from .steps import DEFAULT_STEP_MARKER
@@ -82,7 +83,8 @@ def timeline_summary(
     measured = table["step"] >= skip_steps
     table = {k: (v[measured] if isinstance(v, np.ndarray) else v) for k, v in table.items()}
     if not measured.any():
-        out["reason"] = f"all {len(steps['step'])} steps are warm-up (skip_steps={skip_steps})"
+        every = f"all {len(steps['step'])} steps are" if len(steps["step"]) != 1 else "the only step is"
+        out["reason"] = f"{every} warm-up (skip_steps={skip_steps})"
         return out
     rows = rows[step_of >= skip_steps]
     wall = float(np.median(table["wall_us"]))
@@ -161,7 +163,7 @@ def step_timeline(
     i = int(step_index)
     if not 0 <= i < len(steps["step"]):
         raise BubblescopeError(
-            f"step {step_index}: out of range, the trace has {len(steps['step'])} steps marked {step_marker!r}"
+            f"step {step_index}: out of range, the trace has {count(len(steps['step']), 'step')} marked {step_marker!r}"
         )
     t0 = float(steps["ts_us"][i])
     gpu_step, rt_step = az.gpu_steps(arrays, steps)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
+from ..wording import count, plural
 from .categories import categorize
 from .heap import parse_heap
 from .tracecolumns import _INT_COLUMNS, _NA, _Columns
@@ -30,6 +31,15 @@ if TYPE_CHECKING:
 # The columns of each table the summaries read, and what stands in for a column a hand-built frame lacks.
 _TEXT_COLUMNS = {"gpu": ("name", "kind", "category"), "runtime": ("name", "category"), "annotations": ("name",),
                  "flows": ("phase", "cat")}
+
+
+# The plural words of the parser's count phrases (tracecolumns' ``odd``), for a count of exactly one.
+_SINGULAR = {"events": "event", "entries": "entry", "their": "its"}
+
+
+def _one(phrase: str) -> str:
+    """A count phrase of the parser ("complete events without ... excluded") worded for exactly one."""
+    return " ".join(_SINGULAR.get(word, word) for word in phrase.split(" "))
 
 
 @dataclass
@@ -224,17 +234,19 @@ def read_trace_arrays(
     runtime = tables["runtime"]
     runtime.update(api_flags(runtime["name"], texts))
 
-    warnings = [f"{n} {what}" for what, n in cols.odd.items()]
-    warnings += [f"{n} integers in {col} beyond int64 or not integers, set to null" for col, n in cols.bad_ints.items()]
+    warnings = [f"{n} {what if n != 1 else _one(what)}" for what, n in cols.odd.items()]
+    warnings += [f"{count(n, 'integer')} in {col} beyond int64 or not {plural(n, 'an integer', 'integers')}, set to "
+                 "null" for col, n in cols.bad_ints.items()]
     warnings += merged
     if cols.bad_text:
-        warnings.append(f"{cols.bad_text} distinct names had invalid UTF-8 (replaced by U+FFFD)")
+        warnings.append(f"{count(cols.bad_text, 'distinct name')} had invalid UTF-8 (replaced by U+FFFD)")
     gc, rc = gpu["correlation"], runtime["correlation"]
     linked = (gc != _NA) & np.isin(gc, rc[rc != _NA])
     if len(gc) and not linked.all():
+        unlinked = int((~linked).sum())
         warnings.append(
-            f"{int((~linked).sum())} of {len(gc)} GPU activities have no CPU call with "
-            "their correlation id (launch unknown)"
+            f"{unlinked} of {count(len(gc), 'GPU activity', 'GPU activities')} {plural(unlinked, 'has', 'have')} "
+            "no CPU call with their correlation id (launch unknown)"
         )
     rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None
     rank = parse_rank(rank_raw)

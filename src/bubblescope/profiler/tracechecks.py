@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..wording import count, plural
+
 if TYPE_CHECKING:
     from .tracearrays import TraceArrays
 
@@ -52,13 +54,15 @@ def drop_repeated(gpu: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     notes = []
     if same.any():
         notes.append(
-            f"{int(same.sum())} GPU activities repeated exactly (same device, stream, name, start and duration): "
+            f"{count(int(same.sum()), 'GPU activity', 'GPU activities')} repeated exactly (same device, stream, name, "
+            "start and duration): "
             "counted once"
         )
     nested = int(inside.sum() - same.sum())
     if nested:
         notes.append(
-            f"{nested} GPU activities nested inside another of the same name on the same device and stream: "
+            f"{count(nested, 'GPU activity', 'GPU activities')} nested inside another of the same name on the same "
+            "device and stream: "
             "counted once (the outer one kept)"
         )
     return {key: arr[keep] for key, arr in gpu.items()}, notes
@@ -112,7 +116,9 @@ def skew_note(arrays: TraceArrays) -> str | None:
     if not early.any():
         return None
     return (
-        f"{int(early.sum())} of {len(delays)} launched GPU activities start before their launch call, by up to "
+        f"{int(early.sum())} of {count(len(delays), 'launched GPU activity', 'launched GPU activities')} "
+        f"{plural(int(early.sum()), 'starts', 'start')} before {plural(int(early.sum()), 'its', 'their')} launch call, "
+        "by up to "
         f"{-float(delays[early].min()):,.3f} µs: the CPU and GPU clocks disagree, so those launch delays are "
         "negative and host-wait idle time is undercounted"
     )

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
 from . import metrics
-from .arraysummary import breakdown, device_table, find_steps
+from ..wording import count, plural
+from .arraysummary import breakdown, device_table, find_steps, overlap_note
 from .steps import DEFAULT_STEP_MARKER
 from .timeline import check_skip_steps, timeline_summary
 from .tracearrays import TraceArrays, read_trace_arrays
@@ -124,9 +125,12 @@ def summarize_trace(
         by_time = int((~steps["thread"]).sum())
         if by_time:
             warnings.append(
-                f"{by_time} of {len(steps['step'])} steps marked {marker!r} lie on a thread without "
-                "CUDA calls: launches matched to them by time only"
+                f"{by_time} of {count(len(steps['step']), 'step')} marked {marker!r} {plural(by_time, 'lies', 'lie')} "
+                f"on a thread without CUDA calls: launches matched to {plural(by_time, 'it', 'them')} by time only"
             )
+        cut = overlap_note(steps, marker)
+        if cut:
+            warnings.append(cut)
         summary = timeline_summary(arrays, marker, skip_steps, threshold_us)
         if summary["reason"]:
             warnings.append(f"steps: {summary['reason']}")

@@ -15,6 +15,7 @@ import torch
 from ..errors import BubblescopeError, EngineUnavailable
 from ..models.weights import ModelWeights
 from .model import Transformer
+from ..wording import count
 
 MODES = ("eager", "cudagraph", "compile")
 
@@ -78,7 +79,8 @@ class ReferenceEngine:
         if t == 0:
             raise BubblescopeError("prompt: empty (need at least one token)")
         if t > self.max_seq_len:
-            raise BubblescopeError(f"prompt: {t} tokens do not fit the KV cache of {self.max_seq_len} positions")
+            raise BubblescopeError(f"prompt: {t} tokens do not fit the KV cache of "
+                                   f"{count(self.max_seq_len, 'position')}")
         self.reset()
         pos = torch.arange(t, device=self.device)
         logits = self.model(token_ids.to(self.device).view(-1), pos)
@@ -96,7 +98,7 @@ class ReferenceEngine:
             BubblescopeError: the KV cache is full.
         """
         if self.position >= self.max_seq_len:
-            raise BubblescopeError(f"decode: the KV cache of {self.max_seq_len} positions is full")
+            raise BubblescopeError(f"decode: the KV cache of {count(self.max_seq_len, 'position')} is full")
         if isinstance(token, torch.Tensor):
             self._tok.copy_(token.view(1))
         else:

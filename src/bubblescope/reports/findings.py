@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from .results import dig, ordered
+from ..wording import count
 
 THRESHOLDS: Mapping[str, float] = MappingProxyType({
     # launch-bound: the GPU idles most of the step and there are many kernels to launch.
@@ -68,7 +69,7 @@ def _launch_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
         return None
     return _finding(
         "launch-bound", "problem", eng,
-        f"Launch-bound: the GPU is idle {bubble:.0%} of each step across {kernels:.0f} kernels",
+        f"Launch-bound: the GPU is idle {bubble:.0%} of each step across {count(kernels, 'kernel', fmt='.0f')}",
         {"bubble_ratio": bubble, "kernels_per_step": kernels,
          "launches_per_step": dig(eng, "timeline", "launches_per_step"),
          "launch_share": dig(eng, "timeline", "launch_share")},
@@ -136,7 +137,7 @@ def _kv_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     return _finding(
         "kv-bound", "warn", eng,
         f"KV-bound at long context: the KV cache is {kv_share:.0%} of bytes per step at "
-        f"{long['context']} tokens and ms/token grows {growth:.2f}x",
+        f"{count(long['context'], 'token')} and ms/token grows {growth:.2f}x",
         {"context_short": short["context"], "context_long": long["context"],
          "kv_share_long": round(kv_share, 4), "token_ms_p50_short": short["token_ms_p50"],
          "token_ms_p50_long": long["token_ms_p50"], "latency_growth": round(growth, 4)},

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import BubblescopeError
 from .results import Results, dig, validate_results
+from ..wording import count, plural
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,10 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
         checks.append(_check("max_token_p99_ms", name, dig(eng, "latency", "token_ms_p99"), max_token_p99_ms,
                              lambda m, lim: m <= lim, "token_ms_p99 (ms)"))
     if baseline is not None:
-        old = _pick_engine(baseline, name)
+        try:
+            old = _pick_engine(baseline, name)
+        except BubblescopeError as e:  # say which document lacks it: the run's was checked above
+            raise BubblescopeError(f"--baseline: {e}") from None
         for metric, path in (("token_ms_p50", ("latency", "token_ms_p50")),
                              ("effective_GBps", ("bandwidth", "effective_GBps"))):
             before = dig(old, *path)
@@ -210,6 +214,8 @@ def render_gate(report: GateReport, console) -> None:
     failed = sum(not c.passed for c in report.checks)
     if failed:
         console.print(Text.assemble(("gate FAILED", "bold red"),
-                                    f": {failed} of {len(report.checks)} checks failed (exit 1)"))
+                                    f": {failed} of {count(len(report.checks), 'check')} failed (exit 1)"))
     else:
-        console.print(Text.assemble(("gate PASSED", "bold green"), f": {len(report.checks)} of {len(report.checks)} checks hold (exit 0)"))
+        n = len(report.checks)
+        console.print(Text.assemble(("gate PASSED", "bold green"),
+                                    f": {n} of {count(n, 'check')} {plural(n, 'holds', 'hold')} (exit 0)"))

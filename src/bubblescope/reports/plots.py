@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 
 from .results import dig, ordered
+from ..wording import count
 
 _DPI = 100
 _SAVE_DPI = 200  # high-DPI PNG: sharp on a 2x screen and when zoomed
@@ -262,7 +263,7 @@ def intrakernel_figure(engine: dict, device: dict | None = None):
                                                                    else "idle (no task)") for op, _ in layers],
                      linewidth=0)
         ax.set_ylim(0, 100)
-        ax.set_ylabel(f"% of {n} programs")
+        ax.set_ylabel(f"% of {count(n, 'program')}")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(f"{_label(engine['name'])}: (a) what the programs do over one step", fontsize=9, loc="left")
     row = 1

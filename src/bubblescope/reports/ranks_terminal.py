@@ -8,6 +8,7 @@ from rich.text import Text
 
 from .tables import fmt
 from .trace_terminal import _us
+from ..wording import count
 
 STEPS_SHOWN = 16  # the per-step table keeps its head; the medians cover every step
 
@@ -20,7 +21,7 @@ def render_ranks(section: dict | None, console: Console) -> None:
     if not section:
         return
     console.rule(Text(f"{section['world_size']} ranks, marker {section['step_marker']!r}, "
-                      f"{section['steps']} steps compared"), align="left")
+                      f"{count(section['steps'], 'step')} compared"), align="left")
     per_rank = Table(title="Per rank (decode window)", title_justify="left")
     for h in ("rank", "device", "kernels", "busy", "span", "bubble ratio", "NCCL share", "compute/step",
               "NCCL/step", "slowest in"):
@@ -29,7 +30,7 @@ def render_ranks(section: dict | None, console: Console) -> None:
         per_rank.add_row(str(r["rank"]), fmt(r.get("device"), "count"), fmt(r.get("kernels"), "count"),
                          _us(r.get("busy_us")), _us(r.get("span_us")), fmt(r.get("bubble_ratio"), "ratio"),
                          fmt(r.get("nccl_share"), "pct"), _us(r.get("compute_us_per_step")),
-                         _us(r.get("nccl_us_per_step")), f"{r.get('slowest_steps', 0)} steps")
+                         _us(r.get("nccl_us_per_step")), count(r.get('slowest_steps', 0), 'step'))
     console.print(per_rank)
     m = section.get("median") or {}
     console.print(f"median over steps: start skew {_us(m.get('start_skew_us'))}, end skew "

@@ -6,6 +6,7 @@ Pure functions of a results document returning strings; null (not measured) show
 from __future__ import annotations
 
 from .results import dig, ordered
+from ..wording import count
 
 MISSING = "—"
 
@@ -99,12 +100,18 @@ def model_line(doc: dict) -> str:
             f"weights {fmt(m.get('weight_bytes'), 'bytes')}, {m.get('dtype')}")
 
 
+def _count(n, noun: str) -> str:
+    """:func:`count` of a document value, which may be missing (then "—" and the plural)."""
+    return count(n, noun) if isinstance(n, (int, float)) and not isinstance(n, bool) else f"{fmt(n)} {noun}s"
+
+
 def workload_line(doc: dict) -> str:
     """Prompt and generation lengths, runs, warmup, context sweep and seed."""
     w = doc.get("workload") or {}
     sweep = ", ".join(str(c) for c in w.get("context_sweep") or []) or MISSING
-    return (f"prompt {w.get('prompt_len')} tokens, generate {w.get('gen_len')}, {w.get('runs')} runs "
-            f"after {w.get('warmup')} warmup, context sweep [{sweep}], seed {fmt(w.get('seed'))}")
+    return (f"prompt {_count(w.get('prompt_len'), 'token')}, generate {w.get('gen_len')}, "
+            f"{_count(w.get('runs'), 'run')} after {_count(w.get('warmup'), 'warm-up run')}, "
+            f"context sweep [{sweep}], seed {fmt(w.get('seed'))}")
 
 
 def evidence_value(key: str, value) -> str:
@@ -124,7 +131,7 @@ def evidence_value(key: str, value) -> str:
     if any(w in k for w in ("ratio", "share", "util", "agreement")):
         return f"{value * 100:.1f} %"
     if "context" in k:
-        return f"{value:,.0f} tokens"
+        return count(value, "token", fmt=",.0f")
     if "bytes" in k:
         return fmt(value, "bytes")
     if "logit" in k or "err" in k:

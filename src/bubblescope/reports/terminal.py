@@ -18,14 +18,16 @@ from .verdict import severity_legend, verdict
 _SEVERITY_STYLE = {"good": "bold green", "problem": "bold red", "warn": "bold yellow", "info": "bold cyan"}
 
 
-def _engine_table(doc: dict, title: str, columns) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True)
+def _engine_table(doc: dict, title: str, columns) -> Group:
+    # The title is a line of its own, not the table's: rich wraps a table title at the table's width, which
+    # with one short engine name is narrower than the title (it broke at 67 columns on an 80-column terminal).
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True)
     for i, (header, _, kind) in enumerate(columns):
         # Numbers never wrap (a split "1.2284" reads as two numbers); the engine name folds if it must.
         table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=i != 0, overflow="fold")
     for eng, row in zip(ordered(doc.get("engines") or []), tables.headline_rows(doc, columns)):
         table.add_row(*map(Text, row), style=None if eng.get("status") == "ok" else "dim")
-    return table
+    return Group(Text(title, style="table.title"), table)
 
 
 def _findings(doc: dict) -> Group:
@@ -65,6 +67,9 @@ def render_results(results: Results | dict, console: Console) -> None:
         console: where to print (``Console(record=True)`` captures it).
     """
     doc = results.doc if isinstance(results, Results) else results
+    if not doc.get("engines"):  # no engine: nothing measured, and any findings could only be stale
+        console.print(Text("Nothing to report: the results hold no engine", style="bold"))
+        return
     header = Group(
         Text(tables.device_line(doc), style="bold"),
         Text(f"Model: {tables.model_line(doc)}"),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import tables
 from .results import atomic_write_text
+from ..wording import count
 
 # Headers break over two lines so that all twelve columns fit an 80-column terminal.
 COLUMNS = ("value", "context", "p50\nms", "p99\nms", "%\npeak", "wait", "agree", "regs", "spills", "smem\nB",
@@ -22,10 +23,10 @@ def cliff(row: dict) -> str | None:
     c = row.get("compile") or {}
     why = []
     if c.get("spills"):
-        why.append(f"{c['spills']} spilled words")
+        why.append(f"{count(c['spills'], 'spilled word')}")
     want, got = c.get("requested_programs_per_sm"), c.get("programs_per_sm")
     if want and got is not None and got < want:
-        why.append(f"{got} of {want} programs per SM resident")
+        why.append(f"{got} of {count(want, 'program')} per SM resident")
     return "; ".join(why) or None
 
 

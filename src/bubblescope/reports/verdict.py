@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .findings import SEVERITIES
 from .results import dig, ordered
+from ..wording import count
 
 BASELINE = "reference"
 IDLE_MIN = 0.2  # below this share of idle GPU time, bubbles are not what limits an engine
@@ -36,7 +37,7 @@ def bottleneck(eng: dict, doc: dict) -> str:
         return f"{wait:.0%} of program-time waiting on dependencies{most}" + (f"; {stream}" if stream else "")
     bubble, kernels = dig(eng, "timeline", "bubble_ratio"), dig(eng, "timeline", "kernels_per_step")
     if bubble is not None and bubble >= IDLE_MIN:
-        between = f" between {kernels:.0f} kernels" if kernels is not None else ""
+        between = f" between {count(kernels, 'kernel', fmt='.0f')}" if kernels is not None else ""
         return f"GPU idle {bubble:.0%} of each step{between}" + (f"; {stream}" if stream else "")
     if stream:
         return ("memory-bound, " if util >= 0.6 else "") + stream + (
