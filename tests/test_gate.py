@@ -133,6 +133,18 @@ def test_render_gate():
     assert "gate FAILED: 1 of 2 checks failed (exit 1)" in text
 
 
+def test_render_gate_fits_80_columns():
+    # A regression check has the longest names and numbers; at 80 columns (a pipe, a CI log) the table used to be
+    # cropped on the right: its border and the end of the detail column were cut off.
+    console = Console(record=True, width=80, color_system=None)
+    render_gate(run_gate(_with_megakernel(0.83, 2994.3), baseline=g.healthy_doc(), max_regression=0.05), console)
+    lines = console.export_text().splitlines()
+    rows = [ln.rstrip() for ln in lines if ln.startswith(("│", "┃", "┏", "┡", "└"))]
+    assert rows and all(ln[-1] in "│┃┓┩┘" for ln in rows), "\n".join(rows)
+    assert max(len(ln.rstrip()) for ln in lines) <= 80
+    assert "allowed regression 5%)" in " ".join(ln.strip("│ ") for ln in rows)
+
+
 def _run_cli(*args):
     from typer.testing import CliRunner
 

@@ -201,11 +201,12 @@ def render_gate(report: GateReport, console) -> None:
     from rich.text import Text
 
     table = Table(title=Text(f"bubblescope gate — engine {report.engine}"), title_justify="left")
-    # Names and numbers never wrap (a split number reads as two); only the detail sentence wraps, by word.
+    # Names and numbers never wrap (a split number reads as two); only the detail sentence wraps, by word. Its
+    # min_width is small enough that a regression row (25-character name) still fits 80 columns uncropped.
     for header in ("check", "measured", "limit", "result", "detail"):
         table.add_column(header, justify="right" if header in ("measured", "limit") else "left",
                          no_wrap=header != "detail", overflow="fold" if header == "detail" else "ellipsis",
-                         min_width=20 if header == "detail" else None)
+                         min_width=12 if header == "detail" else None)
     for c in report.checks:
         table.add_row(c.name, "—" if c.measured is None else f"{c.measured:.6g}",
                       "—" if c.limit is None else f"{c.limit:.6g}",
