@@ -316,3 +316,16 @@ def test_counts_of_one_are_singular_in_the_report():
     console = Console(width=80, record=True)
     render_results(doc, console)
     assert not re.search(r"\b1 (runs|tokens|steps|kernels|checks|positions)\b", console.export_text())
+
+
+def test_workload_line_names_the_generated_tokens_and_an_empty_sweep():
+    """Fresh-user finding: a CPU run printed "generate 32, ..., context sweep [—]", as if the sweep were not
+    measured, though the CPU default (or --context-sweep none) asks for no sweep."""
+    from bubblescope.reports.tables import workload_line
+
+    doc = g.null_metrics_doc()
+    doc["workload"].update(prompt_len=16, gen_len=32, runs=3, warmup=1, context_sweep=[], seed=0)
+    assert workload_line(doc) == "prompt 16 tokens, generate 32 tokens, 3 runs after 1 warm-up run, no context " \
+                                 "sweep, seed 0"
+    doc["workload"].update(gen_len=1, context_sweep=[128, 4096])
+    assert "generate 1 token, " in workload_line(doc) and "context sweep [128, 4096], seed 0" in workload_line(doc)

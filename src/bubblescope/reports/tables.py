@@ -108,10 +108,12 @@ def _count(n, noun: str) -> str:
 def workload_line(doc: dict) -> str:
     """Prompt and generation lengths, runs, warmup, context sweep and seed."""
     w = doc.get("workload") or {}
-    sweep = ", ".join(str(c) for c in w.get("context_sweep") or []) or MISSING
-    return (f"prompt {_count(w.get('prompt_len'), 'token')}, generate {w.get('gen_len')}, "
+    # An empty sweep is a choice (the CPU default, or --context-sweep none), not a missing value: no "[—]".
+    contexts = w.get("context_sweep") or []
+    sweep = f"context sweep [{', '.join(str(c) for c in contexts)}]" if contexts else "no context sweep"
+    return (f"prompt {_count(w.get('prompt_len'), 'token')}, generate {_count(w.get('gen_len'), 'token')}, "
             f"{_count(w.get('runs'), 'run')} after {_count(w.get('warmup'), 'warm-up run')}, "
-            f"context sweep [{sweep}], seed {fmt(w.get('seed'))}")
+            f"{sweep}, seed {fmt(w.get('seed'))}")
 
 
 def evidence_value(key: str, value) -> str:
