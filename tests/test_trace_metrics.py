@@ -230,6 +230,21 @@ def test_marker_on_another_thread_falls_back_to_time(tmp_path):
     assert st.step_metrics(tr2, "ProfilerStep")["kernels"].tolist() == [1, 1]
 
 
+def test_cpu_only_trace_warns_once_about_its_missing_gpu(tmp_path):
+    """Fresh-user finding: `diagnose trace` on a CPU run's trace (no CUDA call, no GPU activity) printed three
+    warnings for one fact, among them "8 of 8 steps ... lie on a thread without CUDA calls: launches matched to
+    them by time only", though there is no launch to match."""
+    steps = [tg.annotation(f"bubblescope.decode_step#{i}", 10.0 * i, 8) for i in range(3)]
+    (only,) = summarize_traces([tg.write(tmp_path / "cpu.json", tg.document(steps))])["files"]
+    assert only["warnings"] == ["no GPU activity in trace (CPU-only run)"]
+    assert only["steps"]["steps"] == 3 and only["steps"]["available"] is False
+    # A marker on another thread than the launches (CUPTI off: launch calls, no kernels) still warns.
+    other = [*(dict(a, pid=9, tid=9) for a in steps), tg.launch(1, 1, 1)]
+    (cupti_off,) = summarize_traces([tg.write(tmp_path / "off.json", tg.document(other))])["files"]
+    assert any("3 of 3 steps marked 'bubblescope.decode_step' lie on a thread without CUDA calls" in w
+               for w in cupti_off["warnings"])
+
+
 def test_step_timeline(decode):
     tl = tm.step_timeline(decode, "bubblescope.decode_step", 1)
     assert tl["launches"] == [{"name": "cudaGraphLaunch", "start_us": 5.0, "dur_us": 10.0}]

@@ -114,15 +114,17 @@ def summarize_trace(
     arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
     threshold_us = metrics.check_threshold(threshold_us)
     warnings = list(arrays.warnings)
-    if not len(arrays.gpu["ts_us"]):
-        warnings.append("no GPU activity in trace (CPU-only run)")
+    cpu_only = "no GPU activity in trace (CPU-only run)" if not len(arrays.gpu["ts_us"]) else None
+    if cpu_only:
+        warnings.append(cpu_only)
     marker, steps = _marker(arrays, step_marker)
     summary = None
     if marker is None:
         tried = (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS
         warnings.append(f"no step marker ({' or '.join(map(repr, tried))}) in trace: whole-trace figures only")
     else:
-        by_time = int((~steps["thread"]).sum())
+        # Without any CUDA call in the trace there is no launch to match, by thread or by time.
+        by_time = int((~steps["thread"]).sum()) if len(arrays.runtime["pid"]) else 0
         if by_time:
             warnings.append(
                 f"{by_time} of {count(len(steps['step']), 'step')} marked {marker!r} {plural(by_time, 'lies', 'lie')} "
@@ -132,7 +134,7 @@ def summarize_trace(
         if cut:
             warnings.append(cut)
         summary = timeline_summary(arrays, marker, skip_steps, threshold_us)
-        if summary["reason"]:
+        if summary["reason"] and summary["reason"] != cpu_only:  # the CPU-only reason is said once, above
             warnings.append(f"steps: {summary['reason']}")
     devices = _devices(arrays, threshold_us)
     warnings += overlap_notes(devices, arrays)
