@@ -138,6 +138,27 @@ def test_cli_tp_refuses_a_split_before_spawning(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--runs", 0, "--runs: must be at least 1, got 0"),
+    ("--gen-len", 0, "--gen-len: must be at least 2, got 0"),
+    ("--prompt-len", 0, "--prompt-len: must be at least 1, got 0"),
+    ("--profile-steps", 0, "--profile-steps: must be at least 1, got 0"),
+])
+def test_cli_tp_refuses_a_bad_workload_before_spawning(tmp_path, monkeypatch, option, value, message):
+    """Fresh-user finding: `diagnose model tiny-llama --tp 2 --runs 0` ran torchrun and exited 0 with no
+    measurement (and --gen-len 0 silently became the default), where the same options without --tp exit 2."""
+    import subprocess
+
+    def spawn(*a, **k):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(subprocess, "run", spawn)
+    r = _cli("diagnose", "model", "tiny-llama", "--tp", "2", option, value, "--out", tmp_path / "o")
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == f"error: {message}"
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_tp2_end_to_end_on_gloo(tmp_path):
     """`diagnose model --tp 2` through torchrun on CPU: tp.json on rank 0, one trace per rank."""
     import json

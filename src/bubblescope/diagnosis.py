@@ -94,6 +94,20 @@ CPU_DEFAULT_SKIPS = {
 }
 
 
+def check_workload(**values: int | None) -> None:
+    """Check the workload sizes by their option names (``prompt_len``, ``gen_len``, ``runs``, ``warmup``,
+    ``profile_steps``, in tokens, runs or steps); None (the default, still to be chosen) passes. ``gen_len``
+    needs 2: the first token comes from prefill, the timed decode steps from the rest.
+
+    Raises:
+        BubblescopeError: ``--<option>: must be at least <n>, got <v>``.
+    """
+    lows = {"prompt_len": 1, "gen_len": 2, "runs": 1, "warmup": 0, "profile_steps": 1}
+    for key, v in values.items():
+        if v is not None and v < lows[key]:
+            raise BubblescopeError(f"--{key.replace('_', '-')}: must be at least {lows[key]}, got {v}")
+
+
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -190,10 +204,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
     gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     sweep = sorted(set(context_sweep)) if context_sweep is not None else ([128, 1024, 4096] if on_gpu else [])
-    for label, v, low in (("--prompt-len", prompt_len, 1), ("--gen-len", gen_len, 2), ("--runs", runs, 1),
-                          ("--warmup", warmup, 0), ("--profile-steps", profile_steps, 1)):
-        if v < low:
-            raise BubblescopeError(f"{label}: must be at least {low}, got {v}")
+    check_workload(prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup, profile_steps=profile_steps)
     if any(c < 1 for c in sweep):
         raise BubblescopeError(f"--context-sweep: contexts must be positive, got {sweep}")
     requested, model = model, model or default_model(dev, checkpoint)

@@ -92,7 +92,7 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
     import torch
     import torch.distributed as dist
 
-    from .diagnosis import default_model, latency_stats
+    from .diagnosis import check_workload, default_model, latency_stats
     from .generation import generate
     from .models import load_model, parse_dtype
     from .profiler.capture import STEP_MARKER, capture_decode_trace
@@ -106,8 +106,9 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
     rank, world, dev = init_distributed()
     on_gpu = dev.type == "cuda"
     mode = mode or ("cudagraph" if on_gpu else "eager")
-    prompt_len = prompt_len or (128 if on_gpu else 16)
-    gen_len = gen_len or (128 if on_gpu else 32)
+    check_workload(prompt_len=prompt_len, gen_len=gen_len, runs=runs, profile_steps=profile_steps)
+    prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
+    gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     model = model or default_model(dev, checkpoint)
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
@@ -191,8 +192,13 @@ def launch_tp(world_size: int, **kwargs) -> int:
     """Run :func:`tp_diagnose` on ``world_size`` local ranks through torchrun; return 0, or 2 when a rank failed.
 
     Raises:
-        BubblescopeError: the model does not split over ``world_size`` ranks (:func:`check_split`).
+        BubblescopeError: the model does not split over ``world_size`` ranks (:func:`check_split`), or a
+            workload size is too small (:func:`~bubblescope.diagnosis.check_workload`).
     """
+    from .diagnosis import check_workload
+
+    # Checked here too, before any process starts: a rank's error would come back as a failed torchrun.
+    check_workload(**{k: kwargs.get(k) for k in ("prompt_len", "gen_len", "runs", "profile_steps")})
     check_split(kwargs.get("model"), kwargs.get("checkpoint"), world_size)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
            "-m", "bubblescope.tpdiagnose", json.dumps(kwargs)]
