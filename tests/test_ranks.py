@@ -141,9 +141,17 @@ def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
     assert summarize_rank_traces(paths)["ranks"] is None
     with pytest.raises(BubblescopeError) as info:
         summarize_rank_traces(paths, force=True)
-    # Each file named with what it has (was "found ['None']": Python's None, quoted like a marker name).
+    # Fresh-user finding: with no marker in any file, "the traces do not share one step marker (a: no step
+    # marker; b: no step marker)" read as if they had different ones; now it says what was looked for.
+    assert str(info.value) == ("--ranks: no trace has a step marker ('bubblescope.decode_step' or 'ProfilerStep'); "
+                               "name the steps' record_function with --step-marker")
+    # Files with different markers are each named with what they have.
+    marked = tg.document(tg.meta_events() + plain + [tg.annotation("ProfilerStep#0", 5, 20)], rank=1)
+    paths[1] = tg.write(tmp_path / "r1.json", marked)
+    with pytest.raises(BubblescopeError) as info:
+        summarize_rank_traces(paths, force=True)
     assert str(info.value) == (f"--ranks: the traces do not share one step marker ({paths[0]}: no step marker; "
-                               f"{paths[1]}: no step marker)")
+                               f"{paths[1]}: 'ProfilerStep')")
 
 
 def test_tp_comm_entry_and_communication_bound_finding(traces):

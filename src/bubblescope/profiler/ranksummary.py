@@ -27,7 +27,7 @@ from . import metrics
 from .timeline import check_skip_steps
 from .trace import Trace
 from .tracearrays import TraceArrays
-from .tracesummary import SCHEMA, iter_traces, summarize_trace
+from .tracesummary import AUTO_STEP_MARKERS, SCHEMA, iter_traces, summarize_trace
 
 
 def is_multirank(traces: list[Trace] | list[TraceArrays]) -> bool:
@@ -108,6 +108,10 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
     if len(markers) != 1 or None in markers:
         if not force:  # rank-tagged files without common steps: the per-file summaries are all there is
             return out
+        if markers == {None}:  # nothing to share: say what was looked for and how to name another marker
+            tried = (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS
+            raise BubblescopeError(f"--ranks: no trace has a step marker ({' or '.join(map(repr, tried))}); "
+                                   "name the steps' record_function with --step-marker")
         found = "; ".join(f"{f['path']}: {repr(f['step_marker']) if f['step_marker'] else 'no step marker'}"
                           for f in files)
         raise BubblescopeError(f"--ranks: the traces do not share one step marker ({found})")
