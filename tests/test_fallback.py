@@ -119,6 +119,9 @@ def test_auto_on_cpu_picks_the_reference_and_says_why():
     w = dummy_weights(TINY["mha-untied"])
     name, reason = choose_auto(w)
     assert name == "reference" and "no CUDA device" in reason
+    # Fresh-user finding: the reason said "name --engine megakernel", an option `diagnose model` does not have
+    # (it takes --engines); the hint now fits both commands.
+    assert reason.endswith("; ask for megakernel instead of auto to run it anyway") and "--engine" not in reason
     dec = build_engine("auto", w, 16)
     assert dec.name == "reference" and dec.auto_choice == {"engine": "reference", "reason": reason}
 

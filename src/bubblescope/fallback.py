@@ -41,7 +41,7 @@ def choose_auto(weights) -> tuple[str, str]:
 
     if weights.device.type != "cuda":
         return BACKUP, (f"no CUDA device ({weights.device.type}): the megakernel would run under Triton's CPU "
-                        "interpreter, slow by design; name --engine megakernel to run it anyway")
+                        "interpreter, slow by design; ask for megakernel instead of auto to run it anyway")
     if importlib.util.find_spec("triton") is None:
         return BACKUP, "Triton is not installed, and the megakernel is a Triton kernel"
     from .megakernel_engine.engine import check_supported
