@@ -216,7 +216,7 @@ def test_generate_keeps_one_step_ahead_and_undoes_it_at_eos():
     stop = next(k for k in range(2, 8) if full[k] not in full[:k])  # a token first seen after two decode steps
     eos = full[stop]
     mk = MegakernelEngine(w, MID, max_seq_len=64)
-    got = generate(mk, PROMPT, 8, eos_ids=(eos,))
+    got = generate(mk, PROMPT, 8, eos_ids=(eos,), launch_ahead=True)  # auto is stepwise on a CPU
     assert got.tokens == full[:stop + 1] and got.stopped_at_eos
     assert mk.position == len(PROMPT) + stop  # the launched-ahead step was undone
     after = mk.decode(eos).clone()
@@ -225,7 +225,21 @@ def test_generate_keeps_one_step_ahead_and_undoes_it_at_eos():
     assert torch.equal(after, fresh.decode(eos))
     # without EOS every launched step is read: nothing left queued, position = prompt + tokens - 1
     mk2 = MegakernelEngine(w, MID, max_seq_len=64)
-    assert generate(mk2, PROMPT, 6, eos_ids=()).tokens == full[:6] and mk2.position == len(PROMPT) + 5
+    assert generate(mk2, PROMPT, 6, eos_ids=(), launch_ahead=True).tokens == full[:6]
+    assert mk2.position == len(PROMPT) + 5
+
+
+def test_generate_launches_ahead_only_where_launches_are_asynchronous(monkeypatch):
+    """On a CPU the interpreter runs a step inside its launch, so a step launched ahead would be timed with the
+    token before it (one token carrying two steps, the last one free): auto keeps CPU generation stepwise."""
+    w = dummy_weights(TINY["mha-untied"], "cpu", torch.float32, seed=2)
+    mk = MegakernelEngine(w, MID, max_seq_len=64)
+    stepwise, fused = [], mk.decode_greedy
+    monkeypatch.setattr(mk, "decode_greedy", lambda tok: stepwise.append(tok) or fused(tok))
+    res = generate(mk, PROMPT, 4, eos_ids=())
+    assert len(stepwise) == 3  # one decode_greedy per decode step: the stepwise loop
+    stepwise.clear()
+    assert generate(mk, PROMPT, 4, eos_ids=(), launch_ahead=True).tokens == res.tokens and stepwise == []
 
 
 def test_launch_greedy_misuse_is_a_one_line_error():

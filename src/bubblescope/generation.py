@@ -134,7 +134,7 @@ def _sync(device: torch.device) -> None:
 
 def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tokens: int,
              params: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] | None = None,
-             on_token: Callable[[int], None] | None = None, launch_ahead: bool = True) -> GenerationResult:
+             on_token: Callable[[int], None] | None = None, launch_ahead: bool | None = None) -> GenerationResult:
     """Prefill ``prompt_ids`` then decode up to ``max_new_tokens`` tokens (stopping after an EOS id).
 
     ``eos_ids`` defaults to the decoder config's ``eos_token_id``; pass ``()`` to never stop early.
@@ -142,8 +142,9 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
     ``max_new_tokens - 1`` decode steps. Greedy decoding on an engine that can launch ahead (the megakernel:
     see :class:`Decoder`) keeps one step in flight: step k+1 is launched before step k's token is read, and
     undone if that token is an EOS, so the tokens, the KV cache and ``position`` end as a stepwise run's.
-    ``token_ms`` is the host time from one token in hand to the next either way. ``launch_ahead=False``
-    forces the stepwise loop (benchmarks time both).
+    ``token_ms`` is the host time from one token in hand to the next either way. ``launch_ahead``: None (auto)
+    launches ahead only on a CUDA device, where a launch returns at once; on a CPU a launch runs the whole step,
+    so a step launched ahead would be timed with the token before it. True / False force it (tests, benchmarks).
 
     Raises:
         BubblescopeError: the prompt plus new tokens do not fit the decoder's KV cache (from the engine).
@@ -167,6 +168,8 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
         on_token(tok)
         t1 = time.perf_counter()
     greedy = params.temperature <= 0
+    if launch_ahead is None:
+        launch_ahead = torch.device(decoder.device).type == "cuda"
     ahead = launch_ahead and greedy and callable(getattr(decoder, "launch_greedy", None))
     queued = 0  # steps launched ahead whose token is not read yet
     while len(res.tokens) < max_new_tokens and tok not in eos:
