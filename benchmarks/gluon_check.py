@@ -173,10 +173,7 @@ SWEEPS = {
            ("chunk64", "gluon", {"attn_min_chunk": 64}), ("wp8-chunk64", "gluon", {"wait_prefetch": 8, "attn_min_chunk": 64})],
     "r10": [("triton-default", "triton", {}), ("default", "gluon", {}), ("chunk64", "gluon", {"attn_min_chunk": 64}),
             ("wp2", "gluon", {"wait_prefetch": 2}), ("default-again", "gluon", {})],
-    "r11": [("triton-default", "triton", {}), ("default", "gluon", {}), ("poll-atomic", "gluon", {"spin_poll": "atomic"}),
-            ("chunk64", "gluon", {"attn_min_chunk": 64}), ("default-again", "gluon", {}),
-            ("poll-atomic-again", "gluon", {"spin_poll": "atomic"})],
-    "r11long": [("default", "gluon", {}), ("poll-atomic", "gluon", {"spin_poll": "atomic"})],
+    # r11 (ld.acquire polling against atomic polling, no difference) ran at 4f7a358; the knob is gone since
     # next session's first A/B: L2 prefetch past the ring from the load/store units instead of the TMA unit
     "r12": [("triton-default", "triton", {}), ("default", "gluon", {}),
             ("wpl4", "gluon", {"wait_prefetch": 4, "wait_prefetch_mode": "line"}),

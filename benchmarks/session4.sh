@@ -59,14 +59,6 @@ r10)
   timeout 230 python3 benchmarks/decode_latency.py --engines reference-compile,megakernel-triton,megakernel,megakernel-noprefetch --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 210 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
   tail -14 "$R/decode_latency_1b.log"
   ;;
-r11)
-  log r11-check
-  timeout 300 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r11.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r11 --timed 300 --rounds 6 --params '{"spin_poll": "atomic"}' > "$R/gluon_check_r11.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r11.log"
-  tail -30 "$R/gluon_check_r11.log" | cut -c1-1200
-  log r11-4096
-  timeout 120 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r11long.json" --sections sweep --sweep r11long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r11long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r11long.log"
-  tail -6 "$R/gluon_check_r11long.log" | cut -c1-400
-  ;;
 final)
   log decode-latency-1b
   timeout 140 python3 benchmarks/decode_latency.py --engines reference-compile,megakernel-triton,megakernel,megakernel-noprefetch --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 125 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"

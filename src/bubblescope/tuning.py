@@ -39,8 +39,7 @@ FAMILY = {"rows_qkv": "tile rows", "rows_o": "tile rows", "rows_gateup": "tile r
           "attn_reduce": "attention split", "prefetch": "prefetch", "prefetch_ahead": "prefetch",
           "prefetch_next": "prefetch", "weight_eviction": "cache policy", "spin_sleep_ns": "waiting",
           "fast_launch": "launch", "split_k": "tile rows", "l2_ahead": "prefetch",
-          "wait_prefetch": "prefetch", "wait_prefetch_ops": "prefetch", "wait_prefetch_mode": "prefetch",
-          "spin_poll": "waiting"}
+          "wait_prefetch": "prefetch", "wait_prefetch_ops": "prefetch", "wait_prefetch_mode": "prefetch"}
 
 
 def _params_class(engine: str):

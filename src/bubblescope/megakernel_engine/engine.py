@@ -316,7 +316,7 @@ class MegakernelEngine:
             raise BubblescopeError("decode_greedy: steps queued by launch_greedy are unread (next_greedy_token)")
         if isinstance(token, torch.Tensor):  # a device token: no host read (the kernel clamps it)
             self._decode_step(token)
-            self._wanted.append(int(self._err[ERR_TOKEN]) if self.interpret else self._inflight)
+            self._queue_token()
             return self.next_greedy_token()
         self.launch_greedy(token)
         return self.next_greedy_token()
@@ -345,10 +345,11 @@ class MegakernelEngine:
             self._step(-1)
         else:
             self._decode_step(int(token))
-        if self.interpret:
-            self._wanted.append(int(self._err[ERR_TOKEN]))
-        else:
-            self._wanted.append(self._inflight)
+        self._queue_token()
+
+    def _queue_token(self) -> None:
+        """Queue the token of the step just launched: read at once on CPU (the step has run), else its copy."""
+        self._wanted.append(int(self._err[ERR_TOKEN]) if self.interpret else self._inflight)
 
     def next_greedy_token(self) -> int:
         """Wait for the oldest step queued by :meth:`launch_greedy`; its greedy token as a host int.

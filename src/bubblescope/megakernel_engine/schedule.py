@@ -142,14 +142,6 @@ class MegakernelParams:
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
-        spin_poll: Gluon kernel only: how a dependency wait polls its counter: ``load`` (``ld.acquire.gpu``:
-            pollers of one counter are served side by side) or ``atomic`` (an acquire read-modify-write, which
-            the counter's L2 slice serialises with every other poll and with the signaller's increment).
-        qk_norm_in_attn: Gluon kernel only: q/k-norm (Qwen3) and RoPE of q and the new k in the ATTN task
-            instead of the QKV task, so QKV tasks need not hold whole heads (``rows_qkv`` only even): QKV tasks
-            write raw q (+ bias) to the q buffer and raw k (+ bias) to a (kv heads, head_dim) scratch; every ATTN
-            task norms and rotates its G query heads, and the split holding the new position norms and rotates
-            the new k and writes it into the K cache. No effect on models without q/k-norm.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -188,7 +180,6 @@ class MegakernelParams:
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
-    spin_poll: str = "atomic"
     qk_norm_in_attn: bool = False
     timeline: bool = False
     spin_cap: int | None = None
@@ -241,8 +232,6 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
-        if self.spin_poll not in ("load", "atomic"):
-            raise BubblescopeError(f"megakernel params: spin_poll must be load or atomic, got {self.spin_poll!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

@@ -117,7 +117,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         HAS_BIAS=has_bias, QK_NORM=bool(t.qk_norm_attn), PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
-        POLL=1 if params.spin_poll == "load" else 0, WAIT_PF_LINE=params.wait_prefetch_mode == "line",
+        WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
 
 

@@ -76,28 +76,13 @@ def _now(dummy):
 
 
 @gluon.jit
-def _ld_acquire(ptr):
-    """``ld.acquire.gpu`` of one int32 (PTX ISA, memory consistency model: a load with acquire semantics)."""
-    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32,
-                                     is_pure=False, pack=1)
-
-
-# POLL = 1 polls with a load (``ld.acquire.gpu``), POLL = 0 with an acquire atomic. The idea: atomics on one
-# address are serialised in its L2 slice, so 132 pollers' read-modify-writes could queue in front of the
-# signaller's increment. Measured on the H200 (round 11, NOTES.md): no difference (0.908 against 0.908 ms).
-@gluon.jit
-def _spin(cnt_ptr, target, spin_cap, POLL: gl.constexpr):
-    """Acquire-spin until ``*cnt_ptr >= target`` or ``spin_cap`` polls; returns the last value seen."""
-    if POLL == 1:
-        seen = _ld_acquire(cnt_ptr)
-    else:
-        seen = gl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+def _spin(cnt_ptr, target, spin_cap):
+    """Acquire-spin until ``*cnt_ptr >= target`` or ``spin_cap`` polls; returns the last value seen. (Polling with
+    ``ld.acquire.gpu`` loads instead of atomics measured the same on the H200, round 11 in NOTES.md.)"""
+    seen = gl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
     n = 0
     while (seen < target) & (n < spin_cap):
-        if POLL == 1:
-            seen = _ld_acquire(cnt_ptr)
-        else:
-            seen = gl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        seen = gl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
         n += 1
     return seen
 
@@ -312,7 +297,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr,
                GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
-               TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr, POLL: gl.constexpr,
+               TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
                knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
     """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
@@ -354,7 +339,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         sk_ = gl.load(sin_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
     seen = target
     if do_wait:
-        seen = _spin(wait_ptr, target, spin_cap, POLL)
+        seen = _spin(wait_ptr, target, spin_cap)
         gl.thread_barrier()
     t_ready = 0
     if TIMELINE:
@@ -503,7 +488,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               TK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
               TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
-              PF_LANES_C: gl.constexpr, POLL: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
+              PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
@@ -548,7 +533,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                         _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, NF, H, Q, KV,
                                             I, IP, BR, BK, NS, NCH_H, NCH_Q, NCH_I, SPLIT, WAIT_PF, PF_LANES_C, NW,
                                             WAIT_PF_LINE)
-                seen = _spin(counters_ptr + wait_cnt, target, spin_cap, POLL)
+                seen = _spin(counters_ptr + wait_cnt, target, spin_cap)
                 gl.thread_barrier()
                 known_cnt = wait_cnt
                 known_seen = seen
@@ -567,7 +552,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                                           gl.load(row + F_SIGNAL), counters_ptr + gl.maximum(wait_cnt, 0), target,
                                           (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
                                           vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
-                                          MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, POLL,
+                                          MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE,
                                           knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
                 if TIMELINE:
                     t_ready = t_attn
@@ -780,7 +765,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
-              PF_LANES_P: gl.constexpr, POLL: gl.constexpr):
+              PF_LANES_P: gl.constexpr):
     TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
     NROWS: gl.constexpr = Q + 2 * KV
     pid = gl.program_id(0)
@@ -806,7 +791,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 wait_cnt = gl.load(row + F_WAIT)
                 if (wait_cnt >= 0) & (bad == 0):
                     target = epoch * gl.load(row + F_INC) + gl.load(row + F_NEED)
-                    if _spin(counters_ptr + wait_cnt, target, spin_cap, POLL) < target:
+                    if _spin(counters_ptr + wait_cnt, target, spin_cap) < target:
                         bad = 1  # the consumer records it; just stop waiting
             nch = NCH_H
             r0 = a1
@@ -863,7 +848,7 @@ def megakernel(
         BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr,
         HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
-        WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr, POLL: gl.constexpr,
+        WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
@@ -888,10 +873,10 @@ def megakernel(
                      kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
-                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C, POLL,
+                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                     head_ptr, I, L2_AHEAD, PF_LANES_P, POLL)),
+                     head_ptr, I, L2_AHEAD, PF_LANES_P)),
     ], [1], [PRODUCER_REGS])
