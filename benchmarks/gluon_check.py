@@ -137,6 +137,12 @@ def section_timeline(args, out):
         s = intrakernel_summary(rec.frame, max_programs=0)
         s.pop("tasks", None)
         df = rec.frame
+        # the whole frame (every task of the last step) beside the JSON, for the critical-path analysis offline
+        df.to_csv(Path(args.out).with_name(f"{Path(args.out).stem}_{args.model}_{name}_frame.csv.gz"), index=False,
+                  float_format="%.3f")
+        for e in s.get("edges") or []:
+            print(f"   {name} {e['edge']:>14}: hop p50 {e['hop_us_p50']:6.2f} µs, max {e['hop_us_max']:6.2f}; "
+                  f"span p50 {e['span_us_p50']:6.2f} µs", flush=True)
         if "load_start_us" in df:
             lead = (df["ts_us"] - df["load_start_us"]).dropna()
             s["producer_lead_us_median"] = float(lead.median()) if len(lead) else None

@@ -94,7 +94,9 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
     Returns a dict: ``producer_lead_us_p50`` (Gluon: median µs between a task's first weight-tile issue and
     its consumer's start; None for the Triton kernel), ``wait_ratio`` (Σ wait / Σ (end − start)), ``programs`` (distinct programs that ran
     tasks), ``tasks_per_step``, ``span_us`` (first start to last end), ``by_opcode`` — a list of
-    {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, and ``tasks``:
+    {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, ``edges``
+    (:func:`edge_summary`: per dependency edge the median µs from the last upstream task's end to the first
+    consumer's start, and the consumer stage's span), and ``tasks``:
     [{program, opcode, layer, start_us, ready_us, end_us}] in start order (times in µs, 3 decimals).
     The statistics use every task; ``tasks`` lists only ``max_programs`` programs evenly spaced over the
     grid (Llama-3.2-1B runs ~75,000 tasks per step: all of them would make a 16 MB results file),
@@ -120,12 +122,52 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
         "tasks_per_step": int(len(df)),
         "span_us": float(df["end_us"].max() - df["ts_us"].min()) if len(df) else 0.0,
         "by_opcode": by,
+        "edges": edge_summary(stage_edges(df)),
         "tasks_programs": shown,
         "tasks": [{"program": int(r.program), "opcode": r.name, "layer": int(r.layer),
                    "start_us": round(float(r.ts_us), 3), "ready_us": round(float(r.ready_us), 3),
                    "end_us": round(float(r.end_us), 3)}
                   for r in df[df["program"].isin(shown)].itertuples(index=False)],
     }
+
+
+def stage_edges(df: pd.DataFrame) -> pd.DataFrame:
+    """The step's dependency chain, one row per (layer, opcode) stage in pipeline order.
+
+    Each stage waits on the stage before it (QKV on the previous layer's DOWN, ATTN on QKV, OPROJ on ATTN, GATEUP
+    on OPROJ, DOWN on GATEUP, LMHEAD on the last DOWN). Columns: ``layer``, ``opcode``, ``edge`` ("ATTN→OPROJ"),
+    ``tasks``; times in µs from :func:`decode_timeline`'s origin: ``first_ready_us`` (the first of its tasks whose
+    dependency was met), ``last_end_us`` (its last task's end, after the signal); ``hop_us`` = first_ready −
+    the upstream stage's last_end: how long after the last upstream task signalled the first consumer could start
+    (the signal's round trip plus the poll; negative where a task waits on part of the upstream stage, e.g. an
+    attention task on its own kv head's QKV tiles); ``span_us`` = last_end − first_ready. The first stage has
+    ``hop_us`` NaN. A layer's critical path is the sum of its hops and spans.
+    """
+    cols = ["layer", "opcode", "edge", "tasks", "first_ready_us", "last_end_us", "hop_us", "span_us"]
+    if not len(df):
+        return pd.DataFrame(columns=cols)
+    rank = {name: k for k, name in OPCODE_NAMES.items()}
+    g = df.groupby(["layer", "name"], sort=False).agg(tasks=("ready_us", "size"), first_ready_us=("ready_us", "min"),
+                                                      last_end_us=("end_us", "max")).reset_index()
+    g = g.rename(columns={"name": "opcode"})
+    g["_rank"] = g["opcode"].map(rank)
+    g = g.sort_values(["layer", "_rank"], kind="stable").reset_index(drop=True)
+    prev_end = g["last_end_us"].shift(1)
+    g["edge"] = g["opcode"].shift(1).fillna("") + "→" + g["opcode"]
+    g.loc[0, "edge"] = g.loc[0, "opcode"]
+    g["hop_us"] = g["first_ready_us"] - prev_end
+    g["span_us"] = g["last_end_us"] - g["first_ready_us"]
+    return g[cols]
+
+
+def edge_summary(edges: pd.DataFrame) -> list[dict]:
+    """Per edge name of :func:`stage_edges` (over the layers): ``edge``, ``stages``, ``hop_us_p50``,
+    ``hop_us_max``, ``span_us_p50`` (the consumer stage's first-ready → last-end), in pipeline order."""
+    out = []
+    for edge, g in edges.dropna(subset=["hop_us"]).groupby("edge", sort=False):
+        out.append({"edge": edge, "stages": int(len(g)), "hop_us_p50": float(g["hop_us"].median()),
+                    "hop_us_max": float(g["hop_us"].max()), "span_us_p50": float(g["span_us"].median())})
+    return out
 
 
 def chrome_events(df: pd.DataFrame, ts_offset_us: float = 0.0, pid: str = "megakernel (intra-kernel)") -> list[dict]:

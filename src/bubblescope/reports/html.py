@@ -64,7 +64,11 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
                       ("tasks per step", tables.fmt(ik.get("tasks_per_step")))],
             "by_opcode": [[tables.fmt(r.get("opcode"), "text"), tables.fmt(r.get("tasks")),
                            tables.fmt(r.get("busy_us"), "rate"), tables.fmt(r.get("wait_us"), "rate")]
-                          for r in ik.get("by_opcode") or []]})
+                          for r in ik.get("by_opcode") or []],
+            "edges": [[tables.fmt(r.get("edge"), "text"), tables.fmt(r.get("stages")),
+                       tables.fmt(r.get("hop_us_p50"), "rate"), tables.fmt(r.get("hop_us_max"), "rate"),
+                       tables.fmt(r.get("span_us_p50"), "rate")]
+                      for r in ik.get("edges") or []]})
     return out
 
 

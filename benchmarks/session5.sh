@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Fifth session's bounded GPU rounds (run by the lead through the device tool, from the repository root).
+#   bash benchmarks/session5.sh chain     # per-task timelines (whole frames) of llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b
+#                                         # for the dependency-chain analysis; decode latency of the Qwen presets
+#   bash benchmarks/session5.sh presets   # decode latency and timeline of llama-3.2-3b and llama-3.1-8b
+#   bash benchmarks/session5.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
+#   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
+# Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1
+R=${OUT:-/tmp/bubblescope-session}/run
+mkdir -p "$R"
+log() { echo "=== $* $(date +%T)"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__,'gpus',torch.cuda.device_count())"
+  echo "commit ${BUBBLESCOPE_COMMIT:-unknown}"; } > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+DL="python3 benchmarks/decode_latency.py"
+case "${1:-}" in
+chain)
+  for m in llama-3.2-1b qwen2.5-0.5b qwen3-0.6b; do
+    log timeline-$m
+    timeout 100 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
+    grep -E "megakernel-gluon |rc=" "$R/chain_$m.log" | cut -c1-200
+  done
+  log decode-latency-qwen
+  timeout 230 $DL --models qwen2.5-0.5b,qwen3-0.6b,qwen3-1.7b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_qwen.json" --max-seconds 210 > "$R/decode_latency_qwen.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_qwen.log"
+  tail -14 "$R/decode_latency_qwen.log"
+  ;;
+presets)
+  log decode-latency-llama
+  timeout 300 $DL --models llama-3.2-3b,llama-3.1-8b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_llama.json" --max-seconds 280 > "$R/decode_latency_llama.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_llama.log"
+  tail -10 "$R/decode_latency_llama.log"
+  for m in qwen3-1.7b llama-3.2-3b llama-3.1-8b; do
+    log timeline-$m
+    timeout 90 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
+    grep -E "rc=" "$R/chain_$m.log"
+  done
+  ;;
+mk)
+  log gluon-check
+  timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"
+  tail -40 "$R/gluon_check.log" | cut -c1-400
+  ;;
+final)
+  log decode-latency-1b
+  timeout 170 $DL --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 150 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -10 "$R/decode_latency_1b.log"
+  log gpu-tests
+  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -x > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -8 "$R/pytest_gpu.log"
+  ;;
+esac
+find "$R" -type f | head -60
+(cd "$R/.." && tar czf run.tgz run)
