@@ -3,6 +3,7 @@
 #   bash benchmarks/session5.sh chain     # per-task timelines (whole frames) of llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b
 #                                         # for the dependency-chain analysis; decode latency of the Qwen presets
 #   bash benchmarks/session5.sh presets   # decode latency and timeline of llama-3.2-3b and llama-3.1-8b
+#   bash benchmarks/session5.sh r13       # attn_combine=oproj: correctness (stories, tiny, llama) and A/B sweeps
 #   bash benchmarks/session5.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
 #   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
 # Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
@@ -37,6 +38,17 @@ presets)
     timeout 90 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
     grep -E "rc=" "$R/chain_$m.log"
   done
+  ;;
+r13)
+  log r13-check
+  timeout 300 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r13.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r13 --timed 300 --rounds 6 --params '{"attn_combine": "oproj"}' > "$R/gluon_check_r13.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r13.log" | tail -32 | cut -c1-700
+  log r13-qwen3
+  timeout 120 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r13_qwen3.json" --sections sweep --sweep r13 --timed 200 --rounds 5 > "$R/gluon_check_r13_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13_qwen3.log"
+  tail -7 "$R/gluon_check_r13_qwen3.log" | cut -c1-300
+  log r13-4096
+  timeout 150 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r13long.json" --sections sweep --sweep r13long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r13long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13long.log"
+  tail -6 "$R/gluon_check_r13long.log" | cut -c1-300
   ;;
 mk)
   log gluon-check

@@ -218,20 +218,17 @@ def _mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, H
 # the task stores raw q (+ bias) → q buffer and raw k (+ bias) → knew (NKV, D), both rounded to ACT as the
 # reference's linear output is; the ATTN task norms and rotates them (_qk_norm_rope). v → cache as above.
 @gluon.jit
-def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, c, s, q_ptr, kc_ptr, vc_ptr,
                   Q: gl.constexpr, KV: gl.constexpr, D: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
-                  HB: gl.constexpr, HAS_BIAS: gl.constexpr, YL: gl.constexpr, knew_ptr, QK_NORM: gl.constexpr):
+                  HB: gl.constexpr, YL: gl.constexpr, knew_ptr, QK_NORM: gl.constexpr):
+    """``acc_lo``/``acc_hi`` include the bias; ``c``/``s`` are cos/sin at pos for each pair, rounded to ACT
+    (loaded before the task's dependency wait)."""
     ACT: gl.constexpr = q_ptr.dtype.element_ty
     HALF: gl.constexpr = D // 2
-    NROWS: gl.constexpr = Q + 2 * KV
     NQH: gl.constexpr = Q // D
     layer64 = layer.to(gl.int64)
     j = a1 + gl.arange(0, HB, layout=YL)
     mj = j < a1 + a2
-    if HAS_BIAS:  # packed like the rows: pair j's rows are 2·a1 + (j − a1) and that + HB
-        brow = 2 * a1 + (j - a1)
-        acc_lo += gl.load(bqkv_ptr + layer64 * NROWS + brow, mask=mj, other=0.0).to(gl.float32)
-        acc_hi += gl.load(bqkv_ptr + layer64 * NROWS + brow + HB, mask=mj, other=0.0).to(gl.float32)
     lo = _rnd(acc_lo, ACT)
     hi = _rnd(acc_hi, ACT)
     i = j % HALF
@@ -242,8 +239,6 @@ def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr
         out_lo = lo.to(ACT)
         out_hi = hi.to(ACT)
     else:
-        c = gl.load(cos_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
-        s = gl.load(sin_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
         out_lo = gl.where(is_v, lo, _rnd(_rnd(lo * c, ACT) - _rnd(hi * s, ACT), ACT)).to(ACT)
         out_hi = gl.where(is_v, hi, _rnd(_rnd(hi * c, ACT) + _rnd(lo * s, ACT), ACT)).to(ACT)
     q_dst = q_ptr + head * D + i
@@ -298,8 +293,10 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
                TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
-               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
-    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
+               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr, COMB_O: gl.constexpr):
+    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns).
+    ``COMB_O``: always store the split's partials; the group's last ticket holder only signals (the O-proj tasks
+    combine the splits, :func:`_stage_attn_combined`)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
@@ -395,19 +392,21 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         v = v_n
         s0 += BLOCK_S
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
-    if used == 1:  # the whole context in this task: normalise and publish directly
+    if COMB_O:
+        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
+        if ticket == used - 1:  # every split of this kv head is written (the ticket's acquire saw them)
+            gl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
+            gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
+    elif used == 1:  # the whole context in this task: normalise and publish directly
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, QL)), 1)
         gl.store(attn_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
                  mask=gl.expand_dims(mq, 1))
         gl.thread_barrier()
         gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
     else:
-        gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
-        out_s = (kvh * G + gs) * NSPLIT + split
-        gl.store(pm_ptr + out_s, m, mask=gs < G)
-        gl.store(pl_ptr + out_s, l, mask=gs < G)
-        out_q = (hq * NSPLIT + split) * D
-        gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
+        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3)
         gl.thread_barrier()
         ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
         if ticket == used - 1:  # every split of this kv head is written: combine them
@@ -418,6 +417,72 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
             gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
 
     return seen, t_ready
+
+
+@gluon.jit
+def _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D: gl.constexpr, G: gl.constexpr,
+                    GP: gl.constexpr, NSPLIT: gl.constexpr, L3: gl.constexpr):
+    """A split's float32 partials: running max ``m`` and sum ``l`` (GP,) → pm/pl[hq·NSPLIT + split], the
+    unnormalised ``acc`` (GP, D) → pacc[(hq·NSPLIT + split)·D + d]."""
+    SL: gl.constexpr = gl.SliceLayout(2, L3)
+    QL: gl.constexpr = gl.SliceLayout(1, L3)
+    gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+    out_s = (kvh * G + gs) * NSPLIT + split
+    gl.store(pm_ptr + out_s, m, mask=gs < G)
+    gl.store(pl_ptr + out_s, l, mask=gs < G)
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    out_q = (hq * NSPLIT + split) * D
+    gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
+
+
+# COMB_O: an O-proj task stages the attention output itself from the splits' partials, for every query head h:
+# M = max_s m[h, s], w_s = exp(m[h, s] − M), out[h] = Σ w_s·acc[h, s] / Σ w_s·l[h, s] (the combine of
+# _attn_combine), rounded to ACT, into xs viewed as (rows of D); rows past the Q/D heads are zeros (the O-proj
+# matvec reads whole chunks). HG heads at a time, BSO splits per load: one L2 round trip per group when
+# used ≤ BSO (HG is chosen so a group is one round trip for the 1B-class models).
+@gluon.jit
+def _stage_attn_combined(pm_ptr, pl_ptr, pacc_ptr, used, xs, Q: gl.constexpr, D: gl.constexpr,
+                         NSPLIT: gl.constexpr, KCH_Q: gl.constexpr, BK: gl.constexpr, HG: gl.constexpr,
+                         BSO: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr):
+    ACT: gl.constexpr = xs.dtype
+    KCH_ALL: gl.constexpr = xs.shape[0]
+    ROWS: gl.constexpr = KCH_Q * BK // D
+    NQH: gl.constexpr = Q // D
+    LC: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [NW, 1, 1], [2, 1, 0])  # (HG, BSO, D)
+    SLC: gl.constexpr = gl.SliceLayout(2, LC)
+    QLC: gl.constexpr = gl.SliceLayout(1, LC)
+    xh = xs._reinterpret(ACT, [KCH_ALL * BK // D, D], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    sp0 = gl.arange(0, BSO, layout=gl.SliceLayout(0, SLC))
+    d3 = gl.expand_dims(gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, QLC)), 0), 1)
+    gl.thread_barrier()  # every thread is done reading the previous vector
+    for g in gl.static_range(ROWS // HG):
+        hh = g * HG + gl.arange(0, HG, layout=gl.SliceLayout(1, SLC))
+        mh = hh < NQH
+        row = gl.expand_dims(hh * NSPLIT, 1)
+        big = gl.full([HG], -1.0e30, gl.float32, gl.SliceLayout(1, SLC))
+        den = gl.zeros([HG], gl.float32, gl.SliceLayout(1, SLC))
+        acc = gl.zeros([HG, D], gl.float32, QLC)
+        s0 = 0
+        while s0 < used:
+            sp = gl.expand_dims(s0 + sp0, 0)
+            mm = gl.expand_dims(mh, 1) & (sp < used)
+            mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
+            lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
+            av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
+                         cache_modifier=".cg")
+            new = gl.maximum(big, gl.max(mv, axis=1))
+            scale = gl.exp(big - new)
+            w = gl.exp(mv - gl.expand_dims(new, 1))
+            den = den * scale + gl.sum(w * lv, axis=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QLC)), 1) \
+                + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
+            big = new
+            s0 += BSO
+        den_q = gl.convert_layout(den, gl.SliceLayout(1, QLC))
+        mh_q = gl.expand_dims(g * HG + gl.arange(0, HG, layout=gl.SliceLayout(1, QLC)) < NQH, 1)
+        out = gl.where(mh_q, acc / gl.expand_dims(gl.where(den_q > 0, den_q, 1.0), 1), 0.0)
+        xh.slice(g * HG, HG, dim=0).store(out.to(ACT))
+    gl.thread_barrier()
 
 
 @gluon.jit
@@ -490,9 +555,11 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
-              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
+              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, COMB_O: gl.constexpr, HG: gl.constexpr,
+              BSO: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
+    HALF: gl.constexpr = D // 2
     HB: gl.constexpr = BR // 2
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     YL: gl.constexpr = gl.SliceLayout(1, LW)
@@ -519,6 +586,17 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         wait_cnt = gl.load(row + F_WAIT)
         if TIMELINE:
             t_start = _now(i)
+        # What a QKV task's epilogue reads that no task writes (RoPE cos/sin at pos, the q/k/v bias) is loaded
+        # before its dependency wait: one memory round trip less on the layer's chain (masked off for other ops)
+        pj = a1 + gl.arange(0, HB, layout=YL)
+        pmask = (op == OP_QKV) & (pj < a1 + a2)
+        rope_m = pmask & (not QK_NORM)
+        rope_c = gl.load(cos_ptr + pos * HALF + pj % HALF, mask=rope_m, other=0.0).to(ACT).to(gl.float32)
+        rope_s = gl.load(sin_ptr + pos * HALF + pj % HALF, mask=rope_m, other=0.0).to(ACT).to(gl.float32)
+        bias_m = pmask & HAS_BIAS  # packed like the rows: pair j's rows are 2·a1 + (j − a1) and that + HB
+        brow = layer.to(gl.int64) * (Q + 2 * KV) + 2 * a1 + (pj - a1)
+        bias_lo = gl.load(bqkv_ptr + brow, mask=bias_m, other=0.0).to(gl.float32)
+        bias_hi = gl.load(bqkv_ptr + brow + HB, mask=bias_m, other=0.0).to(gl.float32)
         skip = 0
         if op == OP_ATTN:  # splits beyond this position's non-empty ones read and write nothing
             if a2 >= _splits_used(pos, NSPLIT, MIN_CHUNK):
@@ -553,7 +631,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                                           (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
                                           vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
                                           MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE,
-                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
+                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM, COMB_O)
                 if TIMELINE:
                     t_ready = t_attn
                 if seen < target:
@@ -569,8 +647,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                                   TK, NW)
                 staged = key
             acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
-            _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, Q,
-                          KV, D, NKV, S_MAX, HB, HAS_BIAS, YL, knew_ptr, QK_NORM)
+            _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
+                          vc_ptr, Q, KV, D, NKV, S_MAX, HB, YL, knew_ptr, QK_NORM)
         elif op == OP_GATEUP:
             if key != staged:
                 _stage_vector(x_ptr, mnorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
@@ -592,7 +670,11 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             if key != staged:
-                _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
+                if COMB_O:
+                    _stage_attn_combined(pm_ptr, pl_ptr, pacc_ptr, _splits_used(pos, NSPLIT, MIN_CHUNK), xs, Q, D,
+                                         NSPLIT, KCH_Q, BK, HG, BSO, VD, TD, NW)
+                else:
+                    _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
             if SPLIT == 2:
                 acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
@@ -850,7 +932,8 @@ def megakernel(
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
+        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, COMB_O: gl.constexpr, HG: gl.constexpr,
+        BSO: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -874,7 +957,8 @@ def megakernel(
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
-                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
+                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
+                     COMB_O, HG, BSO)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
