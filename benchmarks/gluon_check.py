@@ -192,7 +192,7 @@ SWEEPS = {
     # tiles, so a 1024-wide hidden size gives 128 such tasks for 132 SMs instead of 64
     "rows": [("triton-default", "triton", {}), ("default", "gluon", {}), ("br16", "gluon", {"max_rows": 16}),
              ("br16-ns24", "gluon", {"max_rows": 16, "num_stages": 24}), ("default-again", "gluon", {})],
-    # session 5: the O-proj tasks combine the attention splits (two round trips fewer on the layer's chain)
+    # session 5, commit cadb963 (the switch was removed after: slower): the O-proj tasks combine the attention splits
     "r13": [("triton-default", "triton", {}), ("default", "gluon", {}), ("oproj", "gluon", {"attn_combine": "oproj"}),
             ("default-again", "gluon", {}), ("oproj-again", "gluon", {"attn_combine": "oproj"})],
     "r13long": [("default", "gluon", {}), ("oproj", "gluon", {"attn_combine": "oproj"}),

@@ -6,6 +6,7 @@
 #   bash benchmarks/session5.sh r13       # attn_combine=oproj: correctness (stories, tiny, llama) and A/B sweeps
 #   bash benchmarks/session5.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
 #   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
+#   bash benchmarks/session5.sh last      # final, then presets (one device call)
 # Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
@@ -31,11 +32,11 @@ chain)
   ;;
 presets)
   log decode-latency-llama
-  timeout 300 $DL --models llama-3.2-3b,llama-3.1-8b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_llama.json" --max-seconds 280 > "$R/decode_latency_llama.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_llama.log"
+  timeout 200 $DL --models llama-3.2-3b,llama-3.1-8b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_llama.json" --max-seconds 185 > "$R/decode_latency_llama.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_llama.log"
   tail -10 "$R/decode_latency_llama.log"
-  for m in qwen3-1.7b llama-3.2-3b llama-3.1-8b; do
+  for m in llama-3.2-3b llama-3.1-8b; do
     log timeline-$m
-    timeout 90 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
+    timeout 50 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
     grep -E "rc=" "$R/chain_$m.log"
   done
   ;;
@@ -55,12 +56,17 @@ mk)
   timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"
   tail -40 "$R/gluon_check.log" | cut -c1-400
   ;;
+last)
+  bash "$0" final
+  bash "$0" presets
+  exit 0
+  ;;
 final)
   log decode-latency-1b
-  timeout 170 $DL --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 150 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  timeout 150 $DL --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 135 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
   tail -10 "$R/decode_latency_1b.log"
   log gpu-tests
-  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -x > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -x > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
   tail -8 "$R/pytest_gpu.log"
   ;;
 esac

@@ -142,12 +142,6 @@ class MegakernelParams:
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
-        attn_combine: Gluon kernel only, with ``attn_reduce="fused"``: where the attention splits are combined.
-            ``task``: the last ticket holder of a kv-head group combines its splits and stores the attention
-            output, then signals; ``oproj``: the last ticket holder only signals, and every O-proj task combines
-            all heads' splits while staging its input (two dependent memory round trips fewer on the layer's
-            chain — a store fence and a signal — for a redundant combine of a few KB per task). The host schedule
-            (who waits on whom) is the same.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -187,7 +181,6 @@ class MegakernelParams:
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
     qk_norm_in_attn: bool = False
-    attn_combine: str = "task"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -239,8 +232,6 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
-        if self.attn_combine not in ("task", "oproj"):
-            raise BubblescopeError(f"megakernel params: attn_combine must be task or oproj, got {self.attn_combine!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

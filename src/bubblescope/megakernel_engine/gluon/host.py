@@ -120,11 +120,6 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     kch = {k: next_pow2(v + (v % 2 if k != "H" and params.split_k == 2 else 0)) for k, v in nch.items()}
     d = cfg.head_dim
     vd = min(d, 16 // esize)
-    # attn_combine="oproj": splits per load of the O-proj's combine, and heads per group so that a group's
-    # (HG, BSO, D) float32 partials are at most 16384 values (64 per consumer thread at 8 warps)
-    bso = min(8, next_pow2(t.kv_splits))
-    rows = kch["Q"] * bk // d
-    hg = min(rows, pow2_floor(max(1, 16384 // (bso * d))))
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
@@ -136,8 +131,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
-        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS,
-        COMB_O=params.attn_combine == "oproj" and bool(t.attn_fused), HG=hg, BSO=bso)
+        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -145,12 +139,11 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     QKV / gate-up / LM-head tile), ``BK`` (columns per box), ``ring`` (weight-ring slots), ``split_k`` (column
     boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
     attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
-    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_combine`` (who combines the attention
-    splits: the last ``task`` of a kv-head group, or every ``oproj`` task while staging); ``t`` from :func:`gluon_tiling`, ``cx``
+    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task); ``t`` from :func:`gluon_tiling`, ``cx``
     from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
-            "qk_norm_in_attn": bool(cx["QK_NORM"]), "attn_combine": "oproj" if cx["COMB_O"] else "task"}
+            "qk_norm_in_attn": bool(cx["QK_NORM"])}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

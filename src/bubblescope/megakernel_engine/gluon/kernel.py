@@ -293,10 +293,8 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
                TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
-               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr, COMB_O: gl.constexpr):
-    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns).
-    ``COMB_O``: always store the split's partials; the group's last ticket holder only signals (the O-proj tasks
-    combine the splits, :func:`_stage_attn_combined`)."""
+               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
+    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
@@ -392,14 +390,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         v = v_n
         s0 += BLOCK_S
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
-    if COMB_O:
-        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3)
-        gl.thread_barrier()
-        ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
-        if ticket == used - 1:  # every split of this kv head is written (the ticket's acquire saw them)
-            gl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
-            gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
-    elif used == 1:  # the whole context in this task: normalise and publish directly
+    if used == 1:  # the whole context in this task: normalise and publish directly
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, QL)), 1)
         gl.store(attn_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
                  mask=gl.expand_dims(mq, 1))
@@ -433,56 +424,6 @@ def _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D: 
     dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     out_q = (hq * NSPLIT + split) * D
     gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
-
-
-# COMB_O: an O-proj task stages the attention output itself from the splits' partials, for every query head h:
-# M = max_s m[h, s], w_s = exp(m[h, s] − M), out[h] = Σ w_s·acc[h, s] / Σ w_s·l[h, s] (the combine of
-# _attn_combine), rounded to ACT, into xs viewed as (rows of D); rows past the Q/D heads are zeros (the O-proj
-# matvec reads whole chunks). HG heads at a time, BSO splits per load: one L2 round trip per group when
-# used ≤ BSO (HG is chosen so a group is one round trip for the 1B-class models).
-@gluon.jit
-def _stage_attn_combined(pm_ptr, pl_ptr, pacc_ptr, used, xs, Q: gl.constexpr, D: gl.constexpr,
-                         NSPLIT: gl.constexpr, KCH_Q: gl.constexpr, BK: gl.constexpr, HG: gl.constexpr,
-                         BSO: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr):
-    ACT: gl.constexpr = xs.dtype
-    KCH_ALL: gl.constexpr = xs.shape[0]
-    ROWS: gl.constexpr = KCH_Q * BK // D
-    NQH: gl.constexpr = Q // D
-    LC: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [NW, 1, 1], [2, 1, 0])  # (HG, BSO, D)
-    SLC: gl.constexpr = gl.SliceLayout(2, LC)
-    QLC: gl.constexpr = gl.SliceLayout(1, LC)
-    xh = xs._reinterpret(ACT, [KCH_ALL * BK // D, D], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    sp0 = gl.arange(0, BSO, layout=gl.SliceLayout(0, SLC))
-    d3 = gl.expand_dims(gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, QLC)), 0), 1)
-    gl.thread_barrier()  # every thread is done reading the previous vector
-    for g in gl.static_range(ROWS // HG):
-        hh = g * HG + gl.arange(0, HG, layout=gl.SliceLayout(1, SLC))
-        mh = hh < NQH
-        row = gl.expand_dims(hh * NSPLIT, 1)
-        big = gl.full([HG], -1.0e30, gl.float32, gl.SliceLayout(1, SLC))
-        den = gl.zeros([HG], gl.float32, gl.SliceLayout(1, SLC))
-        acc = gl.zeros([HG, D], gl.float32, QLC)
-        s0 = 0
-        while s0 < used:
-            sp = gl.expand_dims(s0 + sp0, 0)
-            mm = gl.expand_dims(mh, 1) & (sp < used)
-            mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
-            lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
-            av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
-                         cache_modifier=".cg")
-            new = gl.maximum(big, gl.max(mv, axis=1))
-            scale = gl.exp(big - new)
-            w = gl.exp(mv - gl.expand_dims(new, 1))
-            den = den * scale + gl.sum(w * lv, axis=1)
-            acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QLC)), 1) \
-                + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
-            big = new
-            s0 += BSO
-        den_q = gl.convert_layout(den, gl.SliceLayout(1, QLC))
-        mh_q = gl.expand_dims(g * HG + gl.arange(0, HG, layout=gl.SliceLayout(1, QLC)) < NQH, 1)
-        out = gl.where(mh_q, acc / gl.expand_dims(gl.where(den_q > 0, den_q, 1.0), 1), 0.0)
-        xh.slice(g * HG, HG, dim=0).store(out.to(ACT))
-    gl.thread_barrier()
 
 
 @gluon.jit
@@ -555,8 +496,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
-              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, COMB_O: gl.constexpr, HG: gl.constexpr,
-              BSO: gl.constexpr):
+              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -631,7 +571,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                                           (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
                                           vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
                                           MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE,
-                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM, COMB_O)
+                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
                 if TIMELINE:
                     t_ready = t_attn
                 if seen < target:
@@ -670,11 +610,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             if key != staged:
-                if COMB_O:
-                    _stage_attn_combined(pm_ptr, pl_ptr, pacc_ptr, _splits_used(pos, NSPLIT, MIN_CHUNK), xs, Q, D,
-                                         NSPLIT, KCH_Q, BK, HG, BSO, VD, TD, NW)
-                else:
-                    _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
+                _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
             if SPLIT == 2:
                 acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
@@ -932,8 +868,7 @@ def megakernel(
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, COMB_O: gl.constexpr, HG: gl.constexpr,
-        BSO: gl.constexpr):
+        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -957,8 +892,7 @@ def megakernel(
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
-                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     COMB_O, HG, BSO)),
+                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
