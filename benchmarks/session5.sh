@@ -4,6 +4,7 @@
 #                                         # for the dependency-chain analysis; decode latency of the Qwen presets
 #   bash benchmarks/session5.sh presets   # decode latency and timeline of llama-3.2-3b and llama-3.1-8b
 #   bash benchmarks/session5.sh r13       # attn_combine=oproj: correctness (stories, tiny, llama) and A/B sweeps
+#   bash benchmarks/session5.sh r14       # attn_depth=2 (two K/V blocks before the wait), longer splits: check + A/B
 #   bash benchmarks/session5.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
 #   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
 #   bash benchmarks/session5.sh last      # final, then presets (one device call)
@@ -50,6 +51,15 @@ r13)
   log r13-4096
   timeout 150 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r13long.json" --sections sweep --sweep r13long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r13long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13long.log"
   tail -6 "$R/gluon_check_r13long.log" | cut -c1-300
+  ;;
+r14)
+  log r14-check
+  timeout 230 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r14.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r14 --timed 300 --rounds 6 --params '{"attn_depth": 2, "attn_min_chunk": 256}' > "$R/gluon_check_r14.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r14.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r14.log" | tail -34 | cut -c1-600
+  log r14-4096
+  timeout 110 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r14long.json" --sections sweep --sweep r14long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r14long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r14long.log"
+  tail -6 "$R/gluon_check_r14long.log" | cut -c1-300
+  rm -f "$R"/*noprefetch_frame.csv.gz
   ;;
 mk)
   log gluon-check
