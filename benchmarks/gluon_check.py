@@ -197,7 +197,8 @@ SWEEPS = {
             ("default-again", "gluon", {}), ("oproj-again", "gluon", {"attn_combine": "oproj"})],
     "r13long": [("default", "gluon", {}), ("oproj", "gluon", {"attn_combine": "oproj"}),
                 ("default-again", "gluon", {}), ("oproj-again", "gluon", {"attn_combine": "oproj"})],
-    # session 5: two K/V blocks in flight (both loaded before the wait), and fewer, longer splits with it
+    # session 5, commit c2f4963 (the attn_depth knob was removed after: no gain): two K/V blocks in flight (both
+    # loaded before the wait), and fewer, longer splits with it
     "r14": [("triton-default", "triton", {}), ("default", "gluon", {}), ("d2", "gluon", {"attn_depth": 2}),
             ("d2-c128", "gluon", {"attn_depth": 2, "attn_min_chunk": 128}),
             ("d2-c256", "gluon", {"attn_depth": 2, "attn_min_chunk": 256}),

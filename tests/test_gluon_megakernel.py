@@ -251,8 +251,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
         t = gluon_tiling(cfg, MegakernelParams(), 132)
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
-                                 "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True,
-                                 "attn_depth": 1}
+                                 "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8
     assert out["qwen2.5-0.5b"]["BR"] == 16 and out["qwen2.5-0.5b"]["rows_od"] == 8  # auto_rows: a thin QKV stage

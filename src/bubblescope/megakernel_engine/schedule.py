@@ -142,9 +142,6 @@ class MegakernelParams:
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
-        attn_depth: Gluon kernel only: K/V blocks of ``block_s`` positions in flight in an attention task (1 or
-            2); the first ``attn_depth`` are loaded before its dependency wait, so with 2 a split of at most two
-            blocks loads only q (and the new position) after the wait.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -184,7 +181,6 @@ class MegakernelParams:
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
     qk_norm_in_attn: bool = False
-    attn_depth: int = 1
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -236,8 +232,6 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
-        if self.attn_depth not in (1, 2):
-            raise BubblescopeError(f"megakernel params: attn_depth must be 1 or 2, got {self.attn_depth!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

@@ -131,7 +131,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
-        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, ATTN_DEPTH=params.attn_depth)
+        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -139,11 +139,11 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     QKV / gate-up / LM-head tile), ``BK`` (columns per box), ``ring`` (weight-ring slots), ``split_k`` (column
     boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
     attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
-    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_depth`` (K/V blocks in flight); ``t`` from :func:`gluon_tiling`, ``cx``
+    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task); ``t`` from :func:`gluon_tiling`, ``cx``
     from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
-            "qk_norm_in_attn": bool(cx["QK_NORM"]), "attn_depth": cx["ATTN_DEPTH"]}
+            "qk_norm_in_attn": bool(cx["QK_NORM"])}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

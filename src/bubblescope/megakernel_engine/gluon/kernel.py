@@ -293,11 +293,8 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
                TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
-               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr, ATTN_DEPTH: gl.constexpr):
-    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns).
-    ``ATTN_DEPTH`` K/V blocks are in flight: the first ATTN_DEPTH are loaded before the wait (their positions
-    written by earlier steps; a block holding ``pos`` is loaded again after it), then block i + ATTN_DEPTH is
-    loaded during block i's math."""
+               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
+    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
@@ -320,16 +317,6 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     else:
         k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
     v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
-    if ATTN_DEPTH == 2:  # the second block too, so a short context needs no load after the wait but q's
-        offs1 = offs + BLOCK_S * D
-        mk1 = gl.expand_dims(s_lo + BLOCK_S + sk < s_hi, 1)
-        old1 = s_lo + 2 * BLOCK_S <= pos
-        if QK_NORM:
-            k1 = gl.load(kc_ptr + offs1, mask=gl.expand_dims(s_lo + BLOCK_S + sk < k_hi, 1), other=0.0,
-                         cache_modifier=".cg")
-        else:
-            k1 = gl.load(kc_ptr + offs1, mask=mk1 & old1, other=0.0, cache_modifier=".cg")
-        v1 = gl.load(vc_ptr + offs1, mask=mk1 & old1, other=0.0, cache_modifier=".cg")
     gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
     dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     if QK_NORM:  # what does not depend on the QKV stage (norm weights, cos/sin at pos) is loaded before the wait
@@ -356,11 +343,6 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         if not QK_NORM:
             k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
         v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
-    if ATTN_DEPTH == 2:
-        if s_lo + 2 * BLOCK_S > pos:  # the second block may hold the new position
-            if not QK_NORM:
-                k1 = gl.load(kc_ptr + offs1, mask=mk1, other=0.0, cache_modifier=".cg")
-            v1 = gl.load(vc_ptr + offs1, mask=mk1, other=0.0, cache_modifier=".cg")
     mq = gq < G
     hq = kvh * G + gq
     q = gl.load(q_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), mask=gl.expand_dims(mq, 1), other=0.0,
@@ -384,7 +366,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     acc = gl.zeros([GP, D], gl.float32, QL)
     s0 = s_lo
     while s0 < s_hi:
-        nxt = s0 + ATTN_DEPTH * BLOCK_S + sk  # in flight during this block's math (all masked after the last)
+        nxt = s0 + BLOCK_S + sk  # the next block, in flight during this one's math (all masked after the last)
         offs_n = base + gl.expand_dims(nxt, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
         mk_n = gl.expand_dims(nxt < s_hi, 1)
         if QK_NORM:
@@ -404,14 +386,8 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v.to(gl.float32), 0), axis=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, QL)), 1) + pv
         m = m_new
-        if ATTN_DEPTH == 2:
-            k = k1
-            v = v1
-            k1 = k_n
-            v1 = v_n
-        else:
-            k = k_n
-            v = v_n
+        k = k_n
+        v = v_n
         s0 += BLOCK_S
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
     if used == 1:  # the whole context in this task: normalise and publish directly
@@ -520,7 +496,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
-              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, ATTN_DEPTH: gl.constexpr):
+              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -595,7 +571,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                                           (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
                                           vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
                                           MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE,
-                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM, ATTN_DEPTH)
+                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
                 if TIMELINE:
                     t_ready = t_attn
                 if seen < target:
@@ -892,7 +868,7 @@ def megakernel(
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, ATTN_DEPTH: gl.constexpr):
+        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -916,8 +892,7 @@ def megakernel(
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
-                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     ATTN_DEPTH)),
+                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
