@@ -140,6 +140,9 @@ def section_timeline(args, out):
         # the whole frame (every task of the last step) beside the JSON, for the critical-path analysis offline
         df.to_csv(Path(args.out).with_name(f"{Path(args.out).stem}_{args.model}_{name}_frame.csv.gz"), index=False,
                   float_format="%.3f")
+        if s.get("attn_phases"):
+            print(f"   {name} attention phases (µs): " + ", ".join(
+                f"{k} p50 {v['p50']:.2f} max {v['max']:.2f}" for k, v in s["attn_phases"].items()), flush=True)
         for e in s.get("edges") or []:
             print(f"   {name} {e['edge']:>14}: hop p50 {e['hop_us_p50']:6.2f} µs, max {e['hop_us_max']:6.2f}; "
                   f"span p50 {e['span_us_p50']:6.2f} µs", flush=True)

@@ -5,6 +5,7 @@
 #   bash benchmarks/session5.sh presets   # decode latency and timeline of llama-3.2-3b and llama-3.1-8b
 #   bash benchmarks/session5.sh r13       # attn_combine=oproj: correctness (stories, tiny, llama) and A/B sweeps
 #   bash benchmarks/session5.sh r14       # attn_depth=2 (two K/V blocks before the wait), longer splits: check + A/B
+#   bash benchmarks/session5.sh phases    # timelines with the attention tasks' phase stamps (llama-3.2-1b, qwen3-0.6b)
 #   bash benchmarks/session5.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
 #   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
 #   bash benchmarks/session5.sh last      # final, then presets (one device call)
@@ -59,6 +60,14 @@ r14)
   log r14-4096
   timeout 110 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r14long.json" --sections sweep --sweep r14long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r14long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r14long.log"
   tail -6 "$R/gluon_check_r14long.log" | cut -c1-300
+  rm -f "$R"/*noprefetch_frame.csv.gz
+  ;;
+phases)
+  for m in llama-3.2-1b qwen3-0.6b; do
+    log phases-$m
+    timeout 70 python3 benchmarks/gluon_check.py --model $m --out "$R/phases_$m.json" --sections timeline > "$R/phases_$m.log" 2>&1; echo "rc=$?" >> "$R/phases_$m.log"
+    grep -E "megakernel-gluon |rc=" "$R/phases_$m.log" | cut -c1-300
+  done
   rm -f "$R"/*noprefetch_frame.csv.gz
   ;;
 mk)

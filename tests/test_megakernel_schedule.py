@@ -279,6 +279,29 @@ def test_gluon_timeline_producer_stamps_become_load_columns_and_events():
     assert {e["pid"] for e in loads} == {"megakernel (intra-kernel) producer"}
 
 
+def test_gluon_attention_phase_stamps_become_their_own_columns():
+    """Attention tasks have no weights, so the Gluon consumer writes their math-done and ticket stamps into the
+    producer's two slots: they become ``math_end_us``/``ticket_us`` (not load times) and ``attn_phases``; a weight
+    task's slots stay load times. Hand-built: ready +0.5 µs, math +1.5, ticket +2.25, end +3.0 (µs from start)."""
+    cfg = TINY["gqa-tied-llama3"]
+    sch = build_schedule(cfg, SMALL, 2)
+    p, t = sch.table.shape[:2]
+    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
+    attn = sch.table[..., 0].numpy() == OP_ATTN
+    t3 = np.where(attn, base + 1500, base - 3000)
+    t4 = np.where(attn, base + 2250, base + 1000)
+    stamps = np.stack([base, base + 500, base + 3000, t3, t4], axis=-1)
+    df = decode_timeline([sch], [torch.from_numpy(stamps)])
+    a, w = df[df["name"] == "ATTN"], df[df["name"] != "ATTN"]
+    assert len(a) and a["load_start_us"].isna().all() and w["math_end_us"].isna().all()
+    assert ((a["math_end_us"] - a["ready_us"]).round(9) == 1.0).all() and ((a["end_us"] - a["ticket_us"]).round(9) == 0.75).all()
+    assert ((w["ts_us"] - w["load_start_us"]) == 3.0).all()
+    ph = intrakernel_summary(df)["attn_phases"]
+    assert ph["math_us"]["p50"] == pytest.approx(1.0) and ph["ticket_us"]["max"] == pytest.approx(0.75)
+    assert ph["combine_us"]["p50"] == pytest.approx(0.75)
+    assert intrakernel_summary(df)["producer_lead_us_p50"] == 3.0  # attention tasks do not enter the lead
+
+
 def test_stage_edges_hand_built_chain():
     """Two layers by hand (µs): each stage's first consumer starts a fixed time after the upstream stage's last
     end, except ATTN, which waits on part of QKV and starts 1 µs before the last QKV tile ends."""

@@ -65,7 +65,8 @@ OP_GATEUP = gl.constexpr(S.OP_GATEUP)
 OP_DOWN = gl.constexpr(S.OP_DOWN)
 OP_LMHEAD = gl.constexpr(S.OP_LMHEAD)
 AMAX_EMPTY = gl.constexpr(-(2 ** 63))
-STAMPS = gl.constexpr(5)  # per task: start, ready, end (consumer); first and last TMA issue (producer)
+STAMPS = gl.constexpr(5)  # per task: start, ready, end (consumer); first and last TMA issue (producer) — for an
+# attention task (no weights), when its math was done and its ticket drawn (consumer)
 
 
 @gluon.jit
@@ -294,7 +295,9 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
                TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
                knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
-    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
+    """Returns (last counter value seen by the dependency wait, or ``target`` without one; with ``TIMELINE`` the
+    ns stamps of: the wait met, the math done (after the last block, so after q and the new K/V arrived), the
+    ticket drawn (partials stored and fenced; for a single split: its output published))."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
@@ -389,6 +392,10 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         k = k_n
         v = v_n
         s0 += BLOCK_S
+    t_math = pos.to(gl.int64) * 0  # int64 like the stamps (a branch below reassigns t_ticket)
+    t_ticket = t_math
+    if TIMELINE:  # the reduction makes the stamp wait for the math (and so for the loads it used)
+        t_math = _now(gl.max(l, axis=0).to(gl.int32))
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
     if used == 1:  # the whole context in this task: normalise and publish directly
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, QL)), 1)
@@ -396,10 +403,14 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                  mask=gl.expand_dims(mq, 1))
         gl.thread_barrier()
         gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
+        if TIMELINE:
+            t_ticket = _now(pos)
     else:
         _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3)
         gl.thread_barrier()
         ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
+        if TIMELINE:
+            t_ticket = _now(ticket)
         if ticket == used - 1:  # every split of this kv head is written: combine them
             gl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
             gl.thread_barrier()
@@ -407,7 +418,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
 
-    return seen, t_ready
+    return seen, t_ready, t_math, t_ticket
 
 
 @gluon.jit
@@ -566,14 +577,17 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if skip == 0:
                 need = gl.load(row + F_NEED)
                 target = epoch * gl.load(row + F_INC) + need
-                seen, t_attn = _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
+                seen, t_attn, t_math, t_ticket = _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
                                           gl.load(row + F_SIGNAL), counters_ptr + gl.maximum(wait_cnt, 0), target,
                                           (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
                                           vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
                                           MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE,
                                           knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
-                if TIMELINE:
+                if TIMELINE:  # an attention task has no weight loads: its producer stamps hold two phases
                     t_ready = t_attn
+                    aslot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
+                    gl.store(aslot + 3, t_math)
+                    gl.store(aslot + 4, t_ticket)
                 if seen < target:
                     _record_stuck(err_ptr, op, layer, gl.load(row + F_TILE), pid, wait_cnt, seen - (target - need),
                                   need, gl.load(row + F_GIDX))
