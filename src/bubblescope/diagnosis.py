@@ -200,7 +200,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
         if n != "auto":
-            get_engine_spec(n)
+            get_engine_spec(n, "--engines")
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
     gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     sweep = sorted(set(context_sweep)) if context_sweep is not None else ([128, 1024, 4096] if on_gpu else [])
