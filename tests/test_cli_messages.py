@@ -54,8 +54,15 @@ def _env():
                                                       "(--max-bubble-ratio is a fraction: did you mean 0.35 for 35 %?)"),
     (["gate", "RESULTS", "--engine", "nope", "--max-bubble-ratio", "0.5"],
      "--engine: engine 'nope': not in the results"),
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu", "--prompt-len", "100000"],
+     "--prompt-len 100000 + --gen-len 32 + --profile-steps 8: the workload needs 100048 positions (with spare "
+     "steps) but tiny-llama supports max_position_embeddings="),
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu", "--context-sweep", "99999"],
+     "--context-sweep 99999: the workload needs 100016 positions"),
     (["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--steps", "0", "--device", "cpu"],
      "--steps: must be at least 1, got 0"),
+    (["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--contexts", ",", "--device", "cpu"],
+     "--contexts: no context lengths given"),
 ])
 def test_bad_input_names_the_option(tmp_path, args, message):
     """Was "step marker ''", "idle threshold -1.0", "unknown engine", "gate: min_bandwidth_util": the Python

@@ -152,7 +152,7 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     import torch
     import torch.distributed as dist
 
-    from .diagnosis import default_model, latency_stats
+    from .diagnosis import check_positions, default_model, latency_stats
     from .generation import generate
     from .models import load_model, parse_dtype
     from .profiler.capture import STEP_MARKER, capture_decode_trace
@@ -170,10 +170,7 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
-    need = prompt_len + gen_len + profile_steps + PROFILER_SKEW_STEPS + 8
-    if need > cfg.max_position_embeddings:
-        raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
-                               f"max_position_embeddings={cfg.max_position_embeddings}")
+    need = check_positions(cfg, prompt_len, gen_len, profile_steps, extra_steps=PROFILER_SKEW_STEPS)
     engine = TPReferenceEngine(loaded.weights, mode=mode, max_seq_len=need)
     source, weight_bytes = loaded.source, loaded.weights.nbytes()
     del loaded  # the full weights: each rank keeps only its shard

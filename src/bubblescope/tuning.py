@@ -153,6 +153,8 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
+    if contexts is not None and not contexts:  # "--contexts ," is not the same as leaving the option out
+        raise BubblescopeError("--contexts: no context lengths given")
     contexts = contexts or ([128, 4096] if on_gpu else [8, 16])
     if any(c < 1 for c in contexts):
         raise BubblescopeError(f"--contexts: need positive context lengths, got {contexts}")
