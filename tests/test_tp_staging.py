@@ -181,3 +181,20 @@ def test_a_rank_error_is_one_line(tmp_path):
     assert r.stderr.startswith("error: unknown model preset 'no-such-model'; known presets: ")
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_a_single_process_run_takes_away_a_previous_tp_run(tmp_path):
+    """The other direction: publishing a single-process run left tp.json and ranks_timeline.png of a --tp run
+    beside it, pointing at traces that were gone with the old traces/."""
+    from bubblescope.outdir import RunFolder
+
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    for name in ("tp.json", "ranks_timeline.png", "traces/reference-tp2-rank0.json.gz", "mine.txt"):
+        (out / name).write_text("old")
+    with RunFolder(out) as folder:
+        (folder.stage / "traces").mkdir()
+        (folder.stage / "traces" / "reference.json.gz").write_text("new")
+        (folder.stage / "results.json").write_text("new")
+        folder.publish()
+    assert _files(out) == {"mine.txt": b"old", "results.json": b"new", "traces/reference.json.gz": b"new"}
