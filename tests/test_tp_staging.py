@@ -5,7 +5,7 @@ half-written traces beside the previous run's results, and --counters, --tuning,
 
 The staging runs the real :func:`tp_diagnose` in this process as a one-rank gloo group (torchrun and NCCL are
 not needed to check what lands in ``out``); the two-rank path through torchrun is
-``test_tp.py::test_cli_tp2_end_to_end_on_gloo``.
+``test_tp.py::test_cli_tp2_end_to_end_on_gloo``; the launcher is :mod:`bubblescope.tplaunch`.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def diagnose_model(
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     seed = _seed(seed)
     if tp > 1:
-        from .tpdiagnose import launch_tp, tp_options
+        from .tplaunch import launch_tp, tp_options
 
         raise typer.Exit(launch_tp(tp, **tp_options(
             engines=engines, context_sweep=context_sweep, device=device, tuning=tuning, counters=counters,
