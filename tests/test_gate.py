@@ -93,11 +93,11 @@ def test_a_baseline_without_the_engine_is_named_as_the_baseline():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({}, "no checks requested"),
-    ({"engine": "nope", "max_bubble_ratio": 0.1}, "engine 'nope': not in the results"),
-    ({"engine": "hf", "max_bubble_ratio": 0.1}, "engine 'hf': status skipped (transformers is not installed)"),
-    ({"min_bandwidth_util": -0.1}, "min_bandwidth_util must be a number in [0, 1]"),
-    ({"max_bubble_ratio": 1.5}, "max_bubble_ratio must be a number in [0, 1]"),
-    ({"max_token_p99_ms": float("nan")}, "max_token_p99_ms must be a number >= 0"),
+    ({"engine": "nope", "max_bubble_ratio": 0.1}, "--engine: engine 'nope': not in the results"),
+    ({"engine": "hf", "max_bubble_ratio": 0.1}, "--engine: engine 'hf': status skipped (transformers is not installed)"),
+    ({"min_bandwidth_util": -0.1}, "--min-bandwidth-util: must be a number in [0, 1]"),
+    ({"max_bubble_ratio": 1.5}, "--max-bubble-ratio: must be a number in [0, 1]"),
+    ({"max_token_p99_ms": float("nan")}, "--max-token-p99-ms: must be a number >= 0"),
     ({"max_regression": 0.05}, "--baseline and --max-regression must be given together"),
     ({"baseline": "BASE"}, "--baseline and --max-regression must be given together"),
 ])
@@ -179,7 +179,10 @@ def test_report_with_a_bad_format_writes_no_html(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
     (tmp_path / "dir.html").mkdir()
     r = _run_cli("report", tmp_path / "r.json", "--html", tmp_path / "dir.html")
-    assert r.exit_code == 2 and r.stderr.startswith(f"error: {tmp_path / 'dir.html'}: exists and is not a regular file")
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: --html {tmp_path / 'dir.html'}: exists and is not a regular file")
+    r = _run_cli("report", tmp_path / "r.json", "--html", tmp_path / "no" / "r.html")
+    assert r.exit_code == 2 and r.stderr == f"error: --html {tmp_path / 'no' / 'r.html'}: cannot write here (No such file or directory)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.html", "r.json"]
 
 
 @pytest.mark.parametrize("path, value, shown", [

@@ -108,7 +108,7 @@ def test_html_opens_with_the_verdict_and_explains_severity_and_sync():
     assert body.index('id="verdict"') < body.index('id="headline"')
     assert "Fastest: megakernel at 0.800 ms/token" in body and "<b>Action:</b>" in body
     assert "problem</span>: limits this engine now" in body
-    assert "sync wait: share of the step the host spends blocked" in body
+    assert "sync share: fraction of the step wall time the host spends blocked" in body
     assert "bubble ratio 62.0 %, kernels per step 412" in body
 
 

@@ -260,7 +260,7 @@ def test_step_timeline(decode):
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), "x", float("inf")])
 def test_bad_threshold(decode, bad):
-    with pytest.raises(BubblescopeError, match="idle threshold"):
+    with pytest.raises(BubblescopeError, match="--idle-threshold-us"):
         tm.timeline_summary(decode, threshold_us=bad)
 
 
@@ -397,7 +397,7 @@ def test_summarize_traces_bad_input(tmp_path):
         summarize_traces([])
     with pytest.raises(BubblescopeError, match="holds no"):
         summarize_traces([tmp_path])
-    with pytest.raises(BubblescopeError, match="step marker"):
+    with pytest.raises(BubblescopeError, match="^--step-marker ' ': must be a non-empty name$"):
         summarize_traces([tmp_path], step_marker=" ")
 
 

@@ -74,9 +74,9 @@ def generate(
     prompt: str = typer.Option("", help="Prompt text (needs a tokenizer)."),
     prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="Prompt as comma-separated token ids."),
     max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate after the prompt."),
-    temperature: float = typer.Option(0.0, min=0.0, help="0 means greedy."),
+    temperature: float = typer.Option(0.0, help="0 means greedy; top-k and top-p apply only above 0."),
     top_k: int = typer.Option(0, min=0, help="Keep the k most likely tokens; 0 disables top-k."),
-    top_p: float = typer.Option(1.0, max=1.0, help="Nucleus sampling mass in (0, 1]; 1 disables top-p."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass in (0, 1]; 1 disables top-p."),
     seed: int = typer.Option(0, help="Seed of the sampler and of dummy weights."),
     engine: str = typer.Option("reference", help="Any engine of `bubblescope engines` (reference, megakernel, hf, "
                                "...), or auto: the megakernel where it runs, falling back to the reference if it "
@@ -101,6 +101,8 @@ def generate(
     seed = _seed(seed)
     tuned = load_tuning(tuning) if tuning is not None else None
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    for warning in params.unused():
+        typer.echo(f"warning: {warning}", err=True)
     if prompt and prompt_ids is not None:
         raise BubblescopeError("--prompt and --prompt-ids: give one of them, not both")
     try:
@@ -210,14 +212,12 @@ def diagnose_model(
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     seed = _seed(seed)
     if tp > 1:
-        from .tpdiagnose import MODES, launch_tp
+        from .tplaunch import launch_tp, tp_options
 
-        mode = MODES.get(engines) if engines else None
-        if engines and mode is None:
-            raise BubblescopeError(f"--engines with --tp: one of {', '.join(MODES)}, got {engines!r}")
-        raise typer.Exit(launch_tp(tp, model=model, checkpoint=checkpoint, mode=mode, prompt_len=prompt_len,
-                                   gen_len=gen_len, runs=runs, profile_steps=profile_steps, dtype=dtype,
-                                   out=str(out), seed=seed, command=command_line(), format=fmt))
+        raise typer.Exit(launch_tp(tp, **tp_options(
+            engines=engines, context_sweep=context_sweep, device=device, tuning=tuning, counters=counters,
+            model=model, checkpoint=checkpoint, prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup,
+            profile_steps=profile_steps, dtype=dtype, out=str(out), seed=seed, command=command_line(), format=fmt)))
     sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")
     names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
     if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)
@@ -253,8 +253,6 @@ def diagnose_trace(
 ):
     """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces; with one
     trace per rank, also NCCL share, cross-rank skew and the slowest rank per step."""
-    import json
-
     from .profiler.ranksummary import summarize_rank_traces
     from .profiler.tracesummary import file_errors
     from .reports.progress import trace_progress
@@ -273,7 +271,8 @@ def diagnose_trace(
     if len(errors) == len(summary["files"]):
         pass  # nothing readable: only the errors below, no empty report
     elif fmt == "json":
-        sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+        from .reports.json_out import summary_json
+        sys.stdout.write(summary_json(summary))
     else:
         from rich.console import Console
 
@@ -306,7 +305,7 @@ def report(
     results = load_results(results_path).require_engines(str(results_path))
     if html is not None:
         from .reports.html import write_html
-        write_html(results, html)
+        write_html(results, html, "--html")
         typer.echo(f"wrote {html}", err=True)
     if fmt == "json":
         sys.stdout.write(results.to_json())
@@ -420,8 +419,13 @@ def main() -> None:
     """Entry point: like ``app()``, but a usage error (bad option value, unknown option) is one line too.
 
     Click raises those as ``ClickException``s; typer vendors click in recent versions, so they are
-    recognised by their interface (``format_message`` + ``exit_code``), not by class.
+    recognised by their interface (``format_message`` + ``exit_code``), not by class. A reader that closes
+    the pipe early (``| head``) ends the command as it ends ``cat``: by SIGPIPE, silently (Python ignores the
+    signal, and click then turns the EPIPE into exit 1).
     """
+    import signal
+    if hasattr(signal, "SIGPIPE"):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         rc = app(standalone_mode=False)
     except Exception as e:

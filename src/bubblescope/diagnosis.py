@@ -108,6 +108,24 @@ def check_workload(**values: int | None) -> None:
             raise BubblescopeError(f"--{key.replace('_', '-')}: must be at least {lows[key]}, got {v}")
 
 
+def check_positions(cfg, prompt_len: int, gen_len: int, profile_steps: int, sweep=(), extra_steps: int = 0) -> int:
+    """The KV-cache length (positions) a workload needs: the timed run (prompt + generated + profiled steps +
+    ``extra_steps`` + 8 spare) or the largest sweep context plus its timed steps, whichever is longer.
+
+    Raises:
+        BubblescopeError: ``cfg`` (a ModelConfig) has fewer ``max_position_embeddings``; the message names the
+            options to lower.
+    """
+    run = prompt_len + gen_len + profile_steps + extra_steps + 8
+    need = max([run] + [c + SWEEP_STEPS + 1 for c in sweep])
+    if need > cfg.max_position_embeddings:
+        what = (f"--prompt-len {prompt_len} + --gen-len {gen_len} + --profile-steps {profile_steps}" if run >= need
+                else f"--context-sweep {max(sweep)}")
+        raise BubblescopeError(f"{what}: the workload needs {need} positions (with spare steps) but {cfg.name} "
+                               f"supports max_position_embeddings={cfg.max_position_embeddings}")
+    return need
+
+
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -200,7 +218,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
         if n != "auto":
-            get_engine_spec(n)
+            get_engine_spec(n, "--engines")
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
     gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     sweep = sorted(set(context_sweep)) if context_sweep is not None else ([128, 1024, 4096] if on_gpu else [])
@@ -212,11 +230,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
     names, auto = _resolve_auto(names, loaded.weights)
-    need = max([prompt_len + gen_len + profile_steps + 8] + [c + SWEEP_STEPS + 1 for c in sweep])
-    if need > cfg.max_position_embeddings:
-        raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
-                               f"max_position_embeddings={cfg.max_position_embeddings}")
-    max_seq = need
+    max_seq = check_positions(cfg, prompt_len, gen_len, profile_steps, sweep)
 
     out = Path(out)
     if write:

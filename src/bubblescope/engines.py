@@ -92,14 +92,15 @@ def prepare_triton(device: torch.device) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def get_engine_spec(name: str) -> EngineSpec:
+def get_engine_spec(name: str, option: str = "--engine") -> EngineSpec:
     """The registry entry for ``name`` (not ``auto``, which :func:`build_engine` resolves).
 
     Raises:
-        BubblescopeError: unknown name; the message lists the known engines.
+        BubblescopeError: unknown name; the message names ``option`` (the CLI option that gave the name) and
+            lists the known engines.
     """
     if name not in ENGINES:
-        raise BubblescopeError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}, or auto")
+        raise BubblescopeError(f"{option}: unknown engine {name!r}; known engines: {', '.join(ENGINES)}, or auto")
     return ENGINES[name]
 
 

@@ -61,15 +61,28 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        """Raises BubblescopeError: temperature below 0, top_k below 0, or top_p outside (0, 1] (top-p 0
-        would keep no token at all)."""
+        """Raises BubblescopeError: temperature below 0, infinite or NaN (inf would turn every logit into 0, a
+        uniform draw that no caller means), top_k below 0, or top_p outside (0, 1] (top-p 0 would keep no
+        token at all)."""
+        import math
+
         from .errors import BubblescopeError
-        if not self.temperature >= 0:
-            raise BubblescopeError(f"--temperature: must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise BubblescopeError(f"--temperature: must be a finite number >= 0 (0 means greedy), "
+                                   f"got {self.temperature}")
         if self.top_k < 0:
             raise BubblescopeError(f"--top-k: must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise BubblescopeError(f"--top-p: must be in (0, 1] (1 disables it), got {self.top_p}")
+
+    def unused(self) -> list[str]:
+        """One line per filter that is set but has no effect: greedy decoding (temperature 0) takes the
+        argmax, so top-k and top-p change nothing."""
+        if self.temperature > 0:
+            return []
+        return [f"{name} {value:g} has no effect with --temperature 0 (greedy decoding takes the most likely "
+                f"token); give --temperature > 0 to sample"
+                for name, value, off in (("--top-k", self.top_k, 0), ("--top-p", self.top_p, 1.0)) if value != off]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:

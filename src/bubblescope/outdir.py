@@ -1,11 +1,13 @@
 """Safe output folders: a run is staged in a hidden folder inside ``--out`` and published at the end.
 
-``diagnose`` writes ``results.json``, ``report.html`` and ``traces/`` into ``OUT/.bubblescope-partial-XXXX``;
-:meth:`RunFolder.publish` then replaces those three entries of ``OUT`` by the new ones (renames on one file
-system), so ``OUT`` holds either the previous complete run or the new one, never a mix: traces of engines
-the new run did not measure go with the old ``traces/``. An interrupted run (Ctrl-C, an exception) removes
-its staging folder and leaves ``OUT`` as it was; one killed outright leaves a staging folder that the next
-run removes. Other files in ``OUT`` are never touched.
+``diagnose`` writes ``results.json``, ``report.html`` and ``traces/`` into ``OUT/.bubblescope-partial-XXXX``
+(``diagnose --tp`` writes ``tp.json``, ``ranks_timeline.png`` and ``traces/`` there);
+:meth:`RunFolder.publish` then replaces every run entry of ``OUT`` (:data:`OWNED`, of either kind) by the new
+ones (renames on one file system), so ``OUT`` holds either the previous complete run or the new one, never a
+mix: traces of engines the new run did not measure go with the old ``traces/``, and a ``tp.json`` left by a
+tensor-parallel run goes when a single-process run is published (its traces are gone), and the other way
+round. An interrupted run (Ctrl-C, an exception) removes its staging folder and leaves ``OUT`` as it was; one
+killed outright leaves a staging folder that the next run removes. Other files in ``OUT`` are never touched.
 """
 
 from __future__ import annotations
@@ -17,8 +19,26 @@ from pathlib import Path
 
 from .errors import BubblescopeError
 
-OWNED = ("results.json", "report.html", "traces")
+OWNED = ("results.json", "report.html", "traces", "tp.json", "ranks_timeline.png")
 PREFIX = ".bubblescope-partial-"
+
+
+def check_out_dir(out: str | os.PathLike) -> None:
+    """Refuse, before a run starts, an ``out`` that :class:`RunFolder` could not create or write into.
+
+    Raises:
+        BubblescopeError: ``out`` (or the nearest existing folder above it) is not a directory or not writable.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BubblescopeError(f"--out {out}: cannot create the output directory (Not a directory)")
+    existing = out.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BubblescopeError(f"--out {out}: cannot create the output directory ({existing} is not a directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise BubblescopeError(f"--out {out}: cannot create the output directory (Permission denied)")
 
 
 class RunFolder:

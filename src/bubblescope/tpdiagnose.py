@@ -1,6 +1,6 @@
 """``diagnose model MODEL --tp N``: the tensor-parallel reference engine measured on every rank, merged on rank 0.
 
-:func:`launch_tp` (the CLI's side) checks that the model splits over N ranks, then runs
+:func:`~bubblescope.tplaunch.launch_tp` (the CLI's side) checks the options, then runs
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m bubblescope.tpdiagnose '<json kwargs>'``
 (``torchrun``'s single-host rendezvous; for several nodes, start the same module with torchrun's usual
 ``--nnodes``/``--rdzv-endpoint`` options). Every rank then runs :func:`tp_diagnose`: it loads the model, keeps
@@ -8,7 +8,12 @@ its shard, times greedy generation and records its own trace (``traces/<engine>-
 the rank into ``distributedInfo``). Rank 0 merges the traces (:mod:`.profiler.ranksummary`), adds the per-rank
 bytes per step and collectives (:func:`.profiler.traffic.rank_step_traffic`) and the findings, and writes
 ``tp.json`` (schema ``bubblescope.tp/1``) and, on GPUs, ``ranks_timeline.png`` (the ranks' first steps on one
-axis) atomically. The library call works inside any torchrun job.
+axis). As in the single-process run, everything goes into a staging folder inside ``out`` (rank 0 makes it
+and tells the others its path) and is published at the end (:class:`~bubblescope.outdir.RunFolder`): a failed
+or interrupted run leaves ``out`` as it was. The library call works inside any torchrun job.
+
+``diagnose model``'s options that this path cannot honour are refused by
+:func:`~bubblescope.tplaunch.tp_options` before any process starts, never silently dropped.
 """
 
 from __future__ import annotations
@@ -17,15 +22,15 @@ import datetime as _dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import BubblescopeError
 
 SCHEMA = "bubblescope.tp/1"
-MODES = {"reference": "eager", "reference-cudagraph": "cudagraph"}
+BACKENDS = {None: None, "cpu": "gloo", "cuda": "nccl"}  # --device -> process-group backend (None: by CUDA)
 
 
 PROFILER_SKEW_STEPS = 1  # profiled steps left out of the cross-rank comparison (see tp_diagnose)
@@ -79,20 +84,72 @@ def _timeline_png(traces: list, path: Path) -> str | None:
 def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: str | None = None,
                 prompt_len: int | None = None, gen_len: int | None = None, runs: int = 3, profile_steps: int = 8,
                 dtype: str | None = None, out: str | Path = "bubblescope-out", seed: int = 0,
-                command: str | None = None) -> dict | None:
+                command: str | None = None, warmup: int = 1, device: str | None = None) -> dict | None:
     """Measure the tensor-parallel reference engine on this rank; on rank 0 return (and write) the merged doc.
 
     Call on every rank of an initialized (or torchrun-described) process group. ``mode``: eager or cudagraph
     (default: cudagraph on GPUs, eager on CPU). Defaults as ``diagnose``: prompt 128 / 16 and 128 / 32 new
-    tokens on GPU / CPU. Returns None on ranks other than 0.
+    tokens on GPU / CPU; ``warmup`` untimed generations of ``gen_len`` tokens before the ``runs`` timed ones.
+    ``device``: cpu (gloo) or cuda (NCCL, GPU LOCAL_RANK); None: cuda when available; it only picks the
+    backend of a process group that is not initialized yet. Returns None on ranks other than 0.
 
     Raises:
-        BubblescopeError: a model that does not split over the ranks, a workload beyond its positions, bad options.
+        BubblescopeError: a model that does not split over the ranks, a workload beyond its positions, bad options,
+            an ``out`` that cannot be created.
     """
+    import torch.distributed as dist
+
+    from .diagnosis import check_workload
+    from .reference_engine.tp import init_distributed
+
+    if device not in BACKENDS:
+        raise BubblescopeError(f"--device {device}: with --tp, cpu (gloo) or cuda (NCCL, each rank on GPU LOCAL_RANK)")
+    rank, world, dev = init_distributed(BACKENDS[device])
+    mode = mode or ("cudagraph" if dev.type == "cuda" else "eager")
+    check_workload(prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup, profile_steps=profile_steps)
+    with _staged(out, rank) as (folder, stage):
+        doc = _measure_and_merge(rank, world, dev, stage, model=model, checkpoint=checkpoint, mode=mode,
+                                 prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup,
+                                 profile_steps=profile_steps, dtype=dtype, seed=seed, command=command)
+        if folder is not None:
+            folder.publish()
+    dist.barrier()
+    return doc
+
+
+@contextmanager
+def _staged(out: str | Path, rank: int):
+    """Yield ``(RunFolder or None, staging path)`` on every rank: rank 0 makes the folder inside ``out`` and
+    broadcasts its path (or its error, so every rank raises instead of waiting for a path that never comes)."""
+    import torch.distributed as dist
+
+    from .outdir import RunFolder
+
+    folder, box = None, [None]
+    if rank == 0:
+        try:
+            folder = RunFolder(out)
+            box = [("stage", str(folder.stage))]
+        except BubblescopeError as e:
+            box = [("error", str(e))]
+    dist.broadcast_object_list(box, src=0)
+    kind, text = box[0]
+    if kind == "error":
+        raise BubblescopeError(text)
+    if folder is None:
+        yield None, Path(text)
+        return
+    with folder:
+        yield folder, folder.stage
+
+
+def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoint, mode, prompt_len, gen_len,
+                       runs, warmup, profile_steps, dtype, seed, command) -> dict | None:
+    """Load, time and trace on this rank (into ``out``, the staging folder); on rank 0 merge and write tp.json."""
     import torch
     import torch.distributed as dist
 
-    from .diagnosis import check_workload, default_model, latency_stats
+    from .diagnosis import check_positions, default_model, latency_stats
     from .generation import generate
     from .models import load_model, parse_dtype
     from .profiler.capture import STEP_MARKER, capture_decode_trace
@@ -100,28 +157,23 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
     from .profiler.ranksummary import multirank_section
     from .profiler.trace import load_trace
     from .profiler.traffic import bandwidth, rank_step_traffic
-    from .reference_engine.tp import TPReferenceEngine, init_distributed
+    from .reference_engine.tp import TPReferenceEngine
     from .reports.findings import find
 
-    rank, world, dev = init_distributed()
     on_gpu = dev.type == "cuda"
-    mode = mode or ("cudagraph" if on_gpu else "eager")
-    check_workload(prompt_len=prompt_len, gen_len=gen_len, runs=runs, profile_steps=profile_steps)
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
     gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     model = model or default_model(dev, checkpoint)
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
-    need = prompt_len + gen_len + profile_steps + PROFILER_SKEW_STEPS + 8
-    if need > cfg.max_position_embeddings:
-        raise BubblescopeError(f"workload needs {need} positions but {cfg.name} supports "
-                               f"max_position_embeddings={cfg.max_position_embeddings}")
+    need = check_positions(cfg, prompt_len, gen_len, profile_steps, extra_steps=PROFILER_SKEW_STEPS)
     engine = TPReferenceEngine(loaded.weights, mode=mode, max_seq_len=need)
     source, weight_bytes = loaded.source, loaded.weights.nbytes()
     del loaded  # the full weights: each rank keeps only its shard
     prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
-    generate(engine, prompt, min(gen_len, 8), eos_ids=())  # warm-up (graph capture, allocator)
+    for _ in range(warmup):  # graph capture, allocator
+        generate(engine, prompt, gen_len, eos_ids=())
     token_ms, ttft, shares = [], [], []
     for _ in range(runs):
         res = generate(engine, prompt, gen_len, eos_ids=())
@@ -129,7 +181,6 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
         ttft.append(res.ttft_ms)
         if res.decode_share is not None:
             shares.append(res.decode_share)
-    out = Path(out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     # One extra step, left out of the cross-rank section: the ranks start their profilers one after the other,
     # so the first profiled step's collectives absorb that start-up difference (a 95 ms start skew on two H200s,
@@ -159,55 +210,14 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
                           "backend": dist.get_backend()},
                "model": {"name": cfg.name, "source": source, "weight_bytes": weight_bytes,
                          "dtype": str(tdtype).replace("torch.", "")},
-               "workload": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "seed": seed,
-                            "profile_steps": profile_steps, "mode": mode},
+               "workload": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup": warmup,
+                            "seed": seed, "profile_steps": profile_steps, "mode": mode},
                "engines": [entry], "ranks": section,
                "notes": [] if cap.gpu else ["CPU only: no GPU activity, so NCCL share, skew and the bound are "
                                             "unavailable"]}
         doc["findings"] = find(doc)
         _atomic_json(out / "tp.json", doc)
-    dist.barrier()
     return doc
-
-
-def check_split(model: str | None, checkpoint: str | None, world_size: int) -> None:
-    """Refuse, before any process starts, a preset or Hugging Face config that does not split over
-    ``world_size`` ranks (other sources are checked by the ranks).
-
-    Raises:
-        BubblescopeError: as ``ModelConfig.tp_shard``.
-    """
-    from .models.config import PRESETS, ModelConfig
-
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise BubblescopeError(f"--tp: must be an integer >= 1, got {world_size!r}")
-    path = Path(checkpoint or model or "")
-    if checkpoint is None and model and model.lower() in PRESETS:
-        PRESETS[model.lower()].tp_shard(world_size)
-    elif path.is_dir() and (path / "config.json").is_file() or path.suffix == ".json" and path.is_file():
-        ModelConfig.from_hf_config(path).tp_shard(world_size)
-
-
-def launch_tp(world_size: int, **kwargs) -> int:
-    """Run :func:`tp_diagnose` on ``world_size`` local ranks through torchrun; return 0, or 2 when a rank failed.
-
-    Raises:
-        BubblescopeError: the model does not split over ``world_size`` ranks (:func:`check_split`), or a
-            workload size is too small (:func:`~bubblescope.diagnosis.check_workload`).
-    """
-    from .diagnosis import check_workload
-
-    # Checked here too, before any process starts: a rank's error would come back as a failed torchrun.
-    check_workload(**{k: kwargs.get(k) for k in ("prompt_len", "gen_len", "runs", "profile_steps")})
-    check_split(kwargs.get("model"), kwargs.get("checkpoint"), world_size)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-           "-m", "bubblescope.tpdiagnose", json.dumps(kwargs)]
-    rc = subprocess.run(cmd).returncode
-    if rc:
-        print(f"error: tensor-parallel run failed (torchrun exit {rc}); the ranks' messages are above",
-              file=sys.stderr)
-        return 2
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,7 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = tp_diagnose(**args)
     except BubblescopeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from .tplaunch import ERROR_FILE_ENV
+
+        error_file = os.environ.get(ERROR_FILE_ENV)
+        if error_file:  # launch_tp shows it once; the first rank to fail writes it (every rank may raise)
+            try:
+                with open(error_file, "x") as fh:
+                    fh.write(str(e))
+            except FileExistsError:
+                pass
+        else:
+            print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
         import torch.distributed as dist

@@ -153,10 +153,12 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
+    if contexts is not None and not contexts:  # "--contexts ," is not the same as leaving the option out
+        raise BubblescopeError("--contexts: no context lengths given")
     contexts = contexts or ([128, 4096] if on_gpu else [8, 16])
     if any(c < 1 for c in contexts):
         raise BubblescopeError(f"--contexts: need positive context lengths, got {contexts}")
-    steps = steps or (64 if on_gpu else 3)
+    steps = steps if steps is not None else (64 if on_gpu else 3)
     if steps < 1:
         raise BubblescopeError(f"--steps: must be at least 1, got {steps}")
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))

@@ -339,7 +339,8 @@ class ModelConfig:
             raise BubblescopeError(f"{p}: not valid JSON ({e.__class__.__name__}: {e})") from None
         if not isinstance(d, dict):
             raise BubblescopeError(f"{p}: expected a JSON object")
-        name = p.parent.name or "custom"
+        from .config_name import config_name
+        name = config_name(p, d)
         try:
             return cls.from_hf_dict(d, name=name)
         except BubblescopeError as e:

@@ -124,7 +124,7 @@ def find_steps(arrays: TraceArrays, step_marker: str) -> dict[str, np.ndarray]:
     import numpy as np
 
     if not isinstance(step_marker, str) or not step_marker.strip():
-        raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
+        raise BubblescopeError(f"--step-marker {step_marker!r}: must be a non-empty name")
     ann = arrays.annotations
     prefix = step_marker if step_marker.endswith("#") else step_marker + "#"
     present = np.unique(ann["name"]).tolist()

@@ -41,7 +41,7 @@ def check_threshold(threshold_us: float) -> float:
     except (TypeError, ValueError):
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
-        raise BubblescopeError(f"idle threshold {threshold_us!r}: must be a finite number of µs >= 0")
+        raise BubblescopeError(f"--idle-threshold-us {threshold_us!r}: must be a finite number of µs >= 0")
     return value
 
 

@@ -25,7 +25,7 @@ def check_skip_steps(skip_steps: int) -> int:
     import numbers  # numpy's integers register as Integral: no numpy import before a trace is being read
 
     if isinstance(skip_steps, bool) or not isinstance(skip_steps, numbers.Integral) or skip_steps < 0:
-        raise BubblescopeError(f"skip_steps {skip_steps!r}: must be an integer >= 0")
+        raise BubblescopeError(f"--skip-steps {skip_steps!r}: must be an integer >= 0")
     return int(skip_steps)
 
 

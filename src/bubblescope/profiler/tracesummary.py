@@ -172,7 +172,7 @@ def summarize_traces(
     threshold_us = metrics.check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
     if step_marker is not None and (not isinstance(step_marker, str) or not step_marker.strip()):
-        raise BubblescopeError(f"step marker {step_marker!r}: must be a non-empty name")
+        raise BubblescopeError(f"--step-marker {step_marker!r}: must be a non-empty name")
     files = []
     for path, trace, error in iter_traces(paths, keep_going, progress):
         files.append(error or summarize_trace(trace, step_marker, threshold_us, skip_steps))

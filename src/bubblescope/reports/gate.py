@@ -79,7 +79,7 @@ def _limit(name: str, value: float | None, upper: float | None = None) -> None:
     bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
     if bad or (upper is not None and value > upper):
         span = f"in [0, {upper}]" if upper is not None else ">= 0"
-        raise BubblescopeError(f"gate: {name} must be a number {span}, got {value!r}"
+        raise BubblescopeError(f"--{name.replace('_', '-')}: must be a number {span}, got {value!r}"
                                f"{percent_hint(name, value) if not bad else ''}")
 
 
@@ -102,7 +102,7 @@ def baseline_mismatches(doc: dict, baseline: dict) -> list[str]:
 def percent_hint(name: str, value: float | None, upper: float = 1.0) -> str:
     """A hint when a fraction limit looks like a percentage (35 for 0.35), else ""."""
     if value is not None and upper < value <= 100:
-        return f" ({name} is a fraction: did you mean {value / 100:g} for {value:g} %?)"
+        return f" (--{name.replace('_', '-')} is a fraction: did you mean {value / 100:g} for {value:g} %?)"
     return ""
 
 
@@ -161,7 +161,12 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
         if diff and not allow_mismatch:
             raise BubblescopeError(f"gate: the baseline is not comparable ({'; '.join(diff)}); "
                                    "pass --allow-mismatch to compare anyway")
-    eng = _pick_engine(doc, engine)
+    try:
+        eng = _pick_engine(doc, engine)
+    except BubblescopeError as e:
+        if engine is None:
+            raise
+        raise BubblescopeError(f"--engine: {e}") from None  # the option named, as "--baseline:" below
     name = eng["name"]
     checks = []
     if min_bandwidth_util is not None:

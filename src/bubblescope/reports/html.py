@@ -169,8 +169,9 @@ def render_html(results: Results | dict) -> str:
     return env.get_template("report.html.j2").render(**_context(doc))
 
 
-def write_html(results: Results | dict, path: str | os.PathLike) -> Path:
-    """Render the HTML report and write it atomically (temp file, then ``os.replace``).
+def write_html(results: Results | dict, path: str | os.PathLike, option: str | None = None) -> Path:
+    """Render the HTML report and write it atomically (temp file, then ``os.replace``); ``option`` as
+    :func:`~bubblescope.reports.results.atomic_write_text`.
 
     Returns:
         The path written.
@@ -178,7 +179,7 @@ def write_html(results: Results | dict, path: str | os.PathLike) -> Path:
     Raises:
         BubblescopeError: the destination directory is missing or not writable.
     """
-    return atomic_write_text(path, render_html(results))
+    return atomic_write_text(path, render_html(results), option)
 
 
 def find_chromium() -> str | None:

@@ -366,23 +366,25 @@ def write_results(results: Results | dict, path: str | os.PathLike) -> Path:
     return atomic_write_text(path, Results(doc).to_json())
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+def atomic_write_text(path: str | os.PathLike, text: str, option: str | None = None) -> Path:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file and ``os.replace``.
 
     A reader never sees a half-written file; on failure the old file, if any, is untouched. An
     existing ``path`` that is not a regular file (a directory, ``/dev/null``, a pipe) is refused,
-    since the rename would replace it rather than write into it.
+    since the rename would replace it rather than write into it. ``option``: the CLI option that gave
+    ``path`` (``--html``), named first in the error messages.
 
     Raises:
         BubblescopeError: the directory is missing or not writable, or ``path`` is not a regular file.
     """
     path = Path(path)
+    where = f"{option} {path}" if option else str(path)
     if path.exists() and not path.is_file():
-        raise BubblescopeError(f"{path}: exists and is not a regular file (a directory or device); give a file path")
+        raise BubblescopeError(f"{where}: exists and is not a regular file (a directory or device); give a file path")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise BubblescopeError(f"{path}: cannot write here ({exc.strerror})") from None
+        raise BubblescopeError(f"{where}: cannot write here ({exc.strerror})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -391,7 +393,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
         os.replace(tmp, path)
     except OSError as exc:  # disk full, or the destination turned out unwritable
         Path(tmp).unlink(missing_ok=True)
-        raise BubblescopeError(f"{path}: cannot write here ({exc.strerror or type(exc).__name__})") from None
+        raise BubblescopeError(f"{where}: cannot write here ({exc.strerror or type(exc).__name__})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -28,12 +28,13 @@ TIMELINE_COLUMNS = (
     ("launches\n/step", ("timeline", "launches_per_step"), "count"),
     ("bubble\nratio", ("timeline", "bubble_ratio"), "ratio"),
     ("launch\nshare", ("timeline", "launch_share"), "pct"),
-    ("sync\nwait", ("timeline", "sync_share"), "pct"),
+    ("sync\nshare", ("timeline", "sync_share"), "pct"),
     ("token\nagreement", ("correctness", "token_agreement"), "pct"),
 )
-# The sync share is host time blocked in cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
-SYNC_NOTE = ("sync wait: share of the step the host spends blocked in a synchronize call; high when the "
-             "GPU is busy and the host has nothing else to do, which costs nothing by itself")
+# The sync share (DESIGN.md's sync_share, the same words in every report) is host time blocked in
+# cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
+SYNC_NOTE = ("sync share: fraction of the step wall time the host spends blocked in a synchronize call; high "
+             "when the GPU is busy and the host has nothing else to do, which costs nothing by itself")
 HEADLINE = LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + TIMELINE_COLUMNS[1:]
 
 def fmt(value, kind: str = "num") -> str:
