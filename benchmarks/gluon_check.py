@@ -209,6 +209,9 @@ SWEEPS = {
             ("d2-again", "gluon", {"attn_depth": 2})],
     "r14long": [("default", "gluon", {}), ("d2", "gluon", {"attn_depth": 2}), ("default-again", "gluon", {}),
                 ("d2-again", "gluon", {"attn_depth": 2})],
+    # prepared in session 5 (not run yet): one greedy-pick atomic per CTA instead of one per LM-head task
+    "r15": [("triton-default", "triton", {}), ("default", "gluon", {}), ("lm-cta", "gluon", {"lm_pick": "cta"}),
+            ("default-again", "gluon", {}), ("lm-cta-again", "gluon", {"lm_pick": "cta"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),
                ("wp16", "gluon", {"wait_prefetch": 16}), ("chunk64", "gluon", {"attn_min_chunk": 64})],
     "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),

@@ -132,6 +132,7 @@ out = []
 for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="cta")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
@@ -145,7 +146,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
-    """The Gluon kernel (default, noprefetch + timeline, Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
+    """The Gluon kernel (default, noprefetch + timeline, one greedy-pick atomic per CTA, Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within

@@ -142,6 +142,9 @@ class MegakernelParams:
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
+        lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
+            LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
+            (each CTA keeps its best key over its LM-head tasks and issues one: 132). The same pick either way.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -181,6 +184,7 @@ class MegakernelParams:
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
     qk_norm_in_attn: bool = False
+    lm_pick: str = "task"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -232,6 +236,8 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
+        if self.lm_pick not in ("task", "cta"):
+            raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

@@ -131,7 +131,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
-        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS)
+        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta")
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:

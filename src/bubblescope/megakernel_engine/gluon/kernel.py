@@ -261,10 +261,11 @@ def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, c, s, q_ptr, kc_ptr, vc_pt
 
 # LMHEAD: logits[r] = rnd(acc) (float32 buffer); the task's first maximum (v, r) becomes the int64 key
 # (ord(v) << 32) | (V − 1 − r) (ord: float32 order as signed integers) and one atomic_max keeps the largest:
-# the largest logit, ties to the smallest row, as torch.argmax.
+# the largest logit, ties to the smallest row, as torch.argmax. LM_CTA: no atomic here; the key is returned and
+# the CTA issues one atomic_max for all its LM-head tasks after its queue (max is associative: the same pick).
 @gluon.jit
 def _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V: gl.constexpr, BR: gl.constexpr, YL: gl.constexpr,
-                     ACT: gl.constexpr):
+                     ACT: gl.constexpr, LM_CTA: gl.constexpr):
     r = a1 + gl.arange(0, BR, layout=YL)
     mr = (r < a1 + a2) & (r < V)
     val = _rnd(acc, ACT)
@@ -274,7 +275,10 @@ def _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V: gl.constexpr, BR: gl.
     br = gl.min(gl.where(mr & (vm == bv), r, V), axis=0)
     bits = bv.to(gl.int32, bitcast=True)
     ordered = gl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    gl.atomic_max(amax_ptr, (ordered.to(gl.int64) << 32) | (V - 1 - br).to(gl.int64), sem="relaxed", scope="gpu")
+    key = (ordered.to(gl.int64) << 32) | (V - 1 - br).to(gl.int64)
+    if not LM_CTA:
+        gl.atomic_max(amax_ptr, key, sem="relaxed", scope="gpu")
+    return key
 
 
 # ---- attention ---------------------------------------------------------------------------------------------
@@ -507,7 +511,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
-              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
+              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -529,6 +533,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
     staged = -1       # layer·8 + opcode of the vector in xs
     known_cnt = -1    # counters only increase: a wait already satisfied needs no new atomic
     known_seen = 0
+    lm_best = pos.to(gl.int64) * 0 + AMAX_EMPTY  # LM_CTA: the best greedy key of this CTA's LM-head tasks
     for i in range(n):
         op = gl.load(row + F_OP)
         layer = gl.load(row + F_LAYER)
@@ -648,7 +653,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 _stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
                 staged = key
             acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW)
-            _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT)
+            lm_best = gl.maximum(lm_best, _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA))
         amount = gl.load(row + F_SIGINC)
         if amount > 0:  # the CTA's last task of its run of one stage signals for the whole run
             gl.thread_barrier()
@@ -662,6 +667,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         row += NF
     if bad != 0:
         gl.store(err_ptr + 10, 1)
+    if LM_CTA:
+        if lm_best != AMAX_EMPTY:  # before the done count's release: the last CTA reads amax after it
+            gl.atomic_max(amax_ptr, lm_best, sem="relaxed", scope="gpu")
     gl.thread_barrier()
     finished = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
     if finished == gl.num_programs(0) - 1:  # the last CTA: everyone has read the state
@@ -882,7 +890,7 @@ def megakernel(
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
+        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -906,7 +914,8 @@ def megakernel(
                      spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
-                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM)),
+                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
+                     LM_CTA)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
