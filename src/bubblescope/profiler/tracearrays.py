@@ -21,7 +21,8 @@ from ..wording import count, plural
 from .categories import categorize
 from .heap import parse_heap
 from .tracecolumns import _INT_COLUMNS, _NA, _Columns
-from .tracejson import _open_text, _parse, _Reader, _Text
+from .tracefile import _open_text, _Reader
+from .tracejson import _parse, _Text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -184,15 +185,24 @@ def launch_rows(arrays: TraceArrays) -> np.ndarray:
     return rows.copy()
 
 
+def _workers(cols: _Columns, size: int, gz: bool, n: int | None) -> Any:
+    from .traceworkers import Workers, worker_count
+
+    n = worker_count(size, gz) if n is None else n
+    return Workers(n, cols) if n > 0 else None
+
+
 def read_trace_arrays(
     path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True,
-    lean: bool = False,
+    lean: bool = False, workers: int | None = None,
 ) -> TraceArrays:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into :class:`TraceArrays`.
 
     Arguments and errors as :func:`~bubblescope.profiler.trace.load_trace` (which is this plus
     :meth:`TraceArrays.to_trace`): BubblescopeError (one line naming the file) for a missing,
-    unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array.
+    unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array. ``workers``: the
+    processes that decode the events beside this one (:mod:`.traceworkers`; 0: none); None picks by
+    the file's size (:func:`~.traceworkers.worker_count`). The result is the same either way.
     """
     from .trace import parse_rank
     from .tracechecks import drop_repeated
@@ -203,12 +213,16 @@ def read_trace_arrays(
         raw, gz = _open_text(path)
         with raw, parse_heap():
             size = os.fstat(raw.fileno()).st_size
+            pool = _workers(cols, size, gz, workers)
             reader = _Reader(raw, gz)
             reader.start()
             try:
-                meta, found = _parse(_Text(reader, None if progress is None else (lambda done: progress(done, size))), cols)
+                text = _Text(reader, None if progress is None else (lambda done: progress(done, size)))
+                meta, found = _parse(text, cols, pool)
             finally:
                 reader.close()
+                if pool is not None:
+                    pool.close(kill=True)
         if progress is not None:
             progress(size, size)
     except FileNotFoundError:
