@@ -204,9 +204,6 @@ def read_trace_arrays(
     processes that decode the events beside this one (:mod:`.traceworkers`; 0: none); None picks by
     the file's size (:func:`~.traceworkers.worker_count`). The result is the same either way.
     """
-    from .trace import parse_rank
-    from .tracechecks import drop_repeated
-
     path = os.fspath(path)
     cols = _Columns(keep_flows=flows, lean=lean)
     try:
@@ -238,7 +235,14 @@ def read_trace_arrays(
     if not found:
         raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
 
-    import numpy as np  # first imported by the parse, which the reader thread's inflating overlaps
+    with parse_heap():  # whole columns are built, sorted and copied: pages reused, not faulted in
+        return _finish(path, cols, meta)
+
+
+def _finish(path: str, cols: _Columns, meta: dict) -> TraceArrays:
+    """The parsed columns cleaned, merged, classified and warned about (see :func:`read_trace_arrays`)."""
+    from .trace import parse_rank
+    from .tracechecks import drop_repeated
 
     texts, tables = cols.arrays()
     # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
@@ -254,18 +258,17 @@ def read_trace_arrays(
     warnings += merged
     if cols.bad_text:
         warnings.append(f"{count(cols.bad_text, 'distinct name')} had invalid UTF-8 (replaced by U+FFFD)")
-    gc, rc = gpu["correlation"], runtime["correlation"]
-    linked = (gc != _NA) & np.isin(gc, rc[rc != _NA])
-    if len(gc) and not linked.all():
-        unlinked = int((~linked).sum())
-        warnings.append(
-            f"{unlinked} of {count(len(gc), 'GPU activity', 'GPU activities')} {plural(unlinked, 'has', 'have')} "
-            "no CPU call with their correlation id (launch unknown)"
-        )
     rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None
     rank = parse_rank(rank_raw)
+    arrays = TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
+                         annotations=tables["annotations"], flows=tables["flows"], warnings=warnings,
+                         event_count=cols.events)
+    unlinked = int((launch_rows(arrays) < 0).sum())  # computed once, kept for the summaries
+    if unlinked:
+        warnings.append(
+            f"{unlinked} of {count(len(gpu['ts_us']), 'GPU activity', 'GPU activities')} "
+            f"{plural(unlinked, 'has', 'have')} no CPU call with their correlation id (launch unknown)"
+        )
     if rank_raw is not None and rank is None:
         warnings.append(f"distributedInfo.rank {rank_raw!r} is not an integer; rank unknown")
-    return TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
-                       annotations=tables["annotations"], flows=tables["flows"], warnings=warnings,
-                       event_count=cols.events)
+    return arrays
