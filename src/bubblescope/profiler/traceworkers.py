@@ -15,7 +15,8 @@ serial path finds out at once (msgspec refuses the text); here the parser has mo
 text of every window in flight is kept until its result is in: when a worker refuses one,
 :meth:`Workers.collect` puts that text and all after it back in front of the parser's window
 (results of later windows are dropped: they may start mid-event) and the next window is read in
-process, with the serial path's retries and event-by-event fallback. A worker that dies does the
+process, with the serial path's retries and event-by-event fallback. When over a quarter of the
+windows are refused (NaN literals everywhere), the rest of the file is read in process. A worker that dies does the
 same for everything in flight and the rest of the file is read in process.
 """
 
@@ -39,7 +40,7 @@ MIN_PARALLEL_BYTES = 128 << 20  # JSON text below which starting workers costs m
 MAX_WORKERS = 4  # beyond this the parsing process (gunzip, cuts, merging) is the bottleneck
 _HEAD = struct.Struct("<Q")  # frame length, bytes
 _IN_FLIGHT = 2  # windows queued per worker: one being decoded, one waiting
-_MAX_REFUSED = 3  # windows refused before the rest of the file is read in process
+_MAX_REFUSED = 3  # refused windows (and over a quarter of those sent) before the rest is read in process
 _SERVE = "from bubblescope.profiler.traceworkers import serve; serve()"
 
 
@@ -229,8 +230,8 @@ class Workers:
             if result is None:
                 self.refused += 1
                 self._rewind(text)
-                if self.refused >= _MAX_REFUSED:  # an odd file: its windows would be decoded twice
-                    self.close()
+                if self.refused >= _MAX_REFUSED and 4 * self.refused > self.sent:  # an odd file: its
+                    self.close()  # windows would be decoded twice
                 return False
             self.pending.popleft()
             _merge(self.cols, result)
