@@ -189,7 +189,12 @@ def _workers(cols: _Columns, size: int, gz: bool, n: int | None) -> Any:
     from .traceworkers import Workers, worker_count
 
     n = worker_count(size, gz) if n is None else n
-    return Workers(n, cols) if n > 0 else None
+    if n <= 0:
+        return None
+    try:
+        return Workers(n, cols)
+    except OSError:  # no interpreter to start (an embedded Python), no processes left: read in process
+        return None
 
 
 def read_trace_arrays(

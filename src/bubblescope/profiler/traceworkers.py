@@ -167,8 +167,18 @@ class Workers:
         self.cols = cols
         root = os.path.dirname(os.path.dirname(os.path.abspath(bubblescope.__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        self.procs = [subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       env=env) for _ in range(n)]
+        # stderr silenced: a worker that fails is seen by its missing results, and the file is then
+        # read in process; no traceback of a child reaches the user.
+        self.procs: list[Any] = []
+        try:
+            for _ in range(n):
+                self.procs.append(subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE,
+                                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
+        except OSError:
+            for proc in self.procs:
+                proc.kill()
+                proc.wait()
+            raise
         # One writer thread per worker: a worker writing a result while we write it the next window
         # must not block us, and a pipe write releases the GIL for the whole window.
         self.outboxes = [queue.Queue() for _ in self.procs]
