@@ -217,7 +217,9 @@ def _markdown(result: dict) -> str:
         f"{result['date']}, commit {str(result['commit'])[:7]}, {m['cpu']}, {m['cores']} cores, 1-min load "
         f"{result['loadavg_1min'][0]:.2f} before, {result['loadavg_1min'][1]:.2f} after (shared machine). "
         f"Source: `{result['source']}` repeated to {result['base_events']:,} events as 1×. Whole processes "
-        f"(start-up and imports included), the median-wall run of {result['repeats']} per cell.",
+        f"(start-up and imports included), the median-wall run of {result['repeats']} per cell"
+        + (f"; ours with `BUBBLESCOPE_TRACE_WORKERS={result['trace_workers_env']}`."
+           if result.get("trace_workers_env") is not None else "."),
         "",
         "| scale | events | gz MB | JSON MB | ours wall s | ours CPU s | ours peak MB | ours B/event "
         "| HTA wall s | HTA peak MB | time ratio | memory ratio |",
@@ -328,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "base_events": cases[0]["events"] // cases[0]["scale"] if cases else 0,
         "threshold_us": args.threshold_us,
         "repeats": args.repeats,
+        "trace_workers_env": os.environ.get("BUBBLESCOPE_TRACE_WORKERS"),  # None: ours picks by size and load
         "commands": {
             "bubblescope": "python -m bubblescope diagnose trace TRACE --format json --idle-threshold-us T",
             "hta": "TraceAnalysis(trace_dir, include_last_profiler_step=True): get_temporal_breakdown, "

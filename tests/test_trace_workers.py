@@ -141,11 +141,15 @@ def test_dead_workers_fall_back_in_process(tmp_path, monkeypatch):
 def test_worker_count_by_size_and_override(monkeypatch):
     monkeypatch.delenv("BUBBLESCOPE_TRACE_WORKERS", raising=False)
     monkeypatch.setattr(traceworkers.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(traceworkers.os, "getloadavg", lambda: (0.5, 0.5, 0.5), raising=False)
     limit = traceworkers.MIN_PARALLEL_BYTES
     assert traceworkers.worker_count(limit - 1, gz=False) == 0
     assert traceworkers.worker_count(limit, gz=False) == 2
     assert traceworkers.worker_count(-(-limit // 10), gz=True) == 2  # gzip counted at 10× its size
     assert traceworkers.worker_count(limit // 10 - 1, gz=True) == 0
+    monkeypatch.setattr(traceworkers.os, "getloadavg", lambda: (1.2, 0.5, 0.5), raising=False)
+    assert traceworkers.worker_count(limit * 100, gz=False) == 0  # no idle core: workers would only compete
+    monkeypatch.setattr(traceworkers.os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
     monkeypatch.setattr(traceworkers.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert traceworkers.worker_count(limit * 100, gz=False) == 0  # one core: nothing to split over
     monkeypatch.setenv("BUBBLESCOPE_TRACE_WORKERS", "3")

@@ -47,10 +47,12 @@ _SERVE = "from bubblescope.profiler.traceworkers import serve; serve()"
 
 
 def worker_count(size: int, gz: bool) -> int:
-    """Worker processes for a trace file of ``size`` bytes on disk: 0 (decode in process) below
-    :data:`MIN_PARALLEL_BYTES` of JSON (a gzip file counted as 10× its size, Kineto's usual ratio)
-    or on one core, else one per core up to :data:`MAX_WORKERS`. ``BUBBLESCOPE_TRACE_WORKERS=N``
-    overrides it (0: always in process)."""
+    """Worker processes for a trace file of ``size`` bytes on disk: one per core up to
+    :data:`MAX_WORKERS`, or 0 (decode in process) below :data:`MIN_PARALLEL_BYTES` of JSON (a gzip
+    file counted as 10× its size, Kineto's usual ratio), on one core, or when no core is idle (the
+    1-minute load average within one of the core count, as ``make --load-average`` judges it: the
+    workers' start-up and hand-over, ~20 % more CPU time, then only slow the parse down).
+    ``BUBBLESCOPE_TRACE_WORKERS=N`` overrides it (0: always in process)."""
     forced = os.environ.get("BUBBLESCOPE_TRACE_WORKERS", "").strip()
     if forced.isdigit():
         return int(forced)
@@ -58,7 +60,11 @@ def worker_count(size: int, gz: bool) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    if cores < 2 or size * (10 if gz else 1) < MIN_PARALLEL_BYTES:
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows: no load average
+        load = 0.0
+    if cores < 2 or cores - load < 1 or size * (10 if gz else 1) < MIN_PARALLEL_BYTES:
         return 0
     return min(cores, MAX_WORKERS)
 
