@@ -14,8 +14,8 @@ spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times s
 
 Reading is split over modules: :mod:`.tracefile` reads and inflates the file in a thread,
 :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes runs of events with msgspec,
-:mod:`.traceworkers` does that in worker processes for large files, :mod:`.tracecolumns` keeps the fields of each event, :mod:`.traceframes`
-builds the typed, cleaned columns, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events,
+:mod:`.traceworkers` does that in worker processes for large files, :mod:`.tracecolumns` keeps
+the fields of each event, :mod:`.traceframes` builds the typed, cleaned columns, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events,
 :mod:`.tracearrays` ties them together into numpy columns (what ``diagnose trace`` computes on,
 without pandas), and this one holds the :class:`Trace` container of pandas frames, the launch/sync
 API names and :func:`load_trace`.

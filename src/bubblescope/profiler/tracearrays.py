@@ -207,7 +207,8 @@ def read_trace_arrays(
     :meth:`TraceArrays.to_trace`): BubblescopeError (one line naming the file) for a missing,
     unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array. ``workers``: the
     processes that decode the events beside this one (:mod:`.traceworkers`; 0: none); None picks by
-    the file's size (:func:`~.traceworkers.worker_count`). The result is the same either way.
+    the file's size, the cores and the load (:func:`~.traceworkers.worker_count`). The result is the
+    same either way.
     """
     path = os.fspath(path)
     cols = _Columns(keep_flows=flows, lean=lean)
