@@ -137,6 +137,15 @@ def section_timeline(args, out):
         s = intrakernel_summary(rec.frame, max_programs=0)
         s.pop("tasks", None)
         df = rec.frame
+        # the whole frame (every task of the last step) beside the JSON, for the critical-path analysis offline
+        df.to_csv(Path(args.out).with_name(f"{Path(args.out).stem}_{args.model}_{name}_frame.csv.gz"), index=False,
+                  float_format="%.3f")
+        if s.get("attn_phases"):
+            print(f"   {name} attention phases (µs): " + ", ".join(
+                f"{k} p50 {v['p50']:.2f} max {v['max']:.2f}" for k, v in s["attn_phases"].items()), flush=True)
+        for e in s.get("edges") or []:
+            print(f"   {name} {e['edge']:>14}: hop p50 {e['hop_us_p50']:6.2f} µs, max {e['hop_us_max']:6.2f}; "
+                  f"span p50 {e['span_us_p50']:6.2f} µs", flush=True)
         if "load_start_us" in df:
             lead = (df["ts_us"] - df["load_start_us"]).dropna()
             s["producer_lead_us_median"] = float(lead.median()) if len(lead) else None
@@ -186,6 +195,20 @@ SWEEPS = {
     # tiles, so a 1024-wide hidden size gives 128 such tasks for 132 SMs instead of 64
     "rows": [("triton-default", "triton", {}), ("default", "gluon", {}), ("br16", "gluon", {"max_rows": 16}),
              ("br16-ns24", "gluon", {"max_rows": 16, "num_stages": 24}), ("default-again", "gluon", {})],
+    # session 5, commit cadb963 (the switch was removed after: slower): the O-proj tasks combine the attention splits
+    "r13": [("triton-default", "triton", {}), ("default", "gluon", {}), ("oproj", "gluon", {"attn_combine": "oproj"}),
+            ("default-again", "gluon", {}), ("oproj-again", "gluon", {"attn_combine": "oproj"})],
+    "r13long": [("default", "gluon", {}), ("oproj", "gluon", {"attn_combine": "oproj"}),
+                ("default-again", "gluon", {}), ("oproj-again", "gluon", {"attn_combine": "oproj"})],
+    # session 5, commit c2f4963 (the attn_depth knob was removed after: no gain): two K/V blocks in flight (both
+    # loaded before the wait), and fewer, longer splits with it
+    "r14": [("triton-default", "triton", {}), ("default", "gluon", {}), ("d2", "gluon", {"attn_depth": 2}),
+            ("d2-c128", "gluon", {"attn_depth": 2, "attn_min_chunk": 128}),
+            ("d2-c256", "gluon", {"attn_depth": 2, "attn_min_chunk": 256}),
+            ("c256", "gluon", {"attn_min_chunk": 256}), ("default-again", "gluon", {}),
+            ("d2-again", "gluon", {"attn_depth": 2})],
+    "r14long": [("default", "gluon", {}), ("d2", "gluon", {"attn_depth": 2}), ("default-again", "gluon", {}),
+                ("d2-again", "gluon", {"attn_depth": 2})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),
                ("wp16", "gluon", {"wait_prefetch": 16}), ("chunk64", "gluon", {"attn_min_chunk": 64})],
     "r2long": [("base", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}),

@@ -90,6 +90,19 @@ def test_gluon_tiling_for_llama_1b_on_an_h200():
         + cx8["KCH"] * 512
 
 
+def test_gluon_rows_follow_the_qkv_stage_width():
+    """16-row tiles where the QKV stage at 32 rows leaves over half the SMs idle: Qwen2.5-0.5B has 14·64 + 2·2·64 =
+    1152 QKV rows = 36 tasks of 32 (< 66 of 132 SMs); Qwen3-0.6B 16·128 + 2·8·128 = 4096 rows = 128 tasks,
+    Llama-3.2-1B 2048 + 2·512 = 3072 rows = 96 tasks keep 32. An explicit max_rows still wins."""
+    from bubblescope.megakernel_engine.gluon.host import auto_rows
+    qwen25, qwen3, llama = get_preset("qwen2.5-0.5b"), get_preset("qwen3-0.6b"), get_preset("llama-3.2-1b")
+    assert (auto_rows(qwen25, 132), auto_rows(qwen3, 132), auto_rows(llama, 132)) == (16, 32, 32)
+    assert auto_rows(qwen25, 64) == 32  # 36 tasks fill over half of a 64-SM GPU
+    t = gluon_tiling(qwen25, MegakernelParams(), 132)
+    assert (t.rows_qkv, t.rows_gateup, t.rows_lm, t.rows_o, t.rows_down) == (16, 16, 16, 8, 8)
+    assert gluon_tiling(qwen25, MegakernelParams(max_rows=32), 132).rows_qkv == 32
+
+
 def test_gluon_support_rules_name_the_reason():
     llama = get_preset("llama-3.2-1b")
     assert gluon_unsupported(llama, torch.bfloat16, (9, 0)) is None
@@ -241,6 +254,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8
+    assert out["qwen2.5-0.5b"]["BR"] == 16 and out["qwen2.5-0.5b"]["rows_od"] == 8  # auto_rows: a thin QKV stage
     json.dumps(out)  # results.json carries it as is
 
 

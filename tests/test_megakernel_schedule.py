@@ -36,7 +36,9 @@ from bubblescope.megakernel_engine.schedule import (
 from bubblescope.megakernel_engine.timeline import (
     chrome_events,
     decode_timeline,
+    edge_summary,
     intrakernel_summary,
+    stage_edges,
 )
 from bubblescope.models.config import ModelConfig, get_preset
 from bubblescope.models.weights import dummy_weights
@@ -275,6 +277,60 @@ def test_gluon_timeline_producer_stamps_become_load_columns_and_events():
     loads = [e for e in ev if e["cat"] == "megakernel_load"]
     assert len(loads) == len(w) and all(e["dur"] == 4.0 and e["args"]["lead_us"] == 3.0 for e in loads)
     assert {e["pid"] for e in loads} == {"megakernel (intra-kernel) producer"}
+
+
+def test_gluon_attention_phase_stamps_become_their_own_columns():
+    """Attention tasks have no weights, so the Gluon consumer writes their math-done and ticket stamps into the
+    producer's two slots: they become ``math_end_us``/``ticket_us`` (not load times) and ``attn_phases``; a weight
+    task's slots stay load times. Hand-built: ready +0.5 µs, math +1.5, ticket +2.25, end +3.0 (µs from start)."""
+    cfg = TINY["gqa-tied-llama3"]
+    sch = build_schedule(cfg, SMALL, 2)
+    p, t = sch.table.shape[:2]
+    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
+    attn = sch.table[..., 0].numpy() == OP_ATTN
+    t3 = np.where(attn, base + 1500, base - 3000)
+    t4 = np.where(attn, base + 2250, base + 1000)
+    stamps = np.stack([base, base + 500, base + 3000, t3, t4], axis=-1)
+    df = decode_timeline([sch], [torch.from_numpy(stamps)])
+    a, w = df[df["name"] == "ATTN"], df[df["name"] != "ATTN"]
+    assert len(a) and a["load_start_us"].isna().all() and w["math_end_us"].isna().all()
+    assert ((a["math_end_us"] - a["ready_us"]).round(9) == 1.0).all() and ((a["end_us"] - a["ticket_us"]).round(9) == 0.75).all()
+    assert ((w["ts_us"] - w["load_start_us"]) == 3.0).all()
+    ph = intrakernel_summary(df)["attn_phases"]
+    assert ph["math_us"]["p50"] == pytest.approx(1.0) and ph["ticket_us"]["max"] == pytest.approx(0.75)
+    assert ph["combine_us"]["p50"] == pytest.approx(0.75)
+    assert intrakernel_summary(df)["producer_lead_us_p50"] == 3.0  # attention tasks do not enter the lead
+
+
+def test_stage_edges_hand_built_chain():
+    """Two layers by hand (µs): each stage's first consumer starts a fixed time after the upstream stage's last
+    end, except ATTN, which waits on part of QKV and starts 1 µs before the last QKV tile ends."""
+    import pandas as pd
+    rows = []  # (name, layer, ready, end) per task; ts = ready - 0.5
+    t = 0.0
+    for layer in range(2):
+        for name, hop, span, n in (("QKV", 1.0, 3.0, 2), ("ATTN", -1.0, 2.0, 2), ("OPROJ", 2.0, 4.0, 3),
+                                   ("GATEUP", 1.5, 10.0, 4), ("DOWN", 0.5, 5.0, 2)):
+            if layer == 0 and name == "QKV":
+                hop = 0.0
+            first = t + hop
+            for k in range(n):  # the tasks' ready times spread over the first half of the span, the last ends it
+                rows.append((name, layer, first + k * span / (2 * n), first + span if k == n - 1 else first + span / 2))
+            t = first + span
+    first = t + 0.25
+    rows.append(("LMHEAD", 1, first, first + 7.0))
+    df = pd.DataFrame(rows, columns=["name", "layer", "ready_us", "end_us"]).sample(frac=1.0, random_state=0)
+    df["ts_us"] = df["ready_us"] - 0.5
+    e = stage_edges(df)
+    assert e["edge"].tolist() == ["QKV", "QKV→ATTN", "ATTN→OPROJ", "OPROJ→GATEUP", "GATEUP→DOWN", "DOWN→QKV",
+                                  "QKV→ATTN", "ATTN→OPROJ", "OPROJ→GATEUP", "GATEUP→DOWN", "DOWN→LMHEAD"]
+    assert e["hop_us"].iloc[1:].round(9).tolist() == [-1.0, 2.0, 1.5, 0.5, 1.0, -1.0, 2.0, 1.5, 0.5, 0.25]
+    assert e["span_us"].round(9).tolist() == [3.0, 2.0, 4.0, 10.0, 5.0, 3.0, 2.0, 4.0, 10.0, 5.0, 7.0]
+    assert e["tasks"].tolist() == [2, 2, 3, 4, 2, 2, 2, 3, 4, 2, 1]
+    summ = {r["edge"]: r for r in edge_summary(e)}
+    assert summ["ATTN→OPROJ"]["stages"] == 2 and summ["ATTN→OPROJ"]["hop_us_p50"] == pytest.approx(2.0)
+    assert summ["DOWN→LMHEAD"]["span_us_p50"] == pytest.approx(7.0) and "QKV" not in summ
+    assert list(summ)[0] == "QKV→ATTN"
 
 
 def test_lower_pads_empty_slots():

@@ -221,3 +221,22 @@ def test_results_without_engines_report_nothing(tmp_path):
     assert r.exit_code == 2 and r.stdout == ""
     text = _terminal_text(doc)
     assert text.strip() == "Nothing to report: the results hold no engine"
+
+
+def test_html_report_shows_the_dependency_chain_and_attention_phases():
+    """The megakernel section lists each dependency edge (hop and span µs) and the attention task's phases, with
+    the values of the document (1 decimal), and the document stays valid with them."""
+    doc = g.healthy_doc()
+    ik = g.engine(doc, "megakernel")["intrakernel"]
+    ik["edges"] = [{"edge": "ATTN→OPROJ", "stages": 16, "hop_us_p50": 0.22, "hop_us_max": 0.29, "span_us_p50": 3.78},
+                   {"edge": "QKV→ATTN", "stages": 16, "hop_us_p50": -8.56, "hop_us_max": -7.36, "span_us_p50": 16.11}]
+    ik["attn_phases"] = {"math_us": {"p50": 2.85, "max": 3.49}, "ticket_us": {"p50": 0.83, "max": 2.02},
+                         "combine_us": {"p50": 0.29, "max": 3.2}}
+    from bubblescope.reports.results import validate_results
+    assert validate_results(doc) == []
+    page = html_mod.render_html(doc)
+    assert re.search(r"<td>ATTN→OPROJ</td><td class=\"num\">16</td><td class=\"num\">0\.2</td>"
+                     r"<td class=\"num\">0\.3</td><td class=\"num\">3\.8</td>", page)
+    assert "<td>QKV→ATTN</td>" in page and ">-8.6<" in page
+    assert "attention: wait → math done, µs p50 / max</th><td class=\"num\">2.9 / 3.5</td>" in page
+    assert "attention: ticket → end (combine), µs p50 / max</th><td class=\"num\">0.3 / 3.2</td>" in page

@@ -119,7 +119,7 @@ class MegakernelEngine:
             params = params.replace(prefetch="off")
         if self.impl == "gluon":  # one CTA per SM, each weight task one TMA tile (gluon/host.py)
             from .gluon import host as GH
-            params = GH.gluon_params(cfg, params)
+            params = GH.gluon_params(cfg, params, R.device_limits(self.device).sms)
         else:  # q/k-norm in the attention task is the Gluon kernel's; the Triton kernel norms whole-head QKV tiles
             params = params.replace(qk_norm_in_attn=False)
         self.params = params

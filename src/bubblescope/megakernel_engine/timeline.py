@@ -41,6 +41,10 @@ COLUMNS = ["name", "program", "layer", "task", "tile", "launch", "ts_us", "ready
 # Gluon kernel only: when its producer warp issued the task's first and last weight tile (µs, NaN for tasks
 # without weights). ``load_start_us < ts_us`` means the weights were on their way before the task began.
 LOAD_COLUMNS = ["load_start_us", "load_end_us"]
+# Gluon kernel only, attention tasks (they have no weights, so their consumer uses those two stamps): when the task's
+# math was done (q and the new K/V had arrived) and when it drew its ticket (partials stored and fenced; a single
+# split: its output published). The rest up to ``end_us`` is the combine and signal of the last ticket holder.
+ATTN_COLUMNS = ["math_end_us", "ticket_us"]
 
 
 def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd.DataFrame:
@@ -79,10 +83,12 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
     df["dur_us"] = df["end_us"] - df["ts_us"]
     df["wait_us"] = df["ready_us"] - df["ts_us"]
     extra = []
-    if "t3" in df:  # stamps of tasks without weights (attention) stay 0: NaN
-        df["load_start_us"] = np.where(df["t3"] > 0, (df["t3"] - origin) / 1e3, np.nan)
-        df["load_end_us"] = np.where(df["t4"] > 0, (df["t4"] - origin) / 1e3, np.nan)
-        extra = LOAD_COLUMNS
+    if "t3" in df:  # a weight task's producer stamps, an attention task's phases; 0 (not written): NaN
+        attn = (df["name"] == "ATTN").to_numpy()
+        for col, t, mine in (("load_start_us", "t3", ~attn), ("load_end_us", "t4", ~attn),
+                             ("math_end_us", "t3", attn), ("ticket_us", "t4", attn)):
+            df[col] = np.where(mine & (df[t] > 0), (df[t] - origin) / 1e3, np.nan)
+        extra = LOAD_COLUMNS + ATTN_COLUMNS
     df = df.drop(columns=[c for c in ("t0", "t1", "t2", "t3", "t4") if c in df]).sort_values(
         ["ts_us", "program"], kind="stable")
     return df.reset_index(drop=True)[COLUMNS + extra]
@@ -94,7 +100,9 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
     Returns a dict: ``producer_lead_us_p50`` (Gluon: median µs between a task's first weight-tile issue and
     its consumer's start; None for the Triton kernel), ``wait_ratio`` (Σ wait / Σ (end − start)), ``programs`` (distinct programs that ran
     tasks), ``tasks_per_step``, ``span_us`` (first start to last end), ``by_opcode`` — a list of
-    {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, and ``tasks``:
+    {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, ``edges``
+    (:func:`edge_summary`: per dependency edge the median µs from the last upstream task's end to the first
+    consumer's start, and the consumer stage's span), and ``tasks``:
     [{program, opcode, layer, start_us, ready_us, end_us}] in start order (times in µs, 3 decimals).
     The statistics use every task; ``tasks`` lists only ``max_programs`` programs evenly spaced over the
     grid (Llama-3.2-1B runs ~75,000 tasks per step: all of them would make a 16 MB results file),
@@ -120,12 +128,69 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
         "tasks_per_step": int(len(df)),
         "span_us": float(df["end_us"].max() - df["ts_us"].min()) if len(df) else 0.0,
         "by_opcode": by,
+        "edges": edge_summary(stage_edges(df)),
+        "attn_phases": attn_phases(df),
         "tasks_programs": shown,
         "tasks": [{"program": int(r.program), "opcode": r.name, "layer": int(r.layer),
                    "start_us": round(float(r.ts_us), 3), "ready_us": round(float(r.ready_us), 3),
                    "end_us": round(float(r.end_us), 3)}
                   for r in df[df["program"].isin(shown)].itertuples(index=False)],
     }
+
+
+def stage_edges(df: pd.DataFrame) -> pd.DataFrame:
+    """The step's dependency chain, one row per (layer, opcode) stage in pipeline order.
+
+    Each stage waits on the stage before it (QKV on the previous layer's DOWN, ATTN on QKV, OPROJ on ATTN, GATEUP
+    on OPROJ, DOWN on GATEUP, LMHEAD on the last DOWN). Columns: ``layer``, ``opcode``, ``edge`` ("ATTN→OPROJ"),
+    ``tasks``; times in µs from :func:`decode_timeline`'s origin: ``first_ready_us`` (the first of its tasks whose
+    dependency was met), ``last_end_us`` (its last task's end, after the signal); ``hop_us`` = first_ready −
+    the upstream stage's last_end: how long after the last upstream task signalled the first consumer could start
+    (the signal's round trip plus the poll; negative where a task waits on part of the upstream stage, e.g. an
+    attention task on its own kv head's QKV tiles); ``span_us`` = last_end − first_ready. The first stage has
+    ``hop_us`` NaN. A layer's critical path is the sum of its hops and spans.
+    """
+    cols = ["layer", "opcode", "edge", "tasks", "first_ready_us", "last_end_us", "hop_us", "span_us"]
+    if not len(df):
+        return pd.DataFrame(columns=cols)
+    rank = {name: k for k, name in OPCODE_NAMES.items()}
+    g = df.groupby(["layer", "name"], sort=False).agg(tasks=("ready_us", "size"), first_ready_us=("ready_us", "min"),
+                                                      last_end_us=("end_us", "max")).reset_index()
+    g = g.rename(columns={"name": "opcode"})
+    g["_rank"] = g["opcode"].map(rank)
+    g = g.sort_values(["layer", "_rank"], kind="stable").reset_index(drop=True)
+    prev_end = g["last_end_us"].shift(1)
+    g["edge"] = g["opcode"].shift(1).fillna("") + "→" + g["opcode"]
+    g.loc[0, "edge"] = g.loc[0, "opcode"]
+    g["hop_us"] = g["first_ready_us"] - prev_end
+    g["span_us"] = g["last_end_us"] - g["first_ready_us"]
+    return g[cols]
+
+
+def edge_summary(edges: pd.DataFrame) -> list[dict]:
+    """Per edge name of :func:`stage_edges` (over the layers): ``edge``, ``stages``, ``hop_us_p50``,
+    ``hop_us_max``, ``span_us_p50`` (the consumer stage's first-ready → last-end), in pipeline order."""
+    out = []
+    for edge, g in edges.dropna(subset=["hop_us"]).groupby("edge", sort=False):
+        out.append({"edge": edge, "stages": int(len(g)), "hop_us_p50": float(g["hop_us"].median()),
+                    "hop_us_max": float(g["hop_us"].max()), "span_us_p50": float(g["span_us"].median())})
+    return out
+
+
+def attn_phases(df: pd.DataFrame) -> dict | None:
+    """Where an attention task's time after its wait goes (Gluon kernel, :data:`ATTN_COLUMNS`), µs over the
+    tasks that ran: ``math_us`` (ready → math done: q and the new K/V's round trip plus the blocks' math),
+    ``ticket_us`` (math done → ticket drawn: partial stores, fence, the ticket's round trip) and ``combine_us``
+    (ticket → end: for the last ticket holder of each kv head the combine and its signal), each as
+    ``{"p50": …, "max": …}``; None without those stamps."""
+    if "math_end_us" not in df:
+        return None
+    a = df.dropna(subset=ATTN_COLUMNS)
+    if not len(a):
+        return None
+    parts = {"math_us": a["math_end_us"] - a["ready_us"], "ticket_us": a["ticket_us"] - a["math_end_us"],
+             "combine_us": a["end_us"] - a["ticket_us"]}
+    return {k: {"p50": float(v.median()), "max": float(v.max())} for k, v in parts.items()}
 
 
 def chrome_events(df: pd.DataFrame, ts_offset_us: float = 0.0, pid: str = "megakernel (intra-kernel)") -> list[dict]:

@@ -61,11 +61,25 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
             "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
             "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
-                      ("tasks per step", tables.fmt(ik.get("tasks_per_step")))],
+                      ("tasks per step", tables.fmt(ik.get("tasks_per_step")))] + _attn_phase_facts(ik),
             "by_opcode": [[tables.fmt(r.get("opcode"), "text"), tables.fmt(r.get("tasks")),
                            tables.fmt(r.get("busy_us"), "rate"), tables.fmt(r.get("wait_us"), "rate")]
-                          for r in ik.get("by_opcode") or []]})
+                          for r in ik.get("by_opcode") or []],
+            "edges": [[tables.fmt(r.get("edge"), "text"), tables.fmt(r.get("stages")),
+                       tables.fmt(r.get("hop_us_p50"), "rate"), tables.fmt(r.get("hop_us_max"), "rate"),
+                       tables.fmt(r.get("span_us_p50"), "rate")]
+                      for r in ik.get("edges") or []]})
     return out
+
+
+def _attn_phase_facts(ik: dict) -> list[tuple[str, str]]:
+    """The Gluon attention task's phases after its wait (``intrakernel.attn_phases``), as report facts."""
+    ph = ik.get("attn_phases") or {}
+    names = (("math_us", "attention: wait → math done, µs p50 / max"),
+             ("ticket_us", "attention: math → ticket drawn, µs p50 / max"),
+             ("combine_us", "attention: ticket → end (combine), µs p50 / max"))
+    return [(label, f"{tables.fmt(ph[k].get('p50'), 'rate')} / {tables.fmt(ph[k].get('max'), 'rate')}")
+            for k, label in names if isinstance(ph.get(k), dict)]
 
 
 def kernel_tiling(c: dict) -> str:

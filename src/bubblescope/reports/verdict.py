@@ -64,9 +64,10 @@ def _action(best: dict, findings: list[dict]) -> str:
                "cache) will make it faster."
     if (dig(best, "intrakernel", "wait_ratio") or 0) >= IDLE_MIN and util is not None:
         if dig(best, "compile", "implementation") == "gluon":  # its weight loads never wait already
-            return ("Shorten the dependency chain the most-waiting opcode sits on: finer-grained edges (per head, "
-                    "per chunk), fewer dependent memory round trips in it (e.g. the attention split reduction), "
-                    "so the weight ring does not run full during the wait.")
+            return ("Shorten the dependency chain the most-waiting opcode sits on: fewer dependent memory round "
+                    "trips in the stages before it (the chain table's spans; its hops are the signal and poll), "
+                    "finer-grained edges (per head, per chunk), so the weight ring does not run full during the "
+                    "wait.")
         return ("Hide the waits: issue the next task's weight loads before waiting on its dependency counter and "
                 "use finer-grained dependencies (per head, per chunk) on the opcode that waits most.")
     if util is not None:

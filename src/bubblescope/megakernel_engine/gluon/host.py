@@ -60,13 +60,26 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
     return None
 
 
-def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams:
+def auto_rows(cfg: ModelConfig, sms: int) -> int:
+    """Rows per QKV / gate-up / LM-head tile chosen from the model's shape: :data:`DEFAULT_ROWS` (32), or 16
+    when the QKV stage at 32 rows would have tasks for fewer than half of the ``sms`` SMs (thin models: the
+    halved tiles also double the O-proj and down tasks, which then run on twice the SMs).
+
+    Measured on the H200 (benchmarks/results/h200-2026-12-01-s5, ``gluon_check.py --sweep rows``, interleaved
+    rounds): Qwen2.5-0.5B (36 QKV tasks at 32 rows) 0.904 ms at 16 rows against 1.004 at 32; Qwen3-0.6B (128)
+    0.880 against 0.860; Llama-3.2-1B (96) 0.996 against 0.906 (``tune --knob max_rows``, session 4)."""
+    qkv_tasks = -(-(cfg.q_size + 2 * cfg.kv_size) // DEFAULT_ROWS)
+    return 16 if 2 * qkv_tasks < sms else DEFAULT_ROWS
+
+
+def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
     per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
-    task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set below
-    the default, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must divide head_dim/2);
-    the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless ``attn_min_chunk`` is set."""
-    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else DEFAULT_ROWS, cfg.head_dim)
+    task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set, else
+    :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
+    divide head_dim/2); the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless
+    ``attn_min_chunk`` is set."""
+    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto_rows(cfg, sms), cfg.head_dim)
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
@@ -83,8 +96,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams) -> MegakernelParams
 
 
 def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
-    """The tiling of :func:`gluon_params` (see ``schedule.resolve_tiling``)."""
-    t = resolve_tiling(cfg, gluon_params(cfg, params), grid)
+    """The tiling of :func:`gluon_params` for ``grid`` CTAs (one per SM; see ``schedule.resolve_tiling``)."""
+    t = resolve_tiling(cfg, gluon_params(cfg, params, grid), grid)
     assert t.hb == t.rows_qkv // 2, "QKV tiles must be whole RoPE pair blocks"
     return t
 
@@ -201,7 +214,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    params = gluon_params(cfg, params or MegakernelParams())
+    params = gluon_params(cfg, params or MegakernelParams(), grid)
     kernel = load_gluon_kernel()
     t = gluon_tiling(cfg, params, grid)
     cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)

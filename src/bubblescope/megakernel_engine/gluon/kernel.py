@@ -65,7 +65,8 @@ OP_GATEUP = gl.constexpr(S.OP_GATEUP)
 OP_DOWN = gl.constexpr(S.OP_DOWN)
 OP_LMHEAD = gl.constexpr(S.OP_LMHEAD)
 AMAX_EMPTY = gl.constexpr(-(2 ** 63))
-STAMPS = gl.constexpr(5)  # per task: start, ready, end (consumer); first and last TMA issue (producer)
+STAMPS = gl.constexpr(5)  # per task: start, ready, end (consumer); first and last TMA issue (producer) — for an
+# attention task (no weights), when its math was done and its ticket drawn (consumer)
 
 
 @gluon.jit
@@ -218,20 +219,17 @@ def _mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, H
 # the task stores raw q (+ bias) → q buffer and raw k (+ bias) → knew (NKV, D), both rounded to ACT as the
 # reference's linear output is; the ATTN task norms and rotates them (_qk_norm_rope). v → cache as above.
 @gluon.jit
-def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
+def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, c, s, q_ptr, kc_ptr, vc_ptr,
                   Q: gl.constexpr, KV: gl.constexpr, D: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
-                  HB: gl.constexpr, HAS_BIAS: gl.constexpr, YL: gl.constexpr, knew_ptr, QK_NORM: gl.constexpr):
+                  HB: gl.constexpr, YL: gl.constexpr, knew_ptr, QK_NORM: gl.constexpr):
+    """``acc_lo``/``acc_hi`` include the bias; ``c``/``s`` are cos/sin at pos for each pair, rounded to ACT
+    (loaded before the task's dependency wait)."""
     ACT: gl.constexpr = q_ptr.dtype.element_ty
     HALF: gl.constexpr = D // 2
-    NROWS: gl.constexpr = Q + 2 * KV
     NQH: gl.constexpr = Q // D
     layer64 = layer.to(gl.int64)
     j = a1 + gl.arange(0, HB, layout=YL)
     mj = j < a1 + a2
-    if HAS_BIAS:  # packed like the rows: pair j's rows are 2·a1 + (j − a1) and that + HB
-        brow = 2 * a1 + (j - a1)
-        acc_lo += gl.load(bqkv_ptr + layer64 * NROWS + brow, mask=mj, other=0.0).to(gl.float32)
-        acc_hi += gl.load(bqkv_ptr + layer64 * NROWS + brow + HB, mask=mj, other=0.0).to(gl.float32)
     lo = _rnd(acc_lo, ACT)
     hi = _rnd(acc_hi, ACT)
     i = j % HALF
@@ -242,8 +240,6 @@ def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr
         out_lo = lo.to(ACT)
         out_hi = hi.to(ACT)
     else:
-        c = gl.load(cos_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
-        s = gl.load(sin_ptr + pos * HALF + i, mask=mj, other=0.0).to(ACT).to(gl.float32)
         out_lo = gl.where(is_v, lo, _rnd(_rnd(lo * c, ACT) - _rnd(hi * s, ACT), ACT)).to(ACT)
         out_hi = gl.where(is_v, hi, _rnd(_rnd(hi * c, ACT) + _rnd(lo * s, ACT), ACT)).to(ACT)
     q_dst = q_ptr + head * D + i
@@ -299,7 +295,9 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
                TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
                knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
-    """Returns (last counter value seen by the dependency wait, or ``target`` without one; its end time in ns)."""
+    """Returns (last counter value seen by the dependency wait, or ``target`` without one; with ``TIMELINE`` the
+    ns stamps of: the wait met, the math done (after the last block, so after q and the new K/V arrived), the
+    ticket drawn (partials stored and fenced; for a single split: its output published))."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
@@ -394,6 +392,10 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         k = k_n
         v = v_n
         s0 += BLOCK_S
+    t_math = pos.to(gl.int64) * 0  # int64 like the stamps (a branch below reassigns t_ticket)
+    t_ticket = t_math
+    if TIMELINE:  # the reduction makes the stamp wait for the math (and so for the loads it used)
+        t_math = _now(gl.max(l, axis=0).to(gl.int32))
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
     if used == 1:  # the whole context in this task: normalise and publish directly
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, QL)), 1)
@@ -401,15 +403,14 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                  mask=gl.expand_dims(mq, 1))
         gl.thread_barrier()
         gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
+        if TIMELINE:
+            t_ticket = _now(pos)
     else:
-        gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
-        out_s = (kvh * G + gs) * NSPLIT + split
-        gl.store(pm_ptr + out_s, m, mask=gs < G)
-        gl.store(pl_ptr + out_s, l, mask=gs < G)
-        out_q = (hq * NSPLIT + split) * D
-        gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
+        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3)
         gl.thread_barrier()
         ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
+        if TIMELINE:
+            t_ticket = _now(ticket)
         if ticket == used - 1:  # every split of this kv head is written: combine them
             gl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
             gl.thread_barrier()
@@ -417,7 +418,23 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
 
-    return seen, t_ready
+    return seen, t_ready, t_math, t_ticket
+
+
+@gluon.jit
+def _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D: gl.constexpr, G: gl.constexpr,
+                    GP: gl.constexpr, NSPLIT: gl.constexpr, L3: gl.constexpr):
+    """A split's float32 partials: running max ``m`` and sum ``l`` (GP,) → pm/pl[hq·NSPLIT + split], the
+    unnormalised ``acc`` (GP, D) → pacc[(hq·NSPLIT + split)·D + d]."""
+    SL: gl.constexpr = gl.SliceLayout(2, L3)
+    QL: gl.constexpr = gl.SliceLayout(1, L3)
+    gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+    out_s = (kvh * G + gs) * NSPLIT + split
+    gl.store(pm_ptr + out_s, m, mask=gs < G)
+    gl.store(pl_ptr + out_s, l, mask=gs < G)
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    out_q = (hq * NSPLIT + split) * D
+    gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
 
 
 @gluon.jit
@@ -493,6 +510,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
+    HALF: gl.constexpr = D // 2
     HB: gl.constexpr = BR // 2
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     YL: gl.constexpr = gl.SliceLayout(1, LW)
@@ -519,6 +537,17 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         wait_cnt = gl.load(row + F_WAIT)
         if TIMELINE:
             t_start = _now(i)
+        # What a QKV task's epilogue reads that no task writes (RoPE cos/sin at pos, the q/k/v bias) is loaded
+        # before its dependency wait: one memory round trip less on the layer's chain (masked off for other ops)
+        pj = a1 + gl.arange(0, HB, layout=YL)
+        pmask = (op == OP_QKV) & (pj < a1 + a2)
+        rope_m = pmask & (not QK_NORM)
+        rope_c = gl.load(cos_ptr + pos * HALF + pj % HALF, mask=rope_m, other=0.0).to(ACT).to(gl.float32)
+        rope_s = gl.load(sin_ptr + pos * HALF + pj % HALF, mask=rope_m, other=0.0).to(ACT).to(gl.float32)
+        bias_m = pmask & HAS_BIAS  # packed like the rows: pair j's rows are 2·a1 + (j − a1) and that + HB
+        brow = layer.to(gl.int64) * (Q + 2 * KV) + 2 * a1 + (pj - a1)
+        bias_lo = gl.load(bqkv_ptr + brow, mask=bias_m, other=0.0).to(gl.float32)
+        bias_hi = gl.load(bqkv_ptr + brow + HB, mask=bias_m, other=0.0).to(gl.float32)
         skip = 0
         if op == OP_ATTN:  # splits beyond this position's non-empty ones read and write nothing
             if a2 >= _splits_used(pos, NSPLIT, MIN_CHUNK):
@@ -548,14 +577,17 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if skip == 0:
                 need = gl.load(row + F_NEED)
                 target = epoch * gl.load(row + F_INC) + need
-                seen, t_attn = _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
+                seen, t_attn, t_math, t_ticket = _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
                                           gl.load(row + F_SIGNAL), counters_ptr + gl.maximum(wait_cnt, 0), target,
                                           (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
                                           vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
                                           MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE,
                                           knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
-                if TIMELINE:
+                if TIMELINE:  # an attention task has no weight loads: its producer stamps hold two phases
                     t_ready = t_attn
+                    aslot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
+                    gl.store(aslot + 3, t_math)
+                    gl.store(aslot + 4, t_ticket)
                 if seen < target:
                     _record_stuck(err_ptr, op, layer, gl.load(row + F_TILE), pid, wait_cnt, seen - (target - need),
                                   need, gl.load(row + F_GIDX))
@@ -569,8 +601,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                                   TK, NW)
                 staged = key
             acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
-            _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, bqkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, Q,
-                          KV, D, NKV, S_MAX, HB, HAS_BIAS, YL, knew_ptr, QK_NORM)
+            _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
+                          vc_ptr, Q, KV, D, NKV, S_MAX, HB, YL, knew_ptr, QK_NORM)
         elif op == OP_GATEUP:
             if key != staged:
                 _stage_vector(x_ptr, mnorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)

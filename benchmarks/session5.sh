@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Fifth session's bounded GPU rounds (run by the lead through the device tool, from the repository root).
+#   bash benchmarks/session5.sh chain     # per-task timelines (whole frames) of llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b
+#                                         # for the dependency-chain analysis; decode latency of the Qwen presets
+#   bash benchmarks/session5.sh presets   # decode latency and timeline of llama-3.2-3b and llama-3.1-8b
+#   bash benchmarks/session5.sh r13       # attn_combine=oproj: correctness (stories, tiny, llama) and A/B sweeps
+#   bash benchmarks/session5.sh r14       # attn_depth=2 (two K/V blocks before the wait), longer splits: check + A/B
+#   bash benchmarks/session5.sh phases    # timelines with the attention tasks' phase stamps (llama-3.2-1b, qwen3-0.6b)
+#   bash benchmarks/session5.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
+#   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
+#   bash benchmarks/session5.sh last      # final, then presets (one device call)
+# Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1
+R=${OUT:-/tmp/bubblescope-session}/run
+mkdir -p "$R"
+log() { echo "=== $* $(date +%T)"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__,'gpus',torch.cuda.device_count())"
+  echo "commit ${BUBBLESCOPE_COMMIT:-unknown}"; } > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+DL="python3 benchmarks/decode_latency.py"
+case "${1:-}" in
+chain)
+  for m in llama-3.2-1b qwen2.5-0.5b qwen3-0.6b; do
+    log timeline-$m
+    timeout 100 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
+    grep -E "megakernel-gluon |rc=" "$R/chain_$m.log" | cut -c1-200
+  done
+  log decode-latency-qwen
+  timeout 230 $DL --models qwen2.5-0.5b,qwen3-0.6b,qwen3-1.7b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_qwen.json" --max-seconds 210 > "$R/decode_latency_qwen.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_qwen.log"
+  tail -14 "$R/decode_latency_qwen.log"
+  ;;
+presets)
+  log decode-latency-llama
+  timeout 200 $DL --models llama-3.2-3b,llama-3.1-8b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_llama.json" --max-seconds 185 > "$R/decode_latency_llama.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_llama.log"
+  tail -10 "$R/decode_latency_llama.log"
+  for m in llama-3.2-3b llama-3.1-8b; do
+    log timeline-$m
+    timeout 50 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
+    grep -E "rc=" "$R/chain_$m.log"
+  done
+  ;;
+r13)
+  log r13-check
+  timeout 300 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r13.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r13 --timed 300 --rounds 6 --params '{"attn_combine": "oproj"}' > "$R/gluon_check_r13.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r13.log" | tail -32 | cut -c1-700
+  log r13-qwen3
+  timeout 120 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r13_qwen3.json" --sections sweep --sweep r13 --timed 200 --rounds 5 > "$R/gluon_check_r13_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13_qwen3.log"
+  tail -7 "$R/gluon_check_r13_qwen3.log" | cut -c1-300
+  log r13-4096
+  timeout 150 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r13long.json" --sections sweep --sweep r13long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r13long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13long.log"
+  tail -6 "$R/gluon_check_r13long.log" | cut -c1-300
+  ;;
+r14)
+  log r14-check
+  timeout 230 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r14.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r14 --timed 300 --rounds 6 --params '{"attn_depth": 2, "attn_min_chunk": 256}' > "$R/gluon_check_r14.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r14.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r14.log" | tail -34 | cut -c1-600
+  log r14-4096
+  timeout 110 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r14long.json" --sections sweep --sweep r14long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r14long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r14long.log"
+  tail -6 "$R/gluon_check_r14long.log" | cut -c1-300
+  rm -f "$R"/*noprefetch_frame.csv.gz
+  ;;
+phases)
+  for m in llama-3.2-1b qwen3-0.6b; do
+    log phases-$m
+    timeout 70 python3 benchmarks/gluon_check.py --model $m --out "$R/phases_$m.json" --sections timeline > "$R/phases_$m.log" 2>&1; echo "rc=$?" >> "$R/phases_$m.log"
+    grep -E "megakernel-gluon |rc=" "$R/phases_$m.log" | cut -c1-300
+  done
+  rm -f "$R"/*noprefetch_frame.csv.gz
+  ;;
+mk)
+  log gluon-check
+  timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"
+  tail -40 "$R/gluon_check.log" | cut -c1-400
+  ;;
+last)
+  bash "$0" final
+  bash "$0" presets
+  exit 0
+  ;;
+final)
+  log decode-latency-1b
+  timeout 150 $DL --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 135 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -10 "$R/decode_latency_1b.log"
+  log gpu-tests
+  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -x > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -8 "$R/pytest_gpu.log"
+  ;;
+esac
+find "$R" -type f | head -60
+(cd "$R/.." && tar czf run.tgz run)
