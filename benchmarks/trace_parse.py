@@ -16,6 +16,9 @@ idle-time breakdown, ``include_last_profiler_step=True``, ``consecutive_kernel_d
 
 ``--repeats N`` runs each cell N times (the two tools alternating) and reports the run of median wall
 time, every run's figures beside it: on a shared machine one run can be off by a quarter.
+``--serial-too`` also times ours with its parse kept in one process (``BUBBLESCOPE_TRACE_WORKERS=0``),
+alternating with the default (worker processes on large files). Peak RSS is the largest of the
+process and its children (``wait4``), not their sum: a worker's own peak is ~50 MB.
 """
 
 from __future__ import annotations
@@ -146,8 +149,10 @@ def _timed(cmd: list[str], env: dict, timeout_s: float) -> tuple[dict, str]:
     return sample, stdout
 
 
-def _ours(path: Path, threshold_us: float, timeout_s: float) -> dict:
+def _ours(path: Path, threshold_us: float, timeout_s: float, workers: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
+    if workers is not None:  # BUBBLESCOPE_TRACE_WORKERS: 0 keeps the parse in one process
+        env["BUBBLESCOPE_TRACE_WORKERS"] = workers
     cmd = [sys.executable, "-m", "bubblescope", "diagnose", "trace", str(path), "--format", "json",
            "--idle-threshold-us", str(threshold_us)]
     sample, stdout = _timed(cmd, env, timeout_s)
@@ -212,7 +217,9 @@ def _markdown(result: dict) -> str:
         f"{result['date']}, commit {str(result['commit'])[:7]}, {m['cpu']}, {m['cores']} cores, 1-min load "
         f"{result['loadavg_1min'][0]:.2f} before, {result['loadavg_1min'][1]:.2f} after (shared machine). "
         f"Source: `{result['source']}` repeated to {result['base_events']:,} events as 1×. Whole processes "
-        f"(start-up and imports included), the median-wall run of {result['repeats']} per cell.",
+        f"(start-up and imports included), the median-wall run of {result['repeats']} per cell"
+        + (f"; ours with `BUBBLESCOPE_TRACE_WORKERS={result['trace_workers_env']}`."
+           if result.get("trace_workers_env") is not None else "."),
         "",
         "| scale | events | gz MB | JSON MB | ours wall s | ours CPU s | ours peak MB | ours B/event "
         "| HTA wall s | HTA peak MB | time ratio | memory ratio |",
@@ -229,6 +236,15 @@ def _markdown(result: dict) -> str:
             f"{o['wall_s']:.2f} | {o['cpu_s']:.2f} | {o['peak_rss_bytes'] / 1e6:.0f} | "
             f"{o['peak_rss_bytes'] / c['events']:.0f} | {hs} | {hm} | {ratio[0]} | {ratio[1]} |"
         )
+    one = [c for c in result["cases"] if "bubblescope_one_process" in c]
+    if one:
+        lines += ["", "Ours with the parse in one process (`BUBBLESCOPE_TRACE_WORKERS=0`), alternating with the "
+                  "default runs above:", "", "| scale | wall s | CPU s | peak MB | default / one process (wall) |",
+                  "|---|---:|---:|---:|---:|"]
+        for c in one:
+            s, o = c["bubblescope_one_process"], c["bubblescope"]
+            lines.append(f"| {c['scale']}× | {s['wall_s']:.2f} | {s['cpu_s']:.2f} | {s['peak_rss_bytes'] / 1e6:.0f} | "
+                         f"{o['wall_s'] / s['wall_s']:.2f} |")
     lines += ["", "Agreement (rank 0, µs): ours busy_us / idle split vs HTA temporal and idle-time breakdown.", ""]
     for c in result["cases"]:
         o, h = c["bubblescope"].get("result"), (c.get("hta") or {}).get("result")
@@ -253,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                         "wall-time run is reported")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "trace_parse.json")
     parser.add_argument("--work", type=Path, default=None, help="keep the scaled traces here (default: a temp dir)")
+    parser.add_argument("--serial-too", action="store_true", help="also time ours with its parse in one process "
+                        "(BUBBLESCOPE_TRACE_WORKERS=0), alternating with the default")
     args = parser.parse_args(argv)
     if not args.trace.is_file():
         parser.error(f"{args.trace}: no such file")
@@ -280,16 +298,22 @@ def main(argv: list[str] | None = None) -> int:
                 info = make_scaled(doc, args.base_events, scale, path)
                 info_path.write_text(json.dumps(info))
             case = {"scale": scale, **info}
-            ours, theirs = [], []
+            ours, theirs, serial = [], [], []
             for _ in range(args.repeats):  # the tools alternate, so a load swing hits both
                 ours.append(_ours(path, args.threshold_us, args.timeout_s))
                 print(f"{scale}x: bubblescope {ours[-1]['wall_s']:.2f} s, "
                       f"{ours[-1]['peak_rss_bytes'] / 1e6:.0f} MB", file=sys.stderr)
+                if args.serial_too:
+                    serial.append(_ours(path, args.threshold_us, args.timeout_s, workers="0"))
+                    print(f"{scale}x: bubblescope in one process {serial[-1]['wall_s']:.2f} s, "
+                          f"{serial[-1]['peak_rss_bytes'] / 1e6:.0f} MB", file=sys.stderr)
                 if hta and scale <= args.hta_max_scale:
                     theirs.append(_hta(args.hta_python, path, args.threshold_us, args.timeout_s))
                     print(f"{scale}x: HTA {theirs[-1]['wall_s']:.2f} s, {theirs[-1]['peak_rss_bytes'] / 1e6:.0f} MB",
                           file=sys.stderr)
             case["bubblescope"] = _median(ours)
+            if serial:
+                case["bubblescope_one_process"] = _median(serial)
             if theirs:
                 case["hta"] = _median(theirs)
             cases.append(case)
@@ -306,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "base_events": cases[0]["events"] // cases[0]["scale"] if cases else 0,
         "threshold_us": args.threshold_us,
         "repeats": args.repeats,
+        "trace_workers_env": os.environ.get("BUBBLESCOPE_TRACE_WORKERS"),  # None: ours picks by size and load
         "commands": {
             "bubblescope": "python -m bubblescope diagnose trace TRACE --format json --idle-threshold-us T",
             "hta": "TraceAnalysis(trace_dir, include_last_profiler_step=True): get_temporal_breakdown, "

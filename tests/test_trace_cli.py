@@ -62,9 +62,9 @@ def test_library_raises_unless_keep_going(tmp_path):
 
 
 def test_progress_reports_bytes_up_to_the_file_size(tmp_path, monkeypatch):
-    from bubblescope.profiler import tracejson
+    from bubblescope.profiler import tracefile
 
-    monkeypatch.setattr(tracejson, "_CHUNK_CHARS", 4096)  # many windows from a small file
+    monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 4096)  # many windows from a small file
     path = tg.write(tmp_path / "p.json", tg.document(tg.decode_trace_events() * 40))
     seen = []
     load_trace(path, progress=lambda done, total: seen.append((done, total)))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bubblescope.errors import BubblescopeError
-from bubblescope.profiler import tracejson
+from bubblescope.profiler import tracefile
 from bubblescope.profiler.trace import load_trace, parse_rank
 
 from . import tracegen as tg
@@ -183,7 +183,7 @@ def test_small_chunks_give_the_same_frames(tmp_path, monkeypatch, chunk):
     doc = tg.document(tg.decode_trace_events(), displayTimeUnit="ms", flag=True, nothing=None, neg=-1.5e-3)
     path = tg.write(tmp_path / "t.json.gz", doc)
     whole = load_trace(path)
-    monkeypatch.setattr(tracejson, "_CHUNK_CHARS", chunk)
+    monkeypatch.setattr(tracefile, "_CHUNK_CHARS", chunk)
     cut = load_trace(path)
     assert cut.gpu.equals(whole.gpu) and cut.runtime.equals(whole.runtime)
     assert cut.annotations.equals(whole.annotations) and cut.flows.equals(whole.flows)

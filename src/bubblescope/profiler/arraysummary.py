@@ -66,9 +66,10 @@ def device_table(
     keys, stats = interval_stats(dev, ts, end, _launch_ts(arrays, rows), threshold_us)
     code = np.searchsorted(keys, dev)
     out: dict[str, Any] = {"device": keys.astype(np.int64)}
-    kind = arrays.texts[gpu["kind"][rows]] if len(rows) else np.zeros(0, dtype=object)
+    kind = gpu["kind"][rows]  # compared as codes: no string per activity
     for name, col in _KIND_COUNTS:
-        out[col] = np.bincount(code[kind == name], minlength=len(keys)).astype(np.int64)
+        mine = np.isin(kind, np.flatnonzero(arrays.texts == name))
+        out[col] = np.bincount(code[mine], minlength=len(keys)).astype(np.int64)
     stream = gpu["stream"][rows]
     _, pairs = pair_codes(code.astype(np.int64), np.where(stream == _NA, -1, stream))
     out["streams"] = np.bincount(pairs[:, 0], minlength=len(keys)).astype(np.int64)

@@ -5,15 +5,17 @@ events of each window are decoded by msgspec in one call into small typed struct
 the metrics use), then kept as typed numpy columns per table; no dict per event is built. Events
 msgspec refuses (NaN literals, lone surrogates, odd types) are read one at a time by the standard
 library's C scanner, into the same columns. Memory is one window plus the kept columns
-(``benchmarks/trace_parse.py`` measures time and peak RSS against Holistic Trace Analysis).
+(``benchmarks/trace_parse.py`` measures time and peak RSS against Holistic Trace Analysis). Large
+files have their windows decoded by worker processes, one per core, with the same result.
 
 Units: every ``ts``/``dur`` of the Chrome trace format is in microseconds whatever
 ``displayTimeUnit`` says (that key only sets the viewer's display unit, see the Trace Event Format
 spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written.
 
-Reading is split over modules: :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes
-runs of events with msgspec, :mod:`.tracecolumns` keeps the fields of each event, :mod:`.traceframes`
-builds the typed, cleaned columns, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events,
+Reading is split over modules: :mod:`.tracefile` reads and inflates the file in a thread,
+:mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes runs of events with msgspec,
+:mod:`.traceworkers` does that in worker processes for large files, :mod:`.tracecolumns` keeps
+the fields of each event, :mod:`.traceframes` builds the typed, cleaned columns, :mod:`.tracepairs` makes ``B``/``E`` pairs complete events,
 :mod:`.tracearrays` ties them together into numpy columns (what ``diagnose trace`` computes on,
 without pandas), and this one holds the :class:`Trace` container of pandas frames, the launch/sync
 API names and :func:`load_trace`.

@@ -21,7 +21,8 @@ from ..wording import count, plural
 from .categories import categorize
 from .heap import parse_heap
 from .tracecolumns import _INT_COLUMNS, _NA, _Columns
-from .tracejson import _open_text, _parse, _Reader, _Text
+from .tracefile import _open_text, _Reader
+from .tracejson import _parse, _Text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -184,31 +185,47 @@ def launch_rows(arrays: TraceArrays) -> np.ndarray:
     return rows.copy()
 
 
+def _workers(cols: _Columns, size: int, gz: bool, n: int | None) -> Any:
+    from .traceworkers import Workers, worker_count
+
+    n = worker_count(size, gz) if n is None else n
+    if n <= 0:
+        return None
+    try:
+        return Workers(n, cols)
+    except OSError:  # no interpreter to start (an embedded Python), no processes left: read in process
+        return None
+
+
 def read_trace_arrays(
     path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True,
-    lean: bool = False,
+    lean: bool = False, workers: int | None = None,
 ) -> TraceArrays:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into :class:`TraceArrays`.
 
     Arguments and errors as :func:`~bubblescope.profiler.trace.load_trace` (which is this plus
     :meth:`TraceArrays.to_trace`): BubblescopeError (one line naming the file) for a missing,
-    unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array.
+    unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array. ``workers``: the
+    processes that decode the events beside this one (:mod:`.traceworkers`; 0: none); None picks by
+    the file's size, the cores and the load (:func:`~.traceworkers.worker_count`). The result is the
+    same either way.
     """
-    from .trace import parse_rank
-    from .tracechecks import drop_repeated
-
     path = os.fspath(path)
     cols = _Columns(keep_flows=flows, lean=lean)
     try:
         raw, gz = _open_text(path)
         with raw, parse_heap():
             size = os.fstat(raw.fileno()).st_size
+            pool = _workers(cols, size, gz, workers)
             reader = _Reader(raw, gz)
             reader.start()
             try:
-                meta, found = _parse(_Text(reader, None if progress is None else (lambda done: progress(done, size))), cols)
+                text = _Text(reader, None if progress is None else (lambda done: progress(done, size)))
+                meta, found = _parse(text, cols, pool)
             finally:
                 reader.close()
+                if pool is not None:
+                    pool.close(kill=True)
         if progress is not None:
             progress(size, size)
     except FileNotFoundError:
@@ -224,7 +241,14 @@ def read_trace_arrays(
     if not found:
         raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
 
-    import numpy as np  # first imported by the parse, which the reader thread's inflating overlaps
+    with parse_heap():  # whole columns are built, sorted and copied: pages reused, not faulted in
+        return _finish(path, cols, meta)
+
+
+def _finish(path: str, cols: _Columns, meta: dict) -> TraceArrays:
+    """The parsed columns cleaned, merged, classified and warned about (see :func:`read_trace_arrays`)."""
+    from .trace import parse_rank
+    from .tracechecks import drop_repeated
 
     texts, tables = cols.arrays()
     # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
@@ -240,18 +264,17 @@ def read_trace_arrays(
     warnings += merged
     if cols.bad_text:
         warnings.append(f"{count(cols.bad_text, 'distinct name')} had invalid UTF-8 (replaced by U+FFFD)")
-    gc, rc = gpu["correlation"], runtime["correlation"]
-    linked = (gc != _NA) & np.isin(gc, rc[rc != _NA])
-    if len(gc) and not linked.all():
-        unlinked = int((~linked).sum())
-        warnings.append(
-            f"{unlinked} of {count(len(gc), 'GPU activity', 'GPU activities')} {plural(unlinked, 'has', 'have')} "
-            "no CPU call with their correlation id (launch unknown)"
-        )
     rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None
     rank = parse_rank(rank_raw)
+    arrays = TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
+                         annotations=tables["annotations"], flows=tables["flows"], warnings=warnings,
+                         event_count=cols.events)
+    unlinked = int((launch_rows(arrays) < 0).sum())  # computed once, kept for the summaries
+    if unlinked:
+        warnings.append(
+            f"{unlinked} of {count(len(gpu['ts_us']), 'GPU activity', 'GPU activities')} "
+            f"{plural(unlinked, 'has', 'have')} no CPU call with their correlation id (launch unknown)"
+        )
     if rank_raw is not None and rank is None:
         warnings.append(f"distributedInfo.rank {rank_raw!r} is not an integer; rank unknown")
-    return TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
-                       annotations=tables["annotations"], flows=tables["flows"], warnings=warnings,
-                       event_count=cols.events)
+    return arrays

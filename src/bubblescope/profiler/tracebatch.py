@@ -14,7 +14,6 @@ columns.
 from __future__ import annotations
 
 import functools
-import operator
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Union
 
@@ -90,7 +89,6 @@ _KINDS = ("kernel", "memcpy", "memset")
 _X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
 _X_CODE.update({"cpu_op": 6, "Operator": 6})
 _PH_CODE = {**{p: 7 for p in FLOW_PHASES}, "B": 8, "E": 9}
-_PH_CAT = operator.attrgetter("ph", "cat")
 
 
 class _Codes(dict):
@@ -142,18 +140,24 @@ def _complete(cols: _Columns, sub: list[_Event], odd: dict) -> tuple[list[_Event
 def add_batch(cols: _Columns, text: str) -> bool:
     """Keep the events of ``text`` (JSON objects separated by commas); False, keeping nothing, when
     msgspec refuses the text or a value's type (the caller then reads it event by event)."""
+    return add_array(cols, "[" + text + "]")
+
+
+def add_array(cols: _Columns, doc: str | bytes) -> bool:
+    """:func:`add_batch` of a whole JSON array of events, as text or UTF-8 bytes (a worker process's input)."""
     import numpy as np
 
     decoder, kind, empty = _decoding(cols.lean, cols.keep_flows)
     try:
-        events = decoder.decode("[" + text + "]")
-        codes = np.fromiter(map(_CODES.__getitem__, map(_PH_CAT, events)), dtype=np.int8, count=len(events))
+        events = decoder.decode(doc)
+        keys = zip([e.ph for e in events], [e.cat for e in events])  # cheaper than an attrgetter per event
+        codes = np.fromiter(map(_CODES.__getitem__, keys), dtype=np.int8, count=len(events))
     except (msgspec.DecodeError, TypeError):  # TypeError: a list or object as ph or cat
         return False
     odd: Counter[str] = Counter()
     tables: dict[str, dict[str, list]] = {}
     maybe = np.flatnonzero(codes == 6)
-    if len(maybe) and "ProfilerStep#" in text:  # old torch's step ranges among the CPU ops
+    if len(maybe) and ("ProfilerStep#" if type(doc) is str else b"ProfilerStep#") in doc:  # old torch's steps
         steps = [str(events[i].name).startswith("ProfilerStep#") for i in maybe.tolist()]
         codes[maybe[np.array(steps, dtype=bool)]] = 5
     gpu = np.flatnonzero((codes >= 1) & (codes <= 3))

@@ -1,7 +1,7 @@
 """Stream the JSON text of a Chrome trace: walk the top level, hand the ``traceEvents`` entries on.
 
-A :class:`_Reader` thread reads the file (inflating gzip when it starts with the gzip magic) and
-decodes it to text window by window; :class:`_Text` is the sliding window the parser works on.
+A :class:`~.tracefile._Reader` thread reads the file and decodes it to text window by window;
+:class:`_Text` is the sliding window the parser works on.
 :func:`_parse` walks the top-level object key by key (or a bare event array) with the standard
 library's C scanner and keeps every other key as metadata. Inside ``traceEvents``, the whole events
 of each window are handed to :func:`~bubblescope.profiler.tracebatch.add_batch` (msgspec, one call
@@ -12,108 +12,23 @@ one-line ``ValueError`` naming the character position.
 
 from __future__ import annotations
 
-import codecs
 import json
 import json.scanner
-import queue
 import re
-import threading
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .tracecolumns import _Columns
+    from .tracefile import _Reader
+    from .traceworkers import Workers
 
-_CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
-_FIRST_CHARS = 1 << 18  # the first refill: parsing starts after 256 Ki characters, not 4 Mi, are inflated
 _MAX_EVENT_CHARS = 1 << 26  # one event larger than 64 Mi characters is treated as malformed
 _MAX_COMMAS = 4096  # '{' looked at from a window's end for the start of an event
 _BATCH_TRIES = 3  # cuts tried per window before reading it event by event
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER_TAIL = re.compile(r"[0-9.eE+\-]*")
 _COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
-
-
-class _Gunzip:
-    """gzip members (RFC 1952; several in a row, as ``cat a.gz b.gz`` gives) inflated by zlib in large
-    pieces: each call releases the GIL for the whole piece, which ``gzip.GzipFile`` (128 KiB steps
-    of Python code) does not, so inflation overlaps the JSON decoding on another core."""
-
-    def __init__(self, raw: Any):
-        self._raw = raw
-        self._inflate = zlib.decompressobj(wbits=31)
-
-    def read(self, size: int) -> bytes:
-        """About 8-10× ``size`` // 8 bytes of JSON text; b"" at the end. EOFError when the file ends
-        inside a member, zlib.error when it is corrupt."""
-        while True:
-            data = self._raw.read(max(1, size // 8))
-            if not data:
-                if not self._inflate.eof:
-                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
-                return b""
-            out = []
-            while data:
-                if self._inflate.eof:
-                    if not data.strip(b"\0"):  # zero padding after the last member, as gzip allows
-                        break
-                    self._inflate = zlib.decompressobj(wbits=31)
-                out.append(self._inflate.decompress(data))
-                data = self._inflate.unused_data
-            if any(out):
-                return b"".join(out)
-
-
-class _Reader(threading.Thread):
-    """Reads and decodes the file ahead of the parser, one window at a time, in its own thread.
-
-    Inflating gzip releases the GIL, so on two cores it runs beside the JSON decoding; at most two
-    windows wait in the queue. Errors (corrupt gzip, I/O) are handed over and raised by :meth:`get`.
-    """
-
-    def __init__(self, raw: Any, gz: bool):
-        super().__init__(daemon=True, name="bubblescope-trace-reader")
-        self._raw = raw
-        self._binary = _Gunzip(raw) if gz else raw
-        self._queue: queue.Queue = queue.Queue(maxsize=2)
-        self._halt = threading.Event()
-        # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error. Invalid
-        # UTF-8 in kernel names must not stop the parse: decoded with U+FFFD replacement.
-        self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
-
-    def run(self) -> None:
-        try:
-            size = min(_FIRST_CHARS, _CHUNK_CHARS)
-            while not self._halt.is_set():
-                data = self._binary.read(size)
-                size = _CHUNK_CHARS
-                text = self._decoder.decode(data, final=not data)
-                if text or not data:
-                    self._put((text, self._raw.tell(), None))
-                if not data:
-                    return
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the parsing thread by get()
-            self._put(("", 0, exc))
-
-    def _put(self, item: tuple) -> None:
-        while not self._halt.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def get(self) -> tuple[str, int]:
-        """(next decoded text, '' at the end; bytes of the file read so far)."""
-        text, done, exc = self._queue.get()
-        if exc is not None:
-            raise exc
-        return text, done
-
-    def close(self) -> None:
-        self._halt.set()
-        self.join()
 
 
 class _Text:
@@ -185,20 +100,13 @@ class _Text:
         at = self.offset + (self.pos if pos is None else pos)
         return ValueError(f"invalid JSON at character {at}: {what}")
 
-def _open_text(path: str) -> tuple[Any, bool]:
-    """(the file opened for reading bytes, whether it is gzip): by the gzip magic, not the suffix.
-    The file's ``tell()`` is the progress through it in bytes."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-    return raw, head == b"\x1f\x8b"
-
-
-def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
-    """Walk the top level; stream ``traceEvents``; return (metadata, had_events_array)."""
+def _parse(text: _Text, cols: _Columns, workers: Workers | None = None) -> tuple[dict, bool]:
+    """Walk the top level; stream ``traceEvents`` (windows decoded by ``workers`` when given);
+    return (metadata, had_events_array)."""
     meta: dict = {}
     first = text.peek()
     if first == "[":  # the Chrome "JSON Array Format": a bare list of events, closing ] optional
-        _parse_events(text, cols, allow_unclosed=True)
+        _parse_events(text, cols, True, workers)
         if cols.events and cols.odd["non-object entries in traceEvents ignored"] == cols.events:
             raise ValueError("is a JSON array without a single event object")
         return meta, True
@@ -221,7 +129,7 @@ def _parse(text: _Text, cols: _Columns) -> tuple[dict, bool]:
         if key == "traceEvents":
             if text.peek() != "[":
                 raise ValueError("traceEvents is not an array")
-            _parse_events(text, cols, allow_unclosed=False)
+            _parse_events(text, cols, False, workers)
             found = True
         else:
             meta[key] = text.value()
@@ -279,7 +187,7 @@ def _add_batches(text: _Text, cols: _Columns) -> bool | None:
     return False
 
 
-def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
+def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool, workers: Workers | None = None) -> None:
     text.pos += 1  # the '['
     add = cols.add
     if text.peek() == "]":
@@ -287,6 +195,10 @@ def _parse_events(text: _Text, cols: _Columns, allow_unclosed: bool) -> None:
         return
     scan, comma = text.scanner, _COMMA.match
     while True:
+        if workers is not None and workers.active:
+            if workers.dispatch(text) and text.fill():
+                continue
+            workers.collect(text)  # every window in flight merged before anything is read here
         if _add_batches(text, cols) and text.fill():
             continue  # the window's cut-off last event, completed by the next window: batch again
         # Whatever the batch left in the window, event by event, kept in locals: whole event objects

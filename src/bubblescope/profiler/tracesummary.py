@@ -30,6 +30,7 @@ from ..wording import count, plural
 from .arraysummary import breakdown, device_table, find_steps, overlap_note
 from .steps import DEFAULT_STEP_MARKER
 from .timeline import check_skip_steps, timeline_summary
+from .heap import parse_heap
 from .tracearrays import TraceArrays, read_trace_arrays
 from .tracechecks import overlap_notes, skew_note
 
@@ -111,6 +112,11 @@ def summarize_trace(
 ) -> dict:
     """The ``files[i]`` entry of :func:`summarize_traces` for an already parsed trace (pandas frames
     or numpy columns; computed on the columns)."""
+    with parse_heap():  # sorts and copies of whole columns: freed pages reused, not faulted in again
+        return _summarize(trace, step_marker, threshold_us, skip_steps)
+
+
+def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us: float, skip_steps: int) -> dict:
     arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
     threshold_us = metrics.check_threshold(threshold_us)
     warnings = list(arrays.warnings)
