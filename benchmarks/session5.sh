@@ -6,7 +6,9 @@
 #   bash benchmarks/session5.sh r13       # attn_combine=oproj: correctness (stories, tiny, llama) and A/B sweeps
 #   bash benchmarks/session5.sh r14       # attn_depth=2 (two K/V blocks before the wait), longer splits: check + A/B
 #   bash benchmarks/session5.sh phases    # timelines with the attention tasks' phase stamps (llama-3.2-1b, qwen3-0.6b)
-#   bash benchmarks/session5.sh next      # the next session's first call (prepared, not run): GPU tests, lm_pick A/B
+#   bash benchmarks/session5.sh next      # the next session's first call (prepared, not run): lm_pick and
+#                                         # attn_layout checks and A/B
+#   bash benchmarks/session5.sh next-tests  # the GPU tests, every preset's argmax check among them
 #   bash benchmarks/session5.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
 #   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
 #   bash benchmarks/session5.sh last      # final, then presets (one device call)
@@ -72,18 +74,23 @@ phases)
   rm -f "$R"/*noprefetch_frame.csv.gz
   ;;
 next)
-  # prepared for the sixth session's first call: GPU tests (every preset's argmax check), lm_pick A/B on the 1B
-  # and on Qwen2.5-0.5B (9,496 LM-head tasks), with correctness of lm_pick=cta in the stories/tiny/llama sections
-  log gpu-tests
-  timeout 280 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
-  tail -8 "$R/pytest_gpu.log"
+  # prepared for the sixth session's first call: correctness of lm_pick=cta with attn_layout=warps (stories, tiny, llama sections); their A/B on the 1B (also at 4096) and
+  # on Qwen2.5-0.5B (9,496 LM-head tasks)
   log r15
-  timeout 200 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r15.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r15 --timed 300 --rounds 6 --params '{"lm_pick": "cta"}' > "$R/gluon_check_r15.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r15.log"
+  timeout 260 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r15.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r15 --timed 300 --rounds 6 --params '{"lm_pick": "cta", "attn_layout": "warps"}' > "$R/gluon_check_r15.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r15.log"
   grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r15.log" | tail -20 | cut -c1-500
   log r15-qwen25
   timeout 100 python3 benchmarks/gluon_check.py --model qwen2.5-0.5b --out "$R/gluon_check_r15_qwen25.json" --sections sweep --sweep r15 --timed 200 --rounds 5 > "$R/gluon_check_r15_qwen25.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r15_qwen25.log"
   tail -7 "$R/gluon_check_r15_qwen25.log" | cut -c1-300
+  log r15-4096
+  timeout 110 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r15long.json" --sections sweep --sweep r15long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r15long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r15long.log"
+  tail -6 "$R/gluon_check_r15long.log" | cut -c1-300
   rm -f "$R"/*noprefetch_frame.csv.gz
+  ;;
+next-tests)
+  log gpu-tests
+  timeout 400 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -8 "$R/pytest_gpu.log"
   ;;
 mk)
   log gluon-check

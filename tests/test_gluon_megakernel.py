@@ -103,6 +103,19 @@ def test_gluon_rows_follow_the_qkv_stage_width():
     assert gluon_tiling(qwen25, MegakernelParams(max_rows=32), 132).rows_qkv == 32
 
 
+def test_gluon_switches_are_checked():
+    """The prepared switches refuse what they do not support: bad values (params.validate) and the warp-local
+    attention on a q/k-norm model (gluon_params), each naming the field."""
+    from bubblescope.errors import BubblescopeError
+    for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be blocks or warps"),
+                    ({"lm_pick": "warp"}, "lm_pick must be task or cta")):
+        with pytest.raises(BubblescopeError, match=msg):
+            MegakernelParams(**kw).validate()
+    with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
+        gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="warps"))
+    assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
+
+
 def test_gluon_support_rules_name_the_reason():
     llama = get_preset("llama-3.2-1b")
     assert gluon_unsupported(llama, torch.bfloat16, (9, 0)) is None
@@ -132,7 +145,7 @@ out = []
 for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="cta")),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="cta", attn_layout="warps")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
@@ -146,7 +159,8 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
-    """The Gluon kernel (default, noprefetch + timeline, one greedy-pick atomic per CTA, Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
+    """The Gluon kernel (default, noprefetch + timeline, one greedy-pick atomic per CTA with warp-local attention,
+    Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within

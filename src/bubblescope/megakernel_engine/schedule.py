@@ -145,6 +145,9 @@ class MegakernelParams:
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132). The same pick either way.
+        attn_layout: Gluon kernel only, models without q/k-norm: ``blocks`` (a block's positions across all
+            warps, reduced through shared memory) or ``warps`` (each warp owns a slice of every block and keeps its
+            own online softmax; one cross-warp combine per task). Prepared in session 5, not yet run on a GPU.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -185,6 +188,7 @@ class MegakernelParams:
     wait_prefetch_mode: str = "bulk"
     qk_norm_in_attn: bool = False
     lm_pick: str = "task"
+    attn_layout: str = "blocks"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -236,6 +240,8 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
+        if self.attn_layout not in ("blocks", "warps"):
+            raise BubblescopeError(f"megakernel params: attn_layout must be blocks or warps, got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
         if self.split_k not in (1, 2):

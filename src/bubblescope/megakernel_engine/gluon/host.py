@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ...errors import EngineUnavailable
+from ...errors import BubblescopeError, EngineUnavailable
 from ...models.config import ModelConfig
 from ..residency import ptxas_usage
 from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_tiling
@@ -79,6 +79,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> 
     :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
     divide head_dim/2); the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless
     ``attn_min_chunk`` is set."""
+    if params.attn_layout == "warps" and cfg.qk_norm:
+        raise BubblescopeError("megakernel params: attn_layout=warps does not support q/k-norm (Qwen3) yet")
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto_rows(cfg, sms), cfg.head_dim)
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
@@ -131,7 +133,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
-        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta")
+        NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
+        ATTN_WARPS=params.attn_layout == "warps")
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:

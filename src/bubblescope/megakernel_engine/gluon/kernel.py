@@ -396,12 +396,125 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         k = k_n
         v = v_n
         s0 += BLOCK_S
-    t_math = pos.to(gl.int64) * 0  # int64 like the stamps (a branch below reassigns t_ticket)
-    t_ticket = t_math
+    t_math = pos.to(gl.int64) * 0  # int64 like the stamps
     if TIMELINE:  # the reduction makes the stamp wait for the math (and so for the loads it used)
         t_math = _now(gl.max(l, axis=0).to(gl.int32))
+    t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr,
+                             attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
+    return seen, t_ready, t_math, t_ticket
+
+
+# ATTN_WARPS (prepared in session 5, not yet run on a GPU; no q/k-norm): the same task with each warp owning
+# BLOCK_S / NW positions of a block, layout (GP, NW, SW, D). The online softmax runs per warp (max, Σp and Σp·v
+# reduce over lanes only), and the warps' (m, l, acc) are combined once after the last block, where the block
+# layout reduces over positions across all warps (through shared memory) three times per block. Phase stamps put
+# 2.8 µs between the wait and the end of one block's math on Llama-3.2-1B.
+@gluon.jit
+def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
+                     counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
+                     G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
+                     NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
+                     BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
+                     TIMELINE: gl.constexpr):
+    """:func:`_attention` for models without q/k-norm, warp-local online softmax; same returns."""
+    SW: gl.constexpr = BLOCK_S // NW
+    L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, VD], [1, 1, 32 // TD, TD], [1, NW, 1, 1], [3, 2, 1, 0])
+    K3: gl.constexpr = gl.SliceLayout(0, L4)   # (NW, SW, D): k, v
+    S3: gl.constexpr = gl.SliceLayout(3, L4)   # (GP, NW, SW): scores
+    A3: gl.constexpr = gl.SliceLayout(2, L4)   # (GP, NW, D): each warp's acc
+    MW: gl.constexpr = gl.SliceLayout(2, S3)   # (GP, NW): each warp's max and sum
+    QW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(1, L4))  # (GP, D): q
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])  # _attention's
+    QL: gl.constexpr = gl.SliceLayout(1, L3)
+    SL: gl.constexpr = gl.SliceLayout(2, L3)
+    n = pos + 1
+    chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
+    s_lo = split * chunk
+    s_hi = gl.minimum(s_lo + chunk, n)
+    base = (layer.to(gl.int64) * NKV + kvh) * S_MAX * D
+    wk = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, K3)))
+    jk = gl.arange(0, SW, layout=gl.SliceLayout(0, gl.SliceLayout(2, K3)))
+    dk = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, K3)))
+    rk = gl.expand_dims(wk * SW, 1) + gl.expand_dims(jk, 0)  # (NW, SW): position within a block
+    d3 = gl.expand_dims(gl.expand_dims(dk, 0), 1)
+    ws = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(0, S3)))
+    js = gl.arange(0, SW, layout=gl.SliceLayout(0, gl.SliceLayout(0, S3)))
+    rs = gl.expand_dims(ws * SW, 1) + gl.expand_dims(js, 0)  # the same in the scores' layout
+    p0 = s_lo + rk
+    offs = base + gl.expand_dims(p0, 2).to(gl.int64) * D + d3
+    mk = gl.expand_dims(p0 < s_hi, 2)
+    old = s_lo + BLOCK_S <= pos  # the first block holds no position written in this step
+    k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    seen = target
+    if do_wait:
+        seen = _spin(wait_ptr, target, spin_cap)
+        gl.thread_barrier()
+    t_ready = 0
+    if TIMELINE:
+        t_ready = _now(pos)
+    if s_lo + BLOCK_S > pos:
+        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+    gqw = gl.arange(0, GP, layout=gl.SliceLayout(1, QW))
+    dqw = gl.arange(0, D, layout=gl.SliceLayout(0, QW))
+    q = gl.load(q_ptr + gl.expand_dims(kvh * G + gqw, 1) * D + gl.expand_dims(dqw, 0),
+                mask=gl.expand_dims(gqw < G, 1), other=0.0, cache_modifier=".cg").to(gl.float32)
+    q4 = gl.expand_dims(gl.expand_dims(q, 1), 1)  # (GP, 1, 1, D)
+    m = gl.full([GP, NW], float("-inf"), gl.float32, MW)
+    l = gl.zeros([GP, NW], gl.float32, MW)
+    acc = gl.zeros([GP, NW, D], gl.float32, A3)
+    s0 = s_lo
+    while s0 < s_hi:
+        pn = s0 + BLOCK_S + rk  # the next block, in flight during this one's math
+        offs_n = base + gl.expand_dims(pn, 2).to(gl.int64) * D + d3
+        mk_n = gl.expand_dims(pn < s_hi, 2)
+        k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        sc = gl.sum(q4 * gl.expand_dims(k.to(gl.float32), 0), axis=3) * sm_scale
+        sc = gl.where(gl.expand_dims(s0 + rs < s_hi, 0), sc, float("-inf"))
+        m_new = gl.maximum(m, gl.max(sc, axis=2))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no position yet: exp(−inf) = 0, no NaN
+        alpha = gl.exp(m - m_use)
+        p = gl.exp(sc - gl.expand_dims(m_use, 2))
+        l = l * alpha + gl.sum(p, axis=2)
+        pv = gl.sum(gl.expand_dims(p, 3) * gl.expand_dims(v.to(gl.float32), 0), axis=2)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(2, A3)), 2) + pv
+        m = m_new
+        k = k_n
+        v = v_n
+        s0 += BLOCK_S
+    # the warps' partials: M = max_w m_w, L = Σ_w l_w·e^(m_w − M), ACC = Σ_w acc_w·e^(m_w − M)
+    mx = gl.max(m, axis=1)
+    wgt = gl.exp(m - gl.expand_dims(mx, 1))
+    m_f = gl.convert_layout(mx, gl.SliceLayout(1, SL))
+    l_f = gl.convert_layout(gl.sum(l * wgt, axis=1), gl.SliceLayout(1, SL))
+    acc_f = gl.convert_layout(gl.sum(acc * gl.expand_dims(gl.convert_layout(wgt, gl.SliceLayout(2, A3)), 2), axis=1),
+                              QL)
+    t_math = pos.to(gl.int64) * 0
+    if TIMELINE:
+        t_math = _now(gl.max(l_f, axis=0).to(gl.int32))
+    t_ticket = _attn_publish(kvh, split, pos, m_f, l_f, acc_f, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
+                             pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
+    return seen, t_ready, t_math, t_ticket
+
+
+@gluon.jit
+def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr,
+                  D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr,
+                  BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr, TIMELINE: gl.constexpr):
+    """A split's end (both attention layouts): the whole context in this task →
+    normalise and publish; else store the partials, draw the kv head's ticket, and the last holder combines and
+    signals. Returns the ticket's ns stamp (0 without TIMELINE)."""
+    ACT: gl.constexpr = attn_ptr.dtype.element_ty
+    QL: gl.constexpr = gl.SliceLayout(1, L3)
+    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    mq = gq < G
+    hq = kvh * G + gq
+    t_ticket = pos.to(gl.int64) * 0
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
-    if used == 1:  # the whole context in this task: normalise and publish directly
+    if used == 1:
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, QL)), 1)
         gl.store(attn_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
                  mask=gl.expand_dims(mq, 1))
@@ -415,14 +528,13 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
         if TIMELINE:
             t_ticket = _now(ticket)
-        if ticket == used - 1:  # every split of this kv head is written: combine them
+        if ticket == used - 1:
             gl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
             gl.thread_barrier()
             _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NSPLIT, BLOCK_SPLIT, L3)
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
-
-    return seen, t_ready, t_math, t_ticket
+    return t_ticket
 
 
 @gluon.jit
@@ -511,7 +623,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
-              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr):
+              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -582,12 +694,19 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if skip == 0:
                 need = gl.load(row + F_NEED)
                 target = epoch * gl.load(row + F_INC) + need
-                seen, t_attn, t_math, t_ticket = _attention(layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET),
-                                          gl.load(row + F_SIGNAL), counters_ptr + gl.maximum(wait_cnt, 0), target,
-                                          (wait_cnt >= 0) & (bad == 0), spin_cap, counters_ptr, q_ptr, kc_ptr,
-                                          vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX, NSPLIT,
-                                          MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE,
-                                          knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM)
+                if ATTN_WARPS:
+                    seen, t_attn, t_math, t_ticket = _attention_warps(
+                        layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
+                        counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
+                        counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
+                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE)
+                else:
+                    seen, t_attn, t_math, t_ticket = _attention(
+                        layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
+                        counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
+                        counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
+                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, knew_ptr, qknorm_ptr, cos_ptr,
+                        sin_ptr, eps, QK_NORM)
                 if TIMELINE:  # an attention task has no weight loads: its producer stamps hold two phases
                     t_ready = t_attn
                     aslot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
@@ -890,7 +1009,7 @@ def megakernel(
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr):
+        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -915,7 +1034,7 @@ def megakernel(
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA)),
+                     LM_CTA, ATTN_WARPS)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
