@@ -199,20 +199,7 @@ SWEEPS = {
     # tiles, so a 1024-wide hidden size gives 128 such tasks for 132 SMs instead of 64
     "rows": [("triton-default", "triton", {}), ("default", "gluon", {}), ("br16", "gluon", {"max_rows": 16}),
              ("br16-ns24", "gluon", {"max_rows": 16, "num_stages": 24}), ("default-again", "gluon", {})],
-    # session 5, commit cadb963 (the switch was removed after: slower): the O-proj tasks combine the attention splits
-    "r13": [("triton-default", "triton", {}), ("default", "gluon", {}), ("oproj", "gluon", {"attn_combine": "oproj"}),
-            ("default-again", "gluon", {}), ("oproj-again", "gluon", {"attn_combine": "oproj"})],
-    "r13long": [("default", "gluon", {}), ("oproj", "gluon", {"attn_combine": "oproj"}),
-                ("default-again", "gluon", {}), ("oproj-again", "gluon", {"attn_combine": "oproj"})],
-    # session 5, commit c2f4963 (the attn_depth knob was removed after: no gain): two K/V blocks in flight (both
-    # loaded before the wait), and fewer, longer splits with it
-    "r14": [("triton-default", "triton", {}), ("default", "gluon", {}), ("d2", "gluon", {"attn_depth": 2}),
-            ("d2-c128", "gluon", {"attn_depth": 2, "attn_min_chunk": 128}),
-            ("d2-c256", "gluon", {"attn_depth": 2, "attn_min_chunk": 256}),
-            ("c256", "gluon", {"attn_min_chunk": 256}), ("default-again", "gluon", {}),
-            ("d2-again", "gluon", {"attn_depth": 2})],
-    "r14long": [("default", "gluon", {}), ("d2", "gluon", {"attn_depth": 2}), ("default-again", "gluon", {}),
-                ("d2-again", "gluon", {"attn_depth": 2})],
+    # r13 (attn_combine=oproj) and r14 (attn_depth=2) ran at cadb963 and c2f4963; their switches were removed
     # prepared in session 5 (not run yet): one greedy-pick atomic per CTA instead of one per LM-head task; the
     # attention's warp-local online softmax, alone and with one split per kv head up to 256 positions
     "r15": [("triton-default", "triton", {}), ("default", "gluon", {}), ("lm-cta", "gluon", {"lm_pick": "cta"}),

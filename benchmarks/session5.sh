@@ -3,8 +3,7 @@
 #   bash benchmarks/session5.sh chain     # per-task timelines (whole frames) of llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b
 #                                         # for the dependency-chain analysis; decode latency of the Qwen presets
 #   bash benchmarks/session5.sh presets   # decode latency and timeline of llama-3.2-3b and llama-3.1-8b
-#   bash benchmarks/session5.sh r13       # attn_combine=oproj: correctness (stories, tiny, llama) and A/B sweeps
-#   bash benchmarks/session5.sh r14       # attn_depth=2 (two K/V blocks before the wait), longer splits: check + A/B
+#   (stages r13 and r14 ran at cadb963 and c2f4963; their switches were removed since: `git show c2f4963:benchmarks/session5.sh`)
 #   bash benchmarks/session5.sh phases    # timelines with the attention tasks' phase stamps (llama-3.2-1b, qwen3-0.6b)
 #   bash benchmarks/session5.sh next      # the next session's first call (prepared, not run): lm_pick and
 #                                         # attn_layout checks and A/B
@@ -13,16 +12,7 @@
 #   bash benchmarks/session5.sh final     # issue 10's decode latency set with launch-ahead, GPU tests
 #   bash benchmarks/session5.sh last      # final, then presets (one device call)
 # Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1
-R=${OUT:-/tmp/bubblescope-session}/run
-mkdir -p "$R"
-log() { echo "=== $* $(date +%T)"; }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__,'gpus',torch.cuda.device_count())"
-  echo "commit ${BUBBLESCOPE_COMMIT:-unknown}"; } > "$R/env.txt" 2>&1
-cat "$R/env.txt"
+. benchmarks/device_prelude.sh
 DL="python3 benchmarks/decode_latency.py"
 case "${1:-}" in
 chain)
@@ -44,26 +34,6 @@ presets)
     timeout 50 python3 benchmarks/gluon_check.py --model $m --out "$R/chain_$m.json" --sections timeline > "$R/chain_$m.log" 2>&1; echo "rc=$?" >> "$R/chain_$m.log"
     grep -E "rc=" "$R/chain_$m.log"
   done
-  ;;
-r13)
-  log r13-check
-  timeout 300 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r13.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r13 --timed 300 --rounds 6 --params '{"attn_combine": "oproj"}' > "$R/gluon_check_r13.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13.log"
-  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r13.log" | tail -32 | cut -c1-700
-  log r13-qwen3
-  timeout 120 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r13_qwen3.json" --sections sweep --sweep r13 --timed 200 --rounds 5 > "$R/gluon_check_r13_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13_qwen3.log"
-  tail -7 "$R/gluon_check_r13_qwen3.log" | cut -c1-300
-  log r13-4096
-  timeout 150 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r13long.json" --sections sweep --sweep r13long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r13long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r13long.log"
-  tail -6 "$R/gluon_check_r13long.log" | cut -c1-300
-  ;;
-r14)
-  log r14-check
-  timeout 230 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r14.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r14 --timed 300 --rounds 6 --params '{"attn_depth": 2, "attn_min_chunk": 256}' > "$R/gluon_check_r14.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r14.log"
-  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r14.log" | tail -34 | cut -c1-600
-  log r14-4096
-  timeout 110 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r14long.json" --sections sweep --sweep r14long --context 4096 --timed 100 --rounds 5 > "$R/gluon_check_r14long.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r14long.log"
-  tail -6 "$R/gluon_check_r14long.log" | cut -c1-300
-  rm -f "$R"/*noprefetch_frame.csv.gz
   ;;
 phases)
   for m in llama-3.2-1b qwen3-0.6b; do

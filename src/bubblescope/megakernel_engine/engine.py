@@ -117,16 +117,16 @@ class MegakernelEngine:
             params = params.replace(num_programs=1, prefetch="off", spin_sleep_ns=0, fast_launch=False)
         if variant == "noprefetch":
             params = params.replace(prefetch="off")
+        self.limits = None if self.interpret else R.device_limits(self.device)
         if self.impl == "gluon":  # one CTA per SM, each weight task one TMA tile (gluon/host.py)
             from .gluon import host as GH
-            params = GH.gluon_params(cfg, params, R.device_limits(self.device).sms)
+            params = GH.gluon_params(cfg, params, self.limits.sms)
         else:  # q/k-norm in the attention task is the Gluon kernel's; the Triton kernel norms whole-head QKV tiles
             params = params.replace(qk_norm_in_attn=False)
         self.params = params
         self._kernel = L.load_kernel(self.interpret)
         if self.impl == "gluon":
             self._gluon_kernel = GH.load_gluon_kernel()
-        self.limits = None if self.interpret else R.device_limits(self.device)
         grid = params.num_programs or self.limits.sms * params.programs_per_sm
         self.tiling = resolve_tiling(cfg, params, grid)
         self.packed = pack_weights(weights, self.tiling, self.max_seq_len)

@@ -645,7 +645,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
     staged = -1       # layer·8 + opcode of the vector in xs
     known_cnt = -1    # counters only increase: a wait already satisfied needs no new atomic
     known_seen = 0
-    lm_best = pos.to(gl.int64) * 0 + AMAX_EMPTY  # LM_CTA: the best greedy key of this CTA's LM-head tasks
+    if LM_CTA:
+        lm_best = pos.to(gl.int64) * 0 + AMAX_EMPTY  # the best greedy key of this CTA's LM-head tasks
     for i in range(n):
         op = gl.load(row + F_OP)
         layer = gl.load(row + F_LAYER)
@@ -772,7 +773,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 _stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
                 staged = key
             acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW)
-            lm_best = gl.maximum(lm_best, _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA))
+            lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
+            if LM_CTA:
+                lm_best = gl.maximum(lm_best, lm_key)
         amount = gl.load(row + F_SIGINC)
         if amount > 0:  # the CTA's last task of its run of one stage signals for the whole run
             gl.thread_barrier()
