@@ -113,7 +113,25 @@ def section_llama(args, out):
                     "rel_err_mk_vs_fp32": _rel(mk, f32), "rel_err_ref_vs_fp32": _rel(ref, f32),
                     "max_rel_err_mk_vs_fp32_per_step": max(_rel(mk[k], f32[k]) for k in range(len(ids))),
                     "max_rel_err_ref_vs_fp32_per_step": max(_rel(ref[k], f32[k]) for k in range(len(ids))),
-                    "compile": info}
+                    "argmax_agree_ref_vs_fp32": float((f32.argmax(-1) == ref.argmax(-1)).float().mean()),
+                    "mismatches": _mismatches(mk, ref, f32), "compile": info}
+
+
+def _mismatches(mk, ref, f32):
+    """Where the megakernel's argmax differs from the bf16 reference's: the fp32 model's top-1 − top-2 logit margin
+    there, and each bf16 engine's largest |logit − fp32 logit| at that step (a flip is rounding when the margin is
+    below the errors)."""
+    top2 = f32.float().topk(2, dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1])
+    err_mk = (mk.float() - f32.float()).abs().amax(-1)
+    err_ref = (ref.float() - f32.float()).abs().amax(-1)
+    idx = (mk.argmax(-1) != ref.argmax(-1)).nonzero().flatten().tolist()
+    return {"steps": idx, "fp32_margin": [round(float(margin[k]), 5) for k in idx],
+            "max_abs_err_mk": [round(float(err_mk[k]), 5) for k in idx],
+            "max_abs_err_ref": [round(float(err_ref[k]), 5) for k in idx],
+            "fp32_margin_p50_all": round(float(margin.median()), 5),
+            "max_abs_err_ref_p50_all": round(float(err_ref.median()), 5),
+            "max_abs_err_mk_p50_all": round(float(err_mk.median()), 5)}
 
 
 def section_timeline(args, out):

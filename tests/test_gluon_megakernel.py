@@ -107,13 +107,17 @@ def test_gluon_switches_are_checked():
     """The prepared switches refuse what they do not support: bad values (params.validate) and the warp-local
     attention on a q/k-norm model (gluon_params), each naming the field."""
     from bubblescope.errors import BubblescopeError
-    for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be blocks or warps"),
+    for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks or warps"),
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
         gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="warps"))
     assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
+    # auto: warp-local where there is no q/k-norm and at most 4 query heads per kv head (groups: 4, 7, 2 and 4)
+    assert [gluon_params(get_preset(m), MegakernelParams()).attn_layout
+            for m in ("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b")] == ["warps", "blocks", "blocks", "warps"]
+    assert gluon_params(get_preset("qwen2.5-0.5b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
 
 
 def test_gluon_support_rules_name_the_reason():
@@ -266,8 +270,10 @@ def test_gluon_tile_choice_per_model_is_recorded():
         t = gluon_tiling(cfg, MegakernelParams(), 132)
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
-                                 "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True}
+                                 "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "blocks",
+                                 "lm_pick": "cta"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
+    assert out["llama-3.2-1b"]["attn_layout"] == "warps" and out["qwen2.5-0.5b"]["attn_layout"] == "blocks"
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8
     assert out["qwen2.5-0.5b"]["BR"] == 16 and out["qwen2.5-0.5b"]["rows_od"] == 8  # auto_rows: a thin QKV stage
     json.dumps(out)  # results.json carries it as is

@@ -144,10 +144,13 @@ class MegakernelParams:
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
-            (each CTA keeps its best key over its LM-head tasks and issues one: 132). The same pick either way.
-        attn_layout: Gluon kernel only, models without q/k-norm: ``blocks`` (a block's positions across all
-            warps, reduced through shared memory) or ``warps`` (each warp owns a slice of every block and keeps its
-            own online softmax; one cross-warp combine per task). Prepared in session 5, not yet run on a GPU.
+            (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
+            either way; measured on the H200 (session 6, ``gluon_check.py --sweep r15``, interleaved rounds,
+            Llama-3.2-1B): 0.945 / 0.934 ms against 0.956 / 0.964 per task, LM-head span 123.6 against 129.2 µs.
+        attn_layout: Gluon kernel only: ``blocks`` (a block's positions across all warps, reduced through shared
+            memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
+            cross-warp combine per task; no q/k-norm) or ``auto`` (``warps`` where the model has no q/k-norm and
+            at most 4 query heads per kv head, else ``blocks``; see ``gluon.host.resolve_attn_layout``).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -187,8 +190,8 @@ class MegakernelParams:
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
     qk_norm_in_attn: bool = False
-    lm_pick: str = "task"
-    attn_layout: str = "blocks"
+    lm_pick: str = "cta"
+    attn_layout: str = "auto"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -240,8 +243,9 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
-        if self.attn_layout not in ("blocks", "warps"):
-            raise BubblescopeError(f"megakernel params: attn_layout must be blocks or warps, got {self.attn_layout!r}")
+        if self.attn_layout not in ("auto", "blocks", "warps"):
+            raise BubblescopeError(f"megakernel params: attn_layout must be auto, blocks or warps, "
+                                   f"got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
         if self.split_k not in (1, 2):

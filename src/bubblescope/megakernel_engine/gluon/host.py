@@ -72,6 +72,25 @@ def auto_rows(cfg: ModelConfig, sms: int) -> int:
     return 16 if 2 * qkv_tasks < sms else DEFAULT_ROWS
 
 
+def resolve_attn_layout(cfg: ModelConfig, layout: str) -> str:
+    """The attention layout for ``cfg``: ``layout`` unless it is ``auto``, which picks ``warps`` (warp-local online
+    softmax) for models without q/k-norm and at most 4 query heads per kv head, else ``blocks``.
+
+    Measured on the H200 (session 6, ``gluon_check.py``, interleaved rounds, benchmarks/results/h200-2026-12-01-s6):
+    Llama-3.2-1B at 4096 tokens of context 1.094 / 1.068 ms with ``warps`` against 1.182 / 1.160, even at 128
+    (0.961 against 0.964); Qwen2.5-0.5B (7 query heads per kv head) spilled 8 bytes with ``warps`` and measured
+    0.925 against 0.916, hence the group limit. ``warps`` has no q/k-norm path (Qwen3).
+
+    Raises:
+        BubblescopeError: ``warps`` asked for a model with q/k-norm.
+    """
+    if layout == "warps" and cfg.qk_norm:
+        raise BubblescopeError("megakernel params: attn_layout=warps does not support q/k-norm (Qwen3) yet")
+    if layout != "auto":
+        return layout
+    return "warps" if not cfg.qk_norm and cfg.gqa_group <= 4 else "blocks"
+
+
 def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
     per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
@@ -79,8 +98,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> 
     :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
     divide head_dim/2); the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless
     ``attn_min_chunk`` is set."""
-    if params.attn_layout == "warps" and cfg.qk_norm:
-        raise BubblescopeError("megakernel params: attn_layout=warps does not support q/k-norm (Qwen3) yet")
+    layout = resolve_attn_layout(cfg, params.attn_layout)
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto_rows(cfg, sms), cfg.head_dim)
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
@@ -92,7 +110,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> 
     # q/k-norm in the attention task) spilled 32 bytes at BLOCK_S 64, none at 32
     block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim), 4096 // cfg.head_dim))
     block_s = block_s if params.block_s == MegakernelParams.block_s else params.block_s
-    return params.replace(block_s=block_s, rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
+    return params.replace(attn_layout=layout, block_s=block_s, rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk, qk_norm_in_attn=True)
 
@@ -142,11 +160,13 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     QKV / gate-up / LM-head tile), ``BK`` (columns per box), ``ring`` (weight-ring slots), ``split_k`` (column
     boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
     attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
-    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task); ``t`` from :func:`gluon_tiling`, ``cx``
+    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks`` or ``warps``),
+    ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs); ``t`` from :func:`gluon_tiling`, ``cx``
     from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
-            "qk_norm_in_attn": bool(cx["QK_NORM"])}
+            "qk_norm_in_attn": bool(cx["QK_NORM"]), "attn_layout": "warps" if cx["ATTN_WARPS"] else "blocks",
+            "lm_pick": "cta" if cx["LM_CTA"] else "task"}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sixth session's bounded GPU rounds (run by the lead through the device tool, from the repository root).
+#   bash benchmarks/session6.sh check     # the 8B argmax mismatch analysed (gluon_check llama section), issue 10's
+#                                         # decode latency set on the new defaults (lm_pick=cta, attn_layout=auto),
+#                                         # the GPU tests but the 8B argmax one
+#   bash benchmarks/session6.sh presets   # decode latency of the other presets (README table)
+#   bash benchmarks/session6.sh tests     # every GPU test
+#   bash benchmarks/session6.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
+# Needs .carry/models/stories260K and .whl/msgspec (carry: .carry .whl). Everything lands under $OUT/run.
+. benchmarks/device_prelude.sh
+DL="python3 benchmarks/decode_latency.py"
+case "${1:-}" in
+check)
+  log argmax-8b
+  timeout 170 python3 benchmarks/gluon_check.py --model llama-3.1-8b --out "$R/gluon_check_8b_argmax.json" --sections llama --steps 256 > "$R/gluon_check_8b_argmax.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_8b_argmax.log"
+  tail -3 "$R/gluon_check_8b_argmax.log" | cut -c1-1500
+  log decode-latency-1b
+  timeout 150 $DL --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 135 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -10 "$R/decode_latency_1b.log"
+  log gpu-tests
+  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -k "not llama-3.1-8b" > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -8 "$R/pytest_gpu.log"
+  ;;
+presets)
+  log decode-latency-llama
+  timeout 200 $DL --models llama-3.2-3b,llama-3.1-8b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_llama.json" --max-seconds 185 > "$R/decode_latency_llama.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_llama.log"
+  tail -10 "$R/decode_latency_llama.log"
+  log decode-latency-qwen
+  timeout 230 $DL --models qwen2.5-0.5b,qwen3-0.6b,qwen3-1.7b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_qwen.json" --max-seconds 210 > "$R/decode_latency_qwen.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_qwen.log"
+  tail -14 "$R/decode_latency_qwen.log"
+  ;;
+tests)
+  log gpu-tests
+  timeout 400 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -8 "$R/pytest_gpu.log"
+  ;;
+mk)
+  log gluon-check
+  timeout 420 python3 benchmarks/gluon_check.py --out "$R/gluon_check_${2:-none}.json" ${MK_ARGS:-} --sweep "${2:-none}" > "$R/gluon_check.log" 2>&1; echo "rc=$?" >> "$R/gluon_check.log"
+  tail -40 "$R/gluon_check.log" | cut -c1-400
+  ;;
+esac
+rm -f "$R"/*noprefetch_frame.csv.gz
+find "$R" -type f | head -60
+(cd "$R/.." && tar czf run.tgz run)
