@@ -162,6 +162,9 @@ def section_timeline(args, out):
         # the whole frame (every task of the last step) beside the JSON, for the critical-path analysis offline
         df.to_csv(Path(args.out).with_name(f"{Path(args.out).stem}_{args.model}_{name}_frame.csv.gz"), index=False,
                   float_format="%.3f")
+        for r in s.get("task_phases") or []:
+            print(f"   {name} {r['opcode']:>7} phases (µs p50): stage {r['stage_us_p50']:.2f}, matvec {r['mv_us_p50']:.2f}, "
+                  f"epilogue {r['epilogue_us_p50']:.2f} (max {r['epilogue_us_max']:.2f}), {r['tasks']} tasks", flush=True)
         if s.get("attn_phases"):
             print(f"   {name} attention phases (µs): " + ", ".join(
                 f"{k} p50 {v['p50']:.2f} max {v['max']:.2f}" for k, v in s["attn_phases"].items()), flush=True)

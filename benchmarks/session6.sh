@@ -3,6 +3,8 @@
 #   bash benchmarks/session6.sh check     # the 8B argmax mismatch analysed (gluon_check llama section), issue 10's
 #                                         # decode latency set on the new defaults (lm_pick=cta, attn_layout=auto),
 #                                         # the GPU tests but the 8B argmax one
+#   bash benchmarks/session6.sh phases    # the 8B argmax test (its new bar); timelines with the weight tasks' phase
+#                                         # stamps (llama-3.2-1b, qwen3-0.6b, llama-3.1-8b)
 #   bash benchmarks/session6.sh presets   # decode latency of the other presets (README table)
 #   bash benchmarks/session6.sh tests     # every GPU test
 #   bash benchmarks/session6.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
@@ -20,6 +22,16 @@ check)
   log gpu-tests
   timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -k "not llama-3.1-8b" > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
   tail -8 "$R/pytest_gpu.log"
+  ;;
+phases)
+  log test-8b
+  timeout 120 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider -k "argmax and llama-3.1-8b" > "$R/pytest_gpu_8b.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_8b.log"
+  tail -4 "$R/pytest_gpu_8b.log"
+  for m in llama-3.2-1b qwen3-0.6b llama-3.1-8b; do
+    log phases-$m
+    timeout 80 python3 benchmarks/gluon_check.py --model $m --out "$R/phases_$m.json" --sections timeline > "$R/phases_$m.log" 2>&1; echo "rc=$?" >> "$R/phases_$m.log"
+    grep -E "megakernel-gluon |rc=" "$R/phases_$m.log" | cut -c1-300
+  done
   ;;
 presets)
   log decode-latency-llama

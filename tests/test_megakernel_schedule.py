@@ -302,6 +302,33 @@ def test_gluon_attention_phase_stamps_become_their_own_columns():
     assert intrakernel_summary(df)["producer_lead_us_p50"] == 3.0  # attention tasks do not enter the lead
 
 
+def test_gluon_weight_task_phase_stamps():
+    """The Gluon consumer's two more stamps per weight task (input staged, last ring slot consumed) become
+    ``staged_us``/``mv_end_us`` and ``task_phases`` per opcode; attention tasks leave them 0 (NaN). Hand-built:
+    ready +0.5 µs, staged +1.75, matvec done +2.5, end +3.0 (µs from start); QKV tasks stage 0.25 µs longer."""
+    from bubblescope.megakernel_engine.schedule import OP_QKV
+    from bubblescope.megakernel_engine.timeline import task_phases
+    cfg = TINY["gqa-tied-llama3"]
+    sch = build_schedule(cfg, SMALL, 2)
+    p, t = sch.table.shape[:2]
+    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
+    ops = sch.table[..., 0].numpy()
+    attn, qkv = ops == OP_ATTN, ops == OP_QKV
+    t5 = np.where(attn, 0, base + 1750 + np.where(qkv, 250, 0))
+    t6 = np.where(attn, 0, base + 2500)
+    stamps = np.stack([base, base + 500, base + 3000, base - 3000, base + 1000, t5, t6], axis=-1)
+    df = decode_timeline([sch], [torch.from_numpy(stamps)])
+    assert df.loc[df["name"] == "ATTN", "staged_us"].isna().all()
+    assert not df.loc[df["name"] != "ATTN", ["staged_us", "mv_end_us"]].isna().any().any()
+    ph = {r["opcode"]: r for r in intrakernel_summary(df)["task_phases"]}
+    assert "ATTN" not in ph and list(ph)[:2] == ["QKV", "OPROJ"]  # pipeline order
+    assert ph["QKV"]["stage_us_p50"] == pytest.approx(1.5) and ph["QKV"]["mv_us_p50"] == pytest.approx(0.5)
+    assert ph["DOWN"]["stage_us_p50"] == pytest.approx(1.25) and ph["DOWN"]["mv_us_p50"] == pytest.approx(0.75)
+    assert ph["GATEUP"]["epilogue_us_p50"] == pytest.approx(0.5) == ph["GATEUP"]["epilogue_us_max"]
+    assert ph["QKV"]["tasks"] == int(((ops == OP_QKV) & (np.arange(t)[None, :] < sch.counts.numpy()[:, None])).sum())
+    assert task_phases(df.drop(columns=["staged_us", "mv_end_us"])) is None  # 5 stamps: no phases
+
+
 def test_stage_edges_hand_built_chain():
     """Two layers by hand (µs): each stage's first consumer starts a fixed time after the upstream stage's last
     end, except ATTN, which waits on part of QKV and starts 1 µs before the last QKV tile ends."""

@@ -182,8 +182,9 @@ class MegakernelEngine:
 
     @property
     def _stamps(self) -> int:
-        """Timeline stamps per task: start, ready, end (+ first and last weight load issue in the Gluon kernel)."""
-        return 5 if self.impl == "gluon" else 3
+        """Timeline stamps per task: start, ready, end (+ first and last weight load issue, input staged and last
+        ring slot consumed in the Gluon kernel: ``gluon.kernel.STAMPS``)."""
+        return 7 if self.impl == "gluon" else 3
 
     def _launcher(self, timeline: bool):
         if self.impl == "gluon":

@@ -45,6 +45,11 @@ LOAD_COLUMNS = ["load_start_us", "load_end_us"]
 # math was done (q and the new K/V had arrived) and when it drew its ticket (partials stored and fenced; a single
 # split: its output published). The rest up to ``end_us`` is the combine and signal of the last ticket holder.
 ATTN_COLUMNS = ["math_end_us", "ticket_us"]
+# Gluon kernel only, weight tasks: when the consumer had its input vector staged in shared memory (after the
+# dependency wait: the input's L2 round trip and, for QKV / gate-up / LM head, its RMSNorm) and when it had consumed
+# the task's last ring slot (the matvec, waiting on the weights still in flight). The rest up to ``end_us`` is the
+# epilogue, the output stores and, for a stage's last task on the CTA, the release and the signal.
+PHASE_COLUMNS = ["staged_us", "mv_end_us"]
 
 
 def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd.DataFrame:
@@ -58,7 +63,8 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
         DataFrame with :data:`COLUMNS`: ``name`` (opcode), ``program``, ``layer``, ``task`` (global index in
         the step's topological order), ``tile`` (index within its (layer, opcode)), ``launch``; times in µs
         relative to the earliest start: ``ts_us``, ``ready_us``, ``end_us``, ``dur_us = end − ts``,
-        ``wait_us = ready − ts``; with 5 stamps per task (Gluon), also :data:`LOAD_COLUMNS`. Sorted by start
+        ``wait_us = ready − ts``; with 5 stamps per task (Gluon), also :data:`LOAD_COLUMNS` and
+        :data:`ATTN_COLUMNS`, with 7 also :data:`PHASE_COLUMNS`. Sorted by start
         time.
     """
     parts = []
@@ -74,6 +80,8 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
                 "t0": ts[prog, slot, 0], "t1": ts[prog, slot, 1], "t2": ts[prog, slot, 2]}
         if ts.shape[-1] >= 5:  # the Gluon kernel's producer: first and last weight-load issue (0: no weights)
             cols["t3"], cols["t4"] = ts[prog, slot, 3], ts[prog, slot, 4]
+        if ts.shape[-1] >= 7:  # the Gluon kernel's weight-task phases (0: attention tasks)
+            cols["t5"], cols["t6"] = ts[prog, slot, 5], ts[prog, slot, 6]
         parts.append(pd.DataFrame(cols))
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t0", "t1", "t2"])
     origin = df["t0"].min() if len(df) else 0
@@ -89,7 +97,11 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
                              ("math_end_us", "t3", attn), ("ticket_us", "t4", attn)):
             df[col] = np.where(mine & (df[t] > 0), (df[t] - origin) / 1e3, np.nan)
         extra = LOAD_COLUMNS + ATTN_COLUMNS
-    df = df.drop(columns=[c for c in ("t0", "t1", "t2", "t3", "t4") if c in df]).sort_values(
+    if "t5" in df:
+        for col, t in (("staged_us", "t5"), ("mv_end_us", "t6")):
+            df[col] = np.where(df[t] > 0, (df[t] - origin) / 1e3, np.nan)
+        extra = extra + PHASE_COLUMNS
+    df = df.drop(columns=[c for c in ("t0", "t1", "t2", "t3", "t4", "t5", "t6") if c in df]).sort_values(
         ["ts_us", "program"], kind="stable")
     return df.reset_index(drop=True)[COLUMNS + extra]
 
@@ -102,7 +114,8 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
     tasks), ``tasks_per_step``, ``span_us`` (first start to last end), ``by_opcode`` — a list of
     {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, ``edges``
     (:func:`edge_summary`: per dependency edge the median µs from the last upstream task's end to the first
-    consumer's start, and the consumer stage's span), and ``tasks``:
+    consumer's start, and the consumer stage's span), ``attn_phases`` (:func:`attn_phases`), ``task_phases``
+    (:func:`task_phases`), and ``tasks``:
     [{program, opcode, layer, start_us, ready_us, end_us}] in start order (times in µs, 3 decimals).
     The statistics use every task; ``tasks`` lists only ``max_programs`` programs evenly spaced over the
     grid (Llama-3.2-1B runs ~75,000 tasks per step: all of them would make a 16 MB results file),
@@ -130,6 +143,7 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
         "by_opcode": by,
         "edges": edge_summary(stage_edges(df)),
         "attn_phases": attn_phases(df),
+        "task_phases": task_phases(df),
         "tasks_programs": shown,
         "tasks": [{"program": int(r.program), "opcode": r.name, "layer": int(r.layer),
                    "start_us": round(float(r.ts_us), 3), "ready_us": round(float(r.ready_us), 3),
@@ -191,6 +205,30 @@ def attn_phases(df: pd.DataFrame) -> dict | None:
     parts = {"math_us": a["math_end_us"] - a["ready_us"], "ticket_us": a["ticket_us"] - a["math_end_us"],
              "combine_us": a["end_us"] - a["ticket_us"]}
     return {k: {"p50": float(v.median()), "max": float(v.max())} for k, v in parts.items()}
+
+
+def task_phases(df: pd.DataFrame) -> list[dict] | None:
+    """Where a weight task's time after its dependency wait goes (Gluon kernel, :data:`PHASE_COLUMNS`), per opcode,
+    µs over its tasks: ``stage_us`` (ready → input staged: the input vector's L2 round trip, plus RMSNorm where the
+    stage normalises; 0 when the CTA's previous task of the same stage staged it), ``mv_us`` (staged → last ring
+    slot consumed: the matvec, and waiting for weight tiles still in flight), ``epilogue_us`` (→ end: RoPE /
+    SwiGLU / residual / greedy key, the stores and, for a CTA's last task of a stage, the release and the signal).
+    A list of ``{"opcode", "tasks", "stage_us_p50", "mv_us_p50", "epilogue_us_p50", "epilogue_us_max"}`` in
+    pipeline order; None without those stamps."""
+    if "staged_us" not in df:
+        return None
+    w = df.dropna(subset=PHASE_COLUMNS)
+    if not len(w):
+        return None
+    rank = {name: k for k, name in OPCODE_NAMES.items()}
+    out = []
+    for name, g in sorted(w.groupby("name"), key=lambda kv: rank.get(kv[0], 99)):
+        epi = g["end_us"] - g["mv_end_us"]
+        out.append({"opcode": name, "tasks": int(len(g)),
+                    "stage_us_p50": float((g["staged_us"] - g["ready_us"]).median()),
+                    "mv_us_p50": float((g["mv_end_us"] - g["staged_us"]).median()),
+                    "epilogue_us_p50": float(epi.median()), "epilogue_us_max": float(epi.max())})
+    return out
 
 
 def chrome_events(df: pd.DataFrame, ts_offset_us: float = 0.0, pid: str = "megakernel (intra-kernel)") -> list[dict]:

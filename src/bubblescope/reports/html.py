@@ -68,7 +68,11 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
             "edges": [[tables.fmt(r.get("edge"), "text"), tables.fmt(r.get("stages")),
                        tables.fmt(r.get("hop_us_p50"), "rate"), tables.fmt(r.get("hop_us_max"), "rate"),
                        tables.fmt(r.get("span_us_p50"), "rate")]
-                      for r in ik.get("edges") or []]})
+                      for r in ik.get("edges") or []],
+            "phases": [[tables.fmt(r.get("opcode"), "text"), tables.fmt(r.get("tasks")),
+                        *(tables.fmt(r.get(k), "rate") for k in ("stage_us_p50", "mv_us_p50", "epilogue_us_p50",
+                                                                  "epilogue_us_max"))]
+                       for r in ik.get("task_phases") or []]})
     return out
 
 

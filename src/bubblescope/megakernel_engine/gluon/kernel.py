@@ -65,8 +65,9 @@ OP_GATEUP = gl.constexpr(S.OP_GATEUP)
 OP_DOWN = gl.constexpr(S.OP_DOWN)
 OP_LMHEAD = gl.constexpr(S.OP_LMHEAD)
 AMAX_EMPTY = gl.constexpr(-(2 ** 63))
-STAMPS = gl.constexpr(5)  # per task: start, ready, end (consumer); first and last TMA issue (producer) — for an
-# attention task (no weights), when its math was done and its ticket drawn (consumer)
+STAMPS = gl.constexpr(7)  # per task: start, ready, end (consumer); first and last TMA issue (producer) — for an
+# attention task (no weights), when its math was done and its ticket drawn (consumer); a weight task's input staged
+# and its last ring slot consumed (consumer; 0 for attention tasks)
 
 
 @gluon.jit
@@ -690,6 +691,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                     bad = 1
         if TIMELINE:
             t_ready = _now(i)
+            t_staged = t_ready
+            t_mv = t_ready
         key = layer * 8 + op
         if op == OP_ATTN:
             if skip == 0:
@@ -725,14 +728,22 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                     _stage_vector(x_ptr, anorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC,
                                   TK, NW)
                 staged = key
+            if TIMELINE:
+                t_staged = _now(i)
             acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            if TIMELINE:
+                t_mv = _now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
                           vc_ptr, Q, KV, D, NKV, S_MAX, HB, YL, knew_ptr, QK_NORM)
         elif op == OP_GATEUP:
             if key != staged:
                 _stage_vector(x_ptr, mnorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
                 staged = key
+            if TIMELINE:
+                t_staged = _now(i)
             acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            if TIMELINE:
+                t_mv = _now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
             mj = (j < a1 + a2) & (j < I)
             g = _rnd(acc_g, ACT)
@@ -751,10 +762,14 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if key != staged:
                 _stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
+            if TIMELINE:
+                t_staged = _now(i)
             if SPLIT == 2:
                 acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
             else:
                 acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
+            if TIMELINE:
+                t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_DOWN:
             r = a1 + gl.arange(0, BRO, layout=YL)  # residual first, as in OPROJ
@@ -763,16 +778,24 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if key != staged:
                 _stage_vector(act_ptr, act_ptr, xs, eps, False, I, KCH_I, BK, VEC, TK, NW)
                 staged = key
+            if TIMELINE:
+                t_staged = _now(i)
             if SPLIT == 2:
                 acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW)
             else:
                 acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
+            if TIMELINE:
+                t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_LMHEAD:
             if key != staged:
                 _stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
                 staged = key
+            if TIMELINE:
+                t_staged = _now(i)
             acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW)
+            if TIMELINE:
+                t_mv = _now(i)
             lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
             if LM_CTA:
                 lm_best = gl.maximum(lm_best, lm_key)
@@ -786,6 +809,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             gl.store(slot + 0, t_start)
             gl.store(slot + 1, t_ready)
             gl.store(slot + 2, t_end)
+            if op != OP_ATTN:
+                gl.store(slot + 5, t_staged)
+                gl.store(slot + 6, t_mv)
         row += NF
     if bad != 0:
         gl.store(err_ptr + 10, 1)
