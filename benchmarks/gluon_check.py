@@ -221,14 +221,19 @@ SWEEPS = {
     "rows": [("triton-default", "triton", {}), ("default", "gluon", {}), ("br16", "gluon", {"max_rows": 16}),
              ("br16-ns24", "gluon", {"max_rows": 16, "num_stages": 24}), ("default-again", "gluon", {})],
     # r13 (attn_combine=oproj) and r14 (attn_depth=2) ran at cadb963 and c2f4963; their switches were removed
-    # prepared in session 5 (not run yet): one greedy-pick atomic per CTA instead of one per LM-head task; the
-    # attention's warp-local online softmax, alone and with one split per kv head up to 256 positions
+    # r15 ran at 6f53f65, whose defaults were lm_pick=task and attn_layout=blocks (both changed in session 6): one
+    # greedy-pick atomic per CTA instead of one per LM-head task; the attention's warp-local online softmax, alone
+    # and with one split per kv head up to 256 positions
     "r15": [("triton-default", "triton", {}), ("default", "gluon", {}), ("lm-cta", "gluon", {"lm_pick": "cta"}),
             ("warps", "gluon", {"attn_layout": "warps"}),
             ("warps-c128", "gluon", {"attn_layout": "warps", "attn_min_chunk": 128}),
             ("warps-c256", "gluon", {"attn_layout": "warps", "attn_min_chunk": 256}),
             ("default-again", "gluon", {}), ("lm-cta-again", "gluon", {"lm_pick": "cta"}),
             ("warps-again", "gluon", {"attn_layout": "warps"})],
+    # session 6: two ring slots per consumer round (mv_unroll=2) against one, and the defaults before session 6
+    "r16": [("default", "gluon", {}), ("u2", "gluon", {"mv_unroll": 2}),
+            ("old-default", "gluon", {"lm_pick": "task", "attn_layout": "blocks"}),
+            ("default-again", "gluon", {}), ("u2-again", "gluon", {"mv_unroll": 2})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

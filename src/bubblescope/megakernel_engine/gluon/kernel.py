@@ -145,44 +145,84 @@ def _stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr,
 
 
 # ---- the weight tiles -------------------------------------------------------------------------------------
+# Each ring slot costs the consumer a fixed round of latency (barrier wait, shared-memory load latency with one
+# warp per scheduler, proxy fence, release) on top of its FMAs: 0.25 µs per 16 KB slot on the H200 (session 6's
+# phase stamps: a resident 128 KB QKV tile took 2.05 µs). ``UNROLL`` 2 takes two slots per round, so their loads
+# overlap and the round's latency is paid once per pair.
+@gluon.jit
+def _slot(bufs, full, it, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr):
+    """Wait until ring slot ``it % NS`` holds its tile; the slot as an (R, BK) shared view (not yet released)."""
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    slot = it % NS
+    mbarrier.wait(full.index(slot), (it // NS) & 1)
+    return bufs.index(slot)._reinterpret(bufs.dtype, [R, BK], SL)
+
+
+@gluon.jit
+def _release(empty, it, NS: gl.constexpr, N: gl.constexpr):
+    """Release ring slots it .. it + N − 1 to the producer (after their shared-memory reads)."""
+    fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
+    for k in gl.static_range(N):
+        mbarrier.arrive(empty.index((it + k) % NS))
+
+
 @gluon.jit
 def _mv_single(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, UNROLL: gl.constexpr = 1):
     """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW)."""
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     # Elementwise products accumulate in a (BR, BK) register tile and are reduced across lanes once per task:
     # a cross-lane reduction per 8 KB slot cost as much as the loads (H200 round 1: 3.4 TB/s while streaming).
     acc2 = gl.zeros([BR, BK], gl.float32, LW)
-    for c in range(NCH):
-        slot = it % NS
-        mbarrier.wait(full.index(slot), (it // NS) & 1)
-        w = bufs.index(slot)._reinterpret(bufs.dtype, [BR, BK], SL).load(LW)
-        fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
-        mbarrier.arrive(empty.index(slot))
-        xc = xs.index(c).load(LW).to(gl.float32)  # (1, BK), broadcast over the rows
-        acc2 += w.to(gl.float32) * xc
+    for c2 in range(NCH // UNROLL):
+        c = c2 * UNROLL
+        w = _slot(bufs, full, it, NS, BR, BK).load(LW)
+        if UNROLL == 2:
+            w1 = _slot(bufs, full, it + 1, NS, BR, BK).load(LW)
+        _release(empty, it, NS, UNROLL)
+        acc2 += w.to(gl.float32) * xs.index(c).load(LW).to(gl.float32)  # (1, BK), broadcast over the rows
+        if UNROLL == 2:
+            acc2 += w1.to(gl.float32) * xs.index(c + 1).load(LW).to(gl.float32)
+        it += UNROLL
+    if NCH % UNROLL == 1:
+        w = _slot(bufs, full, it, NS, BR, BK).load(LW)
+        _release(empty, it, NS, 1)
+        acc2 += w.to(gl.float32) * xs.index(NCH - 1).load(LW).to(gl.float32)
         it += 1
     return gl.sum(acc2, axis=1), it
 
 
 @gluon.jit
 def _mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, UNROLL: gl.constexpr = 1):
     """Like :func:`_mv_single` for a tile of two row blocks (rows [0, HB) and [HB, 2HB)): returns both."""
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     acc_a = gl.zeros([HB, BK], gl.float32, LW)
     acc_b = gl.zeros([HB, BK], gl.float32, LW)
-    for c in range(NCH):
-        slot = it % NS
-        mbarrier.wait(full.index(slot), (it // NS) & 1)
-        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
+    for c2 in range(NCH // UNROLL):
+        c = c2 * UNROLL
+        t = _slot(bufs, full, it, NS, 2 * HB, BK)
         wa = t.slice(0, HB, dim=0).load(LW)
         wb = t.slice(HB, HB, dim=0).load(LW)
-        fence_async_shared()
-        mbarrier.arrive(empty.index(slot))
+        if UNROLL == 2:
+            t1 = _slot(bufs, full, it + 1, NS, 2 * HB, BK)
+            wa1 = t1.slice(0, HB, dim=0).load(LW)
+            wb1 = t1.slice(HB, HB, dim=0).load(LW)
+        _release(empty, it, NS, UNROLL)
         xc = xs.index(c).load(LW).to(gl.float32)
+        acc_a += wa.to(gl.float32) * xc
+        acc_b += wb.to(gl.float32) * xc
+        if UNROLL == 2:
+            xc1 = xs.index(c + 1).load(LW).to(gl.float32)
+            acc_a += wa1.to(gl.float32) * xc1
+            acc_b += wb1.to(gl.float32) * xc1
+        it += UNROLL
+    if NCH % UNROLL == 1:
+        t = _slot(bufs, full, it, NS, 2 * HB, BK)
+        wa = t.slice(0, HB, dim=0).load(LW)
+        wb = t.slice(HB, HB, dim=0).load(LW)
+        _release(empty, it, NS, 1)
+        xc = xs.index(NCH - 1).load(LW).to(gl.float32)
         acc_a += wa.to(gl.float32) * xc
         acc_b += wb.to(gl.float32) * xc
         it += 1
@@ -191,23 +231,36 @@ def _mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB:
 
 @gluon.jit
 def _mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, UNROLL: gl.constexpr = 1):
     """acc[r] = Σ_k W[r, k]·xs[k] for HB rows whose slots hold two boxes: rows [0, HB) = columns of chunk 2c,
     rows [HB, 2HB) = the same rows, columns of chunk 2c + 1 (split_k = 2; cdiv(NCH, 2) slots)."""
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    NSL: gl.constexpr = (NCH + 1) // 2
     acc_a = gl.zeros([HB, BK], gl.float32, LW)
     acc_b = gl.zeros([HB, BK], gl.float32, LW)
-    for c in range((NCH + 1) // 2):
-        slot = it % NS
-        mbarrier.wait(full.index(slot), (it // NS) & 1)
-        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
+    for c2 in range(NSL // UNROLL):
+        c = c2 * UNROLL
+        t = _slot(bufs, full, it, NS, 2 * HB, BK)
         wa = t.slice(0, HB, dim=0).load(LW)
         wb = t.slice(HB, HB, dim=0).load(LW)
-        fence_async_shared()
-        mbarrier.arrive(empty.index(slot))
+        if UNROLL == 2:
+            t1 = _slot(bufs, full, it + 1, NS, 2 * HB, BK)
+            wa1 = t1.slice(0, HB, dim=0).load(LW)
+            wb1 = t1.slice(HB, HB, dim=0).load(LW)
+        _release(empty, it, NS, UNROLL)
         acc_a += wa.to(gl.float32) * xs.index(2 * c).load(LW).to(gl.float32)
         acc_b += wb.to(gl.float32) * xs.index(2 * c + 1).load(LW).to(gl.float32)
+        if UNROLL == 2:
+            acc_a += wa1.to(gl.float32) * xs.index(2 * c + 2).load(LW).to(gl.float32)
+            acc_b += wb1.to(gl.float32) * xs.index(2 * c + 3).load(LW).to(gl.float32)
+        it += UNROLL
+    if NSL % UNROLL == 1:
+        t = _slot(bufs, full, it, NS, 2 * HB, BK)
+        wa = t.slice(0, HB, dim=0).load(LW)
+        wb = t.slice(HB, HB, dim=0).load(LW)
+        _release(empty, it, NS, 1)
+        acc_a += wa.to(gl.float32) * xs.index(2 * NSL - 2).load(LW).to(gl.float32)
+        acc_b += wb.to(gl.float32) * xs.index(2 * NSL - 1).load(LW).to(gl.float32)
         it += 1
     return gl.sum(acc_a + acc_b, axis=1), it
 
@@ -624,7 +677,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
-              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr):
+              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
+        MV_UNROLL: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -730,7 +784,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_UNROLL)
             if TIMELINE:
                 t_mv = _now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
@@ -741,7 +795,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_UNROLL)
             if TIMELINE:
                 t_mv = _now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
@@ -765,9 +819,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = _now(i)
             if SPLIT == 2:
-                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_UNROLL)
             else:
-                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_UNROLL)
             if TIMELINE:
                 t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -781,9 +835,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = _now(i)
             if SPLIT == 2:
-                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW)
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_UNROLL)
             else:
-                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_UNROLL)
             if TIMELINE:
                 t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -793,7 +847,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW)
+            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_UNROLL)
             if TIMELINE:
                 t_mv = _now(i)
             lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
@@ -1038,7 +1092,8 @@ def megakernel(
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr):
+        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
+        MV_UNROLL: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -1063,7 +1118,7 @@ def megakernel(
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA, ATTN_WARPS)),
+                     LM_CTA, ATTN_WARPS, MV_UNROLL)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
