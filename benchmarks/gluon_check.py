@@ -230,10 +230,13 @@ SWEEPS = {
             ("warps-c256", "gluon", {"attn_layout": "warps", "attn_min_chunk": 256}),
             ("default-again", "gluon", {}), ("lm-cta-again", "gluon", {"lm_pick": "cta"}),
             ("warps-again", "gluon", {"attn_layout": "warps"})],
-    # session 6: two ring slots per consumer round (mv_unroll=2) against one, and the defaults before session 6
-    "r16": [("default", "gluon", {}), ("u2", "gluon", {"mv_unroll": 2}),
-            ("old-default", "gluon", {"lm_pick": "task", "attn_layout": "blocks"}),
-            ("default-again", "gluon", {}), ("u2-again", "gluon", {"mv_unroll": 2})],
+    # r16 (mv_unroll=2: two ring slots per consumer round) ran at 6e26389; its switch was removed
+    # session 6: the producer held back after a signalling task's tiles until its signal is out (sig_gate: tiles
+    # allowed past it), and a shallower ring (fewer loads in flight ahead of the signal's stores)
+    "r17": [("default", "gluon", {}), ("sg0", "gluon", {"sig_gate": 0}), ("sg2", "gluon", {"sig_gate": 2}),
+            ("sg4", "gluon", {"sig_gate": 4}), ("ring6", "gluon", {"num_stages": 6}),
+            ("default-again", "gluon", {}), ("sg0-again", "gluon", {"sig_gate": 0}),
+            ("sg2-again", "gluon", {"sig_gate": 2})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

@@ -5,8 +5,9 @@
 #                                         # the GPU tests but the 8B argmax one
 #   bash benchmarks/session6.sh phases    # the 8B argmax test (its new bar); timelines with the weight tasks' phase
 #                                         # stamps (llama-3.2-1b, qwen3-0.6b, llama-3.1-8b)
-#   bash benchmarks/session6.sh r16       # mv_unroll=2 (two ring slots per consumer round): correctness, A/B and phases
-#                                         # on llama-3.2-1b; A/B on qwen3-0.6b and llama-3.1-8b
+#   (stage r16, mv_unroll=2, ran at 6e26389; its switch was removed)
+#   bash benchmarks/session6.sh r17       # sig_gate (the producer held back until a stage's signal is out) and a
+#                                         # 6-slot ring: correctness, A/B and phases on llama-3.2-1b; A/B on qwen3-0.6b
 #   bash benchmarks/session6.sh presets   # decode latency of the other presets (README table)
 #   bash benchmarks/session6.sh tests     # every GPU test
 #   bash benchmarks/session6.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
@@ -35,15 +36,13 @@ phases)
     grep -E "megakernel-gluon |rc=" "$R/phases_$m.log" | cut -c1-300
   done
   ;;
-r16)
-  log r16
-  timeout 260 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r16.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r16 --timed 300 --rounds 6 --params '{"mv_unroll": 2}' > "$R/gluon_check_r16.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r16.log"
-  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r16.log" | grep -v "^timeline" | tail -32 | cut -c1-330
-  for m in qwen3-0.6b llama-3.1-8b; do
-    log r16-$m
-    timeout 110 python3 benchmarks/gluon_check.py --model $m --out "$R/gluon_check_r16_$m.json" --sections sweep --sweep r16 --timed 150 --rounds 4 > "$R/gluon_check_r16_$m.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r16_$m.log"
-    tail -6 "$R/gluon_check_r16_$m.log" | cut -c1-330
-  done
+r17)
+  log r17
+  timeout 280 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r17.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r17 --timed 300 --rounds 6 --params '{"sig_gate": 2}' > "$R/gluon_check_r17.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r17.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r17.log" | grep -v "^timeline" | tail -36 | cut -c1-330
+  log r17-qwen3
+  timeout 110 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r17_qwen3.json" --sections sweep --sweep r17 --timed 150 --rounds 4 > "$R/gluon_check_r17_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r17_qwen3.log"
+  tail -9 "$R/gluon_check_r17_qwen3.log" | cut -c1-330
   ;;
 presets)
   log decode-latency-llama

@@ -151,8 +151,9 @@ class MegakernelParams:
             memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
             cross-warp combine per task; no q/k-norm) or ``auto`` (``warps`` where the model has no q/k-norm and
             at most 4 query heads per kv head, else ``blocks``; see ``gluon.host.resolve_attn_layout``).
-        mv_unroll: Gluon kernel only: ring slots a consumer takes per round of its matvec (1 or 2: two slots'
-            loads overlap, one barrier-wait / fence / release round per pair).
+        sig_gate: Gluon kernel only: after the tiles of a task that signals (a stage's last task on the CTA), the
+            producer issues at most ``sig_gate`` more tiles until the consumer has signalled, so the signal's
+            release does not queue behind this SM's weight loads in flight (-1: off).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -194,7 +195,7 @@ class MegakernelParams:
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
-    mv_unroll: int = 1
+    sig_gate: int = -1
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -251,8 +252,8 @@ class MegakernelParams:
                                    f"got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
-        if self.mv_unroll not in (1, 2):
-            raise BubblescopeError(f"megakernel params: mv_unroll must be 1 or 2, got {self.mv_unroll!r}")
+        if not isinstance(self.sig_gate, int) or isinstance(self.sig_gate, bool) or self.sig_gate < -1:
+            raise BubblescopeError(f"megakernel params: sig_gate must be an integer >= -1, got {self.sig_gate!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

@@ -145,84 +145,44 @@ def _stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr,
 
 
 # ---- the weight tiles -------------------------------------------------------------------------------------
-# Each ring slot costs the consumer a fixed round of latency (barrier wait, shared-memory load latency with one
-# warp per scheduler, proxy fence, release) on top of its FMAs: 0.25 µs per 16 KB slot on the H200 (session 6's
-# phase stamps: a resident 128 KB QKV tile took 2.05 µs). ``UNROLL`` 2 takes two slots per round, so their loads
-# overlap and the round's latency is paid once per pair.
-@gluon.jit
-def _slot(bufs, full, it, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr):
-    """Wait until ring slot ``it % NS`` holds its tile; the slot as an (R, BK) shared view (not yet released)."""
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    slot = it % NS
-    mbarrier.wait(full.index(slot), (it // NS) & 1)
-    return bufs.index(slot)._reinterpret(bufs.dtype, [R, BK], SL)
-
-
-@gluon.jit
-def _release(empty, it, NS: gl.constexpr, N: gl.constexpr):
-    """Release ring slots it .. it + N − 1 to the producer (after their shared-memory reads)."""
-    fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
-    for k in gl.static_range(N):
-        mbarrier.arrive(empty.index((it + k) % NS))
-
-
 @gluon.jit
 def _mv_single(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, UNROLL: gl.constexpr = 1):
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
     """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW)."""
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     # Elementwise products accumulate in a (BR, BK) register tile and are reduced across lanes once per task:
     # a cross-lane reduction per 8 KB slot cost as much as the loads (H200 round 1: 3.4 TB/s while streaming).
     acc2 = gl.zeros([BR, BK], gl.float32, LW)
-    for c2 in range(NCH // UNROLL):
-        c = c2 * UNROLL
-        w = _slot(bufs, full, it, NS, BR, BK).load(LW)
-        if UNROLL == 2:
-            w1 = _slot(bufs, full, it + 1, NS, BR, BK).load(LW)
-        _release(empty, it, NS, UNROLL)
-        acc2 += w.to(gl.float32) * xs.index(c).load(LW).to(gl.float32)  # (1, BK), broadcast over the rows
-        if UNROLL == 2:
-            acc2 += w1.to(gl.float32) * xs.index(c + 1).load(LW).to(gl.float32)
-        it += UNROLL
-    if NCH % UNROLL == 1:
-        w = _slot(bufs, full, it, NS, BR, BK).load(LW)
-        _release(empty, it, NS, 1)
-        acc2 += w.to(gl.float32) * xs.index(NCH - 1).load(LW).to(gl.float32)
+    for c in range(NCH):
+        slot = it % NS
+        mbarrier.wait(full.index(slot), (it // NS) & 1)
+        w = bufs.index(slot)._reinterpret(bufs.dtype, [BR, BK], SL).load(LW)
+        fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
+        mbarrier.arrive(empty.index(slot))
+        xc = xs.index(c).load(LW).to(gl.float32)  # (1, BK), broadcast over the rows
+        acc2 += w.to(gl.float32) * xc
         it += 1
     return gl.sum(acc2, axis=1), it
 
 
 @gluon.jit
 def _mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, UNROLL: gl.constexpr = 1):
+             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
     """Like :func:`_mv_single` for a tile of two row blocks (rows [0, HB) and [HB, 2HB)): returns both."""
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     acc_a = gl.zeros([HB, BK], gl.float32, LW)
     acc_b = gl.zeros([HB, BK], gl.float32, LW)
-    for c2 in range(NCH // UNROLL):
-        c = c2 * UNROLL
-        t = _slot(bufs, full, it, NS, 2 * HB, BK)
+    for c in range(NCH):
+        slot = it % NS
+        mbarrier.wait(full.index(slot), (it // NS) & 1)
+        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
         wa = t.slice(0, HB, dim=0).load(LW)
         wb = t.slice(HB, HB, dim=0).load(LW)
-        if UNROLL == 2:
-            t1 = _slot(bufs, full, it + 1, NS, 2 * HB, BK)
-            wa1 = t1.slice(0, HB, dim=0).load(LW)
-            wb1 = t1.slice(HB, HB, dim=0).load(LW)
-        _release(empty, it, NS, UNROLL)
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot))
         xc = xs.index(c).load(LW).to(gl.float32)
-        acc_a += wa.to(gl.float32) * xc
-        acc_b += wb.to(gl.float32) * xc
-        if UNROLL == 2:
-            xc1 = xs.index(c + 1).load(LW).to(gl.float32)
-            acc_a += wa1.to(gl.float32) * xc1
-            acc_b += wb1.to(gl.float32) * xc1
-        it += UNROLL
-    if NCH % UNROLL == 1:
-        t = _slot(bufs, full, it, NS, 2 * HB, BK)
-        wa = t.slice(0, HB, dim=0).load(LW)
-        wb = t.slice(HB, HB, dim=0).load(LW)
-        _release(empty, it, NS, 1)
-        xc = xs.index(NCH - 1).load(LW).to(gl.float32)
         acc_a += wa.to(gl.float32) * xc
         acc_b += wb.to(gl.float32) * xc
         it += 1
@@ -231,36 +191,23 @@ def _mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB:
 
 @gluon.jit
 def _mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, UNROLL: gl.constexpr = 1):
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
     """acc[r] = Σ_k W[r, k]·xs[k] for HB rows whose slots hold two boxes: rows [0, HB) = columns of chunk 2c,
     rows [HB, 2HB) = the same rows, columns of chunk 2c + 1 (split_k = 2; cdiv(NCH, 2) slots)."""
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    NSL: gl.constexpr = (NCH + 1) // 2
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     acc_a = gl.zeros([HB, BK], gl.float32, LW)
     acc_b = gl.zeros([HB, BK], gl.float32, LW)
-    for c2 in range(NSL // UNROLL):
-        c = c2 * UNROLL
-        t = _slot(bufs, full, it, NS, 2 * HB, BK)
+    for c in range((NCH + 1) // 2):
+        slot = it % NS
+        mbarrier.wait(full.index(slot), (it // NS) & 1)
+        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
         wa = t.slice(0, HB, dim=0).load(LW)
         wb = t.slice(HB, HB, dim=0).load(LW)
-        if UNROLL == 2:
-            t1 = _slot(bufs, full, it + 1, NS, 2 * HB, BK)
-            wa1 = t1.slice(0, HB, dim=0).load(LW)
-            wb1 = t1.slice(HB, HB, dim=0).load(LW)
-        _release(empty, it, NS, UNROLL)
+        fence_async_shared()
+        mbarrier.arrive(empty.index(slot))
         acc_a += wa.to(gl.float32) * xs.index(2 * c).load(LW).to(gl.float32)
         acc_b += wb.to(gl.float32) * xs.index(2 * c + 1).load(LW).to(gl.float32)
-        if UNROLL == 2:
-            acc_a += wa1.to(gl.float32) * xs.index(2 * c + 2).load(LW).to(gl.float32)
-            acc_b += wb1.to(gl.float32) * xs.index(2 * c + 3).load(LW).to(gl.float32)
-        it += UNROLL
-    if NSL % UNROLL == 1:
-        t = _slot(bufs, full, it, NS, 2 * HB, BK)
-        wa = t.slice(0, HB, dim=0).load(LW)
-        wb = t.slice(HB, HB, dim=0).load(LW)
-        _release(empty, it, NS, 1)
-        acc_a += wa.to(gl.float32) * xs.index(2 * NSL - 2).load(LW).to(gl.float32)
-        acc_b += wb.to(gl.float32) * xs.index(2 * NSL - 1).load(LW).to(gl.float32)
         it += 1
     return gl.sum(acc_a + acc_b, axis=1), it
 
@@ -678,7 +625,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-        MV_UNROLL: gl.constexpr):
+              sigbar, SIG_GATE: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -784,7 +731,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_UNROLL)
+            acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
             if TIMELINE:
                 t_mv = _now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
@@ -795,7 +742,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_UNROLL)
+            acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
             if TIMELINE:
                 t_mv = _now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
@@ -819,9 +766,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = _now(i)
             if SPLIT == 2:
-                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_UNROLL)
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
             else:
-                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_UNROLL)
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
             if TIMELINE:
                 t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -835,9 +782,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = _now(i)
             if SPLIT == 2:
-                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_UNROLL)
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW)
             else:
-                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_UNROLL)
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
             if TIMELINE:
                 t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -847,7 +794,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_UNROLL)
+            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW)
             if TIMELINE:
                 t_mv = _now(i)
             lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
@@ -857,6 +804,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         if amount > 0:  # the CTA's last task of its run of one stage signals for the whole run
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + gl.load(row + F_SIGNAL), amount, sem="release", scope="gpu")
+            if SIG_GATE >= 0:
+                if op != OP_ATTN:  # the producer may issue the next tiles (see _producer)
+                    mbarrier.arrive(sigbar.index(0))
         if TIMELINE:
             t_end = _now(i)
             slot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
@@ -1007,7 +957,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
-              PF_LANES_P: gl.constexpr):
+              PF_LANES_P: gl.constexpr, sigbar, SIG_GATE: gl.constexpr):
     TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
     NROWS: gl.constexpr = Q + 2 * KV
     pid = gl.program_id(0)
@@ -1020,6 +970,13 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
     prow = row
     pi = 0
     pc = -1
+    # SIG_GATE >= 0: after the tiles of a weight task that signals (a stage's last task on this CTA), at most
+    # SIG_GATE more tiles are issued before the consumer has signalled: the signal's release waits for the
+    # CTA's stores, and those queue behind this SM's weight loads in flight (session 6 phase stamps: a signalling
+    # gate-up task's epilogue 3.7 µs, 0.22 µs without the signal)
+    pend = 0   # a signalling weight task's tiles are all issued, its signal not yet waited for
+    sgw = 0    # signals waited for (the mbarrier's phase)
+    since = 0  # tiles issued since that task's last tile
     if L2_AHEAD > 0:
         prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
         for _ in range(L2_AHEAD):
@@ -1048,6 +1005,11 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 nch = (NCH_I + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
             for c in range(nch):
+                if SIG_GATE >= 0:
+                    if (pend != 0) & (since >= SIG_GATE):
+                        mbarrier.wait(sigbar.index(0), sgw & 1)
+                        sgw += 1
+                        pend = 0
                 slot = it % NS
                 mbarrier.wait(empty.index(slot), ((it // NS) & 1) ^ 1)
                 if TIMELINE:
@@ -1070,8 +1032,16 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                                           BR, BK, SPLIT, PF_LANES_P, 1)
                         prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
                 it += 1
+                since += 1
             if TIMELINE:
                 gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 4, _now(i))
+            if SIG_GATE >= 0:
+                if gl.load(row + F_SIGINC) > 0:
+                    if pend != 0:  # two signalling tasks within the allowance: the first is waited for now
+                        mbarrier.wait(sigbar.index(0), sgw & 1)
+                        sgw += 1
+                    pend = 1
+                    since = 0
         row += NF
 
 
@@ -1093,7 +1063,7 @@ def megakernel(
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-        MV_UNROLL: gl.constexpr):
+        SIG_GATE: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -1107,9 +1077,11 @@ def megakernel(
     full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    sigbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(full.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
+    mbarrier.init(sigbar.index(0), count=1)
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
                      err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
@@ -1118,9 +1090,9 @@ def megakernel(
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA, ATTN_WARPS, MV_UNROLL)),
+                     LM_CTA, ATTN_WARPS, sigbar, SIG_GATE)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                     head_ptr, I, L2_AHEAD, PF_LANES_P)),
+                     head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, SIG_GATE)),
     ], [1], [PRODUCER_REGS])
