@@ -108,7 +108,9 @@ def test_gluon_switches_are_checked():
     attention on a q/k-norm model (gluon_params), each naming the field."""
     from bubblescope.errors import BubblescopeError
     for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks or warps"),
-                    ({"lm_pick": "warp"}, "lm_pick must be task or cta")):
+                    ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
+                    ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
+                    ({"sig_gate": True}, "sig_gate must be an integer >= -1")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
@@ -149,7 +151,7 @@ out = []
 for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="cta", attn_layout="warps")),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="task", attn_layout="blocks", sig_gate=-1)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
@@ -163,7 +165,8 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
-    """The Gluon kernel (default, noprefetch + timeline, one greedy-pick atomic per CTA with warp-local attention,
+    """The Gluon kernel (default, noprefetch + timeline, the non-default switches: a greedy-pick atomic per LM-head
+    task, block attention, no signal gate,
     Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,
@@ -271,7 +274,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "blocks",
-                                 "lm_pick": "cta"}
+                                 "lm_pick": "cta", "sig_gate": 2}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["llama-3.2-1b"]["attn_layout"] == "warps" and out["qwen2.5-0.5b"]["attn_layout"] == "blocks"
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8

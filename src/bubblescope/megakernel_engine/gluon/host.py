@@ -161,12 +161,13 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
     attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks`` or ``warps``),
-    ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs); ``t`` from :func:`gluon_tiling`, ``cx``
+    ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the producer
+    issues past a stage's signalling task before its signal is out; -1 off); ``t`` from :func:`gluon_tiling`, ``cx``
     from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
             "qk_norm_in_attn": bool(cx["QK_NORM"]), "attn_layout": "warps" if cx["ATTN_WARPS"] else "blocks",
-            "lm_pick": "cta" if cx["LM_CTA"] else "task"}
+            "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"]}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

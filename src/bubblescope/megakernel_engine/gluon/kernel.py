@@ -647,6 +647,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
     staged = -1       # layer·8 + opcode of the vector in xs
     known_cnt = -1    # counters only increase: a wait already satisfied needs no new atomic
     known_seen = 0
+    sgc = 0           # signals of weight tasks given (SIG_GATE: the producer waits on them in order)
     if LM_CTA:
         lm_best = pos.to(gl.int64) * 0 + AMAX_EMPTY  # the best greedy key of this CTA's LM-head tasks
     for i in range(n):
@@ -806,7 +807,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             gl.atomic_add(counters_ptr + gl.load(row + F_SIGNAL), amount, sem="release", scope="gpu")
             if SIG_GATE >= 0:
                 if op != OP_ATTN:  # the producer may issue the next tiles (see _producer)
-                    mbarrier.arrive(sigbar.index(0))
+                    mbarrier.arrive(sigbar.index(sgc & 1))
+                    sgc += 1
         if TIMELINE:
             t_end = _now(i)
             slot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
@@ -1007,7 +1009,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
             for c in range(nch):
                 if SIG_GATE >= 0:
                     if (pend != 0) & (since >= SIG_GATE):
-                        mbarrier.wait(sigbar.index(0), sgw & 1)
+                        mbarrier.wait(sigbar.index(sgw & 1), (sgw >> 1) & 1)
                         sgw += 1
                         pend = 0
                 slot = it % NS
@@ -1037,8 +1039,11 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 4, _now(i))
             if SIG_GATE >= 0:
                 if gl.load(row + F_SIGINC) > 0:
-                    if pend != 0:  # two signalling tasks within the allowance: the first is waited for now
-                        mbarrier.wait(sigbar.index(0), sgw & 1)
+                    # two signalling tasks within the allowance: the first is waited for now. So signal k is waited
+                    # for before any tile past task k + 1's is issued, the consumer cannot give signal k + 2
+                    # before that wait, and signal k's barrier (k mod 2) cannot have lapped its phase
+                    if pend != 0:
+                        mbarrier.wait(sigbar.index(sgw & 1), (sgw >> 1) & 1)
                         sgw += 1
                     pend = 1
                     since = 0
@@ -1077,11 +1082,13 @@ def megakernel(
     full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    sigbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    # two, used alternately: a phase of one cannot be lapped before the producer waited on it (see _producer)
+    sigbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(full.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     mbarrier.init(sigbar.index(0), count=1)
+    mbarrier.init(sigbar.index(1), count=1)
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
                      err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
