@@ -237,6 +237,10 @@ SWEEPS = {
             ("sg4", "gluon", {"sig_gate": 4}), ("ring6", "gluon", {"num_stages": 6}),
             ("default-again", "gluon", {}), ("sg0-again", "gluon", {"sig_gate": 0}),
             ("sg2-again", "gluon", {"sig_gate": 2})],
+    # session 6, after sig_gate=2 became the default: its neighbours
+    "r18": [("default", "gluon", {}), ("sg1", "gluon", {"sig_gate": 1}), ("sg3", "gluon", {"sig_gate": 3}),
+            ("sg4", "gluon", {"sig_gate": 4}), ("sg-off", "gluon", {"sig_gate": -1}), ("default-again", "gluon", {}),
+            ("sg3-again", "gluon", {"sig_gate": 3}), ("sg4-again", "gluon", {"sig_gate": 4})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

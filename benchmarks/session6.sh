@@ -8,6 +8,8 @@
 #   (stage r16, mv_unroll=2, ran at 6e26389; its switch was removed)
 #   bash benchmarks/session6.sh r17       # sig_gate (the producer held back until a stage's signal is out) and a
 #                                         # 6-slot ring: correctness, A/B and phases on llama-3.2-1b; A/B on qwen3-0.6b
+#   bash benchmarks/session6.sh last      # final: issue 10's decode latency set and every GPU test; then sweep r18
+#                                         # (sig_gate's neighbours) on llama-3.2-1b
 #   bash benchmarks/session6.sh presets   # decode latency of the other presets (README table)
 #   bash benchmarks/session6.sh tests     # every GPU test
 #   bash benchmarks/session6.sh mk SWEEP  # megakernel: gluon_check sweep SWEEP (MK_ARGS adds options)
@@ -43,6 +45,17 @@ r17)
   log r17-qwen3
   timeout 110 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r17_qwen3.json" --sections sweep --sweep r17 --timed 150 --rounds 4 > "$R/gluon_check_r17_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r17_qwen3.log"
   tail -9 "$R/gluon_check_r17_qwen3.log" | cut -c1-330
+  ;;
+last)
+  log decode-latency-1b
+  timeout 150 $DL --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 135 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -7 "$R/decode_latency_1b.log"
+  log gpu-tests
+  timeout 220 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -5 "$R/pytest_gpu.log"
+  log r18
+  timeout 100 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r18.json" --sections sweep --sweep r18 --timed 200 --rounds 4 > "$R/gluon_check_r18.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r18.log"
+  tail -10 "$R/gluon_check_r18.log" | cut -c1-300
   ;;
 presets)
   log decode-latency-llama
