@@ -241,6 +241,11 @@ SWEEPS = {
     "r18": [("default", "gluon", {}), ("sg1", "gluon", {"sig_gate": 1}), ("sg3", "gluon", {"sig_gate": 3}),
             ("sg4", "gluon", {"sig_gate": 4}), ("sg-off", "gluon", {"sig_gate": -1}), ("default-again", "gluon", {}),
             ("sg3-again", "gluon", {"sig_gate": 3}), ("sg4-again", "gluon", {"sig_gate": 4})],
+    # prepared in session 6 (not run yet): the bf16 widening by bits (one instruction per weight: 158 instead of
+    # 195 instructions per slot in the 1B kernel's QKV loop, SASS), and sig_gate 3 / 4 beside the default 2
+    "r19": [("default", "gluon", {}), ("bits", "gluon", {"mv_widen": "bits"}), ("sg3", "gluon", {"sig_gate": 3}),
+            ("bits-sg3", "gluon", {"mv_widen": "bits", "sig_gate": 3}), ("default-again", "gluon", {}),
+            ("bits-again", "gluon", {"mv_widen": "bits"}), ("sg3-again", "gluon", {"sig_gate": 3})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

@@ -110,7 +110,8 @@ def test_gluon_switches_are_checked():
     for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks or warps"),
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
-                    ({"sig_gate": True}, "sig_gate must be an integer >= -1")):
+                    ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
+                    ({"mv_widen": "fast"}, "mv_widen must be convert or bits")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
@@ -152,6 +153,7 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="task", attn_layout="blocks", sig_gate=-1)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="bits")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
@@ -166,7 +168,7 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     """The Gluon kernel (default, noprefetch + timeline, the non-default switches: a greedy-pick atomic per LM-head
-    task, block attention, no signal gate,
+    task, block attention, no signal gate; the bf16 widening by bits,
     Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,

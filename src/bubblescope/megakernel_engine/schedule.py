@@ -157,6 +157,9 @@ class MegakernelParams:
             6, ``gluon_check.py --sweep r17``, interleaved rounds): Llama-3.2-1B 0.952 / 0.957 ms at 2 and 0.945 at
             4 against 0.979 / 0.982 off, 0.997 / 0.995 at 0; Qwen3-0.6B 0.862 / 0.858 at 2 against 0.875 off. The
             signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48.
+        mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
+            conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
+            per weight; prepared in session 6, not yet run on a GPU).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -199,6 +202,7 @@ class MegakernelParams:
     lm_pick: str = "cta"
     attn_layout: str = "auto"
     sig_gate: int = 2
+    mv_widen: str = "convert"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -257,6 +261,8 @@ class MegakernelParams:
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
         if not isinstance(self.sig_gate, int) or isinstance(self.sig_gate, bool) or self.sig_gate < -1:
             raise BubblescopeError(f"megakernel params: sig_gate must be an integer >= -1, got {self.sig_gate!r}")
+        if self.mv_widen not in ("convert", "bits"):
+            raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

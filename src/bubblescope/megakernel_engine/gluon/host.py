@@ -152,7 +152,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
-        ATTN_WARPS=params.attn_layout == "warps", SIG_GATE=params.sig_gate)
+        ATTN_WARPS=params.attn_layout == "warps", SIG_GATE=params.sig_gate,
+        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16)
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:

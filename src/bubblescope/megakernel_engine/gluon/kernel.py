@@ -145,71 +145,112 @@ def _stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr,
 
 
 # ---- the weight tiles -------------------------------------------------------------------------------------
+# bf16 weights, ``BITS``: the widening to float32 in one instruction per weight. A bf16 pair read as one int32
+# holds the even column in its low half and the odd one in its high half, and ``v << 16`` and ``v & 0xFFFF0000``,
+# read as float32, are exactly those two values (bf16 is float32's upper half). Triton 3.6 widens each bf16 with
+# a PRMT and an IMAD (the 1B kernel's SASS, NOTES.md session 6: ~148 widening and address instructions beside the
+# 64 FFMAs of a 16 KB slot).
+@gluon.jit
+def _lo(v):
+    return (v << 16).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _hi(v):
+    return (v & -65536).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _wx(acc, w, xv, BK: gl.constexpr, LA: gl.constexpr, BITS: gl.constexpr):
+    """``acc`` plus the products of tile registers ``w`` and the staged chunk view ``xv`` (1, BK): (R, BK) float32,
+    or with ``BITS`` (``w`` as (R, BK/2) int32 pairs) (R, BK/2), each pair's two products added one after the
+    other (two FMAs; their sum first would cost an FMUL, an FFMA and an FADD)."""
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    if BITS:
+        x = xv._reinterpret(gl.int32, [1, BK // 2], SL).load(LA)
+        acc = acc + _lo(w) * _lo(x)
+        return acc + _hi(w) * _hi(x)
+    else:
+        return acc + w.to(gl.float32) * xv.load(LA).to(gl.float32)  # (1, BK) broadcast over the rows
+
+
+@gluon.jit
+def _rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    """Σ over columns of a products tile, in the row layout the epilogues use (SliceLayout(1, LW) of the bf16
+    tile layout): the same rows per thread, so the conversion moves nothing."""
+    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    return gl.convert_layout(gl.sum(acc, axis=1), gl.SliceLayout(1, LW))
+
+
 @gluon.jit
 def _mv_single(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
-    """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW)."""
-    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False):
+    """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW) (see :func:`_rows`)."""
+    KW: gl.constexpr = BK // 2 if BITS else BK
+    LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
     SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    # Elementwise products accumulate in a (BR, BK) register tile and are reduced across lanes once per task:
+    WT: gl.constexpr = gl.int32 if BITS else bufs.dtype
+    # Elementwise products accumulate in a (BR, KW) register tile and are reduced across lanes once per task:
     # a cross-lane reduction per 8 KB slot cost as much as the loads (H200 round 1: 3.4 TB/s while streaming).
-    acc2 = gl.zeros([BR, BK], gl.float32, LW)
+    acc2 = gl.zeros([BR, KW], gl.float32, LA)
     for c in range(NCH):
         slot = it % NS
         mbarrier.wait(full.index(slot), (it // NS) & 1)
-        w = bufs.index(slot)._reinterpret(bufs.dtype, [BR, BK], SL).load(LW)
+        w = bufs.index(slot)._reinterpret(WT, [BR, KW], SL).load(LA)
         fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
         mbarrier.arrive(empty.index(slot))
-        xc = xs.index(c).load(LW).to(gl.float32)  # (1, BK), broadcast over the rows
-        acc2 += w.to(gl.float32) * xc
+        acc2 = _wx(acc2, w, xs.index(c), BK, LA, BITS)
         it += 1
-    return gl.sum(acc2, axis=1), it
+    return _rows(acc2, VEC, TK, NW), it
 
 
 @gluon.jit
 def _mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False):
     """Like :func:`_mv_single` for a tile of two row blocks (rows [0, HB) and [HB, 2HB)): returns both."""
-    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    KW: gl.constexpr = BK // 2 if BITS else BK
+    LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
     SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    acc_a = gl.zeros([HB, BK], gl.float32, LW)
-    acc_b = gl.zeros([HB, BK], gl.float32, LW)
+    WT: gl.constexpr = gl.int32 if BITS else bufs.dtype
+    acc_a = gl.zeros([HB, KW], gl.float32, LA)
+    acc_b = gl.zeros([HB, KW], gl.float32, LA)
     for c in range(NCH):
         slot = it % NS
         mbarrier.wait(full.index(slot), (it // NS) & 1)
-        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
-        wa = t.slice(0, HB, dim=0).load(LW)
-        wb = t.slice(HB, HB, dim=0).load(LW)
+        t = bufs.index(slot)._reinterpret(WT, [2 * HB, KW], SL)
+        wa = t.slice(0, HB, dim=0).load(LA)
+        wb = t.slice(HB, HB, dim=0).load(LA)
         fence_async_shared()
         mbarrier.arrive(empty.index(slot))
-        xc = xs.index(c).load(LW).to(gl.float32)
-        acc_a += wa.to(gl.float32) * xc
-        acc_b += wb.to(gl.float32) * xc
+        acc_a = _wx(acc_a, wa, xs.index(c), BK, LA, BITS)
+        acc_b = _wx(acc_b, wb, xs.index(c), BK, LA, BITS)
         it += 1
-    return gl.sum(acc_a, axis=1), gl.sum(acc_b, axis=1), it
+    return _rows(acc_a, VEC, TK, NW), _rows(acc_b, VEC, TK, NW), it
 
 
 @gluon.jit
 def _mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False):
     """acc[r] = Σ_k W[r, k]·xs[k] for HB rows whose slots hold two boxes: rows [0, HB) = columns of chunk 2c,
     rows [HB, 2HB) = the same rows, columns of chunk 2c + 1 (split_k = 2; cdiv(NCH, 2) slots)."""
-    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    KW: gl.constexpr = BK // 2 if BITS else BK
+    LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
     SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    acc_a = gl.zeros([HB, BK], gl.float32, LW)
-    acc_b = gl.zeros([HB, BK], gl.float32, LW)
+    WT: gl.constexpr = gl.int32 if BITS else bufs.dtype
+    acc_a = gl.zeros([HB, KW], gl.float32, LA)
+    acc_b = gl.zeros([HB, KW], gl.float32, LA)
     for c in range((NCH + 1) // 2):
         slot = it % NS
         mbarrier.wait(full.index(slot), (it // NS) & 1)
-        t = bufs.index(slot)._reinterpret(bufs.dtype, [2 * HB, BK], SL)
-        wa = t.slice(0, HB, dim=0).load(LW)
-        wb = t.slice(HB, HB, dim=0).load(LW)
+        t = bufs.index(slot)._reinterpret(WT, [2 * HB, KW], SL)
+        wa = t.slice(0, HB, dim=0).load(LA)
+        wb = t.slice(HB, HB, dim=0).load(LA)
         fence_async_shared()
         mbarrier.arrive(empty.index(slot))
-        acc_a += wa.to(gl.float32) * xs.index(2 * c).load(LW).to(gl.float32)
-        acc_b += wb.to(gl.float32) * xs.index(2 * c + 1).load(LW).to(gl.float32)
+        acc_a = _wx(acc_a, wa, xs.index(2 * c), BK, LA, BITS)
+        acc_b = _wx(acc_b, wb, xs.index(2 * c + 1), BK, LA, BITS)
         it += 1
-    return gl.sum(acc_a + acc_b, axis=1), it
+    return _rows(acc_a + acc_b, VEC, TK, NW), it
 
 
 # ---- epilogues ----------------------------------------------------------------------------------------------
@@ -625,7 +666,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-              sigbar, SIG_GATE: gl.constexpr):
+              sigbar, SIG_GATE: gl.constexpr, MV_BITS: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -732,7 +773,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            acc_lo, acc_hi, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS)
             if TIMELINE:
                 t_mv = _now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
@@ -743,7 +784,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW)
+            acc_g, acc_u, it = _mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS)
             if TIMELINE:
                 t_mv = _now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
@@ -767,9 +808,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = _now(i)
             if SPLIT == 2:
-                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW)
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_BITS)
             else:
-                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW)
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_BITS)
             if TIMELINE:
                 t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -783,9 +824,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = _now(i)
             if SPLIT == 2:
-                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW)
+                acc, it = _mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_BITS)
             else:
-                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW)
+                acc, it = _mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_BITS)
             if TIMELINE:
                 t_mv = _now(i)
             gl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
@@ -795,7 +836,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = _now(i)
-            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW)
+            acc, it = _mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS)
             if TIMELINE:
                 t_mv = _now(i)
             lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
@@ -1068,7 +1109,7 @@ def megakernel(
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-        SIG_GATE: gl.constexpr):
+        SIG_GATE: gl.constexpr, MV_BITS: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -1097,7 +1138,7 @@ def megakernel(
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA, ATTN_WARPS, sigbar, SIG_GATE)),
+                     LM_CTA, ATTN_WARPS, sigbar, SIG_GATE, MV_BITS)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,

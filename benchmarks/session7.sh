@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Prepared in session 6 for the seventh session's first device calls (from the repository root, through the
+# device tool; carry .carry .whl; everything lands under $OUT/run):
+#   bash benchmarks/session7.sh next    # mv_widen=bits: correctness (stories, tiny, llama sections) and timeline
+#                                       # phases; sweep r19 (bits, sig_gate 3) on llama-3.2-1b and qwen3-0.6b
+#   bash benchmarks/session7.sh tests   # every GPU test
+#   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
+#                                       # current defaults
+. benchmarks/device_prelude.sh
+DL="python3 benchmarks/decode_latency.py"
+case "${1:-}" in
+next)
+  log r19
+  timeout 280 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r19.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r19 --timed 300 --rounds 6 --params '{"mv_widen": "bits"}' > "$R/gluon_check_r19.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r19.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r19.log" | grep -v "^timeline" | tail -34 | cut -c1-330
+  log r19-qwen3
+  timeout 110 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r19_qwen3.json" --sections sweep --sweep r19 --timed 150 --rounds 4 > "$R/gluon_check_r19_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r19_qwen3.log"
+  tail -8 "$R/gluon_check_r19_qwen3.log" | cut -c1-330
+  ;;
+tests)
+  log gpu-tests
+  timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -6 "$R/pytest_gpu.log"
+  ;;
+presets)
+  log decode-latency-llama
+  timeout 200 $DL --models llama-3.2-3b,llama-3.1-8b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_llama.json" --max-seconds 185 > "$R/decode_latency_llama.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_llama.log"
+  tail -10 "$R/decode_latency_llama.log"
+  ;;
+esac
+rm -f "$R"/*noprefetch_frame.csv.gz
+find "$R" -type f | head -60
+(cd "$R/.." && tar czf run.tgz run)
