@@ -56,7 +56,7 @@ print(json.dumps({"busy_us": float(row["compute_time(us)"] + row["non_compute_ti
 VERSIONS = r"""
 import json, sys, importlib.metadata as md
 out = {"python": sys.version.split()[0]}
-for name in ("pandas", "numpy", "msgspec", "holistictraceanalysis", "bubblescope"):
+for name in ("pandas", "numpy", "msgspec", "typer", "holistictraceanalysis", "bubblescope"):
     try:
         out[name] = md.version(name)
     except md.PackageNotFoundError:

@@ -368,3 +368,23 @@ def test_lean_load_keeps_the_same_values_of_fewer_columns(tmp_path):
     be_row = load_trace(paths[0], lean=True).gpu.set_index("name").loc["be_kernel"]
     assert (be_row["ts_us"], be_row["dur_us"], be_row["correlation"], be_row["registers_per_thread"]) == (
         300.0, 12.5, 9, 40.0)
+
+
+def test_old_torch_profiler_steps_and_events_without_args(tmp_path):
+    """Old torch wrote ProfilerStep#N as a CPU op (cat cpu_op or Operator): those, and only those, become
+    step annotations, whatever else shares the batch (repeated op names, a number or a list as name). A
+    kernel with "args": null or no args takes device and stream from pid and tid, no correlation."""
+    ops = [{"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 5, "args": {"External id": 1}}
+           for cat, name, ts in [("cpu_op", "aten::mm", 1), ("cpu_op", "ProfilerStep#1", 2), ("cpu_op", "aten::mm", 3),
+                                 ("Operator", "ProfilerStep#2", 4), ("cpu_op", 7, 5), ("cpu_op", ["ProfilerStep#9"], 6),
+                                 ("python_function", "ProfilerStep#8", 7)]]
+    bare = {"ph": "X", "cat": "kernel", "name": "no_args", "pid": 3, "tid": 21, "ts": 40, "dur": 2}
+    events = [tg.kernel("k", 10, 1, 1), tg.launch(5, 1, 1), *ops, {**bare, "args": None}, {**bare, "ts": 50}]
+    for unhashable in (True, False):  # a list as a name: the batch's names are then tested one by one
+        evs = events if unhashable else [e for e in events if not isinstance(e["name"], list)]
+        tr = load_trace(tg.write(tmp_path / f"old{unhashable}.json", tg.document(evs)))
+        assert tr.annotations["name"].tolist() == ["ProfilerStep#1", "ProfilerStep#2"]
+        assert tr.annotations["ts_us"].tolist() == [2.0, 4.0]
+        gpu = tr.gpu.set_index("ts_us")
+        assert gpu.loc[[40.0, 50.0], "device"].tolist() == [3, 3] and gpu.loc[[40.0, 50.0], "stream"].tolist() == [21, 21]
+        assert gpu.loc[[40.0, 50.0], "correlation"].isna().all() and gpu.loc[10.0, "correlation"] == 1

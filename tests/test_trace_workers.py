@@ -154,3 +154,25 @@ def test_worker_count_by_size_and_override(monkeypatch):
     assert traceworkers.worker_count(limit * 100, gz=False) == 0  # one core: nothing to split over
     monkeypatch.setenv("BUBBLESCOPE_TRACE_WORKERS", "3")
     assert traceworkers.worker_count(10, gz=False) == 3
+
+
+def test_worker_pipes_are_widened_to_one_mebibyte(tmp_path):
+    """Linux pipes hold 64 KiB: a window of megabytes crossed in ~80 writes and wake-ups per side. The
+    workers' pipes are raised to 1 MiB (F_SETPIPE_SZ, within the default pipe-max-size), as the kernel reports."""
+    fcntl = pytest.importorskip("fcntl")
+    if not hasattr(fcntl, "F_GETPIPE_SZ"):
+        pytest.skip("no F_GETPIPE_SZ: not Linux")
+    from pathlib import Path
+
+    limit = Path("/proc/sys/fs/pipe-max-size")
+    if limit.is_file() and int(limit.read_text()) < 1 << 20:
+        pytest.skip(f"pipe-max-size is {limit.read_text().strip()} bytes here: the pipes keep their size")
+    from bubblescope.profiler.tracecolumns import _Columns
+
+    pool = traceworkers.Workers(1, _Columns())
+    try:
+        proc = pool.procs[0]
+        sizes = [fcntl.fcntl(s.fileno(), fcntl.F_GETPIPE_SZ) for s in (proc.stdin, proc.stdout)]
+    finally:
+        pool.close(kill=True)
+    assert sizes == [1 << 20, 1 << 20]
