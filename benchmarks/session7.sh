@@ -2,7 +2,9 @@
 # Prepared in session 6 for the seventh session's first device calls (from the repository root, through the
 # device tool; carry .carry .whl; everything lands under $OUT/run):
 #   bash benchmarks/session7.sh next    # mv_widen=bits: correctness (stories, tiny, llama sections) and timeline
-#                                       # phases; sweep r19 (bits, sig_gate 3) on llama-3.2-1b and qwen3-0.6b
+#                                       # phases; sweep r19 (bits, sig_gate 3) on llama-3.2-1b and qwen3-0.6b; then
+#                                       # every GPU test (the default matvec was refactored after the last GPU run:
+#                                       # its SASS has the same length, reordered)
 #   bash benchmarks/session7.sh tests   # every GPU test
 #   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
 #                                       # current defaults
@@ -16,6 +18,9 @@ next)
   log r19-qwen3
   timeout 110 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r19_qwen3.json" --sections sweep --sweep r19 --timed 150 --rounds 4 > "$R/gluon_check_r19_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r19_qwen3.log"
   tail -8 "$R/gluon_check_r19_qwen3.log" | cut -c1-330
+  log gpu-tests
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -6 "$R/pytest_gpu.log"
   ;;
 tests)
   log gpu-tests
