@@ -446,11 +446,12 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     return seen, t_ready, t_math, t_ticket
 
 
-# ATTN_WARPS (prepared in session 5, not yet run on a GPU; no q/k-norm): the same task with each warp owning
-# BLOCK_S / NW positions of a block, layout (GP, NW, SW, D). The online softmax runs per warp (max, Σp and Σp·v
-# reduce over lanes only), and the warps' (m, l, acc) are combined once after the last block, where the block
-# layout reduces over positions across all warps (through shared memory) three times per block. Phase stamps put
-# 2.8 µs between the wait and the end of one block's math on Llama-3.2-1B.
+# ATTN_WARPS (no q/k-norm; the default where gluon.host.resolve_attn_layout picks it): the same task with each warp
+# owning BLOCK_S / NW positions of a block, layout (GP, NW, SW, D). The online softmax runs per warp (max, Σp and
+# Σp·v reduce over lanes only), and the warps' (m, l, acc) are combined once after the last block, where the block
+# layout reduces over positions across all warps (through shared memory) three times per block. On the H200
+# (session 6) it left one block's math as it was (2.8 → 2.9 µs on Llama-3.2-1B) but took 4096 context from
+# 1.18 to 1.09 ms (gluon_check, stepwise).
 @gluon.jit
 def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
                      counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
