@@ -155,8 +155,8 @@ class MegakernelParams:
             producer issues at most ``sig_gate`` more tiles until the consumer has signalled, so the signal's
             release does not queue behind this SM's weight loads in flight (-1: off). Measured on the H200 (session
             6, ``gluon_check.py --sweep r17``, interleaved rounds): Llama-3.2-1B 0.952 / 0.957 ms at 2 and 0.945 at
-            4 against 0.979 / 0.982 off, 0.997 / 0.995 at 0; Qwen3-0.6B 0.862 / 0.858 at 2 against 0.873 / 0.875 off. The
-            signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48.
+            4 against 0.979 / 0.982 off, 0.997 / 0.995 at 0; Qwen3-0.6B 0.862 / 0.858 at 2 against 0.873 / 0.875
+            off. The signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48.
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
             per weight; prepared in session 6, not yet run on a GPU).
