@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .schedule import F_GIDX, F_LAYER, F_OP, F_TILE, OPCODE_NAMES, Schedule
+from .schedule import F_GIDX, F_LAYER, F_OP, F_TILE, OPCODE_NAMES, OPCODES, Schedule
 
 @dataclass
 class IntraKernelTimeline:
@@ -50,6 +50,12 @@ ATTN_COLUMNS = ["math_end_us", "ticket_us"]
 # the task's last ring slot (the matvec, waiting on the weights still in flight). The rest up to ``end_us`` is the
 # epilogue, the output stores and, for a stage's last task on the CTA, the release and the signal.
 PHASE_COLUMNS = ["staged_us", "mv_end_us"]
+
+
+def _by_opcode(df: pd.DataFrame):
+    """``(name, rows)`` groups of ``df`` by opcode name, in pipeline order (the opcodes' numbers: QKV first, LM
+    head last)."""
+    return sorted(df.groupby("name"), key=lambda kv: OPCODES.get(kv[0], 99))
 
 
 def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd.DataFrame:
@@ -127,9 +133,8 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
         picks = np.unique(np.linspace(0, len(programs) - 1, max(max_programs, 1)).round().astype(int))
         programs = [programs[k] for k in picks]
     shown = programs
-    order = {name: k for k, name in OPCODE_NAMES.items()}
     by = []
-    for name, g in sorted(df.groupby("name"), key=lambda kv: order.get(kv[0], 99)):
+    for name, g in _by_opcode(df):
         by.append({"opcode": name, "tasks": int(len(g)), "busy_us": float((g["end_us"] - g["ready_us"]).sum()),
                    "wait_us": float(g["wait_us"].sum())})
     lead = (df["ts_us"] - df["load_start_us"]).dropna() if "load_start_us" in df else None
@@ -167,11 +172,10 @@ def stage_edges(df: pd.DataFrame) -> pd.DataFrame:
     cols = ["layer", "opcode", "edge", "tasks", "first_ready_us", "last_end_us", "hop_us", "span_us"]
     if not len(df):
         return pd.DataFrame(columns=cols)
-    rank = {name: k for k, name in OPCODE_NAMES.items()}
     g = df.groupby(["layer", "name"], sort=False).agg(tasks=("ready_us", "size"), first_ready_us=("ready_us", "min"),
                                                       last_end_us=("end_us", "max")).reset_index()
     g = g.rename(columns={"name": "opcode"})
-    g["_rank"] = g["opcode"].map(rank)
+    g["_rank"] = g["opcode"].map(OPCODES)
     g = g.sort_values(["layer", "_rank"], kind="stable").reset_index(drop=True)
     prev_end = g["last_end_us"].shift(1)
     g["edge"] = g["opcode"].shift(1).fillna("") + "→" + g["opcode"]
@@ -220,9 +224,8 @@ def task_phases(df: pd.DataFrame) -> list[dict] | None:
     w = df.dropna(subset=PHASE_COLUMNS)
     if not len(w):
         return None
-    rank = {name: k for k, name in OPCODE_NAMES.items()}
     out = []
-    for name, g in sorted(w.groupby("name"), key=lambda kv: rank.get(kv[0], 99)):
+    for name, g in _by_opcode(w):
         epi = g["end_us"] - g["mv_end_us"]
         out.append({"opcode": name, "tasks": int(len(g)),
                     "stage_us_p50": float((g["staged_us"] - g["ready_us"]).median()),
