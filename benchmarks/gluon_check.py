@@ -246,6 +246,12 @@ SWEEPS = {
     "r19": [("default", "gluon", {}), ("bits", "gluon", {"mv_widen": "bits"}), ("sg3", "gluon", {"sig_gate": 3}),
             ("bits-sg3", "gluon", {"mv_widen": "bits", "sig_gate": 3}), ("default-again", "gluon", {}),
             ("bits-again", "gluon", {"mv_widen": "bits"}), ("sg3-again", "gluon", {"sig_gate": 3})],
+    # session 7, mv_widen=bits the default: the producer held after an attention task until the task is done
+    # (attn_gate: tiles allowed meanwhile), and sig_gate 3
+    "r20": [("default", "gluon", {}), ("ag0", "gluon", {"attn_gate": 0}), ("ag2", "gluon", {"attn_gate": 2}),
+            ("ag4", "gluon", {"attn_gate": 4}), ("sg3", "gluon", {"sig_gate": 3}),
+            ("ag2-sg3", "gluon", {"attn_gate": 2, "sig_gate": 3}), ("default-again", "gluon", {}),
+            ("ag2-again", "gluon", {"attn_gate": 2}), ("ag0-again", "gluon", {"attn_gate": 0})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

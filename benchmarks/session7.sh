@@ -5,6 +5,8 @@
 #                                       # phases; sweep r19 (bits, sig_gate 3) on llama-3.2-1b and qwen3-0.6b; then
 #                                       # every GPU test (the default matvec was refactored after the last GPU run:
 #                                       # its SASS has the same length, reordered)
+#   bash benchmarks/session7.sh r20     # attn_gate: correctness (stories, tiny, llama sections, timeline phases)
+#                                       # with attn_gate=2; sweep r20 on llama-3.2-1b and qwen3-0.6b
 #   bash benchmarks/session7.sh tests   # every GPU test
 #   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
 #                                       # current defaults
@@ -21,6 +23,14 @@ next)
   log gpu-tests
   timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
   tail -6 "$R/pytest_gpu.log"
+  ;;
+r20)
+  log r20
+  timeout 250 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r20.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r20 --timed 270 --rounds 6 --params '{"attn_gate": 2}' > "$R/gluon_check_r20.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r20.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r20.log" | grep -v "^timeline" | tail -36 | cut -c1-330
+  log r20-qwen3
+  timeout 130 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r20_qwen3.json" --sections sweep --sweep r20 --timed 180 --rounds 6 > "$R/gluon_check_r20_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r20_qwen3.log"
+  tail -11 "$R/gluon_check_r20_qwen3.log" | cut -c1-330
   ;;
 tests)
   log gpu-tests

@@ -111,7 +111,8 @@ def test_gluon_switches_are_checked():
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
-                    ({"mv_widen": "fast"}, "mv_widen must be convert or bits")):
+                    ({"mv_widen": "fast"}, "mv_widen must be convert or bits"),
+                    ({"attn_gate": -3}, "attn_gate must be an integer >= -1")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
@@ -153,7 +154,8 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="task", attn_layout="blocks", sig_gate=-1)),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="bits")),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="convert", attn_gate=2)),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(sig_gate=-1, attn_gate=0)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
@@ -168,7 +170,8 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     """The Gluon kernel (default, noprefetch + timeline, the non-default switches: a greedy-pick atomic per LM-head
-    task, block attention, no signal gate; the bf16 widening by bits,
+    task, block attention, no signal gate; Triton's bf16 widening with the attention gate; the attention gate
+    alone on Qwen3;
     Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,
@@ -276,7 +279,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "blocks",
-                                 "lm_pick": "cta", "sig_gate": 2}
+                                 "lm_pick": "cta", "sig_gate": 2, "attn_gate": -1, "mv_widen": "bits"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["llama-3.2-1b"]["attn_layout"] == "warps" and out["qwen2.5-0.5b"]["attn_layout"] == "blocks"
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8

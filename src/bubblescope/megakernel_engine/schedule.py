@@ -159,7 +159,11 @@ class MegakernelParams:
             off. The signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48.
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
-            per weight; prepared in session 6, not yet run on a GPU).
+            per weight; the default). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
+            rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``.
+        attn_gate: Gluon kernel only: after a (non-empty) attention task in the CTA's queue, the producer issues at
+            most ``attn_gate`` more tiles until the consumer has finished that attention task, so the attention's
+            loads and stores do not queue behind this SM's weight loads in flight (-1: off).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -202,7 +206,8 @@ class MegakernelParams:
     lm_pick: str = "cta"
     attn_layout: str = "auto"
     sig_gate: int = 2
-    mv_widen: str = "convert"
+    attn_gate: int = -1
+    mv_widen: str = "bits"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -259,8 +264,10 @@ class MegakernelParams:
                                    f"got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
-        if not isinstance(self.sig_gate, int) or isinstance(self.sig_gate, bool) or self.sig_gate < -1:
-            raise BubblescopeError(f"megakernel params: sig_gate must be an integer >= -1, got {self.sig_gate!r}")
+        for name in ("sig_gate", "attn_gate"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < -1:
+                raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
         if self.mv_widen not in ("convert", "bits"):
             raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")
         if self.split_k not in (1, 2):

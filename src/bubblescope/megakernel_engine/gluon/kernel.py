@@ -667,7 +667,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-              sigbar, SIG_GATE: gl.constexpr, MV_BITS: gl.constexpr):
+              sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -689,7 +689,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
     staged = -1       # layer·8 + opcode of the vector in xs
     known_cnt = -1    # counters only increase: a wait already satisfied needs no new atomic
     known_seen = 0
-    sgc = 0           # signals of weight tasks given (SIG_GATE: the producer waits on them in order)
+    sgc = 0           # gated tasks finished (SIG_GATE / ATTN_GATE: the producer waits on them in order)
     if LM_CTA:
         lm_best = pos.to(gl.int64) * 0 + AMAX_EMPTY  # the best greedy key of this CTA's LM-head tasks
     for i in range(n):
@@ -849,8 +849,10 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             gl.atomic_add(counters_ptr + gl.load(row + F_SIGNAL), amount, sem="release", scope="gpu")
             if SIG_GATE >= 0:
                 if op != OP_ATTN:  # the producer may issue the next tiles (see _producer)
-                    mbarrier.arrive(sigbar.index(sgc & 1))
-                    sgc += 1
+                    sgc = _gate_arrive(sigbar, ackbar, sgc)
+        if ATTN_GATE >= 0:
+            if (op == OP_ATTN) & (skip == 0):
+                sgc = _gate_arrive(sigbar, ackbar, sgc)
         if TIMELINE:
             t_end = _now(i)
             slot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
@@ -994,6 +996,27 @@ def _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_pt
             prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
 
 
+# ---- the gate between consumer and producer (SIG_GATE, ATTN_GATE) -------------------------------------------
+# The consumer arrives once per gated task it finishes, in queue order, on sigbar[k % 2]; the producer waits for
+# each in the same order and then arrives on ackbar[k % 2]. Before its arrival k the consumer waits for the ack of
+# k − 2, so it can never lap a phase the producer has not waited for yet (an attention task has no tiles, so the
+# ring alone does not keep the two sides within two gated tasks). That wait always ends: the producer waits for
+# k − 2 at the latest at gated task k − 1, and every tile before task k has been consumed by then.
+@gluon.jit
+def _gate_arrive(sigbar, ackbar, k):
+    if k >= 2:
+        mbarrier.wait(ackbar.index(k & 1), ((k - 2) >> 1) & 1)
+    mbarrier.arrive(sigbar.index(k & 1))
+    return k + 1
+
+
+@gluon.jit
+def _gate_wait(sigbar, ackbar, k):
+    mbarrier.wait(sigbar.index(k & 1), (k >> 1) & 1)
+    mbarrier.arrive(ackbar.index(k & 1))
+    return k + 1
+
+
 @gluon.jit
 def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
               max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap,
@@ -1001,10 +1024,13 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
-              PF_LANES_P: gl.constexpr, sigbar, SIG_GATE: gl.constexpr):
+              PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
+              NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr):
     TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
     NROWS: gl.constexpr = Q + 2 * KV
+    GATED: gl.constexpr = (SIG_GATE >= 0) | (ATTN_GATE >= 0)
     pid = gl.program_id(0)
+    pos = gl.load(state_ptr + 0)
     epoch = gl.load(state_ptr + 1)
     n = gl.load(counts_ptr + pid)
     row = table_ptr + pid * max_tasks * NF
@@ -1018,9 +1044,12 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
     # SIG_GATE more tiles are issued before the consumer has signalled: the signal's release waits for the
     # CTA's stores, and those queue behind this SM's weight loads in flight (session 6 phase stamps: a signalling
     # gate-up task's epilogue 3.7 µs, 0.22 µs without the signal)
-    pend = 0   # a signalling weight task's tiles are all issued, its signal not yet waited for
-    sgw = 0    # signals waited for (the mbarrier's phase)
-    since = 0  # tiles issued since that task's last tile
+    # ATTN_GATE >= 0: the same after an attention task that runs, until the consumer has finished it (its loads,
+    # tickets and stores are the layer's chain, and would queue behind the tiles issued meanwhile)
+    pend = 0   # a gated task is passed (a signalling weight task's tiles all issued), its end not yet waited for
+    sgw = 0    # gated tasks waited for (the mbarriers' phases)
+    since = 0  # tiles issued since
+    lim = pos * 0 + SIG_GATE  # the allowance of the pending task (a runtime value: loop-carried)
     if L2_AHEAD > 0:
         prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
         for _ in range(L2_AHEAD):
@@ -1049,10 +1078,9 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 nch = (NCH_I + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
             for c in range(nch):
-                if SIG_GATE >= 0:
-                    if (pend != 0) & (since >= SIG_GATE):
-                        mbarrier.wait(sigbar.index(sgw & 1), (sgw >> 1) & 1)
-                        sgw += 1
+                if GATED:
+                    if (pend != 0) & (since >= lim):
+                        sgw = _gate_wait(sigbar, ackbar, sgw)
                         pend = 0
                 slot = it % NS
                 mbarrier.wait(empty.index(slot), ((it // NS) & 1) ^ 1)
@@ -1081,14 +1109,19 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 4, _now(i))
             if SIG_GATE >= 0:
                 if gl.load(row + F_SIGINC) > 0:
-                    # two signalling tasks within the allowance: the first is waited for now. So signal k is waited
-                    # for before any tile past task k + 1's is issued, the consumer cannot give signal k + 2
-                    # before that wait, and signal k's barrier (k mod 2) cannot have lapped its phase
+                    # two gated tasks within the allowance: the first is waited for now (phases: see _gate_arrive)
                     if pend != 0:
-                        mbarrier.wait(sigbar.index(sgw & 1), (sgw >> 1) & 1)
-                        sgw += 1
+                        sgw = _gate_wait(sigbar, ackbar, sgw)
                     pend = 1
                     since = 0
+                    lim = pos * 0 + SIG_GATE
+        elif ATTN_GATE >= 0:
+            if gl.load(row + F_A2) < _splits_used(pos, NSPLIT, MIN_CHUNK):  # as the consumer skips empty splits
+                if pend != 0:
+                    sgw = _gate_wait(sigbar, ackbar, sgw)
+                pend = 1
+                since = 0
+                lim = pos * 0 + ATTN_GATE
         row += NF
 
 
@@ -1110,7 +1143,7 @@ def megakernel(
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-        SIG_GATE: gl.constexpr, MV_BITS: gl.constexpr):
+        SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -1126,11 +1159,14 @@ def megakernel(
     xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     # two, used alternately: a phase of one cannot be lapped before the producer waited on it (see _producer)
     sigbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ackbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(full.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     mbarrier.init(sigbar.index(0), count=1)
     mbarrier.init(sigbar.index(1), count=1)
+    mbarrier.init(ackbar.index(0), count=1)
+    mbarrier.init(ackbar.index(1), count=1)
     gl.warp_specialize([
         (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
                      err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
@@ -1139,9 +1175,9 @@ def megakernel(
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA, ATTN_WARPS, sigbar, SIG_GATE, MV_BITS)),
+                     LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                     head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, SIG_GATE)),
+                     head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK)),
     ], [1], [PRODUCER_REGS])
