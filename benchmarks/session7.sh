@@ -7,6 +7,8 @@
 #                                       # its SASS has the same length, reordered)
 #   bash benchmarks/session7.sh r20     # attn_gate: correctness (stories, tiny, llama sections, timeline phases)
 #                                       # with attn_gate=2; sweep r20 on llama-3.2-1b and qwen3-0.6b
+#   bash benchmarks/session7.sh r21     # sweep r21 (sig_gate 3 + attn_gate 0, 64-position splits) on the 1B and
+#                                       # Qwen3-0.6B; r21short on Qwen2.5-0.5B and Llama-3.1-8B
 #   bash benchmarks/session7.sh tests   # every GPU test
 #   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
 #                                       # current defaults
@@ -31,6 +33,14 @@ r20)
   log r20-qwen3
   timeout 130 python3 benchmarks/gluon_check.py --model qwen3-0.6b --out "$R/gluon_check_r20_qwen3.json" --sections sweep --sweep r20 --timed 180 --rounds 6 > "$R/gluon_check_r20_qwen3.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r20_qwen3.log"
   tail -11 "$R/gluon_check_r20_qwen3.log" | cut -c1-330
+  ;;
+r21)
+  for m in llama-3.2-1b:r21:200:110 qwen3-0.6b:r21:200:110 qwen2.5-0.5b:r21short:150:80 llama-3.1-8b:r21short:60:200; do
+    IFS=: read -r model sweep timed limit <<< "$m"
+    log "r21 $model"
+    timeout "$limit" python3 benchmarks/gluon_check.py --model "$model" --out "$R/gluon_check_r21_$model.json" --sections sweep --sweep "$sweep" --timed "$timed" --rounds 5 > "$R/gluon_check_r21_$model.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r21_$model.log"
+    grep -E "ms_p50|rc=" "$R/gluon_check_r21_$model.log" | sed -E 's/"registers.*"ms_p50": ([0-9.]+).*"round_medians_ms": \[([^]]*)\].*/p50 \1 rounds \2/' | cut -c1-250
+  done
   ;;
 tests)
   log gpu-tests
