@@ -261,6 +261,9 @@ SWEEPS = {
     "r21short": [("default", "gluon", {}), ("sg3", "gluon", {"sig_gate": 3}),
                  ("sg3-ag0", "gluon", {"sig_gate": 3, "attn_gate": 0}), ("default-again", "gluon", {}),
                  ("sg3-ag0-again", "gluon", {"sig_gate": 3, "attn_gate": 0})],
+    # session 7, defaults sig_gate 3 and attn_gate auto: the attention splits meet through tagged partials, no ticket
+    "r22": [("default", "gluon", {}), ("tagged", "gluon", {"attn_sync": "tagged"}), ("default-again", "gluon", {}),
+            ("tagged-again", "gluon", {"attn_sync": "tagged"})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

@@ -9,6 +9,8 @@
 #                                       # with attn_gate=2; sweep r20 on llama-3.2-1b and qwen3-0.6b
 #   bash benchmarks/session7.sh r21     # sweep r21 (sig_gate 3 + attn_gate 0, 64-position splits) on the 1B and
 #                                       # Qwen3-0.6B; r21short on Qwen2.5-0.5B and Llama-3.1-8B
+#   bash benchmarks/session7.sh r22     # attn_sync=tagged: correctness and timeline (1B), sweep r22 on the 1B (128
+#                                       # and 4096 context) and Qwen3-0.6B; every GPU test on the new defaults
 #   bash benchmarks/session7.sh tests   # every GPU test
 #   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
 #                                       # current defaults
@@ -41,6 +43,20 @@ r21)
     timeout "$limit" python3 benchmarks/gluon_check.py --model "$model" --out "$R/gluon_check_r21_$model.json" --sections sweep --sweep "$sweep" --timed "$timed" --rounds 5 > "$R/gluon_check_r21_$model.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r21_$model.log"
     grep -E "ms_p50|rc=" "$R/gluon_check_r21_$model.log" | sed -E 's/"registers.*"ms_p50": ([0-9.]+).*"round_medians_ms": \[([^]]*)\].*/p50 \1 rounds \2/' | cut -c1-250
   done
+  ;;
+r22)
+  log r22
+  timeout 200 python3 benchmarks/gluon_check.py --out "$R/gluon_check_r22.json" --sections stories,tiny,llama,sweep,timeline --tokens 200 --steps 256 --sweep r22 --timed 240 --rounds 6 --params '{"attn_sync": "tagged"}' > "$R/gluon_check_r22.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r22.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_r22.log" | grep -v "^timeline" | tail -31 | cut -c1-300
+  for m in qwen3-0.6b:128 llama-3.2-1b:4096; do
+    IFS=: read -r model ctx <<< "$m"
+    log "r22 $model $ctx"
+    timeout 90 python3 benchmarks/gluon_check.py --model "$model" --context "$ctx" --out "$R/gluon_check_r22_$model-$ctx.json" --sections sweep --sweep r22 --timed 160 --rounds 4 > "$R/gluon_check_r22_$model-$ctx.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r22_$model-$ctx.log"
+    grep -E "ms_p50|rc=" "$R/gluon_check_r22_$model-$ctx.log" | sed -E 's/"registers.*"ms_p50": ([0-9.]+).*"round_medians_ms": \[([^]]*)\].*/p50 \1 rounds \2/' | cut -c1-250
+  done
+  log gpu-tests
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
+  tail -6 "$R/pytest_gpu.log"
   ;;
 tests)
   log gpu-tests

@@ -157,13 +157,22 @@ class MegakernelParams:
             6, ``gluon_check.py --sweep r17``, interleaved rounds): Llama-3.2-1B 0.952 / 0.957 ms at 2 and 0.945 at
             4 against 0.979 / 0.982 off, 0.997 / 0.995 at 0; Qwen3-0.6B 0.862 / 0.858 at 2 against 0.873 / 0.875
             off. The signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48.
+            3 is the default since session 7 (``--sweep r21``): Llama-3.2-1B 0.935 against 0.950 / 0.960 at 2,
+            Qwen3-0.6B 0.812 against 0.821 / 0.823, Qwen2.5-0.5B 0.849 against 0.852 / 0.850, Llama-3.1-8B 4.066
+            against 4.082 / 4.113 (r18, r19 and r20 gave the 1B the same order).
+        attn_gate: Gluon kernel only: after a (non-empty) attention task in the CTA's queue, the producer issues at
+            most ``attn_gate`` more tiles until the consumer has finished that attention task, so the attention's
+            loads and stores do not queue behind this SM's weight loads in flight (-1: off; None: 0 for models
+            with q/k-norm, else off, see ``gluon.host.resolve_attn_gate``).
+        attn_sync: Gluon kernel only: how the position splits of an attention task meet: ``ticket`` (each stores
+            its partials, draws the kv head's ticket with an acq_rel atomic, and the last holder combines) or
+            ``tagged`` (each stores its partials as 64-bit words of value and tag, with no fence or ticket; the split
+            holding the newest position combines once it reads every split's words with this step's and layer's
+            tag: one atomic and one fence fewer on the layer's chain).
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
             per weight; the default). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
             rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``.
-        attn_gate: Gluon kernel only: after a (non-empty) attention task in the CTA's queue, the producer issues at
-            most ``attn_gate`` more tiles until the consumer has finished that attention task, so the attention's
-            loads and stores do not queue behind this SM's weight loads in flight (-1: off).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -205,8 +214,9 @@ class MegakernelParams:
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
-    sig_gate: int = 2
-    attn_gate: int = -1
+    sig_gate: int = 3
+    attn_gate: int | None = None
+    attn_sync: str = "ticket"
     mv_widen: str = "bits"
     timeline: bool = False
     spin_cap: int | None = None
@@ -266,8 +276,12 @@ class MegakernelParams:
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
         for name in ("sig_gate", "attn_gate"):
             v = getattr(self, name)
+            if name == "attn_gate" and v is None:
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v < -1:
                 raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
+        if self.attn_sync not in ("ticket", "tagged"):
+            raise BubblescopeError(f"megakernel params: attn_sync must be ticket or tagged, got {self.attn_sync!r}")
         if self.mv_widen not in ("convert", "bits"):
             raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")
         if self.split_k not in (1, 2):

@@ -91,6 +91,22 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str) -> str:
     return "warps" if not cfg.qk_norm and cfg.gqa_group <= 4 else "blocks"
 
 
+def resolve_attn_gate(cfg: ModelConfig, gate: int | None) -> int:
+    """The attention gate for ``cfg`` (see ``MegakernelParams.attn_gate``): ``gate`` unless it is None (auto),
+    which holds the producer at an attention task (0 tiles past it) for models with q/k-norm, whose attention task
+    also norms and rotates q and k, and leaves it off (-1) for the others.
+
+    Measured on the H200 (session 7, ``gluon_check.py --sweep r20`` / ``r21``, interleaved rounds,
+    benchmarks/results/h200-2026-12-01-s7), ms per token with ``sig_gate`` 3 and the gate at 0 against without
+    it: Qwen3-0.6B 0.805 / 0.803 against 0.812 (in r20 the gate alone 0.889 / 0.885 against 0.914 / 0.908);
+    Qwen2.5-0.5B 0.868 / 0.868 against 0.849 (worse); Llama-3.2-1B 0.937 / 0.931 against 0.935 and
+    Llama-3.1-8B 4.060 / 4.059 against 4.066 (even).
+    """
+    if gate is not None:
+        return gate
+    return 0 if cfg.qk_norm else -1
+
+
 def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
     per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
@@ -110,7 +126,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> 
     # q/k-norm in the attention task) spilled 32 bytes at BLOCK_S 64, none at 32
     block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim), 4096 // cfg.head_dim))
     block_s = block_s if params.block_s == MegakernelParams.block_s else params.block_s
-    return params.replace(attn_layout=layout, block_s=block_s, rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
+    return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
+                          rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk, qk_norm_in_attn=True)
 
@@ -152,8 +169,9 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
-        ATTN_WARPS=params.attn_layout == "warps", SIG_GATE=params.sig_gate, ATTN_GATE=params.attn_gate,
-        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16)
+        ATTN_WARPS=params.attn_layout == "warps", SIG_GATE=params.sig_gate,
+        ATTN_GATE=resolve_attn_gate(cfg, params.attn_gate),
+        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16, ATTN_TAGGED=params.attn_sync == "tagged")
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -164,13 +182,15 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks`` or ``warps``),
     ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the producer
     issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
-    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened);
+    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened),
+    ``attn_sync`` (``ticket`` or ``tagged``: how an attention task's splits meet);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
             "qk_norm_in_attn": bool(cx["QK_NORM"]), "attn_layout": "warps" if cx["ATTN_WARPS"] else "blocks",
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
-            "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert"}
+            "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert",
+            "attn_sync": "tagged" if cx["ATTN_TAGGED"] else "ticket"}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
