@@ -262,6 +262,7 @@ SWEEPS = {
                  ("sg3-ag0", "gluon", {"sig_gate": 3, "attn_gate": 0}), ("default-again", "gluon", {}),
                  ("sg3-ag0-again", "gluon", {"sig_gate": 3, "attn_gate": 0})],
     # session 7, defaults sig_gate 3 and attn_gate auto: the attention splits meet through tagged partials, no ticket
+    # (attn_sync=tagged, ee86bcf; slower on both models, removed after this round)
     "r22": [("default", "gluon", {}), ("tagged", "gluon", {"attn_sync": "tagged"}), ("default-again", "gluon", {}),
             ("tagged-again", "gluon", {"attn_sync": "tagged"})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),

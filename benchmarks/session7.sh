@@ -11,6 +11,7 @@
 #                                       # Qwen3-0.6B; r21short on Qwen2.5-0.5B and Llama-3.1-8B
 #   bash benchmarks/session7.sh r22     # attn_sync=tagged: correctness and timeline (1B), sweep r22 on the 1B (128
 #                                       # and 4096 context) and Qwen3-0.6B; every GPU test on the new defaults
+#   bash benchmarks/session7.sh final   # issue 10's decode-latency set on the 1B (and 4096 context), the Qwen presets
 #   bash benchmarks/session7.sh tests   # every GPU test
 #   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
 #                                       # current defaults
@@ -57,6 +58,14 @@ r22)
   log gpu-tests
   timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
   tail -6 "$R/pytest_gpu.log"
+  ;;
+final)
+  log decode-latency-1b
+  timeout 160 $DL --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel --out "$R/decode_latency_1b.json" --max-seconds 145 > "$R/decode_latency_1b.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_1b.log"
+  tail -8 "$R/decode_latency_1b.log"
+  log decode-latency-qwen
+  timeout 200 $DL --models qwen2.5-0.5b,qwen3-0.6b,qwen3-1.7b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_qwen.json" --max-seconds 185 > "$R/decode_latency_qwen.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_qwen.log"
+  tail -12 "$R/decode_latency_qwen.log"
   ;;
 tests)
   log gpu-tests

@@ -112,8 +112,7 @@ def test_gluon_switches_are_checked():
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
                     ({"mv_widen": "fast"}, "mv_widen must be convert or bits"),
-                    ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
-                    ({"attn_sync": "flag"}, "attn_sync must be ticket or tagged")):
+                    ({"attn_gate": -3}, "attn_gate must be an integer >= -1")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
@@ -156,8 +155,7 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="task", attn_layout="blocks", sig_gate=-1)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="convert", attn_gate=2)),
-        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(sig_gate=-1, attn_gate=0, attn_sync="tagged")),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_sync="tagged")),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(sig_gate=-1, attn_gate=0)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
@@ -281,8 +279,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "blocks",
-                                 "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
-                                 "attn_sync": "ticket"}
+                                 "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["llama-3.2-1b"]["attn_gate"] == -1 and out["qwen2.5-0.5b"]["attn_gate"] == -1  # no q/k-norm
     assert out["llama-3.2-1b"]["attn_layout"] == "warps" and out["qwen2.5-0.5b"]["attn_layout"] == "blocks"

@@ -45,7 +45,6 @@ ERR_FIELDS = 16
 ERR_TOKEN = 15              # the kernel's last program writes the step's greedy token into err[15]
 AHEAD_MAX = 2               # launch_greedy steps whose token is unread (generate keeps one step ahead)
 AMAX_EMPTY = -(2 ** 63)     # kernel.AMAX_EMPTY: the greedy key buffer between steps
-_TAGGED = ("pm_ptr", "pl_ptr", "pacc_ptr")  # attention partials, tagged by the Gluon kernel with attn_sync="tagged"
 
 
 IMPLS = ("auto", "gluon", "triton")
@@ -168,8 +167,7 @@ class MegakernelEngine:
         f32, i32 = torch.float32, torch.int32
         self._buf = dict(
             x_ptr=z(cfg.hidden_size), q_ptr=z(cfg.q_size), attn_ptr=z(cfg.q_size), act_ptr=z(t.i_pad),
-            # twice as long: the Gluon kernel's tagged partials (attn_sync="tagged") are 64-bit (value, tag) words
-            pm_ptr=z(2 * nq, dtype=f32), pl_ptr=z(2 * nq, dtype=f32), pacc_ptr=z(2 * nq * cfg.head_dim, dtype=f32),
+            pm_ptr=z(nq, dtype=f32), pl_ptr=z(nq, dtype=f32), pacc_ptr=z(nq * cfg.head_dim, dtype=f32),
             logits_ptr=z(cfg.vocab_size, dtype=f32), amax_ptr=z(1, dtype=torch.int64),
             state_ptr=z(4, dtype=i32),                            # position, epoch, input token, greedy token
             counters_ptr=z(num_counters(cfg, t), dtype=i32), done_ptr=z(1, dtype=i32),
@@ -236,7 +234,7 @@ class MegakernelEngine:
     def reset(self) -> None:
         """Empty the KV cache and rewind counters, position and epoch (also clears a stuck-kernel state)."""
         for t in (self.k_cache, self.v_cache, *(self._buf[k] for k in ("state_ptr", "counters_ptr", "done_ptr",
-                                                                         "err_ptr", *_TAGGED))):
+                                                                         "err_ptr"))):
             t.zero_()
         self._buf["amax_ptr"].fill_(AMAX_EMPTY)
         self.position = 0
@@ -398,8 +396,6 @@ class MegakernelEngine:
         self._check_pending()
         if self._max_inc and (self._epoch + 2) * self._max_inc >= 2 ** 31 - 1:
             self._buf["counters_ptr"].zero_()  # rewind before int32 overflow (stream-ordered: nothing in flight)
-            for k in _TAGGED:  # the tags restart with the epoch: no word of an old step may carry a new one's tag
-                self._buf[k].zero_()
             self._state[1:2].zero_()
             self._epoch = 0
         launch = self._launchers[self._timeline_on]

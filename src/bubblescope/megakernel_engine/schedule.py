@@ -164,11 +164,6 @@ class MegakernelParams:
             most ``attn_gate`` more tiles until the consumer has finished that attention task, so the attention's
             loads and stores do not queue behind this SM's weight loads in flight (-1: off; None: 0 for models
             with q/k-norm, else off, see ``gluon.host.resolve_attn_gate``).
-        attn_sync: Gluon kernel only: how the position splits of an attention task meet: ``ticket`` (each stores
-            its partials, draws the kv head's ticket with an acq_rel atomic, and the last holder combines) or
-            ``tagged`` (each stores its partials as 64-bit words of value and tag, with no fence or ticket; the split
-            holding the newest position combines once it reads every split's words with this step's and layer's
-            tag: one atomic and one fence fewer on the layer's chain).
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
             per weight; the default). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
@@ -216,7 +211,6 @@ class MegakernelParams:
     attn_layout: str = "auto"
     sig_gate: int = 3
     attn_gate: int | None = None
-    attn_sync: str = "ticket"
     mv_widen: str = "bits"
     timeline: bool = False
     spin_cap: int | None = None
@@ -280,8 +274,6 @@ class MegakernelParams:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < -1:
                 raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
-        if self.attn_sync not in ("ticket", "tagged"):
-            raise BubblescopeError(f"megakernel params: attn_sync must be ticket or tagged, got {self.attn_sync!r}")
         if self.mv_widen not in ("convert", "bits"):
             raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")
         if self.split_k not in (1, 2):

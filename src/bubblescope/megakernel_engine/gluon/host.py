@@ -171,7 +171,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
         ATTN_WARPS=params.attn_layout == "warps", SIG_GATE=params.sig_gate,
         ATTN_GATE=resolve_attn_gate(cfg, params.attn_gate),
-        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16, ATTN_TAGGED=params.attn_sync == "tagged")
+        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16)
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -182,15 +182,13 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks`` or ``warps``),
     ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the producer
     issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
-    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened),
-    ``attn_sync`` (``ticket`` or ``tagged``: how an attention task's splits meet);
+    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
             "qk_norm_in_attn": bool(cx["QK_NORM"]), "attn_layout": "warps" if cx["ATTN_WARPS"] else "blocks",
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
-            "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert",
-            "attn_sync": "tagged" if cx["ATTN_TAGGED"] else "ticket"}
+            "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert"}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

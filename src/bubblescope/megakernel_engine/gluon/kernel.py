@@ -340,11 +340,10 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
                TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
-               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr, tag, TAGGED: gl.constexpr):
-    """Returns (last counter value seen by the dependency wait, or ``target`` without one; ``target − 1``
-    when a ``TAGGED`` combiner never saw its partials; with ``TIMELINE`` the ns stamps of: the wait met, the math
-    done (after the last block, so after q and the new K/V arrived), the ticket drawn (partials stored and fenced;
-    for a single split: its output published; ``TAGGED``: the partials stored))."""
+               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
+    """Returns (last counter value seen by the dependency wait, or ``target`` without one; with ``TIMELINE`` the
+    ns stamps of: the wait met, the math done (after the last block, so after q and the new K/V arrived), the
+    ticket drawn (partials stored and fenced; for a single split: its output published))."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
@@ -442,11 +441,8 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     t_math = pos.to(gl.int64) * 0  # int64 like the stamps
     if TIMELINE:  # the reduction makes the stamp wait for the math (and so for the loads it used)
         t_math = _now(gl.max(l, axis=0).to(gl.int32))
-    t_ticket, ok = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr,
-                                 attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE, tag, spin_cap,
-                                 TAGGED)
-    if ok == 0:
-        seen = target - 1
+    t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr,
+                             attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
     return seen, t_ready, t_math, t_ticket
 
 
@@ -462,7 +458,7 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
                      G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
                      NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
                      BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
-                     TIMELINE: gl.constexpr, tag, TAGGED: gl.constexpr):
+                     TIMELINE: gl.constexpr):
     """:func:`_attention` for models without q/k-norm, warp-local online softmax; same returns."""
     SW: gl.constexpr = BLOCK_S // NW
     L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, VD], [1, 1, 32 // TD, TD], [1, NW, 1, 1], [3, 2, 1, 0])
@@ -541,25 +537,18 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
     t_math = pos.to(gl.int64) * 0
     if TIMELINE:
         t_math = _now(gl.max(l_f, axis=0).to(gl.int32))
-    t_ticket, ok = _attn_publish(kvh, split, pos, m_f, l_f, acc_f, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
-                                 pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE, tag,
-                                 spin_cap, TAGGED)
-    if ok == 0:
-        seen = target - 1
+    t_ticket = _attn_publish(kvh, split, pos, m_f, l_f, acc_f, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
+                             pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
     return seen, t_ready, t_math, t_ticket
 
 
 @gluon.jit
 def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr,
                   D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr,
-                  BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr, TIMELINE: gl.constexpr, tag, spin_cap,
-                  TAGGED: gl.constexpr):
+                  BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr, TIMELINE: gl.constexpr):
     """A split's end (both attention layouts): the whole context in this task →
     normalise and publish; else store the partials, draw the kv head's ticket, and the last holder combines and
-    signals. ``TAGGED``: no ticket; every partial is stored with ``tag`` beside it (one 64-bit word) and the split
-    holding ``pos`` (the last, which also waits for the new K/V) combines once it has read every split's partials
-    with that tag. Returns (the ticket's ns stamp, 0 without TIMELINE; 0 when a TAGGED combiner's reads of the
-    partials expired after ``spin_cap`` polls, else 1)."""
+    signals. Returns the ticket's ns stamp (0 without TIMELINE)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     QL: gl.constexpr = gl.SliceLayout(1, L3)
     gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
@@ -567,7 +556,6 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
     mq = gq < G
     hq = kvh * G + gq
     t_ticket = pos.to(gl.int64) * 0
-    ok = pos * 0 + 1
     used = _splits_used(pos, NSPLIT, MIN_CHUNK)
     if used == 1:
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, QL)), 1)
@@ -577,18 +565,8 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
         gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
         if TIMELINE:
             t_ticket = _now(pos)
-    elif TAGGED:
-        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3, tag, True)
-        if TIMELINE:
-            t_ticket = _now(pos)
-        if split == used - 1:
-            gl.thread_barrier()  # this CTA's own partials, stored by other threads, are visible to all of it
-            ok = _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NSPLIT, BLOCK_SPLIT, L3,
-                               tag, spin_cap, True)
-            gl.thread_barrier()
-            gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
     else:
-        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3, tag, False)
+        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3)
         gl.thread_barrier()
         ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
         if TIMELINE:
@@ -596,52 +574,26 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
         if ticket == used - 1:
             gl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
             gl.thread_barrier()
-            _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NSPLIT, BLOCK_SPLIT, L3, tag,
-                          spin_cap, False)
+            _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NSPLIT, BLOCK_SPLIT, L3)
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
-    return t_ticket, ok
-
-
-# ``TAGGED`` partials: a float32 and its 32-bit tag in one 64-bit word (value bits low, tag high). A 64-bit store is
-# single-copy atomic, so a reader that sees the tag sees the value, with no fence or counter between them.
-@gluon.jit
-def _tagged(v, tag):
-    return (v.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF) | (tag.to(gl.int64) << 32)
-
-
-@gluon.jit
-def _untag(w):
-    return w.to(gl.int32).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _stale(w, m, tag):
-    """1 where ``m`` and the word's tag is not ``tag``."""
-    return gl.where(m & ((w >> 32).to(gl.int32) != tag), 1, 0)
+    return t_ticket
 
 
 @gluon.jit
 def _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D: gl.constexpr, G: gl.constexpr,
-                    GP: gl.constexpr, NSPLIT: gl.constexpr, L3: gl.constexpr, tag, TAGGED: gl.constexpr):
+                    GP: gl.constexpr, NSPLIT: gl.constexpr, L3: gl.constexpr):
     """A split's float32 partials: running max ``m`` and sum ``l`` (GP,) → pm/pl[hq·NSPLIT + split], the
-    unnormalised ``acc`` (GP, D) → pacc[(hq·NSPLIT + split)·D + d]; ``TAGGED``: the same indices over 64-bit
-    words holding the value and ``tag`` (the buffers are twice as long)."""
+    unnormalised ``acc`` (GP, D) → pacc[(hq·NSPLIT + split)·D + d]."""
     SL: gl.constexpr = gl.SliceLayout(2, L3)
     QL: gl.constexpr = gl.SliceLayout(1, L3)
     gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
     out_s = (kvh * G + gs) * NSPLIT + split
+    gl.store(pm_ptr + out_s, m, mask=gs < G)
+    gl.store(pl_ptr + out_s, l, mask=gs < G)
     dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     out_q = (hq * NSPLIT + split) * D
-    if TAGGED:
-        gl.store(pm_ptr.to(gl.pointer_type(gl.int64)) + out_s, _tagged(m, tag), mask=gs < G)
-        gl.store(pl_ptr.to(gl.pointer_type(gl.int64)) + out_s, _tagged(l, tag), mask=gs < G)
-        gl.store(pacc_ptr.to(gl.pointer_type(gl.int64)) + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0),
-                 _tagged(acc, tag), mask=gl.expand_dims(mq, 1))
-    else:
-        gl.store(pm_ptr + out_s, m, mask=gs < G)
-        gl.store(pl_ptr + out_s, l, mask=gs < G)
-        gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
+    gl.store(pacc_ptr + gl.expand_dims(out_q, 1) + gl.expand_dims(dq, 0), acc, mask=gl.expand_dims(mq, 1))
 
 
 @gluon.jit
@@ -663,9 +615,7 @@ def _norm_rope(x, xp, inv, w, wp, c, s, lo_half, ACT: gl.constexpr):
 # a max pass and a sum pass, on the layer's critical chain.
 @gluon.jit
 def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr, G: gl.constexpr,
-                  GP: gl.constexpr, NSPLIT: gl.constexpr, BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr, tag, spin_cap,
-                  TAGGED: gl.constexpr):
-    """Returns 1, or 0 when ``TAGGED`` reads still found a stale tag after ``spin_cap`` polls."""
+                  GP: gl.constexpr, NSPLIT: gl.constexpr, BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr):
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     SL: gl.constexpr = gl.SliceLayout(2, L3)
     QL: gl.constexpr = gl.SliceLayout(1, L3)
@@ -677,39 +627,14 @@ def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr
     big = gl.full([GP], -1.0e30, gl.float32, gl.SliceLayout(1, SL))  # finite: exp(big − new) stays defined
     den = gl.zeros([GP], gl.float32, gl.SliceLayout(1, SL))
     acc = gl.zeros([GP, D], gl.float32, QL)
-    ok = used * 0 + 1
     s0 = 0
     while s0 < used:
         sp = gl.expand_dims(s0 + sp0, 0)
         mm = gl.expand_dims(mg, 1) & (sp < used)
-        if TAGGED:  # poll the words themselves (volatile: every read goes to L2) until each has this step's tag
-            pm64 = pm_ptr.to(gl.pointer_type(gl.int64)) + row + sp
-            pl64 = pl_ptr.to(gl.pointer_type(gl.int64)) + row + sp
-            pa64 = pacc_ptr.to(gl.pointer_type(gl.int64)) + gl.expand_dims(row + sp, 2) * D + d3
-            ma = gl.expand_dims(mm, 2)
-            wm = gl.load(pm64, mask=mm, other=0, volatile=True)
-            wl = gl.load(pl64, mask=mm, other=0, volatile=True)
-            wa = gl.load(pa64, mask=ma, other=0, volatile=True)
-            miss = gl.sum(gl.sum(_stale(wm, mm, tag) + _stale(wl, mm, tag), axis=1), axis=0) \
-                + gl.sum(gl.sum(gl.sum(_stale(wa, ma, tag), axis=2), axis=1), axis=0)
-            n = 0
-            while (miss > 0) & (n < spin_cap):
-                wm = gl.load(pm64, mask=mm, other=0, volatile=True)
-                wl = gl.load(pl64, mask=mm, other=0, volatile=True)
-                wa = gl.load(pa64, mask=ma, other=0, volatile=True)
-                miss = gl.sum(gl.sum(_stale(wm, mm, tag) + _stale(wl, mm, tag), axis=1), axis=0) \
-                    + gl.sum(gl.sum(gl.sum(_stale(wa, ma, tag), axis=2), axis=1), axis=0)
-                n += 1
-            if miss > 0:
-                ok = 0
-            mv = gl.where(mm, _untag(wm), float("-inf"))
-            lv = gl.where(mm, _untag(wl), 0.0)
-            av = gl.where(ma, _untag(wa), 0.0)
-        else:
-            mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
-            lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
-            av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
-                         cache_modifier=".cg")
+        mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
+        lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
+        av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
+                     cache_modifier=".cg")
         new = gl.maximum(big, gl.max(mv, axis=1))
         scale = gl.exp(big - new)
         w = gl.exp(mv - gl.expand_dims(new, 1))
@@ -723,7 +648,6 @@ def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr
     dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     gl.store(attn_ptr + gl.expand_dims(kvh * G + gq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
              mask=gl.expand_dims(gq < G, 1))
-    return ok
 
 
 # ---- the partitions -----------------------------------------------------------------------------------------
@@ -743,8 +667,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-              sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
-              ATTN_TAGGED: gl.constexpr):
+              sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -817,7 +740,6 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         key = layer * 8 + op
         if op == OP_ATTN:
             if skip == 0:
-                atag = epoch * 1024 + layer + 1  # ATTN_TAGGED: this (step, layer)'s tag; ≤ 1023 layers
                 need = gl.load(row + F_NEED)
                 target = epoch * gl.load(row + F_INC) + need
                 if ATTN_WARPS:
@@ -825,14 +747,14 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
-                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, atag, ATTN_TAGGED)
+                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE)
                 else:
                     seen, t_attn, t_math, t_ticket = _attention(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
                         NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, knew_ptr, qknorm_ptr, cos_ptr,
-                        sin_ptr, eps, QK_NORM, atag, ATTN_TAGGED)
+                        sin_ptr, eps, QK_NORM)
                 if TIMELINE:  # an attention task has no weight loads: its producer stamps hold two phases
                     t_ready = t_attn
                     aslot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
@@ -1221,7 +1143,7 @@ def megakernel(
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-        SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_TAGGED: gl.constexpr):
+        SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -1253,7 +1175,7 @@ def megakernel(
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_TAGGED)),
+                     LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
