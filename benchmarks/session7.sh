@@ -12,6 +12,7 @@
 #   bash benchmarks/session7.sh r22     # attn_sync=tagged: correctness and timeline (1B), sweep r22 on the 1B (128
 #                                       # and 4096 context) and Qwen3-0.6B; every GPU test on the new defaults
 #   bash benchmarks/session7.sh final   # issue 10's decode-latency set on the 1B (and 4096 context), the Qwen presets
+#   bash benchmarks/session7.sh waits   # one step's intra-kernel timeline (wait ratio, edges) of six presets
 #   bash benchmarks/session7.sh tests   # every GPU test
 #   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
 #                                       # current defaults
@@ -66,6 +67,15 @@ final)
   log decode-latency-qwen
   timeout 200 $DL --models qwen2.5-0.5b,qwen3-0.6b,qwen3-1.7b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" --out "$R/decode_latency_qwen.json" --max-seconds 185 > "$R/decode_latency_qwen.log" 2>&1; echo "rc=$?" >> "$R/decode_latency_qwen.log"
   tail -12 "$R/decode_latency_qwen.log"
+  ;;
+waits)
+  for m in llama-3.2-1b:50 qwen3-0.6b:50 qwen2.5-0.5b:50 qwen3-1.7b:50 llama-3.2-3b:55 llama-3.1-8b:65; do
+    IFS=: read -r model limit <<< "$m"
+    log "timeline $model"
+    timeout "$limit" python3 benchmarks/gluon_check.py --model "$model" --out "$R/timeline_$model.json" --sections timeline > "$R/timeline_$model.log" 2>&1; echo "rc=$?" >> "$R/timeline_$model.log"
+    python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timeline']; print({k: round(v['wait_ratio'], 3) for k, v in t.items() if isinstance(v, dict)})" "$R/timeline_$model.json" 2>&1 | tail -1
+  done
+  rm -f "$R"/*_frame.csv.gz
   ;;
 tests)
   log gpu-tests
