@@ -13,6 +13,8 @@
 #                                       # and 4096 context) and Qwen3-0.6B; every GPU test on the new defaults
 #   bash benchmarks/session7.sh final   # issue 10's decode-latency set on the 1B (and 4096 context), the Qwen presets
 #   bash benchmarks/session7.sh waits   # one step's intra-kernel timeline (wait ratio, edges) of six presets
+#   bash benchmarks/session7.sh attn    # the attention task's new stamps (q in, blocks done): timelines of the 1B,
+#                                       # Qwen3-0.6B and Qwen2.5-0.5B
 #   bash benchmarks/session7.sh tests   # every GPU test
 #   bash benchmarks/session7.sh presets # decode latency of the 3B and 8B (the README rows from session 5) on the
 #                                       # current defaults
@@ -76,6 +78,13 @@ waits)
     python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timeline']; print({k: round(v['wait_ratio'], 3) for k, v in t.items() if isinstance(v, dict)})" "$R/timeline_$model.json" 2>&1 | tail -1
   done
   rm -f "$R"/*_frame.csv.gz
+  ;;
+attn)
+  for m in llama-3.2-1b qwen3-0.6b qwen2.5-0.5b; do
+    log "attention stamps $m"
+    timeout 50 python3 benchmarks/gluon_check.py --model "$m" --out "$R/attn_timeline_$m.json" --sections timeline > "$R/attn_timeline_$m.log" 2>&1; echo "rc=$?" >> "$R/attn_timeline_$m.log"
+    python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timeline']; [print(k, v['span_us'], json.dumps(v['attn_phases'])) for k, v in t.items() if isinstance(v, dict)]" "$R/attn_timeline_$m.json" 2>&1 | tail -2 | cut -c1-400
+  done
   ;;
 tests)
   log gpu-tests

@@ -329,6 +329,31 @@ def test_gluon_weight_task_phase_stamps():
     assert task_phases(df.drop(columns=["staged_us", "mv_end_us"])) is None  # 5 stamps: no phases
 
 
+def test_gluon_attention_task_phase_stamps():
+    """With 7 stamps an attention task's slots 5 and 6 hold q in registers and its block loop done: they become
+    ``q_in_us``/``blocks_end_us`` (weight tasks' ``staged_us`` stay theirs) and split ``attn_phases["math_us"]``
+    into ``q_us`` + ``blocks_us`` + ``warps_us``. Hand-built: ready +0.5 µs, q +0.75, blocks +1.25, math +1.5,
+    ticket +2.25, end +3.0; weight tasks staged +1.75, matvec +2.5."""
+    cfg = TINY["gqa-tied-llama3"]
+    sch = build_schedule(cfg, SMALL, 2)
+    p, t = sch.table.shape[:2]
+    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
+    attn = sch.table[..., 0].numpy() == OP_ATTN
+    t3 = np.where(attn, base + 1500, base - 3000)
+    t4 = np.where(attn, base + 2250, base + 1000)
+    t5 = np.where(attn, base + 750, base + 1750)
+    t6 = np.where(attn, base + 1250, base + 2500)
+    stamps = np.stack([base, base + 500, base + 3000, t3, t4, t5, t6], axis=-1)
+    df = decode_timeline([sch], [torch.from_numpy(stamps)])
+    a, w = df[df["name"] == "ATTN"], df[df["name"] != "ATTN"]
+    assert a["staged_us"].isna().all() and w["q_in_us"].isna().all() and w["blocks_end_us"].isna().all()
+    assert ((w["staged_us"] - w["ready_us"]).round(9) == 1.25).all()
+    ph = intrakernel_summary(df)["attn_phases"]
+    assert ph["q_us"]["p50"] == pytest.approx(0.25) and ph["blocks_us"]["max"] == pytest.approx(0.5)
+    assert ph["warps_us"]["p50"] == pytest.approx(0.25) and ph["math_us"]["p50"] == pytest.approx(1.0)
+    assert "ATTN" not in {r["opcode"] for r in intrakernel_summary(df)["task_phases"]}
+
+
 def test_stage_edges_hand_built_chain():
     """Two layers by hand (µs): each stage's first consumer starts a fixed time after the upstream stage's last
     end, except ATTN, which waits on part of QKV and starts 1 µs before the last QKV tile ends."""

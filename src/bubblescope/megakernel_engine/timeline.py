@@ -50,6 +50,10 @@ ATTN_COLUMNS = ["math_end_us", "ticket_us"]
 # the task's last ring slot (the matvec, waiting on the weights still in flight). The rest up to ``end_us`` is the
 # epilogue, the output stores and, for a stage's last task on the CTA, the release and the signal.
 PHASE_COLUMNS = ["staged_us", "mv_end_us"]
+# Gluon kernel only, attention tasks, in those two stamps: when q was in registers (its L2 round trip after the
+# wait; normed and rotated with q/k-norm) and when the loop over the split's K/V blocks was done (before the
+# warp-local layout's cross-warp combine; the same as ``math_end_us`` in the block layout).
+ATTN_PHASE_COLUMNS = ["q_in_us", "blocks_end_us"]
 
 
 def _by_opcode(df: pd.DataFrame):
@@ -70,7 +74,7 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
         the step's topological order), ``tile`` (index within its (layer, opcode)), ``launch``; times in µs
         relative to the earliest start: ``ts_us``, ``ready_us``, ``end_us``, ``dur_us = end − ts``,
         ``wait_us = ready − ts``; with 5 stamps per task (Gluon), also :data:`LOAD_COLUMNS` and
-        :data:`ATTN_COLUMNS`, with 7 also :data:`PHASE_COLUMNS`. Sorted by start
+        :data:`ATTN_COLUMNS`, with 7 also :data:`PHASE_COLUMNS` and :data:`ATTN_PHASE_COLUMNS`. Sorted by start
         time.
     """
     parts = []
@@ -86,7 +90,7 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
                 "t0": ts[prog, slot, 0], "t1": ts[prog, slot, 1], "t2": ts[prog, slot, 2]}
         if ts.shape[-1] >= 5:  # the Gluon kernel's producer: first and last weight-load issue (0: no weights)
             cols["t3"], cols["t4"] = ts[prog, slot, 3], ts[prog, slot, 4]
-        if ts.shape[-1] >= 7:  # the Gluon kernel's weight-task phases (0: attention tasks)
+        if ts.shape[-1] >= 7:  # the Gluon kernel's task phases (weight tasks: staging, matvec; attention: q, blocks)
             cols["t5"], cols["t6"] = ts[prog, slot, 5], ts[prog, slot, 6]
         parts.append(pd.DataFrame(cols))
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t0", "t1", "t2"])
@@ -104,9 +108,11 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
             df[col] = np.where(mine & (df[t] > 0), (df[t] - origin) / 1e3, np.nan)
         extra = LOAD_COLUMNS + ATTN_COLUMNS
     if "t5" in df:
-        for col, t in (("staged_us", "t5"), ("mv_end_us", "t6")):
-            df[col] = np.where(df[t] > 0, (df[t] - origin) / 1e3, np.nan)
-        extra = extra + PHASE_COLUMNS
+        attn = (df["name"] == "ATTN").to_numpy()
+        for col, t, mine in (("staged_us", "t5", ~attn), ("mv_end_us", "t6", ~attn),
+                             ("q_in_us", "t5", attn), ("blocks_end_us", "t6", attn)):
+            df[col] = np.where(mine & (df[t] > 0), (df[t] - origin) / 1e3, np.nan)
+        extra = extra + PHASE_COLUMNS + ATTN_PHASE_COLUMNS
     df = df.drop(columns=[c for c in ("t0", "t1", "t2", "t3", "t4", "t5", "t6") if c in df]).sort_values(
         ["ts_us", "program"], kind="stable")
     return df.reset_index(drop=True)[COLUMNS + extra]
@@ -200,7 +206,9 @@ def attn_phases(df: pd.DataFrame) -> dict | None:
     tasks that ran: ``math_us`` (ready → math done: q and the new K/V's round trip plus the blocks' math),
     ``ticket_us`` (math done → ticket drawn: partial stores, fence, the ticket's round trip) and ``combine_us``
     (ticket → end: for the last ticket holder of each kv head the combine and its signal), each as
-    ``{"p50": …, "max": …}``; None without those stamps."""
+    ``{"p50": …, "max": …}``; with :data:`ATTN_PHASE_COLUMNS` also math_us's parts ``q_us`` (ready → q in
+    registers), ``blocks_us`` (→ the block loop done) and ``warps_us`` (→ math done: the cross-warp combine of the
+    warp-local layout, 0 in the block layout). None without those stamps."""
     if "math_end_us" not in df:
         return None
     a = df.dropna(subset=ATTN_COLUMNS)
@@ -208,6 +216,9 @@ def attn_phases(df: pd.DataFrame) -> dict | None:
         return None
     parts = {"math_us": a["math_end_us"] - a["ready_us"], "ticket_us": a["ticket_us"] - a["math_end_us"],
              "combine_us": a["end_us"] - a["ticket_us"]}
+    if set(ATTN_PHASE_COLUMNS) <= set(a.columns) and a[ATTN_PHASE_COLUMNS].notna().all(axis=None):
+        parts.update(q_us=a["q_in_us"] - a["ready_us"], blocks_us=a["blocks_end_us"] - a["q_in_us"],
+                     warps_us=a["math_end_us"] - a["blocks_end_us"])
     return {k: {"p50": float(v.median()), "max": float(v.max())} for k, v in parts.items()}
 
 

@@ -80,6 +80,9 @@ def _attn_phase_facts(ik: dict) -> list[tuple[str, str]]:
     """The Gluon attention task's phases after its wait (``intrakernel.attn_phases``), as report facts."""
     ph = ik.get("attn_phases") or {}
     names = (("math_us", "attention: wait → math done, µs p50 / max"),
+             ("q_us", "attention: wait → q in registers, µs p50 / max"),
+             ("blocks_us", "attention: q → K/V blocks done, µs p50 / max"),
+             ("warps_us", "attention: blocks → warps combined, µs p50 / max"),
              ("ticket_us", "attention: math → ticket drawn, µs p50 / max"),
              ("combine_us", "attention: ticket → end (combine), µs p50 / max"))
     return [(label, f"{tables.fmt(ph[k].get('p50'), 'rate')} / {tables.fmt(ph[k].get('max'), 'rate')}")

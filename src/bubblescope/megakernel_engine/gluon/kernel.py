@@ -67,7 +67,7 @@ OP_LMHEAD = gl.constexpr(S.OP_LMHEAD)
 AMAX_EMPTY = gl.constexpr(-(2 ** 63))
 STAMPS = gl.constexpr(7)  # per task: start, ready, end (consumer); first and last TMA issue (producer) — for an
 # attention task (no weights), when its math was done and its ticket drawn (consumer); a weight task's input staged
-# and its last ring slot consumed (consumer; 0 for attention tasks)
+# and its last ring slot consumed (consumer) — for an attention task, q in registers and its block loop done
 
 
 @gluon.jit
@@ -343,7 +343,8 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
                knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
     """Returns (last counter value seen by the dependency wait, or ``target`` without one; with ``TIMELINE`` the
     ns stamps of: the wait met, the math done (after the last block, so after q and the new K/V arrived), the
-    ticket drawn (partials stored and fenced; for a single split: its output published))."""
+    ticket drawn (partials stored and fenced; for a single split: its output published), q in registers (normed
+    and rotated with ``QK_NORM``), the block loop done (the math's stamp here; the warp layout's differs))."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
@@ -408,6 +409,9 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps
             gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew.to(ACT))
         knew2 = gl.expand_dims(knew, 0)
+    t_q = pos.to(gl.int64) * 0
+    if TIMELINE:  # the reduction makes the stamp wait for q (normed and rotated with q/k-norm)
+        t_q = _now(gl.max(gl.max(q, axis=1), axis=0).to(gl.int32))
     q3 = gl.expand_dims(q, 1)
     ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, SL))
     m = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, SL))
@@ -441,9 +445,10 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     t_math = pos.to(gl.int64) * 0  # int64 like the stamps
     if TIMELINE:  # the reduction makes the stamp wait for the math (and so for the loads it used)
         t_math = _now(gl.max(l, axis=0).to(gl.int32))
+    t_loop = t_math  # one layout: the block loop's end is the math's
     t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr,
                              attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
-    return seen, t_ready, t_math, t_ticket
+    return seen, t_ready, t_math, t_ticket, t_q, t_loop
 
 
 # ATTN_WARPS (no q/k-norm; the default where gluon.host.resolve_attn_layout picks it): the same task with each warp
@@ -503,6 +508,9 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
     dqw = gl.arange(0, D, layout=gl.SliceLayout(0, QW))
     q = gl.load(q_ptr + gl.expand_dims(kvh * G + gqw, 1) * D + gl.expand_dims(dqw, 0),
                 mask=gl.expand_dims(gqw < G, 1), other=0.0, cache_modifier=".cg").to(gl.float32)
+    t_q = pos.to(gl.int64) * 0
+    if TIMELINE:
+        t_q = _now(gl.max(gl.max(q, axis=1), axis=0).to(gl.int32))
     q4 = gl.expand_dims(gl.expand_dims(q, 1), 1)  # (GP, 1, 1, D)
     m = gl.full([GP, NW], float("-inf"), gl.float32, MW)
     l = gl.zeros([GP, NW], gl.float32, MW)
@@ -527,6 +535,9 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
         k = k_n
         v = v_n
         s0 += BLOCK_S
+    t_loop = pos.to(gl.int64) * 0
+    if TIMELINE:
+        t_loop = _now(gl.max(gl.max(l, axis=1), axis=0).to(gl.int32))
     # the warps' partials: M = max_w m_w, L = Σ_w l_w·e^(m_w − M), ACC = Σ_w acc_w·e^(m_w − M)
     mx = gl.max(m, axis=1)
     wgt = gl.exp(m - gl.expand_dims(mx, 1))
@@ -539,7 +550,7 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
         t_math = _now(gl.max(l_f, axis=0).to(gl.int32))
     t_ticket = _attn_publish(kvh, split, pos, m_f, l_f, acc_f, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
                              pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
-    return seen, t_ready, t_math, t_ticket
+    return seen, t_ready, t_math, t_ticket, t_q, t_loop
 
 
 @gluon.jit
@@ -743,13 +754,13 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 need = gl.load(row + F_NEED)
                 target = epoch * gl.load(row + F_INC) + need
                 if ATTN_WARPS:
-                    seen, t_attn, t_math, t_ticket = _attention_warps(
+                    seen, t_attn, t_math, t_ticket, t_staged, t_mv = _attention_warps(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
                         NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE)
                 else:
-                    seen, t_attn, t_math, t_ticket = _attention(
+                    seen, t_attn, t_math, t_ticket, t_staged, t_mv = _attention(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
@@ -859,9 +870,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             gl.store(slot + 0, t_start)
             gl.store(slot + 1, t_ready)
             gl.store(slot + 2, t_end)
-            if op != OP_ATTN:
-                gl.store(slot + 5, t_staged)
-                gl.store(slot + 6, t_mv)
+            gl.store(slot + 5, t_staged)  # attention: q in registers, the block loop done (0 when skipped)
+            gl.store(slot + 6, t_mv)
         row += NF
     if bad != 0:
         gl.store(err_ptr + 10, 1)
