@@ -265,6 +265,9 @@ SWEEPS = {
     # (attn_sync=tagged, ee86bcf; slower on both models, removed after this round)
     "r22": [("default", "gluon", {}), ("tagged", "gluon", {"attn_sync": "tagged"}), ("default-again", "gluon", {}),
             ("tagged-again", "gluon", {"attn_sync": "tagged"})],
+    # prepared in session 7 (not run yet): the attention's q·Kᵀ and P·V on the tensor cores (attn_layout=mma)
+    "r23": [("default", "gluon", {}), ("mma", "gluon", {"attn_layout": "mma"}), ("default-again", "gluon", {}),
+            ("mma-again", "gluon", {"attn_layout": "mma"})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

@@ -107,7 +107,7 @@ def test_gluon_switches_are_checked():
     """The prepared switches refuse what they do not support: bad values (params.validate) and the warp-local
     attention on a q/k-norm model (gluon_params), each naming the field."""
     from bubblescope.errors import BubblescopeError
-    for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks or warps"),
+    for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks, warps or mma"),
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
@@ -117,6 +117,13 @@ def test_gluon_switches_are_checked():
             MegakernelParams(**kw).validate()
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
         gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="warps"))
+    with pytest.raises(BubblescopeError, match="attn_layout=mma does not support q/k-norm"):
+        gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="mma"))
+    cfg = get_preset("llama-3.2-1b")  # mma.sync takes 16-bit operands: fp32 weights are refused by name
+    p = gluon_params(cfg, MegakernelParams(attn_layout="mma"))
+    with pytest.raises(BubblescopeError, match="attn_layout=mma needs 16-bit weights"):
+        gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.float32, False)
+    assert gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.bfloat16, False)["ATTN_MMA"]
     assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
     # auto: warp-local where there is no q/k-norm and at most 4 query heads per kv head (groups: 4, 7, 2 and 4)
     assert [gluon_params(get_preset(m), MegakernelParams()).attn_layout
@@ -155,6 +162,8 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="task", attn_layout="blocks", sig_gate=-1)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="convert", attn_gate=2)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_layout="mma", timeline=True)),
+        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_layout="mma")),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(sig_gate=-1, attn_gate=0)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
@@ -171,7 +180,7 @@ print(json.dumps(out))
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     """The Gluon kernel (default, noprefetch + timeline, the non-default switches: a greedy-pick atomic per LM-head
     task, block attention, no signal gate; Triton's bf16 widening with the attention gate; the attention gate
-    alone on Qwen3;
+    alone on Qwen3; the tensor-core attention (with the timeline; and with 7 query heads per kv head);
     Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,

@@ -149,8 +149,10 @@ class MegakernelParams:
             Llama-3.2-1B): 0.945 / 0.934 ms against 0.956 / 0.964 per task, LM-head span 123.6 against 129.2 µs.
         attn_layout: Gluon kernel only: ``blocks`` (a block's positions across all warps, reduced through shared
             memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
-            cross-warp combine per task; no q/k-norm) or ``auto`` (``warps`` where the model has no q/k-norm and
-            at most 4 query heads per kv head, else ``blocks``; see ``gluon.host.resolve_attn_layout``).
+            cross-warp combine per task; no q/k-norm), ``mma`` (q·Kᵀ and P·V on the tensor cores, ``mma.sync``; no
+            q/k-norm, 16-bit weights; prepared in session 7, not yet run on a GPU) or ``auto`` (``warps`` where the
+            model has no q/k-norm and at most 4 query heads per kv head, else ``blocks``; see
+            ``gluon.host.resolve_attn_layout``).
         sig_gate: Gluon kernel only: after the tiles of a task that signals (a stage's last task on the CTA), the
             producer issues at most ``sig_gate`` more tiles until the consumer has signalled, so the signal's
             release does not queue behind this SM's weight loads in flight (-1: off). Measured on the H200 (session
@@ -263,8 +265,8 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
-        if self.attn_layout not in ("auto", "blocks", "warps"):
-            raise BubblescopeError(f"megakernel params: attn_layout must be auto, blocks or warps, "
+        if self.attn_layout not in ("auto", "blocks", "warps", "mma"):
+            raise BubblescopeError(f"megakernel params: attn_layout must be auto, blocks, warps or mma, "
                                    f"got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")

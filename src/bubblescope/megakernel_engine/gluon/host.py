@@ -84,8 +84,8 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str) -> str:
     Raises:
         BubblescopeError: ``warps`` asked for a model with q/k-norm.
     """
-    if layout == "warps" and cfg.qk_norm:
-        raise BubblescopeError("megakernel params: attn_layout=warps does not support q/k-norm (Qwen3) yet")
+    if layout in ("warps", "mma") and cfg.qk_norm:
+        raise BubblescopeError(f"megakernel params: attn_layout={layout} does not support q/k-norm (Qwen3) yet")
     if layout != "auto":
         return layout
     return "warps" if not cfg.qk_norm and cfg.gqa_group <= 4 else "blocks"
@@ -147,6 +147,10 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     the narrowest matrix; ``NCH_*`` = column chunks of K = H, Q, I; ``KCH_*`` their staged-vector capacity
     (a power of two); ``NS`` = ring slots that fit beside ``xs`` (:func:`fit_ring`); ``VEC``/``TK`` = 16-byte
     vectors per thread and threads along K of the tile layout; ``VD``/``TD`` the same along head_dim.
+
+    Raises:
+        BubblescopeError: ``attn_layout=mma`` with weights that are not 16-bit, or a head_dim / block_s the
+            ``mma.sync`` m16n8k16 tiles do not fit.
     """
     esize = torch.empty((), dtype=dtype).element_size()
     br = t.rows_qkv
@@ -157,6 +161,11 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     kch = {k: next_pow2(v + (v % 2 if k != "H" and params.split_k == 2 else 0)) for k, v in nch.items()}
     d = cfg.head_dim
     vd = min(d, 16 // esize)
+    if params.attn_layout == "mma":  # mma.sync m16n8k16: 16-bit operands, k in steps of 16, n ≥ 8 per warp
+        if esize != 2 or d % 16 or params.block_s % 16 or params.block_s < 8 * params.num_warps:
+            raise BubblescopeError(f"megakernel params: attn_layout=mma needs 16-bit weights, head_dim and block_s "
+                                   f"multiples of 16 and block_s ≥ 8 × num_warps; got {dtype}, head_dim {d}, "
+                                   f"block_s {params.block_s}, num_warps {params.num_warps}")
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
@@ -169,7 +178,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
-        ATTN_WARPS=params.attn_layout == "warps", SIG_GATE=params.sig_gate,
+        ATTN_WARPS=params.attn_layout == "warps", ATTN_MMA=params.attn_layout == "mma", SIG_GATE=params.sig_gate,
         ATTN_GATE=resolve_attn_gate(cfg, params.attn_gate),
         MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16)
 
@@ -180,13 +189,14 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
     attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks`` or ``warps``),
-    ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the producer
+    ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``attn_layout`` may also be ``mma``, ``sig_gate`` (tiles the producer
     issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
     attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
-            "qk_norm_in_attn": bool(cx["QK_NORM"]), "attn_layout": "warps" if cx["ATTN_WARPS"] else "blocks",
+            "qk_norm_in_attn": bool(cx["QK_NORM"]),
+            "attn_layout": "mma" if cx["ATTN_MMA"] else "warps" if cx["ATTN_WARPS"] else "blocks",
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
             "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert"}
 

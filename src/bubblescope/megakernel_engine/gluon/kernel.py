@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2, tma
 
 from .. import schedule as S
 
@@ -350,11 +350,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
     QL: gl.constexpr = gl.SliceLayout(1, L3)   # (GP, D): q, acc
     KL: gl.constexpr = gl.SliceLayout(0, L3)   # (BLOCK_S, D): k, v
     SL: gl.constexpr = gl.SliceLayout(2, L3)   # (GP, BLOCK_S): scores
-    n = pos + 1
-    chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
-    s_lo = split * chunk
-    s_hi = gl.minimum(s_lo + chunk, n)
-    base = (layer.to(gl.int64) * NKV + kvh) * S_MAX * D
+    n, s_lo, s_hi, base = _split_range(layer, kvh, split, pos, D, NKV, S_MAX, NSPLIT, MIN_CHUNK)
     sk = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, KL))
     dk = gl.arange(0, D, layout=gl.SliceLayout(0, KL))
     offs = base + gl.expand_dims(s_lo + sk, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
@@ -447,8 +443,44 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         t_math = _now(gl.max(l, axis=0).to(gl.int32))
     t_loop = t_math  # one layout: the block loop's end is the math's
     t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr,
-                             attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
+                             attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE, GP, QL,
+                             gl.SliceLayout(1, SL))
     return seen, t_ready, t_math, t_ticket, t_q, t_loop
+
+
+@gluon.jit
+def _split_range(layer, kvh, split, pos, D: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
+                 NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr):
+    """An attention split's positions at run time: (n = pos + 1 positions in all, first, end (exclusive), the
+    element offset of (layer, kvh)'s cache rows); chunks of max(ceil(n / NSPLIT), MIN_CHUNK) positions."""
+    n = pos + 1
+    chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
+    s_lo = split * chunk
+    s_hi = gl.minimum(s_lo + chunk, n)
+    return n, s_lo, s_hi, (layer.to(gl.int64) * NKV + kvh) * S_MAX * D
+
+
+@gluon.jit
+def _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait, spin_cap,
+                          BLOCK_S: gl.constexpr, TIMELINE: gl.constexpr):
+    """A split's first K/V block (``offs``/``mk`` in the caller's layout) and the task's dependency wait: the block
+    is loaded before the wait when it holds no position written in this step (its latency hides behind the wait),
+    after it otherwise. Returns (k, v, the last counter value seen or ``target``, the ns stamp of the wait met or
+    0 without TIMELINE)."""
+    old = s_lo + BLOCK_S <= pos
+    k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    seen = target
+    if do_wait:
+        seen = _spin(wait_ptr, target, spin_cap)
+        gl.thread_barrier()
+    t_ready = 0
+    if TIMELINE:
+        t_ready = _now(pos)
+    if s_lo + BLOCK_S > pos:
+        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+    return k, v, seen, t_ready
 
 
 # ATTN_WARPS (no q/k-norm; the default where gluon.host.resolve_attn_layout picks it): the same task with each warp
@@ -475,11 +507,7 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])  # _attention's
     QL: gl.constexpr = gl.SliceLayout(1, L3)
     SL: gl.constexpr = gl.SliceLayout(2, L3)
-    n = pos + 1
-    chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
-    s_lo = split * chunk
-    s_hi = gl.minimum(s_lo + chunk, n)
-    base = (layer.to(gl.int64) * NKV + kvh) * S_MAX * D
+    n, s_lo, s_hi, base = _split_range(layer, kvh, split, pos, D, NKV, S_MAX, NSPLIT, MIN_CHUNK)
     wk = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, K3)))
     jk = gl.arange(0, SW, layout=gl.SliceLayout(0, gl.SliceLayout(2, K3)))
     dk = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, K3)))
@@ -491,19 +519,8 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
     p0 = s_lo + rk
     offs = base + gl.expand_dims(p0, 2).to(gl.int64) * D + d3
     mk = gl.expand_dims(p0 < s_hi, 2)
-    old = s_lo + BLOCK_S <= pos  # the first block holds no position written in this step
-    k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
-    v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
-    seen = target
-    if do_wait:
-        seen = _spin(wait_ptr, target, spin_cap)
-        gl.thread_barrier()
-    t_ready = 0
-    if TIMELINE:
-        t_ready = _now(pos)
-    if s_lo + BLOCK_S > pos:
-        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
-        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+    k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
+                                                spin_cap, BLOCK_S, TIMELINE)
     gqw = gl.arange(0, GP, layout=gl.SliceLayout(1, QW))
     dqw = gl.arange(0, D, layout=gl.SliceLayout(0, QW))
     q = gl.load(q_ptr + gl.expand_dims(kvh * G + gqw, 1) * D + gl.expand_dims(dqw, 0),
@@ -549,20 +566,91 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
     if TIMELINE:
         t_math = _now(gl.max(l_f, axis=0).to(gl.int32))
     t_ticket = _attn_publish(kvh, split, pos, m_f, l_f, acc_f, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
-                             pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE)
+                             pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE, GP, QL,
+                             gl.SliceLayout(1, SL))
     return seen, t_ready, t_math, t_ticket, t_q, t_loop
+
+
+# ATTN_MMA (bf16 / fp16, no q/k-norm; prepared in session 7, not yet run on a GPU): the same task on the tensor
+# cores. The kv head's G query heads padded to MR = 16 rows are the A operand of ``mma.sync`` m16n8k16
+# (``mma_v2``); a block's scores S = q·Kᵀ (MR, BLOCK_S) and its P·V (MR, D) are two chains of a few MMAs per warp,
+# warps splitting the n columns (positions, then D). The online softmax runs on S in the MMA layout: its row max
+# and sum reduce across the warps (shared memory), and P is rounded to ACT for the second MMA (as flash-attention
+# kernels do; the other layouts keep P in float32). Session 7's stamps put the warp layout's loop over one block
+# at ~1.7 µs (~1,100 instructions per thread, 128 shuffles) and its cross-warp combine at 1.2 µs (Llama-3.2-1B).
+@gluon.jit
+def _attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
+                   counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
+                   G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
+                   NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
+                   BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
+                   TIMELINE: gl.constexpr):
+    """:func:`_attention` on the tensor cores (models without q/k-norm, 16-bit activations); same returns."""
+    ACT: gl.constexpr = attn_ptr.dtype.element_ty
+    MR: gl.constexpr = 16
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    BOP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    KB: gl.constexpr = gl.BlockedLayout([1, VD], [32 // TD, TD], [NW, 1], [1, 0])  # (rows, D) loads, D contiguous
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])  # the combine's
+    RL: gl.constexpr = gl.SliceLayout(1, MMA)  # (MR,): m, l
+    n, s_lo, s_hi, base = _split_range(layer, kvh, split, pos, D, NKV, S_MAX, NSPLIT, MIN_CHUNK)
+    sk = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, KB))
+    dk = gl.arange(0, D, layout=gl.SliceLayout(0, KB))
+    offs = base + gl.expand_dims(s_lo + sk, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
+    mk = gl.expand_dims(s_lo + sk < s_hi, 1)
+    k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
+                                                spin_cap, BLOCK_S, TIMELINE)
+    gq = gl.arange(0, MR, layout=gl.SliceLayout(1, KB))
+    q = gl.load(q_ptr + gl.expand_dims(kvh * G + gq, 1) * D + gl.expand_dims(dk, 0),
+                mask=gl.expand_dims(gq < G, 1), other=0.0, cache_modifier=".cg")
+    qa = gl.convert_layout(q, AOP)  # (MR, D) in ACT, the rows past G zero
+    t_q = pos.to(gl.int64) * 0
+    if TIMELINE:
+        t_q = _now(gl.max(gl.max(q.to(gl.float32), axis=1), axis=0).to(gl.int32))
+    ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, MMA))
+    m = gl.full([MR], float("-inf"), gl.float32, RL)
+    l = gl.zeros([MR], gl.float32, RL)
+    acc = gl.zeros([MR, D], gl.float32, MMA)
+    s0 = s_lo
+    while s0 < s_hi:
+        nxt = s0 + BLOCK_S + sk  # the next block, in flight during this one's math
+        offs_n = base + gl.expand_dims(nxt, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
+        mk_n = gl.expand_dims(nxt < s_hi, 1)
+        k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        sc = mma_v2(qa, gl.convert_layout(gl.permute(k, [1, 0]), BOP), gl.zeros([MR, BLOCK_S], gl.float32, MMA))
+        sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc * sm_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(sc, axis=1))
+        alpha = gl.exp(m - m_new)
+        p = gl.exp(sc - gl.expand_dims(m_new, 1))
+        l = l * alpha + gl.sum(p, axis=1)
+        acc = mma_v2(gl.convert_layout(p.to(ACT), AOP), gl.convert_layout(v, BOP), acc * gl.expand_dims(alpha, 1))
+        m = m_new
+        k = k_n
+        v = v_n
+        s0 += BLOCK_S
+    t_math = pos.to(gl.int64) * 0
+    if TIMELINE:
+        t_math = _now(gl.max(l, axis=0).to(gl.int32))
+    t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
+                             pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT, L3, TIMELINE, MR, MMA, RL)
+    return seen, t_ready, t_math, t_ticket, t_q, t_math
 
 
 @gluon.jit
 def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr,
                   D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr,
-                  BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr, TIMELINE: gl.constexpr):
-    """A split's end (both attention layouts): the whole context in this task →
-    normalise and publish; else store the partials, draw the kv head's ticket, and the last holder combines and
-    signals. Returns the ticket's ns stamp (0 without TIMELINE)."""
+                  BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr, TIMELINE: gl.constexpr, R: gl.constexpr,
+                  LA: gl.constexpr, LM: gl.constexpr):
+    """A split's end (every attention layout): the whole context in this task →
+    normalise and publish; else store the partials, draw the kv head's ticket, and the last holder combines (in
+    layout ``L3``, GP rows) and signals. ``m``, ``l`` (R,) in layout ``LM`` and ``acc`` (R, D) in ``LA``: R ≥ G rows,
+    query head ``kvh·G + r`` in row r (the rows past G are ignored). Returns the ticket's ns stamp (0 without
+    TIMELINE)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
-    QL: gl.constexpr = gl.SliceLayout(1, L3)
-    gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    QL: gl.constexpr = LA
+    gq = gl.arange(0, R, layout=gl.SliceLayout(1, QL))
     dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     mq = gq < G
     hq = kvh * G + gq
@@ -577,7 +665,7 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
         if TIMELINE:
             t_ticket = _now(pos)
     else:
-        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, GP, NSPLIT, L3)
+        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, R, NSPLIT, LA, LM)
         gl.thread_barrier()
         ticket = gl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
         if TIMELINE:
@@ -593,12 +681,11 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
 
 @gluon.jit
 def _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D: gl.constexpr, G: gl.constexpr,
-                    GP: gl.constexpr, NSPLIT: gl.constexpr, L3: gl.constexpr):
-    """A split's float32 partials: running max ``m`` and sum ``l`` (GP,) → pm/pl[hq·NSPLIT + split], the
-    unnormalised ``acc`` (GP, D) → pacc[(hq·NSPLIT + split)·D + d]."""
-    SL: gl.constexpr = gl.SliceLayout(2, L3)
-    QL: gl.constexpr = gl.SliceLayout(1, L3)
-    gs = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
+                    R: gl.constexpr, NSPLIT: gl.constexpr, LA: gl.constexpr, LM: gl.constexpr):
+    """A split's float32 partials: running max ``m`` and sum ``l`` (R,) in ``LM`` → pm/pl[hq·NSPLIT + split], the
+    unnormalised ``acc`` (R, D) in ``LA`` → pacc[(hq·NSPLIT + split)·D + d]; rows past G are not stored."""
+    QL: gl.constexpr = LA
+    gs = gl.arange(0, R, layout=LM)
     out_s = (kvh * G + gs) * NSPLIT + split
     gl.store(pm_ptr + out_s, m, mask=gs < G)
     gl.store(pl_ptr + out_s, l, mask=gs < G)
@@ -678,7 +765,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-              sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr):
+              sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
+              ATTN_MMA: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -753,7 +841,13 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if skip == 0:
                 need = gl.load(row + F_NEED)
                 target = epoch * gl.load(row + F_INC) + need
-                if ATTN_WARPS:
+                if ATTN_MMA:
+                    seen, t_attn, t_math, t_ticket, t_staged, t_mv = _attention_mma(
+                        layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
+                        counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
+                        counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
+                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE)
+                elif ATTN_WARPS:
                     seen, t_attn, t_math, t_ticket, t_staged, t_mv = _attention_warps(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
@@ -1153,7 +1247,7 @@ def megakernel(
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-        SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr):
+        SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -1185,7 +1279,7 @@ def megakernel(
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS)),
+                     LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
