@@ -231,7 +231,8 @@ def test_html_report_shows_the_dependency_chain_and_attention_phases():
     ik["edges"] = [{"edge": "ATTN→OPROJ", "stages": 16, "hop_us_p50": 0.22, "hop_us_max": 0.29, "span_us_p50": 3.78},
                    {"edge": "QKV→ATTN", "stages": 16, "hop_us_p50": -8.56, "hop_us_max": -7.36, "span_us_p50": 16.11}]
     ik["attn_phases"] = {"math_us": {"p50": 2.85, "max": 3.49}, "ticket_us": {"p50": 0.83, "max": 2.02},
-                         "combine_us": {"p50": 0.29, "max": 3.2}}
+                         "combine_us": {"p50": 0.29, "max": 3.2}, "q_us": {"p50": 0.1, "max": 1.34},
+                         "blocks_us": {"p50": 1.73, "max": 2.24}, "warps_us": {"p50": 1.18, "max": 1.22}}
     ik["task_phases"] = [{"opcode": "QKV", "tasks": 96, "stage_us_p50": 1.42, "mv_us_p50": 2.61,
                           "epilogue_us_p50": 1.04, "epilogue_us_max": 1.96}]
     from bubblescope.reports.results import validate_results
@@ -242,5 +243,7 @@ def test_html_report_shows_the_dependency_chain_and_attention_phases():
     assert "<td>QKV→ATTN</td>" in page and ">-8.6<" in page
     assert "attention: wait → math done, µs p50 / max</th><td class=\"num\">2.9 / 3.5</td>" in page
     assert "attention: ticket → end (combine), µs p50 / max</th><td class=\"num\">0.3 / 3.2</td>" in page
+    assert "attention: q → K/V blocks done, µs p50 / max</th><td class=\"num\">1.7 / 2.2</td>" in page
+    assert "attention: blocks → warps combined, µs p50 / max</th><td class=\"num\">1.2 / 1.2</td>" in page
     assert re.search(r"<td>QKV</td><td class=\"num\">96</td><td class=\"num\">1\.4</td><td class=\"num\">2\.6</td>"
                      r"<td class=\"num\">1\.0</td><td class=\"num\">2\.0</td>", page)
