@@ -124,6 +124,11 @@ def test_gluon_switches_are_checked():
     with pytest.raises(BubblescopeError, match="attn_layout=mma needs 16-bit weights"):
         gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.float32, False)
     assert gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.bfloat16, False)["ATTN_MMA"]
+    wide = ModelConfig(hidden_size=2048, intermediate_size=4096, num_hidden_layers=2, num_attention_heads=32,
+                       num_key_value_heads=1, head_dim=64, vocab_size=1000)  # 32 query heads per kv head
+    pw = gluon_params(wide, MegakernelParams(attn_layout="mma"))
+    with pytest.raises(BubblescopeError, match="at most 16 query heads per kv head"):
+        gluon_constexprs(wide, gluon_tiling(wide, pw, 132), pw, 512, torch.bfloat16, False)
     assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
     # auto: warp-local where there is no q/k-norm and at most 4 query heads per kv head (groups: 4, 7, 2 and 4)
     assert [gluon_params(get_preset(m), MegakernelParams()).attn_layout

@@ -149,8 +149,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     vectors per thread and threads along K of the tile layout; ``VD``/``TD`` the same along head_dim.
 
     Raises:
-        BubblescopeError: ``attn_layout=mma`` with weights that are not 16-bit, or a head_dim / block_s the
-            ``mma.sync`` m16n8k16 tiles do not fit.
+        BubblescopeError: ``attn_layout=mma`` with weights that are not 16-bit, a head_dim / block_s the
+            ``mma.sync`` m16n8k16 tiles do not fit, or more than 16 query heads per kv head.
     """
     esize = torch.empty((), dtype=dtype).element_size()
     br = t.rows_qkv
@@ -161,11 +161,14 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     kch = {k: next_pow2(v + (v % 2 if k != "H" and params.split_k == 2 else 0)) for k, v in nch.items()}
     d = cfg.head_dim
     vd = min(d, 16 // esize)
-    if params.attn_layout == "mma":  # mma.sync m16n8k16: 16-bit operands, k in steps of 16, n ≥ 8 per warp
-        if esize != 2 or d % 16 or params.block_s % 16 or params.block_s < 8 * params.num_warps:
+    if params.attn_layout == "mma":  # mma.sync m16n8k16: 16-bit operands, k in steps of 16, n ≥ 8 per warp; the
+        # query heads of a kv head fill one 16-row A tile (kernel.py, _attention_mma)
+        if esize != 2 or d % 16 or params.block_s % 16 or params.block_s < 8 * params.num_warps \
+                or cfg.gqa_group > 16:
             raise BubblescopeError(f"megakernel params: attn_layout=mma needs 16-bit weights, head_dim and block_s "
-                                   f"multiples of 16 and block_s ≥ 8 × num_warps; got {dtype}, head_dim {d}, "
-                                   f"block_s {params.block_s}, num_warps {params.num_warps}")
+                                   f"multiples of 16, block_s ≥ 8 × num_warps and at most 16 query heads per kv "
+                                   f"head; got {dtype}, head_dim {d}, block_s {params.block_s}, num_warps "
+                                   f"{params.num_warps}, {cfg.gqa_group} query heads per kv head")
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
