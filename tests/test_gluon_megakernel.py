@@ -117,8 +117,7 @@ def test_gluon_switches_are_checked():
             MegakernelParams(**kw).validate()
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
         gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="warps"))
-    with pytest.raises(BubblescopeError, match="attn_layout=mma does not support q/k-norm"):
-        gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="mma"))
+    assert gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="mma")).attn_layout == "mma"
     cfg = get_preset("llama-3.2-1b")  # mma.sync takes 16-bit operands: fp32 weights are refused by name
     p = gluon_params(cfg, MegakernelParams(attn_layout="mma"))
     with pytest.raises(BubblescopeError, match="attn_layout=mma needs 16-bit weights"):
@@ -169,6 +168,7 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="convert", attn_gate=2)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_layout="mma", timeline=True)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_layout="mma")),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_layout="mma")),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(sig_gate=-1, attn_gate=0)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
@@ -185,7 +185,7 @@ print(json.dumps(out))
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     """The Gluon kernel (default, noprefetch + timeline, the non-default switches: a greedy-pick atomic per LM-head
     task, block attention, no signal gate; Triton's bf16 widening with the attention gate; the attention gate
-    alone on Qwen3; the tensor-core attention (with the timeline; and with 7 query heads per kv head);
+    alone on Qwen3; the tensor-core attention (with the timeline; with 7 query heads per kv head; with q/k-norm);
     Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,

@@ -130,16 +130,19 @@ def test_gluon_qwen3_fp32_tiny_matches_reference_tightly():
 
 
 @_HOPPER
-def test_gluon_mma_attention_matches_reference_over_several_blocks():
-    """``attn_layout=mma`` (q·Kᵀ and P·V on the tensor cores, P rounded to bf16) on a small bf16 GQA model after
-    a 1,500-token prompt, so every position split holds two K/V blocks and the online softmax rescales across them:
-    as close to the float32 model as the bf16 reference is, and the same argmax on ≥ 95 % of 24 forced steps."""
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm):
+    """``attn_layout=mma`` (q·Kᵀ and P·V on the tensor cores, P rounded to bf16) on a small bf16 GQA model, with
+    and without Qwen3's q/k-norm, after a 1,500-token prompt, so every position split holds two K/V blocks and the
+    online softmax rescales across them: as close to the float32 model as the bf16 reference is, and the same
+    argmax on ≥ 95 % of 24 forced steps."""
     from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models.config import ModelConfig
 
     cfg = ModelConfig(name="gqa-mma", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512,
-                      max_position_embeddings=2048, tie_word_embeddings=True)
+                      max_position_embeddings=2048, tie_word_embeddings=not qk_norm, qk_norm=qk_norm,
+                      model_type="qwen3" if qk_norm else "llama")
     w = dummy_weights(cfg, "cuda", torch.bfloat16, seed=4)
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(3, cfg.vocab_size, (1500,), generator=g).tolist()

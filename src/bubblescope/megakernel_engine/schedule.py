@@ -149,8 +149,8 @@ class MegakernelParams:
             Llama-3.2-1B): 0.945 / 0.934 ms against 0.956 / 0.964 per task, LM-head span 123.6 against 129.2 µs.
         attn_layout: Gluon kernel only: ``blocks`` (a block's positions across all warps, reduced through shared
             memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
-            cross-warp combine per task; no q/k-norm), ``mma`` (q·Kᵀ and P·V on the tensor cores, ``mma.sync``; no
-            q/k-norm, 16-bit weights; prepared in session 7, not yet run on a GPU) or ``auto`` (``warps`` where the
+            cross-warp combine per task; no q/k-norm), ``mma`` (q·Kᵀ and P·V on the tensor cores, ``mma.sync``;
+            16-bit weights, ≤ 16 query heads per kv head; prepared in session 7, not yet run on a GPU) or ``auto`` (``warps`` where the
             model has no q/k-norm and at most 4 query heads per kv head, else ``blocks``; see
             ``gluon.host.resolve_attn_layout``).
         sig_gate: Gluon kernel only: after the tiles of a task that signals (a stage's last task on the CTA), the

@@ -84,8 +84,8 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str) -> str:
     Raises:
         BubblescopeError: ``warps`` asked for a model with q/k-norm.
     """
-    if layout in ("warps", "mma") and cfg.qk_norm:
-        raise BubblescopeError(f"megakernel params: attn_layout={layout} does not support q/k-norm (Qwen3) yet")
+    if layout == "warps" and cfg.qk_norm:
+        raise BubblescopeError("megakernel params: attn_layout=warps does not support q/k-norm (Qwen3) yet")
     if layout != "auto":
         return layout
     return "warps" if not cfg.qk_norm and cfg.gqa_group <= 4 else "blocks"

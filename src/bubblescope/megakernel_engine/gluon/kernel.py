@@ -571,7 +571,7 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
     return seen, t_ready, t_math, t_ticket, t_q, t_loop
 
 
-# ATTN_MMA (bf16 / fp16, no q/k-norm; prepared in session 7, not yet run on a GPU): the same task on the tensor
+# ATTN_MMA (bf16 / fp16; prepared in session 7, not yet run on a GPU): the same task on the tensor
 # cores. The kv head's G query heads padded to MR = 16 rows are the A operand of ``mma.sync`` m16n8k16
 # (``mma_v2``); a block's scores S = q·Kᵀ (MR, BLOCK_S) and its P·V (MR, D) are two chains of a few MMAs per warp,
 # warps splitting the n columns (positions, then D). The online softmax runs on S in the MMA layout: its row max
@@ -584,8 +584,11 @@ def _attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, 
                    G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
                    NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
                    BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
-                   TIMELINE: gl.constexpr):
-    """:func:`_attention` on the tensor cores (models without q/k-norm, 16-bit activations); same returns."""
+                   TIMELINE: gl.constexpr, knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
+    """:func:`_attention` on the tensor cores (16-bit activations, at most 16 query heads per kv head); same
+    returns. ``QK_NORM`` as in :func:`_attention`: q normed and rotated before it becomes the A operand, the new k
+    normed and rotated from ``knew_ptr``, written to the cache by the split holding ``pos`` and put into its K
+    block in place of the cache's row before the block becomes the B operand."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     MR: gl.constexpr = 16
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
@@ -599,11 +602,35 @@ def _attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, 
     dk = gl.arange(0, D, layout=gl.SliceLayout(0, KB))
     offs = base + gl.expand_dims(s_lo + sk, 1).to(gl.int64) * D + gl.expand_dims(dk, 0)
     mk = gl.expand_dims(s_lo + sk < s_hi, 1)
+    if QK_NORM:  # what does not depend on the QKV stage (norm weights, cos/sin at pos) is loaded before the wait
+        HALF: gl.constexpr = D // 2
+        nw = qknorm_ptr + layer.to(gl.int64) * (2 * D)  # (q_norm, k_norm) of this layer
+        dkp = (dk + HALF) % D  # rotate_half partner
+        wq = gl.expand_dims(gl.load(nw + dk).to(gl.float32), 0)
+        wqp = gl.expand_dims(gl.load(nw + dkp).to(gl.float32), 0)
+        wk = gl.load(nw + D + dk).to(gl.float32)
+        wkp = gl.load(nw + D + dkp).to(gl.float32)
+        c = gl.load(cos_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
+        s_ = gl.load(sin_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
     k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
                                                 spin_cap, BLOCK_S, TIMELINE)
     gq = gl.arange(0, MR, layout=gl.SliceLayout(1, KB))
-    q = gl.load(q_ptr + gl.expand_dims(kvh * G + gq, 1) * D + gl.expand_dims(dk, 0),
-                mask=gl.expand_dims(gq < G, 1), other=0.0, cache_modifier=".cg")
+    qrow = gl.expand_dims(kvh * G + gq, 1) * D
+    mq = gl.expand_dims(gq < G, 1)
+    q = gl.load(q_ptr + qrow + gl.expand_dims(dk, 0), mask=mq, other=0.0, cache_modifier=".cg")
+    if QK_NORM:  # (the cache's row pos is not written yet in this step: the new k replaces it in the K block)
+        qf = q.to(gl.float32)
+        qp = gl.load(q_ptr + qrow + gl.expand_dims(dkp, 0), mask=mq, other=0.0, cache_modifier=".cg").to(gl.float32)
+        kr = gl.load(knew_ptr + kvh * D + dk, cache_modifier=".cg").to(gl.float32)
+        krp = gl.load(knew_ptr + kvh * D + dkp, cache_modifier=".cg").to(gl.float32)
+        inv_q = gl.rsqrt(gl.sum(qf * qf, axis=1) / D + eps)
+        q = _norm_rope(qf, qp, gl.expand_dims(inv_q, 1), wq, wqp, gl.expand_dims(c, 0), gl.expand_dims(s_, 0),
+                       gl.expand_dims(dk < HALF, 0), ACT).to(ACT)
+        inv_k = gl.rsqrt(gl.sum(kr * kr, axis=0) / D + eps)
+        knew = _norm_rope(kr, krp, inv_k, wk, wkp, c, s_, dk < HALF, ACT).to(ACT)
+        if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps
+            gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew)
+        knew2 = gl.expand_dims(knew, 0)
     qa = gl.convert_layout(q, AOP)  # (MR, D) in ACT, the rows past G zero
     t_q = pos.to(gl.int64) * 0
     if TIMELINE:
@@ -619,6 +646,8 @@ def _attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, 
         mk_n = gl.expand_dims(nxt < s_hi, 1)
         k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
         v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
+        if QK_NORM:  # the new position's k from registers
+            k = gl.where(gl.expand_dims(s0 + sk == pos, 1), knew2, k)
         sc = mma_v2(qa, gl.convert_layout(gl.permute(k, [1, 0]), BOP), gl.zeros([MR, BLOCK_S], gl.float32, MMA))
         sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sc, axis=1))
@@ -846,7 +875,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
-                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE)
+                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, knew_ptr, qknorm_ptr, cos_ptr,
+                        sin_ptr, eps, QK_NORM)
                 elif ATTN_WARPS:
                     seen, t_attn, t_math, t_ticket, t_staged, t_mv = _attention_warps(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
