@@ -628,7 +628,8 @@ def _attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, 
                        gl.expand_dims(dk < HALF, 0), ACT).to(ACT)
         inv_k = gl.rsqrt(gl.sum(kr * kr, axis=0) / D + eps)
         knew = _norm_rope(kr, krp, inv_k, wk, wkp, c, s_, dk < HALF, ACT).to(ACT)
-        if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps
+        if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps. Its own
+            # K loads may read row pos before or after this store: the where() in the loop replaces it either way
             gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew)
         knew2 = gl.expand_dims(knew, 0)
     qa = gl.convert_layout(q, AOP)  # (MR, D) in ACT, the rows past G zero
