@@ -257,14 +257,19 @@ def test_timeline_decode_summary_and_chrome_events():
     assert {e["tid"] for e in ev} == {0, 1, 2} and ev[0]["cat"] not in ("kernel", "Kernel")
 
 
+def _stamp_grid():
+    """The hand-built Gluon timelines' schedule (TINY gqa-tied-llama3 on 2 programs), its opcode per slot (P, T)
+    and the slots' start stamps (ns): 10 ms + 10 µs per slot, so no two tasks overlap."""
+    sch = build_schedule(TINY["gqa-tied-llama3"], SMALL, 2)
+    p, t = sch.table.shape[:2]
+    return sch, sch.table[..., 0].numpy(), 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
+
+
 def test_gluon_timeline_producer_stamps_become_load_columns_and_events():
     """5 stamps per task (Gluon): the producer issued each weighted task's first tile 3 µs before the consumer
     started it and its last 1 µs after; attention tasks (no weights) keep 0 stamps -> NaN, no load event."""
-    cfg = TINY["gqa-tied-llama3"]
-    sch = build_schedule(cfg, SMALL, 2)
-    p, t = sch.table.shape[:2]
-    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
-    weighted = sch.table[..., 0].numpy() != OP_ATTN
+    sch, ops, base = _stamp_grid()
+    weighted = ops != OP_ATTN
     load0 = np.where(weighted, base - 3000, 0)
     load1 = np.where(weighted, base + 1000, 0)
     stamps = np.stack([base, base + 500, base + 2500, load0, load1], axis=-1)
@@ -283,11 +288,8 @@ def test_gluon_attention_phase_stamps_become_their_own_columns():
     """Attention tasks have no weights, so the Gluon consumer writes their math-done and ticket stamps into the
     producer's two slots: they become ``math_end_us``/``ticket_us`` (not load times) and ``attn_phases``; a weight
     task's slots stay load times. Hand-built: ready +0.5 µs, math +1.5, ticket +2.25, end +3.0 (µs from start)."""
-    cfg = TINY["gqa-tied-llama3"]
-    sch = build_schedule(cfg, SMALL, 2)
-    p, t = sch.table.shape[:2]
-    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
-    attn = sch.table[..., 0].numpy() == OP_ATTN
+    sch, ops, base = _stamp_grid()
+    attn = ops == OP_ATTN
     t3 = np.where(attn, base + 1500, base - 3000)
     t4 = np.where(attn, base + 2250, base + 1000)
     stamps = np.stack([base, base + 500, base + 3000, t3, t4], axis=-1)
@@ -308,11 +310,7 @@ def test_gluon_weight_task_phase_stamps():
     ready +0.5 µs, staged +1.75, matvec done +2.5, end +3.0 (µs from start); QKV tasks stage 0.25 µs longer."""
     from bubblescope.megakernel_engine.schedule import OP_QKV
     from bubblescope.megakernel_engine.timeline import task_phases
-    cfg = TINY["gqa-tied-llama3"]
-    sch = build_schedule(cfg, SMALL, 2)
-    p, t = sch.table.shape[:2]
-    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
-    ops = sch.table[..., 0].numpy()
+    sch, ops, base = _stamp_grid()
     attn, qkv = ops == OP_ATTN, ops == OP_QKV
     t5 = np.where(attn, 0, base + 1750 + np.where(qkv, 250, 0))
     t6 = np.where(attn, 0, base + 2500)
@@ -325,7 +323,8 @@ def test_gluon_weight_task_phase_stamps():
     assert ph["QKV"]["stage_us_p50"] == pytest.approx(1.5) and ph["QKV"]["mv_us_p50"] == pytest.approx(0.5)
     assert ph["DOWN"]["stage_us_p50"] == pytest.approx(1.25) and ph["DOWN"]["mv_us_p50"] == pytest.approx(0.75)
     assert ph["GATEUP"]["epilogue_us_p50"] == pytest.approx(0.5) == ph["GATEUP"]["epilogue_us_max"]
-    assert ph["QKV"]["tasks"] == int(((ops == OP_QKV) & (np.arange(t)[None, :] < sch.counts.numpy()[:, None])).sum())
+    slots = np.arange(ops.shape[1])[None, :] < sch.counts.numpy()[:, None]
+    assert ph["QKV"]["tasks"] == int((qkv & slots).sum())
     assert task_phases(df.drop(columns=["staged_us", "mv_end_us"])) is None  # 5 stamps: no phases
 
 
@@ -334,11 +333,8 @@ def test_gluon_attention_task_phase_stamps():
     ``q_in_us``/``blocks_end_us`` (weight tasks' ``staged_us`` stay theirs) and split ``attn_phases["math_us"]``
     into ``q_us`` + ``blocks_us`` + ``warps_us``. Hand-built: ready +0.5 µs, q +0.75, blocks +1.25, math +1.5,
     ticket +2.25, end +3.0; weight tasks staged +1.75, matvec +2.5."""
-    cfg = TINY["gqa-tied-llama3"]
-    sch = build_schedule(cfg, SMALL, 2)
-    p, t = sch.table.shape[:2]
-    base = 10_000_000 + np.arange(p * t).reshape(p, t) * 10_000
-    attn = sch.table[..., 0].numpy() == OP_ATTN
+    sch, ops, base = _stamp_grid()
+    attn = ops == OP_ATTN
     t3 = np.where(attn, base + 1500, base - 3000)
     t4 = np.where(attn, base + 2250, base + 1000)
     t5 = np.where(attn, base + 750, base + 1750)

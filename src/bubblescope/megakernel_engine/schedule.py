@@ -150,8 +150,8 @@ class MegakernelParams:
         attn_layout: Gluon kernel only: ``blocks`` (a block's positions across all warps, reduced through shared
             memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
             cross-warp combine per task; no q/k-norm), ``mma`` (q·Kᵀ and P·V on the tensor cores, ``mma.sync``;
-            16-bit weights, ≤ 16 query heads per kv head; prepared in session 7, not yet run on a GPU) or ``auto`` (``warps`` where the
-            model has no q/k-norm and at most 4 query heads per kv head, else ``blocks``; see
+            16-bit weights, ≤ 16 query heads per kv head; prepared in session 7, not yet run on a GPU) or ``auto``
+            (``warps`` where the model has no q/k-norm and at most 4 query heads per kv head, else ``blocks``; see
             ``gluon.host.resolve_attn_layout``).
         sig_gate: Gluon kernel only: after the tiles of a task that signals (a stage's last task on the CTA), the
             producer issues at most ``sig_gate`` more tiles until the consumer has signalled, so the signal's
@@ -270,11 +270,8 @@ class MegakernelParams:
                                    f"got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
-        for name in ("sig_gate", "attn_gate"):
-            v = getattr(self, name)
-            if name == "attn_gate" and v is None:
-                continue
-            if not isinstance(v, int) or isinstance(v, bool) or v < -1:
+        for name, v in (("sig_gate", self.sig_gate), ("attn_gate", self.attn_gate)):
+            if (v is not None or name == "sig_gate") and (not isinstance(v, int) or isinstance(v, bool) or v < -1):
                 raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
         if self.mv_widen not in ("convert", "bits"):
             raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")

@@ -141,7 +141,8 @@ def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tilin
 
 def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_seq_len: int, dtype: torch.dtype,
                      has_bias: bool, ring: int | None = None) -> dict:
-    """Compile-time arguments of ``gluon.kernel.megakernel`` (shapes, tile and layout parameters, switches).
+    """Compile-time arguments of ``gluon.kernel.megakernel`` (shapes, tile and layout parameters, switches);
+    ``params`` as :func:`gluon_params` resolves them (``auto`` layout, attention gate, block_s).
 
     ``BK`` = 512 bytes of columns per box row (256 bf16 / 128 fp32, the H200 probe's stage width), capped at
     the narrowest matrix; ``NCH_*`` = column chunks of K = H, Q, I; ``KCH_*`` their staged-vector capacity
@@ -182,7 +183,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
         ATTN_WARPS=params.attn_layout == "warps", ATTN_MMA=params.attn_layout == "mma", SIG_GATE=params.sig_gate,
-        ATTN_GATE=resolve_attn_gate(cfg, params.attn_gate),
+        ATTN_GATE=params.attn_gate,
         MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16)
 
 
@@ -191,9 +192,9 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     QKV / gate-up / LM-head tile), ``BK`` (columns per box), ``ring`` (weight-ring slots), ``split_k`` (column
     boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
     attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
-    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks`` or ``warps``),
-    ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``attn_layout`` may also be ``mma``, ``sig_gate`` (tiles the producer
-    issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
+    ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks``, ``warps`` or
+    ``mma``), ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the
+    producer issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
     attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,

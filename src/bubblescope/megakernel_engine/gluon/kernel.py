@@ -78,6 +78,16 @@ def _now(dummy):
 
 
 @gluon.jit
+def _stamp_after(x, TIMELINE: gl.constexpr):
+    """With TIMELINE, ``%globaltimer`` once the 2-D float tensor ``x`` is computed (its reduction makes the stamp
+    wait for it); else 0 (int64 like the stamps)."""
+    t = gl.to_tensor(0).to(gl.int64)
+    if TIMELINE:
+        t = _now(gl.max(gl.max(x, axis=1), axis=0).to(gl.int32))
+    return t
+
+
+@gluon.jit
 def _spin(cnt_ptr, target, spin_cap):
     """Acquire-spin until ``*cnt_ptr >= target`` or ``spin_cap`` polls; returns the last value seen. (Polling with
     ``ld.acquire.gpu`` loads instead of atomics measured the same on the H200, round 11 in NOTES.md.)"""
@@ -405,9 +415,7 @@ def _attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targ
         if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps
             gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew.to(ACT))
         knew2 = gl.expand_dims(knew, 0)
-    t_q = pos.to(gl.int64) * 0
-    if TIMELINE:  # the reduction makes the stamp wait for q (normed and rotated with q/k-norm)
-        t_q = _now(gl.max(gl.max(q, axis=1), axis=0).to(gl.int32))
+    t_q = _stamp_after(q, TIMELINE)  # q normed and rotated with q/k-norm
     q3 = gl.expand_dims(q, 1)
     ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, SL))
     m = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, SL))
@@ -525,9 +533,7 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
     dqw = gl.arange(0, D, layout=gl.SliceLayout(0, QW))
     q = gl.load(q_ptr + gl.expand_dims(kvh * G + gqw, 1) * D + gl.expand_dims(dqw, 0),
                 mask=gl.expand_dims(gqw < G, 1), other=0.0, cache_modifier=".cg").to(gl.float32)
-    t_q = pos.to(gl.int64) * 0
-    if TIMELINE:
-        t_q = _now(gl.max(gl.max(q, axis=1), axis=0).to(gl.int32))
+    t_q = _stamp_after(q, TIMELINE)
     q4 = gl.expand_dims(gl.expand_dims(q, 1), 1)  # (GP, 1, 1, D)
     m = gl.full([GP, NW], float("-inf"), gl.float32, MW)
     l = gl.zeros([GP, NW], gl.float32, MW)
@@ -552,9 +558,7 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
         k = k_n
         v = v_n
         s0 += BLOCK_S
-    t_loop = pos.to(gl.int64) * 0
-    if TIMELINE:
-        t_loop = _now(gl.max(gl.max(l, axis=1), axis=0).to(gl.int32))
+    t_loop = _stamp_after(l, TIMELINE)
     # the warps' partials: M = max_w m_w, L = Σ_w l_w·e^(m_w − M), ACC = Σ_w acc_w·e^(m_w − M)
     mx = gl.max(m, axis=1)
     wgt = gl.exp(m - gl.expand_dims(mx, 1))
@@ -577,7 +581,7 @@ def _attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr
 # warps splitting the n columns (positions, then D). The online softmax runs on S in the MMA layout: its row max
 # and sum reduce across the warps (shared memory), and P is rounded to ACT for the second MMA (as flash-attention
 # kernels do; the other layouts keep P in float32). Session 7's stamps put the warp layout's loop over one block
-# at ~1.7 µs (~1,100 instructions per thread, 128 shuffles) and its cross-warp combine at 1.2 µs (Llama-3.2-1B).
+# at ~1.7 µs (~960 instructions per thread, 128 shuffles) and its cross-warp combine at 1.2 µs (Llama-3.2-1B).
 @gluon.jit
 def _attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
                    counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
@@ -633,9 +637,7 @@ def _attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, 
             gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew)
         knew2 = gl.expand_dims(knew, 0)
     qa = gl.convert_layout(q, AOP)  # (MR, D) in ACT, the rows past G zero
-    t_q = pos.to(gl.int64) * 0
-    if TIMELINE:
-        t_q = _now(gl.max(gl.max(q.to(gl.float32), axis=1), axis=0).to(gl.int32))
+    t_q = _stamp_after(q.to(gl.float32), TIMELINE)
     ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, MMA))
     m = gl.full([MR], float("-inf"), gl.float32, RL)
     l = gl.zeros([MR], gl.float32, RL)
