@@ -1,36 +1,42 @@
 #!/usr/bin/env bash
-# Prepared in session 7 for the eighth session's first device calls (from the repository root, through the
-# device tool; carry .carry .whl; everything lands under $OUT/run):
+# The eighth session's device calls (from the repository root, through the device tool; carry .carry .whl;
+# everything lands under $OUT/run and run.tgz). Split in two so that each call fits the device's 600 s:
 #   bash benchmarks/session8.sh next    # attn_layout=mma (the attention on the tensor cores; compiled for sm_90 in
-#                                       # CI, never run): Llama-1B, Qwen2.5-0.5B and Qwen3-0.6B argmax / logit error
-#                                       # against the bf16 reference and fp32 (llama section); timeline stamps with
-#                                       # it; sweep r23 (mma against the default) on the 1B at 128 and 4096 context,
-#                                       # Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.1-8B; then every GPU test (new: mma
-#                                       # over several K/V blocks, with and without q/k-norm)
+#                                       # CI, never run before): Llama-1B, Qwen2.5-0.5B and Qwen3-0.6B argmax / logit
+#                                       # error against the bf16 reference and fp32 (llama section); timeline stamps
+#                                       # with it; sweep r23 (mma against the default) on the 1B at 128 and 4096
+#   bash benchmarks/session8.sh next2   # sweep r23 on Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.1-8B; every GPU test
+#                                       # (new: mma over several K/V blocks, with and without q/k-norm)
 #   bash benchmarks/session8.sh tests   # every GPU test
 . benchmarks/device_prelude.sh
-case "${1:-}" in
-next)
-  for m in llama-3.2-1b qwen2.5-0.5b qwen3-0.6b; do
-    log "mma check $m"
-    timeout 120 python3 benchmarks/gluon_check.py --model "$m" --out "$R/gluon_check_mma_$m.json" --sections llama,timeline --steps 256 --params '{"attn_layout": "mma"}' > "$R/gluon_check_mma_$m.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_mma_$m.log"
-    grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_mma_$m.log" | grep -E "^llama|attention phases|rc=|Error" | cut -c1-420
-  done
-  for m in llama-3.2-1b:128:80 llama-3.2-1b:4096:80 qwen2.5-0.5b:128:70 qwen3-0.6b:128:70 llama-3.1-8b:128:120; do
-    IFS=: read -r model ctx limit <<< "$m"
-    log "r23 $model $ctx"
-    timeout "$limit" python3 benchmarks/gluon_check.py --model "$model" --context "$ctx" --out "$R/gluon_check_r23_$model-$ctx.json" --sections sweep --sweep r23 --timed 160 --rounds 4 > "$R/gluon_check_r23_$model-$ctx.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r23_$model-$ctx.log"
-    grep -E "ms_p50|rc=" "$R/gluon_check_r23_$model-$ctx.log" | sed -E 's/"registers.*"ms_p50": ([0-9.]+).*"round_medians_ms": \[([^]]*)\].*/p50 \1 rounds \2/' | cut -c1-250
-  done
-  log gpu-tests
-  timeout 260 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
-  tail -8 "$R/pytest_gpu.log"
-  ;;
-tests)
+mma_check() {  # model
+  log "mma check $1"
+  timeout 120 python3 benchmarks/gluon_check.py --model "$1" --out "$R/gluon_check_mma_$1.json" --sections llama,timeline --steps 256 --params '{"attn_layout": "mma"}' > "$R/gluon_check_mma_$1.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_mma_$1.log"
+  grep -vE "^\s+megakernel-noprefetch " "$R/gluon_check_mma_$1.log" | grep -E "^llama|attention phases|rc=|Error" | cut -c1-420
+}
+sweep() {  # model context limit_s
+  log "r23 $1 $2"
+  timeout "$3" python3 benchmarks/gluon_check.py --model "$1" --context "$2" --out "$R/gluon_check_r23_$1-$2.json" --sections sweep --sweep r23 --timed 160 --rounds 4 > "$R/gluon_check_r23_$1-$2.log" 2>&1; echo "rc=$?" >> "$R/gluon_check_r23_$1-$2.log"
+  grep -E "ms_p50|rc=" "$R/gluon_check_r23_$1-$2.log" | sed -E 's/"registers.*"ms_p50": ([0-9.]+).*"round_medians_ms": \[([^]]*)\].*/p50 \1 rounds \2/' | cut -c1-250
+}
+gpu_tests() {
   log gpu-tests
   timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
   tail -6 "$R/pytest_gpu.log"
+}
+case "${1:-}" in
+next)
+  for m in llama-3.2-1b qwen2.5-0.5b qwen3-0.6b; do mma_check "$m"; done
+  sweep llama-3.2-1b 128 80
+  sweep llama-3.2-1b 4096 80
   ;;
+next2)
+  sweep qwen2.5-0.5b 128 70
+  sweep qwen3-0.6b 128 70
+  sweep llama-3.1-8b 128 120
+  gpu_tests
+  ;;
+tests) gpu_tests ;;
 esac
 rm -f "$R"/*_frame.csv.gz
 find "$R" -type f | head -60
