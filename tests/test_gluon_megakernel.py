@@ -129,9 +129,13 @@ def test_gluon_switches_are_checked():
     with pytest.raises(BubblescopeError, match="at most 16 query heads per kv head"):
         gluon_constexprs(wide, gluon_tiling(wide, pw, 132), pw, 512, torch.bfloat16, False)
     assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
-    # auto: warp-local where there is no q/k-norm and at most 4 query heads per kv head (groups: 4, 7, 2 and 4)
-    assert [gluon_params(get_preset(m), MegakernelParams()).attn_layout
-            for m in ("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b")] == ["warps", "blocks", "blocks", "warps"]
+    # auto: the tensor cores for 16-bit weights; for fp32, warp-local where there is no q/k-norm and at most 4 query
+    # heads per kv head (groups: 4, 7, 2 and 4), else blocks; the 32-head group above falls back too
+    models = ("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b")
+    assert [gluon_params(get_preset(m), MegakernelParams()).attn_layout for m in models] == ["mma"] * 4
+    assert [gluon_params(get_preset(m), MegakernelParams(), dtype=torch.float32).attn_layout
+            for m in models] == ["warps", "blocks", "blocks", "warps"]
+    assert gluon_params(wide, MegakernelParams()).attn_layout == "blocks"
     assert gluon_params(get_preset("qwen2.5-0.5b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
 
 
@@ -166,9 +170,9 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="task", attn_layout="blocks", sig_gate=-1)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="convert", attn_gate=2)),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_layout="mma", timeline=True)),
-        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_layout="mma")),
-        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_layout="mma")),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_layout="warps", timeline=True)),
+        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_layout="blocks")),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_layout="blocks")),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(sig_gate=-1, attn_gate=0)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
@@ -183,10 +187,10 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
-    """The Gluon kernel (default, noprefetch + timeline, the non-default switches: a greedy-pick atomic per LM-head
-    task, block attention, no signal gate; Triton's bf16 widening with the attention gate; the attention gate
-    alone on Qwen3; the tensor-core attention (with the timeline; with 7 query heads per kv head; with q/k-norm);
-    Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
+    """The Gluon kernel (default: the tensor-core attention; noprefetch + timeline; the non-default switches: a
+    greedy-pick atomic per LM-head task, block attention, no signal gate; Triton's bf16 widening with the attention
+    gate; the attention gate alone on Qwen3; the CUDA-core attention layouts: warp-local with the timeline, blocks
+    with 7 query heads per kv head and with q/k-norm); Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
@@ -292,11 +296,11 @@ def test_gluon_tile_choice_per_model_is_recorded():
         t = gluon_tiling(cfg, MegakernelParams(), 132)
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
-                                 "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "blocks",
+                                 "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["llama-3.2-1b"]["attn_gate"] == -1 and out["qwen2.5-0.5b"]["attn_gate"] == -1  # no q/k-norm
-    assert out["llama-3.2-1b"]["attn_layout"] == "warps" and out["qwen2.5-0.5b"]["attn_layout"] == "blocks"
+    assert out["llama-3.2-1b"]["attn_layout"] == "mma" and out["qwen2.5-0.5b"]["attn_layout"] == "mma"
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8
     assert out["qwen2.5-0.5b"]["BR"] == 16 and out["qwen2.5-0.5b"]["rows_od"] == 8  # auto_rows: a thin QKV stage
     json.dumps(out)  # results.json carries it as is

@@ -120,7 +120,7 @@ class MegakernelEngine:
         self.limits = None if self.interpret else R.device_limits(self.device)
         if self.impl == "gluon":  # one CTA per SM, each weight task one TMA tile (gluon/host.py)
             from .gluon import host as GH
-            params = GH.gluon_params(cfg, params, self.limits.sms)
+            params = GH.gluon_params(cfg, params, self.limits.sms, self.dtype)
         else:  # q/k-norm in the attention task is the Gluon kernel's; the Triton kernel norms whole-head QKV tiles
             params = params.replace(qk_norm_in_attn=False)
         self.params = params

@@ -150,8 +150,8 @@ class MegakernelParams:
         attn_layout: Gluon kernel only: ``blocks`` (a block's positions across all warps, reduced through shared
             memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
             cross-warp combine per task; no q/k-norm), ``mma`` (q·Kᵀ and P·V on the tensor cores, ``mma.sync``;
-            16-bit weights, ≤ 16 query heads per kv head; prepared in session 7, not yet run on a GPU) or ``auto``
-            (``warps`` where the model has no q/k-norm and at most 4 query heads per kv head, else ``blocks``; see
+            16-bit weights, ≤ 16 query heads per kv head) or ``auto`` (``mma`` where it fits; else ``warps`` where
+            the model has no q/k-norm and at most 4 query heads per kv head, else ``blocks``; measured in
             ``gluon.host.resolve_attn_layout``).
         sig_gate: Gluon kernel only: after the tiles of a task that signals (a stage's last task on the CTA), the
             producer issues at most ``sig_gate`` more tiles until the consumer has signalled, so the signal's

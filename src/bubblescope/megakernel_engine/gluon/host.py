@@ -72,14 +72,31 @@ def auto_rows(cfg: ModelConfig, sms: int) -> int:
     return 16 if 2 * qkv_tasks < sms else DEFAULT_ROWS
 
 
-def resolve_attn_layout(cfg: ModelConfig, layout: str) -> str:
-    """The attention layout for ``cfg``: ``layout`` unless it is ``auto``, which picks ``warps`` (warp-local online
+def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int) -> str | None:
+    """Why ``attn_layout=mma`` cannot run ``cfg`` with ``esize``-byte weights, ``block_s`` positions per block and
+    ``num_warps`` consumer warps, or None where it can. ``mma.sync`` m16n8k16 takes 16-bit operands, k in steps of
+    16 and n ≥ 8 per warp; the query heads of a kv head fill one 16-row A tile (kernel.py, ``_attention_mma``)."""
+    d = cfg.head_dim
+    if esize != 2 or d % 16 or block_s % 16 or block_s < 8 * num_warps or cfg.gqa_group > 16:
+        return (f"attn_layout=mma needs 16-bit weights, head_dim and block_s multiples of 16, block_s ≥ 8 × num_warps "
+                f"and at most 16 query heads per kv head; got {esize * 8}-bit weights, head_dim {d}, block_s "
+                f"{block_s}, num_warps {num_warps}, {cfg.gqa_group} query heads per kv head")
+    return None
+
+
+def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int = 2, block_s: int = DEFAULT_BLOCK_S,
+                        num_warps: int = 4) -> str:
+    """The attention layout for ``cfg`` with ``esize``-byte weights: ``layout`` unless it is ``auto``, which picks
+    ``mma`` (the tensor cores) wherever :func:`mma_unsupported` allows it, else ``warps`` (warp-local online
     softmax) for models without q/k-norm and at most 4 query heads per kv head, else ``blocks``.
 
-    Measured on the H200 (session 6, ``gluon_check.py``, interleaved rounds, benchmarks/results/h200-2026-12-01-s6):
-    Llama-3.2-1B at 4096 tokens of context 1.094 / 1.068 ms with ``warps`` against 1.182 / 1.160, even at 128
-    (0.961 against 0.964); Qwen2.5-0.5B (7 query heads per kv head) spilled 8 bytes with ``warps`` and measured
-    0.925 against 0.916, hence the group limit. ``warps`` has no q/k-norm path (Qwen3).
+    Measured on the H200 (session 8, ``gluon_check.py --sweep r23``, interleaved rounds, stepwise ms,
+    benchmarks/results/h200-2026-12-01-s8): ``mma`` against the then default, Llama-3.2-1B 0.867 / 0.864 against
+    0.890 / 0.894 (``warps``), at 4096 tokens of context 1.024 / 1.005 against 1.066 / 1.046; Qwen2.5-0.5B 0.768 /
+    0.777 against 0.856 / 0.859 (``blocks``); Qwen3-0.6B 0.807 / 0.796 against 0.847 / 0.845 (``blocks``);
+    Llama-3.1-8B 4.051 / 4.052 against 4.128 / 4.157 (``warps``). Session 6: ``warps`` against ``blocks`` on
+    Llama-3.2-1B at 4096 1.094 / 1.068 against 1.182 / 1.160; Qwen2.5-0.5B (7 query heads per kv head) spilled
+    8 bytes with ``warps``, hence its group limit. ``warps`` has no q/k-norm path (Qwen3).
 
     Raises:
         BubblescopeError: ``warps`` asked for a model with q/k-norm.
@@ -88,6 +105,8 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str) -> str:
         raise BubblescopeError("megakernel params: attn_layout=warps does not support q/k-norm (Qwen3) yet")
     if layout != "auto":
         return layout
+    if mma_unsupported(cfg, esize, block_s, num_warps) is None:
+        return "mma"
     return "warps" if not cfg.qk_norm and cfg.gqa_group <= 4 else "blocks"
 
 
@@ -107,14 +126,14 @@ def resolve_attn_gate(cfg: ModelConfig, gate: int | None) -> int:
     return 0 if cfg.qk_norm else -1
 
 
-def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> MegakernelParams:
+def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
+                 dtype: torch.dtype = torch.bfloat16) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
     per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
     task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set, else
     :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
     divide head_dim/2); the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless
-    ``attn_min_chunk`` is set."""
-    layout = resolve_attn_layout(cfg, params.attn_layout)
+    ``attn_min_chunk`` is set; the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`)."""
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto_rows(cfg, sms), cfg.head_dim)
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
@@ -126,6 +145,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132) -> 
     # q/k-norm in the attention task) spilled 32 bytes at BLOCK_S 64, none at 32
     block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim), 4096 // cfg.head_dim))
     block_s = block_s if params.block_s == MegakernelParams.block_s else params.block_s
+    layout = resolve_attn_layout(cfg, params.attn_layout, torch.empty((), dtype=dtype).element_size(), block_s,
+                                 params.num_warps)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
                           rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
@@ -162,14 +183,9 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     kch = {k: next_pow2(v + (v % 2 if k != "H" and params.split_k == 2 else 0)) for k, v in nch.items()}
     d = cfg.head_dim
     vd = min(d, 16 // esize)
-    if params.attn_layout == "mma":  # mma.sync m16n8k16: 16-bit operands, k in steps of 16, n ≥ 8 per warp; the
-        # query heads of a kv head fill one 16-row A tile (kernel.py, _attention_mma)
-        if esize != 2 or d % 16 or params.block_s % 16 or params.block_s < 8 * params.num_warps \
-                or cfg.gqa_group > 16:
-            raise BubblescopeError(f"megakernel params: attn_layout=mma needs 16-bit weights, head_dim and block_s "
-                                   f"multiples of 16, block_s ≥ 8 × num_warps and at most 16 query heads per kv "
-                                   f"head; got {dtype}, head_dim {d}, block_s {params.block_s}, num_warps "
-                                   f"{params.num_warps}, {cfg.gqa_group} query heads per kv head")
+    why = mma_unsupported(cfg, esize, params.block_s, params.num_warps) if params.attn_layout == "mma" else None
+    if why:
+        raise BubblescopeError(f"megakernel params: {why}")
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
@@ -273,7 +289,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    params = gluon_params(cfg, params or MegakernelParams(), grid)
+    params = gluon_params(cfg, params or MegakernelParams(), grid, dtype)
     kernel = load_gluon_kernel()
     t = gluon_tiling(cfg, params, grid)
     cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)
