@@ -268,6 +268,16 @@ SWEEPS = {
     # prepared in session 7 (not run yet): the attention's q·Kᵀ and P·V on the tensor cores (attn_layout=mma)
     "r23": [("default", "gluon", {}), ("mma", "gluon", {"attn_layout": "mma"}), ("default-again", "gluon", {}),
             ("mma-again", "gluon", {"attn_layout": "mma"})],
+    # prepared in session 8 (not run yet), mma the default: fewer, longer splits now that a K/V block is cheap (a
+    # kv head's whole context in one task skips the partials, the ticket and the combine), and at long context
+    # more splits or 64-position blocks (head_dim 128 takes 32 by default)
+    "r24": [("default", "gluon", {}), ("c64", "gluon", {"attn_min_chunk": 64}),
+            ("c128", "gluon", {"attn_min_chunk": 128}), ("c256", "gluon", {"attn_min_chunk": 256}),
+            ("c128-bs64", "gluon", {"attn_min_chunk": 128, "block_s": 64}), ("default-again", "gluon", {}),
+            ("c128-again", "gluon", {"attn_min_chunk": 128}), ("c256-again", "gluon", {"attn_min_chunk": 256})],
+    "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
+                ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
+                ("splits32-again", "gluon", {"kv_splits": 32})],
     "r15long": [("default", "gluon", {}), ("warps", "gluon", {"attn_layout": "warps"}),
                 ("default-again", "gluon", {}), ("warps-again", "gluon", {"attn_layout": "warps"})],
     "r9long": [("default", "gluon", {}), ("wp8", "gluon", {"wait_prefetch": 8}),

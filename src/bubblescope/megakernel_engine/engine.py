@@ -172,7 +172,7 @@ class MegakernelEngine:
             state_ptr=z(4, dtype=i32),                            # position, epoch, input token, greedy token
             counters_ptr=z(num_counters(cfg, t), dtype=i32), done_ptr=z(1, dtype=i32),
             err_ptr=z(ERR_FIELDS, dtype=i32))
-        self._knew = z(cfg.kv_size)  # Gluon, q/k-norm: the raw new k of the current layer (kernel.py, _attention)
+        self._knew = z(cfg.kv_size)  # Gluon, q/k-norm: the raw new k of the current layer (gluon/attention.py)
         self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
         if dev.type == "cuda":
             # one pinned copy of the error record (with the step's greedy token) per step in flight: a step's

@@ -75,7 +75,7 @@ def auto_rows(cfg: ModelConfig, sms: int) -> int:
 def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int) -> str | None:
     """Why ``attn_layout=mma`` cannot run ``cfg`` with ``esize``-byte weights, ``block_s`` positions per block and
     ``num_warps`` consumer warps, or None where it can. ``mma.sync`` m16n8k16 takes 16-bit operands, k in steps of
-    16 and n ≥ 8 per warp; the query heads of a kv head fill one 16-row A tile (kernel.py, ``_attention_mma``)."""
+    16 and n ≥ 8 per warp; the query heads of a kv head fill one 16-row A tile (attention.py, ``attention_mma``)."""
     d = cfg.head_dim
     if esize != 2 or d % 16 or block_s % 16 or block_s < 8 * num_warps or cfg.gqa_group > 16:
         return (f"attn_layout=mma needs 16-bit weights, head_dim and block_s multiples of 16, block_s ≥ 8 × num_warps "

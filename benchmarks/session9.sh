@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Prepared in session 8 for the ninth session's device calls (from the repository root, through the device tool;
+# carry .carry .whl; everything lands under $OUT/run and run.tgz). Each call fits the device's 600 s:
+#   bash benchmarks/session9.sh next    # sweep r24 (attn_min_chunk 64 / 128 / 256 against 32, with mma the
+#                                       # default: a kv head's whole context in one task skips the partials, the
+#                                       # ticket and the combine) on the 1B, Qwen2.5-0.5B, Qwen3-0.6B and 8B at
+#                                       # context 128; r24long (kv_splits 32, 64-position blocks) on the 1B and 8B
+#                                       # at 4096
+#   bash benchmarks/session9.sh final   # issue 10's decode-latency set on the 1B (and 4096), the Qwen presets
+#   bash benchmarks/session9.sh presets # Llama-3.2-3B and 3.1-8B (2 runs), their timelines; every GPU test
+#   bash benchmarks/session9.sh tests   # every GPU test
+. benchmarks/device_prelude.sh
+case "${1:-}" in
+next)
+  sweep r24 llama-3.2-1b 128 80
+  sweep r24 qwen2.5-0.5b 128 80
+  sweep r24 qwen3-0.6b 128 80
+  sweep r24 llama-3.1-8b 128 120
+  sweep r24long llama-3.2-1b 4096 80
+  sweep r24long llama-3.1-8b 4096 120
+  ;;
+final)
+  issue_sets 1b
+  issue_sets qwen
+  waits llama-3.2-1b 50
+  ;;
+presets)
+  issue_sets llama
+  waits llama-3.2-3b 55
+  waits llama-3.1-8b 65
+  gpu_tests
+  ;;
+tests) gpu_tests ;;
+esac
+finish
