@@ -51,6 +51,13 @@ gpu_tests() {  # every GPU test
   timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"
   tail -6 "$R/pytest_gpu.log"
 }
+sanitize() {  # compute-sanitizer memcheck and racecheck on a few decode steps of tiny models (Gluon kernel)
+  for tool in memcheck racecheck; do
+    log "sanitizer $tool"
+    timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/sanitize_megakernel.py gluon > "$R/sanitizer_$tool.log" 2>&1; echo "rc=$?" >> "$R/sanitizer_$tool.log"
+    tail -8 "$R/sanitizer_$tool.log"
+  done
+}
 finish() {  # drop the per-task frames, list and pack $R (the device tool returns few files; run.tgz has all)
   rm -f "$R"/*_frame.csv.gz
   find "$R" -type f | head -60

@@ -9,6 +9,9 @@
 #   bash benchmarks/session9.sh final   # issue 10's decode-latency set on the 1B (and 4096), the Qwen presets
 #   bash benchmarks/session9.sh presets # Llama-3.2-3B and 3.1-8B (2 runs), their timelines; every GPU test
 #   bash benchmarks/session9.sh tests   # every GPU test
+#   bash benchmarks/session9.sh sanitize # compute-sanitizer memcheck and racecheck of the Gluon kernel (tiny Llama
+#                                       # fp32 / bf16 with the tensor-core attention, tiny Qwen3 with q/k-norm): last
+#                                       # run in session 3, before the attention layouts, gates and mma
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 next)
@@ -31,5 +34,6 @@ presets)
   gpu_tests
   ;;
 tests) gpu_tests ;;
+sanitize) sanitize ;;
 esac
 finish
