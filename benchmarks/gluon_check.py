@@ -273,6 +273,7 @@ SWEEPS = {
     # more splits or 64-position blocks (head_dim 128 takes 32 by default)
     "r24": [("default", "gluon", {}), ("c64", "gluon", {"attn_min_chunk": 64}),
             ("c128", "gluon", {"attn_min_chunk": 128}), ("c256", "gluon", {"attn_min_chunk": 256}),
+            ("c512", "gluon", {"attn_min_chunk": 512}),
             ("c128-bs64", "gluon", {"attn_min_chunk": 128, "block_s": 64}), ("default-again", "gluon", {}),
             ("c128-again", "gluon", {"attn_min_chunk": 128}), ("c256-again", "gluon", {"attn_min_chunk": 256})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),

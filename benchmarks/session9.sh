@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 8 for the ninth session's device calls (from the repository root, through the device tool;
 # carry .carry .whl; everything lands under $OUT/run and run.tgz). Each call fits the device's 600 s:
-#   bash benchmarks/session9.sh next    # sweep r24 (attn_min_chunk 64 / 128 / 256 against 32, with mma the
+#   bash benchmarks/session9.sh next    # sweep r24 (attn_min_chunk 64 / 128 / 256 / 512 against 32, with mma the
 #                                       # default: a kv head's whole context in one task skips the partials, the
 #                                       # ticket and the combine) on the 1B, Qwen2.5-0.5B, Qwen3-0.6B and 8B at
 #                                       # context 128; r24long (kv_splits 32, 64-position blocks) on the 1B and 8B
