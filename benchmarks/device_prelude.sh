@@ -39,6 +39,7 @@ issue_sets() {  # 1b | qwen | llama: issue 10's decode-latency set on the 1B (an
   1b) latency 1b 160 --engines reference-compile,megakernel-triton,megakernel-noprefetch,megakernel,megakernel@stepwise --long-context-engines megakernel ;;
   qwen) latency qwen 200 --models qwen2.5-0.5b,qwen3-0.6b,qwen3-1.7b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" ;;
   llama) latency llama 200 --models llama-3.2-3b,llama-3.1-8b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts "" ;;
+  *) echo "issue_sets: unknown set '$1' (1b, qwen, llama)" >&2; return 2 ;;
   esac
 }
 waits() {  # model limit_s: one step's timeline at context 128 (wait ratio, edges, phases)

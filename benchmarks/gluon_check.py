@@ -265,7 +265,8 @@ SWEEPS = {
     # (attn_sync=tagged, ee86bcf; slower on both models, removed after this round)
     "r22": [("default", "gluon", {}), ("tagged", "gluon", {"attn_sync": "tagged"}), ("default-again", "gluon", {}),
             ("tagged-again", "gluon", {"attn_sync": "tagged"})],
-    # prepared in session 7 (not run yet): the attention's q·Kᵀ and P·V on the tensor cores (attn_layout=mma)
+    # prepared in session 7, run in session 8: the attention's q·Kᵀ and P·V on the tensor cores (attn_layout=mma;
+    # the default since)
     "r23": [("default", "gluon", {}), ("mma", "gluon", {"attn_layout": "mma"}), ("default-again", "gluon", {}),
             ("mma-again", "gluon", {"attn_layout": "mma"})],
     # prepared in session 8 (not run yet), mma the default: fewer, longer splits now that a K/V block is cheap (a

@@ -30,13 +30,14 @@ def main() -> int:
                 eng.synchronize_and_check()
                 print(impl, eng.impl, dtype, variant, "default" if params is None else "busy", toks, flush=True)
     if "gluon" in impls or "auto" in impls:  # Qwen3's q/k-norm in the tensor-core attention, two K/V blocks per split
+        # (a short prompt: the prefill is one launch per token, slow under racecheck)
         from bubblescope.models.config import ModelConfig
         cfg = ModelConfig(name="tiny-qwen3", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512,
                           max_position_embeddings=512, tie_word_embeddings=False, qk_norm=True, model_type="qwen3")
-        eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=160, impl="gluon",
-                               params=MegakernelParams(kv_splits=2))
-        toks = generate(eng, list(range(3, 131)), 6, eos_ids=()).tokens
+        eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=96, impl="gluon",
+                               params=MegakernelParams(kv_splits=2, block_s=32))  # 72 positions: 37 per split
+        toks = generate(eng, list(range(3, 75)), 6, eos_ids=()).tokens
         eng.synchronize_and_check()
         print("gluon", cfg.name, eng.compile_info()["gluon"]["attn_layout"], toks, flush=True)
     return 0

@@ -36,5 +36,6 @@ presets)
   gpu_tests
   ;;
 tests) gpu_tests ;;
+*) echo "session8.sh: unknown stage '${1:-}' (next, next2, final, presets, tests)" >&2; exit 2 ;;
 esac
 finish

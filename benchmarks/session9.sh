@@ -6,7 +6,8 @@
 #                                       # ticket and the combine) on the 1B, Qwen2.5-0.5B, Qwen3-0.6B and 8B at
 #                                       # context 128; r24long (kv_splits 32, 64-position blocks) on the 1B and 8B
 #                                       # at 4096
-#   bash benchmarks/session9.sh final   # issue 10's decode-latency set on the 1B (and 4096), the Qwen presets
+#   bash benchmarks/session9.sh final   # issue 10's decode-latency set on the 1B (and 4096), the Qwen presets;
+#                                       # the 1B's timeline (wait ratio)
 #   bash benchmarks/session9.sh presets # Llama-3.2-3B and 3.1-8B (2 runs), their timelines; every GPU test
 #   bash benchmarks/session9.sh tests   # every GPU test
 #   bash benchmarks/session9.sh sanitize # compute-sanitizer memcheck and racecheck of the Gluon kernel (tiny Llama
@@ -35,5 +36,6 @@ presets)
   ;;
 tests) gpu_tests ;;
 sanitize) sanitize ;;
+*) echo "session9.sh: unknown stage '${1:-}' (next, final, presets, tests, sanitize)" >&2; exit 2 ;;
 esac
 finish

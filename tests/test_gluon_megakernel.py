@@ -32,7 +32,7 @@ from .test_megakernel_schedule import FORCED, PROMPT, TINY
 def _oracle(w, grid, **kw):
     """The oracle over exactly the Gluon kernel's tiling (one BR-row tile per weight task, one kv head per
     attention task, the fused split reduction), lowered for ``grid`` CTAs."""
-    params = gluon_params(w.config, MegakernelParams(**kw)).replace(num_programs=grid)
+    params = gluon_params(w.config, MegakernelParams(**kw), dtype=w.dtype).replace(num_programs=grid)
     return ScheduleInterpreter(w, params=params, max_seq_len=48)
 
 
@@ -302,6 +302,9 @@ def test_gluon_tile_choice_per_model_is_recorded():
     assert out["llama-3.2-1b"]["attn_gate"] == -1 and out["qwen2.5-0.5b"]["attn_gate"] == -1  # no q/k-norm
     assert out["llama-3.2-1b"]["attn_layout"] == "mma" and out["qwen2.5-0.5b"]["attn_layout"] == "mma"
     assert out["qwen2.5-0.5b"]["block_s"] == 32  # 7 query heads per kv head, padded to 8
+    # an explicit block_s is kept, also the value that was once the field's default (32 was read as "auto")
+    assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(block_s=32)).block_s == 32
+    assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams()).block_s == 64
     assert out["qwen2.5-0.5b"]["BR"] == 16 and out["qwen2.5-0.5b"]["rows_od"] == 8  # auto_rows: a thin QKV stage
     json.dumps(out)  # results.json carries it as is
 

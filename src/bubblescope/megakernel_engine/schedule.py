@@ -116,7 +116,8 @@ class MegakernelParams:
         attn_reduce: ``fused`` (the last ATTN task of a kv-head group combines the splits) or ``stage`` (a
             separate ATTN_REDUCE stage).
         attn_kv_heads: KV heads per ATTN / ATTN_REDUCE task (their G query heads each).
-        block_s: positions per attention inner-loop chunk (power of two).
+        block_s: positions per attention inner-loop chunk (power of two); None: the kernel's own choice (Triton
+            kernel: ``triton_kernel.host.DEFAULT_BLOCK_S``, 32; Gluon kernel: ``gluon.host.gluon_params``' rule).
         prefetch: ``auto`` (bulk on sm_90+ when rows are 16-byte multiples, else line), ``bulk``
             (``cp.async.bulk.prefetch.L2``), ``line`` (``prefetch.global.L2`` per 128-byte line) or ``off``.
         prefetch_ahead: 0 — each task prefetches its own weights just before waiting on its dependency;
@@ -197,7 +198,7 @@ class MegakernelParams:
     attn_kv_heads: int = 1
     attn_min_chunk: int = 32
     attn_reduce: str = "fused"
-    block_s: int = 32
+    block_s: int | None = None
     prefetch: str = "auto"
     prefetch_ahead: int = 0
     prefetch_next: str = ""
@@ -229,7 +230,8 @@ class MegakernelParams:
             if not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise BubblescopeError(f"megakernel params: {name} must be a power of two, got {v!r}")
         for name in ("block_k", "num_warps", "block_s"):
-            pow2(name)
+            if name != "block_s" or self.block_s is not None:
+                pow2(name)
         for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
                      "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap", "gateup_blocks",
                      "lm_blocks", "attn_min_chunk", "max_registers"):

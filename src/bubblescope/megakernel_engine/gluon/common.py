@@ -1,5 +1,6 @@
 """Device helpers shared by the Gluon kernel's partitions (``kernel.py``) and its attention tasks
-(``attention.py``): the global clock, bounded acquire spins, rounding to the activation dtype, the split count."""
+(``attention.py``): the global clock and a stamp after a tensor is computed, bounded acquire spins, rounding to the
+activation dtype, the number of non-empty attention splits."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def rnd(v, ACT: gl.constexpr):
 
 @gluon.jit
 def splits_used(pos, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr):
+    """Non-empty position splits of a kv head at position ``pos`` (int32): ``n = pos + 1`` positions in chunks of
+    ``max(ceil(n / NSPLIT), MIN_CHUNK)``, the split rule of the PyTorch oracle (``interpreter.py``)."""
     n = pos + 1
     chunk = gl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
     return (n + chunk - 1) // chunk

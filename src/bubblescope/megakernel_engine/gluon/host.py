@@ -86,9 +86,11 @@ def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int) 
 
 def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int = 2, block_s: int = DEFAULT_BLOCK_S,
                         num_warps: int = 4) -> str:
-    """The attention layout for ``cfg`` with ``esize``-byte weights: ``layout`` unless it is ``auto``, which picks
-    ``mma`` (the tensor cores) wherever :func:`mma_unsupported` allows it, else ``warps`` (warp-local online
-    softmax) for models without q/k-norm and at most 4 query heads per kv head, else ``blocks``.
+    """The attention layout for ``cfg``: ``layout`` unless it is ``auto``, which picks ``mma`` (the tensor cores)
+    wherever :func:`mma_unsupported` allows it for ``esize``-byte weights (2: bf16 / fp16, 4: fp32), ``block_s``
+    positions per block and ``num_warps`` consumer warps, else ``warps`` (warp-local online softmax) for models
+    without q/k-norm and at most 4 query heads per kv head, else ``blocks``. An explicit ``mma`` is returned as
+    asked; :func:`gluon_constexprs` refuses it where it cannot run.
 
     Measured on the H200 (session 8, ``gluon_check.py --sweep r23``, interleaved rounds, stepwise ms,
     benchmarks/results/h200-2026-12-01-s8): ``mma`` against the then default, Llama-3.2-1B 0.867 / 0.864 against
@@ -133,7 +135,11 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set, else
     :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
     divide head_dim/2); the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless
-    ``attn_min_chunk`` is set; the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`)."""
+    ``attn_min_chunk`` is set; the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`).
+
+    Raises:
+        BubblescopeError: ``attn_layout=warps`` asked for a model with q/k-norm (:func:`resolve_attn_layout`).
+    """
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto_rows(cfg, sms), cfg.head_dim)
     br = max(2, pow2_floor(br))
     chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
@@ -144,7 +150,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     # flight, at most 4096 values (32 per consumer thread): Qwen3-0.6B (2 query heads per kv head, head_dim 128,
     # q/k-norm in the attention task) spilled 32 bytes at BLOCK_S 64, none at 32
     block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim), 4096 // cfg.head_dim))
-    block_s = block_s if params.block_s == MegakernelParams.block_s else params.block_s
+    block_s = block_s if params.block_s is None else params.block_s
     layout = resolve_attn_layout(cfg, params.attn_layout, torch.empty((), dtype=dtype).element_size(), block_s,
                                  params.num_warps)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
@@ -153,9 +159,11 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk, qk_norm_in_attn=True)
 
 
-def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
-    """The tiling of :func:`gluon_params` for ``grid`` CTAs (one per SM; see ``schedule.resolve_tiling``)."""
-    t = resolve_tiling(cfg, gluon_params(cfg, params, grid), grid)
+def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int,
+                 dtype: torch.dtype = torch.bfloat16) -> Tiling:
+    """The tiling of :func:`gluon_params` for ``grid`` CTAs (one per SM; see ``schedule.resolve_tiling``) and
+    ``dtype`` weights."""
+    t = resolve_tiling(cfg, gluon_params(cfg, params, grid, dtype), grid)
     assert t.hb == t.rows_qkv // 2, "QKV tiles must be whole RoPE pair blocks"
     return t
 
@@ -291,7 +299,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
 
     params = gluon_params(cfg, params or MegakernelParams(), grid, dtype)
     kernel = load_gluon_kernel()
-    t = gluon_tiling(cfg, params, grid)
+    t = gluon_tiling(cfg, params, grid, dtype)
     cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)
     act = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=torch.empty((), dtype=dtype).element_size()

@@ -90,7 +90,7 @@ def _record_stuck(err_ptr, op, layer, tile, pid, cnt, seen, need, gidx):
 # roundings; q → q buffer, k/v → cache[layer, kv head, pos].
 # QK_NORM (Qwen3): the per-head RMSNorm needs a whole head, and a tile of BR rows holds BR/2 of its D/2 pairs, so
 # the task stores raw q (+ bias) → q buffer and raw k (+ bias) → knew (NKV, D), both rounded to ACT as the
-# reference's linear output is; the ATTN task norms and rotates them (_qk_norm_rope). v → cache as above.
+# reference's linear output is; the ATTN task norms and rotates them (attention.py, _norm_rope). v → cache as above.
 @gluon.jit
 def _qkv_epilogue(acc_lo, acc_hi, layer, a1, a2, pos, c, s, q_ptr, kc_ptr, vc_ptr,
                   Q: gl.constexpr, KV: gl.constexpr, D: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,

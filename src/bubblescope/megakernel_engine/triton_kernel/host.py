@@ -21,6 +21,8 @@ from ...models.config import ModelConfig
 from ..residency import DeviceLimits
 from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2
 
+DEFAULT_BLOCK_S = 32  # positions per attention block where MegakernelParams.block_s is None
+
 
 def load_kernel(interpret: bool):
     """Import the kernel module in the requested Triton mode; returns ``kernel`` (the module).
@@ -88,7 +90,7 @@ def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max
         BLOCK_KH=min(params.block_k, next_pow2(cfg.hidden_size)), BLOCK_KQ=min(params.block_k, next_pow2(cfg.q_size)),
         BLOCK_KI=min(params.block_k, next_pow2(cfg.intermediate_size)),
         BLOCK_P=t.block_p, BLOCK_O=t.block_o, BLOCK_GU=t.block_gu, BLOCK_DN=t.block_dn, BLOCK_LM=t.block_lm,
-        BLOCK_QH=t.block_qh, BLOCK_S=params.block_s, BLOCK_SPLIT=t.block_split, HAS_BIAS=has_bias,
+        BLOCK_QH=t.block_qh, BLOCK_S=params.block_s or DEFAULT_BLOCK_S, BLOCK_SPLIT=t.block_split, HAS_BIAS=has_bias,
         HAS_QK_NORM=has_qk_norm, PREFETCH=prefetch, PF_LANES=32 * params.num_warps,
         PF_AHEAD=params.prefetch_ahead, SLEEP_NS=params.spin_sleep_ns,
         TIMELINE=bool(params.timeline), W_EVICT=params.weight_eviction)

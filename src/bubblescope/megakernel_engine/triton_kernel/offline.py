@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--block-k", type=int, default=512)
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--max-rows", type=int, default=MegakernelParams.max_rows)
-    ap.add_argument("--block-s", type=int, default=MegakernelParams.block_s)
+    ap.add_argument("--block-s", type=int, default=None, help="positions per attention block (default: the kernel's)")
     a = ap.parse_args()
     params = MegakernelParams(timeline=a.timeline, block_k=a.block_k, num_warps=a.num_warps, max_rows=a.max_rows,
                               block_s=a.block_s)
