@@ -261,10 +261,8 @@ SWEEPS = {
     "r21short": [("default", "gluon", {}), ("sg3", "gluon", {"sig_gate": 3}),
                  ("sg3-ag0", "gluon", {"sig_gate": 3, "attn_gate": 0}), ("default-again", "gluon", {}),
                  ("sg3-ag0-again", "gluon", {"sig_gate": 3, "attn_gate": 0})],
-    # session 7, defaults sig_gate 3 and attn_gate auto: the attention splits meet through tagged partials, no ticket
-    # (attn_sync=tagged, ee86bcf; slower on both models, removed after this round)
-    "r22": [("default", "gluon", {}), ("tagged", "gluon", {"attn_sync": "tagged"}), ("default-again", "gluon", {}),
-            ("tagged-again", "gluon", {"attn_sync": "tagged"})],
+    # r22 (attn_sync=tagged: the attention splits meet through tagged partials, no ticket) ran at ee86bcf; slower on
+    # both models, its switch was removed
     # prepared in session 7, run in session 8: the attention's q·Kᵀ and P·V on the tensor cores (attn_layout=mma;
     # the default since)
     "r23": [("default", "gluon", {}), ("mma", "gluon", {"attn_layout": "mma"}), ("default-again", "gluon", {}),

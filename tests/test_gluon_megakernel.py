@@ -112,9 +112,11 @@ def test_gluon_switches_are_checked():
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
                     ({"mv_widen": "fast"}, "mv_widen must be convert or bits"),
-                    ({"attn_gate": -3}, "attn_gate must be an integer >= -1")):
+                    ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
+                    ({"block_s": 48}, "block_s must be a power of two")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
+    MegakernelParams(block_s=None, attn_gate=None).validate()  # None: the kernel chooses
     with pytest.raises(BubblescopeError, match="attn_layout=warps does not support q/k-norm"):
         gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="warps"))
     assert gluon_params(get_preset("qwen3-0.6b"), MegakernelParams(attn_layout="mma")).attn_layout == "mma"

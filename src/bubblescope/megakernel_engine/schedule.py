@@ -229,9 +229,8 @@ class MegakernelParams:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise BubblescopeError(f"megakernel params: {name} must be a power of two, got {v!r}")
-        for name in ("block_k", "num_warps", "block_s"):
-            if name != "block_s" or self.block_s is not None:
-                pow2(name)
+        for name in ("block_k", "num_warps") + (() if self.block_s is None else ("block_s",)):  # None: auto
+            pow2(name)
         for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
                      "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap", "gateup_blocks",
                      "lm_blocks", "attn_min_chunk", "max_registers"):
@@ -272,8 +271,9 @@ class MegakernelParams:
                                    f"got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")
-        for name, v in (("sig_gate", self.sig_gate), ("attn_gate", self.attn_gate)):
-            if (v is not None or name == "sig_gate") and (not isinstance(v, int) or isinstance(v, bool) or v < -1):
+        gates = {"sig_gate": self.sig_gate} | ({} if self.attn_gate is None else {"attn_gate": self.attn_gate})
+        for name, v in gates.items():  # attn_gate None: auto
+            if not isinstance(v, int) or isinstance(v, bool) or v < -1:
                 raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
         if self.mv_widen not in ("convert", "bits"):
             raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")

@@ -208,7 +208,7 @@ def attn_phases(df: pd.DataFrame) -> dict | None:
     (ticket → end: for the last ticket holder of each kv head the combine and its signal), each as
     ``{"p50": …, "max": …}``; with :data:`ATTN_PHASE_COLUMNS` also math_us's parts ``q_us`` (ready → q in
     registers), ``blocks_us`` (→ the block loop done) and ``warps_us`` (→ math done: the cross-warp combine of the
-    warp-local layout, 0 in the block layout). None without those stamps."""
+    warp-local layout, 0 in the block and tensor-core layouts). None without those stamps."""
     if "math_end_us" not in df:
         return None
     a = df.dropna(subset=ATTN_COLUMNS)

@@ -84,8 +84,7 @@ def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int) 
     return None
 
 
-def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int = 2, block_s: int = DEFAULT_BLOCK_S,
-                        num_warps: int = 4) -> str:
+def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int, block_s: int, num_warps: int) -> str:
     """The attention layout for ``cfg``: ``layout`` unless it is ``auto``, which picks ``mma`` (the tensor cores)
     wherever :func:`mma_unsupported` allows it for ``esize``-byte weights (2: bf16 / fp16, 4: fp32), ``block_s``
     positions per block and ``num_warps`` consumer warps, else ``warps`` (warp-local online softmax) for models
