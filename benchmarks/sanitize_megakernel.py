@@ -22,24 +22,30 @@ def main() -> int:
     for impl in impls:
         for dtype in (torch.float32, torch.bfloat16):
             w = dummy_weights(get_preset("tiny-llama"), "cuda", dtype, seed=0)
-            for variant, params in (("fused", None), ("stages", None), ("fused", busy), ("stages", busy)):
+            early = MegakernelParams(attn_operands="early")  # (the tensor-core attention's layout: bf16 only)
+            for variant, params in (("fused", None), ("stages", None), ("fused", busy), ("stages", busy),
+                                    ("fused", early)):
+                if params is early and (impl != "gluon" or dtype != torch.bfloat16):
+                    continue
                 if impl == "gluon" and params is busy:  # Gluon tasks are single tiles; keep its split settings
                     params = MegakernelParams(kv_splits=4, attn_min_chunk=1)
                 eng = MegakernelEngine(w, params=params, max_seq_len=32, variant=variant, impl=impl)
                 toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
                 eng.synchronize_and_check()
-                print(impl, eng.impl, dtype, variant, "default" if params is None else "busy", toks, flush=True)
+                name = "default" if params is None else "early" if params is early else "busy"
+                print(impl, eng.impl, dtype, variant, name, toks, flush=True)
     if "gluon" in impls or "auto" in impls:  # Qwen3's q/k-norm in the tensor-core attention, two K/V blocks per split
         # (a short prompt: the prefill is one launch per token, slow under racecheck)
         from bubblescope.models.config import ModelConfig
         cfg = ModelConfig(name="tiny-qwen3", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512,
                           max_position_embeddings=512, tie_word_embeddings=False, qk_norm=True, model_type="qwen3")
-        eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=96, impl="gluon",
-                               params=MegakernelParams(kv_splits=2, block_s=32))  # 72 positions: 37 per split
-        toks = generate(eng, list(range(3, 75)), 6, eos_ids=()).tokens
-        eng.synchronize_and_check()
-        print("gluon", cfg.name, eng.compile_info()["gluon"]["attn_layout"], toks, flush=True)
+        for operands in ("late", "early"):  # the operands converted after / before the wait (row pos patched in)
+            eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=96, impl="gluon",
+                                   params=MegakernelParams(kv_splits=2, block_s=32, attn_operands=operands))
+            toks = generate(eng, list(range(3, 75)), 6, eos_ids=()).tokens  # 72 positions: 37 per split
+            eng.synchronize_and_check()
+            print("gluon", cfg.name, eng.compile_info()["gluon"]["attn_layout"], operands, toks, flush=True)
     return 0
 
 

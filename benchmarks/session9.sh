@@ -6,6 +6,11 @@
 #                                       # ticket and the combine) on the 1B, Qwen2.5-0.5B, Qwen3-0.6B and 8B at
 #                                       # context 128; r24long (kv_splits 32, 64-position blocks) on the 1B and 8B
 #                                       # at 4096
+#   bash benchmarks/session9.sh early   # round 25 (attn_operands=early: the tensor-core attention's operands
+#                                       # converted before the dependency wait, q loaded straight into the A
+#                                       # operand): checked on the 1B, Qwen2.5-0.5B and Qwen3-0.6B (argmax, logit
+#                                       # error, timeline), the mma GPU tests (late and early), sweep r25 on the 1B
+#                                       # (128, 4096), Qwen2.5-0.5B, Qwen3-0.6B and 8B
 #   bash benchmarks/session9.sh final   # issue 10's decode-latency set on the 1B (and 4096), the Qwen presets;
 #                                       # the 1B's timeline (wait ratio)
 #   bash benchmarks/session9.sh presets # Llama-3.2-3B and 3.1-8B (2 runs), their timelines; every GPU test
@@ -23,6 +28,19 @@ next)
   sweep r24long llama-3.2-1b 4096 80
   sweep r24long llama-3.1-8b 4096 120
   ;;
+early)
+  gluon_check_params llama-3.2-1b early '{"attn_operands": "early"}'
+  gluon_check_params qwen3-0.6b early '{"attn_operands": "early"}'
+  gluon_check_params qwen2.5-0.5b early '{"attn_operands": "early"}'
+  log gpu-tests-mma
+  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k mma -p no:cacheprovider > "$R/pytest_gpu_mma.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_mma.log"
+  tail -4 "$R/pytest_gpu_mma.log"
+  sweep r25 llama-3.2-1b 128 60
+  sweep r25 qwen2.5-0.5b 128 60
+  sweep r25 qwen3-0.6b 128 60
+  sweep r25 llama-3.1-8b 128 100
+  sweep r25 llama-3.2-1b 4096 60
+  ;;
 final)
   issue_sets 1b
   issue_sets qwen
@@ -36,6 +54,6 @@ presets)
   ;;
 tests) gpu_tests ;;
 sanitize) sanitize ;;
-*) echo "session9.sh: unknown stage '${1:-}' (next, final, presets, tests, sanitize)" >&2; exit 2 ;;
+*) echo "session9.sh: unknown stage '${1:-}' (next, early, final, presets, tests, sanitize)" >&2; exit 2 ;;
 esac
 finish

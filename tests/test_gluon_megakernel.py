@@ -112,6 +112,7 @@ def test_gluon_switches_are_checked():
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
                     ({"mv_widen": "fast"}, "mv_widen must be convert or bits"),
+                    ({"attn_operands": "soon"}, "attn_operands must be early or late"),
                     ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
                     ({"block_s": 48}, "block_s must be a power of two")):
         with pytest.raises(BubblescopeError, match=msg):
@@ -173,12 +174,14 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(lm_pick="task", attn_layout="blocks", sig_gate=-1)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_widen="convert", attn_gate=2)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_layout="warps", timeline=True)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_operands="early", timeline=True)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_layout="blocks")),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_layout="blocks")),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(sig_gate=-1, attn_gate=0)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams()),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(prefetch="off", timeline=True)),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_operands="early")),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams()),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
@@ -191,7 +194,8 @@ print(json.dumps(out))
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     """The Gluon kernel (default: the tensor-core attention; noprefetch + timeline; the non-default switches: a
     greedy-pick atomic per LM-head task, block attention, no signal gate; Triton's bf16 widening with the attention
-    gate; the attention gate alone on Qwen3; the CUDA-core attention layouts: warp-local with the timeline, blocks
+    gate; the attention gate alone on Qwen3; the tensor-core attention's early operands, with the timeline and with
+    q/k-norm; the CUDA-core attention layouts: warp-local with the timeline, blocks
     with 7 query heads per kv head and with q/k-norm); Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32) through Triton and ptxas for sm_90a,
@@ -299,7 +303,8 @@ def test_gluon_tile_choice_per_model_is_recorded():
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
-                                 "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits"}
+                                 "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
+                                 "attn_operands": "late"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["llama-3.2-1b"]["attn_gate"] == -1 and out["qwen2.5-0.5b"]["attn_gate"] == -1  # no q/k-norm
     assert out["llama-3.2-1b"]["attn_layout"] == "mma" and out["qwen2.5-0.5b"]["attn_layout"] == "mma"

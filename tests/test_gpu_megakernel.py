@@ -131,11 +131,15 @@ def test_gluon_qwen3_fp32_tiny_matches_reference_tightly():
 
 @_HOPPER
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm):
+@pytest.mark.parametrize("operands", ["late", "early"])
+@pytest.mark.parametrize("n_prompt", [1500, 60])
+def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, operands, n_prompt):
     """``attn_layout=mma`` (q·Kᵀ and P·V on the tensor cores, P rounded to bf16) on a small bf16 GQA model, with
-    and without Qwen3's q/k-norm, after a 1,500-token prompt, so every position split holds two K/V blocks and the
-    online softmax rescales across them: as close to the float32 model as the bf16 reference is, and the same
-    argmax on ≥ 95 % of 24 forced steps."""
+    and without Qwen3's q/k-norm, with the operands converted after the dependency wait or before it
+    (``attn_operands``): after a 1,500-token prompt every position split holds two K/V blocks (the online softmax
+    rescales across them; the newest position in a split's second block), after 60 tokens one (the newest
+    position in the first block, patched into the early operands). As close to the float32 model as the bf16
+    reference is, and the same argmax on ≥ 95 % of 24 forced steps."""
     from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models.config import ModelConfig
 
@@ -145,12 +149,14 @@ def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm):
                       model_type="qwen3" if qk_norm else "llama")
     w = dummy_weights(cfg, "cuda", torch.bfloat16, seed=4)
     g = torch.Generator().manual_seed(5)
-    prompt = torch.randint(3, cfg.vocab_size, (1500,), generator=g).tolist()
+    prompt = torch.randint(3, cfg.vocab_size, (n_prompt,), generator=g).tolist()
     forced = torch.randint(3, cfg.vocab_size, (24,), generator=g).tolist()
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 1536), prompt, forced)
     truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 1536), prompt, forced)
-    eng = MegakernelEngine(w, MegakernelParams(attn_layout="mma"), max_seq_len=1536, impl="gluon")
+    eng = MegakernelEngine(w, MegakernelParams(attn_layout="mma", attn_operands=operands), max_seq_len=1536,
+                           impl="gluon")
     assert eng.compile_info()["gluon"]["attn_layout"] == "mma"
+    assert eng.compile_info()["gluon"]["attn_operands"] == operands
     got = teacher_forced_logits(eng, prompt, forced)
 
     def rel(a, b):

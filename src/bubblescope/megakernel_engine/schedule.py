@@ -171,6 +171,11 @@ class MegakernelParams:
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
             per weight; the default). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
             rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``.
+        attn_operands: Gluon kernel, ``attn_layout=mma`` only: ``early`` (the first K/V block becomes the
+            tensor cores' B operands before the attention task's dependency wait, the row written in this step
+            patched in after it by a load in the operand layout, and q loaded straight into the A operand layout:
+            no shared-memory conversion between the wait and the first ``mma``) or ``late`` (q and the first block
+            converted after the wait, as in session 8).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -215,6 +220,7 @@ class MegakernelParams:
     sig_gate: int = 3
     attn_gate: int | None = None
     mv_widen: str = "bits"
+    attn_operands: str = "late"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -277,6 +283,9 @@ class MegakernelParams:
                 raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
         if self.mv_widen not in ("convert", "bits"):
             raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")
+        if self.attn_operands not in ("early", "late"):
+            raise BubblescopeError(f"megakernel params: attn_operands must be early or late, "
+                                   f"got {self.attn_operands!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

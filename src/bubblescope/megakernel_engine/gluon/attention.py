@@ -165,6 +165,17 @@ def _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target,
     old = s_lo + BLOCK_S <= pos
     k = gl.load(kc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
     v = gl.load(vc_ptr + offs, mask=mk & old, other=0.0, cache_modifier=".cg")
+    seen, t_ready = _wait(pos, wait_ptr, target, do_wait, spin_cap, TIMELINE)
+    if s_lo + BLOCK_S > pos:
+        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
+    return k, v, seen, t_ready
+
+
+@gluon.jit
+def _wait(pos, wait_ptr, target, do_wait, spin_cap, TIMELINE: gl.constexpr):
+    """An attention task's dependency wait (bounded acquire spin, then a barrier of the consumer warps): (the last
+    counter value seen or ``target``, the ns stamp of the wait met or 0 without TIMELINE)."""
     seen = target
     if do_wait:
         seen = spin(wait_ptr, target, spin_cap)
@@ -172,10 +183,7 @@ def _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target,
     t_ready = 0
     if TIMELINE:
         t_ready = now(pos)
-    if s_lo + BLOCK_S > pos:
-        k = gl.load(kc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
-        v = gl.load(vc_ptr + offs, mask=mk, other=0.0, cache_modifier=".cg")
-    return k, v, seen, t_ready
+    return seen, t_ready
 
 
 # ATTN_WARPS (no q/k-norm; where gluon.host.resolve_attn_layout picks it: fp32 weights): the same task with each warp
@@ -269,17 +277,60 @@ def attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr,
 # and sum reduce across the warps (shared memory), and P is rounded to ACT for the second MMA (as flash-attention
 # kernels do; the other layouts keep P in float32). Session 7's stamps put the warp layout's loop over one block
 # at ~1.7 µs (~960 instructions per thread, 128 shuffles) and its cross-warp combine at 1.2 µs (Llama-3.2-1B).
+# EARLY (attn_operands=early): the first block's K and V become the B operands BEFORE the dependency wait, and q is
+# loaded straight into the A operand layout, so the chain after the wait has no shared-memory conversion before
+# the first mma. The one row written in this step (position pos, in the newest split's block) is left out of the
+# early load and patched in after the wait by a masked load in the operand layout itself (`other` = the early
+# tile): a D-element row, one L2 round trip that overlaps q's. With q/k-norm the K block stays in the load layout
+# (the normed new k replaces row pos from registers before the conversion); V is patched the same way.
+@gluon.jit
+def _to_operands(k, v, KOP: gl.constexpr, BOP: gl.constexpr):
+    """K (BLOCK_S, D) → Kᵀ (D, BLOCK_S) as q·Kᵀ's B operand where KOP (else unchanged); V (BLOCK_S, D) as P·V's
+    B operand (layout ``BOP``)."""
+    if KOP:
+        k = gl.convert_layout(gl.permute(k, [1, 0]), BOP)
+    return k, gl.convert_layout(v, BOP)
+
+
+@gluon.jit
+def _first_operands(kc_ptr, vc_ptr, offs, mk, base, s_lo, s_hi, pos, wait_ptr, target, do_wait, spin_cap,
+                    BLOCK_S: gl.constexpr, TIMELINE: gl.constexpr, D: gl.constexpr, KOP: gl.constexpr,
+                    BOP: gl.constexpr):
+    """:func:`_first_block_and_wait` for the tensor-core layout: the first block's positions before ``pos``
+    loaded and converted (:func:`_to_operands`) before the wait, row ``pos`` (when the block holds it) loaded
+    after it straight into the operand layouts. Same returns, k and v as the B operands (k only where KOP)."""
+    k = gl.load(kc_ptr + offs, mask=mk & (offs < base + pos.to(gl.int64) * D), other=0.0, cache_modifier=".cg")
+    v = gl.load(vc_ptr + offs, mask=mk & (offs < base + pos.to(gl.int64) * D), other=0.0, cache_modifier=".cg")
+    k, v = _to_operands(k, v, KOP, BOP)
+    seen, t_ready = _wait(pos, wait_ptr, target, do_wait, spin_cap, TIMELINE)
+    if (pos < s_hi) & (pos < s_lo + BLOCK_S):
+        s_k = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, BOP))  # V: (positions, D)
+        d_k = gl.arange(0, D, layout=gl.SliceLayout(0, BOP))
+        row = gl.expand_dims(s_lo + s_k == pos, 1) & gl.expand_dims(d_k < D, 0)
+        ov = base + gl.expand_dims(s_lo + s_k, 1).to(gl.int64) * D + gl.expand_dims(d_k, 0)
+        v = gl.load(vc_ptr + ov, mask=row, other=v, cache_modifier=".cg")
+        if KOP:  # Kᵀ: (D, positions)
+            d_t = gl.arange(0, D, layout=gl.SliceLayout(1, BOP))
+            s_t = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, BOP))
+            rowt = gl.expand_dims(d_t < D, 1) & gl.expand_dims(s_lo + s_t == pos, 0)
+            ok = base + gl.expand_dims(s_lo + s_t, 0).to(gl.int64) * D + gl.expand_dims(d_t, 1)
+            k = gl.load(kc_ptr + ok, mask=rowt, other=k, cache_modifier=".cg")
+    return k, v, seen, t_ready
+
+
 @gluon.jit
 def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
                    counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
                    G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
                    NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
                    BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
-                   TIMELINE: gl.constexpr, knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr):
+                   TIMELINE: gl.constexpr, knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr,
+                  EARLY: gl.constexpr):
     """:func:`attention` on the tensor cores (16-bit activations, at most 16 query heads per kv head); same
     returns. ``QK_NORM`` as in :func:`attention`: q normed and rotated before it becomes the A operand, the new k
     normed and rotated from ``knew_ptr``, written to the cache by the split holding ``pos`` and put into its K
-    block in place of the cache's row before the block becomes the B operand."""
+    block in place of the cache's row before the block becomes the B operand. ``EARLY``: the operands off the
+    chain (see :func:`_first_operands`); else q and the first block converted after the wait."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
     MR: gl.constexpr = 16
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
@@ -303,28 +354,41 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
         wkp = gl.load(nw + D + dkp).to(gl.float32)
         c = gl.load(cos_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
         s_ = gl.load(sin_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
-    k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
-                                                spin_cap, BLOCK_S, TIMELINE)
-    gq = gl.arange(0, MR, layout=gl.SliceLayout(1, KB))
-    qrow = gl.expand_dims(kvh * G + gq, 1) * D
-    mq = gl.expand_dims(gq < G, 1)
-    q = gl.load(q_ptr + qrow + gl.expand_dims(dk, 0), mask=mq, other=0.0, cache_modifier=".cg")
-    if QK_NORM:  # (the cache's row pos is not written yet in this step: the new k replaces it in the K block)
-        qf = q.to(gl.float32)
-        qp = gl.load(q_ptr + qrow + gl.expand_dims(dkp, 0), mask=mq, other=0.0, cache_modifier=".cg").to(gl.float32)
-        kr = gl.load(knew_ptr + kvh * D + dk, cache_modifier=".cg").to(gl.float32)
-        krp = gl.load(knew_ptr + kvh * D + dkp, cache_modifier=".cg").to(gl.float32)
-        inv_q = gl.rsqrt(gl.sum(qf * qf, axis=1) / D + eps)
-        q = _norm_rope(qf, qp, gl.expand_dims(inv_q, 1), wq, wqp, gl.expand_dims(c, 0), gl.expand_dims(s_, 0),
-                       gl.expand_dims(dk < HALF, 0), ACT).to(ACT)
-        inv_k = gl.rsqrt(gl.sum(kr * kr, axis=0) / D + eps)
-        knew = _norm_rope(kr, krp, inv_k, wk, wkp, c, s_, dk < HALF, ACT).to(ACT)
-        if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps. Its own
-            # K loads may read row pos before or after this store: the where() in the loop replaces it either way
-            gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew)
-        knew2 = gl.expand_dims(knew, 0)
-    qa = gl.convert_layout(q, AOP)  # (MR, D) in ACT, the rows past G zero
-    t_q = stamp_after(q.to(gl.float32), TIMELINE)
+    if EARLY:
+        k, v, seen, t_ready = _first_operands(kc_ptr, vc_ptr, offs, mk, base, s_lo, s_hi, pos, wait_ptr, target,
+                                              do_wait, spin_cap, BLOCK_S, TIMELINE, D, not QK_NORM, BOP)
+    else:
+        k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
+                                                    spin_cap, BLOCK_S, TIMELINE)
+    if EARLY and not QK_NORM:  # straight into the A operand: no conversion through shared memory on the chain
+        gqa = gl.arange(0, MR, layout=gl.SliceLayout(1, AOP))
+        dqa = gl.arange(0, D, layout=gl.SliceLayout(0, AOP))
+        qa = gl.load(q_ptr + gl.expand_dims(kvh * G + gqa, 1) * D + gl.expand_dims(dqa, 0),
+                     mask=gl.expand_dims(gqa < G, 1), other=0.0, cache_modifier=".cg")
+        t_q = stamp_after(qa.to(gl.float32), TIMELINE)
+    else:
+        gq = gl.arange(0, MR, layout=gl.SliceLayout(1, KB))
+        qrow = gl.expand_dims(kvh * G + gq, 1) * D
+        mq = gl.expand_dims(gq < G, 1)
+        q = gl.load(q_ptr + qrow + gl.expand_dims(dk, 0), mask=mq, other=0.0, cache_modifier=".cg")
+        if QK_NORM:  # (the cache's row pos is not written yet in this step: the new k replaces it in the K
+            # block)
+            qf = q.to(gl.float32)
+            qp = gl.load(q_ptr + qrow + gl.expand_dims(dkp, 0), mask=mq, other=0.0,
+                         cache_modifier=".cg").to(gl.float32)
+            kr = gl.load(knew_ptr + kvh * D + dk, cache_modifier=".cg").to(gl.float32)
+            krp = gl.load(knew_ptr + kvh * D + dkp, cache_modifier=".cg").to(gl.float32)
+            inv_q = gl.rsqrt(gl.sum(qf * qf, axis=1) / D + eps)
+            q = _norm_rope(qf, qp, gl.expand_dims(inv_q, 1), wq, wqp, gl.expand_dims(c, 0), gl.expand_dims(s_, 0),
+                           gl.expand_dims(dk < HALF, 0), ACT).to(ACT)
+            inv_k = gl.rsqrt(gl.sum(kr * kr, axis=0) / D + eps)
+            knew = _norm_rope(kr, krp, inv_k, wk, wkp, c, s_, dk < HALF, ACT).to(ACT)
+            if s_hi == n:  # this split holds pos: the normed, rotated k goes to the cache for the later steps. Its
+                # own K loads may read row pos before or after this store: the where() in the loop replaces it
+                gl.store(kc_ptr + base + pos.to(gl.int64) * D + dk, knew)
+            knew2 = gl.expand_dims(knew, 0)
+        qa = gl.convert_layout(q, AOP)  # (MR, D) in ACT, the rows past G zero
+        t_q = stamp_after(q.to(gl.float32), TIMELINE)
     ss = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, MMA))
     m = gl.full([MR], float("-inf"), gl.float32, RL)
     l = gl.zeros([MR], gl.float32, RL)
@@ -338,17 +402,29 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
         v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
         if QK_NORM:  # the new position's k from registers
             k = gl.where(gl.expand_dims(s0 + sk == pos, 1), knew2, k)
-        sc = mma_v2(qa, gl.convert_layout(gl.permute(k, [1, 0]), BOP), gl.zeros([MR, BLOCK_S], gl.float32, MMA))
+        if EARLY and not QK_NORM:
+            kb = k  # already the B operand
+        else:
+            kb = gl.convert_layout(gl.permute(k, [1, 0]), BOP)
+        sc = mma_v2(qa, kb, gl.zeros([MR, BLOCK_S], gl.float32, MMA))
         sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sc, axis=1))
         alpha = gl.exp(m - m_new)
         p = gl.exp(sc - gl.expand_dims(m_new, 1))
         l = l * alpha + gl.sum(p, axis=1)
-        acc = mma_v2(gl.convert_layout(p.to(ACT), AOP), gl.convert_layout(v, BOP), acc * gl.expand_dims(alpha, 1))
+        if EARLY:
+            vb = v
+        else:
+            vb = gl.convert_layout(v, BOP)
+        acc = mma_v2(gl.convert_layout(p.to(ACT), AOP), vb, acc * gl.expand_dims(alpha, 1))
         m = m_new
-        k = k_n
-        v = v_n
         s0 += BLOCK_S
+        if EARLY:  # the next block's conversions only where there is one (not on the last block's chain)
+            if s0 < s_hi:
+                k, v = _to_operands(k_n, v_n, not QK_NORM, BOP)
+        else:
+            k = k_n
+            v = v_n
     t_math = pos.to(gl.int64) * 0
     if TIMELINE:
         t_math = now(gl.max(l, axis=0).to(gl.int32))

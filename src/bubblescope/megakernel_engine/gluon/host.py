@@ -207,7 +207,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
         ATTN_WARPS=params.attn_layout == "warps", ATTN_MMA=params.attn_layout == "mma", SIG_GATE=params.sig_gate,
         ATTN_GATE=params.attn_gate,
-        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16)
+        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16,
+        MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early")
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -218,14 +219,17 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks``, ``warps`` or
     ``mma``), ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the
     producer issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
-    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened);
+    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened),
+    ``attn_operands`` (``early`` or ``late``: where the tensor-core attention's operands are converted; ``late``
+    for the other layouts);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
             "qk_norm_in_attn": bool(cx["QK_NORM"]),
             "attn_layout": "mma" if cx["ATTN_MMA"] else "warps" if cx["ATTN_WARPS"] else "blocks",
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
-            "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert"}
+            "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert",
+            "attn_operands": "early" if cx["MMA_EARLY"] else "late"}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
