@@ -11,6 +11,9 @@
 #                                       # operand): checked on the 1B, Qwen2.5-0.5B and Qwen3-0.6B (argmax, logit
 #                                       # error, timeline), the mma GPU tests (late and early), sweep r25 on the 1B
 #                                       # (128, 4096), Qwen2.5-0.5B, Qwen3-0.6B and 8B
+#   bash benchmarks/session9.sh whole   # round 26: one split for the whole context up to 512 positions with
+#                                       # 128-position blocks, early operands (no partials, ticket or combine on
+#                                       # the chain) on the 1B (128, 4096) and Qwen2.5-0.5B; the sanitizers
 #   bash benchmarks/session9.sh final   # issue 10's decode-latency set on the 1B (and 4096), the Qwen presets;
 #                                       # the 1B's timeline (wait ratio)
 #   bash benchmarks/session9.sh presets # Llama-3.2-3B and 3.1-8B (2 runs), their timelines; every GPU test
@@ -41,6 +44,12 @@ early)
   sweep r25 llama-3.1-8b 128 100
   sweep r25 llama-3.2-1b 4096 60
   ;;
+whole)
+  sweep r26 llama-3.2-1b 128 70
+  sweep r26 qwen2.5-0.5b 128 70
+  sweep r26 llama-3.2-1b 4096 70
+  sanitize
+  ;;
 final)
   issue_sets 1b
   issue_sets qwen
@@ -54,6 +63,6 @@ presets)
   ;;
 tests) gpu_tests ;;
 sanitize) sanitize ;;
-*) echo "session9.sh: unknown stage '${1:-}' (next, early, final, presets, tests, sanitize)" >&2; exit 2 ;;
+*) echo "session9.sh: unknown stage '${1:-}' (next, early, whole, final, presets, tests, sanitize)" >&2; exit 2 ;;
 esac
 finish
