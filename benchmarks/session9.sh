@@ -16,6 +16,8 @@
 #                                       # the chain) on the 1B (128, 4096) and Qwen2.5-0.5B; the sanitizers
 #   bash benchmarks/session9.sh chunk   # round 27: 256-position splits with 128-position blocks against the
 #                                       # default on Qwen2.5-0.5B (128, 4096) and the 1B (128)
+#   bash benchmarks/session9.sh wide    # after r27 (Qwen2.5's new auto blocks and splits): its check, its
+#                                       # decode-latency set, every GPU test
 #   bash benchmarks/session9.sh final   # issue 10's decode-latency set on the 1B (and 4096), the Qwen presets;
 #                                       # the 1B's timeline (wait ratio)
 #   bash benchmarks/session9.sh presets # Llama-3.2-3B and 3.1-8B (2 runs), their timelines; every GPU test
@@ -57,6 +59,11 @@ chunk)
   sweep r27 qwen2.5-0.5b 4096 60
   sweep r27 llama-3.2-1b 128 60
   ;;
+wide)
+  gluon_check_params qwen2.5-0.5b wide '{}'
+  latency qwen25 130 --models qwen2.5-0.5b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts ""
+  gpu_tests
+  ;;
 final)
   issue_sets 1b
   issue_sets qwen
@@ -70,6 +77,6 @@ presets)
   ;;
 tests) gpu_tests ;;
 sanitize) sanitize ;;
-*) echo "session9.sh: unknown stage '${1:-}' (next, early, whole, chunk, final, presets, tests, sanitize)" >&2; exit 2 ;;
+*) echo "session9.sh: unknown stage '${1:-}' (next, early, whole, chunk, wide, final, presets, tests, sanitize)" >&2; exit 2 ;;
 esac
 finish

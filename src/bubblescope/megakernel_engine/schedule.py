@@ -80,6 +80,7 @@ LAYER_STAGES = (OP_QKV, OP_ATTN, OP_ATTN_REDUCE, OP_OPROJ, OP_GATEUP, OP_DOWN)
  F_PFNEXT) = range(14)
 NFIELDS = 14
 KV_SPLITS_CAP = 64  # automatic kv_splits: clamp(grid // kv-head groups, 1, this)
+DEFAULT_MIN_CHUNK = 32  # fewest positions per attention split where attn_min_chunk is None (the Triton kernel's)
 
 
 def next_pow2(n: int) -> int:
@@ -112,7 +113,8 @@ class MegakernelParams:
             task; the task loops over them.
         kv_splits: position splits per KV head in ATTN (auto: ``clamp(grid // kv_heads, 1, KV_SPLITS_CAP)``).
         attn_min_chunk: fewest positions per split at run time (``max(ceil(n / splits), this)``), so short
-            contexts leave most splits empty.
+            contexts leave most splits empty; None: the kernel's own choice (Triton kernel:
+            :data:`DEFAULT_MIN_CHUNK`, 32; Gluon kernel: ``gluon.host.resolve_attn_blocks``).
         attn_reduce: ``fused`` (the last ATTN task of a kv-head group combines the splits) or ``stage`` (a
             separate ATTN_REDUCE stage).
         attn_kv_heads: KV heads per ATTN / ATTN_REDUCE task (their G query heads each).
@@ -201,7 +203,7 @@ class MegakernelParams:
     num_stages: int = 1
     kv_splits: int | None = None
     attn_kv_heads: int = 1
-    attn_min_chunk: int = 32
+    attn_min_chunk: int | None = None
     attn_reduce: str = "fused"
     block_s: int | None = None
     prefetch: str = "auto"
@@ -378,7 +380,7 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
     return Tiling(
         rows_qkv=r_qkv, rows_o=r_o, rows_gateup=r_gu, rows_down=r_dn, rows_lm=r_lm, kv_splits=splits,
         attn_kv_heads=heads, gateup_blocks=params.gateup_blocks, lm_blocks=params.lm_blocks,
-        attn_fused=params.attn_reduce == "fused", attn_min_chunk=params.attn_min_chunk,
+        attn_fused=params.attn_reduce == "fused", attn_min_chunk=params.attn_min_chunk or DEFAULT_MIN_CHUNK,
         pf_next_ops=tuple(sorted({OPCODES[n] for n in params.prefetch_next_ops_names()})),
         hb=math.gcd(r_qkv // 2, d // 2), gb=r_gu // 2,
         i_pad=-(-cfg.intermediate_size // (r_gu // 2)) * (r_gu // 2),

@@ -27,6 +27,8 @@ DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in
 DEFAULT_MIN_CHUNK = 32      # fewest positions per attention split (round 6: 32 0.904 ms against 16 0.926)
 DEFAULT_BLOCK_S = 64        # positions per attention block (round 6: 0.909 against 0.926 at 128, 1.19 / 1.31 at 4096)
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
+WIDE_GROUP_BLOCK_S = 128    # positions per block on the tensor cores with > 4 query heads per kv head (session 9)
+WIDE_GROUP_MIN_CHUNK = 256  # and the fewest positions per split there (resolve_attn_blocks)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
 
 
@@ -111,6 +113,28 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int, block_s: int,
     return "warps" if not cfg.qk_norm and cfg.gqa_group <= 4 else "blocks"
 
 
+def resolve_attn_blocks(cfg: ModelConfig, layout: str, params: MegakernelParams, block_s: int) -> tuple[int, int]:
+    """(positions per attention block, fewest positions per split) for ``cfg`` in attention ``layout``:
+    ``params.block_s`` / ``params.attn_min_chunk`` where set; else ``block_s`` (``gluon_params``' register rule)
+    and :data:`DEFAULT_MIN_CHUNK`, except on the tensor cores (``mma``) with more than 4 query heads per kv head
+    and head_dim ≤ 64, which take 128-position blocks and splits of at least 256 positions (one task per kv
+    head up to 256 tokens of context: no partials, ticket or combine of 5–8 query heads' splits on the layer's
+    chain; at 4096, 16 splits of two blocks each instead of eight).
+
+    Measured on the H200 (session 9, ``gluon_check.py --sweep r27``, interleaved rounds, stepwise ms,
+    benchmarks/results/h200-2026-12-01-s9): Qwen2.5-0.5B (7 query heads per kv head, head_dim 64) 0.727 / 0.731
+    / 0.735 against 0.772 / 0.778 / 0.787 at context 128, and 1.010 / 1.028 / 1.009 against 1.084 / 1.091 /
+    1.083 at 4096; Llama-3.2-1B (4 per kv head) 0.957 / 0.959 / 0.960 against 0.950 / 0.955 / 0.955 (not taken
+    there). 128-position blocks spill with head_dim 128 (Qwen3-0.6B 1,172 bytes, Llama-3.1-8B 784; offline sm_90
+    compile).
+    """
+    wide = layout == "mma" and cfg.gqa_group > 4 and cfg.head_dim <= 64
+    chunk = params.attn_min_chunk or (WIDE_GROUP_MIN_CHUNK if wide else DEFAULT_MIN_CHUNK)
+    if params.block_s is None and wide:
+        block_s = WIDE_GROUP_BLOCK_S
+    return block_s, chunk
+
+
 def resolve_attn_gate(cfg: ModelConfig, gate: int | None) -> int:
     """The attention gate for ``cfg`` (see ``MegakernelParams.attn_gate``): ``gate`` unless it is None (auto),
     which holds the producer at an attention task (0 tiles past it) for models with q/k-norm, whose attention task
@@ -133,15 +157,15 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
     task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set, else
     :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
-    divide head_dim/2); the attention's fewest positions per split is :data:`DEFAULT_MIN_CHUNK` unless
-    ``attn_min_chunk`` is set; the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`).
+    divide head_dim/2); the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`); the
+    attention's positions per block and fewest per split where ``block_s`` / ``attn_min_chunk`` are None
+    (:func:`resolve_attn_blocks`).
 
     Raises:
         BubblescopeError: ``attn_layout=warps`` asked for a model with q/k-norm (:func:`resolve_attn_layout`).
     """
     br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto_rows(cfg, sms), cfg.head_dim)
     br = max(2, pow2_floor(br))
-    chunk = DEFAULT_MIN_CHUNK if params.attn_min_chunk == MegakernelParams.attn_min_chunk else params.attn_min_chunk
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
     # the attention's (GP, BLOCK_S, D) products: at most 16384 values (128 per consumer thread), or registers spill
     # (offline sm_90 compile: Qwen2.5-0.5B's 8 padded query heads per kv head spilled 108 bytes at BLOCK_S 64,
@@ -152,6 +176,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     block_s = block_s if params.block_s is None else params.block_s
     layout = resolve_attn_layout(cfg, params.attn_layout, torch.empty((), dtype=dtype).element_size(), block_s,
                                  params.num_warps)
+    block_s, chunk = resolve_attn_blocks(cfg, layout, params, block_s)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
                           rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
