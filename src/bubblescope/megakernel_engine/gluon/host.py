@@ -27,8 +27,6 @@ DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in
 DEFAULT_MIN_CHUNK = 32      # fewest positions per attention split (round 6: 32 0.904 ms against 16 0.926)
 DEFAULT_BLOCK_S = 64        # positions per attention block (round 6: 0.909 against 0.926 at 128, 1.19 / 1.31 at 4096)
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
-WIDE_GROUP_BLOCK_S = 128    # positions per block on the tensor cores with > 4 query heads per kv head (session 9)
-WIDE_GROUP_MIN_CHUNK = 256  # and the fewest positions per split there (resolve_attn_blocks)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
 
 
@@ -115,23 +113,21 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int, block_s: int,
 
 def resolve_attn_blocks(cfg: ModelConfig, layout: str, params: MegakernelParams, block_s: int) -> tuple[int, int]:
     """(positions per attention block, fewest positions per split) for ``cfg`` in attention ``layout``:
-    ``params.block_s`` / ``params.attn_min_chunk`` where set; else ``block_s`` (``gluon_params``' register rule)
-    and :data:`DEFAULT_MIN_CHUNK`, except on the tensor cores (``mma``) with more than 4 query heads per kv head
-    and head_dim ≤ 64, which take 128-position blocks and splits of at least 256 positions (one task per kv
-    head up to 256 tokens of context: no partials, ticket or combine of 5–8 query heads' splits on the layer's
-    chain; at 4096, 16 splits of two blocks each instead of eight).
+    ``params.block_s`` / ``params.attn_min_chunk`` where set; else :data:`DEFAULT_MIN_CHUNK` and ``block_s``
+    (``gluon_params``' register rule for the CUDA-core layouts, whose products hold the padded query heads of a kv
+    head), except on the tensor cores (``mma``), where the query heads are padded to 16 rows whatever their count:
+    there the block is ``min(DEFAULT_BLOCK_S, 4096 // head_dim)`` positions (two K/V tiles of ≤ 4096 values in
+    flight), which moves only models with more than 4 query heads per kv head (Qwen2.5-0.5B: 32 → 64).
 
-    Measured on the H200 (session 9, ``gluon_check.py --sweep r27``, interleaved rounds, stepwise ms,
-    benchmarks/results/h200-2026-12-01-s9): Qwen2.5-0.5B (7 query heads per kv head, head_dim 64) 0.727 / 0.731
-    / 0.735 against 0.772 / 0.778 / 0.787 at context 128, and 1.010 / 1.028 / 1.009 against 1.084 / 1.091 /
-    1.083 at 4096; Llama-3.2-1B (4 per kv head) 0.957 / 0.959 / 0.960 against 0.950 / 0.955 / 0.955 (not taken
-    there). 128-position blocks spill with head_dim 128 (Qwen3-0.6B 1,172 bytes, Llama-3.1-8B 784; offline sm_90
-    compile).
+    Measured on the H200 (session 9, ``gluon_check.py --sweep r28 --timed 256``, interleaved, stepwise ms,
+    benchmarks/results/h200-2026-12-01-s9), Qwen2.5-0.5B (7 query heads per kv head, head_dim 64), 64-position
+    blocks against 32: 0.779 / 0.793 against 0.778 / 0.769 at context 128, 0.900 / 0.898 against 0.954 / 0.962
+    at 4096. Not taken: one split up to 256 positions with 128-position blocks (r27 over 160 timed positions
+    0.727–0.735 against 0.772–0.787, but r28 over 256: 0.831 / 0.825, where contexts past 256 split again).
     """
-    wide = layout == "mma" and cfg.gqa_group > 4 and cfg.head_dim <= 64
-    chunk = params.attn_min_chunk or (WIDE_GROUP_MIN_CHUNK if wide else DEFAULT_MIN_CHUNK)
-    if params.block_s is None and wide:
-        block_s = WIDE_GROUP_BLOCK_S
+    chunk = params.attn_min_chunk or DEFAULT_MIN_CHUNK
+    if params.block_s is None and layout == "mma":
+        block_s = max(16, min(DEFAULT_BLOCK_S, 4096 // cfg.head_dim))
     return block_s, chunk
 
 
