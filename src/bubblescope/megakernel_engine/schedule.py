@@ -177,7 +177,10 @@ class MegakernelParams:
             tensor cores' B operands before the attention task's dependency wait, the row written in this step
             patched in after it by a load in the operand layout, and q loaded straight into the A operand layout:
             no shared-memory conversion between the wait and the first ``mma``) or ``late`` (q and the first block
-            converted after the wait, as in session 8).
+            converted after the wait, as in session 8; the default). Measured on the H200 (session 9,
+            ``gluon_check.py --sweep r25``, interleaved rounds, stepwise ms): Llama-3.2-1B 0.896 / 0.894 / 0.896
+            against 0.881 / 0.880 / 0.888 at context 128, 1.032 / 1.017 / 1.030 against 1.039 / 1.051 / 1.045 at
+            4096; Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.1-8B even or worse at 128.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
