@@ -47,6 +47,11 @@ waits() {  # model limit_s: one step's timeline at context 128 (wait ratio, edge
   timeout "$2" python3 benchmarks/gluon_check.py --model "$1" --out "$R/timeline_$1.json" --sections timeline > "$R/timeline_$1.log" 2>&1; echo "rc=$?" >> "$R/timeline_$1.log"
   python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['timeline']; print({k: round(v['wait_ratio'], 3) for k, v in t.items() if isinstance(v, dict)})" "$R/timeline_$1.json" 2>&1 | tail -1
 }
+llama_presets() {  # the larger Llama presets' decode-latency set (issue_sets llama) and their timelines
+  issue_sets llama
+  waits llama-3.2-3b 55
+  waits llama-3.1-8b 65
+}
 gpu_tests() {  # every GPU test
   log gpu-tests
   timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"

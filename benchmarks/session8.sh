@@ -30,9 +30,7 @@ final)
   waits qwen3-1.7b 50
   ;;
 presets)
-  issue_sets llama
-  waits llama-3.2-3b 55
-  waits llama-3.1-8b 65
+  llama_presets
   gpu_tests
   ;;
 tests) gpu_tests ;;

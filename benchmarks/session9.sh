@@ -70,9 +70,7 @@ final)
   waits llama-3.2-1b 50
   ;;
 presets)
-  issue_sets llama
-  waits llama-3.2-3b 55
-  waits llama-3.1-8b 65
+  llama_presets
   gpu_tests
   ;;
 tests) gpu_tests ;;

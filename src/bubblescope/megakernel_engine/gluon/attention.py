@@ -299,8 +299,9 @@ def _first_operands(kc_ptr, vc_ptr, offs, mk, base, s_lo, s_hi, pos, wait_ptr, t
     """:func:`_first_block_and_wait` for the tensor-core layout: the first block's positions before ``pos``
     loaded and converted (:func:`_to_operands`) before the wait, row ``pos`` (when the block holds it) loaded
     after it straight into the operand layouts. Same returns, k and v as the B operands (k only where KOP)."""
-    k = gl.load(kc_ptr + offs, mask=mk & (offs < base + pos.to(gl.int64) * D), other=0.0, cache_modifier=".cg")
-    v = gl.load(vc_ptr + offs, mask=mk & (offs < base + pos.to(gl.int64) * D), other=0.0, cache_modifier=".cg")
+    older = mk & (offs < base + pos.to(gl.int64) * D)  # the block's rows before pos
+    k = gl.load(kc_ptr + offs, mask=older, other=0.0, cache_modifier=".cg")
+    v = gl.load(vc_ptr + offs, mask=older, other=0.0, cache_modifier=".cg")
     k, v = _to_operands(k, v, KOP, BOP)
     seen, t_ready = _wait(pos, wait_ptr, target, do_wait, spin_cap, TIMELINE)
     if (pos < s_hi) & (pos < s_lo + BLOCK_S):
@@ -339,6 +340,7 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
     KB: gl.constexpr = gl.BlockedLayout([1, VD], [32 // TD, TD], [NW, 1], [1, 0])  # (rows, D) loads, D contiguous
     L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])  # the combine's
     RL: gl.constexpr = gl.SliceLayout(1, MMA)  # (MR,): m, l
+    K_EARLY: gl.constexpr = EARLY and not QK_NORM  # q and K straight to their operands (q/k-norm: K late, V early)
     n, s_lo, s_hi, base = _split_range(layer, kvh, split, pos, D, NKV, S_MAX, NSPLIT, MIN_CHUNK)
     sk = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, KB))
     dk = gl.arange(0, D, layout=gl.SliceLayout(0, KB))
@@ -356,11 +358,11 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
         s_ = gl.load(sin_ptr + pos * HALF + dk % HALF).to(ACT).to(gl.float32)
     if EARLY:
         k, v, seen, t_ready = _first_operands(kc_ptr, vc_ptr, offs, mk, base, s_lo, s_hi, pos, wait_ptr, target,
-                                              do_wait, spin_cap, BLOCK_S, TIMELINE, D, not QK_NORM, BOP)
+                                              do_wait, spin_cap, BLOCK_S, TIMELINE, D, K_EARLY, BOP)
     else:
         k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
                                                     spin_cap, BLOCK_S, TIMELINE)
-    if EARLY and not QK_NORM:  # straight into the A operand: no conversion through shared memory on the chain
+    if K_EARLY:  # straight into the A operand: no conversion through shared memory on the chain
         gqa = gl.arange(0, MR, layout=gl.SliceLayout(1, AOP))
         dqa = gl.arange(0, D, layout=gl.SliceLayout(0, AOP))
         qa = gl.load(q_ptr + gl.expand_dims(kvh * G + gqa, 1) * D + gl.expand_dims(dqa, 0),
@@ -402,7 +404,7 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
         v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
         if QK_NORM:  # the new position's k from registers
             k = gl.where(gl.expand_dims(s0 + sk == pos, 1), knew2, k)
-        if EARLY and not QK_NORM:
+        if K_EARLY:
             kb = k  # already the B operand
         else:
             kb = gl.convert_layout(gl.permute(k, [1, 0]), BOP)
@@ -421,7 +423,7 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
         s0 += BLOCK_S
         if EARLY:  # the next block's conversions only where there is one (not on the last block's chain)
             if s0 < s_hi:
-                k, v = _to_operands(k_n, v_n, not QK_NORM, BOP)
+                k, v = _to_operands(k_n, v_n, K_EARLY, BOP)
         else:
             k = k_n
             v = v_n

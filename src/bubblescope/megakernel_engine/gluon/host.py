@@ -24,7 +24,6 @@ TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns 
 # BR 16 / NS 20 1.076 ms, BR 16 / NS 24 0.975, BR 32 / NS 12 0.949; attention chunk 16 0.953 against 32 1.076.
 DEFAULT_ROWS = 32           # BR: rows per tile / task (a 16 KB TMA box of bf16)
 DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in flight per SM
-DEFAULT_MIN_CHUNK = 32      # fewest positions per attention split (round 6: 32 0.904 ms against 16 0.926)
 DEFAULT_BLOCK_S = 64        # positions per attention block (round 6: 0.909 against 0.926 at 128, 1.19 / 1.31 at 4096)
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
@@ -111,13 +110,13 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int, block_s: int,
     return "warps" if not cfg.qk_norm and cfg.gqa_group <= 4 else "blocks"
 
 
-def resolve_attn_blocks(cfg: ModelConfig, layout: str, params: MegakernelParams, block_s: int) -> tuple[int, int]:
-    """(positions per attention block, fewest positions per split) for ``cfg`` in attention ``layout``:
-    ``params.block_s`` / ``params.attn_min_chunk`` where set; else :data:`DEFAULT_MIN_CHUNK` and ``block_s``
-    (``gluon_params``' register rule for the CUDA-core layouts, whose products hold the padded query heads of a kv
-    head), except on the tensor cores (``mma``), where the query heads are padded to 16 rows whatever their count:
-    there the block is ``min(DEFAULT_BLOCK_S, 4096 // head_dim)`` positions (two K/V tiles of ≤ 4096 values in
-    flight), which moves only models with more than 4 query heads per kv head (Qwen2.5-0.5B: 32 → 64).
+def resolve_block_s(cfg: ModelConfig, layout: str, params: MegakernelParams, block_s: int) -> int:
+    """Positions per attention block for ``cfg`` in attention ``layout``: ``params.block_s`` where set; else
+    ``block_s`` (``gluon_params``' register rule for the CUDA-core layouts, whose products hold the padded query
+    heads of a kv head), except on the tensor cores (``mma``), where the query heads are padded to 16 rows
+    whatever their count: there ``min(DEFAULT_BLOCK_S, 4096 // head_dim)`` positions (two K/V tiles of ≤ 4096
+    values in flight), which moves only models with more than 4 query heads per kv head (Qwen2.5-0.5B: 32 → 64).
+    (The fewest positions per split, ``attn_min_chunk``, is ``schedule.DEFAULT_MIN_CHUNK`` on both kernels.)
 
     Measured on the H200 (session 9, ``gluon_check.py --sweep r28 --timed 256``, interleaved, stepwise ms,
     benchmarks/results/h200-2026-12-01-s9), Qwen2.5-0.5B (7 query heads per kv head, head_dim 64), 64-position
@@ -125,10 +124,9 @@ def resolve_attn_blocks(cfg: ModelConfig, layout: str, params: MegakernelParams,
     at 4096. Not taken: one split up to 256 positions with 128-position blocks (r27 over 160 timed positions
     0.727–0.735 against 0.772–0.787, but r28 over 256: 0.831 / 0.825, where contexts past 256 split again).
     """
-    chunk = params.attn_min_chunk or DEFAULT_MIN_CHUNK
     if params.block_s is None and layout == "mma":
-        block_s = max(16, min(DEFAULT_BLOCK_S, 4096 // cfg.head_dim))
-    return block_s, chunk
+        return max(16, min(DEFAULT_BLOCK_S, 4096 // cfg.head_dim))
+    return block_s
 
 
 def resolve_attn_gate(cfg: ModelConfig, gate: int | None) -> int:
@@ -154,8 +152,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set, else
     :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
     divide head_dim/2); the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`); the
-    attention's positions per block and fewest per split where ``block_s`` / ``attn_min_chunk`` are None
-    (:func:`resolve_attn_blocks`).
+    attention's positions per block where ``block_s`` is None (:func:`resolve_block_s`).
 
     Raises:
         BubblescopeError: ``attn_layout=warps`` asked for a model with q/k-norm (:func:`resolve_attn_layout`).
@@ -172,11 +169,11 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     block_s = block_s if params.block_s is None else params.block_s
     layout = resolve_attn_layout(cfg, params.attn_layout, torch.empty((), dtype=dtype).element_size(), block_s,
                                  params.num_warps)
-    block_s, chunk = resolve_attn_blocks(cfg, layout, params, block_s)
+    block_s = resolve_block_s(cfg, layout, params, block_s)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
                           rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
-                          kv_splits=params.kv_splits or DEFAULT_SPLITS, attn_min_chunk=chunk, qk_norm_in_attn=True)
+                          kv_splits=params.kv_splits or DEFAULT_SPLITS, qk_norm_in_attn=True)
 
 
 def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int,
