@@ -296,6 +296,10 @@ SWEEPS = {
             ("c32-bs32-again", "gluon", {"attn_min_chunk": 32, "block_s": 32}),
             ("c32-bs128-again", "gluon", {"attn_min_chunk": 32, "block_s": 128}),
             ("c32-bs64-again", "gluon", {"attn_min_chunk": 32, "block_s": 64})],
+    # session 10: the consumer's matvec is on the layer's chain (QKV 1.9 µs, O-proj 1.0, the last gate-up 1.9 and
+    # down 3.7 per task with their tiles in the ring): 8 consumer warps (last measured in round 2, before mma)
+    "r29": [("default", "gluon", {}), ("nw8", "gluon", {"num_warps": 8}), ("default-again", "gluon", {}),
+            ("nw8-again", "gluon", {"num_warps": 8}), ("default-3", "gluon", {}), ("nw8-3", "gluon", {"num_warps": 8})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

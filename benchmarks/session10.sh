@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Prepared in session 9 for the tenth session's first device call (from the repository root, through the device
-# tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
+# The tenth session's device calls (from the repository root, through the device tool; carry .carry .whl; pass
+# BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
 #   bash benchmarks/session10.sh first   # every GPU test and Qwen2.5-0.5B's check (argmax, logit error, timeline)
 #                                        # on the current defaults: session 9 ended without a GPU run of its last
 #                                        # change (Qwen2.5's 64-position attention blocks, 1858cb3)
+#   bash benchmarks/session10.sh chain   # the 1B's timeline with its per-task frames kept (the layer's chain task
+#                                        # by task); sweep r29 (8 consumer warps) on the 1B, Qwen3-0.6B and the 8B
 # Then `session9.sh final` (issue 10's decode-latency set on the 1B and 4096, the Qwen presets, the 1B's timeline)
 # and `session9.sh presets` (the larger Llamas, their timelines, every GPU test).
 . benchmarks/device_prelude.sh
@@ -12,6 +14,14 @@ first)
   gpu_tests
   gluon_check_params qwen2.5-0.5b bs64 '{}'
   ;;
-*) echo "session10.sh: unknown stage '${1:-}' (first)" >&2; exit 2 ;;
+chain)
+  waits llama-3.2-1b 50
+  for f in "$R"/timeline_*_frame.csv.gz; do [ -e "$f" ] && mv "$f" "${f%_frame.csv.gz}_frames.csv.gz"; done
+  sweep r29 llama-3.2-1b 128 70
+  sweep r29 qwen3-0.6b 128 70
+  sweep r29 llama-3.2-1b 4096 70
+  sweep r29 llama-3.1-8b 128 110
+  ;;
+*) echo "session10.sh: unknown stage '${1:-}' (first, chain)" >&2; exit 2 ;;
 esac
 finish
