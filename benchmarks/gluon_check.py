@@ -300,6 +300,10 @@ SWEEPS = {
     # down 3.7 per task with their tiles in the ring): 8 consumer warps (last measured in round 2, before mma)
     "r29": [("default", "gluon", {}), ("nw8", "gluon", {"num_warps": 8}), ("default-again", "gluon", {}),
             ("nw8-again", "gluon", {"num_warps": 8}), ("default-3", "gluon", {}), ("nw8-3", "gluon", {"num_warps": 8})],
+    # session 10: the matvec reads ring slot c + 1 into registers before slot c's products (mv_ahead=1), so the
+    # shared-memory reads are in flight during the FMAs instead of before each slot's release
+    "r30": [("default", "gluon", {}), ("ahead", "gluon", {"mv_ahead": 1}), ("default-again", "gluon", {}),
+            ("ahead-again", "gluon", {"mv_ahead": 1}), ("default-3", "gluon", {}), ("ahead-3", "gluon", {"mv_ahead": 1})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -6,6 +6,10 @@
 #                                        # change (Qwen2.5's 64-position attention blocks, 1858cb3)
 #   bash benchmarks/session10.sh chain   # the 1B's timeline with its per-task frames kept (the layer's chain task
 #                                        # by task); sweep r29 (8 consumer warps) on the 1B, Qwen3-0.6B and the 8B
+#   bash benchmarks/session10.sh ahead   # round 30 (mv_ahead=1: the matvec reads slot c + 1 before slot c's
+#                                        # products): checked on the 1B, Qwen3-0.6B and Qwen2.5-0.5B (argmax, logit
+#                                        # error, timeline with the frames kept), sweep r30 on the 1B (128, 4096),
+#                                        # Qwen3-0.6B, Qwen2.5-0.5B and the 8B
 # Then `session9.sh final` (issue 10's decode-latency set on the 1B and 4096, the Qwen presets, the 1B's timeline)
 # and `session9.sh presets` (the larger Llamas, their timelines, every GPU test).
 . benchmarks/device_prelude.sh
@@ -22,6 +26,21 @@ chain)
   sweep r29 llama-3.2-1b 4096 70
   sweep r29 llama-3.1-8b 128 110
   ;;
-*) echo "session10.sh: unknown stage '${1:-}' (first, chain)" >&2; exit 2 ;;
+ahead)
+  gluon_check_params llama-3.2-1b ahead '{"mv_ahead": 1}'
+  for f in "$R"/gluon_check_ahead_*_frame.csv.gz; do [ -e "$f" ] && mv "$f" "${f%_frame.csv.gz}_frames.csv.gz"; done
+  gluon_check_params qwen3-0.6b ahead '{"mv_ahead": 1}'
+  gluon_check_params qwen2.5-0.5b ahead '{"mv_ahead": 1}'
+  log "stories, tiny (fp32) ahead"
+  f="$R/gluon_check_ahead_fp32"
+  timeout 120 python3 benchmarks/gluon_check.py --sections stories,tiny --params '{"mv_ahead": 1}' --out "$f.json" > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
+  grep -E "^(stories|tiny)|rc=|Error" "$f.log" | cut -c1-600
+  sweep r30 llama-3.2-1b 128 70
+  sweep r30 qwen3-0.6b 128 70
+  sweep r30 qwen2.5-0.5b 128 70
+  sweep r30 llama-3.2-1b 4096 70
+  sweep r30 llama-3.1-8b 128 110
+  ;;
+*) echo "session10.sh: unknown stage '${1:-}' (first, chain, ahead)" >&2; exit 2 ;;
 esac
 finish

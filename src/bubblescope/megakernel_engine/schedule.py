@@ -181,6 +181,10 @@ class MegakernelParams:
             ``gluon_check.py --sweep r25``, interleaved rounds, stepwise ms): Llama-3.2-1B 0.896 / 0.894 / 0.896
             against 0.881 / 0.880 / 0.888 at context 128, 1.032 / 1.017 / 1.030 against 1.039 / 1.051 / 1.045 at
             4096; Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.1-8B even or worse at 128.
+        mv_ahead: Gluon kernel only: ring slots the consumer's matvec reads into registers ahead of their products:
+            0 (read a slot, release it, multiply: the release's proxy fence waits for the reads, so each slot pays
+            its shared-memory latency before its products) or 1 (slot c + 1 read right after slot c is released,
+            before slot c's products: the reads are in flight during the FMAs; one more tile of registers).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -226,6 +230,7 @@ class MegakernelParams:
     attn_gate: int | None = None
     mv_widen: str = "bits"
     attn_operands: str = "late"
+    mv_ahead: int = 0
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -291,6 +296,8 @@ class MegakernelParams:
         if self.attn_operands not in ("early", "late"):
             raise BubblescopeError(f"megakernel params: attn_operands must be early or late, "
                                    f"got {self.attn_operands!r}")
+        if self.mv_ahead not in (0, 1) or isinstance(self.mv_ahead, bool):
+            raise BubblescopeError(f"megakernel params: mv_ahead must be 0 or 1, got {self.mv_ahead!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

@@ -172,7 +172,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
-              ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr):
+              ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -286,7 +286,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS)
+            acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
             if TIMELINE:
                 t_mv = now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
@@ -297,7 +297,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc_g, acc_u, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS)
+            acc_g, acc_u, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
             if TIMELINE:
                 t_mv = now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
@@ -321,9 +321,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = now(i)
             if SPLIT == 2:
-                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_BITS)
+                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
             else:
-                acc, it = mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_BITS)
+                acc, it = mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
             if TIMELINE:
                 t_mv = now(i)
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
@@ -337,9 +337,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = now(i)
             if SPLIT == 2:
-                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_BITS)
+                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
             else:
-                acc, it = mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_BITS)
+                acc, it = mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
             if TIMELINE:
                 t_mv = now(i)
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
@@ -349,7 +349,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS)
+            acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
             if TIMELINE:
                 t_mv = now(i)
             lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
@@ -655,7 +655,7 @@ def megakernel(
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
-        MMA_EARLY: gl.constexpr):
+        MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -688,7 +688,7 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY)),
+                     MMA_EARLY, MV_AHEAD)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,

@@ -77,72 +77,106 @@ def _rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
     return gl.convert_layout(gl.sum(acc, axis=1), gl.SliceLayout(1, LW))
 
 
+# ---- the ring loop ------------------------------------------------------------------------------------------
+# Per ring slot: wait until it is full, read its tile into registers, release it (the proxy fence, then the arrive
+# that Triton 3.6 lowers to one thread between two CTA barriers of the consumer warps), multiply-accumulate.
+# The fence waits for the slot's shared-memory reads, so in that order every slot pays the read latency before its
+# products (the 1B's QKV tile: 8 slots in 1.86 µs with the tiles already in the ring, NOTES.md session 10).
+# AHEAD = 1 reads slot c + 1 into registers right after releasing slot c and before slot c's products, so the reads
+# are in flight during the FMAs and complete by the next release (two tiles of registers instead of one).
 @gluon.jit
-def mv_single(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False):
-    """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW) (see :func:`_rows`)."""
+def _slot(bufs, full, it, NS: gl.constexpr, R: gl.constexpr, KW: gl.constexpr, LA: gl.constexpr, WT: gl.constexpr,
+          TWO: gl.constexpr):
+    """Wait for ring slot ``it % NS`` and read its tile: rows [0, R) and [R, 2R) with TWO, else rows [0, R) and 0."""
+    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    slot = it % NS
+    mbarrier.wait(full.index(slot), (it // NS) & 1)
+    if TWO:
+        t = bufs.index(slot)._reinterpret(WT, [2 * R, KW], SL)
+        return t.slice(0, R, dim=0).load(LA), t.slice(R, R, dim=0).load(LA)
+    else:
+        return bufs.index(slot)._reinterpret(WT, [R, KW], SL).load(LA), 0
+
+
+@gluon.jit
+def _release(empty, it, NS: gl.constexpr):
+    fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
+    mbarrier.arrive(empty.index(it % NS))
+
+
+@gluon.jit
+def _products(acc_a, acc_b, wa, wb, xs, c, BK: gl.constexpr, LA: gl.constexpr, BITS: gl.constexpr,
+              TWO: gl.constexpr, XPAIR: gl.constexpr):
+    if XPAIR:  # the halves are columns of chunks 2c and 2c + 1 (split_k = 2)
+        acc_a = _wx(acc_a, wa, xs.index(2 * c), BK, LA, BITS)
+        acc_b = _wx(acc_b, wb, xs.index(2 * c + 1), BK, LA, BITS)
+    else:
+        acc_a = _wx(acc_a, wa, xs.index(c), BK, LA, BITS)
+        if TWO:
+            acc_b = _wx(acc_b, wb, xs.index(c), BK, LA, BITS)
+    return acc_a, acc_b
+
+
+@gluon.jit
+def _ring_mv(bufs, full, empty, xs, it, NSLOT: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
+             VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr, TWO: gl.constexpr,
+             XPAIR: gl.constexpr, AHEAD: gl.constexpr):
+    """The (R, KW) float32 product accumulators of NSLOT ring slots against the staged chunks (two, one per row
+    half, with TWO; the second is 0 without), and the ring position after them. Products accumulate in a register
+    tile and are reduced across lanes once per task: a cross-lane reduction per slot cost as much as the loads
+    (H200 round 1: 3.4 TB/s while streaming)."""
     KW: gl.constexpr = BK // 2 if BITS else BK
     LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     WT: gl.constexpr = gl.int32 if BITS else bufs.dtype
-    # Elementwise products accumulate in a (BR, KW) register tile and are reduced across lanes once per task:
-    # a cross-lane reduction per 8 KB slot cost as much as the loads (H200 round 1: 3.4 TB/s while streaming).
-    acc2 = gl.zeros([BR, KW], gl.float32, LA)
-    for c in range(NCH):
-        slot = it % NS
-        mbarrier.wait(full.index(slot), (it // NS) & 1)
-        w = bufs.index(slot)._reinterpret(WT, [BR, KW], SL).load(LA)
-        fence_async_shared()  # our generic-proxy reads before the next TMA (async proxy) write of the slot
-        mbarrier.arrive(empty.index(slot))
-        acc2 = _wx(acc2, w, xs.index(c), BK, LA, BITS)
+    acc_a = gl.zeros([R, KW], gl.float32, LA)
+    acc_b = 0
+    if TWO:
+        acc_b = gl.zeros([R, KW], gl.float32, LA)
+    if AHEAD:
+        wa, wb = _slot(bufs, full, it, NS, R, KW, LA, WT, TWO)
+        for c in range(NSLOT - 1):
+            _release(empty, it, NS)
+            na, nb = _slot(bufs, full, it + 1, NS, R, KW, LA, WT, TWO)
+            acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, c, BK, LA, BITS, TWO, XPAIR)
+            wa = na
+            wb = nb
+            it += 1
+        _release(empty, it, NS)
+        acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, NSLOT - 1, BK, LA, BITS, TWO, XPAIR)
         it += 1
-    return _rows(acc2, VEC, TK, NW), it
+    else:
+        for c in range(NSLOT):
+            wa, wb = _slot(bufs, full, it, NS, R, KW, LA, WT, TWO)
+            _release(empty, it, NS)
+            acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, c, BK, LA, BITS, TWO, XPAIR)
+            it += 1
+    return acc_a, acc_b, it
+
+
+@gluon.jit
+def mv_single(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False,
+               AHEAD: gl.constexpr = False):
+    """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW) (see :func:`_rows`)."""
+    acc, _, it = _ring_mv(bufs, full, empty, xs, it, NCH, NS, BR, BK, VEC, TK, NW, BITS, False, False, AHEAD)
+    return _rows(acc, VEC, TK, NW), it
 
 
 @gluon.jit
 def mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False):
+             BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False,
+             AHEAD: gl.constexpr = False):
     """Like :func:`mv_single` for a tile of two row blocks (rows [0, HB) and [HB, 2HB)): returns both."""
-    KW: gl.constexpr = BK // 2 if BITS else BK
-    LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    WT: gl.constexpr = gl.int32 if BITS else bufs.dtype
-    acc_a = gl.zeros([HB, KW], gl.float32, LA)
-    acc_b = gl.zeros([HB, KW], gl.float32, LA)
-    for c in range(NCH):
-        slot = it % NS
-        mbarrier.wait(full.index(slot), (it // NS) & 1)
-        t = bufs.index(slot)._reinterpret(WT, [2 * HB, KW], SL)
-        wa = t.slice(0, HB, dim=0).load(LA)
-        wb = t.slice(HB, HB, dim=0).load(LA)
-        fence_async_shared()
-        mbarrier.arrive(empty.index(slot))
-        acc_a = _wx(acc_a, wa, xs.index(c), BK, LA, BITS)
-        acc_b = _wx(acc_b, wb, xs.index(c), BK, LA, BITS)
-        it += 1
+    acc_a, acc_b, it = _ring_mv(bufs, full, empty, xs, it, NCH, NS, HB, BK, VEC, TK, NW, BITS, True, False, AHEAD)
     return _rows(acc_a, VEC, TK, NW), _rows(acc_b, VEC, TK, NW), it
 
 
 @gluon.jit
 def mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
-               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False):
+               BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False,
+               AHEAD: gl.constexpr = False):
     """acc[r] = Σ_k W[r, k]·xs[k] for HB rows whose slots hold two boxes: rows [0, HB) = columns of chunk 2c,
     rows [HB, 2HB) = the same rows, columns of chunk 2c + 1 (split_k = 2; cdiv(NCH, 2) slots)."""
-    KW: gl.constexpr = BK // 2 if BITS else BK
-    LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    WT: gl.constexpr = gl.int32 if BITS else bufs.dtype
-    acc_a = gl.zeros([HB, KW], gl.float32, LA)
-    acc_b = gl.zeros([HB, KW], gl.float32, LA)
-    for c in range((NCH + 1) // 2):
-        slot = it % NS
-        mbarrier.wait(full.index(slot), (it // NS) & 1)
-        t = bufs.index(slot)._reinterpret(WT, [2 * HB, KW], SL)
-        wa = t.slice(0, HB, dim=0).load(LA)
-        wb = t.slice(HB, HB, dim=0).load(LA)
-        fence_async_shared()
-        mbarrier.arrive(empty.index(slot))
-        acc_a = _wx(acc_a, wa, xs.index(2 * c), BK, LA, BITS)
-        acc_b = _wx(acc_b, wb, xs.index(2 * c + 1), BK, LA, BITS)
-        it += 1
+    acc_a, acc_b, it = _ring_mv(bufs, full, empty, xs, it, (NCH + 1) // 2, NS, HB, BK, VEC, TK, NW, BITS, True, True,
+                                AHEAD)
     return _rows(acc_a + acc_b, VEC, TK, NW), it
