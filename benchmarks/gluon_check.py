@@ -304,6 +304,12 @@ SWEEPS = {
     # shared-memory reads are in flight during the FMAs instead of before each slot's release
     "r30": [("default", "gluon", {}), ("ahead", "gluon", {"mv_ahead": 1}), ("default-again", "gluon", {}),
             ("ahead-again", "gluon", {"mv_ahead": 1}), ("default-3", "gluon", {}), ("ahead-3", "gluon", {"mv_ahead": 1})],
+    # session 10: two boxes per ring slot (32 KB slots, half as many), so the consumer's per-slot release (a proxy
+    # fence and two barriers of its warps) is paid once per two boxes; with and without mv_ahead
+    "r31": [("default", "gluon", {}), ("ahead", "gluon", {"mv_ahead": 1}), ("sb2", "gluon", {"slot_boxes": 2}),
+            ("sb2-ahead", "gluon", {"slot_boxes": 2, "mv_ahead": 1}), ("default-again", "gluon", {}),
+            ("ahead-again", "gluon", {"mv_ahead": 1}), ("sb2-again", "gluon", {"slot_boxes": 2}),
+            ("sb2-ahead-again", "gluon", {"slot_boxes": 2, "mv_ahead": 1})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -10,6 +10,9 @@
 #                                        # products): checked on the 1B, Qwen3-0.6B and Qwen2.5-0.5B (argmax, logit
 #                                        # error, timeline with the frames kept), sweep r30 on the 1B (128, 4096),
 #                                        # Qwen3-0.6B, Qwen2.5-0.5B and the 8B
+#   bash benchmarks/session10.sh boxes   # round 31 (slot_boxes=2: 32 KB ring slots, one release per two boxes;
+#                                        # with mv_ahead): checked on the 1B (with its timeline frames), Qwen3-0.6B,
+#                                        # Qwen2.5-0.5B (a zero-filled box) and stories / tiny fp32; sweep r31
 # Then `session9.sh final` (issue 10's decode-latency set on the 1B and 4096, the Qwen presets, the 1B's timeline)
 # and `session9.sh presets` (the larger Llamas, their timelines, every GPU test).
 . benchmarks/device_prelude.sh
@@ -41,6 +44,26 @@ ahead)
   sweep r30 llama-3.2-1b 4096 70
   sweep r30 llama-3.1-8b 128 110
   ;;
-*) echo "session10.sh: unknown stage '${1:-}' (first, chain, ahead)" >&2; exit 2 ;;
+boxes)
+  B='{"slot_boxes": 2, "mv_ahead": 1}'
+  gluon_check_params llama-3.2-1b boxes "$B"
+  for f in "$R"/gluon_check_boxes_*_frame.csv.gz; do [ -e "$f" ] && mv "$f" "${f%_frame.csv.gz}_frames.csv.gz"; done
+  for m in qwen3-0.6b qwen2.5-0.5b; do
+    log "check boxes $m"
+    f="$R/gluon_check_boxes_$m"
+    timeout 100 python3 benchmarks/gluon_check.py --model $m --out "$f.json" --sections llama --steps 256 --params "$B" > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
+    grep -E "^llama|rc=|Error" "$f.log" | cut -c1-330
+  done
+  log "stories, tiny (fp32) boxes"
+  f="$R/gluon_check_boxes_fp32"
+  timeout 120 python3 benchmarks/gluon_check.py --sections stories,tiny --params "$B" --out "$f.json" > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
+  grep -E "^(stories|tiny)|rc=|Error" "$f.log" | cut -c1-400
+  sweep r31 llama-3.2-1b 128 70
+  sweep r31 qwen3-0.6b 128 70
+  sweep r31 qwen2.5-0.5b 128 70
+  sweep r31 llama-3.2-1b 4096 80
+  sweep r31 llama-3.1-8b 128 120
+  ;;
+*) echo "session10.sh: unknown stage '${1:-}' (first, chain, ahead, boxes)" >&2; exit 2 ;;
 esac
 finish

@@ -115,6 +115,7 @@ def test_gluon_switches_are_checked():
                     ({"attn_operands": "soon"}, "attn_operands must be early or late"),
                     ({"mv_ahead": 2}, "mv_ahead must be 0 or 1"),
                     ({"mv_ahead": True}, "mv_ahead must be 0 or 1"),
+                    ({"slot_boxes": 4}, "slot_boxes must be 1 or 2"),
                     ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
                     ({"block_s": 48}, "block_s must be a power of two")):
         with pytest.raises(BubblescopeError, match=msg):
@@ -186,7 +187,9 @@ for model, dtype, params in (
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_operands="early")),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams()),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(mv_ahead=1, timeline=True)),
-        ("stories260k", torch.float32, MegakernelParams(mv_ahead=1)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(slot_boxes=2, prefetch="off", timeline=True)),
+        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(slot_boxes=2, mv_ahead=1)),
+        ("stories260k", torch.float32, MegakernelParams(mv_ahead=1, slot_boxes=2)),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -202,7 +205,8 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     q/k-norm; the CUDA-core attention layouts: warp-local with the timeline, blocks
     with 7 query heads per kv head and with q/k-norm); Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
-    staged vector, fp32; the matvec reading a slot ahead (mv_ahead=1) in bf16 with the timeline and in fp32)
+    staged vector, fp32; the matvec reading a box ahead (mv_ahead=1) in bf16 with the timeline and, with two boxes
+    per ring slot, in fp32; two boxes per slot with noprefetch + timeline, and on Qwen2.5 (a zero-filled box))
     through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
@@ -306,7 +310,8 @@ def test_gluon_tile_choice_per_model_is_recorded():
         params = gluon_params(cfg, MegakernelParams())
         t = gluon_tiling(cfg, MegakernelParams(), 132)
         out[name] = gluon_choice(t, gluon_constexprs(cfg, t, params, 2048, torch.bfloat16, cfg.attention_bias))
-    assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16, "block_s": 32,
+    assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "slot_boxes": 1, "split_k": 2, "rows_od": 16,
+                                 "block_s": 32,
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 0}

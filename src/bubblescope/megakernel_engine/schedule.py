@@ -181,10 +181,15 @@ class MegakernelParams:
             ``gluon_check.py --sweep r25``, interleaved rounds, stepwise ms): Llama-3.2-1B 0.896 / 0.894 / 0.896
             against 0.881 / 0.880 / 0.888 at context 128, 1.032 / 1.017 / 1.030 against 1.039 / 1.051 / 1.045 at
             4096; Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.1-8B even or worse at 128.
-        mv_ahead: Gluon kernel only: ring slots the consumer's matvec reads into registers ahead of their products:
+        mv_ahead: Gluon kernel only: weight boxes the consumer's matvec reads into registers ahead of their products:
             0 (read a slot, release it, multiply: the release's proxy fence waits for the reads, so each slot pays
-            its shared-memory latency before its products) or 1 (slot c + 1 read right after slot c is released,
-            before slot c's products: the reads are in flight during the FMAs; one more tile of registers).
+            its shared-memory latency before its products) or 1 (box b + 1 read before box b's products, after
+            box b's slot is released when b is its last box: the reads are in flight during the FMAs; one more box
+            of registers).
+        slot_boxes: Gluon kernel only: TMA boxes per weight-ring slot, 1 or 2. With 2 a slot holds two consecutive
+            column chunks of a task (32 KB of bf16) and the ring has half as many slots (the same bytes in flight),
+            so the consumer's release of a slot (a proxy fence and two barriers of its warps, Triton 3.6) is paid
+            once per two boxes.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -231,6 +236,7 @@ class MegakernelParams:
     mv_widen: str = "bits"
     attn_operands: str = "late"
     mv_ahead: int = 0
+    slot_boxes: int = 1
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -298,6 +304,8 @@ class MegakernelParams:
                                    f"got {self.attn_operands!r}")
         if self.mv_ahead not in (0, 1) or isinstance(self.mv_ahead, bool):
             raise BubblescopeError(f"megakernel params: mv_ahead must be 0 or 1, got {self.mv_ahead!r}")
+        if self.slot_boxes not in (1, 2) or isinstance(self.slot_boxes, bool):
+            raise BubblescopeError(f"megakernel params: slot_boxes must be 1 or 2, got {self.slot_boxes!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

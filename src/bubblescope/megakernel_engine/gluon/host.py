@@ -204,8 +204,10 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     bk = min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
     vec = min(16 // esize, bk)
     nch = {k: -(-n // bk) for k, n in (("H", cfg.hidden_size), ("Q", cfg.q_size), ("I", cfg.intermediate_size))}
-    # split_k = 2 reads chunks in pairs (2c, 2c + 1): an odd count needs one more staged (zero) chunk
-    kch = {k: next_pow2(v + (v % 2 if k != "H" and params.split_k == 2 else 0)) for k, v in nch.items()}
+    # a ring slot holds slot_boxes boxes, each a chunk (a pair of chunks 2c, 2c + 1 with split_k = 2): the boxes
+    # of a task's last slot past K meet staged zero chunks
+    sb = params.slot_boxes
+    kch = {k: next_pow2(-(-v // (m := sb * (params.split_k if k != "H" else 1))) * m) for k, v in nch.items()}
     d = cfg.head_dim
     vd = min(d, 16 // esize)
     why = mma_unsupported(cfg, esize, params.block_s, params.num_warps) if params.attn_layout == "mma" else None
@@ -215,7 +217,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
         NSPLIT=t.kv_splits, MIN_CHUNK=t.attn_min_chunk, NF=NFIELDS, BR=br, BK=bk,
-        NS=fit_ring(int(ring or params_ring(params)), br * bk * esize, max(kch.values()) * bk * esize), NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
+        NS=fit_ring(max(1, int(ring or params_ring(params)) // sb), sb * br * bk * esize, max(kch.values()) * bk * esize),
+        SB=sb, NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
         KCH_Q=kch["Q"], KCH_I=kch["I"], KCH=max(kch.values()), VEC=vec, TK=min(32, bk // vec),
         BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
         HAS_BIAS=has_bias, QK_NORM=bool(t.qk_norm_attn), PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
@@ -231,7 +234,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
     """The Gluon tiling chosen for a model, for ``compile_info()["gluon"]`` and results.json: ``BR`` (rows per
-    QKV / gate-up / LM-head tile), ``BK`` (columns per box), ``ring`` (weight-ring slots), ``split_k`` (column
+    QKV / gate-up / LM-head tile), ``BK`` (columns per box), ``ring`` (weight-ring slots), ``slot_boxes`` (boxes per
+    slot), ``split_k`` (column
     boxes per O-proj / down slot), ``rows_od`` (rows per O-proj / down task), ``block_s`` (positions per
     attention block), ``min_chunk`` (fewest positions per split), ``splits`` (position splits per kv head),
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks``, ``warps`` or
@@ -239,9 +243,10 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     producer issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
     attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened),
     ``attn_operands`` (``early`` or ``late``: where the tensor-core attention's operands are converted; ``late``
-    for the other layouts), ``mv_ahead`` (0 or 1: ring slots the matvec reads into registers ahead of its products);
+    for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers ahead of its products);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
-    return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "split_k": cx["SPLIT"], "rows_od": t.rows_o,
+    return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
+            "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
             "qk_norm_in_attn": bool(cx["QK_NORM"]),
             "attn_layout": "mma" if cx["ATTN_MMA"] else "warps" if cx["ATTN_WARPS"] else "blocks",
@@ -345,7 +350,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
                         options={"num_warps": params.num_warps, "launch_cooperative_grid": True})
     usage = ptxas_usage(ck.asm["ptx"], 90)
     return {**usage, "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
-            "ring_bytes": cx["NS"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
+            "ring_bytes": cx["NS"] * cx["SB"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
             "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
             "tiling": vars(t), "gluon": gluon_choice(t, cx), "smem_limit": SMEM_PER_BLOCK_SM90,
             "grid_hint": math.ceil(grid)}

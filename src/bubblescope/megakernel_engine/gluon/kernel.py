@@ -172,7 +172,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               wdown_ptr, head_ptr,
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
-              ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr):
+              ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -228,8 +228,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 if WAIT_PF > 0:
                     if ((WAIT_PF_OPS >> op) & 1) != 0:
                         _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, NF, H, Q, KV,
-                                            I, IP, BR, BK, NS, NCH_H, NCH_Q, NCH_I, SPLIT, WAIT_PF, PF_LANES_C, NW,
-                                            WAIT_PF_LINE)
+                                            I, IP, BR, BK * SB, NS, (NCH_H + SB - 1) // SB, (NCH_Q + SB - 1) // SB,
+                                            (NCH_I + SB - 1) // SB, SPLIT, WAIT_PF, PF_LANES_C, NW, WAIT_PF_LINE)
                 seen = spin(counters_ptr + wait_cnt, target, spin_cap)
                 gl.thread_barrier()
                 known_cnt = wait_cnt
@@ -286,7 +286,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
+            acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
@@ -297,7 +297,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc_g, acc_u, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
+            acc_g, acc_u, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
@@ -321,9 +321,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = now(i)
             if SPLIT == 2:
-                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
+                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             else:
-                acc, it = mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
+                acc, it = mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
@@ -337,9 +337,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if TIMELINE:
                 t_staged = now(i)
             if SPLIT == 2:
-                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
+                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             else:
-                acc, it = mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
+                acc, it = mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
@@ -349,7 +349,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD)
+            acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
@@ -406,7 +406,8 @@ def _load_od(desc, r0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, SPL
 
 @gluon.jit
 def _task_tiles(op, NCH_H: gl.constexpr, NCH_Q: gl.constexpr, NCH_I: gl.constexpr, SPLIT: gl.constexpr):
-    """Ring tiles of a task: 0 for attention (no weights), else its column chunks (paired under SPLIT = 2)."""
+    """Ring slots of a task: 0 for attention (no weights), else its column chunks (paired under SPLIT = 2); the
+    producer passes chunk counts already divided by the boxes per slot (SB)."""
     nch = NCH_H
     if op == OP_ATTN:
         nch = 0
@@ -433,7 +434,7 @@ def _cursor_next(prow, pi, pc, n, NF: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: 
 def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
                       KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
                       SPLIT: gl.constexpr, LANES: gl.constexpr, WARPS: gl.constexpr, LINE: gl.constexpr = False):
-    """L2 prefetch of one ring tile. ``LINE`` False: ``cp.async.bulk.prefetch.L2`` per row (PTX ISA 8.0, sm_90:
+    """L2 prefetch of one ring slot (``BK``: its columns per row, SB boxes' worth). ``LINE`` False: ``cp.async.bulk.prefetch.L2`` per row (PTX ISA 8.0, sm_90:
     16-byte aligned address and size), ``LANES`` (a power of two >= BR) row slots over the calling partition's
     ``WARPS`` warps, columns past K clipped, slots past the tile's rows predicated off; it goes through the SM's
     TMA unit. ``LINE`` True: ``prefetch.global.L2`` per 128-byte line from the load/store units (one line per
@@ -536,8 +537,12 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
               PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
-              NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr):
-    TILE_BYTES: gl.constexpr = BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8
+              NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr):
+    TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
+    # slots per task of each K (a slot holds SB boxes of consecutive column chunks, or pairs of them with SPLIT)
+    SNH: gl.constexpr = (NCH_H + SB - 1) // SB
+    SNQ: gl.constexpr = (NCH_Q + SB - 1) // SB
+    SNI: gl.constexpr = (NCH_I + SB - 1) // SB
     NROWS: gl.constexpr = Q + 2 * KV
     GATED: gl.constexpr = (SIG_GATE >= 0) | (ATTN_GATE >= 0)
     pid = gl.program_id(0)
@@ -562,9 +567,9 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
     since = 0  # tiles issued since
     lim = pos * 0 + SIG_GATE  # the allowance of the pending task (a runtime value: loop-carried)
     if L2_AHEAD > 0:
-        prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
+        prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, SNH, SNQ, SNI, SPLIT)
         for _ in range(L2_AHEAD):
-            prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
+            prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, SNH, SNQ, SNI, SPLIT)
     for i in range(n):
         op = gl.load(row + F_OP)
         if op != OP_ATTN:
@@ -576,17 +581,17 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                     target = epoch * gl.load(row + F_INC) + gl.load(row + F_NEED)
                     if spin(counters_ptr + wait_cnt, target, spin_cap) < target:
                         bad = 1  # the consumer records it; just stop waiting
-            nch = NCH_H
+            nch = SNH
             r0 = a1
             if op == OP_QKV:
                 r0 = layer * NROWS + 2 * a1
             elif op == OP_OPROJ:
-                nch = (NCH_Q + SPLIT - 1) // SPLIT
+                nch = (SNQ + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
             elif op == OP_GATEUP:
                 r0 = layer * (2 * IP) + 2 * a1
             elif op == OP_DOWN:
-                nch = (NCH_I + SPLIT - 1) // SPLIT
+                nch = (SNI + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
             for c in range(nch):
                 if GATED:
@@ -599,21 +604,24 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                     if c == 0:
                         gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 3, now(c))
                 mbarrier.expect(full.index(slot), TILE_BYTES)
-                if op == OP_QKV:
-                    tma.async_copy_global_to_shared(wqkv_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
-                elif op == OP_OPROJ:
-                    _load_od(wo_desc, r0, c, full.index(slot), bufs.index(slot), BR, BK, SPLIT)
-                elif op == OP_GATEUP:
-                    tma.async_copy_global_to_shared(wgu_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
-                elif op == OP_DOWN:
-                    _load_od(wdown_desc, r0, c, full.index(slot), bufs.index(slot), BR, BK, SPLIT)
-                else:
-                    tma.async_copy_global_to_shared(head_desc, [r0, c * BK], full.index(slot), bufs.index(slot))
+                for j in gl.static_range(SB):  # box j of the slot: chunk SB·c + j (a pair of chunks with SPLIT)
+                    b = SB * c + j
+                    box = bufs.index(slot * SB + j)
+                    if op == OP_QKV:
+                        tma.async_copy_global_to_shared(wqkv_desc, [r0, b * BK], full.index(slot), box)
+                    elif op == OP_OPROJ:
+                        _load_od(wo_desc, r0, b, full.index(slot), box, BR, BK, SPLIT)
+                    elif op == OP_GATEUP:
+                        tma.async_copy_global_to_shared(wgu_desc, [r0, b * BK], full.index(slot), box)
+                    elif op == OP_DOWN:
+                        _load_od(wdown_desc, r0, b, full.index(slot), box, BR, BK, SPLIT)
+                    else:
+                        tma.async_copy_global_to_shared(head_desc, [r0, b * BK], full.index(slot), box)
                 if L2_AHEAD > 0:
                     if pi < n:
                         _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
-                                          BR, BK, SPLIT, PF_LANES_P, 1)
-                        prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, NCH_H, NCH_Q, NCH_I, SPLIT)
+                                          BR, BK * SB, SPLIT, PF_LANES_P, 1)
+                        prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, SNH, SNQ, SNI, SPLIT)
                 it += 1
                 since += 1
             if TIMELINE:
@@ -655,17 +663,18 @@ def megakernel(
         WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
-        MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr):
+        MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
     the q_norm and k_norm weights, ``knew_ptr`` (NKV, D) the raw new k; see ``attention.attention``).
 
-    Shared memory: the ring ``bufs`` (NS, BR, BK) of weight tiles with its ``full``/``empty`` mbarriers, and
+    Shared memory: the ring ``bufs`` (NS·SB, BR, BK) of weight tiles (NS slots of SB boxes) with its
+    ``full``/``empty`` mbarriers (one pair per slot), and
     ``xs`` (KCH, BK) for the staged input vector. Grid: one CTA per SM (all resident: the schedule's waits
     need it; the launch is cooperative).
     """
-    bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS, BR, BK], wqkv_desc.layout)
+    bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS * SB, BR, BK], wqkv_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -688,9 +697,10 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD)),
+                     MMA_EARLY, MV_AHEAD, SB)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                     head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK)),
+                     head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
+                     SB)),
     ], [1], [PRODUCER_REGS])

@@ -78,24 +78,30 @@ def _rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
 
 
 # ---- the ring loop ------------------------------------------------------------------------------------------
-# Per ring slot: wait until it is full, read its tile into registers, release it (the proxy fence, then the arrive
-# that Triton 3.6 lowers to one thread between two CTA barriers of the consumer warps), multiply-accumulate.
-# The fence waits for the slot's shared-memory reads, so in that order every slot pays the read latency before its
-# products (the 1B's QKV tile: 8 slots in 1.86 µs with the tiles already in the ring, NOTES.md session 10).
-# AHEAD = 1 reads slot c + 1 into registers right after releasing slot c and before slot c's products, so the reads
-# are in flight during the FMAs and complete by the next release (two tiles of registers instead of one).
+# A ring slot holds SB boxes (consecutive column chunks of the task's rows). Per slot: wait until it is full, read
+# its boxes into registers (each box's products right after its read), release it (the proxy fence, then the arrive that Triton 3.6 lowers to one thread between
+# two CTA barriers of the consumer warps), multiply-accumulate; box b of the task meets staged chunk b (chunks 2b and
+# 2b + 1 with split_k = 2). The fence waits for the slot's shared-memory reads, so in that order every slot pays the
+# read latency before its products (the 1B's QKV tile: 8 slots in 1.86 µs with the tiles already in the ring, NOTES.md
+# session 10), and SB = 2 pays the release once per two boxes.
+# AHEAD = 1 reads box b + 1 into registers before box b's products (after releasing box b's slot when b is its last
+# box), so the reads are in flight during the FMAs and complete by the next release (two boxes of registers).
 @gluon.jit
-def _slot(bufs, full, it, NS: gl.constexpr, R: gl.constexpr, KW: gl.constexpr, LA: gl.constexpr, WT: gl.constexpr,
-          TWO: gl.constexpr):
-    """Wait for ring slot ``it % NS`` and read its tile: rows [0, R) and [R, 2R) with TWO, else rows [0, R) and 0."""
+def _box(bufs, it, j: gl.constexpr, NS: gl.constexpr, SB: gl.constexpr, R: gl.constexpr, KW: gl.constexpr,
+         LA: gl.constexpr, WT: gl.constexpr, TWO: gl.constexpr):
+    """Box ``j`` of ring slot ``it % NS`` in registers: rows [0, R) and [R, 2R) with TWO, else rows [0, R) and 0."""
     SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    slot = it % NS
-    mbarrier.wait(full.index(slot), (it // NS) & 1)
+    box = bufs.index((it % NS) * SB + j)
     if TWO:
-        t = bufs.index(slot)._reinterpret(WT, [2 * R, KW], SL)
+        t = box._reinterpret(WT, [2 * R, KW], SL)
         return t.slice(0, R, dim=0).load(LA), t.slice(R, R, dim=0).load(LA)
     else:
-        return bufs.index(slot)._reinterpret(WT, [R, KW], SL).load(LA), 0
+        return box._reinterpret(WT, [R, KW], SL).load(LA), 0
+
+
+@gluon.jit
+def _wait_full(full, it, NS: gl.constexpr):
+    mbarrier.wait(full.index(it % NS), (it // NS) & 1)
 
 
 @gluon.jit
@@ -117,66 +123,87 @@ def _products(acc_a, acc_b, wa, wb, xs, c, BK: gl.constexpr, LA: gl.constexpr, B
     return acc_a, acc_b
 
 
+# The boxes of a slot are unrolled (static j): a runtime first / last-box test would put a barrier of the consumer
+# warps around each test (PTX of session 10), more than the release that SB = 2 saves.
 @gluon.jit
-def _ring_mv(bufs, full, empty, xs, it, NSLOT: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
+def _ring_mv(bufs, full, empty, xs, it, NBOX: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
              VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr, TWO: gl.constexpr,
-             XPAIR: gl.constexpr, AHEAD: gl.constexpr):
-    """The (R, KW) float32 product accumulators of NSLOT ring slots against the staged chunks (two, one per row
-    half, with TWO; the second is 0 without), and the ring position after them. Products accumulate in a register
-    tile and are reduced across lanes once per task: a cross-lane reduction per slot cost as much as the loads
-    (H200 round 1: 3.4 TB/s while streaming)."""
+             XPAIR: gl.constexpr, AHEAD: gl.constexpr, SB: gl.constexpr):
+    """The (R, KW) float32 product accumulators of a task's NBOX boxes (cdiv(NBOX, SB) ring slots; boxes past the
+    last are TMA's zeros) against the staged chunks (two, one per row half, with TWO; the second is 0 without), and
+    the ring position after them. Products accumulate in a register tile and are reduced across lanes once per task:
+    a cross-lane reduction per slot cost as much as the loads (H200 round 1: 3.4 TB/s while streaming)."""
     KW: gl.constexpr = BK // 2 if BITS else BK
     LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
     WT: gl.constexpr = gl.int32 if BITS else bufs.dtype
+    NSLOT: gl.constexpr = (NBOX + SB - 1) // SB
     acc_a = gl.zeros([R, KW], gl.float32, LA)
     acc_b = 0
     if TWO:
         acc_b = gl.zeros([R, KW], gl.float32, LA)
     if AHEAD:
-        wa, wb = _slot(bufs, full, it, NS, R, KW, LA, WT, TWO)
+        _wait_full(full, it, NS)
+        wa, wb = _box(bufs, it, 0, NS, SB, R, KW, LA, WT, TWO)
         for c in range(NSLOT - 1):
-            _release(empty, it, NS)
-            na, nb = _slot(bufs, full, it + 1, NS, R, KW, LA, WT, TWO)
-            acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, c, BK, LA, BITS, TWO, XPAIR)
-            wa = na
-            wb = nb
-            it += 1
-        _release(empty, it, NS)
-        acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, NSLOT - 1, BK, LA, BITS, TWO, XPAIR)
-        it += 1
+            for j in gl.static_range(SB):
+                if j == SB - 1:  # every box of this slot is in registers: release it, read the next one's first
+                    _release(empty, it, NS)
+                    it += 1
+                    _wait_full(full, it, NS)
+                    na, nb = _box(bufs, it, 0, NS, SB, R, KW, LA, WT, TWO)
+                else:
+                    na, nb = _box(bufs, it, j + 1, NS, SB, R, KW, LA, WT, TWO)
+                acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, c * SB + j, BK, LA, BITS, TWO, XPAIR)
+                wa = na
+                wb = nb
+        for j in gl.static_range(SB):  # the last slot
+            if j == SB - 1:
+                _release(empty, it, NS)
+                it += 1
+                acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, (NSLOT - 1) * SB + j, BK, LA, BITS, TWO, XPAIR)
+            else:
+                na, nb = _box(bufs, it, j + 1, NS, SB, R, KW, LA, WT, TWO)
+                acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, (NSLOT - 1) * SB + j, BK, LA, BITS, TWO, XPAIR)
+                wa = na
+                wb = nb
     else:
         for c in range(NSLOT):
-            wa, wb = _slot(bufs, full, it, NS, R, KW, LA, WT, TWO)
-            _release(empty, it, NS)
-            acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, c, BK, LA, BITS, TWO, XPAIR)
-            it += 1
+            _wait_full(full, it, NS)
+            for j in gl.static_range(SB):
+                wa, wb = _box(bufs, it, j, NS, SB, R, KW, LA, WT, TWO)
+                if j == SB - 1:
+                    _release(empty, it, NS)
+                    it += 1
+                acc_a, acc_b = _products(acc_a, acc_b, wa, wb, xs, c * SB + j, BK, LA, BITS, TWO, XPAIR)
     return acc_a, acc_b, it
 
 
 @gluon.jit
 def mv_single(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
                BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False,
-               AHEAD: gl.constexpr = False):
-    """acc[r] = Σ_k W[r, k]·xs[k] over NCH ring slots; float32 (BR,) in SliceLayout(1, LW) (see :func:`_rows`)."""
-    acc, _, it = _ring_mv(bufs, full, empty, xs, it, NCH, NS, BR, BK, VEC, TK, NW, BITS, False, False, AHEAD)
+               AHEAD: gl.constexpr = False, SB: gl.constexpr = 1):
+    """acc[r] = Σ_k W[r, k]·xs[k] over NCH column chunks (boxes) of the ring; float32 (BR,) in SliceLayout(1, LW) (see
+    :func:`_rows`)."""
+    acc, _, it = _ring_mv(bufs, full, empty, xs, it, NCH, NS, BR, BK, VEC, TK, NW, BITS, False, False, AHEAD, SB)
     return _rows(acc, VEC, TK, NW), it
 
 
 @gluon.jit
 def mv_pair(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
              BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False,
-             AHEAD: gl.constexpr = False):
+             AHEAD: gl.constexpr = False, SB: gl.constexpr = 1):
     """Like :func:`mv_single` for a tile of two row blocks (rows [0, HB) and [HB, 2HB)): returns both."""
-    acc_a, acc_b, it = _ring_mv(bufs, full, empty, xs, it, NCH, NS, HB, BK, VEC, TK, NW, BITS, True, False, AHEAD)
+    acc_a, acc_b, it = _ring_mv(bufs, full, empty, xs, it, NCH, NS, HB, BK, VEC, TK, NW, BITS, True, False, AHEAD,
+                                SB)
     return _rows(acc_a, VEC, TK, NW), _rows(acc_b, VEC, TK, NW), it
 
 
 @gluon.jit
 def mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB: gl.constexpr,
                BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr = False,
-               AHEAD: gl.constexpr = False):
-    """acc[r] = Σ_k W[r, k]·xs[k] for HB rows whose slots hold two boxes: rows [0, HB) = columns of chunk 2c,
-    rows [HB, 2HB) = the same rows, columns of chunk 2c + 1 (split_k = 2; cdiv(NCH, 2) slots)."""
+               AHEAD: gl.constexpr = False, SB: gl.constexpr = 1):
+    """acc[r] = Σ_k W[r, k]·xs[k] for HB rows whose boxes hold two column chunks: rows [0, HB) = columns of chunk 2c,
+    rows [HB, 2HB) = the same rows, columns of chunk 2c + 1 (split_k = 2; cdiv(NCH, 2) boxes)."""
     acc_a, acc_b, it = _ring_mv(bufs, full, empty, xs, it, (NCH + 1) // 2, NS, HB, BK, VEC, TK, NW, BITS, True, True,
-                                AHEAD)
+                                AHEAD, SB)
     return _rows(acc_a + acc_b, VEC, TK, NW), it
