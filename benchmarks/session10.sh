@@ -13,6 +13,8 @@
 #   bash benchmarks/session10.sh boxes   # round 31 (slot_boxes=2: 32 KB ring slots, one release per two boxes;
 #                                        # with mv_ahead): checked on the 1B (with its timeline frames), Qwen3-0.6B,
 #                                        # Qwen2.5-0.5B (a zero-filled box) and stories / tiny fp32; sweep r31
+#   bash benchmarks/session10.sh final   # with mv_ahead=1 the default: every GPU test, issue 10's decode-latency
+#                                        # set on the 1B (and 4096)
 # Then `session9.sh final` (issue 10's decode-latency set on the 1B and 4096, the Qwen presets, the 1B's timeline)
 # and `session9.sh presets` (the larger Llamas, their timelines, every GPU test).
 . benchmarks/device_prelude.sh
@@ -64,6 +66,10 @@ boxes)
   sweep r31 llama-3.2-1b 4096 80
   sweep r31 llama-3.1-8b 128 120
   ;;
-*) echo "session10.sh: unknown stage '${1:-}' (first, chain, ahead, boxes)" >&2; exit 2 ;;
+final)
+  gpu_tests
+  issue_sets 1b
+  ;;
+*) echo "session10.sh: unknown stage '${1:-}' (first, chain, ahead, boxes, final)" >&2; exit 2 ;;
 esac
 finish

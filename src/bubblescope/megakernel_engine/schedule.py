@@ -185,11 +185,18 @@ class MegakernelParams:
             0 (read a slot, release it, multiply: the release's proxy fence waits for the reads, so each slot pays
             its shared-memory latency before its products) or 1 (box b + 1 read before box b's products, after
             box b's slot is released when b is its last box: the reads are in flight during the FMAs; one more box
-            of registers).
+            of registers; the default). Measured on the H200 (session 10, ``gluon_check.py --sweep r30`` and
+            ``r31``, interleaved rounds, stepwise ms): Qwen3-0.6B 0.779 / 0.784 / 0.782 against 0.797 / 0.797 /
+            0.800 (r31: 0.895 / 0.897 against 0.909 / 0.914), Qwen2.5-0.5B 0.756 / 0.766 / 0.761 against 0.779 /
+            0.798 / 0.779, Llama-3.1-8B 3.919 / 3.926 / 3.921 against 3.929 / 3.946 / 3.949, Llama-3.2-1B even
+            (0.857 / 0.857 / 0.856 against 0.856 / 0.858 / 0.857); the 1B's QKV matvec 1.89 → 1.77 µs.
         slot_boxes: Gluon kernel only: TMA boxes per weight-ring slot, 1 or 2. With 2 a slot holds two consecutive
             column chunks of a task (32 KB of bf16) and the ring has half as many slots (the same bytes in flight),
             so the consumer's release of a slot (a proxy fence and two barriers of its warps, Triton 3.6) is paid
-            once per two boxes.
+            once per two boxes. Measured on the H200 (session 10, ``gluon_check.py --sweep r31``): the 1B's QKV
+            matvec 1.89 → 1.70 µs with ``mv_ahead``, but its staging 0.99 → 1.41 and the hop to attention 0.5 →
+            1.4; the step even or slower (1B 0.827 / 0.839 against 0.828 / 0.830; Qwen3-0.6B 0.918 / 0.917 against
+            0.909 / 0.914; with ``mv_ahead`` 0.848 / 0.847 and 0.932 / 0.929), so 1 stays the default.
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -235,7 +242,7 @@ class MegakernelParams:
     attn_gate: int | None = None
     mv_widen: str = "bits"
     attn_operands: str = "late"
-    mv_ahead: int = 0
+    mv_ahead: int = 1
     slot_boxes: int = 1
     timeline: bool = False
     spin_cap: int | None = None
