@@ -130,6 +130,31 @@ def test_gluon_qwen3_fp32_tiny_matches_reference_tightly():
 
 
 @_HOPPER
+@pytest.mark.parametrize("mv_ahead,slot_boxes", [(0, 1), (1, 2)])
+def test_gluon_ring_matvec_forms_match_reference_tightly(mv_ahead, slot_boxes):
+    """The matvec's ring loop in its other forms (the default reads a box ahead with one box per slot): no read
+    ahead, and two boxes per slot with read ahead, on a tiny Qwen2 fp32 model whose column chunks (128 fp32) are
+    odd in number (hidden 384: 3; intermediate 640: 5, paired by split_k), so a slot's second box lies past K and
+    meets TMA's zeros."""
+    from bubblescope.megakernel_engine import MegakernelEngine
+    from bubblescope.megakernel_engine.schedule import MegakernelParams
+    from bubblescope.models import ModelConfig
+
+    cfg = ModelConfig(hidden_size=384, intermediate_size=640, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, vocab_size=101, attention_bias=True, model_type="qwen2",
+                      tie_word_embeddings=False, max_position_embeddings=64, name="qwen2-tiny-odd")
+    w = dummy_weights(cfg, "cuda", torch.float32, seed=7)
+    prompt, forced = [1, 5, 9, 4], list(range(10, 40))
+    ref = teacher_forced_logits(ReferenceEngine(w, "eager", 64), prompt, forced)
+    eng = MegakernelEngine(w, MegakernelParams(mv_ahead=mv_ahead, slot_boxes=slot_boxes), max_seq_len=64,
+                           impl="gluon")
+    info = eng.compile_info()["gluon"]
+    assert (info["mv_ahead"], info["slot_boxes"]) == (mv_ahead, slot_boxes)
+    got = teacher_forced_logits(eng, prompt, forced)
+    assert (got - ref).abs().max().item() < 1e-3
+
+
+@_HOPPER
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("operands", ["late", "early"])
 @pytest.mark.parametrize("n_prompt", [1500, 60])
