@@ -350,6 +350,33 @@ def test_gluon_attention_task_phase_stamps():
     assert "ATTN" not in {r["opcode"] for r in intrakernel_summary(df)["task_phases"]}
 
 
+def test_attn_critical_takes_apart_the_last_attention_task_of_each_layer():
+    """Three layers by hand (µs): per layer two QKV tasks (the last ends at 10·layer + 2) and three attention tasks;
+    the one that ends last is the critical one whatever the others' phases. Its phases by layer: after_qkv 0.5 /
+    0.25 / 1.0, q 1.0 / 1.5 / 0.5, blocks 1.0 / 1.0 / 2.0, ticket 0.75 / 0.5 / 1.0, combine 3.0 / 2.0 / 2.5; a
+    decoy task ends earlier with longer q and blocks. A weight task and a skipped split (NaN stamps) are ignored."""
+    import pandas as pd
+    from bubblescope.megakernel_engine.timeline import attn_critical
+    crit = [(0.5, 1.0, 1.0, 0.75, 3.0), (0.25, 1.5, 1.0, 0.5, 2.0), (1.0, 0.5, 2.0, 1.0, 2.5)]
+    rows = []  # name, layer, ready, q_in, math_end, ticket, end
+    for layer, (after, q, blocks, ticket, comb) in enumerate(crit):
+        t0 = 10.0 * layer
+        rows += [("QKV", layer, t0, None, None, None, t0 + 1.0), ("QKV", layer, t0, None, None, None, t0 + 2.0)]
+        r = t0 + 2.0 + after
+        rows.append(("ATTN", layer, r, r + q, r + q + blocks, r + q + blocks + ticket,
+                     r + q + blocks + ticket + comb))
+        rows.append(("ATTN", layer, r, r + q + 0.5, r + q + blocks + 1.0, r + q + blocks + 1.5, r + q + blocks + 2.0))
+        rows.append(("ATTN", layer, r, None, None, None, r + 0.1))  # a skipped split: no phase stamps
+    df = pd.DataFrame(rows, columns=["name", "layer", "ready_us", "q_in_us", "math_end_us", "ticket_us", "end_us"])
+    df["blocks_end_us"] = df["math_end_us"]
+    out = attn_critical(df.sample(frac=1.0, random_state=1))
+    assert out["layers"] == 3
+    for k, v in {"after_qkv_us": 0.5, "q_us": 1.0, "blocks_us": 1.0, "ticket_us": 0.75, "combine_us": 2.5}.items():
+        assert out[k] == pytest.approx(v), k
+    assert out["total_us"] == pytest.approx(6.25)  # the layers' sums 6.25 / 5.25 / 7.0
+    assert attn_critical(df.drop(columns=["q_in_us"])) is None
+
+
 def test_stage_edges_hand_built_chain():
     """Two layers by hand (µs): each stage's first consumer starts a fixed time after the upstream stage's last
     end, except ATTN, which waits on part of QKV and starts 1 µs before the last QKV tile ends."""

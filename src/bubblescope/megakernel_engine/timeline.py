@@ -126,8 +126,8 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
     tasks), ``tasks_per_step``, ``span_us`` (first start to last end), ``by_opcode`` — a list of
     {opcode, tasks, busy_us (Σ end − ready), wait_us (Σ ready − start)} in pipeline order —, ``edges``
     (:func:`edge_summary`: per dependency edge the median µs from the last upstream task's end to the first
-    consumer's start, and the consumer stage's span), ``attn_phases`` (:func:`attn_phases`), ``task_phases``
-    (:func:`task_phases`), and ``tasks``:
+    consumer's start, and the consumer stage's span), ``attn_phases`` (:func:`attn_phases`), ``attn_critical``
+    (:func:`attn_critical`), ``task_phases`` (:func:`task_phases`), and ``tasks``:
     [{program, opcode, layer, start_us, ready_us, end_us}] in start order (times in µs, 3 decimals).
     The statistics use every task; ``tasks`` lists only ``max_programs`` programs evenly spaced over the
     grid (Llama-3.2-1B runs ~75,000 tasks per step: all of them would make a 16 MB results file),
@@ -154,6 +154,7 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
         "by_opcode": by,
         "edges": edge_summary(stage_edges(df)),
         "attn_phases": attn_phases(df),
+        "attn_critical": attn_critical(df),
         "task_phases": task_phases(df),
         "tasks_programs": shown,
         "tasks": [{"program": int(r.program), "opcode": r.name, "layer": int(r.layer),
@@ -220,6 +221,33 @@ def attn_phases(df: pd.DataFrame) -> dict | None:
         parts.update(q_us=a["q_in_us"] - a["ready_us"], blocks_us=a["blocks_end_us"] - a["q_in_us"],
                      warps_us=a["math_end_us"] - a["blocks_end_us"])
     return {k: {"p50": float(v.median()), "max": float(v.max())} for k, v in parts.items()}
+
+
+def attn_critical(df: pd.DataFrame) -> dict | None:
+    """The attention task that ends each layer's attention stage (the last to end: the combiner whose signal the
+    O-proj tasks wait for), taken apart (Gluon kernel, :data:`ATTN_COLUMNS` and :data:`ATTN_PHASE_COLUMNS`): per
+    phase the median over layers, µs — ``after_qkv_us`` (the layer's last QKV end → its ready: the signal, the poll
+    and whatever the CTA ran before it), ``q_us`` (ready → q in registers, with the K/V block loaded after the wait
+    when it holds the new position), ``blocks_us`` (→ math done), ``ticket_us`` (→ ticket drawn) and ``combine_us``
+    (→ end: the combine and the signal); ``total_us`` is the sum: the attention's share of the layer's chain.
+    Session 10 found its ``combine_us`` the largest part on Llama-3.2-1B (2.9 of 6.7 µs, NOTES.md). None without
+    those stamps."""
+    cols = ATTN_COLUMNS + ATTN_PHASE_COLUMNS
+    if not set(cols) <= set(df.columns):
+        return None
+    a = df[df["name"] == "ATTN"].dropna(subset=cols)
+    if not len(a):
+        return None
+    crit = a.loc[a.groupby("layer")["end_us"].idxmax()].set_index("layer")
+    qkv_end = df[df["name"] == "QKV"].groupby("layer")["end_us"].max()
+    parts = pd.DataFrame({"after_qkv_us": crit["ready_us"] - qkv_end.reindex(crit.index),
+                          "q_us": crit["q_in_us"] - crit["ready_us"],
+                          "blocks_us": crit["math_end_us"] - crit["q_in_us"],
+                          "ticket_us": crit["ticket_us"] - crit["math_end_us"],
+                          "combine_us": crit["end_us"] - crit["ticket_us"]})
+    med = {k: float(v) for k, v in parts.median().items() if not np.isnan(v)}
+    med["total_us"] = float(parts.sum(axis=1, min_count=1).median())
+    return {**med, "layers": int(len(parts))}
 
 
 def task_phases(df: pd.DataFrame) -> list[dict] | None:

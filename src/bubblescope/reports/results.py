@@ -67,7 +67,7 @@ _TIMELINE = {
 _INTRAKERNEL = {
     "wait_ratio?": "frac", "programs?": "int", "tasks_per_step?": "int", "activity??": "dict",
     "by_opcode?": [{"opcode": "label", "tasks": "int", "busy_us": "num", "wait_us": "num"}],
-    "attn_phases??": "dict",
+    "attn_phases??": "dict", "attn_critical??": "dict",
     "task_phases??": [{"opcode": "label", "tasks": "int", "stage_us_p50": "real", "mv_us_p50": "real",
                        "epilogue_us_p50": "real", "epilogue_us_max": "real"}],
     "edges??": [{"edge": "str", "stages": "int", "hop_us_p50": "real", "hop_us_max": "real", "span_us_p50": "num"}],
