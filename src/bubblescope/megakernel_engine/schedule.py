@@ -189,7 +189,7 @@ class MegakernelParams:
             ``r31``, interleaved rounds, stepwise ms): Qwen3-0.6B 0.779 / 0.784 / 0.782 against 0.797 / 0.797 /
             0.800 (r31: 0.895 / 0.897 against 0.909 / 0.914), Qwen2.5-0.5B 0.756 / 0.766 / 0.761 against 0.779 /
             0.798 / 0.779, Llama-3.1-8B 3.919 / 3.926 / 3.921 against 3.929 / 3.946 / 3.949, Llama-3.2-1B even
-            (0.857 / 0.857 / 0.856 against 0.856 / 0.858 / 0.857); the 1B's QKV matvec 1.89 → 1.77 µs.
+            (0.857 / 0.857 / 0.856 against 0.856 / 0.858 / 0.857); the 1B's QKV matvec 1.89 → 1.79 µs.
         slot_boxes: Gluon kernel only: TMA boxes per weight-ring slot, 1 or 2. With 2 a slot holds two consecutive
             column chunks of a task (32 KB of bf16) and the ring has half as many slots (the same bytes in flight),
             so the consumer's release of a slot (a proxy fence and two barriers of its warps, Triton 3.6) is paid
