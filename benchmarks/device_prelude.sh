@@ -52,6 +52,22 @@ llama_presets() {  # the larger Llama presets' decode-latency set (issue_sets ll
   waits llama-3.2-3b 55
   waits llama-3.1-8b 65
 }
+keep_frames() {  # prefix: keep the per-task frames of $R/<prefix>_* (finish drops *_frame.csv.gz)
+  for f in "$R"/"$1"_*_frame.csv.gz; do [ -e "$f" ] && mv "$f" "${f%_frame.csv.gz}_frames.csv.gz"; done
+}
+fp32_check() {  # tag params_json: stories260K's greedy tokens and the tiny fp32 models against the reference
+  log "stories, tiny (fp32) $1"
+  local f="$R/gluon_check_$1_fp32"
+  timeout 120 python3 benchmarks/gluon_check.py --sections stories,tiny --params "$2" --out "$f.json" > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
+  grep -E "^(stories|tiny)|rc=|Error" "$f.log" | cut -c1-500
+}
+sweep_set() {  # sweep: gluon_check.py's SWEEPS[sweep] on the 1B (128, 4096), Qwen3-0.6B, Qwen2.5-0.5B and the 8B
+  sweep "$1" llama-3.2-1b 128 70
+  sweep "$1" qwen3-0.6b 128 70
+  sweep "$1" qwen2.5-0.5b 128 70
+  sweep "$1" llama-3.2-1b 4096 80
+  sweep "$1" llama-3.1-8b 128 120
+}
 gpu_tests() {  # every GPU test
   log gpu-tests
   timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -p no:cacheprovider > "$R/pytest_gpu.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu.log"

@@ -25,7 +25,7 @@ first)
   ;;
 chain)
   waits llama-3.2-1b 50
-  for f in "$R"/timeline_*_frame.csv.gz; do [ -e "$f" ] && mv "$f" "${f%_frame.csv.gz}_frames.csv.gz"; done
+  keep_frames timeline
   sweep r29 llama-3.2-1b 128 70
   sweep r29 qwen3-0.6b 128 70
   sweep r29 llama-3.2-1b 4096 70
@@ -33,38 +33,24 @@ chain)
   ;;
 ahead)
   gluon_check_params llama-3.2-1b ahead '{"mv_ahead": 1}'
-  for f in "$R"/gluon_check_ahead_*_frame.csv.gz; do [ -e "$f" ] && mv "$f" "${f%_frame.csv.gz}_frames.csv.gz"; done
+  keep_frames gluon_check_ahead
   gluon_check_params qwen3-0.6b ahead '{"mv_ahead": 1}'
   gluon_check_params qwen2.5-0.5b ahead '{"mv_ahead": 1}'
-  log "stories, tiny (fp32) ahead"
-  f="$R/gluon_check_ahead_fp32"
-  timeout 120 python3 benchmarks/gluon_check.py --sections stories,tiny --params '{"mv_ahead": 1}' --out "$f.json" > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
-  grep -E "^(stories|tiny)|rc=|Error" "$f.log" | cut -c1-600
-  sweep r30 llama-3.2-1b 128 70
-  sweep r30 qwen3-0.6b 128 70
-  sweep r30 qwen2.5-0.5b 128 70
-  sweep r30 llama-3.2-1b 4096 70
-  sweep r30 llama-3.1-8b 128 110
+  fp32_check ahead '{"mv_ahead": 1}'
+  sweep_set r30
   ;;
 boxes)
   B='{"slot_boxes": 2, "mv_ahead": 1}'
   gluon_check_params llama-3.2-1b boxes "$B"
-  for f in "$R"/gluon_check_boxes_*_frame.csv.gz; do [ -e "$f" ] && mv "$f" "${f%_frame.csv.gz}_frames.csv.gz"; done
+  keep_frames gluon_check_boxes
   for m in qwen3-0.6b qwen2.5-0.5b; do
     log "check boxes $m"
     f="$R/gluon_check_boxes_$m"
     timeout 100 python3 benchmarks/gluon_check.py --model $m --out "$f.json" --sections llama --steps 256 --params "$B" > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
     grep -E "^llama|rc=|Error" "$f.log" | cut -c1-330
   done
-  log "stories, tiny (fp32) boxes"
-  f="$R/gluon_check_boxes_fp32"
-  timeout 120 python3 benchmarks/gluon_check.py --sections stories,tiny --params "$B" --out "$f.json" > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
-  grep -E "^(stories|tiny)|rc=|Error" "$f.log" | cut -c1-400
-  sweep r31 llama-3.2-1b 128 70
-  sweep r31 qwen3-0.6b 128 70
-  sweep r31 qwen2.5-0.5b 128 70
-  sweep r31 llama-3.2-1b 4096 80
-  sweep r31 llama-3.1-8b 128 120
+  fp32_check boxes "$B"
+  sweep_set r31
   ;;
 final)
   gpu_tests
