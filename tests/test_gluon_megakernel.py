@@ -116,6 +116,8 @@ def test_gluon_switches_are_checked():
                     ({"mv_ahead": 2}, "mv_ahead must be 0 or 1"),
                     ({"mv_ahead": True}, "mv_ahead must be 0 or 1"),
                     ({"slot_boxes": 4}, "slot_boxes must be 1 or 2"),
+                    ({"attn_new_row": "rows"}, "attn_new_row must be block or row"),
+                    ({"attn_combine": "shfl"}, "attn_combine must be warps or lanes"),
                     ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
                     ({"block_s": 48}, "block_s must be a power of two")):
         with pytest.raises(BubblescopeError, match=msg):
@@ -190,6 +192,10 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(slot_boxes=2, prefetch="off", timeline=True)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(slot_boxes=2, mv_ahead=1)),
         ("stories260k", torch.float32, MegakernelParams(mv_ahead=1, slot_boxes=2)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes", timeline=True)),
+        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes")),
+        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
+                                                          attn_layout="warps")),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -206,7 +212,9 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     with 7 query heads per kv head and with q/k-norm); Qwen2 biases with 7 query heads per kv head, Qwen3 q/k-norm
     in the attention task with head_dim 128 (default and noprefetch + timeline), head_dim 128 with a 14336-wide
     staged vector, fp32; the matvec without its box read ahead (mv_ahead=0) with the timeline, and in fp32 with two
-    boxes per ring slot; two boxes per slot with noprefetch + timeline, and on Qwen2.5 (a zero-filled box))
+    boxes per ring slot; two boxes per slot with noprefetch + timeline, and on Qwen2.5 (a zero-filled box); the
+    first block's older rows before the wait with the split combine in one warp's lanes: on the 1B with the timeline,
+    with q/k-norm (Qwen3) and in the warp-local layout with 7 query heads per kv head (Qwen2.5))
     through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
@@ -314,7 +322,8 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "block_s": 32,
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
-                                 "attn_operands": "late", "mv_ahead": 1}
+                                 "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
+                                 "attn_combine": "warps"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     assert out["llama-3.2-1b"]["attn_gate"] == -1 and out["qwen2.5-0.5b"]["attn_gate"] == -1  # no q/k-norm
     assert out["llama-3.2-1b"]["attn_layout"] == "mma" and out["qwen2.5-0.5b"]["attn_layout"] == "mma"

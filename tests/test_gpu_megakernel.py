@@ -154,17 +154,23 @@ def test_gluon_ring_matvec_forms_match_reference_tightly(mv_ahead, slot_boxes):
     assert (got - ref).abs().max().item() < 1e-3
 
 
+_ATTN_VARIANTS = {"late": {"attn_operands": "late"}, "early": {"attn_operands": "early"},
+                  "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"}}
+
+
 @_HOPPER
 @pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("operands", ["late", "early"])
+@pytest.mark.parametrize("operands", list(_ATTN_VARIANTS))
 @pytest.mark.parametrize("n_prompt", [1500, 60])
 def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, operands, n_prompt):
     """``attn_layout=mma`` (q·Kᵀ and P·V on the tensor cores, P rounded to bf16) on a small bf16 GQA model, with
     and without Qwen3's q/k-norm, with the operands converted after the dependency wait or before it
-    (``attn_operands``): after a 1,500-token prompt every position split holds two K/V blocks (the online softmax
-    rescales across them; the newest position in a split's second block), after 60 tokens one (the newest
-    position in the first block, patched into the early operands). As close to the float32 model as the bf16
-    reference is, and the same argmax on ≥ 95 % of 24 forced steps."""
+    (``attn_operands``), and after it with the first block's older rows loaded before the wait and the split
+    combine's reductions in one warp's lanes (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``): after a
+    1,500-token prompt every position split holds two K/V blocks (the online softmax rescales across them; the
+    newest position in a split's second block), after 60 tokens one (the newest position in the first block,
+    patched into the early operands or the older rows). As close to the float32 model as the bf16 reference is,
+    and the same argmax on ≥ 95 % of 24 forced steps."""
     from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models.config import ModelConfig
 
@@ -178,10 +184,10 @@ def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, oper
     forced = torch.randint(3, cfg.vocab_size, (24,), generator=g).tolist()
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 1536), prompt, forced)
     truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 1536), prompt, forced)
-    eng = MegakernelEngine(w, MegakernelParams(attn_layout="mma", attn_operands=operands), max_seq_len=1536,
-                           impl="gluon")
+    kw = _ATTN_VARIANTS[operands]
+    eng = MegakernelEngine(w, MegakernelParams(attn_layout="mma", **kw), max_seq_len=1536, impl="gluon")
     assert eng.compile_info()["gluon"]["attn_layout"] == "mma"
-    assert eng.compile_info()["gluon"]["attn_operands"] == operands
+    assert all(eng.compile_info()["gluon"][k] == v for k, v in kw.items()), eng.compile_info()["gluon"]
     got = teacher_forced_logits(eng, prompt, forced)
 
     def rel(a, b):

@@ -229,7 +229,10 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         ATTN_WARPS=params.attn_layout == "warps", ATTN_MMA=params.attn_layout == "mma", SIG_GATE=params.sig_gate,
         ATTN_GATE=params.attn_gate,
         MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16,
-        MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early", MV_AHEAD=params.mv_ahead == 1)
+        MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early", MV_AHEAD=params.mv_ahead == 1,
+        NEW_ROW=params.attn_new_row == "row" and (params.attn_layout == "warps" or (
+            params.attn_layout == "mma" and params.attn_operands == "late")),
+        COMBINE_LANES=params.attn_combine == "lanes")
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -243,7 +246,10 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     producer issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
     attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened),
     ``attn_operands`` (``early`` or ``late``: where the tensor-core attention's operands are converted; ``late``
-    for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers ahead of its products);
+    for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers ahead of its products),
+    ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
+    ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
+    ``lanes``: the split combine's layout);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -252,7 +258,9 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_layout": "mma" if cx["ATTN_MMA"] else "warps" if cx["ATTN_WARPS"] else "blocks",
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
             "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert",
-            "attn_operands": "early" if cx["MMA_EARLY"] else "late", "mv_ahead": int(cx["MV_AHEAD"])}
+            "attn_operands": "early" if cx["MMA_EARLY"] else "late", "mv_ahead": int(cx["MV_AHEAD"]),
+            "attn_new_row": "row" if cx["NEW_ROW"] else "block",
+            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps"}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
