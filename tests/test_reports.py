@@ -224,8 +224,9 @@ def test_results_without_engines_report_nothing(tmp_path):
 
 
 def test_html_report_shows_the_dependency_chain_and_attention_phases():
-    """The megakernel section lists each dependency edge (hop and span µs) and the attention task's phases, with
-    the values of the document (1 decimal), and the document stays valid with them."""
+    """The megakernel section lists each dependency edge (hop and span µs), the attention task's phases and the
+    parts of each layer's last attention task, with the values of the document (1 decimal), and the document stays
+    valid with them."""
     doc = g.healthy_doc()
     ik = g.engine(doc, "megakernel")["intrakernel"]
     ik["edges"] = [{"edge": "ATTN→OPROJ", "stages": 16, "hop_us_p50": 0.22, "hop_us_max": 0.29, "span_us_p50": 3.78},
@@ -233,6 +234,8 @@ def test_html_report_shows_the_dependency_chain_and_attention_phases():
     ik["attn_phases"] = {"math_us": {"p50": 2.85, "max": 3.49}, "ticket_us": {"p50": 0.83, "max": 2.02},
                          "combine_us": {"p50": 0.29, "max": 3.2}, "q_us": {"p50": 0.1, "max": 1.34},
                          "blocks_us": {"p50": 1.73, "max": 2.24}, "warps_us": {"p50": 1.18, "max": 1.22}}
+    ik["attn_critical"] = {"after_qkv_us": 0.496, "q_us": 1.392, "blocks_us": 0.992, "ticket_us": 0.8,
+                           "combine_us": 2.832, "total_us": 6.688, "layers": 16}
     ik["task_phases"] = [{"opcode": "QKV", "tasks": 96, "stage_us_p50": 1.42, "mv_us_p50": 2.61,
                           "epilogue_us_p50": 1.04, "epilogue_us_max": 1.96}]
     from bubblescope.reports.results import validate_results
@@ -245,5 +248,7 @@ def test_html_report_shows_the_dependency_chain_and_attention_phases():
     assert "attention: ticket → end (combine), µs p50 / max</th><td class=\"num\">0.3 / 3.2</td>" in page
     assert "attention: q → K/V blocks done, µs p50 / max</th><td class=\"num\">1.7 / 2.2</td>" in page
     assert "attention: blocks → warps combined, µs p50 / max</th><td class=\"num\">1.2 / 1.2</td>" in page
+    assert ("attention, last task of each layer: after QKV / q / blocks / ticket / combine = total, µs p50</th>"
+            "<td class=\"num\">0.5 / 1.4 / 1.0 / 0.8 / 2.8 = 6.7</td>") in page
     assert re.search(r"<td>QKV</td><td class=\"num\">96</td><td class=\"num\">1\.4</td><td class=\"num\">2\.6</td>"
                      r"<td class=\"num\">1\.0</td><td class=\"num\">2\.0</td>", page)

@@ -85,8 +85,15 @@ def _attn_phase_facts(ik: dict) -> list[tuple[str, str]]:
              ("warps_us", "attention: blocks → warps combined, µs p50 / max"),
              ("ticket_us", "attention: math → ticket drawn, µs p50 / max"),
              ("combine_us", "attention: ticket → end (combine), µs p50 / max"))
-    return [(label, f"{tables.fmt(ph[k].get('p50'), 'rate')} / {tables.fmt(ph[k].get('max'), 'rate')}")
-            for k, label in names if isinstance(ph.get(k), dict)]
+    facts = [(label, f"{tables.fmt(ph[k].get('p50'), 'rate')} / {tables.fmt(ph[k].get('max'), 'rate')}")
+             for k, label in names if isinstance(ph.get(k), dict)]
+    crit = ik.get("attn_critical") or {}
+    parts = ("after_qkv_us", "q_us", "blocks_us", "ticket_us", "combine_us")
+    if all(isinstance(crit.get(k), (int, float)) for k in parts + ("total_us",)):
+        value = " / ".join(tables.fmt(crit[k], "rate") for k in parts) + f" = {tables.fmt(crit['total_us'], 'rate')}"
+        facts.append(("attention, last task of each layer: after QKV / q / blocks / ticket / combine = total, µs p50",
+                      value))
+    return facts
 
 
 def kernel_tiling(c: dict) -> str:

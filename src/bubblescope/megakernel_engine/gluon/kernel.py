@@ -287,7 +287,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
+            acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW,
+                                         MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,

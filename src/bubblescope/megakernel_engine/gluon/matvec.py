@@ -78,12 +78,12 @@ def _rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
 
 
 # ---- the ring loop ------------------------------------------------------------------------------------------
-# A ring slot holds SB boxes (consecutive column chunks of the task's rows). Per slot: wait until it is full, read
-# its boxes into registers (each box's products right after its read), release it (the proxy fence, then the arrive that Triton 3.6 lowers to one thread between
-# two CTA barriers of the consumer warps), multiply-accumulate; box b of the task meets staged chunk b (chunks 2b and
-# 2b + 1 with split_k = 2). The fence waits for the slot's shared-memory reads, so in that order every slot pays the
-# read latency before its products (the 1B's QKV tile: 8 slots in 1.86 µs with the tiles already in the ring, NOTES.md
-# session 10), and SB = 2 pays the release once per two boxes.
+# A ring slot holds SB boxes (consecutive column chunks of the task's rows); box b of the task meets staged chunk b
+# (chunks 2b and 2b + 1 with split_k = 2). Per slot: wait until it is full; per box, read it into registers and
+# multiply-accumulate, the slot released after its last box is read (the proxy fence, then the arrive that Triton 3.6
+# lowers to one thread between two barriers of the consumer warps). The fence waits for the slot's shared-memory
+# reads, so each slot pays its read latency before its last box's products (the 1B's QKV tile: 8 slots in 1.86 µs
+# with the tiles already in the ring, NOTES.md session 10); SB = 2 pays the release once per two boxes.
 # AHEAD = 1 reads box b + 1 into registers before box b's products (after releasing box b's slot when b is its last
 # box), so the reads are in flight during the FMAs and complete by the next release (two boxes of registers).
 @gluon.jit
