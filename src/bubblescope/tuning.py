@@ -39,7 +39,12 @@ FAMILY = {"rows_qkv": "tile rows", "rows_o": "tile rows", "rows_gateup": "tile r
           "attn_reduce": "attention split", "prefetch": "prefetch", "prefetch_ahead": "prefetch",
           "prefetch_next": "prefetch", "weight_eviction": "cache policy", "spin_sleep_ns": "waiting",
           "fast_launch": "launch", "split_k": "tile rows", "l2_ahead": "prefetch",
-          "wait_prefetch": "prefetch", "wait_prefetch_ops": "prefetch", "wait_prefetch_mode": "prefetch"}
+          "wait_prefetch": "prefetch", "wait_prefetch_ops": "prefetch", "wait_prefetch_mode": "prefetch",
+          # Gluon kernel only (MegakernelParams says what each does and what it measured)
+          "slot_boxes": "pipeline depth", "mv_widen": "matvec", "mv_ahead": "matvec",
+          "sig_gate": "weight-stream gate", "attn_gate": "weight-stream gate", "lm_pick": "greedy pick",
+          "attn_layout": "attention layout", "attn_operands": "attention layout", "attn_new_row": "attention layout",
+          "qk_norm_in_attn": "attention layout", "attn_combine": "attention split"}
 
 
 def _params_class(engine: str):
