@@ -312,12 +312,18 @@ SWEEPS = {
             ("sb2-ahead-again", "gluon", {"slot_boxes": 2, "mv_ahead": 1})],
     # prepared in session 10 (not run yet): the critical attention task's q phase and combine (the layer's chain,
     # chain_breakdown.py): the first block's older rows before the wait (attn_new_row=row), the split combine's
-    # reductions in one warp's lanes (attn_combine=lanes), both
+    # reductions in one warp's lanes (attn_combine=lanes), both; the O-proj tasks combining the splits themselves
+    # (attn_reduce=oproj: no ticket), alone and with row
     "r32": [("default", "gluon", {}), ("row", "gluon", {"attn_new_row": "row"}),
             ("lanes", "gluon", {"attn_combine": "lanes"}),
-            ("row-lanes", "gluon", {"attn_new_row": "row", "attn_combine": "lanes"}), ("default-again", "gluon", {}),
-            ("row-again", "gluon", {"attn_new_row": "row"}), ("lanes-again", "gluon", {"attn_combine": "lanes"}),
-            ("row-lanes-again", "gluon", {"attn_new_row": "row", "attn_combine": "lanes"})],
+            ("row-lanes", "gluon", {"attn_new_row": "row", "attn_combine": "lanes"}),
+            ("oproj", "gluon", {"attn_reduce": "oproj"}), ("oproj-row", "gluon", {"attn_reduce": "oproj",
+                                                                                  "attn_new_row": "row"}),
+            ("default-again", "gluon", {}), ("row-again", "gluon", {"attn_new_row": "row"}),
+            ("lanes-again", "gluon", {"attn_combine": "lanes"}),
+            ("row-lanes-again", "gluon", {"attn_new_row": "row", "attn_combine": "lanes"}),
+            ("oproj-again", "gluon", {"attn_reduce": "oproj"}), ("oproj-row-again", "gluon", {"attn_reduce": "oproj",
+                                                                                              "attn_new_row": "row"})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -130,12 +130,14 @@ def test_gluon_qwen3_fp32_tiny_matches_reference_tightly():
 
 
 @_HOPPER
-@pytest.mark.parametrize("mv_ahead,slot_boxes", [(0, 1), (1, 2)])
-def test_gluon_ring_matvec_forms_match_reference_tightly(mv_ahead, slot_boxes):
-    """The matvec's ring loop in its other forms (the default reads a box ahead with one box per slot): no read
-    ahead, and two boxes per slot with read ahead, on a tiny Qwen2 fp32 model whose column chunks (128 fp32) are
-    odd in number (hidden 384: 3; intermediate 640: 5, paired by split_k), so a slot's second box lies past K and
-    meets TMA's zeros."""
+@pytest.mark.parametrize("kw", [{"mv_ahead": 0}, {"slot_boxes": 2},
+                                {"attn_reduce": "oproj", "kv_splits": 4, "attn_min_chunk": 4}])
+def test_gluon_other_forms_match_reference_tightly(kw):
+    """Non-default forms on a tiny Qwen2 fp32 model whose column chunks (128 fp32) are odd in number (hidden 384:
+    3; intermediate 640: 5, paired by split_k): the matvec's ring loop without its read ahead, and with two boxes
+    per slot (a slot's second box lies past K and meets TMA's zeros); the O-proj tasks combining the attention
+    splits (``attn_reduce=oproj``; 4 splits of ≥ 4 positions: one, then up to four non-empty as the context
+    grows to 34)."""
     from bubblescope.megakernel_engine import MegakernelEngine
     from bubblescope.megakernel_engine.schedule import MegakernelParams
     from bubblescope.models import ModelConfig
@@ -146,16 +148,16 @@ def test_gluon_ring_matvec_forms_match_reference_tightly(mv_ahead, slot_boxes):
     w = dummy_weights(cfg, "cuda", torch.float32, seed=7)
     prompt, forced = [1, 5, 9, 4], list(range(10, 40))
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 64), prompt, forced)
-    eng = MegakernelEngine(w, MegakernelParams(mv_ahead=mv_ahead, slot_boxes=slot_boxes), max_seq_len=64,
-                           impl="gluon")
+    eng = MegakernelEngine(w, MegakernelParams(**kw), max_seq_len=64, impl="gluon")
     info = eng.compile_info()["gluon"]
-    assert (info["mv_ahead"], info["slot_boxes"]) == (mv_ahead, slot_boxes)
+    assert all(info[k] == v for k, v in kw.items() if k in info), info
     got = teacher_forced_logits(eng, prompt, forced)
     assert (got - ref).abs().max().item() < 1e-3
 
 
 _ATTN_VARIANTS = {"late": {"attn_operands": "late"}, "early": {"attn_operands": "early"},
-                  "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"}}
+                  "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"},
+                  "oproj": {"attn_operands": "late", "attn_reduce": "oproj"}}
 
 
 @_HOPPER
@@ -166,7 +168,8 @@ def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, oper
     """``attn_layout=mma`` (q·Kᵀ and P·V on the tensor cores, P rounded to bf16) on a small bf16 GQA model, with
     and without Qwen3's q/k-norm, with the operands converted after the dependency wait or before it
     (``attn_operands``), and after it with the first block's older rows loaded before the wait and the split
-    combine's reductions in one warp's lanes (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``): after a
+    combine's reductions in one warp's lanes (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``), and with
+    the O-proj tasks combining the splits (``oproj``: ``attn_reduce=oproj``): after a
     1,500-token prompt every position split holds two K/V blocks (the online softmax rescales across them; the
     newest position in a split's second block), after 60 tokens one (the newest position in the first block,
     patched into the early operands or the older rows). As close to the float32 model as the bf16 reference is,

@@ -140,7 +140,7 @@ def test_params_validation():
         MegakernelParams(rows_qkv=7).validate()
     with pytest.raises(BubblescopeError, match="multiple of 16"):
         build_schedule(TINY["qwen3-qknorm"], MegakernelParams(rows_qkv=8), 1)
-    with pytest.raises(BubblescopeError, match="attn_reduce must be fused or stage"):
+    with pytest.raises(BubblescopeError, match="attn_reduce must be fused, stage or oproj"):
         MegakernelParams(attn_reduce="later").validate()
     with pytest.raises(BubblescopeError, match="prefetch_next names unknown opcode.*FOO"):
         MegakernelParams(prefetch_next="OPROJ,foo").validate()

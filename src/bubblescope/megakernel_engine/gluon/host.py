@@ -172,7 +172,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     block_s = resolve_block_s(cfg, layout, params, block_s)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
                           rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
-                          lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
+                          lm_blocks=1, attn_kv_heads=1, programs_per_sm=1,
+                          attn_reduce="oproj" if params.attn_reduce == "oproj" else "fused",
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, qk_norm_in_attn=True)
 
 
@@ -213,6 +214,9 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     why = mma_unsupported(cfg, esize, params.block_s, params.num_warps) if params.attn_layout == "mma" else None
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
+    if t.attn_oproj and (bk % d or t.kv_splits > 16):
+        raise BubblescopeError(f"megakernel params: attn_reduce=oproj stages whole heads per {bk}-column chunk and "
+                               f"at most 16 splits; got head_dim {d}, kv_splits {t.kv_splits}")
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
@@ -233,7 +237,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early", MV_AHEAD=params.mv_ahead == 1,
         NEW_ROW=params.attn_new_row == "row" and (params.attn_layout == "warps" or (
             params.attn_layout == "mma" and params.attn_operands == "late")),
-        COMBINE_LANES=params.attn_combine == "lanes")
+        COMBINE_LANES=params.attn_combine == "lanes", OPROJ_COMB=bool(t.attn_oproj))
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -250,7 +254,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers ahead of its products),
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
-    ``lanes``: the split combine's layout);
+    ``lanes``: the split combine's layout), ``attn_reduce`` (``fused``: the kv head's last split combines;
+    ``oproj``: the O-proj tasks do);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -261,7 +266,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert",
             "attn_operands": "early" if cx["MMA_EARLY"] else "late", "mv_ahead": int(cx["MV_AHEAD"]),
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
-            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps"}
+            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps",
+            "attn_reduce": "oproj" if cx["OPROJ_COMB"] else "fused"}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
