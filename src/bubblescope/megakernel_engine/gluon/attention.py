@@ -495,14 +495,16 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
         gl.store(attn_ptr + gl.expand_dims(hq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
                  mask=gl.expand_dims(mq, 1))
         gl.thread_barrier()
-        gl.atomic_add(counters_ptr + sig, NSPLIT if OPROJ else 1, sem="release", scope="gpu")
+        if sig >= 0:  # (-1 in megakernel-stages, whose launches order the stages: no counter)
+            gl.atomic_add(counters_ptr + sig, NSPLIT if OPROJ else 1, sem="release", scope="gpu")
         if TIMELINE:
             t_ticket = now(pos)
     elif OPROJ:
         _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, R, NSPLIT, LA, LM)
         gl.thread_barrier()
-        gl.atomic_add(counters_ptr + sig, 1 + gl.where(split == used - 1, NSPLIT - used, 0), sem="release",
-                      scope="gpu")
+        if sig >= 0:
+            gl.atomic_add(counters_ptr + sig, 1 + gl.where(split == used - 1, NSPLIT - used, 0), sem="release",
+                          scope="gpu")
         if TIMELINE:
             t_ticket = now(pos)
     else:
@@ -516,7 +518,8 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
             gl.thread_barrier()
             _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NSPLIT, BLOCK_SPLIT, L3)
             gl.thread_barrier()
-            gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
+            if sig >= 0:
+                gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
     return t_ticket
 
 
