@@ -8,6 +8,8 @@
 #                                        # three (the mma test's late-row / oproj cases, the fp32 oproj case), their
 #                                        # checks on the 1B (timeline frames kept: chain_breakdown.py), Qwen3-0.6B
 #                                        # and Qwen2.5-0.5B, then sweep r32
+#   bash benchmarks/session11.sh sanitize # compute-sanitizer memcheck / racecheck, now with attn_reduce=oproj (fused
+#                                        # and stages) and attn_combine=lanes + attn_new_row=row on tiny Llama
 # Then `session9.sh presets` and `issue_sets qwen`: the larger Llamas and the Qwen presets were last recorded in
 # session 8, before mv_ahead=1 became the default.
 . benchmarks/device_prelude.sh
@@ -25,6 +27,7 @@ next)
   done
   sweep_set r32
   ;;
-*) echo "session11.sh: unknown stage '${1:-}' (next)" >&2; exit 2 ;;
+sanitize) sanitize ;;
+*) echo "session11.sh: unknown stage '${1:-}' (next, sanitize)" >&2; exit 2 ;;
 esac
 finish
