@@ -171,8 +171,8 @@ def _split_range(layer, kvh, split, pos, D: gl.constexpr, NKV: gl.constexpr, S_M
 
 @gluon.jit
 def _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait, spin_cap,
-                          BLOCK_S: gl.constexpr, TIMELINE: gl.constexpr, NEW_ROW: gl.constexpr = False,
-                          base=0, D: gl.constexpr = 1):
+                          BLOCK_S: gl.constexpr, TIMELINE: gl.constexpr, NEW_ROW: gl.constexpr, base,
+                          D: gl.constexpr):
     """A split's first K/V block (``offs``/``mk`` in the caller's layout) and the task's dependency wait: the block
     is loaded before the wait when it holds no position written in this step (its latency hides behind the wait),
     after it otherwise; with ``NEW_ROW`` (``attn_new_row=row``; ``base`` the (layer, kv head) cache offset, ``D``
@@ -479,7 +479,8 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
     normalise and publish; else store the partials, draw the kv head's ticket, and the last holder combines (in
     layout ``L3``, GP rows) and signals. ``OPROJ`` (``attn_reduce=oproj``): no ticket and no combine here; each
     non-empty split signals 1 after its partials and the last non-empty one also the empty ones' (a single split:
-    NSPLIT after its output), so the O-proj tasks, which combine, wait for NSPLIT per kv head. ``m``, ``l`` (R,) in layout ``LM`` and ``acc`` (R, D) in ``LA``: R ≥ G rows,
+    NSPLIT after its output), so the O-proj tasks, which combine, wait for NSPLIT per kv head. ``m``, ``l`` (R,) in
+    layout ``LM`` and ``acc`` (R, D) in ``LA``: R ≥ G rows,
     query head ``kvh·G + r`` in row r (the rows past G are ignored). Returns the ticket's ns stamp (0 without
     TIMELINE)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
@@ -572,24 +573,33 @@ def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr
     s0 = 0
     while s0 < used:
         sp = gl.expand_dims(s0 + sp0, 0)
-        mm = gl.expand_dims(mg, 1) & (sp < used)
-        mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
-        lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
-        av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
-                     cache_modifier=".cg")
-        new = gl.maximum(big, gl.max(mv, axis=1))
-        scale = gl.exp(big - new)
-        w = gl.exp(mv - gl.expand_dims(new, 1))
-        den = den * scale + gl.sum(w * lv, axis=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QL)), 1) \
-            + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
-        big = new
+        big, den, acc = _merge_splits(big, den, acc, pm_ptr, pl_ptr, pacc_ptr, row + sp,
+                                      gl.expand_dims(mg, 1) & (sp < used), d3, D, QL)
         s0 += BLOCK_SPLIT
     out = acc / gl.expand_dims(gl.convert_layout(den, gl.SliceLayout(1, QL)), 1)
     gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
     dq = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
     gl.store(attn_ptr + gl.expand_dims(kvh * G + gq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
              mask=gl.expand_dims(gq < G, 1))
+
+
+@gluon.jit
+def _merge_splits(big, den, acc, pm_ptr, pl_ptr, pacc_ptr, row, mm, d3, D: gl.constexpr, QL: gl.constexpr):
+    """One block of splits into a running log-sum-exp combine: the partials at ``row`` (heads, splits) where ``mm``
+    (m, l, acc loaded together: one L2 round trip); the running max ``big`` (heads,) (start finite: exp(big − new)
+    and the weight of a masked split stay defined), Σ w·l ``den`` and Σ w·acc ``acc`` (heads, D) in ``QL``, old
+    sums rescaled by exp(big − new). Returns the new (big, den, acc)."""
+    mv = gl.load(pm_ptr + row, mask=mm, other=float("-inf"), cache_modifier=".cg")
+    lv = gl.load(pl_ptr + row, mask=mm, other=0.0, cache_modifier=".cg")
+    av = gl.load(pacc_ptr + gl.expand_dims(row, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
+                 cache_modifier=".cg")
+    new = gl.maximum(big, gl.max(mv, axis=1))
+    scale = gl.exp(big - new)
+    w = gl.exp(mv - gl.expand_dims(new, 1))
+    den = den * scale + gl.sum(w * lv, axis=1)
+    acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QL)), 1) \
+        + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
+    return new, den, acc
 
 
 # OPROJ (attn_reduce=oproj): an O-proj task's input is the attention output combined from the splits' partials by
@@ -620,16 +630,12 @@ def stage_attention(attn_ptr, pm_ptr, pl_ptr, pacc_ptr, xs, used, Q: gl.constexp
         gl.thread_barrier()  # every thread is done reading the previous vector
         for c in gl.static_range(KCH):
             h = c * HC + hs
-            mm = gl.expand_dims(h < NH, 1) & (sp < used)
-            row = gl.expand_dims(h * NSPLIT, 1) + sp
-            mv = gl.load(pm_ptr + row, mask=mm, other=float("-inf"), cache_modifier=".cg")
-            lv = gl.load(pl_ptr + row, mask=mm, other=0.0, cache_modifier=".cg")
-            av = gl.load(pacc_ptr + gl.expand_dims(row, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
-                         cache_modifier=".cg")
-            big = gl.maximum(gl.max(mv, axis=1), -1.0e30)  # finite: exp(m - big) of a masked split is 0, not NaN
-            w = gl.exp(mv - gl.expand_dims(big, 1))
-            den = gl.convert_layout(gl.sum(w * lv, axis=1), gl.SliceLayout(1, QL))
-            num = gl.sum(gl.expand_dims(w, 2) * av, axis=1)
+            _, den, num = _merge_splits(gl.full([HC], -1.0e30, gl.float32, gl.SliceLayout(1, SL)),
+                                        gl.zeros([HC], gl.float32, gl.SliceLayout(1, SL)),
+                                        gl.zeros([HC, D], gl.float32, QL), pm_ptr, pl_ptr, pacc_ptr,
+                                        gl.expand_dims(h * NSPLIT, 1) + sp, gl.expand_dims(h < NH, 1) & (sp < used),
+                                        d3, D, QL)
+            den = gl.convert_layout(den, gl.SliceLayout(1, QL))
             ok = gl.expand_dims(c * HC + ho < NH, 1)
             out = gl.where(ok, num / gl.expand_dims(gl.where(den > 0, den, 1.0), 1), 0.0)
             xs.index(c)._reinterpret(ACT, [HC, D], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(out.to(ACT))
