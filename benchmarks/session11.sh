@@ -10,10 +10,23 @@
 #                                        # and Qwen2.5-0.5B, then sweep r32
 #   bash benchmarks/session11.sh sanitize # compute-sanitizer memcheck / racecheck, now with attn_reduce=oproj (fused
 #                                        # and stages) and attn_combine=lanes + attn_new_row=row on tiny Llama
+#   bash benchmarks/session11.sh first   # split of `next` for the 600 s limit: every GPU test, then the checks
+#   bash benchmarks/session11.sh r32     # the sweep alone
 # Then `session9.sh presets` and `issue_sets qwen`: the larger Llamas and the Qwen presets were last recorded in
 # session 8, before mv_ahead=1 became the default.
 . benchmarks/device_prelude.sh
 case "${1:-}" in
+first)  # every GPU test (the default kernel changed after the last GPU run), then round 32's checks
+  gpu_tests
+  for tag in rowlanes oproj; do
+    case $tag in rowlanes) P='{"attn_new_row": "row", "attn_combine": "lanes"}' ;; oproj) P='{"attn_reduce": "oproj"}' ;; esac
+    gluon_check_params llama-3.2-1b $tag "$P"
+    keep_frames gluon_check_$tag
+    gluon_check_params qwen3-0.6b $tag "$P"
+    gluon_check_params qwen2.5-0.5b $tag "$P"
+  done
+  ;;
+r32) sweep_set r32 ;;
 next)
   log gpu-tests-new
   timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "mma or other_forms" -p no:cacheprovider > "$R/pytest_gpu_new.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_new.log"
@@ -28,6 +41,6 @@ next)
   sweep_set r32
   ;;
 sanitize) sanitize ;;
-*) echo "session11.sh: unknown stage '${1:-}' (next, sanitize)" >&2; exit 2 ;;
+*) echo "session11.sh: unknown stage '${1:-}' (first, r32, next, sanitize)" >&2; exit 2 ;;
 esac
 finish
