@@ -154,8 +154,8 @@ def test_gluon_switches_are_checked():
                     ({"mv_ahead": 2}, "mv_ahead must be 0 or 1"),
                     ({"mv_ahead": True}, "mv_ahead must be 0 or 1"),
                     ({"slot_boxes": 4}, "slot_boxes must be 1 or 2"),
-                    ({"attn_new_row": "rows"}, "attn_new_row must be block or row"),
-                    ({"attn_combine": "shfl"}, "attn_combine must be warps or lanes"),
+                    ({"attn_new_row": "rows"}, "attn_new_row must be auto, block or row"),
+                    ({"attn_combine": "shfl"}, "attn_combine must be auto, warps or lanes"),
                     ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
                     ({"block_s": 48}, "block_s must be a power of two")):
         with pytest.raises(BubblescopeError, match=msg):
@@ -230,7 +230,7 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(slot_boxes=2, prefetch="off", timeline=True)),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(slot_boxes=2, mv_ahead=1)),
         ("stories260k", torch.float32, MegakernelParams(mv_ahead=1, slot_boxes=2)),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes", timeline=True)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_new_row="block", attn_combine="warps", timeline=True)),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
                                                           attn_layout="warps")),
@@ -369,6 +369,9 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
                                  "attn_combine": "warps", "attn_reduce": "fused"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
+    # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
+    for name in ("llama-3.2-1b", "qwen2.5-0.5b"):
+        assert (out[name]["attn_new_row"], out[name]["attn_combine"]) == ("row", "lanes"), out[name]
     assert out["llama-3.2-1b"]["attn_gate"] == -1 and out["qwen2.5-0.5b"]["attn_gate"] == -1  # no q/k-norm
     assert out["llama-3.2-1b"]["attn_layout"] == "mma" and out["qwen2.5-0.5b"]["attn_layout"] == "mma"
     # 7 query heads per kv head: padded to 16 rows on the tensor cores, so the block follows head_dim only

@@ -155,7 +155,8 @@ def test_gluon_other_forms_match_reference_tightly(kw):
     assert (got - ref).abs().max().item() < 1e-3
 
 
-_ATTN_VARIANTS = {"late": {"attn_operands": "late"}, "early": {"attn_operands": "early"},
+_ATTN_VARIANTS = {"late": {"attn_operands": "late", "attn_new_row": "block", "attn_combine": "warps"},
+                  "early": {"attn_operands": "early"},
                   "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"},
                   "oproj": {"attn_operands": "late", "attn_reduce": "oproj"}}
 
@@ -166,9 +167,10 @@ _ATTN_VARIANTS = {"late": {"attn_operands": "late"}, "early": {"attn_operands": 
 @pytest.mark.parametrize("n_prompt", [1500, 60])
 def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, operands, n_prompt):
     """``attn_layout=mma`` (q·Kᵀ and P·V on the tensor cores, P rounded to bf16) on a small bf16 GQA model, with
-    and without Qwen3's q/k-norm, with the operands converted after the dependency wait or before it
-    (``attn_operands``), and after it with the first block's older rows loaded before the wait and the split
-    combine's reductions in one warp's lanes (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``), and with
+    and without Qwen3's q/k-norm, with the operands converted after the dependency wait (``late``: the whole first
+    block after it, the split combine in the warps layout) or before it (``early``), and after it with the first
+    block's older rows loaded before the wait and the split combine's reductions in one warp's lanes
+    (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``), and with
     the O-proj tasks combining the splits (``oproj``: ``attn_reduce=oproj``): after a
     1,500-token prompt every position split holds two K/V blocks (the online softmax rescales across them; the
     newest position in a split's second block), after 60 tokens one (the newest position in the first block,

@@ -202,16 +202,15 @@ class MegakernelParams:
             0.909 / 0.914; with ``mv_ahead`` 0.848 / 0.847 and 0.932 / 0.929), so 1 stays the default.
         attn_new_row: Gluon kernel, ``attn_layout`` ``mma`` (``late`` operands) and ``warps``: what of a split's first
             K/V block waits for the QKV stage when the block holds the new position: ``block`` (the whole block is
-            loaded after the wait; the default) or ``row`` (its older rows are loaded before the wait, row ``pos``
-            after it and patched in: one row's L2 round trip beside q's, in place of the older rows from HBM).
-            Prepared in session 10, where the splits holding the new position took 1.4 µs from the wait to q in
-            registers against 0.35 for the others (Llama-3.2-1B, the critical attention task of each layer); not
-            yet measured on a GPU.
+            loaded after the wait), ``row`` (its older rows are loaded before the wait, row ``pos`` after it and
+            patched in: one row's L2 round trip beside q's, in place of the older rows from HBM) or ``auto`` (the
+            default: ``row``, except ``block`` for models with q/k-norm; ``gluon.host.resolve_attn_split``, which
+            gives the measurements).
         attn_combine: Gluon kernel: the layout of the last ticket holder's split combine, ``warps`` (the attention
             layout's own, its warps along the split axis: the max and the two sums over splits go through shared
-            memory with barriers; the default) or ``lanes`` (the splits in one warp's lanes, the query heads across
-            the warps: shuffles only). Prepared in session 10, where the combine was the largest part of the
-            layer's critical attention task (2.8 of 6.7 µs, Llama-3.2-1B); not yet measured on a GPU.
+            memory with barriers), ``lanes`` (the splits in one warp's lanes, the query heads across the warps:
+            shuffles only) or ``auto`` (the default: ``lanes``, except ``warps`` for models with q/k-norm; see
+            ``gluon.host.resolve_attn_split``).
         timeline: record per-task timestamps (compile-time switch, zero cost when off).
         spin_cap: spins before a task is declared stuck (auto: 2**22 on GPU, 1000 under the interpreter).
         fast_launch: after the first launch, call the compiled kernel directly (skips Triton's per-launch
@@ -259,8 +258,8 @@ class MegakernelParams:
     attn_operands: str = "late"
     mv_ahead: int = 1
     slot_boxes: int = 1
-    attn_new_row: str = "block"
-    attn_combine: str = "warps"
+    attn_new_row: str = "auto"
+    attn_combine: str = "auto"
     timeline: bool = False
     spin_cap: int | None = None
     fast_launch: bool = True
@@ -331,10 +330,12 @@ class MegakernelParams:
             raise BubblescopeError(f"megakernel params: mv_ahead must be 0 or 1, got {self.mv_ahead!r}")
         if self.slot_boxes not in (1, 2) or isinstance(self.slot_boxes, bool):
             raise BubblescopeError(f"megakernel params: slot_boxes must be 1 or 2, got {self.slot_boxes!r}")
-        if self.attn_new_row not in ("block", "row"):
-            raise BubblescopeError(f"megakernel params: attn_new_row must be block or row, got {self.attn_new_row!r}")
-        if self.attn_combine not in ("warps", "lanes"):
-            raise BubblescopeError(f"megakernel params: attn_combine must be warps or lanes, got {self.attn_combine!r}")
+        if self.attn_new_row not in ("auto", "block", "row"):
+            raise BubblescopeError(f"megakernel params: attn_new_row must be auto, block or row, "
+                                   f"got {self.attn_new_row!r}")
+        if self.attn_combine not in ("auto", "warps", "lanes"):
+            raise BubblescopeError(f"megakernel params: attn_combine must be auto, warps or lanes, "
+                                   f"got {self.attn_combine!r}")
         if self.split_k not in (1, 2):
             raise BubblescopeError(f"megakernel params: split_k must be 1 or 2, got {self.split_k!r}")
         if self.spin_sleep_ns < 0:

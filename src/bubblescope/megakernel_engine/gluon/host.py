@@ -145,6 +145,23 @@ def resolve_attn_gate(cfg: ModelConfig, gate: int | None) -> int:
     return 0 if cfg.qk_norm else -1
 
 
+def resolve_attn_split(cfg: ModelConfig, new_row: str, combine: str) -> tuple[str, str]:
+    """``attn_new_row`` and ``attn_combine`` for ``cfg`` (see ``MegakernelParams``): each as asked unless it is
+    ``auto``, which picks ``row`` and ``lanes`` for models without q/k-norm and ``block`` and ``warps`` for those
+    with it (Qwen3, whose attention task also norms and rotates q and k behind the attention gate).
+
+    Measured on the H200 (session 11, ``gluon_check.py --sweep r32``, interleaved rounds, stepwise ms,
+    benchmarks/results/h200-2026-12-02-s11), ``row`` + ``lanes`` against ``block`` + ``warps``: Llama-3.2-1B
+    0.809 / 0.810 against 0.833 / 0.834 (``lanes`` alone 0.814 / 0.815, ``row`` alone 0.830 / 0.833);
+    Qwen2.5-0.5B 0.698 / 0.702 against 0.772 / 0.772; Llama-3.1-8B 4.024 against 4.105 / 4.060 (one round of
+    each: the second ran out of GPU memory); Qwen3-0.6B 0.765 / 0.762 against 0.751 / 0.751 (worse; ``row`` alone
+    0.755 / 0.754, ``lanes`` alone 0.755 / 0.755).
+    """
+    auto = not cfg.qk_norm
+    return (new_row if new_row != "auto" else "row" if auto else "block",
+            combine if combine != "auto" else "lanes" if auto else "warps")
+
+
 def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
                  dtype: torch.dtype = torch.bfloat16) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
@@ -152,7 +169,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set, else
     :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
     divide head_dim/2); the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`); the
-    attention's positions per block where ``block_s`` is None (:func:`resolve_block_s`).
+    attention's positions per block where ``block_s`` is None (:func:`resolve_block_s`); the first block's new row
+    and the split combine's layout (:func:`resolve_attn_split`).
 
     Raises:
         BubblescopeError: ``attn_layout=warps`` asked for a model with q/k-norm (:func:`resolve_attn_layout`).
@@ -170,7 +188,8 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     layout = resolve_attn_layout(cfg, params.attn_layout, torch.empty((), dtype=dtype).element_size(), block_s,
                                  params.num_warps)
     block_s = resolve_block_s(cfg, layout, params, block_s)
-    return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
+    new_row, combine = resolve_attn_split(cfg, params.attn_new_row, params.attn_combine)
+    return params.replace(attn_new_row=new_row, attn_combine=combine, attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
                           rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, programs_per_sm=1,
                           attn_reduce="oproj" if params.attn_reduce == "oproj" else "fused",
