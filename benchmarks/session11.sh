@@ -27,6 +27,12 @@ first)  # every GPU test (the default kernel changed after the last GPU run), th
   done
   ;;
 r32) sweep_set r32 ;;
+defaults)  # with row + lanes the default: every GPU test, issue 10's 1B set, the Qwen presets' set
+  gpu_tests
+  issue_sets 1b
+  issue_sets qwen
+  ;;
+llama) issue_sets llama; sanitize ;;
 next)
   log gpu-tests-new
   timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "mma or other_forms" -p no:cacheprovider > "$R/pytest_gpu_new.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_new.log"
@@ -41,6 +47,6 @@ next)
   sweep_set r32
   ;;
 sanitize) sanitize ;;
-*) echo "session11.sh: unknown stage '${1:-}' (first, r32, next, sanitize)" >&2; exit 2 ;;
+*) echo "session11.sh: unknown stage '${1:-}' (first, r32, defaults, llama, next, sanitize)" >&2; exit 2 ;;
 esac
 finish
