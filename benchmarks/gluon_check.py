@@ -324,6 +324,17 @@ SWEEPS = {
             ("row-lanes-again", "gluon", {"attn_new_row": "row", "attn_combine": "lanes"}),
             ("oproj-again", "gluon", {"attn_reduce": "oproj"}), ("oproj-row-again", "gluon", {"attn_reduce": "oproj",
                                                                                               "attn_new_row": "row"})],
+    # session 11, with row + lanes the default (the combine 2.8 -> 1.6 us in the 1B's critical attention task):
+    # does the split length's trade-off move (attn_min_chunk 64 / 16: fewer or more splits), and the signal gate
+    # (sig_gate 2 / 4)? r32long: the 4096-token context that r32 ran out of time for
+    "r33": [("default", "gluon", {}), ("chunk64", "gluon", {"attn_min_chunk": 64}),
+            ("chunk16", "gluon", {"attn_min_chunk": 16}), ("sg2", "gluon", {"sig_gate": 2}),
+            ("sg4", "gluon", {"sig_gate": 4}), ("default-again", "gluon", {}),
+            ("chunk64-again", "gluon", {"attn_min_chunk": 64}), ("chunk16-again", "gluon", {"attn_min_chunk": 16}),
+            ("sg2-again", "gluon", {"sig_gate": 2}), ("sg4-again", "gluon", {"sig_gate": 4})],
+    "r32long": [("default", "gluon", {}), ("block-warps", "gluon", {"attn_new_row": "block", "attn_combine": "warps"}),
+                ("default-again", "gluon", {}),
+                ("block-warps-again", "gluon", {"attn_new_row": "block", "attn_combine": "warps"})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

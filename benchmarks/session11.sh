@@ -33,6 +33,12 @@ defaults)  # with row + lanes the default: every GPU test, issue 10's 1B set, th
   issue_sets qwen
   ;;
 llama) issue_sets llama; sanitize ;;
+r33)  # the split length and the signal gate with row + lanes the default; row + lanes at 4096
+  sweep r33 llama-3.2-1b 128 70
+  sweep r33 qwen2.5-0.5b 128 60
+  sweep r33 qwen3-0.6b 128 60
+  sweep r32long llama-3.2-1b 4096 70
+  ;;
 next)
   log gpu-tests-new
   timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "mma or other_forms" -p no:cacheprovider > "$R/pytest_gpu_new.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_new.log"
@@ -47,6 +53,6 @@ next)
   sweep_set r32
   ;;
 sanitize) sanitize ;;
-*) echo "session11.sh: unknown stage '${1:-}' (first, r32, defaults, llama, next, sanitize)" >&2; exit 2 ;;
+*) echo "session11.sh: unknown stage '${1:-}' (first, r32, defaults, llama, r33, next, sanitize)" >&2; exit 2 ;;
 esac
 finish
