@@ -313,7 +313,8 @@ SWEEPS = {
     # prepared in session 10 (not run yet): the critical attention task's q phase and combine (the layer's chain,
     # chain_breakdown.py): the first block's older rows before the wait (attn_new_row=row), the split combine's
     # reductions in one warp's lanes (attn_combine=lanes), both; the O-proj tasks combining the splits themselves
-    # (attn_reduce=oproj: no ticket), alone and with row
+    # (attn_reduce=oproj: no ticket), alone and with row. attn_reduce=oproj lost (1B: 1.49 against 0.83 ms per
+    # token) and was removed after r32 (session 11), so r32's oproj configs no longer build
     "r32": [("default", "gluon", {}), ("row", "gluon", {"attn_new_row": "row"}),
             ("lanes", "gluon", {"attn_combine": "lanes"}),
             ("row-lanes", "gluon", {"attn_new_row": "row", "attn_combine": "lanes"}),
@@ -335,6 +336,15 @@ SWEEPS = {
     "r32long": [("default", "gluon", {}), ("block-warps", "gluon", {"attn_new_row": "block", "attn_combine": "warps"}),
                 ("default-again", "gluon", {}),
                 ("block-warps-again", "gluon", {"attn_new_row": "block", "attn_combine": "warps"})],
+    # prepared in session 11 (not run yet): the gates and the L2 prefetch past the ring, last measured on the kernels
+    # of sessions 3-7 (before sig_gate 3, mma, row + lanes): the attention gate on a model without q/k-norm
+    # (attn_gate 0 / 2), the consumers' L2 prefetch of 4 tiles past the ring during the O-proj wait (line, bulk)
+    "r34": [("default", "gluon", {}), ("ag0", "gluon", {"attn_gate": 0}), ("ag2", "gluon", {"attn_gate": 2}),
+            ("wpl4", "gluon", {"wait_prefetch": 4, "wait_prefetch_mode": "line"}),
+            ("wpb4", "gluon", {"wait_prefetch": 4}), ("default-again", "gluon", {}),
+            ("ag0-again", "gluon", {"attn_gate": 0}), ("ag2-again", "gluon", {"attn_gate": 2}),
+            ("wpl4-again", "gluon", {"wait_prefetch": 4, "wait_prefetch_mode": "line"}),
+            ("wpb4-again", "gluon", {"wait_prefetch": 4})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],
@@ -374,7 +384,8 @@ def section_sweep(args, out):
             engines[name] = (eng, tok, [], [])
             info = eng.compile_info()
             res[name] = {"params": kw, "impl": impl, "registers": info.get("registers"),
-                         "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"), "grid": info.get("grid")}
+                         "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"), "grid": info.get("grid"),
+                         "text_bytes": info.get("text_bytes")}
         except Exception as e:
             res[name] = {"params": kw, "error": f"{type(e).__name__}: {e}"[-800:]}
             print("  ", name, json.dumps(res[name])[:300], flush=True)

@@ -23,23 +23,22 @@ def main() -> int:
         for dtype in (torch.float32, torch.bfloat16):
             w = dummy_weights(get_preset("tiny-llama"), "cuda", dtype, seed=0)
             early = MegakernelParams(attn_operands="early")  # (the tensor-core attention's layout: bf16 only)
-            # session 10's switches (Gluon only): the O-proj tasks combining the splits, with the first block's
-            # older rows before the wait and the combine's reductions in lanes (in fused mode: no O-proj combine)
-            oproj = MegakernelParams(kv_splits=4, attn_min_chunk=1, attn_reduce="oproj", attn_new_row="row")
+            # session 10's switches (Gluon only): the first block's older rows before the wait with the combine's
+            # reductions in lanes
             lanes = MegakernelParams(kv_splits=4, attn_min_chunk=1, attn_combine="lanes", attn_new_row="row")
             for variant, params in (("fused", None), ("stages", None), ("fused", busy), ("stages", busy),
-                                    ("fused", early), ("fused", oproj), ("stages", oproj), ("fused", lanes)):
+                                    ("fused", early), ("fused", lanes)):
                 if params is early and (impl != "gluon" or dtype != torch.bfloat16):
                     continue
-                if (params is oproj or params is lanes) and impl != "gluon":
+                if params is lanes and impl != "gluon":
                     continue
                 if impl == "gluon" and params is busy:  # Gluon tasks are single tiles; keep its split settings
                     params = MegakernelParams(kv_splits=4, attn_min_chunk=1)
                 eng = MegakernelEngine(w, params=params, max_seq_len=32, variant=variant, impl=impl)
                 toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
                 eng.synchronize_and_check()
-                name = ("default" if params is None else "early" if params is early else "oproj" if params is oproj
-                        else "lanes" if params is lanes else "busy")
+                name = ("default" if params is None else "early" if params is early else "lanes" if params is lanes
+                        else "busy")
                 print(impl, eng.impl, dtype, variant, name, toks, flush=True)
     if "gluon" in impls or "auto" in impls:  # Qwen3's q/k-norm in the tensor-core attention, two K/V blocks per split
         # (a short prompt: the prefill is one launch per token, slow under racecheck)

@@ -12,6 +12,8 @@
 #                                        # and stages) and attn_combine=lanes + attn_new_row=row on tiny Llama
 #   bash benchmarks/session11.sh first   # split of `next` for the 600 s limit: every GPU test, then the checks
 #   bash benchmarks/session11.sh r32     # the sweep alone
+# attn_reduce=oproj lost in r32 and was removed in session 11 (after `first` and `r32` ran): their oproj parts
+# no longer build.
 # Then `session9.sh presets` and `issue_sets qwen`: the larger Llamas and the Qwen presets were last recorded in
 # session 8, before mv_ahead=1 became the default.
 . benchmarks/device_prelude.sh

@@ -48,40 +48,6 @@ def test_gluon_schedule_matches_reference_on_tiny_configs(name):
     assert t.hb == t.rows_qkv // 2 and t.attn_kv_heads == 1 and t.attn_fused
 
 
-@pytest.mark.parametrize("name", list(TINY))
-def test_gluon_schedule_with_the_oproj_combine_matches_reference(name):
-    """``attn_reduce=oproj`` (no ticket: every non-empty split adds to the layer's counter, the last non-empty one
-    also for the empty ones, and each O-proj task combines the partials): the oracle over the Gluon tiling, with
-    five CTAs' queues interleaved as resident CTAs could run them, gives the reference's logits over positions
-    where one split and where several hold the context; the O-proj tasks wait for kv_splits per kv head."""
-    from bubblescope.megakernel_engine.schedule import OP_ATTN_REDUCE, OP_OPROJ, counter_id
-    cfg = TINY[name]
-    w = dummy_weights(cfg, seed=6)
-    orc = _oracle(w, grid=5, attn_min_chunk=4, kv_splits=3, attn_reduce="oproj")
-    t = orc.schedule.tiling
-    assert t.attn_oproj and not t.attn_fused
-    oproj = [k for k in orc.schedule.tasks if k.op == OP_OPROJ]
-    assert {k.need for k in oproj} == {cfg.num_key_value_heads * 3} and {k.wait for k in oproj if k.layer == 0} == {
-        counter_id(0, OP_ATTN_REDUCE)}
-    assert orc.schedule.increments[counter_id(0, OP_ATTN_REDUCE)] == cfg.num_key_value_heads * 3
-    want = teacher_forced_logits(ReferenceEngine(w, max_seq_len=48), PROMPT, FORCED)
-    assert (teacher_forced_logits(orc, PROMPT, FORCED) - want).abs().max().item() < 1e-4
-    one = _oracle(w, grid=1, attn_min_chunk=4, kv_splits=3, attn_reduce="oproj")
-    orc.reset()
-    for tok in (3, 8, 1, 5, 2, 9):  # positions 0-5: one split, then two (and an empty third one throughout)
-        one.step(tok)
-        orc.run_programs(tok)
-        assert torch.equal(one.buffers["logits"], orc.buffers["logits"])
-
-
-def test_the_triton_kernel_refuses_the_oproj_combine():
-    from bubblescope.engines import build_engine
-    from bubblescope.errors import BubblescopeError
-    w = dummy_weights(TINY["gqa-tied-llama3"], seed=1)
-    with pytest.raises(BubblescopeError, match="attn_reduce=oproj is the Gluon kernel's"):
-        build_engine("megakernel", w, 48, params=MegakernelParams(attn_reduce="oproj"))
-
-
 def test_gluon_schedule_interleaved_programs_equal_one_program():
     """All 5 CTAs' queues interleaved as resident CTAs could run them: same logits as the topological order."""
     w = dummy_weights(TINY["gqa-tied-llama3"], seed=5)
@@ -141,10 +107,6 @@ def test_gluon_switches_are_checked():
     """The prepared switches refuse what they do not support: bad values (params.validate) and the warp-local
     attention on a q/k-norm model (gluon_params), each naming the field."""
     from bubblescope.errors import BubblescopeError
-    with pytest.raises(BubblescopeError, match="attn_reduce=oproj stages whole heads per 256-column chunk"):
-        t = gluon_tiling(get_preset("llama-3.2-1b"), MegakernelParams(attn_reduce="oproj", kv_splits=32), 132)
-        gluon_constexprs(get_preset("llama-3.2-1b"), t, gluon_params(get_preset("llama-3.2-1b"),
-                         MegakernelParams(attn_reduce="oproj", kv_splits=32)), 2048, torch.bfloat16, has_bias=False)
     for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks, warps or mma"),
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
@@ -234,10 +196,6 @@ for model, dtype, params in (
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
                                                           attn_layout="warps")),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_reduce="oproj", timeline=True)),
-        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_reduce="oproj")),
-        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_reduce="oproj", prefetch="off")),
-        ("stories260k", torch.float32, MegakernelParams(attn_reduce="oproj")),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -256,9 +214,7 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     staged vector, fp32; the matvec without its box read ahead (mv_ahead=0) with the timeline, and in fp32 with two
     boxes per ring slot; two boxes per slot with noprefetch + timeline, and on Qwen2.5 (a zero-filled box); the
     first block's older rows before the wait with the split combine in one warp's lanes: on the 1B with the timeline,
-    with q/k-norm (Qwen3) and in the warp-local layout with 7 query heads per kv head (Qwen2.5); the O-proj tasks
-    combining the attention splits: the 1B with the timeline, Qwen2.5 (14 heads: a staged chunk half empty), Qwen3
-    without prefetch (head_dim 128: two heads per chunk), fp32)
+    with q/k-norm (Qwen3) and in the warp-local layout with 7 query heads per kv head (Qwen2.5))
     through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
@@ -367,7 +323,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
-                                 "attn_combine": "warps", "attn_reduce": "fused"}
+                                 "attn_combine": "warps"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):

@@ -130,14 +130,11 @@ def test_gluon_qwen3_fp32_tiny_matches_reference_tightly():
 
 
 @_HOPPER
-@pytest.mark.parametrize("kw", [{"mv_ahead": 0}, {"slot_boxes": 2},
-                                {"attn_reduce": "oproj", "kv_splits": 4, "attn_min_chunk": 4}])
+@pytest.mark.parametrize("kw", [{"mv_ahead": 0}, {"slot_boxes": 2}])
 def test_gluon_other_forms_match_reference_tightly(kw):
     """Non-default forms on a tiny Qwen2 fp32 model whose column chunks (128 fp32) are odd in number (hidden 384:
     3; intermediate 640: 5, paired by split_k): the matvec's ring loop without its read ahead, and with two boxes
-    per slot (a slot's second box lies past K and meets TMA's zeros); the O-proj tasks combining the attention
-    splits (``attn_reduce=oproj``; 4 splits of ≥ 4 positions: one, then up to four non-empty as the context
-    grows to 34)."""
+    per slot (a slot's second box lies past K and meets TMA's zeros)."""
     from bubblescope.megakernel_engine import MegakernelEngine
     from bubblescope.megakernel_engine.schedule import MegakernelParams
     from bubblescope.models import ModelConfig
@@ -157,8 +154,7 @@ def test_gluon_other_forms_match_reference_tightly(kw):
 
 _ATTN_VARIANTS = {"late": {"attn_operands": "late", "attn_new_row": "block", "attn_combine": "warps"},
                   "early": {"attn_operands": "early"},
-                  "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"},
-                  "oproj": {"attn_operands": "late", "attn_reduce": "oproj"}}
+                  "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"}}
 
 
 @_HOPPER
@@ -170,12 +166,11 @@ def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, oper
     and without Qwen3's q/k-norm, with the operands converted after the dependency wait (``late``: the whole first
     block after it, the split combine in the warps layout) or before it (``early``), and after it with the first
     block's older rows loaded before the wait and the split combine's reductions in one warp's lanes
-    (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``), and with
-    the O-proj tasks combining the splits (``oproj``: ``attn_reduce=oproj``): after a
-    1,500-token prompt every position split holds two K/V blocks (the online softmax rescales across them; the
-    newest position in a split's second block), after 60 tokens one (the newest position in the first block,
-    patched into the early operands or the older rows). As close to the float32 model as the bf16 reference is,
-    and the same argmax on ≥ 95 % of 24 forced steps."""
+    (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``): after a 1,500-token prompt every position split
+    holds two K/V blocks (the online softmax rescales across them; the newest position in a split's second block),
+    after 60 tokens one (the newest position in the first block, patched into the early operands or the older
+    rows). As close to the float32 model as the bf16 reference is, and the same argmax on ≥ 95 % of 24 forced
+    steps."""
     from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models.config import ModelConfig
 

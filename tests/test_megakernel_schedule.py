@@ -140,8 +140,9 @@ def test_params_validation():
         MegakernelParams(rows_qkv=7).validate()
     with pytest.raises(BubblescopeError, match="multiple of 16"):
         build_schedule(TINY["qwen3-qknorm"], MegakernelParams(rows_qkv=8), 1)
-    with pytest.raises(BubblescopeError, match="attn_reduce must be fused, stage or oproj"):
-        MegakernelParams(attn_reduce="later").validate()
+    for bad in ("later", "oproj"):  # oproj: the O-proj tasks combining the splits, removed in session 11
+        with pytest.raises(BubblescopeError, match="attn_reduce must be fused or stage"):
+            MegakernelParams(attn_reduce=bad).validate()
     with pytest.raises(BubblescopeError, match="prefetch_next names unknown opcode.*FOO"):
         MegakernelParams(prefetch_next="OPROJ,foo").validate()
     with pytest.raises(BubblescopeError, match="weight_eviction"):
@@ -489,3 +490,57 @@ def test_register_cap_keeps_the_requested_programs_resident():
     assert register_cap(MegakernelParams(programs_per_sm=3)) == 168
     assert register_cap(MegakernelParams(num_warps=8, programs_per_sm=1)) == 255  # the ISA's maximum
     assert register_cap(MegakernelParams(max_registers=96)) == 96
+
+
+_TEXT = """
+import json, subprocess, tempfile
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from bubblescope.megakernel_engine.residency import cubin_text_bytes
+
+@triton.jit
+def axpy(x_ptr, y_ptr, a, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, a * tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m), mask=m)
+
+src = triton.compiler.ASTSource(axpy, {"x_ptr": "*fp32", "y_ptr": "*fp32", "a": "fp32", "n": "i32",
+                                       "BLOCK": "constexpr"}, {"BLOCK": 256})
+ck = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+    f.write(ck.asm["cubin"])
+    f.flush()
+    elf = subprocess.run([sys_cuobjdump, "-elf", f.name], capture_output=True, text=True, check=True).stdout
+print(json.dumps({"ours": cubin_text_bytes(ck.asm["cubin"]), "elf": elf}))
+"""
+
+
+def test_cubin_text_bytes_matches_cuobjdump(tmp_path):
+    """:func:`residency.cubin_text_bytes` on a small Triton kernel compiled offline for sm_90 against the size
+    ``cuobjdump -elf`` (Triton's bundled copy) lists for the same ``.text.<kernel>`` section; and a non-ELF input is
+    refused."""
+    import importlib.util
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bubblescope.megakernel_engine.residency import cubin_text_bytes
+
+    with pytest.raises(ValueError, match="not a little-endian ELF64"):
+        cubin_text_bytes(b"\x7fELF\x01\x01" + bytes(58))
+    spec = importlib.util.find_spec("triton")
+    tool = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump" if spec else None
+    if tool is None or not tool.is_file():
+        pytest.skip("triton with its bundled cuobjdump is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = tmp_path / "axpy.py"  # a @triton.jit function must live in a file
+    script.write_text(f"sys_cuobjdump = {str(tool)!r}\n" + _TEXT)
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    # cuobjdump's section table: "<index> <offset> <size> <entsize> <flags> PROGBITS ... .text.<name>", in hex
+    listed = {m.group(2): int(m.group(1), 16) for m in re.finditer(
+        r"^\s*\w+\s+\w+\s+(\w+)\s.*\sPROGBITS\s.*\s\.text\.(\S+)\s*$", got["elf"], re.M)}
+    assert listed and got["ours"] == listed and list(listed) == ["axpy"], (got["ours"], listed)

@@ -122,9 +122,6 @@ class MegakernelEngine:
             from .gluon import host as GH
             params = GH.gluon_params(cfg, params, self.limits.sms, self.dtype)
         else:  # q/k-norm in the attention task is the Gluon kernel's; the Triton kernel norms whole-head QKV tiles
-            if params.attn_reduce == "oproj":
-                raise BubblescopeError(f"megakernel params: attn_reduce=oproj is the Gluon kernel's (Hopper GPU); "
-                                       f"this engine runs the Triton kernel ({self.impl_reason})")
             params = params.replace(qk_norm_in_attn=False)
         self.params = params
         self._kernel = L.load_kernel(self.interpret)

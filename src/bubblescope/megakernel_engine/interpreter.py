@@ -158,8 +158,6 @@ class ScheduleInterpreter:
             self._attn_reduce(t.a0, t.a1, pos)
         elif t.op in (OP_OPROJ, OP_DOWN):
             r = slice(t.a1, t.a1 + t.a2)
-            if t.op == OP_OPROJ and tl_.attn_oproj:  # every O-proj task combines the splits itself (idempotent)
-                self._attn_reduce(0, cfg.num_key_value_heads, pos)
             if t.op == OP_OPROJ:
                 w, a, resid = p.wo[layer], b["attn"], (src if layer == 0 else b["x"])
             else:
@@ -225,12 +223,7 @@ class ScheduleInterpreter:
                               f"{program}) needs {t.need} increments of counter {t.wait} "
                               f"({self.schedule.counter_name(t.wait)}), has {counts[t.wait]}")
         self.run_task(t, token, self.position)
-        if t.op == OP_ATTN and self.schedule.tiling.attn_oproj:  # each non-empty split adds 1 at run time, the
-            # last non-empty one also for the empty ones after it: its kv-head group adds kv_splits per step
-            used = self._splits_used(self.position)
-            if t.a2 < used and t.signal >= 0:
-                counts[t.signal] += 1 + (self.schedule.tiling.kv_splits - used if t.a2 == used - 1 else 0)
-        elif t.ticket >= 0:  # fused reduction: the group's last non-empty split reduces and signals
+        if t.ticket >= 0:  # fused reduction: the group's last non-empty split reduces and signals
             if t.a2 >= self._splits_used(self.position):
                 return  # an empty split: skipped by the kernel (no ticket)
             got = self._tickets.get(t.ticket, 0) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import EngineUnavailable
+from .residency import cubin_text_bytes
 
 
 class Launcher:
@@ -34,8 +35,8 @@ class Launcher:
                     timeline_ptr=timeline, advance=int(advance), tok_in=int(tok_in))
 
     def compile(self, table, counts, timeline) -> dict:
-        """Compile (no launch) and load the binary; returns registers, spills, shared memory, warps, cooperative
-        and :attr:`info`.
+        """Compile (no launch) and load the binary; returns registers, spills, shared memory, warps, machine-code
+        bytes (``text_bytes``), cooperative and :attr:`info`.
 
         Raises:
             EngineUnavailable: the binary does not fit the device (shared memory, threads per block).
@@ -49,8 +50,10 @@ class Launcher:
         except OutOfResources as e:  # shared memory or threads beyond the device's per-block limits
             raise EngineUnavailable(f"megakernel does not fit the device: {e}") from None
         self.compiled = ck
+        cubin = ck.asm.get("cubin")
         return {"registers": int(ck.n_regs), "spills": int(ck.n_spills), "shared_bytes": int(ck.metadata.shared),
                 "num_warps": int(ck.metadata.num_warps),
+                "text_bytes": sum(cubin_text_bytes(cubin).values()) if cubin else None,
                 "cooperative": bool(getattr(ck.metadata, "launch_cooperative_grid", False)), **self.info}
 
     def __call__(self, grid: int, table, counts, timeline, advance: int, tok_in: int = -1) -> None:

@@ -107,3 +107,31 @@ def ptxas_usage(ptx: str, arch: int = 90) -> dict:
     spills = re.search(r"(\d+) bytes spill stores", log)
     return {"registers": int(regs.group(1)) if regs else None,
             "spill_store_bytes": int(spills.group(1)) if spills else None, "ptxas_log": log.strip()}
+
+
+def cubin_text_bytes(cubin: bytes) -> dict:
+    """Bytes of machine code per kernel in a CUDA ELF ``cubin`` (Triton's ``compiled.asm["cubin"]``): the size of
+    each ``.text.<kernel>`` section, ``{kernel: bytes}`` (SASS instructions are 16 bytes each on sm_70+).
+
+    Why: a megakernel runs every task type's code within one layer, so its hot code is the whole kernel, and its
+    size is weighed against the SM's instruction cache (session 11, NOTES). Read from the ELF64 section headers
+    (System V gABI: ``e_shoff`` at byte 0x28, ``e_shentsize`` / ``e_shnum`` / ``e_shstrndx`` at 0x3A–0x3F; a 64-byte
+    section header holds ``sh_name`` at 0 and ``sh_size`` at 32); ``cuobjdump -elf`` lists the same sizes.
+
+    Raises:
+        ValueError: ``cubin`` is not a little-endian ELF64 image.
+    """
+    import struct
+
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
+        raise ValueError("cubin: not a little-endian ELF64 image")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    # (sh_name, sh_flags, sh_addr, sh_offset, sh_size) of each section; sh_type skipped
+    headers = [struct.unpack_from("<I4xQQQQ", cubin, shoff + k * shentsize) for k in range(shnum)]
+    names_at = headers[shstrndx][3]
+
+    def name(off):
+        end = cubin.index(b"\0", names_at + off)
+        return cubin[names_at + off:end].decode()
+    return {name(h[0])[len(".text."):]: h[4] for h in headers if name(h[0]).startswith(".text.")}

@@ -115,11 +115,8 @@ class MegakernelParams:
         kv_splits: position splits per KV head in ATTN (auto: ``clamp(grid // kv_heads, 1, KV_SPLITS_CAP)``).
         attn_min_chunk: fewest positions per split at run time (``max(ceil(n / splits), this)``), so short
             contexts leave most splits empty; None: :data:`DEFAULT_MIN_CHUNK` (32).
-        attn_reduce: ``fused`` (the last ATTN task of a kv-head group combines the splits), ``stage`` (a
-            separate ATTN_REDUCE stage) or, Gluon kernel only, ``oproj`` (no ticket and no combining ATTN task:
-            every non-empty split stores its partials and adds to the layer's ATTN_REDUCE counter, the last
-            non-empty one also for the empty ones, and every O-proj task combines the partials into its staged
-            input; prepared in session 10, not yet measured on a GPU).
+        attn_reduce: ``fused`` (the last ATTN task of a kv-head group combines the splits) or ``stage`` (a
+            separate ATTN_REDUCE stage).
         attn_kv_heads: KV heads per ATTN / ATTN_REDUCE task (their G query heads each).
         block_s: positions per attention inner-loop chunk (power of two); None: the kernel's own choice (Triton
             kernel: ``triton_kernel.host.DEFAULT_BLOCK_S``, 32; Gluon kernel: ``gluon.host.gluon_params``' rule).
@@ -294,9 +291,8 @@ class MegakernelParams:
         if self.weight_eviction not in ("", "evict_first", "evict_last"):
             raise BubblescopeError(f"megakernel params: weight_eviction must be '', evict_first or evict_last, "
                                    f"got {self.weight_eviction!r}")
-        if self.attn_reduce not in ("fused", "stage", "oproj"):
-            raise BubblescopeError(f"megakernel params: attn_reduce must be fused, stage or oproj, "
-                                   f"got {self.attn_reduce!r}")
+        if self.attn_reduce not in ("fused", "stage"):
+            raise BubblescopeError(f"megakernel params: attn_reduce must be fused or stage, got {self.attn_reduce!r}")
         bad = [n for n in self.prefetch_next_ops_names() if n not in OPCODES or n == "NOP"]
         if bad:
             raise BubblescopeError(f"megakernel params: prefetch_next names unknown opcode(s) {', '.join(bad)}; "
@@ -383,8 +379,7 @@ class Tiling:
     ``block_*``: the power-of-two register tile sizes (compile-time constants); a GATEUP / LMHEAD task covers
     ``gateup_blocks`` / ``lm_blocks`` of them. ``pf_next_ops``: opcodes whose tasks also prefetch the next
     task of their queue. ``qk_norm_attn``: q/k-norm and RoPE of q and k are done in the ATTN task (see
-    ``MegakernelParams.qk_norm_in_attn``; only for a model with q/k-norm). ``attn_oproj``: the O-proj tasks
-    combine the attention splits (``attn_reduce="oproj"``, Gluon kernel).
+    ``MegakernelParams.qk_norm_in_attn``; only for a model with q/k-norm).
     """
 
     rows_qkv: int
@@ -410,7 +405,6 @@ class Tiling:
     block_qh: int
     block_split: int
     qk_norm_attn: bool = False
-    attn_oproj: bool = False
 
 
 def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
@@ -436,7 +430,7 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
         i_pad=-(-cfg.intermediate_size // (r_gu // 2)) * (r_gu // 2),
         block_p=next_pow2(r_qkv // 2), block_o=next_pow2(r_o), block_gu=next_pow2(r_gu // 2),
         block_dn=next_pow2(r_dn), block_lm=next_pow2(r_lm), block_qh=next_pow2(heads * g),
-        block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn, attn_oproj=params.attn_reduce == "oproj")
+        block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn)
 
 
 @dataclass(frozen=True)
@@ -506,8 +500,6 @@ def build_tasks(cfg: ModelConfig, tiling: Tiling) -> list[Task]:
         if tiling.attn_fused:
             stage(layer, OP_ATTN, attn, counter_id(layer, OP_QKV), signal=counter_id(layer, OP_ATTN_REDUCE),
                   tickets=[ticket_id(cfg, tiling, layer, g) for g in range(len(groups)) for _ in range(splits)])
-        elif tiling.attn_oproj:  # one increment per split and step (added at run time, see attn_reduce)
-            stage(layer, OP_ATTN, attn, counter_id(layer, OP_QKV), signal=counter_id(layer, OP_ATTN_REDUCE))
         else:
             stage(layer, OP_ATTN, attn, counter_id(layer, OP_QKV))
             stage(layer, OP_ATTN_REDUCE, [(h0, n, 0) for h0, n in groups], counter_id(layer, OP_ATTN))

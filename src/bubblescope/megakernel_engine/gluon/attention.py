@@ -18,7 +18,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mma_v2
 
 from .common import now, rnd, spin, splits_used, stamp_after
-from .matvec import stage_vector
 
 
 @gluon.constexpr_function
@@ -49,8 +48,7 @@ def attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targe
                GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr, NSPLIT: gl.constexpr,
                MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
                TD: gl.constexpr, NW: gl.constexpr, TIMELINE: gl.constexpr,
-               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr, LANES: gl.constexpr = False,
-               OPROJ: gl.constexpr = False):
+               knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr, LANES: gl.constexpr = False):
     """Returns (last counter value seen by the dependency wait, or ``target`` without one; with ``TIMELINE`` the
     ns stamps of: the wait met, the math done (after the last block, so after q and the new K/V arrived), the
     ticket drawn (partials stored and fenced; for a single split: its output published), q in registers (normed
@@ -152,8 +150,7 @@ def attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targe
     t_loop = t_math  # one layout: the block loop's end is the math's
     t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr,
                              attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT,
-                             _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, GP, QL, gl.SliceLayout(1, SL),
-                             OPROJ)
+                             _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, GP, QL, gl.SliceLayout(1, SL))
     return seen, t_ready, t_math, t_ticket, t_q, t_loop
 
 
@@ -227,8 +224,7 @@ def attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr,
                      G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
                      NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
                      BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
-                     TIMELINE: gl.constexpr, NEW_ROW: gl.constexpr = False, LANES: gl.constexpr = False,
-                     OPROJ: gl.constexpr = False):
+                     TIMELINE: gl.constexpr, NEW_ROW: gl.constexpr = False, LANES: gl.constexpr = False):
     """:func:`attention` for models without q/k-norm, warp-local online softmax; same returns (``NEW_ROW``: see
     :func:`_first_block_and_wait`)."""
     SW: gl.constexpr = BLOCK_S // NW
@@ -297,8 +293,7 @@ def attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr,
         t_math = now(gl.max(l_f, axis=0).to(gl.int32))
     t_ticket = _attn_publish(kvh, split, pos, m_f, l_f, acc_f, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
                              pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT,
-                             _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, GP, QL, gl.SliceLayout(1, SL),
-                             OPROJ)
+                             _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, GP, QL, gl.SliceLayout(1, SL))
     return seen, t_ready, t_math, t_ticket, t_q, t_loop
 
 
@@ -358,8 +353,7 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
                    NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
                    BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
                    TIMELINE: gl.constexpr, knew_ptr, qknorm_ptr, cos_ptr, sin_ptr, eps, QK_NORM: gl.constexpr,
-                  EARLY: gl.constexpr, NEW_ROW: gl.constexpr = False, LANES: gl.constexpr = False,
-                  OPROJ: gl.constexpr = False):
+                  EARLY: gl.constexpr, NEW_ROW: gl.constexpr = False, LANES: gl.constexpr = False):
     """:func:`attention` on the tensor cores (16-bit activations, at most 16 query heads per kv head); same
     returns. ``QK_NORM`` as in :func:`attention`: q normed and rotated before it becomes the A operand, the new k
     normed and rotated from ``knew_ptr``, written to the cache by the split holding ``pos`` and put into its K
@@ -466,7 +460,7 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
         t_math = now(gl.max(l, axis=0).to(gl.int32))
     t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
                              pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT,
-                             _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, MR, MMA, RL, OPROJ)
+                             _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, MR, MMA, RL)
     return seen, t_ready, t_math, t_ticket, t_q, t_math
 
 
@@ -474,13 +468,10 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
 def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr,
                   D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr,
                   BLOCK_SPLIT: gl.constexpr, L3: gl.constexpr, TIMELINE: gl.constexpr, R: gl.constexpr,
-                  LA: gl.constexpr, LM: gl.constexpr, OPROJ: gl.constexpr = False):
+                  LA: gl.constexpr, LM: gl.constexpr):
     """A split's end (every attention layout): the whole context in this task →
     normalise and publish; else store the partials, draw the kv head's ticket, and the last holder combines (in
-    layout ``L3``, GP rows) and signals. ``OPROJ`` (``attn_reduce=oproj``): no ticket and no combine here; each
-    non-empty split signals 1 after its partials and the last non-empty one also the empty ones' (a single split:
-    NSPLIT after its output), so the O-proj tasks, which combine, wait for NSPLIT per kv head. ``m``, ``l`` (R,) in
-    layout ``LM`` and ``acc`` (R, D) in ``LA``: R ≥ G rows,
+    layout ``L3``, GP rows) and signals. ``m``, ``l`` (R,) in layout ``LM`` and ``acc`` (R, D) in ``LA``: R ≥ G rows,
     query head ``kvh·G + r`` in row r (the rows past G are ignored). Returns the ticket's ns stamp (0 without
     TIMELINE)."""
     ACT: gl.constexpr = attn_ptr.dtype.element_ty
@@ -497,15 +488,7 @@ def _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_
                  mask=gl.expand_dims(mq, 1))
         gl.thread_barrier()
         if sig >= 0:  # (-1 in megakernel-stages, whose launches order the stages: no counter)
-            gl.atomic_add(counters_ptr + sig, NSPLIT if OPROJ else 1, sem="release", scope="gpu")
-        if TIMELINE:
-            t_ticket = now(pos)
-    elif OPROJ:
-        _store_partials(kvh, split, m, l, acc, hq, mq, pm_ptr, pl_ptr, pacc_ptr, D, G, R, NSPLIT, LA, LM)
-        gl.thread_barrier()
-        if sig >= 0:
-            gl.atomic_add(counters_ptr + sig, 1 + gl.where(split == used - 1, NSPLIT - used, 0), sem="release",
-                          scope="gpu")
+            gl.atomic_add(counters_ptr + sig, 1, sem="release", scope="gpu")
         if TIMELINE:
             t_ticket = now(pos)
     else:
@@ -600,43 +583,3 @@ def _merge_splits(big, den, acc, pm_ptr, pl_ptr, pacc_ptr, row, mm, d3, D: gl.co
     acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QL)), 1) \
         + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
     return new, den, acc
-
-
-# OPROJ (attn_reduce=oproj): an O-proj task's input is the attention output combined from the splits' partials by
-# the task itself, staged straight into xs: per xs chunk of BK columns (BK / D whole heads), the log-sum-exp combine
-# of _attn_combine over the non-empty splits, rounded to ACT as the reference's attention output is. With one
-# non-empty split that split wrote the output itself, staged as it is. Every O-proj task of the layer does the same
-# combine (with 5-12 splits: 40-96 KB of L2 reads per task on Llama-3.2-1B), in place of the kv head's last split
-# drawing a ticket, combining and publishing before any O-proj task could start (NOTES.md, session 10).
-@gluon.jit
-def stage_attention(attn_ptr, pm_ptr, pl_ptr, pacc_ptr, xs, used, Q: gl.constexpr, D: gl.constexpr,
-                    NSPLIT: gl.constexpr, BLOCK_SPLIT: gl.constexpr, KCH: gl.constexpr, BK: gl.constexpr,
-                    VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
-    """Stage the attention output (Q values, heads of D) into ``xs`` chunks [0, KCH) from the partials of the
-    ``used`` non-empty splits (at most BLOCK_SPLIT; zeros past Q), or from ``attn_ptr`` when ``used`` is 1."""
-    if used == 1:
-        stage_vector(attn_ptr, attn_ptr, xs, 0.0, False, Q, KCH, BK, VEC, TK, NW)
-    else:
-        ACT: gl.constexpr = xs.dtype
-        HC: gl.constexpr = BK // D  # whole heads per chunk (the host refuses a head_dim that does not divide BK)
-        NH: gl.constexpr = Q // D
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, BLOCK_SPLIT, 32 // BLOCK_SPLIT], [1, 1, NW], [2, 1, 0])
-        SL: gl.constexpr = gl.SliceLayout(2, L3)  # (heads, splits): m, l
-        QL: gl.constexpr = gl.SliceLayout(1, L3)  # (heads, D): the output
-        hs = gl.arange(0, HC, layout=gl.SliceLayout(1, SL))
-        sp = gl.expand_dims(gl.arange(0, BLOCK_SPLIT, layout=gl.SliceLayout(0, SL)), 0)
-        d3 = gl.expand_dims(gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, QL)), 0), 1)
-        ho = gl.arange(0, HC, layout=gl.SliceLayout(1, QL))
-        gl.thread_barrier()  # every thread is done reading the previous vector
-        for c in gl.static_range(KCH):
-            h = c * HC + hs
-            _, den, num = _merge_splits(gl.full([HC], -1.0e30, gl.float32, gl.SliceLayout(1, SL)),
-                                        gl.zeros([HC], gl.float32, gl.SliceLayout(1, SL)),
-                                        gl.zeros([HC, D], gl.float32, QL), pm_ptr, pl_ptr, pacc_ptr,
-                                        gl.expand_dims(h * NSPLIT, 1) + sp, gl.expand_dims(h < NH, 1) & (sp < used),
-                                        d3, D, QL)
-            den = gl.convert_layout(den, gl.SliceLayout(1, QL))
-            ok = gl.expand_dims(c * HC + ho < NH, 1)
-            out = gl.where(ok, num / gl.expand_dims(gl.where(den > 0, den, 1.0), 1), 0.0)
-            xs.index(c)._reinterpret(ACT, [HC, D], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(out.to(ACT))
-        gl.thread_barrier()

@@ -14,7 +14,7 @@ import torch
 
 from ...errors import BubblescopeError, EngineUnavailable
 from ...models.config import ModelConfig
-from ..residency import ptxas_usage
+from ..residency import cubin_text_bytes, ptxas_usage
 from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_tiling
 
 STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
@@ -191,8 +191,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     new_row, combine = resolve_attn_split(cfg, params.attn_new_row, params.attn_combine)
     return params.replace(attn_new_row=new_row, attn_combine=combine, attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
                           rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
-                          lm_blocks=1, attn_kv_heads=1, programs_per_sm=1,
-                          attn_reduce="oproj" if params.attn_reduce == "oproj" else "fused",
+                          lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, qk_norm_in_attn=True)
 
 
@@ -233,9 +232,6 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     why = mma_unsupported(cfg, esize, params.block_s, params.num_warps) if params.attn_layout == "mma" else None
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
-    if t.attn_oproj and (bk % d or t.kv_splits > 16):
-        raise BubblescopeError(f"megakernel params: attn_reduce=oproj stages whole heads per {bk}-column chunk and "
-                               f"at most 16 splits; got head_dim {d}, kv_splits {t.kv_splits}")
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
@@ -256,7 +252,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early", MV_AHEAD=params.mv_ahead == 1,
         NEW_ROW=params.attn_new_row == "row" and (params.attn_layout == "warps" or (
             params.attn_layout == "mma" and params.attn_operands == "late")),
-        COMBINE_LANES=params.attn_combine == "lanes", OPROJ_COMB=bool(t.attn_oproj))
+        COMBINE_LANES=params.attn_combine == "lanes")
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -273,8 +269,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers ahead of its products),
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
-    ``lanes``: the split combine's layout), ``attn_reduce`` (``fused``: the kv head's last split combines;
-    ``oproj``: the O-proj tasks do);
+    ``lanes``: the split combine's layout);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -285,8 +280,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert",
             "attn_operands": "early" if cx["MMA_EARLY"] else "late", "mv_ahead": int(cx["MV_AHEAD"]),
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
-            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps",
-            "attn_reduce": "oproj" if cx["OPROJ_COMB"] else "fused"}
+            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps"}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
@@ -346,7 +340,8 @@ def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bo
 
 def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: MegakernelParams | None = None,
                     max_seq_len: int = 2048, grid: int = 132) -> dict:
-    """Compile the Gluon kernel for sm_90 on any machine (no GPU): registers, spills, shared memory, PTX size.
+    """Compile the Gluon kernel for sm_90 on any machine (no GPU): registers, spills, shared memory, PTX size and
+    ``text_bytes`` (its machine code, :func:`residency.cubin_text_bytes`).
 
     Raises:
         EngineUnavailable: Triton is in interpreter mode in this process.
@@ -386,5 +381,6 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     return {**usage, "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
             "ring_bytes": cx["NS"] * cx["SB"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
             "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
+            "text_bytes": cubin_text_bytes(ck.asm["cubin"])["megakernel"],
             "tiling": vars(t), "gluon": gluon_choice(t, cx), "smem_limit": SMEM_PER_BLOCK_SM90,
             "grid_hint": math.ceil(grid)}

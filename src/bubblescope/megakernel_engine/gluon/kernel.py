@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .. import schedule as S
-from .attention import attention, attention_mma, attention_warps, stage_attention
+from .attention import attention, attention_mma, attention_warps
 from .common import now, rnd, spin, splits_used
 from .matvec import mv_halves, mv_pair, mv_single, stage_vector
 
@@ -173,7 +173,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
-              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, OPROJ_COMB: gl.constexpr):
+              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -254,21 +254,20 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
                         NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, knew_ptr, qknorm_ptr, cos_ptr,
-                        sin_ptr, eps, QK_NORM, MMA_EARLY, NEW_ROW, COMBINE_LANES, OPROJ_COMB)
+                        sin_ptr, eps, QK_NORM, MMA_EARLY, NEW_ROW, COMBINE_LANES)
                 elif ATTN_WARPS:
                     seen, t_attn, t_math, t_ticket, t_staged, t_mv = attention_warps(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
-                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, NEW_ROW, COMBINE_LANES,
-                        OPROJ_COMB)
+                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, NEW_ROW, COMBINE_LANES)
                 else:
                     seen, t_attn, t_math, t_ticket, t_staged, t_mv = attention(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
                         NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, knew_ptr, qknorm_ptr, cos_ptr,
-                        sin_ptr, eps, QK_NORM, COMBINE_LANES, OPROJ_COMB)
+                        sin_ptr, eps, QK_NORM, COMBINE_LANES)
                 if TIMELINE:  # an attention task has no weight loads: its producer stamps hold two phases
                     t_ready = t_attn
                     aslot = timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS
@@ -319,11 +318,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
             if key != staged:
-                if OPROJ_COMB:  # the split combine is this task's (attn_reduce=oproj)
-                    stage_attention(attn_ptr, pm_ptr, pl_ptr, pacc_ptr, xs, splits_used(pos, NSPLIT, MIN_CHUNK), Q, D,
-                                    NSPLIT, BLOCK_SPLIT, KCH_Q, BK, VEC, TK, NW)
-                else:
-                    stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
+                stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -363,9 +358,6 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if LM_CTA:
                 lm_best = gl.maximum(lm_best, lm_key)
         amount = gl.load(row + F_SIGINC)
-        if OPROJ_COMB:
-            if op == OP_ATTN:  # it signalled at run time (attention.py, _attn_publish)
-                amount = 0
         if amount > 0:  # the CTA's last task of its run of one stage signals for the whole run
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + gl.load(row + F_SIGNAL), amount, sem="release", scope="gpu")
@@ -674,7 +666,7 @@ def megakernel(
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
-        COMBINE_LANES: gl.constexpr, OPROJ_COMB: gl.constexpr):
+        COMBINE_LANES: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -708,7 +700,7 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, OPROJ_COMB)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Prepared in session 11 for the twelfth session's device calls (from the repository root, through the device
+# tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
+#   bash benchmarks/session12.sh first   # every GPU test (attn_reduce=oproj was removed after the last GPU run;
+#                                        # the default kernel's PTX is unchanged, compared offline), the
+#                                        # instruction-cache check (icache), then sweep r34 (the gates and the L2
+#                                        # prefetch past the ring, re-measured on this kernel) on the 1B, Qwen2.5
+#                                        # and the 8B
+#   bash benchmarks/session12.sh icache  # ncu's warp-stall reasons for one decode step of the 1B: the default
+#                                        # kernel (93 KB of SASS) and e6b2920's attn_reduce=oproj (170 KB; needs
+#                                        # .carry/src_e6b2920.tar = `git archive e6b2920 src`), whose untouched
+#                                        # phases ran ~2x slower in session 11: is it the instruction cache?
+. benchmarks/device_prelude.sh
+icache() {
+  local metrics
+  metrics=$(python3 -c "from bubblescope.profiler.ncu import METRICS; print(','.join(METRICS))")
+  for tag in default oproj; do
+    local src=src P='{}'
+    if [ $tag = oproj ]; then
+      [ -f .carry/src_e6b2920.tar ] || { echo "icache: .carry/src_e6b2920.tar missing, oproj skipped"; continue; }
+      mkdir -p /tmp/old && tar xf .carry/src_e6b2920.tar -C /tmp/old && src=/tmp/old/src P='{"attn_reduce": "oproj"}'
+    fi
+    log "ncu $tag"
+    PYTHONPATH=$src:/tmp/site timeout 150 ncu --csv --print-units base --clock-control none --target-processes all \
+      --launch-skip 16 --launch-count 1 -k regex:megakernel --metrics "$metrics" \
+      python3 benchmarks/ncu_target.py llama-3.2-1b "$P" > "$R/ncu_$tag.csv" 2> "$R/ncu_$tag.err"
+    echo "rc=$?" >> "$R/ncu_$tag.err"
+    python3 -c "
+import sys
+from bubblescope.profiler.ncu import parse_ncu_csv
+rows = parse_ncu_csv(open(sys.argv[1]).read())
+print({r['metric'].replace('smsp__warp_issue_stalled_', '').replace('_per_warp_active.pct', ''): r['value'] for r in rows})
+" "$R/ncu_$tag.csv" 2>&1 | tail -2
+  done
+}
+case "${1:-}" in
+first)
+  gpu_tests
+  icache
+  sweep r34 llama-3.2-1b 128 70
+  sweep r34 qwen2.5-0.5b 128 60
+  sweep r34 llama-3.1-8b 128 120
+  ;;
+icache) icache ;;
+*) echo "session12.sh: unknown stage '${1:-}' (first, icache)" >&2; exit 2 ;;
+esac
+finish
