@@ -345,6 +345,19 @@ SWEEPS = {
             ("ag0-again", "gluon", {"attn_gate": 0}), ("ag2-again", "gluon", {"attn_gate": 2}),
             ("wpl4-again", "gluon", {"wait_prefetch": 4, "wait_prefetch_mode": "line"}),
             ("wpb4-again", "gluon", {"wait_prefetch": 4})],
+    # prepared in session 11 (not run yet): the tensor cores with each warp on its own positions (attn_layout=
+    # mma-warps: a warp-local online softmax, one cross-warp combine per task), alone and with longer splits (its
+    # super-block is 64 positions; attn_min_chunk 64 / 128: fewer splits, so fewer partials, tickets and combines)
+    "r35": [("default", "gluon", {}), ("mw", "gluon", {"attn_layout": "mma-warps"}),
+            ("mw-chunk64", "gluon", {"attn_layout": "mma-warps", "attn_min_chunk": 64}),
+            ("mw-chunk128", "gluon", {"attn_layout": "mma-warps", "attn_min_chunk": 128}),
+            ("default-again", "gluon", {}), ("mw-again", "gluon", {"attn_layout": "mma-warps"}),
+            ("mw-chunk64-again", "gluon", {"attn_layout": "mma-warps", "attn_min_chunk": 64}),
+            ("mw-chunk128-again", "gluon", {"attn_layout": "mma-warps", "attn_min_chunk": 128})],
+    "r35long": [("default", "gluon", {}), ("mw", "gluon", {"attn_layout": "mma-warps"}),
+                ("mw-splits8", "gluon", {"attn_layout": "mma-warps", "kv_splits": 8}),
+                ("default-again", "gluon", {}), ("mw-again", "gluon", {"attn_layout": "mma-warps"}),
+                ("mw-splits8-again", "gluon", {"attn_layout": "mma-warps", "kv_splits": 8})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -74,7 +74,7 @@ _INTRAKERNEL = {
     "tasks?": [{"program": "int", "opcode": "label", "layer?": "int",
                 "start_us": "real", "ready_us": "real", "end_us": "real"}],
 }
-_COMPILE = {"registers?": "int", "spills?": "int", "shared_bytes?": "int", "num_warps?": "int", "text_bytes?": "int",
+_COMPILE = {"registers?": "int", "spills?": "int", "shared_bytes?": "int", "num_warps?": "int", "text_bytes??": "int",
             "programs_per_sm?": "int", "grid?": "int"}
 _CORRECTNESS = {"reference?": "str", "steps?": "int", "token_agreement?": "frac",
                 "max_abs_logit_diff?": "num", "rel_logit_err?": "num"}
