@@ -12,6 +12,7 @@
 #                                        # kernel (93 KB of SASS) and e6b2920's attn_reduce=oproj (170 KB; needs
 #                                        # .carry/src_e6b2920.tar = `git archive e6b2920 src`), whose untouched
 #                                        # phases ran ~2x slower in session 11: is it the instruction cache?
+#   bash benchmarks/session12.sh sanitize # compute-sanitizer memcheck / racecheck, now with mma-warps (tiny-mw)
 . benchmarks/device_prelude.sh
 icache() {
   local metrics
@@ -46,6 +47,7 @@ r34)
   sweep r34 llama-3.1-8b 128 120
   ;;
 icache) icache ;;
+sanitize) sanitize ;;
 warps)  # attn_layout=mma-warps: its GPU tests, the checks on the 1B (frames kept) and Qwen2.5, sweep r35
   log gpu-tests-warps
   timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "mma_attention" -p no:cacheprovider > "$R/pytest_gpu_warps.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_warps.log"
@@ -57,6 +59,6 @@ warps)  # attn_layout=mma-warps: its GPU tests, the checks on the 1B (frames kep
   sweep r35 qwen2.5-0.5b 128 60
   sweep r35long llama-3.2-1b 4096 120
   ;;
-*) echo "session12.sh: unknown stage '${1:-}' (first, r34, icache, warps)" >&2; exit 2 ;;
+*) echo "session12.sh: unknown stage '${1:-}' (first, r34, icache, warps, sanitize)" >&2; exit 2 ;;
 esac
 finish
