@@ -397,8 +397,8 @@ def section_sweep(args, out):
             engines[name] = (eng, tok, [], [])
             info = eng.compile_info()
             res[name] = {"params": kw, "impl": impl, "registers": info.get("registers"),
-                         "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"), "grid": info.get("grid"),
-                         "text_bytes": info.get("text_bytes")}
+                         "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"),
+                         "grid": info.get("grid"), "text_bytes": info.get("text_bytes")}
         except Exception as e:
             res[name] = {"params": kw, "error": f"{type(e).__name__}: {e}"[-800:]}
             print("  ", name, json.dumps(res[name])[:300], flush=True)

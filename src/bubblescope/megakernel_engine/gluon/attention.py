@@ -529,7 +529,8 @@ def attention_mma_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_
         mk_n = (s0 + SB + pk < s_hi) & (d3 < D)
         k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
         v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
-        sc = mma_v2(qa, gl.convert_layout(gl.permute(k, [0, 2, 1]), BOP), gl.zeros([NW, MR, BLOCK_S], gl.float32, MMA))
+        kb = gl.convert_layout(gl.permute(k, [0, 2, 1]), BOP)  # Kᵀ per warp: (NW, D, BLOCK_S), warp-local
+        sc = mma_v2(qa, kb, gl.zeros([NW, MR, BLOCK_S], gl.float32, MMA))
         sc = gl.where(s0 + pm3 < s_hi, sc * sm_scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(sc, axis=2))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp past s_hi: p = 0, not exp(-inf + inf)

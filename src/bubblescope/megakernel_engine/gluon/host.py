@@ -82,8 +82,9 @@ def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int, 
         return "attn_layout=mma-warps does not support q/k-norm (Qwen3) yet"
     if esize != 2 or d % 16 or block_s % 16 or (block_s < 8 * num_warps and not per_warp) or cfg.gqa_group > 16:
         return (f"attn_layout={'mma-warps' if per_warp else 'mma'} needs 16-bit weights, head_dim and block_s "
-                f"multiples of 16, block_s ≥ 8 × num_warps (mma) and at most 16 query heads per kv head; got {esize * 8}-bit weights, head_dim {d}, block_s "
-                f"{block_s}, num_warps {num_warps}, {cfg.gqa_group} query heads per kv head")
+                f"multiples of 16, block_s ≥ 8 × num_warps (mma) and at most 16 query heads per kv head; got "
+                f"{esize * 8}-bit weights, head_dim {d}, block_s {block_s}, num_warps {num_warps}, "
+                f"{cfg.gqa_group} query heads per kv head")
     return None
 
 
@@ -121,7 +122,8 @@ def resolve_block_s(cfg: ModelConfig, layout: str, params: MegakernelParams, blo
     whatever their count: there ``min(DEFAULT_BLOCK_S, 4096 // head_dim)`` positions (two K/V tiles of ≤ 4096
     values in flight), which moves only models with more than 4 query heads per kv head (Qwen2.5-0.5B: 32 → 64);
     with ``mma-warps`` 16 positions per warp (each warp holds its K and V and the next super-block's; offline sm_90
-    compile: the 1B spilled 140 bytes at 32, none at 16). (The fewest positions per split, ``attn_min_chunk``, is ``schedule.DEFAULT_MIN_CHUNK`` on both kernels.)
+    compile: the 1B spilled 140 bytes at 32, none at 16). (The fewest positions per split, ``attn_min_chunk``, is
+    ``schedule.DEFAULT_MIN_CHUNK`` on both kernels.)
 
     Measured on the H200 (session 9, ``gluon_check.py --sweep r28 --timed 256``, interleaved, stepwise ms,
     benchmarks/results/h200-2026-12-01-s9), Qwen2.5-0.5B (7 query heads per kv head, head_dim 64), 64-position
@@ -196,8 +198,9 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
                                  params.num_warps)
     block_s = resolve_block_s(cfg, layout, params, block_s)
     new_row, combine = resolve_attn_split(cfg, params.attn_new_row, params.attn_combine)
-    return params.replace(attn_new_row=new_row, attn_combine=combine, attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
-                          rows_qkv=br, rows_o=rows_od, rows_gateup=br, rows_down=rows_od, rows_lm=br, gateup_blocks=1,
+    return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
+                          attn_new_row=new_row, attn_combine=combine, rows_qkv=br, rows_o=rows_od, rows_gateup=br,
+                          rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
                           kv_splits=params.kv_splits or DEFAULT_SPLITS, qk_norm_in_attn=True)
 
