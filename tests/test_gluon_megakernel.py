@@ -148,15 +148,18 @@ def test_gluon_switches_are_checked():
     assert gluon_params(get_preset("qwen2.5-0.5b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
     # mma-warps, by name only: 16 positions per warp, the new row patched after the wait, its K transposition's
     # shared memory counted beside the ring; refused with q/k-norm and for 8-wide heads, naming the layout
-    # ring slots of 16 KB in 227 KB less xs, 8 KB of scratch and the (4, D, 16) bf16 transposition: the 1B
-    # (232448 - 16384 - 8192 - 8192) // 16384 = 12 (as asked), the 8B (232448 - 32768 - 8192 - 16384) // 16384 = 10
-    for name, ring in (("llama-3.2-1b", 12), ("llama-3.1-8b", 10)):
-        cfg = get_preset(name)
-        pm = gluon_params(cfg, MegakernelParams(attn_layout="mma-warps"))
-        t = gluon_tiling(cfg, pm, 132)
-        choice = gluon_choice(t, gluon_constexprs(cfg, t, pm, 512, torch.bfloat16, False))
-        assert (choice["attn_layout"], choice["block_s"], choice["attn_new_row"], choice["ring"]) == \
-            ("mma-warps", 16, "row", ring), choice
+    # ring slots of 16 KB in 227 KB less xs and the scratch, the largest of 8 KB and the (4, 16, 64) float32
+    # accumulators combined across warps: the 1B (232448 - 16384 - 16384) // 16384 = 12 (as asked)
+    cfg = get_preset("llama-3.2-1b")
+    pm = gluon_params(cfg, MegakernelParams(attn_layout="mma-warps"))
+    t = gluon_tiling(cfg, pm, 132)
+    choice = gluon_choice(t, gluon_constexprs(cfg, t, pm, 512, torch.bfloat16, False))
+    assert (choice["attn_layout"], choice["block_s"], choice["attn_new_row"], choice["ring"]) == \
+        ("mma-warps", 16, "row", 12), choice
+    l8 = get_preset("llama-3.1-8b")  # head_dim 128: a warp's whole accumulator spills
+    p8 = gluon_params(l8, MegakernelParams(attn_layout="mma-warps"))
+    with pytest.raises(BubblescopeError, match="attn_layout=mma-warps needs head_dim ≤ 64"):
+        gluon_constexprs(l8, gluon_tiling(l8, p8, 132), p8, 512, torch.bfloat16, False)
     q3 = get_preset("qwen3-0.6b")
     pq = gluon_params(q3, MegakernelParams(attn_layout="mma-warps"))
     with pytest.raises(BubblescopeError, match="attn_layout=mma-warps does not support q/k-norm"):

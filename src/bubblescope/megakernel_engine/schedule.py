@@ -156,8 +156,9 @@ class MegakernelParams:
             16-bit weights, ≤ 16 query heads per kv head), ``mma-warps`` (the tensor cores with each warp on its
             own ``block_s`` positions of every ``num_warps × block_s`` super-block, a warp-local online softmax and
             one cross-warp combine per task; as ``mma`` but no q/k-norm; prepared in session 11 for long splits,
-            not yet measured on a GPU; head_dim 128 spills: Llama-3.1-8B 708 bytes, offline sm_90 compile, 580
-            without the next super-block's loads ahead: each warp holds a whole (16, D) float32 accumulator) or
+            not yet measured on a GPU; head_dim ≤ 64: each warp holds a whole (16, D) float32 accumulator, and
+            Llama-3.1-8B's 128 spilled 708 bytes, offline sm_90 compile, 580 without the next super-block's loads
+            ahead) or
             ``auto`` (``mma`` where it fits; else ``warps`` where the model has no q/k-norm and at most 4 query
             heads per kv head, else ``blocks``; measured in
             ``gluon.host.resolve_attn_layout``).

@@ -470,8 +470,8 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
 # tile, warp w holding positions s0 + w·BLOCK_S + j; q·Kᵀ and P·V are batched mma.sync over the warp axis (an MMA
 # layout with warps_per_cta [NW, 1, 1]: each warp multiplies its own K/V by the same q, the G query heads padded to
 # MR = 16 rows). So a warp's online softmax (m, l over its positions) reduces within the warp, P goes to the A
-# operand in registers, and only K's transposition passes through shared memory, warp-locally; the warps' (m, l,
-# acc) are combined once, after the last super-block. The `mma` layout splits each block's positions across the
+# operand in registers, and K and V reach their B operands through shared memory warp-locally; the warps' (m, l,
+# acc) are combined once, after the last super-block (head_dim ≤ 64: each warp holds a whole (MR, D) float32 acc). The `mma` layout splits each block's positions across the
 # warps instead, and pays cross-warp reductions through shared memory (m, l: barriers) on every block (~1 µs per
 # 64-position block, session 10): that is what long splits (long context) walk.
 @gluon.jit

@@ -80,6 +80,8 @@ def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int, 
     d = cfg.head_dim
     if per_warp and cfg.qk_norm:
         return "attn_layout=mma-warps does not support q/k-norm (Qwen3) yet"
+    if per_warp and d > 64:  # each warp holds a whole (16, D) float32 accumulator: head_dim 128 spilled 580-708 B
+        return f"attn_layout=mma-warps needs head_dim ≤ 64 (registers); got head_dim {d}"
     if esize != 2 or d % 16 or block_s % 16 or (block_s < 8 * num_warps and not per_warp) or cfg.gqa_group > 16:
         return (f"attn_layout={'mma-warps' if per_warp else 'mma'} needs 16-bit weights, head_dim and block_s "
                 f"multiples of 16, block_s ≥ 8 × num_warps (mma) and at most 16 query heads per kv head; got "
@@ -243,9 +245,12 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
            if params.attn_layout in ("mma", "mma-warps") else None)
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
-    # mma-warps transposes each warp's K block through shared memory: (NW, D, BLOCK_S) beside the ring (the
-    # compiler's scratch, which SMEM_SCRATCH covers for the other layouts)
-    kt = params.num_warps * d * params.block_s * esize if params.attn_layout == "mma-warps" else 0
+    # mma-warps' compiler scratch beyond SMEM_SCRATCH (scratch buffers share one space: the largest counts): each
+    # warp's K block through shared memory, (NW, D, BLOCK_S), and the warps' (NW, 16, D) float32 accumulators
+    # combined across warps (offline sm_90 compile of a one-block probe: 256 · D bytes)
+    kt = 0
+    if params.attn_layout == "mma-warps":
+        kt = max(0, max(params.num_warps * d * params.block_s * esize, params.num_warps * 16 * d * 4) - SMEM_SCRATCH)
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
