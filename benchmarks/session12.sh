@@ -13,6 +13,7 @@
 #                                        # .carry/src_e6b2920.tar = `git archive e6b2920 src`), whose untouched
 #                                        # phases ran ~2x slower in session 11: is it the instruction cache?
 #   bash benchmarks/session12.sh sanitize # compute-sanitizer memcheck / racecheck, now with mma-warps (tiny-mw)
+#   bash benchmarks/session12.sh waits   # timelines of the 3B, 8B and Qwen3-1.7B (README wait ratios: session 8's)
 . benchmarks/device_prelude.sh
 icache() {
   local metrics
@@ -48,6 +49,11 @@ r34)
   ;;
 icache) icache ;;
 sanitize) sanitize ;;
+waits)  # one step's timeline of the presets whose README wait ratio is still session 8's
+  waits llama-3.2-3b 55
+  waits llama-3.1-8b 65
+  waits qwen3-1.7b 55
+  ;;
 warps)  # attn_layout=mma-warps: its GPU tests, the checks on the 1B (frames kept) and Qwen2.5, sweep r35
   log gpu-tests-warps
   timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "mma_attention" -p no:cacheprovider > "$R/pytest_gpu_warps.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_warps.log"
@@ -59,6 +65,6 @@ warps)  # attn_layout=mma-warps: its GPU tests, the checks on the 1B (frames kep
   sweep r35 qwen2.5-0.5b 128 60
   sweep r35long llama-3.2-1b 4096 120
   ;;
-*) echo "session12.sh: unknown stage '${1:-}' (first, r34, icache, warps, sanitize)" >&2; exit 2 ;;
+*) echo "session12.sh: unknown stage '${1:-}' (first, r34, icache, warps, sanitize, waits)" >&2; exit 2 ;;
 esac
 finish
