@@ -1,17 +1,12 @@
 #!/usr/bin/env bash
 # Prepared in session 10 for the eleventh session's device calls (from the repository root, through the device
 # tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
-#   bash benchmarks/session11.sh next    # round 32, compiled for sm_90 but never run: attn_new_row=row (the first
-#                                        # K/V block's older rows before the dependency wait), attn_combine=lanes
-#                                        # (the split combine's reductions in one warp's lanes), attn_reduce=oproj
-#                                        # (no ticket: the O-proj tasks combine the splits). The GPU tests of the
-#                                        # three (the mma test's late-row / oproj cases, the fp32 oproj case), their
-#                                        # checks on the 1B (timeline frames kept: chain_breakdown.py), Qwen3-0.6B
-#                                        # and Qwen2.5-0.5B, then sweep r32
+#   bash benchmarks/session11.sh first   # round 32 (compiled for sm_90 but never run): every GPU test, then
+#                                        # attn_new_row=row + attn_combine=lanes and attn_reduce=oproj checked on the
+#                                        # 1B (timeline frames kept: chain_breakdown.py), Qwen3-0.6B and Qwen2.5-0.5B
+#   bash benchmarks/session11.sh r32     # the sweep of the three switches
 #   bash benchmarks/session11.sh sanitize # compute-sanitizer memcheck / racecheck, now with attn_reduce=oproj (fused
 #                                        # and stages) and attn_combine=lanes + attn_new_row=row on tiny Llama
-#   bash benchmarks/session11.sh first   # split of `next` for the 600 s limit: every GPU test, then the checks
-#   bash benchmarks/session11.sh r32     # the sweep alone
 # attn_reduce=oproj lost in r32 and was removed in session 11 (after `first` and `r32` ran): their oproj parts
 # no longer build.
 # Then `session9.sh presets` and `issue_sets qwen`: the larger Llamas and the Qwen presets were last recorded in
@@ -41,20 +36,7 @@ r33)  # the split length and the signal gate with row + lanes the default; row +
   sweep r33 qwen3-0.6b 128 60
   sweep r32long llama-3.2-1b 4096 70
   ;;
-next)
-  log gpu-tests-new
-  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "mma or other_forms" -p no:cacheprovider > "$R/pytest_gpu_new.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_new.log"
-  tail -4 "$R/pytest_gpu_new.log"
-  for tag in rowlanes oproj; do
-    case $tag in rowlanes) P='{"attn_new_row": "row", "attn_combine": "lanes"}' ;; oproj) P='{"attn_reduce": "oproj"}' ;; esac
-    gluon_check_params llama-3.2-1b $tag "$P"
-    keep_frames gluon_check_$tag
-    gluon_check_params qwen3-0.6b $tag "$P"
-    gluon_check_params qwen2.5-0.5b $tag "$P"
-  done
-  sweep_set r32
-  ;;
 sanitize) sanitize ;;
-*) echo "session11.sh: unknown stage '${1:-}' (first, r32, defaults, llama, r33, next, sanitize)" >&2; exit 2 ;;
+*) echo "session11.sh: unknown stage '${1:-}' (first, r32, defaults, llama, r33, sanitize)" >&2; exit 2 ;;
 esac
 finish

@@ -155,7 +155,7 @@ class ScheduleInterpreter:
                 e = torch.exp(sc - m)
                 b["pm"][out], b["pl"][out], b["pacc"][out] = m, e.sum(), e @ v
         elif t.op == OP_ATTN_REDUCE:
-            self._attn_reduce(t.a0, t.a1, pos)
+            self._attn_reduce(t, pos)
         elif t.op in (OP_OPROJ, OP_DOWN):
             r = slice(t.a1, t.a1 + t.a2)
             if t.op == OP_OPROJ:
@@ -184,11 +184,11 @@ class ScheduleInterpreter:
         n, ns = pos + 1, self.schedule.tiling.kv_splits
         return -(-n // max(-(-n // ns), self.schedule.tiling.attn_min_chunk))
 
-    def _attn_reduce(self, kv0: int, nkv: int, pos: int) -> None:
-        """ATTN_REDUCE of kv heads [kv0, kv0 + nkv) over the non-empty splits (see ops.op_attn_reduce)."""
+    def _attn_reduce(self, t: Task, pos: int) -> None:
+        """ATTN_REDUCE of kv heads [t.a0, t.a0 + t.a1) over the non-empty splits (see ops.op_attn_reduce)."""
         cfg, b, ns, D = self.config, self.buffers, self.schedule.tiling.kv_splits, self.config.head_dim
         used = self._splits_used(pos)
-        for hq in range(kv0 * cfg.gqa_group, (kv0 + nkv) * cfg.gqa_group):
+        for hq in range(t.a0 * cfg.gqa_group, (t.a0 + t.a1) * cfg.gqa_group):
             m, l, acc = (b[k][hq * ns:hq * ns + used] for k in ("pm", "pl", "pacc"))
             w = torch.exp(m - m.max())
             b["attn"][hq * D:(hq + 1) * D] = ((w[:, None] * acc).sum(0) / (w * l).sum()).to(self.act)
@@ -229,7 +229,7 @@ class ScheduleInterpreter:
             got = self._tickets.get(t.ticket, 0) + 1
             self._tickets[t.ticket] = got
             if got == self._splits_used(self.position):
-                self._attn_reduce(t.a0, t.a1, self.position)
+                self._attn_reduce(t, self.position)
                 if t.signal >= 0:
                     counts[t.signal] += 1
         elif t.signal >= 0:

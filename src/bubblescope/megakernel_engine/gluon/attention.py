@@ -471,9 +471,11 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
 # layout with warps_per_cta [NW, 1, 1]: each warp multiplies its own K/V by the same q, the G query heads padded to
 # MR = 16 rows). So a warp's online softmax (m, l over its positions) reduces within the warp, P goes to the A
 # operand in registers, and K and V reach their B operands through shared memory warp-locally; the warps' (m, l,
-# acc) are combined once, after the last super-block (head_dim ≤ 64: each warp holds a whole (MR, D) float32 acc). The `mma` layout splits each block's positions across the
-# warps instead, and pays cross-warp reductions through shared memory (m, l: barriers) on every block (~1 µs per
-# 64-position block, session 10): that is what long splits (long context) walk.
+# acc) are combined once, after the last super-block (head_dim ≤ 64: each warp holds a whole (MR, D) float32 acc).
+# The `mma` layout splits each block's positions across the warps instead, and pays cross-warp reductions through
+# shared memory (m, l: barriers) on every block (~1 µs per 64-position block, session 10): that is what long splits
+# (long context) walk. The first super-block goes through _first_block_and_wait with NEW_ROW (its layout is the
+# caller's: the masks compare element offsets).
 @gluon.jit
 def attention_mma_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
                         counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
@@ -504,14 +506,8 @@ def attention_mma_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_
     pm3 = gl.expand_dims(gl.expand_dims(wm, 1) * BLOCK_S + gl.expand_dims(jm, 0), 1)
     offs = base + (s_lo + pk).to(gl.int64) * D + d3
     mk = (s_lo + pk < s_hi) & (d3 < D)
-    older = mk & (s_lo + pk < pos)
-    k = gl.load(kc_ptr + offs, mask=older, other=0.0, cache_modifier=".cg")
-    v = gl.load(vc_ptr + offs, mask=older, other=0.0, cache_modifier=".cg")
-    seen, t_ready = _wait(pos, wait_ptr, target, do_wait, spin_cap, TIMELINE)
-    if (pos < s_hi) & (pos < s_lo + SB):  # row pos, written in this step by the QKV tasks
-        new = mk & (s_lo + pk == pos)
-        k = gl.load(kc_ptr + offs, mask=new, other=k, cache_modifier=".cg")
-        v = gl.load(vc_ptr + offs, mask=new, other=v, cache_modifier=".cg")
+    k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
+                                                spin_cap, SB, TIMELINE, True, base, D)
     # q (MR, D) in every warp's A operand: each warp loads it (G·D values, from L2)
     wa = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, AOP)))
     ra = gl.arange(0, MR, layout=gl.SliceLayout(0, gl.SliceLayout(2, AOP)))
@@ -650,8 +646,18 @@ def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr
     s0 = 0
     while s0 < used:
         sp = gl.expand_dims(s0 + sp0, 0)
-        big, den, acc = _merge_splits(big, den, acc, pm_ptr, pl_ptr, pacc_ptr, row + sp,
-                                      gl.expand_dims(mg, 1) & (sp < used), d3, D, QL)
+        mm = gl.expand_dims(mg, 1) & (sp < used)
+        mv = gl.load(pm_ptr + row + sp, mask=mm, other=float("-inf"), cache_modifier=".cg")
+        lv = gl.load(pl_ptr + row + sp, mask=mm, other=0.0, cache_modifier=".cg")
+        av = gl.load(pacc_ptr + gl.expand_dims(row + sp, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
+                     cache_modifier=".cg")
+        new = gl.maximum(big, gl.max(mv, axis=1))
+        scale = gl.exp(big - new)
+        w = gl.exp(mv - gl.expand_dims(new, 1))
+        den = den * scale + gl.sum(w * lv, axis=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QL)), 1) \
+            + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
+        big = new
         s0 += BLOCK_SPLIT
     out = acc / gl.expand_dims(gl.convert_layout(den, gl.SliceLayout(1, QL)), 1)
     gq = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
@@ -659,21 +665,3 @@ def _attn_combine(kvh, used, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr
     gl.store(attn_ptr + gl.expand_dims(kvh * G + gq, 1) * D + gl.expand_dims(dq, 0), out.to(ACT),
              mask=gl.expand_dims(gq < G, 1))
 
-
-@gluon.jit
-def _merge_splits(big, den, acc, pm_ptr, pl_ptr, pacc_ptr, row, mm, d3, D: gl.constexpr, QL: gl.constexpr):
-    """One block of splits into a running log-sum-exp combine: the partials at ``row`` (heads, splits) where ``mm``
-    (m, l, acc loaded together: one L2 round trip); the running max ``big`` (heads,) (start finite: exp(big − new)
-    and the weight of a masked split stay defined), Σ w·l ``den`` and Σ w·acc ``acc`` (heads, D) in ``QL``, old
-    sums rescaled by exp(big − new). Returns the new (big, den, acc)."""
-    mv = gl.load(pm_ptr + row, mask=mm, other=float("-inf"), cache_modifier=".cg")
-    lv = gl.load(pl_ptr + row, mask=mm, other=0.0, cache_modifier=".cg")
-    av = gl.load(pacc_ptr + gl.expand_dims(row, 2) * D + d3, mask=gl.expand_dims(mm, 2), other=0.0,
-                 cache_modifier=".cg")
-    new = gl.maximum(big, gl.max(mv, axis=1))
-    scale = gl.exp(big - new)
-    w = gl.exp(mv - gl.expand_dims(new, 1))
-    den = den * scale + gl.sum(w * lv, axis=1)
-    acc = acc * gl.expand_dims(gl.convert_layout(scale, gl.SliceLayout(1, QL)), 1) \
-        + gl.sum(gl.expand_dims(w, 2) * av, axis=1)
-    return new, den, acc
