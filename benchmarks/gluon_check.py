@@ -358,6 +358,14 @@ SWEEPS = {
                 ("mw-splits8", "gluon", {"attn_layout": "mma-warps", "kv_splits": 8}),
                 ("default-again", "gluon", {}), ("mw-again", "gluon", {"attn_layout": "mma-warps"}),
                 ("mw-splits8-again", "gluon", {"attn_layout": "mma-warps", "kv_splits": 8})],
+    # session 12: every matvec on the tensor cores (mv_widen=mma: ldmatrix from a 128-byte-swizzled ring, the staged
+    # vector broadcast as B) against the CUDA cores' bits widening; Qwen2.5's 16-row tiles are too thin for an mma
+    # tile (8 rows per half), so r36q compares 32-row tiles with and without it
+    "r36": [("default", "gluon", {}), ("mma", "gluon", {"mv_widen": "mma"}), ("default-again", "gluon", {}),
+            ("mma-again", "gluon", {"mv_widen": "mma"})],
+    "r36q": [("default", "gluon", {}), ("r32", "gluon", {"max_rows": 32}),
+             ("mma-r32", "gluon", {"mv_widen": "mma", "max_rows": 32}), ("default-again", "gluon", {}),
+             ("r32-again", "gluon", {"max_rows": 32}), ("mma-r32-again", "gluon", {"mv_widen": "mma", "max_rows": 32})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 11 for the twelfth session's device calls (from the repository root, through the device
 # tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
+#   bash benchmarks/session12.sh mma     # mv_widen=mma (built in session 12): GPU test, the 1B's check, r36 / r36q
 #   bash benchmarks/session12.sh first   # every GPU test (attn_reduce=oproj was removed after the last GPU run;
 #                                        # the default kernel's PTX is unchanged, compared offline; the new
 #                                        # mma-warps cases), then the instruction-cache check (icache)
@@ -38,6 +39,17 @@ print({r['metric'].replace('smsp__warp_issue_stalled_', '').replace('_per_warp_a
   done
 }
 case "${1:-}" in
+mma)  # mv_widen=mma (session 12): its GPU test, the 1B's check (frames kept), sweeps r36 / r36q
+  log gpu-tests-mma
+  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "tensor_core_matvec" -p no:cacheprovider > "$R/pytest_gpu_mma.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_mma.log"
+  tail -4 "$R/pytest_gpu_mma.log"
+  gluon_check_params llama-3.2-1b mma '{"mv_widen": "mma"}'
+  keep_frames gluon_check_mma
+  sweep r36 llama-3.2-1b 128 70
+  sweep r36 qwen3-0.6b 128 60
+  sweep r36q qwen2.5-0.5b 128 70
+  sweep r36 llama-3.1-8b 128 110
+  ;;
 first)
   gpu_tests
   icache
@@ -65,6 +77,6 @@ warps)  # attn_layout=mma-warps: its GPU tests, the checks on the 1B (frames kep
   sweep r35 qwen2.5-0.5b 128 60
   sweep r35long llama-3.2-1b 4096 120
   ;;
-*) echo "session12.sh: unknown stage '${1:-}' (first, r34, icache, warps, sanitize, waits)" >&2; exit 2 ;;
+*) echo "session12.sh: unknown stage '${1:-}' (mma, first, r34, icache, warps, sanitize, waits)" >&2; exit 2 ;;
 esac
 finish

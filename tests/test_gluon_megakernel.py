@@ -112,7 +112,7 @@ def test_gluon_switches_are_checked():
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
-                    ({"mv_widen": "fast"}, "mv_widen must be convert or bits"),
+                    ({"mv_widen": "fast"}, "mv_widen must be convert, bits or mma"),
                     ({"attn_operands": "soon"}, "attn_operands must be early or late"),
                     ({"mv_ahead": 2}, "mv_ahead must be 0 or 1"),
                     ({"mv_ahead": True}, "mv_ahead must be 0 or 1"),

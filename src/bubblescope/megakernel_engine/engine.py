@@ -216,7 +216,8 @@ class MegakernelEngine:
         cx = GH.gluon_constexprs(cfg, self.tiling, params, self.max_seq_len, self.dtype,
                                  has_bias=p.bqkv is not None)
         args = dict(
-            {k: v for k, v in self._buf.items()}, **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"]),
+            {k: v for k, v in self._buf.items()},
+            **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"], cx["MV_MMA"]),
             emb_ptr=p.embed, fnorm_ptr=p.final_norm, bqkv_ptr=dummy if p.bqkv is None else p.bqkv,
             anorm_ptr=p.anorm, mnorm_ptr=p.mnorm, cos_ptr=p.cos, sin_ptr=p.sin, kc_ptr=self.k_cache,
             vc_ptr=self.v_cache, qknorm_ptr=dummy if p.qknorm is None else p.qknorm, knew_ptr=self._knew,

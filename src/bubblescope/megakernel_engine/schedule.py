@@ -178,7 +178,13 @@ class MegakernelParams:
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
             per weight; the default). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
-            rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``.
+            rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``. ``mma`` (16-bit weights):
+            the tensor cores, ``mma.sync`` m16n8k16 with the weight tile as the A operand (``ldmatrix`` from a
+            128-byte-swizzled ring: each box arrives as ``BK / 64`` TMA boxes of 64 columns, one per warp) and the
+            staged vector broadcast over the 8 columns of B, float32 accumulators summed across the warps once per
+            task; far fewer instructions per weight than a widening and an FMA each (``gluon.matvec.mv_mma``).
+            Needs 16-bit weights, 256-column boxes, K a multiple of 64 and at least 16 rows per matvec (refused by
+            name otherwise: ``gluon.host.mv_mma_unsupported``).
         attn_operands: Gluon kernel, ``attn_layout=mma`` only: ``early`` (the first K/V block becomes the
             tensor cores' B operands before the attention task's dependency wait, the row written in this step
             patched in after it by a load in the operand layout, and q loaded straight into the A operand layout:
@@ -323,8 +329,8 @@ class MegakernelParams:
         for name, v in gates.items():  # attn_gate None: auto
             if not isinstance(v, int) or isinstance(v, bool) or v < -1:
                 raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
-        if self.mv_widen not in ("convert", "bits"):
-            raise BubblescopeError(f"megakernel params: mv_widen must be convert or bits, got {self.mv_widen!r}")
+        if self.mv_widen not in ("convert", "bits", "mma"):
+            raise BubblescopeError(f"megakernel params: mv_widen must be convert, bits or mma, got {self.mv_widen!r}")
         if self.attn_operands not in ("early", "late"):
             raise BubblescopeError(f"megakernel params: attn_operands must be early or late, "
                                    f"got {self.attn_operands!r}")

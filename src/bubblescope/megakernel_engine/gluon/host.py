@@ -90,6 +90,34 @@ def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int, 
     return None
 
 
+def mv_mma_unsupported(cfg: ModelConfig, esize: int, br: int, split: int, bk: int, slot_boxes: int,
+                       num_warps: int) -> str | None:
+    """Why ``mv_widen=mma`` (the matvec on the tensor cores, ``matvec.mv_mma``) cannot run ``cfg`` with
+    ``esize``-byte weights, ``br`` rows per QKV / gate-up / LM-head tile, ``split`` (split_k), ``bk`` columns per box,
+    ``slot_boxes`` and ``num_warps`` consumer warps, or None where it can. ``mma.sync`` m16n8k16 takes 16-bit
+    operands and 16 rows per A tile (a QKV / gate-up half holds ``br / 2`` rows, an O-proj / down task
+    ``br / split``); each box arrives as ``bk / 64`` boxes of 64 columns (128 bytes: the widest a 128-byte TMA
+    swizzle allows), one per warp, so K must be a multiple of 64 (a 64-column box past K would read the next row)
+    and a slot must hold at least one such box per warp."""
+    rows = min(br // 2, br // split)
+    ks = {"hidden_size": cfg.hidden_size, "q_size": cfg.q_size, "intermediate_size": cfg.intermediate_size}
+    bad_k = [f"{k}={v}" for k, v in ks.items() if v % 64]
+    if esize != 2:
+        return f"mv_widen=mma needs 16-bit weights; got {esize * 8}-bit"
+    if bk * esize != TILE_BYTES_ROW:
+        return (f"mv_widen=mma needs {TILE_BYTES_ROW // esize}-column boxes; this model's are {bk} (a matrix is "
+                f"narrower)")
+    if bad_k:
+        return f"mv_widen=mma needs every K to be a multiple of 64; got {', '.join(bad_k)}"
+    if rows < 16:
+        return (f"mv_widen=mma needs at least 16 rows per matvec (one mma tile); got {rows} (BR {br}, "
+                f"split_k {split}): set max_rows ≥ {16 * max(2, split)}")
+    if slot_boxes * bk // 64 < num_warps:
+        return (f"mv_widen=mma splits a slot's 64-column boxes across the {num_warps} consumer warps and a slot "
+                f"holds {slot_boxes * bk // 64}")
+    return None
+
+
 def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int, block_s: int, num_warps: int) -> str:
     """The attention layout for ``cfg``: ``layout`` unless it is ``auto``, which picks ``mma`` (the tensor cores)
     wherever :func:`mma_unsupported` allows it for ``esize``-byte weights (2: bf16 / fp16, 4: fp32), ``block_s``
@@ -245,6 +273,10 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
            if params.attn_layout in ("mma", "mma-warps") else None)
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
+    why = (mv_mma_unsupported(cfg, esize, br, params.split_k, bk, params.slot_boxes, params.num_warps)
+           if params.mv_widen == "mma" else None)
+    if why:
+        raise BubblescopeError(f"megakernel params: {why}")
     # mma-warps' compiler scratch beyond SMEM_SCRATCH (scratch buffers share one space: the largest counts): each
     # warp's K block through shared memory, (NW, D, BLOCK_S), and the warps' (NW, 16, D) float32 accumulators
     # combined across warps (offline sm_90 compile of a one-block probe: 256 · D bytes)
@@ -268,6 +300,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         ATTN_WARPS=params.attn_layout == "warps", ATTN_MMA=params.attn_layout == "mma", SIG_GATE=params.sig_gate,
         ATTN_GATE=params.attn_gate,
         MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16,
+        MV_MMA=params.mv_widen == "mma",
         MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early", MV_AHEAD=params.mv_ahead == 1,
         NEW_ROW=params.attn_new_row == "row" and (params.attn_layout == "warps" or (
             params.attn_layout == "mma" and params.attn_operands == "late")),
@@ -283,7 +316,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks``, ``warps`` or
     ``mma``), ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the
     producer issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
-    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened),
+    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened; ``mma``: the tensor cores),
     ``attn_operands`` (``early`` or ``late``: where the tensor-core attention's operands are converted; ``late``
     for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers ahead of its products),
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
@@ -297,7 +330,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_layout": "mma-warps" if cx["MMA_WARPS"] else "mma" if cx["ATTN_MMA"] else "warps" if cx["ATTN_WARPS"]
             else "blocks",
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
-            "attn_gate": cx["ATTN_GATE"], "mv_widen": "bits" if cx["MV_BITS"] else "convert",
+            "attn_gate": cx["ATTN_GATE"],
+            "mv_widen": "mma" if cx["MV_MMA"] else "bits" if cx["MV_BITS"] else "convert",
             "attn_operands": "early" if cx["MMA_EARLY"] else "late", "mv_ahead": int(cx["MV_AHEAD"]),
             "attn_new_row": "row" if cx["NEW_ROW"] or cx["MMA_WARPS"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps"}
@@ -333,20 +367,27 @@ def load_gluon_kernel():
     return kernel
 
 
-def weight_descriptors(packed, br: int, bk: int, split: int = 1) -> dict:
+def desc_layout(bits: int, mma: bool):
+    """The weight ring's shared layout: unswizzled rows of ``BK`` columns, or with ``mma`` (``mv_widen=mma``) the
+    128-byte swizzle ``ldmatrix`` reads without bank conflicts, on boxes of 64 columns (128 bytes of 16-bit)."""
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout(swizzle_byte_width=128 if mma else 0, element_bitwidth=bits, rank=2)
+
+
+def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = False) -> dict:
     """One TMA descriptor per packed weight matrix, each viewed as 2-D (rows, K), box ``[br, bk]`` (O-proj and
-    down: ``[br / split, bk]``), unswizzled.
+    down: ``[br / split, bk]``), unswizzled; with ``mma`` boxes of 64 columns, 128-byte swizzled (the producer
+    issues ``bk / 64`` of them per box: :func:`desc_layout`).
 
     Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H).
     """
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    bits = packed.wqkv.element_size() * 8
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+    layout = desc_layout(packed.wqkv.element_size() * 8, mma)
+    cols = 64 if mma else bk
 
     def desc(t, rows=br):
         t2 = t.reshape(-1, t.shape[-1])
-        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, bk], layout)
+        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, cols], layout)
     return {"wqkv_desc": desc(packed.wqkv), "wo_desc": desc(packed.wo, br // split), "wgu_desc": desc(packed.wgu),
             "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head)}
 
@@ -377,8 +418,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     t = gluon_tiling(cfg, params, grid, dtype)
     cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)
     act = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=torch.empty((), dtype=dtype).element_size()
-                                  * 8, rank=2)
+    layout = desc_layout(torch.empty((), dtype=dtype).element_size() * 8, bool(cx["MV_MMA"]))
     f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
     i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
     i64 = {"timeline_ptr", "amax_ptr"}
@@ -388,7 +428,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
             rows = cx["BR"] // cx["SPLIT"] if name in ("wo_desc", "wdown_desc") else cx["BR"]
-            sig[name] = f"tensordesc<{act}[{rows}, {cx['BK']}],{layout!r}>"
+            sig[name] = f"tensordesc<{act}[{rows}, {64 if cx['MV_MMA'] else cx['BK']}],{layout!r}>"
         elif name.endswith("_ptr"):
             sig[name] = "*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64 else f"*{act}"
             attrs[(idx,)] = [["tt.divisibility", 16]]

@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .. import schedule as S
 from .attention import attention, attention_mma, attention_mma_warps, attention_warps
 from .common import now, rnd, spin, splits_used
-from .matvec import mv_halves, mv_pair, mv_single, stage_vector
+from .matvec import mv_halves, mv_mma, mv_pair, mv_single, stage_vector
 
 F_OP = gl.constexpr(S.F_OP)
 F_LAYER = gl.constexpr(S.F_LAYER)
@@ -173,13 +173,20 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
-              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MMA_WARPS: gl.constexpr):
+              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MMA_WARPS: gl.constexpr, MV_MMA: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
     HB: gl.constexpr = BR // 2
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     YL: gl.constexpr = gl.SliceLayout(1, LW)
+    # MV_MMA: slot s of the ring as (64-column boxes, rows, 64); O-proj / down slots hold SPLIT times the boxes
+    SNH: gl.constexpr = (NCH_H + SB - 1) // SB
+    SNO: gl.constexpr = (NCH_Q + SB * SPLIT - 1) // (SB * SPLIT)
+    SND: gl.constexpr = (NCH_I + SB * SPLIT - 1) // (SB * SPLIT)
+    bufs_od = bufs
+    if MV_MMA:
+        bufs_od = bufs._reinterpret(bufs.dtype, [NS, bufs.shape[1] * SPLIT, BRO, 64], bufs.layout)
     pid = gl.program_id(0)
     pos = gl.load(state_ptr + 0)
     epoch = gl.load(state_ptr + 1)
@@ -293,8 +300,11 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW,
-                                         MV_BITS, MV_AHEAD, SB)
+            if MV_MMA:
+                acc_lo, acc_hi, it = mv_mma(bufs, full, empty, xs, it, SNH, NS, HB, BK, VEC, TK, NW, True)
+            else:
+                acc_lo, acc_hi, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW,
+                                             MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
@@ -305,7 +315,11 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc_g, acc_u, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
+            if MV_MMA:
+                acc_g, acc_u, it = mv_mma(bufs, full, empty, xs, it, SNH, NS, HB, BK, VEC, TK, NW, True)
+            else:
+                acc_g, acc_u, it = mv_pair(bufs, full, empty, xs, it, NCH_H, NS, HB, BK, VEC, TK, NW, MV_BITS,
+                                           MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
@@ -328,7 +342,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            if SPLIT == 2:
+            if MV_MMA:
+                acc, _, it = mv_mma(bufs_od, full, empty, xs, it, SNO, NS, BRO, BK, VEC, TK, NW, False)
+            elif SPLIT == 2:
                 acc, it = mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             else:
                 acc, it = mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
@@ -344,7 +360,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            if SPLIT == 2:
+            if MV_MMA:
+                acc, _, it = mv_mma(bufs_od, full, empty, xs, it, SND, NS, BRO, BK, VEC, TK, NW, False)
+            elif SPLIT == 2:
                 acc, it = mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             else:
                 acc, it = mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
@@ -357,7 +375,10 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
-            acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
+            if MV_MMA:
+                acc, _, it = mv_mma(bufs, full, empty, xs, it, SNH, NS, BR, BK, VEC, TK, NW, False)
+            else:
+                acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
             lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
@@ -410,6 +431,30 @@ def _load_od(desc, r0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, SPL
         tma.async_copy_global_to_shared(desc, [r0, (2 * c + 1) * BK], bar, slot_buf.slice(BR // 2, BR // 2, dim=0))
     else:
         tma.async_copy_global_to_shared(desc, [r0, c * BK], bar, slot_buf)
+
+
+@gluon.jit
+def _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, r0, c, bar, bufs_mk, bufs_od, slot,
+              NBX: gl.constexpr, SPLIT: gl.constexpr):
+    """Slot ``c`` of a task for the tensor-core matvec: its NBX 64-column boxes [BR, 64] (O-proj / down: NBX·SPLIT
+    boxes [BR / SPLIT, 64], the columns of chunks 2c and 2c + 1 with SPLIT = 2), column box q into ring box
+    ``slot·NBX + q``; boxes past K are zero-filled by TMA."""
+    if (op == OP_OPROJ) | (op == OP_DOWN):
+        for q in gl.static_range(NBX * SPLIT):
+            od = bufs_od.index(slot * (NBX * SPLIT) + q)
+            if op == OP_OPROJ:
+                tma.async_copy_global_to_shared(wo_desc, [r0, (c * NBX * SPLIT + q) * 64], bar, od)
+            else:
+                tma.async_copy_global_to_shared(wdown_desc, [r0, (c * NBX * SPLIT + q) * 64], bar, od)
+    else:
+        for q in gl.static_range(NBX):
+            mk = bufs_mk.index(slot * NBX + q)
+            if op == OP_QKV:
+                tma.async_copy_global_to_shared(wqkv_desc, [r0, (c * NBX + q) * 64], bar, mk)
+            elif op == OP_GATEUP:
+                tma.async_copy_global_to_shared(wgu_desc, [r0, (c * NBX + q) * 64], bar, mk)
+            else:
+                tma.async_copy_global_to_shared(head_desc, [r0, (c * NBX + q) * 64], bar, mk)
 
 
 @gluon.jit
@@ -545,8 +590,16 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
               PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
-              NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr):
+              NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr, MV_MMA: gl.constexpr):
     TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
+    # MV_MMA: a slot is NBX boxes [BR, 64] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64]), the ring's rows of 64
+    # columns in the descriptors' 128-byte swizzle (see matvec.mv_mma)
+    NBX: gl.constexpr = SB * BK // 64
+    bufs_mk = bufs
+    bufs_od = bufs
+    if MV_MMA:
+        bufs_mk = bufs._reinterpret(bufs.dtype, [NS * NBX, BR, 64], wqkv_desc.layout)
+        bufs_od = bufs._reinterpret(bufs.dtype, [NS * NBX * SPLIT, BR // SPLIT, 64], wqkv_desc.layout)
     # slots per task of each K (a slot holds SB boxes of consecutive column chunks, or pairs of them with SPLIT)
     SNH: gl.constexpr = (NCH_H + SB - 1) // SB
     SNQ: gl.constexpr = (NCH_Q + SB - 1) // SB
@@ -612,7 +665,10 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                     if c == 0:
                         gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 3, now(c))
                 mbarrier.expect(full.index(slot), TILE_BYTES)
-                for j in gl.static_range(SB):  # box j of the slot: chunk SB·c + j (a pair of chunks with SPLIT)
+                if MV_MMA:
+                    _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, r0, c, full.index(slot),
+                              bufs_mk, bufs_od, slot, NBX, SPLIT)
+                for j in gl.static_range(SB * (1 - MV_MMA)):  # box j: chunk SB·c + j (a pair of chunks with SPLIT)
                     b = SB * c + j
                     box = bufs.index(slot * SB + j)
                     if op == OP_QKV:
@@ -672,7 +728,7 @@ def megakernel(
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
-        COMBINE_LANES: gl.constexpr, MMA_WARPS: gl.constexpr):
+        COMBINE_LANES: gl.constexpr, MMA_WARPS: gl.constexpr, MV_MMA: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -683,7 +739,13 @@ def megakernel(
     ``xs`` (KCH, BK) for the staged input vector. Grid: one CTA per SM (all resident: the schedule's waits
     need it; the launch is cooperative).
     """
-    bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS * SB, BR, BK], wqkv_desc.layout)
+    if MV_MMA:  # (slot, 64-column box, row, column): the descriptors' 128-byte swizzle, boxes [BR, 64]
+        bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS, SB * BK // 64, BR, 64],
+                                         gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                              element_bitwidth=wqkv_desc.dtype.primitive_bitwidth,
+                                                              rank=3))
+    else:
+        bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS * SB, BR, BK], wqkv_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -706,10 +768,10 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MMA_WARPS)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MMA_WARPS, MV_MMA)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
                      head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
-                     SB)),
+                     SB, MV_MMA)),
     ], [1], [PRODUCER_REGS])

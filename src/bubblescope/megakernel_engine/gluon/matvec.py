@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, mma_v2
 
 from .common import rnd
 
@@ -207,3 +207,75 @@ def mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB
     acc_a, acc_b, it = _ring_mv(bufs, full, empty, xs, it, (NCH + 1) // 2, NS, HB, BK, VEC, TK, NW, BITS, True, True,
                                 AHEAD, SB)
     return _rows(acc_a + acc_b, VEC, TK, NW), it
+
+
+# ---- the matvec on the tensor cores (mv_widen=mma) ----------------------------------------------------------------
+# y[r] = Σ_k W[r, k]·x[k] as NB batched mma.sync m16n8k16 products, one batch per 64-column box of the slot:
+#   A = the box's (R, 64) weights (ldmatrix: the producer's TMA boxes are [R, 64] with the 128-byte swizzle, so the
+#       8 rows an ldmatrix reads sit in 8 different bank groups),
+#   B = the staged chunk's 64 values broadcast over the 8 columns (every column of the product is the same sum),
+#   acc (NB, R, 8) float32, the batches spread over the warps (MMA layout warps_per_cta [NW, 1, 1]).
+# Per 16 KB slot a warp issues ~10 ldmatrix and 8 mma against ~300 loads, widenings and FMAs on the CUDA cores.
+# Once per task: the max over the 8 equal columns (exact) and the sum over the batches (across the warps).
+@gluon.jit
+def _mma_slot(bufs, it, NS: gl.constexpr, R: gl.constexpr, AOP: gl.constexpr, TWO: gl.constexpr):
+    slot = bufs.index(it % NS)  # (NB, R or 2R, 64)
+    if TWO:
+        return slot.slice(0, R, dim=1).load(AOP), slot.slice(R, R, dim=1).load(AOP)
+    else:
+        return slot.load(AOP), 0
+
+
+@gluon.jit
+def _mma_x(xs, c, NB: gl.constexpr, BK: gl.constexpr, BOP: gl.constexpr):
+    """Chunks ``[c·NB·64, (c+1)·NB·64)`` of the staged vector as the B operand (NB, 64, 8), broadcast over n."""
+    ACT: gl.constexpr = xs.dtype
+    NX: gl.constexpr = xs.shape[0] * BK // (64 * NB)
+    xv = xs._reinterpret(ACT, [NX, NB, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    x = xv.index(c).load(gl.SliceLayout(2, BOP))
+    return gl.expand_dims(x, 2) + gl.zeros([NB, 64, 8], ACT, BOP)
+
+
+@gluon.jit
+def _mma_rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
+    return gl.convert_layout(gl.sum(gl.max(acc, axis=2), axis=0), gl.SliceLayout(1, LW))
+
+
+@gluon.jit
+def mv_mma(bufs, full, empty, xs, it, NSLOT: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
+           VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, TWO: gl.constexpr):
+    """``acc[r] = Σ_k W[r, k]·xs[k]`` over NSLOT ring slots of ``bufs`` (NS, NB, R or 2R with TWO, 64): float32 (R,)
+    in SliceLayout(1, LW) (see :func:`_rows`); with TWO also rows [R, 2R) (else 0); and the ring position after
+    them. Slot c meets the staged columns [c·NB·64, (c+1)·NB·64). Slot c + 1 is read into registers before slot c's
+    products, as ``mv_ahead=1`` does."""
+    NB: gl.constexpr = bufs.shape[1]
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    BOP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    acc_a = gl.zeros([NB, R, 8], gl.float32, MMA)
+    acc_b = 0
+    if TWO:
+        acc_b = gl.zeros([NB, R, 8], gl.float32, MMA)
+    _wait_full(full, it, NS)
+    wa, wb = _mma_slot(bufs, it, NS, R, AOP, TWO)
+    for c in range(NSLOT - 1):
+        xb = _mma_x(xs, c, NB, BK, BOP)
+        _release(empty, it, NS)
+        it += 1
+        _wait_full(full, it, NS)
+        na, nb = _mma_slot(bufs, it, NS, R, AOP, TWO)
+        acc_a = mma_v2(wa, xb, acc_a)
+        if TWO:
+            acc_b = mma_v2(wb, xb, acc_b)
+        wa = na
+        wb = nb
+    xb = _mma_x(xs, NSLOT - 1, NB, BK, BOP)
+    _release(empty, it, NS)
+    it += 1
+    acc_a = mma_v2(wa, xb, acc_a)
+    out_b = 0
+    if TWO:
+        acc_b = mma_v2(wb, xb, acc_b)
+        out_b = _mma_rows(acc_b, VEC, TK, NW)
+    return _mma_rows(acc_a, VEC, TK, NW), out_b, it
