@@ -52,6 +52,16 @@ def main() -> int:
             toks = generate(eng, list(range(3, 75)), 6, eos_ids=()).tokens  # 72 positions: 37 per split
             eng.synchronize_and_check()
             print("gluon", cfg.name, eng.compile_info()["gluon"]["attn_layout"], operands, toks, flush=True)
+        # session 12's tensor-core matvec (mv_widen=mma): ldmatrix from the swizzled ring, the last O-proj / down slot
+        # half past K (intermediate 1408), the vocabulary ending inside an LM-head tile
+        cfg = ModelConfig(name="tiny-mv-mma", hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
+                          num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1000,
+                          max_position_embeddings=64)
+        eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=32, impl="gluon",
+                               params=MegakernelParams(mv_widen="mma", max_rows=32))
+        toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
+        eng.synchronize_and_check()
+        print("gluon", cfg.name, eng.compile_info()["gluon"]["mv_widen"], toks, flush=True)
         # session 11's mma-warps (no q/k-norm): two 64-position super-blocks per split, the second with three warps
         # past the split's end (70 positions per split)
         cfg = ModelConfig(name="tiny-mw", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
