@@ -382,6 +382,17 @@ SWEEPS = {
              ("mma-r32-sg6-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "sig_gate": 6}),
              ("mma-r32-sgoff-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "sig_gate": -1}),
              ("default-again", "gluon", {})],
+    # session 12, after r37: with the tensor cores the matvec's FMAs are no longer its cost, but each ring slot's
+    # release still is (a proxy fence and an arrive between two barriers of the consumer warps: 47.8 % of the warps'
+    # stall cycles are at barriers, ncu); two boxes per slot pay it once per 32 KB
+    "r38": [("default", "gluon", {}), ("mma", "gluon", {"mv_widen": "mma"}),
+            ("mma-sb2", "gluon", {"mv_widen": "mma", "slot_boxes": 2}), ("default-again", "gluon", {}),
+            ("mma-again", "gluon", {"mv_widen": "mma"}),
+            ("mma-sb2-again", "gluon", {"mv_widen": "mma", "slot_boxes": 2})],
+    "r38q": [("default", "gluon", {}), ("mma-r32", "gluon", {"mv_widen": "mma", "max_rows": 32}),
+             ("mma-r32-sb2", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}),
+             ("default-again", "gluon", {}), ("mma-r32-again", "gluon", {"mv_widen": "mma", "max_rows": 32}),
+             ("mma-r32-sb2-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -3,6 +3,7 @@
 # tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
 #   bash benchmarks/session12.sh mma     # mv_widen=mma (built in session 12): GPU test, the 1B's check, r36 / r36q
 #   bash benchmarks/session12.sh r37     # sig_gate 6 / -1 with mv_widen=mma (1B, Qwen2.5 at 32 rows), then waits
+#   bash benchmarks/session12.sh last    # every GPU test on the landed kernel, then r38 / r38q (mma, two boxes a slot)
 #   bash benchmarks/session12.sh first   # every GPU test (attn_reduce=oproj was removed after the last GPU run;
 #                                        # the default kernel's PTX is unchanged, compared offline; the new
 #                                        # mma-warps cases), then the instruction-cache check (icache)
@@ -58,6 +59,11 @@ r37)  # the signal gate with the tensor-core matvec, then the README's session-8
   waits llama-3.1-8b 65
   waits qwen3-1.7b 55
   ;;
+last)  # every GPU test on the landed kernel, then two boxes per slot with the tensor-core matvec (r38 / r38q)
+  gpu_tests
+  sweep r38 llama-3.2-1b 128 60
+  sweep r38q qwen2.5-0.5b 128 60
+  ;;
 first)
   gpu_tests
   icache
@@ -85,6 +91,6 @@ warps)  # attn_layout=mma-warps: its GPU tests, the checks on the 1B (frames kep
   sweep r35 qwen2.5-0.5b 128 60
   sweep r35long llama-3.2-1b 4096 120
   ;;
-*) echo "session12.sh: unknown stage '${1:-}' (mma, r37, first, r34, icache, warps, sanitize, waits)" >&2; exit 2 ;;
+*) echo "session12.sh: unknown stage '${1:-}' (mma, r37, last, first, r34, icache, warps, sanitize, waits)" >&2; exit 2 ;;
 esac
 finish
