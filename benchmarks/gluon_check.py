@@ -345,7 +345,8 @@ SWEEPS = {
             ("ag0-again", "gluon", {"attn_gate": 0}), ("ag2-again", "gluon", {"attn_gate": 2}),
             ("wpl4-again", "gluon", {"wait_prefetch": 4, "wait_prefetch_mode": "line"}),
             ("wpb4-again", "gluon", {"wait_prefetch": 4})],
-    # prepared in session 11 (not run yet): the tensor cores with each warp on its own positions (attn_layout=
+    # measured in session 12 (mma-warps lost everywhere; the layout is removed, so these no longer run)
+    # prepared in session 11: the tensor cores with each warp on its own positions (attn_layout=
     # mma-warps: a warp-local online softmax, one cross-warp combine per task), alone and with longer splits (its
     # super-block is 64 positions; attn_min_chunk 64 / 128: fewer splits, so fewer partials, tickets and combines)
     "r35": [("default", "gluon", {}), ("mw", "gluon", {"attn_layout": "mma-warps"}),

@@ -62,16 +62,6 @@ def main() -> int:
         toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
         eng.synchronize_and_check()
         print("gluon", cfg.name, eng.compile_info()["gluon"]["mv_widen"], toks, flush=True)
-        # session 11's mma-warps (no q/k-norm): two 64-position super-blocks per split, the second with three warps
-        # past the split's end (70 positions per split)
-        cfg = ModelConfig(name="tiny-mw", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512,
-                          max_position_embeddings=512, tie_word_embeddings=False)
-        eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=160, impl="gluon",
-                               params=MegakernelParams(kv_splits=2, attn_layout="mma-warps"))
-        toks = generate(eng, list(range(3, 137)), 6, eos_ids=()).tokens
-        eng.synchronize_and_check()
-        print("gluon", cfg.name, eng.compile_info()["gluon"]["attn_layout"], toks, flush=True)
     return 0
 
 

@@ -5,17 +5,17 @@
 #   bash benchmarks/session12.sh r37     # sig_gate 6 / -1 with mv_widen=mma (1B, Qwen2.5 at 32 rows), then waits
 #   bash benchmarks/session12.sh last    # every GPU test on the landed kernel, then r38 / r38q (mma, two boxes a slot)
 #   bash benchmarks/session12.sh first   # every GPU test (attn_reduce=oproj was removed after the last GPU run;
-#                                        # the default kernel's PTX is unchanged, compared offline; the new
-#                                        # mma-warps cases), then the instruction-cache check (icache)
+#                                        # the default kernel's PTX is unchanged, compared offline), then the
+#                                        # instruction-cache check (icache)
 #   bash benchmarks/session12.sh r34     # the gates and the L2 prefetch past the ring, re-measured on this
 #                                        # kernel, on the 1B, Qwen2.5 and the 8B
-#   bash benchmarks/session12.sh warps   # attn_layout=mma-warps (prepared in session 11, compiled for sm_90 only):
-#                                        # its GPU test cases, checks on the 1B and Qwen2.5, sweeps r35 / r35long
+#   bash benchmarks/session12.sh warps   # attn_layout=mma-warps: measured in session 12 (sweeps r35 / r35long),
+#                                        # lost on every model and removed since; the stage only says so
 #   bash benchmarks/session12.sh icache  # ncu's warp-stall reasons for one decode step of the 1B: the default
 #                                        # kernel (93 KB of SASS) and e6b2920's attn_reduce=oproj (170 KB; needs
 #                                        # .carry/src_e6b2920.tar = `git archive e6b2920 src`), whose untouched
 #                                        # phases ran ~2x slower in session 11: is it the instruction cache?
-#   bash benchmarks/session12.sh sanitize # compute-sanitizer memcheck / racecheck, now with mma-warps (tiny-mw)
+#   bash benchmarks/session12.sh sanitize # compute-sanitizer memcheck / racecheck
 #   bash benchmarks/session12.sh waits   # timelines of the 3B, 8B and Qwen3-1.7B (README wait ratios: session 8's)
 . benchmarks/device_prelude.sh
 icache() {
@@ -80,16 +80,10 @@ waits)  # one step's timeline of the presets whose README wait ratio is still se
   waits llama-3.1-8b 65
   waits qwen3-1.7b 55
   ;;
-warps)  # attn_layout=mma-warps: its GPU tests, the checks on the 1B (frames kept) and Qwen2.5, sweep r35
-  log gpu-tests-warps
-  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "mma_attention" -p no:cacheprovider > "$R/pytest_gpu_warps.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_warps.log"
-  tail -4 "$R/pytest_gpu_warps.log"
-  gluon_check_params llama-3.2-1b mw '{"attn_layout": "mma-warps"}'
-  keep_frames gluon_check_mw
-  gluon_check_params qwen2.5-0.5b mw '{"attn_layout": "mma-warps"}'
-  sweep r35 llama-3.2-1b 128 70
-  sweep r35 qwen2.5-0.5b 128 60
-  sweep r35long llama-3.2-1b 4096 120
+warps)  # attn_layout=mma-warps, removed after its session-12 measurement
+  echo "session12.sh: attn_layout=mma-warps was removed after its session-12 measurement (sweeps r35 / r35long:" \
+    "it lost on every model); nothing to run" >&2
+  exit 2
   ;;
 *) echo "session12.sh: unknown stage '${1:-}' (mma, r37, last, first, r34, icache, warps, sanitize, waits)" >&2; exit 2 ;;
 esac

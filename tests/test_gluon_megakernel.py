@@ -13,7 +13,6 @@ from bubblescope.generation import teacher_forced_logits
 from bubblescope.megakernel_engine.gluon.host import (
     DEFAULT_ROWS,
     SMEM_PER_BLOCK_SM90,
-    gluon_choice,
     gluon_constexprs,
     gluon_params,
     gluon_tiling,
@@ -108,7 +107,7 @@ def test_gluon_switches_are_checked():
     """The prepared switches refuse what they do not support: bad values (params.validate) and the warp-local
     attention on a q/k-norm model (gluon_params), each naming the field."""
     from bubblescope.errors import BubblescopeError
-    for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks, warps, mma or mma-warps"),
+    for kw, msg in (({"attn_layout": "rows"}, "attn_layout must be auto, blocks, warps or mma"),
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
@@ -146,28 +145,6 @@ def test_gluon_switches_are_checked():
             for m in models] == ["warps", "blocks", "blocks", "warps"]
     assert gluon_params(wide, MegakernelParams()).attn_layout == "blocks"
     assert gluon_params(get_preset("qwen2.5-0.5b"), MegakernelParams(attn_layout="warps")).attn_layout == "warps"
-    # mma-warps, by name only: 16 positions per warp, the new row patched after the wait, its K transposition's
-    # shared memory counted beside the ring; refused with q/k-norm and for 8-wide heads, naming the layout
-    # ring slots of 16 KB in 227 KB less xs and the scratch, the largest of 8 KB and the (4, 16, 64) float32
-    # accumulators combined across warps: the 1B (232448 - 16384 - 16384) // 16384 = 12 (as asked)
-    cfg = get_preset("llama-3.2-1b")
-    pm = gluon_params(cfg, MegakernelParams(attn_layout="mma-warps"))
-    t = gluon_tiling(cfg, pm, 132)
-    choice = gluon_choice(t, gluon_constexprs(cfg, t, pm, 512, torch.bfloat16, False))
-    assert (choice["attn_layout"], choice["block_s"], choice["attn_new_row"], choice["ring"]) == \
-        ("mma-warps", 16, "row", 12), choice
-    l8 = get_preset("llama-3.1-8b")  # head_dim 128: a warp's whole accumulator spills
-    p8 = gluon_params(l8, MegakernelParams(attn_layout="mma-warps"))
-    with pytest.raises(BubblescopeError, match="attn_layout=mma-warps needs head_dim ≤ 64"):
-        gluon_constexprs(l8, gluon_tiling(l8, p8, 132), p8, 512, torch.bfloat16, False)
-    q3 = get_preset("qwen3-0.6b")
-    pq = gluon_params(q3, MegakernelParams(attn_layout="mma-warps"))
-    with pytest.raises(BubblescopeError, match="attn_layout=mma-warps does not support q/k-norm"):
-        gluon_constexprs(q3, gluon_tiling(q3, pq, 132), pq, 512, torch.bfloat16, False)
-    st = get_preset("stories260k")
-    ps = gluon_params(st, MegakernelParams(attn_layout="mma-warps"))
-    with pytest.raises(BubblescopeError, match="attn_layout=mma-warps needs 16-bit weights.*head_dim 8"):
-        gluon_constexprs(st, gluon_tiling(st, ps, 132), ps, 512, torch.bfloat16, False)
 
 
 def test_gluon_support_rules_name_the_reason():
@@ -219,8 +196,6 @@ for model, dtype, params in (
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
                                                           attn_layout="warps")),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(attn_layout="mma-warps", timeline=True)),
-        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_layout="mma-warps")),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -239,8 +214,7 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     staged vector, fp32; the matvec without its box read ahead (mv_ahead=0) with the timeline, and in fp32 with two
     boxes per ring slot; two boxes per slot with noprefetch + timeline, and on Qwen2.5 (a zero-filled box); the
     first block's older rows before the wait with the split combine in one warp's lanes: on the 1B with the timeline,
-    with q/k-norm (Qwen3) and in the warp-local layout with 7 query heads per kv head (Qwen2.5); the tensor-core
-    attention with a warp-local online softmax (mma-warps) on the 1B with the timeline and on Qwen2.5)
+    with q/k-norm (Qwen3) and in the warp-local layout with 7 query heads per kv head (Qwen2.5))
     through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""

@@ -186,8 +186,7 @@ def test_gluon_tensor_core_matvec_matches_reference(qk_norm):
 
 _ATTN_VARIANTS = {"late": {"attn_operands": "late", "attn_new_row": "block", "attn_combine": "warps"},
                   "early": {"attn_operands": "early"},
-                  "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"},
-                  "mma-warps": {"attn_layout": "mma-warps"}}
+                  "late-row": {"attn_operands": "late", "attn_new_row": "row", "attn_combine": "lanes"}}
 
 
 @_HOPPER
@@ -199,9 +198,7 @@ def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, oper
     and without Qwen3's q/k-norm, with the operands converted after the dependency wait (``late``: the whole first
     block after it, the split combine in the warps layout) or before it (``early``), and after it with the first
     block's older rows loaded before the wait and the split combine's reductions in one warp's lanes
-    (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``), and each warp on its own 16 positions of a
-    64-position super-block (``attn_layout=mma-warps``, without q/k-norm: a split of 96 positions walks two
-    super-blocks, the second with two warps past its end): after a 1,500-token prompt every position split
+    (``late-row``: ``attn_new_row=row``, ``attn_combine=lanes``): after a 1,500-token prompt every position split
     holds two K/V blocks (the online softmax rescales across them; the newest position in a split's second block),
     after 60 tokens one (the newest position in the first block, patched into the early operands or the older
     rows). As close to the float32 model as the bf16 reference is, and the same argmax on ≥ 95 % of 24 forced
@@ -220,10 +217,8 @@ def test_gluon_mma_attention_matches_reference_over_several_blocks(qk_norm, oper
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 1536), prompt, forced)
     truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 1536), prompt, forced)
     kw = _ATTN_VARIANTS[operands]
-    if qk_norm and kw.get("attn_layout") == "mma-warps":
-        pytest.skip("attn_layout=mma-warps has no q/k-norm path (refused by name: test_gluon_switches_are_checked)")
-    kw = {"attn_layout": "mma", **kw}
-    eng = MegakernelEngine(w, MegakernelParams(**kw), max_seq_len=1536, impl="gluon")
+    eng = MegakernelEngine(w, MegakernelParams(attn_layout="mma", **kw), max_seq_len=1536, impl="gluon")
+    assert eng.compile_info()["gluon"]["attn_layout"] == "mma"
     assert all(eng.compile_info()["gluon"][k] == v for k, v in kw.items()), eng.compile_info()["gluon"]
     got = teacher_forced_logits(eng, prompt, forced)
 

@@ -153,14 +153,8 @@ class MegakernelParams:
         attn_layout: Gluon kernel only: ``blocks`` (a block's positions across all warps, reduced through shared
             memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
             cross-warp combine per task; no q/k-norm), ``mma`` (q·Kᵀ and P·V on the tensor cores, ``mma.sync``;
-            16-bit weights, ≤ 16 query heads per kv head), ``mma-warps`` (the tensor cores with each warp on its
-            own ``block_s`` positions of every ``num_warps × block_s`` super-block, a warp-local online softmax and
-            one cross-warp combine per task; as ``mma`` but no q/k-norm; prepared in session 11 for long splits,
-            not yet measured on a GPU; head_dim ≤ 64: each warp holds a whole (16, D) float32 accumulator, and
-            Llama-3.1-8B's 128 spilled 708 bytes, offline sm_90 compile, 580 without the next super-block's loads
-            ahead) or
-            ``auto`` (``mma`` where it fits; else ``warps`` where the model has no q/k-norm and at most 4 query
-            heads per kv head, else ``blocks``; measured in
+            16-bit weights, ≤ 16 query heads per kv head) or ``auto`` (``mma`` where it fits; else ``warps`` where
+            the model has no q/k-norm and at most 4 query heads per kv head, else ``blocks``; measured in
             ``gluon.host.resolve_attn_layout``).
         sig_gate: Gluon kernel only: after the tiles of a task that signals (a stage's last task on the CTA), the
             producer issues at most ``sig_gate`` more tiles until the consumer has signalled, so the signal's
@@ -320,8 +314,8 @@ class MegakernelParams:
         if self.wait_prefetch_mode not in ("bulk", "line"):
             raise BubblescopeError(f"megakernel params: wait_prefetch_mode must be bulk or line, "
                                    f"got {self.wait_prefetch_mode!r}")
-        if self.attn_layout not in ("auto", "blocks", "warps", "mma", "mma-warps"):
-            raise BubblescopeError(f"megakernel params: attn_layout must be auto, blocks, warps, mma or mma-warps, "
+        if self.attn_layout not in ("auto", "blocks", "warps", "mma"):
+            raise BubblescopeError(f"megakernel params: attn_layout must be auto, blocks, warps or mma, "
                                    f"got {self.attn_layout!r}")
         if self.lm_pick not in ("task", "cta"):
             raise BubblescopeError(f"megakernel params: lm_pick must be task or cta, got {self.lm_pick!r}")

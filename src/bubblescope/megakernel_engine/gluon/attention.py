@@ -1,7 +1,6 @@
 """The Gluon megakernel's attention task (``OP_ATTN``; no weights, so the producer skips it and keeps streaming the
-next tasks' weights), in the layouts that ``gluon.host.resolve_attn_layout`` picks from: :func:`attention_mma`
-(the tensor cores; the default for 16-bit weights), :func:`attention_mma_warps` (the tensor cores, each warp on
-its own positions; by name only), :func:`attention_warps` (warp-local online softmax) and
+next tasks' weights), in three layouts that ``gluon.host.resolve_attn_layout`` picks from: :func:`attention_mma`
+(the tensor cores; the default for 16-bit weights), :func:`attention_warps` (warp-local online softmax) and
 :func:`attention` (a block's positions across all warps; the fallback, and the layout with the q/k-norm path
 for fp32). Each returns the same stamps to the consumer (``kernel.py``), which runs it for an ``OP_ATTN`` task.
 
@@ -462,95 +461,6 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
     t_ticket = _attn_publish(kvh, split, pos, m, l, acc, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
                              pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT,
                              _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, MR, MMA, RL)
-    return seen, t_ready, t_math, t_ticket, t_q, t_math
-
-
-# ATTN_MMA_WARPS (attn_layout=mma-warps; 16-bit, no q/k-norm; prepared in session 11, not yet run on a GPU): the
-# tensor cores with each warp on its own positions. A super-block of NW·BLOCK_S positions is a (NW, BLOCK_S, D) K/V
-# tile, warp w holding positions s0 + w·BLOCK_S + j; q·Kᵀ and P·V are batched mma.sync over the warp axis (an MMA
-# layout with warps_per_cta [NW, 1, 1]: each warp multiplies its own K/V by the same q, the G query heads padded to
-# MR = 16 rows). So a warp's online softmax (m, l over its positions) reduces within the warp, P goes to the A
-# operand in registers, and K and V reach their B operands through shared memory warp-locally; the warps' (m, l,
-# acc) are combined once, after the last super-block (head_dim ≤ 64: each warp holds a whole (MR, D) float32 acc).
-# The `mma` layout splits each block's positions across the warps instead, and pays cross-warp reductions through
-# shared memory (m, l: barriers) on every block (~1 µs per 64-position block, session 10): that is what long splits
-# (long context) walk. The first super-block goes through _first_block_and_wait with NEW_ROW (its layout is the
-# caller's: the masks compare element offsets).
-@gluon.jit
-def attention_mma_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
-                        counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
-                        G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
-                        NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_S: gl.constexpr,
-                        BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr, TD: gl.constexpr, NW: gl.constexpr,
-                        TIMELINE: gl.constexpr, LANES: gl.constexpr):
-    """:func:`attention` on the tensor cores with a warp-local online softmax (``BLOCK_S`` positions per warp and
-    super-block); same returns. The first super-block's rows before ``pos`` are loaded before the dependency wait,
-    row ``pos`` after it (as ``attn_new_row=row``)."""
-    ACT: gl.constexpr = attn_ptr.dtype.element_ty
-    MR: gl.constexpr = 16
-    SB: gl.constexpr = NW * BLOCK_S  # positions per super-block
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
-    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    BOP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    KB: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [NW, 1, 1], [2, 1, 0])  # (NW, BLOCK_S, D)
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, VD], [1, 32 // TD, TD], [1, NW, 1], [2, 1, 0])  # the combine's
-    n, s_lo, s_hi, base = _split_range(layer, kvh, split, pos, D, NKV, S_MAX, NSPLIT, MIN_CHUNK)
-    # (NW, BLOCK_S, 1) position offsets within a super-block in the load layout, and (NW, 1, BLOCK_S) in MMA's
-    wk = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, KB)))
-    jk = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, gl.SliceLayout(2, KB)))
-    dk = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, KB)))
-    pk = gl.expand_dims(gl.expand_dims(wk, 1) * BLOCK_S + gl.expand_dims(jk, 0), 2)
-    d3 = gl.expand_dims(gl.expand_dims(dk, 0), 1)
-    wm = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(1, MMA)))
-    jm = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
-    pm3 = gl.expand_dims(gl.expand_dims(wm, 1) * BLOCK_S + gl.expand_dims(jm, 0), 1)
-    offs = base + (s_lo + pk).to(gl.int64) * D + d3
-    mk = (s_lo + pk < s_hi) & (d3 < D)
-    k, v, seen, t_ready = _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target, do_wait,
-                                                spin_cap, SB, TIMELINE, True, base, D)
-    # q (MR, D) in every warp's A operand: each warp loads it (G·D values, from L2)
-    wa = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, AOP)))
-    ra = gl.arange(0, MR, layout=gl.SliceLayout(0, gl.SliceLayout(2, AOP)))
-    da = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, AOP)))
-    r3 = gl.expand_dims(gl.expand_dims(wa * 0, 1) + gl.expand_dims(ra, 0), 2)
-    qa = gl.load(q_ptr + (kvh * G + r3) * D + gl.expand_dims(gl.expand_dims(da, 0), 1),
-                 mask=(r3 < G) & (gl.expand_dims(gl.expand_dims(da, 0), 1) < D), other=0.0, cache_modifier=".cg")
-    t_q = stamp_after(gl.max(qa.to(gl.float32), axis=0), TIMELINE)
-    m = gl.full([NW, MR], float("-inf"), gl.float32, gl.SliceLayout(2, MMA))
-    l = gl.zeros([NW, MR], gl.float32, gl.SliceLayout(2, MMA))
-    acc = gl.zeros([NW, MR, D], gl.float32, MMA)
-    s0 = s_lo
-    while s0 < s_hi:
-        offs_n = offs + SB * D  # the next super-block, in flight during this one's math
-        mk_n = (s0 + SB + pk < s_hi) & (d3 < D)
-        k_n = gl.load(kc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
-        v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
-        kb = gl.convert_layout(gl.permute(k, [0, 2, 1]), BOP)  # Kᵀ per warp: (NW, D, BLOCK_S), warp-local
-        sc = mma_v2(qa, kb, gl.zeros([NW, MR, BLOCK_S], gl.float32, MMA))
-        sc = gl.where(s0 + pm3 < s_hi, sc * sm_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(sc, axis=2))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp past s_hi: p = 0, not exp(-inf + inf)
-        alpha = gl.exp(m - m_use)
-        p = gl.exp(sc - gl.expand_dims(m_use, 2))
-        l = l * alpha + gl.sum(p, axis=2)
-        acc = mma_v2(gl.convert_layout(p.to(ACT), AOP), gl.convert_layout(v, BOP), acc * gl.expand_dims(alpha, 2))
-        m = m_new
-        s0 += SB
-        offs = offs_n
-        k = k_n
-        v = v_n
-    # the warps' partial softmaxes, once: M = max_w m_w, out = Σ_w exp(m_w − M)·acc_w / Σ_w exp(m_w − M)·l_w
-    m_all = gl.max(m, axis=0)
-    a = gl.exp(m - gl.expand_dims(m_all, 0))  # 0 for a warp that saw no position (m = -inf)
-    l_all = gl.sum(l * a, axis=0)
-    acc_all = gl.sum(acc * gl.expand_dims(a, 2), axis=0)
-    t_math = pos.to(gl.int64) * 0
-    if TIMELINE:
-        t_math = now(gl.max(l_all, axis=0).to(gl.int32))
-    t_ticket = _attn_publish(kvh, split, pos, m_all, l_all, acc_all, ticket_cnt, sig, counters_ptr, pm_ptr, pl_ptr,
-                             pacc_ptr, attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT,
-                             _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, MR, gl.SliceLayout(0, MMA),
-                             gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
     return seen, t_ready, t_math, t_ticket, t_q, t_math
 
 

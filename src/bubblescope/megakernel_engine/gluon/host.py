@@ -71,22 +71,15 @@ def auto_rows(cfg: ModelConfig, sms: int) -> int:
     return 16 if 2 * qkv_tasks < sms else DEFAULT_ROWS
 
 
-def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int, per_warp: bool = False) -> str | None:
-    """Why ``attn_layout=mma`` (``mma-warps`` with ``per_warp``) cannot run ``cfg`` with ``esize``-byte weights,
-    ``block_s`` positions per block (per warp with ``per_warp``) and ``num_warps`` consumer warps, or None where it
-    can. ``mma.sync`` m16n8k16 takes 16-bit operands, k in steps of 16 and n ≥ 8 per warp; the query heads of a kv
-    head fill one 16-row A tile (attention.py, ``attention_mma``, ``attention_mma_warps``); ``mma-warps`` has no
-    q/k-norm path."""
+def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int) -> str | None:
+    """Why ``attn_layout=mma`` cannot run ``cfg`` with ``esize``-byte weights, ``block_s`` positions per block and
+    ``num_warps`` consumer warps, or None where it can. ``mma.sync`` m16n8k16 takes 16-bit operands, k in steps of
+    16 and n ≥ 8 per warp; the query heads of a kv head fill one 16-row A tile (attention.py, ``attention_mma``)."""
     d = cfg.head_dim
-    if per_warp and cfg.qk_norm:
-        return "attn_layout=mma-warps does not support q/k-norm (Qwen3) yet"
-    if per_warp and d > 64:  # each warp holds a whole (16, D) float32 accumulator: head_dim 128 spilled 580-708 B
-        return f"attn_layout=mma-warps needs head_dim ≤ 64 (registers); got head_dim {d}"
-    if esize != 2 or d % 16 or block_s % 16 or (block_s < 8 * num_warps and not per_warp) or cfg.gqa_group > 16:
-        return (f"attn_layout={'mma-warps' if per_warp else 'mma'} needs 16-bit weights, head_dim and block_s "
-                f"multiples of 16, block_s ≥ 8 × num_warps (mma) and at most 16 query heads per kv head; got "
-                f"{esize * 8}-bit weights, head_dim {d}, block_s {block_s}, num_warps {num_warps}, "
-                f"{cfg.gqa_group} query heads per kv head")
+    if esize != 2 or d % 16 or block_s % 16 or block_s < 8 * num_warps or cfg.gqa_group > 16:
+        return (f"attn_layout=mma needs 16-bit weights, head_dim and block_s multiples of 16, block_s ≥ 8 × num_warps "
+                f"and at most 16 query heads per kv head; got {esize * 8}-bit weights, head_dim {d}, block_s "
+                f"{block_s}, num_warps {num_warps}, {cfg.gqa_group} query heads per kv head")
     return None
 
 
@@ -150,10 +143,8 @@ def resolve_block_s(cfg: ModelConfig, layout: str, params: MegakernelParams, blo
     ``block_s`` (``gluon_params``' register rule for the CUDA-core layouts, whose products hold the padded query
     heads of a kv head), except on the tensor cores (``mma``), where the query heads are padded to 16 rows
     whatever their count: there ``min(DEFAULT_BLOCK_S, 4096 // head_dim)`` positions (two K/V tiles of ≤ 4096
-    values in flight), which moves only models with more than 4 query heads per kv head (Qwen2.5-0.5B: 32 → 64);
-    with ``mma-warps`` 16 positions per warp (each warp holds its K and V and the next super-block's; offline sm_90
-    compile: the 1B spilled 140 bytes at 32, none at 16). (The fewest positions per split, ``attn_min_chunk``, is
-    ``schedule.DEFAULT_MIN_CHUNK`` on both kernels.)
+    values in flight), which moves only models with more than 4 query heads per kv head (Qwen2.5-0.5B: 32 → 64).
+    (The fewest positions per split, ``attn_min_chunk``, is ``schedule.DEFAULT_MIN_CHUNK`` on both kernels.)
 
     Measured on the H200 (session 9, ``gluon_check.py --sweep r28 --timed 256``, interleaved, stepwise ms,
     benchmarks/results/h200-2026-12-01-s9), Qwen2.5-0.5B (7 query heads per kv head, head_dim 64), 64-position
@@ -163,8 +154,6 @@ def resolve_block_s(cfg: ModelConfig, layout: str, params: MegakernelParams, blo
     """
     if params.block_s is None and layout == "mma":
         return max(16, min(DEFAULT_BLOCK_S, 4096 // cfg.head_dim))
-    if params.block_s is None and layout == "mma-warps":  # per warp: K, V and the next super-block's in registers
-        return 16
     return block_s
 
 
@@ -269,26 +258,19 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     kch = {k: next_pow2(-(-v // (m := sb * (params.split_k if k != "H" else 1))) * m) for k, v in nch.items()}
     d = cfg.head_dim
     vd = min(d, 16 // esize)
-    why = (mma_unsupported(cfg, esize, params.block_s, params.num_warps, params.attn_layout == "mma-warps")
-           if params.attn_layout in ("mma", "mma-warps") else None)
+    why = mma_unsupported(cfg, esize, params.block_s, params.num_warps) if params.attn_layout == "mma" else None
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
     why = (mv_mma_unsupported(cfg, esize, br, params.split_k, bk, params.slot_boxes, params.num_warps)
            if params.mv_widen == "mma" else None)
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
-    # mma-warps' compiler scratch beyond SMEM_SCRATCH (scratch buffers share one space: the largest counts): each
-    # warp's K block through shared memory, (NW, D, BLOCK_S), and the warps' (NW, 16, D) float32 accumulators
-    # combined across warps (offline sm_90 compile of a one-block probe: 256 · D bytes)
-    kt = 0
-    if params.attn_layout == "mma-warps":
-        kt = max(0, max(params.num_warps * d * params.block_s * esize, params.num_warps * 16 * d * 4) - SMEM_SCRATCH)
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
         NSPLIT=t.kv_splits, MIN_CHUNK=t.attn_min_chunk, NF=NFIELDS, BR=br, BK=bk,
         NS=fit_ring(max(1, int(ring or params_ring(params)) // sb), sb * br * bk * esize,
-                    max(kch.values()) * bk * esize + kt),
+                    max(kch.values()) * bk * esize),
         SB=sb, NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
         KCH_Q=kch["Q"], KCH_I=kch["I"], KCH=max(kch.values()), VEC=vec, TK=min(32, bk // vec),
         BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
@@ -304,7 +286,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early", MV_AHEAD=params.mv_ahead == 1,
         NEW_ROW=params.attn_new_row == "row" and (params.attn_layout == "warps" or (
             params.attn_layout == "mma" and params.attn_operands == "late")),
-        COMBINE_LANES=params.attn_combine == "lanes", MMA_WARPS=params.attn_layout == "mma-warps")
+        COMBINE_LANES=params.attn_combine == "lanes")
 
 
 def gluon_choice(t: Tiling, cx: dict) -> dict:
@@ -327,13 +309,12 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "rows_od": t.rows_o,
             "block_s": cx["BLOCK_S"], "min_chunk": cx["MIN_CHUNK"], "splits": cx["NSPLIT"],
             "qk_norm_in_attn": bool(cx["QK_NORM"]),
-            "attn_layout": "mma-warps" if cx["MMA_WARPS"] else "mma" if cx["ATTN_MMA"] else "warps" if cx["ATTN_WARPS"]
-            else "blocks",
+            "attn_layout": "mma" if cx["ATTN_MMA"] else "warps" if cx["ATTN_WARPS"] else "blocks",
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
             "attn_gate": cx["ATTN_GATE"],
             "mv_widen": "mma" if cx["MV_MMA"] else "bits" if cx["MV_BITS"] else "convert",
             "attn_operands": "early" if cx["MMA_EARLY"] else "late", "mv_ahead": int(cx["MV_AHEAD"]),
-            "attn_new_row": "row" if cx["NEW_ROW"] or cx["MMA_WARPS"] else "block",
+            "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps"}
 
 

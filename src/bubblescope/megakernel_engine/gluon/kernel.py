@@ -24,8 +24,8 @@ unswizzled NVMMA layout. A task is one tile of ``BR`` rows over all K columns: `
 fills columns past K (and rows past the matrix) with zeros, so no shape needs to divide BK.
 
 Attention (``ATTN``, no weights, so the producer skips it and keeps streaming the next tasks' weights): one task
-per (kv head, position split), flash-decoding, in ``attention.py``; the consumer calls the layout ``MMA_WARPS`` /
-``ATTN_MMA`` / ``ATTN_WARPS`` select.
+per (kv head, position split), flash-decoding, in ``attention.py``; the consumer calls the layout ``ATTN_MMA`` /
+``ATTN_WARPS`` select.
 
 Synchronisation is the Triton kernel's (counters that only increase, targets ``epoch · F_INC + F_NEED``,
 ``thread_barrier`` then ``atomic_add(release)``; acquire spins; ``.cg`` loads of other CTAs' data). Every
@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .. import schedule as S
-from .attention import attention, attention_mma, attention_mma_warps, attention_warps
+from .attention import attention, attention_mma, attention_warps
 from .common import now, rnd, spin, splits_used
 from .matvec import mv_halves, mv_mma, mv_pair, mv_single, stage_vector
 
@@ -173,7 +173,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
-              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MMA_WARPS: gl.constexpr, MV_MMA: gl.constexpr):
+              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -255,13 +255,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if skip == 0:
                 need = gl.load(row + F_NEED)
                 target = epoch * gl.load(row + F_INC) + need
-                if MMA_WARPS:
-                    seen, t_attn, t_math, t_ticket, t_staged, t_mv = attention_mma_warps(
-                        layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
-                        counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
-                        counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D, G, GP, NKV, S_MAX,
-                        NSPLIT, MIN_CHUNK, BLOCK_S, BLOCK_SPLIT, VD, TD, NW, TIMELINE, COMBINE_LANES)
-                elif ATTN_MMA:
+                if ATTN_MMA:
                     seen, t_attn, t_math, t_ticket, t_staged, t_mv = attention_mma(
                         layer, gl.load(row + F_A0), a2, pos, sm_scale, gl.load(row + F_TICKET), gl.load(row + F_SIGNAL),
                         counters_ptr + gl.maximum(wait_cnt, 0), target, (wait_cnt >= 0) & (bad == 0), spin_cap,
@@ -728,7 +722,7 @@ def megakernel(
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
-        COMBINE_LANES: gl.constexpr, MMA_WARPS: gl.constexpr, MV_MMA: gl.constexpr):
+        COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -768,7 +762,7 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MMA_WARPS, MV_MMA)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
