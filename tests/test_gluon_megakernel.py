@@ -13,6 +13,7 @@ from bubblescope.generation import teacher_forced_logits
 from bubblescope.megakernel_engine.gluon.host import (
     DEFAULT_ROWS,
     SMEM_PER_BLOCK_SM90,
+    gluon_choice,
     gluon_constexprs,
     gluon_params,
     gluon_tiling,
