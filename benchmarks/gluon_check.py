@@ -394,6 +394,16 @@ SWEEPS = {
              ("mma-r32-sb2", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}),
              ("default-again", "gluon", {}), ("mma-r32-again", "gluon", {"mv_widen": "mma", "max_rows": 32}),
              ("mma-r32-sb2-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2})],
+    # prepared in session 12 (not run yet): r38q's Qwen2.5-0.5B with the tensor-core matvec, 32 rows and two boxes per
+    # slot 0.713 / 0.724 against 0.761 / 0.766 (all 8 rounds lower); the same without the tensor cores, and on the
+    # other presets (the 1B was even in r38)
+    "r39": [("default", "gluon", {}), ("mma-sb2", "gluon", {"mv_widen": "mma", "slot_boxes": 2}),
+            ("sb2", "gluon", {"slot_boxes": 2}), ("default-again", "gluon", {}),
+            ("mma-sb2-again", "gluon", {"mv_widen": "mma", "slot_boxes": 2}), ("sb2-again", "gluon", {"slot_boxes": 2})],
+    "r39q": [("default", "gluon", {}), ("mma-r32-sb2", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}),
+             ("r32-sb2", "gluon", {"max_rows": 32, "slot_boxes": 2}), ("default-again", "gluon", {}),
+             ("mma-r32-sb2-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}),
+             ("r32-sb2-again", "gluon", {"max_rows": 32, "slot_boxes": 2})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -153,13 +153,15 @@ def test_gluon_other_forms_match_reference_tightly(kw):
 
 
 @_HOPPER
+@pytest.mark.parametrize("slot_boxes", [1, 2])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_gluon_tensor_core_matvec_matches_reference(qk_norm):
+def test_gluon_tensor_core_matvec_matches_reference(qk_norm, slot_boxes):
     """``mv_widen=mma`` (every matvec on the tensor cores: ldmatrix from the 128-byte-swizzled ring, the staged
     vector broadcast as B) on a small bf16 GQA model whose intermediate size (1,408 = 5.5 boxes of 256 columns)
     leaves the last O-proj / down slot half past K and whose vocabulary (1,000) ends inside an LM-head tile, with
     and without q/k-norm: as close to the float32 model as the bf16 reference is, and the same argmax on ≥ 95 % of
-    24 forced steps."""
+    24 forced steps; with one and two boxes per ring slot (two: the last slot of a down task is three quarters past
+    K)."""
     from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models.config import ModelConfig
 
@@ -173,8 +175,10 @@ def test_gluon_tensor_core_matvec_matches_reference(qk_norm):
     forced = torch.randint(3, cfg.vocab_size, (24,), generator=g).tolist()
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 128), prompt, forced)
     truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 128), prompt, forced)
-    eng = MegakernelEngine(w, MegakernelParams(mv_widen="mma", max_rows=32), max_seq_len=128, impl="gluon")
-    assert eng.compile_info()["gluon"]["mv_widen"] == "mma", eng.compile_info()["gluon"]
+    eng = MegakernelEngine(w, MegakernelParams(mv_widen="mma", max_rows=32, slot_boxes=slot_boxes), max_seq_len=128,
+                           impl="gluon")
+    info = eng.compile_info()["gluon"]
+    assert (info["mv_widen"], info["slot_boxes"]) == ("mma", slot_boxes), info
     got = teacher_forced_logits(eng, prompt, forced)
 
     def rel(a, b):

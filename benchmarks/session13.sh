@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Prepared in session 12 for the thirteenth session's device calls (from the repository root, through the device
+# tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
+#   bash benchmarks/session13.sh first   # every GPU test (the tensor-core matvec now also with two boxes per slot),
+#                                        # the checks of mv_widen=mma with two boxes per slot on Qwen2.5-0.5B (32
+#                                        # rows) and Qwen3-0.6B, then sweeps r39 / r39q
+#   bash benchmarks/session13.sh qwen    # the Qwen presets' decode-latency set (after an auto rule is made the
+#                                        # default on what `first` shows)
+. benchmarks/device_prelude.sh
+case "${1:-}" in
+first)
+  gpu_tests
+  gluon_check_params qwen2.5-0.5b mmasb2 '{"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}'
+  gluon_check_params qwen3-0.6b mmasb2 '{"mv_widen": "mma", "slot_boxes": 2}'
+  sweep r39q qwen2.5-0.5b 128 60
+  sweep r39 qwen3-0.6b 128 60
+  sweep r39 llama-3.2-1b 128 60
+  sweep r39 llama-3.1-8b 128 110
+  ;;
+qwen) issue_sets qwen ;;
+*) echo "session13.sh: unknown stage '${1:-}' (first, qwen)" >&2; exit 2 ;;
+esac
+finish
