@@ -21,7 +21,9 @@ Weight layout: every packed weight matrix is a 2-D row-major tensor (``packing.p
 blocks of ``BR/2`` first-half rows then the ``BR/2`` matching second-half rows; gate/up in blocks of ``BR/2``
 gate rows then the same up rows), and one host ``TensorDescriptor`` per matrix with box ``[BR, BK]`` and
 unswizzled NVMMA layout. A task is one tile of ``BR`` rows over all K columns: ``cdiv(K, BK)`` boxes; TMA
-fills columns past K (and rows past the matrix) with zeros, so no shape needs to divide BK.
+fills columns past K (and rows past the matrix) with zeros, so no shape needs to divide BK. ``MV_MMA``
+(``mv_widen=mma``): the descriptors' boxes are ``[BR, 64]`` with the 128-byte swizzle, ``BK / 64`` of them per
+box, and the ring is ``(NS, SB·BK/64, BR, 64)``, read by ``ldmatrix`` for the tensor cores (``matvec.mv_mma``).
 
 Attention (``ATTN``, no weights, so the producer skips it and keeps streaming the next tasks' weights): one task
 per (kv head, position split), flash-decoding, in ``attention.py``; the consumer calls the layout ``ATTN_MMA`` /
