@@ -371,10 +371,12 @@ SWEEPS = {
     # bound by its tiles' arrival, not by the FMAs): the signal gate lets 3 tiles past a signalling task, so most of
     # the next stage's tiles load after the signal; with the consumer's matvec cheaper, more tiles past it (6) or no
     # gate (-1)?
-    "r37": [("default", "gluon", {}), ("mma", "gluon", {"mv_widen": "mma"}), ("mma-sg6", "gluon", {"mv_widen": "mma", "sig_gate": 6}),
+    "r37": [("default", "gluon", {}), ("mma", "gluon", {"mv_widen": "mma"}),
+            ("mma-sg6", "gluon", {"mv_widen": "mma", "sig_gate": 6}),
             ("mma-sgoff", "gluon", {"mv_widen": "mma", "sig_gate": -1}), ("sg6", "gluon", {"sig_gate": 6}),
             ("default-again", "gluon", {}), ("mma-again", "gluon", {"mv_widen": "mma"}),
-            ("mma-sg6-again", "gluon", {"mv_widen": "mma", "sig_gate": 6}), ("mma-sgoff-again", "gluon", {"mv_widen": "mma", "sig_gate": -1}),
+            ("mma-sg6-again", "gluon", {"mv_widen": "mma", "sig_gate": 6}),
+            ("mma-sgoff-again", "gluon", {"mv_widen": "mma", "sig_gate": -1}),
             ("sg6-again", "gluon", {"sig_gate": 6})],
     "r37q": [("r32", "gluon", {"max_rows": 32}), ("mma-r32", "gluon", {"mv_widen": "mma", "max_rows": 32}),
              ("mma-r32-sg6", "gluon", {"mv_widen": "mma", "max_rows": 32, "sig_gate": 6}),
@@ -384,8 +386,8 @@ SWEEPS = {
              ("mma-r32-sgoff-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "sig_gate": -1}),
              ("default-again", "gluon", {})],
     # session 12, after r37: with the tensor cores the matvec's FMAs are no longer its cost, but each ring slot's
-    # release still is (a proxy fence and an arrive between two barriers of the consumer warps: 47.8 % of the warps'
-    # stall cycles are at barriers, ncu); two boxes per slot pay it once per 32 KB
+    # release still is (a proxy fence and an arrive between two barriers of the consumer warps: 47.8 % of the CUDA-core
+    # kernel's warp stall cycles are at barriers, ncu at f9da798); two boxes per slot pay it once per 32 KB
     "r38": [("default", "gluon", {}), ("mma", "gluon", {"mv_widen": "mma"}),
             ("mma-sb2", "gluon", {"mv_widen": "mma", "slot_boxes": 2}), ("default-again", "gluon", {}),
             ("mma-again", "gluon", {"mv_widen": "mma"}),
@@ -399,7 +401,8 @@ SWEEPS = {
     # other presets (the 1B was even in r38)
     "r39": [("default", "gluon", {}), ("mma-sb2", "gluon", {"mv_widen": "mma", "slot_boxes": 2}),
             ("sb2", "gluon", {"slot_boxes": 2}), ("default-again", "gluon", {}),
-            ("mma-sb2-again", "gluon", {"mv_widen": "mma", "slot_boxes": 2}), ("sb2-again", "gluon", {"slot_boxes": 2})],
+            ("mma-sb2-again", "gluon", {"mv_widen": "mma", "slot_boxes": 2}),
+            ("sb2-again", "gluon", {"slot_boxes": 2})],
     "r39q": [("default", "gluon", {}), ("mma-r32-sb2", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}),
              ("r32-sb2", "gluon", {"max_rows": 32, "slot_boxes": 2}), ("default-again", "gluon", {}),
              ("mma-r32-sb2-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}),

@@ -52,8 +52,8 @@ def main() -> int:
             toks = generate(eng, list(range(3, 75)), 6, eos_ids=()).tokens  # 72 positions: 37 per split
             eng.synchronize_and_check()
             print("gluon", cfg.name, eng.compile_info()["gluon"]["attn_layout"], operands, toks, flush=True)
-        # session 12's tensor-core matvec (mv_widen=mma): ldmatrix from the swizzled ring, the last O-proj / down slot
-        # half past K (intermediate 1408), the vocabulary ending inside an LM-head tile
+        # session 12's tensor-core matvec (mv_widen=mma): ldmatrix from the swizzled ring, the last down slot a
+        # quarter past K (intermediate 1408), the vocabulary ending inside an LM-head tile
         cfg = ModelConfig(name="tiny-mv-mma", hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
                           num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1000,
                           max_position_embeddings=64)

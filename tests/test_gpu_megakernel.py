@@ -157,15 +157,15 @@ def test_gluon_other_forms_match_reference_tightly(kw):
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_gluon_tensor_core_matvec_matches_reference(qk_norm, slot_boxes):
     """``mv_widen=mma`` (every matvec on the tensor cores: ldmatrix from the 128-byte-swizzled ring, the staged
-    vector broadcast as B) on a small bf16 GQA model whose intermediate size (1,408 = 5.5 boxes of 256 columns)
-    leaves the last O-proj / down slot half past K and whose vocabulary (1,000) ends inside an LM-head tile, with
-    and without q/k-norm: as close to the float32 model as the bf16 reference is, and the same argmax on ≥ 95 % of
-    24 forced steps; with one and two boxes per ring slot (two: the last slot of a down task is three quarters past
-    K)."""
+    vector broadcast as B) on a small bf16 GQA model whose intermediate size (1,400 = 5.47 boxes of 256 columns,
+    21.9 of 64) ends inside a 64-column box and leaves the last down slot past K (with two boxes per slot, 648 of
+    its 1,024 columns), and whose vocabulary (1,000) ends inside an LM-head tile, with and without q/k-norm, with
+    one and two boxes per ring slot: as close to the float32 model as the bf16 reference is, and the same argmax on
+    ≥ 95 % of 24 forced steps."""
     from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams
     from bubblescope.models.config import ModelConfig
 
-    cfg = ModelConfig(name="gqa-mv-mma", hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
+    cfg = ModelConfig(name="gqa-mv-mma", hidden_size=512, intermediate_size=1400, num_hidden_layers=2,
                       num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1000,
                       max_position_embeddings=256, tie_word_embeddings=not qk_norm, qk_norm=qk_norm,
                       attention_bias=qk_norm, model_type="qwen3" if qk_norm else "llama")

@@ -174,15 +174,17 @@ class MegakernelParams:
             per weight; the default). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
             rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``. ``mma`` (16-bit weights):
             the tensor cores, ``mma.sync`` m16n8k16 with the weight tile as the A operand (``ldmatrix`` from a
-            128-byte-swizzled ring: each box arrives as ``BK / 64`` TMA boxes of 64 columns, one per warp) and the
-            staged vector broadcast over the 8 columns of B, float32 accumulators summed across the warps once per
-            task; far fewer instructions per weight than a widening and an FMA each (``gluon.matvec.mv_mma``).
-            Needs 16-bit weights, 256-column boxes, K a multiple of 64 and at least 16 rows per matvec (refused by
-            name otherwise: ``gluon.host.mv_mma_unsupported``). Measured on the H200 (session 12, ``gluon_check.py
+            128-byte-swizzled ring: each box arrives as ``BK / 64`` TMA boxes of 64 columns, which the warps share
+            out) and the staged vector broadcast over the 8 columns of B, float32 accumulators summed across the
+            warps once per task; far fewer instructions per weight than a widening and an FMA each
+            (``gluon.matvec.mv_mma``; it always reads a slot ahead, whatever ``mv_ahead``). Needs 16-bit weights,
+            256-column boxes, at least 16 rows per matvec and a 64-column box per consumer warp in each slot
+            (refused by name otherwise: ``gluon.host.mv_mma_unsupported``). Measured on the H200 (session 12, ``gluon_check.py
             --sweep r36`` to ``r38``, interleaved rounds, stepwise ms): correct (the 1B's 256 argmaxes equal the
             bf16 reference's), but even on Llama-3.2-1B (0.810 / 0.815 against 0.808 / 0.812), Qwen3-0.6B and
             Llama-3.1-8B: a task's matvec waits for its tiles, not for its FMAs; Qwen2.5-0.5B at 32 rows 0.747 /
-            0.758 against 0.761 / 0.766, with ``slot_boxes=2`` 0.713 / 0.724.
+            0.758 against 0.761 / 0.766 (the default's 16 rows), with ``slot_boxes=2`` 0.713 / 0.724 (its tokens
+            not yet checked on a GPU).
         attn_operands: Gluon kernel, ``attn_layout=mma`` only: ``early`` (the first K/V block becomes the
             tensor cores' B operands before the attention task's dependency wait, the row written in this step
             patched in after it by a load in the operand layout, and q loaded straight into the A operand layout:

@@ -77,8 +77,8 @@ def mma_unsupported(cfg: ModelConfig, esize: int, block_s: int, num_warps: int) 
     16 and n ≥ 8 per warp; the query heads of a kv head fill one 16-row A tile (attention.py, ``attention_mma``)."""
     d = cfg.head_dim
     if esize != 2 or d % 16 or block_s % 16 or block_s < 8 * num_warps or cfg.gqa_group > 16:
-        return (f"attn_layout=mma needs 16-bit weights, head_dim and block_s multiples of 16, block_s ≥ 8 × num_warps "
-                f"and at most 16 query heads per kv head; got {esize * 8}-bit weights, head_dim {d}, block_s "
+        return (f"attn_layout=mma needs 16-bit weights, head_dim and block_s multiples of 16, block_s ≥ 8 × "
+                f"num_warps and at most 16 query heads per kv head; got {esize * 8}-bit weights, head_dim {d}, block_s "
                 f"{block_s}, num_warps {num_warps}, {cfg.gqa_group} query heads per kv head")
     return None
 
@@ -90,18 +90,14 @@ def mv_mma_unsupported(cfg: ModelConfig, esize: int, br: int, split: int, bk: in
     ``slot_boxes`` and ``num_warps`` consumer warps, or None where it can. ``mma.sync`` m16n8k16 takes 16-bit
     operands and 16 rows per A tile (a QKV / gate-up half holds ``br / 2`` rows, an O-proj / down task
     ``br / split``); each box arrives as ``bk / 64`` boxes of 64 columns (128 bytes: the widest a 128-byte TMA
-    swizzle allows), one per warp, so K must be a multiple of 64 (a 64-column box past K would read the next row)
-    and a slot must hold at least one such box per warp."""
+    swizzle allows; columns past K are TMA's zeros, as in the unswizzled ring), and the warps split a slot's
+    64-column boxes, so a slot must hold at least one per warp (``slot_boxes · bk / 64 ≥ num_warps``)."""
     rows = min(br // 2, br // split)
-    ks = {"hidden_size": cfg.hidden_size, "q_size": cfg.q_size, "intermediate_size": cfg.intermediate_size}
-    bad_k = [f"{k}={v}" for k, v in ks.items() if v % 64]
     if esize != 2:
         return f"mv_widen=mma needs 16-bit weights; got {esize * 8}-bit"
     if bk * esize != TILE_BYTES_ROW:
         return (f"mv_widen=mma needs {TILE_BYTES_ROW // esize}-column boxes; this model's are {bk} (a matrix is "
                 f"narrower)")
-    if bad_k:
-        return f"mv_widen=mma needs every K to be a multiple of 64; got {', '.join(bad_k)}"
     if rows < 16:
         return (f"mv_widen=mma needs at least 16 rows per matvec (one mma tile); got {rows} (BR {br}, "
                 f"split_k {split}): set max_rows ≥ {16 * max(2, split)}")
@@ -245,7 +241,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
 
     Raises:
         BubblescopeError: ``attn_layout=mma`` with weights that are not 16-bit, a head_dim / block_s the
-            ``mma.sync`` m16n8k16 tiles do not fit, or more than 16 query heads per kv head.
+            ``mma.sync`` m16n8k16 tiles do not fit, or more than 16 query heads per kv head; ``mv_widen=mma``
+            where :func:`mv_mma_unsupported` names a reason.
     """
     esize = torch.empty((), dtype=dtype).element_size()
     br = t.rows_qkv
@@ -298,9 +295,10 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``qk_norm_in_attn`` (q/k-norm and RoPE in the attention task), ``attn_layout`` (``blocks``, ``warps`` or
     ``mma``), ``lm_pick`` (``task`` or ``cta``: where the greedy pick's atomic runs), ``sig_gate`` (tiles the
     producer issues past a stage's signalling task before its signal is out; -1 off), ``attn_gate`` (the same past an
-    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened; ``mma``: the tensor cores),
-    ``attn_operands`` (``early`` or ``late``: where the tensor-core attention's operands are converted; ``late``
-    for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers ahead of its products),
+    attention task until it is done), ``mv_widen`` (``bits`` or ``convert``: how bf16 weights are widened;
+    ``mma``: the tensor cores), ``attn_operands`` (``early`` or ``late``: where the tensor-core attention's operands
+    are converted; ``late`` for the other layouts), ``mv_ahead`` (0 or 1: boxes the matvec reads into registers
+    ahead of its products; 1 with ``mma``, which always reads a slot ahead),
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout);
@@ -313,7 +311,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "lm_pick": "cta" if cx["LM_CTA"] else "task", "sig_gate": cx["SIG_GATE"],
             "attn_gate": cx["ATTN_GATE"],
             "mv_widen": "mma" if cx["MV_MMA"] else "bits" if cx["MV_BITS"] else "convert",
-            "attn_operands": "early" if cx["MMA_EARLY"] else "late", "mv_ahead": int(cx["MV_AHEAD"]),
+            "attn_operands": "early" if cx["MMA_EARLY"] else "late",
+            "mv_ahead": 1 if cx["MV_MMA"] else int(cx["MV_AHEAD"]),  # mv_mma always reads a slot ahead
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps"}
 

@@ -432,9 +432,10 @@ def _load_od(desc, r0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, SPL
 @gluon.jit
 def _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, r0, c, bar, bufs_mk, bufs_od, slot,
               NBX: gl.constexpr, SPLIT: gl.constexpr):
-    """Slot ``c`` of a task for the tensor-core matvec: its NBX 64-column boxes [BR, 64] (O-proj / down: NBX·SPLIT
-    boxes [BR / SPLIT, 64], the columns of chunks 2c and 2c + 1 with SPLIT = 2), column box q into ring box
-    ``slot·NBX + q``; boxes past K are zero-filled by TMA."""
+    """Slot ``c`` of a task for the tensor-core matvec: its NBX 64-column boxes [BR, 64], global columns
+    ``[(c·NBX + q)·64, +64)`` into ring box ``slot·NBX + q`` (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64],
+    ``c·NBX·SPLIT + q`` into ``slot·NBX·SPLIT + q``: the slot's SB pairs of column chunks with SPLIT = 2); columns
+    past K are zero-filled by TMA."""
     if (op == OP_OPROJ) | (op == OP_DOWN):
         for q in gl.static_range(NBX * SPLIT):
             od = bufs_od.index(slot * (NBX * SPLIT) + q)
@@ -730,7 +731,8 @@ def megakernel(
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
     the q_norm and k_norm weights, ``knew_ptr`` (NKV, D) the raw new k; see ``attention.attention``).
 
-    Shared memory: the ring ``bufs`` (NS·SB, BR, BK) of weight tiles (NS slots of SB boxes) with its
+    Shared memory: the ring ``bufs`` (NS·SB, BR, BK) of weight tiles (NS slots of SB boxes; with ``MV_MMA``
+    (NS, SB·BK/64, BR, 64), 128-byte swizzled) with its
     ``full``/``empty`` mbarriers (one pair per slot), and
     ``xs`` (KCH, BK) for the staged input vector. Grid: one CTA per SM (all resident: the schedule's waits
     need it; the launch is cooperative).
