@@ -7,7 +7,13 @@ median ``qkv_stage`` / ``qkv_mv`` / ``qkv_epi`` phases; ``attn_span`` (→ the a
 critical attention task's phases (``timeline.attn_critical``'s per-layer parts); ``o_span``, ``g_span``,
 ``d_span`` (→ the O-proj, gate-up and down stages' last ends). Their sum is the layer's time.
 
-    python benchmarks/chain_breakdown.py FRAME.csv.gz [--out chain.json]
+With ``--model`` (the preset the frame ran, default Gluon tiling, 16-bit weights), also the weight stream's feed:
+the bytes of tiles the producers issue per µs over all SMs (each task's bytes spread evenly between its first and
+last TMA issue; a ring slot is reissued only once its consumer frees it), per layer over the stretch from the
+previous DOWN stage's end to the O-proj stage's end and over the rest of the layer (TB/s), and how long the QKV
+matvec ends after its task's last tile was issued (µs).
+
+    python benchmarks/chain_breakdown.py FRAME.csv.gz [--model llama-3.2-1b] [--out chain.json]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from bubblescope.megakernel_engine.timeline import attn_critical, edge_summary, stage_edges, task_phases
@@ -44,10 +51,50 @@ def layer_chain(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def task_bytes(model: str) -> dict[str, int]:
+    """Weight bytes of one task per opcode for ``model``'s default Gluon tiling and 16-bit weights:
+    rows × K × 2 (QKV / gate-up / LM head: BR rows over H; O-proj: BR / split_k rows over Q; down: over I)."""
+    from bubblescope.megakernel_engine.gluon.host import gluon_tiling
+    from bubblescope.megakernel_engine.schedule import MegakernelParams
+    from bubblescope.models.config import get_preset
+    cfg = get_preset(model)
+    t = gluon_tiling(cfg, MegakernelParams(), 132)
+    h, q, i = cfg.hidden_size, cfg.q_size, cfg.intermediate_size
+    return {"QKV": t.rows_qkv * h * 2, "OPROJ": t.rows_o * q * 2, "GATEUP": t.rows_gateup * h * 2,
+            "DOWN": t.rows_down * i * 2, "LMHEAD": t.rows_lm * h * 2}
+
+
+def stream_feed(df: pd.DataFrame, nbytes: dict[str, int]) -> pd.DataFrame:
+    """Per layer: the producers' tile-issue rate (TB/s) over the stretch (previous DOWN end → O-proj end) and over
+    the rest (O-proj end → DOWN end), and the QKV tasks' median ``mv_end − last TMA issue`` (µs)."""
+    w = df[df["name"].isin(list(nbytes)) & df["load_start_us"].notna()]
+    edges, issued = [], []
+    for s0, e0, b in zip(w["load_start_us"], w["load_end_us"], w["name"].map(nbytes)):
+        n = max(1, int(b // 16384))  # the ring's 16 KB slots, issued evenly between the task's first and last
+        edges.append(np.linspace(s0, e0, n))
+        issued.append(np.full(n, b / n))
+    t, b = np.concatenate(edges), np.concatenate(issued)
+    ends = df.groupby(["layer", "name"])["end_us"].max().unstack()
+
+    def rate(lo: float, hi: float) -> float:  # bytes / µs / 1e6 = TB/s
+        return float(b[(t >= lo) & (t < hi)].sum() / (hi - lo) / 1e6)
+
+    rows = []
+    layers = sorted(df["layer"].unique())
+    for prev, layer in zip(layers, layers[1:]):
+        lo, mid, hi = ends.loc[prev, "DOWN"], ends.loc[layer, "OPROJ"], ends.loc[layer, "DOWN"]
+        q = w[(w["layer"] == layer) & (w["name"] == "QKV")]
+        rows.append({"layer": int(layer), "stretch_us": mid - lo, "stretch_tbps": rate(lo, mid),
+                     "rest_us": hi - mid, "rest_tbps": rate(mid, hi), "layer_tbps": rate(lo, hi),
+                     "qkv_mv_after_last_issue_us": float((q["mv_end_us"] - q["load_end_us"]).median())})
+    return pd.DataFrame(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("frame", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--model", help="the preset the frame ran: adds the weight stream's feed (stream_feed)")
     a = ap.parse_args()
     if not a.frame.is_file():
         print(f"chain_breakdown: {a.frame}: no such file", file=sys.stderr)
@@ -60,6 +107,11 @@ def main() -> int:
                                                                                                       min_count=5).median()), 3),
            "attn_critical": attn_critical(df), "task_phases": task_phases(df), "edges": edge_summary(stage_edges(df)),
            "per_layer": chain.round(3).to_dict(orient="records")}
+    if a.model:
+        feed = stream_feed(df, task_bytes(a.model))
+        doc["stream_feed"] = {"model": a.model, "median": feed.drop(columns=["layer"]).median().round(3).to_dict(),
+                              "per_layer": feed.round(3).to_dict(orient="records")}
+        print(feed.round(2).to_string(index=False))
     print(chain.round(2).to_string(index=False))
     print(json.dumps({k: doc[k] for k in ("median_us", "layer_us_p50", "attn_critical")}, indent=1))
     if a.out:
