@@ -1,0 +1,55 @@
+"""``benchmarks/chain_breakdown.py``'s weight-stream feed on a hand-built two-layer frame, and its task sizes for
+the 1B against the hand-computed tile bytes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "chain_breakdown.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("chain_breakdown", _SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _frame() -> pd.DataFrame:
+    nan = float("nan")
+    rows = [  # name, layer, end, first issue, last issue, matvec end
+        ("QKV", 0, 2.0, 0.0, 0.5, 1.5), ("ATTN", 0, 4.0, nan, nan, nan), ("OPROJ", 0, 6.0, 1.0, 1.0, 5.5),
+        ("GATEUP", 0, 8.0, 2.0, 2.0, 7.5), ("DOWN", 0, 10.0, 3.0, 3.0, 9.5),
+        # layer 1: the QKV task's 8 slots issued over [8, 9] (before the stretch), its matvec ends at 12
+        ("QKV", 1, 13.0, 8.0, 9.0, 12.0), ("ATTN", 1, 16.0, nan, nan, nan), ("OPROJ", 1, 20.0, 19.0, 19.0, 19.5),
+        ("GATEUP", 1, 26.0, 15.0, 15.0, 25.0), ("DOWN", 1, 30.0, 25.0, 25.0, 29.0),
+    ]
+    return pd.DataFrame(rows, columns=["name", "layer", "end_us", "load_start_us", "load_end_us", "mv_end_us"])
+
+
+def test_stream_feed_counts_the_bytes_issued_in_each_window():
+    """Layer 1's stretch is [10, 20) µs (the previous DOWN end → its O-proj end): the gate-up task (128 KB at 15)
+    and the O-proj task (64 KB at 19) fall in it, the QKV task's slots (at 8–9) before it; the rest [20, 30) holds
+    the down task (256 KB at 25). Rates in TB/s = bytes / µs / 1e6; the QKV matvec ends 3 µs after its last issue."""
+    cb = _load()
+    nbytes = {"QKV": 131072, "OPROJ": 65536, "GATEUP": 131072, "DOWN": 262144, "LMHEAD": 131072}
+    feed = cb.stream_feed(_frame(), nbytes)
+    assert feed["layer"].tolist() == [1]
+    row = feed.iloc[0]
+    assert row["stretch_us"] == 10.0 and row["rest_us"] == 10.0
+    assert row["stretch_tbps"] == pytest.approx((131072 + 65536) / 10 / 1e6)
+    assert row["rest_tbps"] == pytest.approx(262144 / 10 / 1e6)
+    assert row["layer_tbps"] == pytest.approx((131072 + 65536 + 262144) / 20 / 1e6)
+    assert row["qkv_mv_after_last_issue_us"] == 3.0
+
+
+def test_task_bytes_of_the_1b():
+    """Llama-3.2-1B's default Gluon tiles: 32 rows over hidden 2048 (QKV, gate-up, LM head), 16 rows (split_k 2)
+    over 2048 (O-proj) and over intermediate 8192 (down), 2 bytes each."""
+    cb = _load()
+    assert cb.task_bytes("llama-3.2-1b") == {"QKV": 32 * 2048 * 2, "OPROJ": 16 * 2048 * 2, "GATEUP": 32 * 2048 * 2,
+                                             "DOWN": 16 * 8192 * 2, "LMHEAD": 32 * 2048 * 2}
