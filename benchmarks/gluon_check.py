@@ -386,8 +386,8 @@ SWEEPS = {
              ("mma-r32-sgoff-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "sig_gate": -1}),
              ("default-again", "gluon", {})],
     # session 12, after r37: with the tensor cores the matvec's FMAs are no longer its cost, but each ring slot's
-    # release still is (a proxy fence and an arrive between two barriers of the consumer warps: 47.8 % of the CUDA-core
-    # kernel's warp stall cycles are at barriers, ncu at f9da798); two boxes per slot pay it once per 32 KB
+    # release still is (a proxy fence and an arrive between two barriers of the consumer warps: the CUDA-core kernel's
+    # warps stall at barriers for 47.8 % of their active cycles, ncu at f9da798); two boxes per slot pay it once per 32 KB
     "r38": [("default", "gluon", {}), ("mma", "gluon", {"mv_widen": "mma"}),
             ("mma-sb2", "gluon", {"mv_widen": "mma", "slot_boxes": 2}), ("default-again", "gluon", {}),
             ("mma-again", "gluon", {"mv_widen": "mma"}),
