@@ -4,6 +4,8 @@
 #   bash benchmarks/session13.sh first   # every GPU test (the tensor-core matvec now also with two boxes per slot),
 #                                        # the checks of mv_widen=mma with two boxes per slot on Qwen2.5-0.5B (32
 #                                        # rows) and Qwen3-0.6B, then sweeps r39 / r39q
+#   bash benchmarks/session13.sh burst   # gu_burst (the producer's L2 burst at a layer's first gate-up tile): the 1B's
+#                                        # check with its frames (chain_breakdown.py --model: the stream's feed), r40
 #   bash benchmarks/session13.sh qwen    # the Qwen presets' decode-latency set (after an auto rule is made the
 #                                        # default on what `first` shows)
 . benchmarks/device_prelude.sh
@@ -17,7 +19,14 @@ first)
   sweep r39 llama-3.2-1b 128 60
   sweep r39 llama-3.1-8b 128 110
   ;;
+burst)  # gu_burst (prepared in session 12): the producer's L2 burst at a layer's first gate-up tile
+  gluon_check_params llama-3.2-1b gu16 '{"gu_burst": 16}'
+  keep_frames gluon_check_gu16
+  sweep r40 llama-3.2-1b 128 60
+  sweep r40 qwen2.5-0.5b 128 60
+  sweep r40 llama-3.1-8b 128 110
+  ;;
 qwen) issue_sets qwen ;;
-*) echo "session13.sh: unknown stage '${1:-}' (first, qwen)" >&2; exit 2 ;;
+*) echo "session13.sh: unknown stage '${1:-}' (first, burst, qwen)" >&2; exit 2 ;;
 esac
 finish

@@ -120,7 +120,9 @@ def test_gluon_switches_are_checked():
                     ({"attn_new_row": "rows"}, "attn_new_row must be auto, block or row"),
                     ({"attn_combine": "shfl"}, "attn_combine must be auto, warps or lanes"),
                     ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
-                    ({"block_s": 48}, "block_s must be a power of two")):
+                    ({"block_s": 48}, "block_s must be a power of two"),
+                    ({"gu_burst": -1}, "gu_burst must be an integer >= 0"),
+                    ({"gu_burst": True}, "gu_burst must be an integer >= 0")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     MegakernelParams(block_s=None, attn_gate=None).validate()  # None: the kernel chooses
@@ -197,6 +199,7 @@ for model, dtype, params in (
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
                                                           attn_layout="warps")),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(gu_burst=8)),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})

@@ -145,6 +145,12 @@ class MegakernelParams:
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
+        gu_burst: Gluon kernel only: tiles the producer asks L2 for (``prefetch.global.L2`` per 128-byte line, from
+            its own warp, not through the TMA unit) past the ring's horizon once per layer, when it reaches the
+            layer's first gate-up tile on its CTA (0: off). Aimed at the QKV → attention → O-proj stretch, where the
+            rings are full and the weight stream is fed at 1.71 TB/s against 4.04 over the rest of the layer
+            (session 12, ``chain_breakdown.py --model``): the layer's next gate-up tiles would be L2 hits when the
+            ring reaches them. Prepared in session 12, not yet measured (``gluon_check.py --sweep r40``).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -258,6 +264,7 @@ class MegakernelParams:
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
+    gu_burst: int = 0
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -311,6 +318,8 @@ class MegakernelParams:
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
         if not isinstance(self.l2_ahead, int) or self.l2_ahead < 0:
             raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
+        if not isinstance(self.gu_burst, int) or isinstance(self.gu_burst, bool) or self.gu_burst < 0:
+            raise BubblescopeError(f"megakernel params: gu_burst must be an integer >= 0, got {self.gu_burst!r}")
         if not isinstance(self.wait_prefetch, int) or isinstance(self.wait_prefetch, bool) or self.wait_prefetch < 0:
             raise BubblescopeError(f"megakernel params: wait_prefetch must be an integer >= 0, got {self.wait_prefetch!r}")
         bad = [n for n in self.wait_prefetch_ops_names() if n not in OPCODES or n in ("NOP", "ATTN", "ATTN_REDUCE")]
