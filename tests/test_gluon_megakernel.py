@@ -207,6 +207,32 @@ print(json.dumps(out))
 """
 
 
+def _compile_in_subprocess(script: str) -> list[dict]:
+    """The JSON list ``script`` prints last, run in a fresh interpreter without ``TRITON_INTERPRET`` (Triton's mode
+    is per process); skips where Triton's bundled ptxas is missing."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
+        pytest.skip("triton with its bundled ptxas is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _assert_fits_one_sm(info: dict) -> None:
+    """No spills, and registers × warps and shared memory within one H200 SM (65536 registers, 227 KB of shared
+    memory per block), so one CTA per SM is resident."""
+    assert info["spill_store_bytes"] == 0, info
+    assert info["registers"] * info["num_warps"] * 32 <= 65536, info
+    assert info["shared_bytes"] <= SMEM_PER_BLOCK_SM90, info
+
+
 @pytest.mark.slow
 def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     """The Gluon kernel (default: the tensor-core attention; noprefetch + timeline; the non-default switches: a
@@ -222,22 +248,8 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
-        pytest.skip("triton with its bundled ptxas is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    for info in json.loads(run.stdout.strip().splitlines()[-1]):
-        assert info["spill_store_bytes"] == 0, info
-        assert info["registers"] * info["num_warps"] * 32 <= 65536, info
-        assert info["shared_bytes"] <= SMEM_PER_BLOCK_SM90, info
+    for info in _compile_in_subprocess(_COMPILE):
+        _assert_fits_one_sm(info)
 
 
 # ---- Qwen3: q/k-norm and RoPE in the attention task ------------------------------------------------------------
@@ -421,24 +433,10 @@ def test_gluon_tensor_core_matvec_compiles_for_sm90_within_one_sm():
     Qwen2.5 at 32 rows with two boxes per slot, the 8B without prefetch), in a subprocess: no spills, registers ×
     warps and shared memory within one H200 SM, and the ring as deep as the default's (the swizzled ring takes the
     same bytes)."""
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
-        pytest.skip("triton with its bundled ptxas is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _MMA_COMPILE], env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    base, *out = json.loads(run.stdout.strip().splitlines()[-1])
+    base, *out = _compile_in_subprocess(_MMA_COMPILE)
     # the tensor-core matvec reaches the kernel: the 1B's machine code shrinks (offline: 73 KB against 93 KB)
     assert base["mv_widen"] == "bits" and out[0]["text_bytes"] < 0.9 * base["text_bytes"], (base, out[0])
     for info in out:
         assert info["mv_widen"] == "mma", info
-        assert info["spill_store_bytes"] == 0, info
-        assert info["registers"] * info["num_warps"] * 32 <= 65536, info
-        assert info["shared_bytes"] <= SMEM_PER_BLOCK_SM90, info
+        _assert_fits_one_sm(info)
     assert [i["ring"] for i in out] == [12, 12, 6, 11], out  # Qwen2.5: 6 slots of two boxes

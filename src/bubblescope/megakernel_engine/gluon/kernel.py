@@ -486,9 +486,10 @@ def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, 
                       SPLIT: gl.constexpr, LANES: gl.constexpr, WARPS: gl.constexpr, LINE: gl.constexpr = False):
     """L2 prefetch of one ring slot (``BK``: its columns per row, SB boxes' worth). ``LINE`` False:
     ``cp.async.bulk.prefetch.L2`` per row (PTX ISA 8.0, sm_90: 16-byte aligned address and size), ``LANES`` (a
-    power of two >= BR) row slots over the calling partition's ``WARPS`` warps, columns past K clipped, slots past the tile's rows predicated off; it goes through the SM's
-    TMA unit. ``LINE`` True: ``prefetch.global.L2`` per 128-byte line from the load/store units (one line per
-    slot of ``BR·BK·bytes/128``), which leaves the TMA queue to the ring's loads."""
+    power of two >= BR) row slots over the calling partition's ``WARPS`` warps, columns past K clipped, slots past
+    the tile's rows predicated off; it goes through the SM's TMA unit. ``LINE`` True: ``prefetch.global.L2`` per
+    128-byte line from the load/store units (one line per slot of ``BR·BK·bytes/128``), which leaves the TMA queue
+    to the ring's loads."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
     op = gl.load(prow + F_OP)

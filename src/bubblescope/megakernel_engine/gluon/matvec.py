@@ -71,11 +71,17 @@ def _wx(acc, w, xv, BK: gl.constexpr, LA: gl.constexpr, BITS: gl.constexpr):
 
 
 @gluon.jit
-def _rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
-    """Σ over columns of a products tile, in the row layout the epilogues use (SliceLayout(1, LW) of the bf16
-    tile layout): the same rows per thread, so the conversion moves nothing."""
+def _to_rows(v, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    """A per-row vector in the row layout the epilogues use (SliceLayout(1, LW) of the bf16 tile layout)."""
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    return gl.convert_layout(gl.sum(acc, axis=1), gl.SliceLayout(1, LW))
+    return gl.convert_layout(v, gl.SliceLayout(1, LW))
+
+
+@gluon.jit
+def _rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+    """Σ over columns of a products tile, in the epilogues' row layout (:func:`_to_rows`): the same rows per
+    thread, so the conversion moves nothing."""
+    return _to_rows(gl.sum(acc, axis=1), VEC, TK, NW)
 
 
 # ---- the ring loop ------------------------------------------------------------------------------------------
@@ -240,8 +246,7 @@ def _mma_x(xs, c, NB: gl.constexpr, BK: gl.constexpr, BOP: gl.constexpr):
 
 @gluon.jit
 def _mma_rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
-    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    return gl.convert_layout(gl.sum(gl.max(acc, axis=2), axis=0), gl.SliceLayout(1, LW))
+    return _to_rows(gl.sum(gl.max(acc, axis=2), axis=0), VEC, TK, NW)
 
 
 @gluon.jit
