@@ -26,7 +26,17 @@ burst)  # gu_burst (prepared in session 12): the producer's L2 burst at a layer'
   sweep r40 qwen2.5-0.5b 128 60
   sweep r40 llama-3.1-8b 128 110
   ;;
+one)  # session 13's first call: burst's stages, then r39q on Qwen2.5 and r39 on the 1B (the GPU tests run last,
+  # on the session's final kernel)
+  gluon_check_params llama-3.2-1b gu16 '{"gu_burst": 16}'
+  keep_frames gluon_check_gu16
+  sweep r40 llama-3.2-1b 128 60
+  sweep r40 qwen2.5-0.5b 128 60
+  sweep r40 llama-3.1-8b 128 110
+  sweep r39q qwen2.5-0.5b 128 60
+  sweep r39 llama-3.2-1b 128 60
+  ;;
 qwen) issue_sets qwen ;;
-*) echo "session13.sh: unknown stage '${1:-}' (first, burst, qwen)" >&2; exit 2 ;;
+*) echo "session13.sh: unknown stage '${1:-}' (first, burst, one, qwen)" >&2; exit 2 ;;
 esac
 finish
