@@ -413,6 +413,14 @@ SWEEPS = {
     "r40": [("default", "gluon", {}), ("gu8", "gluon", {"gu_burst": 8}), ("gu16", "gluon", {"gu_burst": 16}),
             ("default-again", "gluon", {}), ("gu8-again", "gluon", {"gu_burst": 8}),
             ("gu16-again", "gluon", {"gu_burst": 16})],
+    # session 13: at most N ring slots requested and not landed per producer (inflight), for the HBM queue the chain's
+    # tiles wait behind (~25 MB in flight at ~4 TB/s is ~6 µs); r41q for the 6-slot ring of two-box slots
+    "r41": [("default", "gluon", {}), ("if3", "gluon", {"inflight": 3}), ("if4", "gluon", {"inflight": 4}),
+            ("if6", "gluon", {"inflight": 6}), ("default-again", "gluon", {}), ("if3-again", "gluon", {"inflight": 3}),
+            ("if4-again", "gluon", {"inflight": 4}), ("if6-again", "gluon", {"inflight": 6})],
+    "r41q": [("default", "gluon", {}), ("if2", "gluon", {"inflight": 2}), ("if3", "gluon", {"inflight": 3}),
+             ("if4", "gluon", {"inflight": 4}), ("default-again", "gluon", {}), ("if2-again", "gluon", {"inflight": 2}),
+             ("if3-again", "gluon", {"inflight": 3}), ("if4-again", "gluon", {"inflight": 4})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -36,7 +36,18 @@ one)  # session 13's first call: burst's stages, then r39q on Qwen2.5 and r39 on
   sweep r39q qwen2.5-0.5b 128 60
   sweep r39 llama-3.2-1b 128 60
   ;;
+two)  # inflight (at most N ring slots requested and not landed): the 1B's check with its frames (the stream's feed),
+  # sweeps r41 / r41q; the automatic matvec of thin models (Qwen2.5-0.5B: mma, 32 rows, two boxes) is the default now
+  gluon_check_params llama-3.2-1b if4 '{"inflight": 4}'
+  keep_frames gluon_check_if4
+  fp32_check if2 '{"inflight": 2}'
+  sweep r41 llama-3.2-1b 128 70
+  sweep r41q qwen2.5-0.5b 128 70
+  sweep r41 qwen3-0.6b 128 70
+  sweep r41 llama-3.1-8b 128 150
+  sweep r41 llama-3.2-1b 4096 80
+  ;;
 qwen) issue_sets qwen ;;
-*) echo "session13.sh: unknown stage '${1:-}' (first, burst, one, qwen)" >&2; exit 2 ;;
+*) echo "session13.sh: unknown stage '${1:-}' (first, burst, one, two, qwen)" >&2; exit 2 ;;
 esac
 finish

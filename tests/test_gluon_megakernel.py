@@ -99,9 +99,51 @@ def test_gluon_rows_follow_the_qkv_stage_width():
     qwen25, qwen3, llama = get_preset("qwen2.5-0.5b"), get_preset("qwen3-0.6b"), get_preset("llama-3.2-1b")
     assert (auto_rows(qwen25, 132), auto_rows(qwen3, 132), auto_rows(llama, 132)) == (16, 32, 32)
     assert auto_rows(qwen25, 64) == 32  # 36 tasks fill over half of a 64-SM GPU
-    t = gluon_tiling(qwen25, MegakernelParams(), 132)
+    t = gluon_tiling(qwen25, MegakernelParams(mv_widen="bits"), 132)  # on the CUDA cores
     assert (t.rows_qkv, t.rows_gateup, t.rows_lm, t.rows_o, t.rows_down) == (16, 16, 16, 8, 8)
-    assert gluon_tiling(qwen25, MegakernelParams(max_rows=32), 132).rows_qkv == 32
+    assert gluon_tiling(qwen25, MegakernelParams(mv_widen="bits", max_rows=32), 132).rows_qkv == 32
+    # the automatic tensor-core matvec of a thin model (auto_matvec) needs 16 rows per half: 32
+    t = gluon_tiling(qwen25, MegakernelParams(), 132)
+    assert (t.rows_qkv, t.rows_gateup, t.rows_lm, t.rows_o, t.rows_down) == (32, 32, 32, 16, 16)
+
+
+def test_gluon_matvec_follows_the_model():
+    """auto_matvec: thin models (16-row tiles by auto_rows) get the tensor-core matvec with two boxes per slot; the
+    32-row presets, fp32 weights (mma needs 16-bit) and a thin model on a GPU it fills keep the CUDA cores with one
+    box; ``mma`` by name takes two boxes unless one is asked for."""
+    from bubblescope.megakernel_engine.gluon.host import auto_matvec
+    qwen25, llama, qwen3 = get_preset("qwen2.5-0.5b"), get_preset("llama-3.2-1b"), get_preset("qwen3-0.6b")
+    auto = MegakernelParams()
+    assert auto_matvec(qwen25, auto, 132, 2) == ("mma", 2)
+    assert auto_matvec(qwen25, auto, 132, 4) == ("bits", 1)  # fp32 weights (MV_BITS then widens nothing)
+    assert auto_matvec(qwen25, auto, 64, 2) == ("bits", 1)  # 36 QKV tasks of 32 rows fill half of 64 SMs
+    assert auto_matvec(llama, auto, 132, 2) == ("bits", 1) and auto_matvec(qwen3, auto, 132, 2) == ("bits", 1)
+    assert auto_matvec(llama, MegakernelParams(mv_widen="mma"), 132, 2) == ("mma", 2)
+    assert auto_matvec(llama, MegakernelParams(mv_widen="mma", slot_boxes=1), 132, 2) == ("mma", 1)
+    assert auto_matvec(qwen25, MegakernelParams(slot_boxes=1), 132, 2) == ("mma", 1)
+    # 8 consumer warps: a slot of two boxes holds 8 64-column boxes, one per warp, so mma still runs
+    assert auto_matvec(qwen25, MegakernelParams(num_warps=8), 132, 2) == ("mma", 2)
+    assert auto_matvec(qwen25, MegakernelParams(num_warps=16), 132, 2) == ("bits", 1)
+    p = gluon_params(qwen25, auto)
+    assert (p.mv_widen, p.slot_boxes, p.rows_qkv) == ("mma", 2, 32)
+    assert gluon_params(qwen25, p) == p  # resolving twice changes nothing (gluon_tiling resolves again)
+
+
+def test_gluon_inflight_is_a_cap_below_the_ring():
+    """``inflight`` reaches the kernel as INFLIGHT where it is below the ring's slots (the 1B: 12 slots of one 16 KB
+    box); at or above them it caps nothing and is recorded as 0, as is the default."""
+    from bubblescope.megakernel_engine.gluon.host import gluon_choice
+    cfg = get_preset("llama-3.2-1b")
+
+    def cx(**kw):
+        p = gluon_params(cfg, MegakernelParams(**kw))
+        t = gluon_tiling(cfg, p, 132)
+        c = gluon_constexprs(cfg, t, p, 512, torch.bfloat16, False)
+        return c["NS"], c["INFLIGHT"], gluon_choice(t, c)["inflight"]
+    assert cx() == (12, 0, 0)
+    assert cx(inflight=4) == (12, 4, 4) and cx(inflight=11) == (12, 11, 11)
+    assert cx(inflight=12) == (12, 0, 0) and cx(inflight=40) == (12, 0, 0)
+    assert cx(inflight=4, slot_boxes=2) == (6, 4, 4) and cx(inflight=6, slot_boxes=2) == (6, 0, 0)
 
 
 def test_gluon_switches_are_checked():
@@ -112,7 +154,7 @@ def test_gluon_switches_are_checked():
                     ({"lm_pick": "warp"}, "lm_pick must be task or cta"),
                     ({"sig_gate": -2}, "sig_gate must be an integer >= -1"),
                     ({"sig_gate": True}, "sig_gate must be an integer >= -1"),
-                    ({"mv_widen": "fast"}, "mv_widen must be convert, bits or mma"),
+                    ({"mv_widen": "fast"}, "mv_widen must be auto, convert, bits or mma"),
                     ({"attn_operands": "soon"}, "attn_operands must be early or late"),
                     ({"mv_ahead": 2}, "mv_ahead must be 0 or 1"),
                     ({"mv_ahead": True}, "mv_ahead must be 0 or 1"),
@@ -121,8 +163,8 @@ def test_gluon_switches_are_checked():
                     ({"attn_combine": "shfl"}, "attn_combine must be auto, warps or lanes"),
                     ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
                     ({"block_s": 48}, "block_s must be a power of two"),
-                    ({"gu_burst": -1}, "gu_burst must be an integer >= 0"),
-                    ({"gu_burst": True}, "gu_burst must be an integer >= 0")):
+                    ({"inflight": -1}, "inflight must be an integer >= 0"),
+                    ({"inflight": True}, "inflight must be an integer >= 0")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     MegakernelParams(block_s=None, attn_gate=None).validate()  # None: the kernel chooses
@@ -199,7 +241,7 @@ for model, dtype, params in (
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
                                                           attn_layout="warps")),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(gu_burst=8)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(inflight=4)),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -339,7 +381,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
-                                 "attn_combine": "warps"}
+                                 "attn_combine": "warps", "inflight": 0}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):
@@ -355,7 +397,9 @@ def test_gluon_tile_choice_per_model_is_recorded():
     # an explicit block_s is kept, also the value that was once the field's default (32 was read as "auto")
     assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(block_s=32)).block_s == 32
     assert gluon_params(get_preset("llama-3.2-1b"), MegakernelParams()).block_s == 64
-    assert out["qwen2.5-0.5b"]["BR"] == 16 and out["qwen2.5-0.5b"]["rows_od"] == 8  # auto_rows: a thin QKV stage
+    # a thin QKV stage: 32 rows with the tensor-core matvec and two boxes per slot (auto_matvec)
+    assert {k: out["qwen2.5-0.5b"][k] for k in ("BR", "rows_od", "mv_widen", "slot_boxes", "ring")} == {
+        "BR": 32, "rows_od": 16, "mv_widen": "mma", "slot_boxes": 2, "ring": 6}
     json.dumps(out)  # results.json carries it as is
 
 
@@ -396,8 +440,8 @@ print(json.dumps(out))
 
 
 def test_gluon_tensor_core_matvec_is_refused_where_it_cannot_run():
-    """``mv_widen=mma`` names what it needs: 16-bit weights, 16 rows per matvec (Qwen2.5's automatic 16-row tiles
-    give 8 per half), and a 64-column box per consumer warp in each slot; a K that is not a multiple of 64 is fine
+    """``mv_widen=mma`` names what it needs: 16-bit weights, 16 rows per matvec (16-row tiles asked for give 8 per
+    half), and a 64-column box per consumer warp in each slot; a K that is not a multiple of 64 is fine
     (TMA zero-fills the columns past it); where it can run, the choice is recorded (``mv_ahead`` as 1: the
     tensor-core matvec always reads a slot ahead)."""
     from bubblescope.errors import BubblescopeError
@@ -409,12 +453,12 @@ def test_gluon_tensor_core_matvec_is_refused_where_it_cannot_run():
     with pytest.raises(BubblescopeError, match="mv_widen=mma needs 16-bit weights; got 32-bit"):
         constexprs(get_preset("llama-3.2-1b"), torch.float32, attn_layout="blocks")
     with pytest.raises(BubblescopeError, match=r"at least 16 rows per matvec .* got 8 \(BR 16, split_k 2\)"):
-        constexprs(get_preset("qwen2.5-0.5b"))
+        constexprs(get_preset("qwen2.5-0.5b"), max_rows=16)
     odd = ModelConfig(hidden_size=512, intermediate_size=1400, num_hidden_layers=2, num_attention_heads=8,
                       num_key_value_heads=2, head_dim=64, vocab_size=1000)  # 1400 = 21.875 × 64: TMA zero-fills
     assert constexprs(odd, max_rows=32)["MV_MMA"]  # the last 64-column box past K, as the unswizzled ring's
     with pytest.raises(BubblescopeError, match="across the 8 consumer warps and a slot holds 4"):
-        constexprs(get_preset("llama-3.2-1b"), num_warps=8)
+        constexprs(get_preset("llama-3.2-1b"), num_warps=8, slot_boxes=1)
     cfg = get_preset("qwen2.5-0.5b")
     p = gluon_params(cfg, MegakernelParams(mv_widen="mma", max_rows=32))
     t = gluon_tiling(cfg, p, 132)

@@ -87,6 +87,8 @@ def test_gluon_argmax_agreement_256_random_tokens(model):
     eng = MegakernelEngine(w, max_seq_len=300)
     assert eng.compile_info()["implementation"] == "gluon"
     assert eng.compile_info()["gluon"]["qk_norm_in_attn"] == w.config.qk_norm
+    # auto_matvec: the tensor cores for the thin preset (16-row tiles by auto_rows), the CUDA cores for the rest
+    assert (eng.compile_info()["gluon"]["mv_widen"] == "mma") == (model == "qwen2.5-0.5b"), eng.compile_info()
     got = teacher_forced_logits(eng, prompt, forced)
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 300), prompt, forced)
     truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 300), prompt, forced)
@@ -130,11 +132,11 @@ def test_gluon_qwen3_fp32_tiny_matches_reference_tightly():
 
 
 @_HOPPER
-@pytest.mark.parametrize("kw", [{"mv_ahead": 0}, {"slot_boxes": 2}])
+@pytest.mark.parametrize("kw", [{"mv_ahead": 0}, {"slot_boxes": 2}, {"inflight": 2}])
 def test_gluon_other_forms_match_reference_tightly(kw):
     """Non-default forms on a tiny Qwen2 fp32 model whose column chunks (128 fp32) are odd in number (hidden 384:
     3; intermediate 640: 5, paired by split_k): the matvec's ring loop without its read ahead, and with two boxes
-    per slot (a slot's second box lies past K and meets TMA's zeros)."""
+    per slot (a slot's second box lies past K and meets TMA's zeros), and with at most two slots in flight."""
     from bubblescope.megakernel_engine import MegakernelEngine
     from bubblescope.megakernel_engine.schedule import MegakernelParams
     from bubblescope.models import ModelConfig

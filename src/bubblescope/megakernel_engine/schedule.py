@@ -145,12 +145,14 @@ class MegakernelParams:
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
-        gu_burst: Gluon kernel only: tiles the producer asks L2 for (``prefetch.global.L2`` per 128-byte line, from
-            its own warp, not through the TMA unit) past the ring's horizon once per layer, when it reaches the
-            layer's first gate-up tile on its CTA (0: off). Aimed at the QKV → attention → O-proj stretch, where the
-            rings are full and the weight stream is fed at 1.71 TB/s against 4.04 over the rest of the layer
-            (session 12, ``chain_breakdown.py --model``): the layer's next gate-up tiles would be L2 hits when the
-            ring reaches them. Prepared in session 12, not yet measured (``gluon_check.py --sweep r40``).
+        inflight: Gluon kernel only: ring slots the producer keeps requested and not yet landed (0: no cap, the
+            whole ring; a value at or above the ring's slots is no cap either). The ring's other slots still fill
+            while the consumers wait, so the buffer for a dependency wait stays the ring; the cap shortens the HBM
+            queue (Little's law: ~25 MB in flight over all SMs at ~4 TB/s is ~6 µs for any load), which each layer's
+            chain tiles wait behind: the QKV matvec ends 3.9 µs after its last tile's request (session 12 / 13,
+            ``chain_breakdown.py --model``). The L2 prefetches past the ring (``l2_ahead``, ``wait_prefetch``, and
+            session 12's producer burst at the first gate-up tile, removed after session 13's r40: 2–12 % slower)
+            all lost. Prepared in session 13 (``gluon_check.py --sweep r41``).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -177,7 +179,8 @@ class MegakernelParams:
             with q/k-norm, else off, see ``gluon.host.resolve_attn_gate``).
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
-            per weight; the default). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
+            per weight); ``auto`` (the default): ``mma`` for thin models, else ``bits`` (``gluon.host.auto_matvec``,
+            which gives the measurements). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
             rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``. ``mma`` (16-bit weights):
             the tensor cores, ``mma.sync`` m16n8k16 with the weight tile as the A operand (``ldmatrix`` from a
             128-byte-swizzled ring: each box arrives as ``BK / 64`` TMA boxes of 64 columns, which the warps share
@@ -189,8 +192,8 @@ class MegakernelParams:
             --sweep r36`` to ``r38``, interleaved rounds, stepwise ms): correct (the 1B's 256 argmaxes equal the
             bf16 reference's), but even on Llama-3.2-1B (0.810 / 0.815 against 0.808 / 0.812), Qwen3-0.6B and
             Llama-3.1-8B: a task's matvec waits for its tiles, not for its FMAs; Qwen2.5-0.5B at 32 rows 0.747 /
-            0.758 against 0.761 / 0.766 (the default's 16 rows), with ``slot_boxes=2`` 0.713 / 0.724 (its tokens
-            not yet checked on a GPU).
+            0.758 against 0.761 / 0.766 (the default's 16 rows), with ``slot_boxes=2`` 0.713 / 0.724: the
+            automatic choice for thin models since session 13.
         attn_operands: Gluon kernel, ``attn_layout=mma`` only: ``early`` (the first K/V block becomes the
             tensor cores' B operands before the attention task's dependency wait, the row written in this step
             patched in after it by a load in the operand layout, and q loaded straight into the A operand layout:
@@ -214,7 +217,8 @@ class MegakernelParams:
             once per two boxes. Measured on the H200 (session 10, ``gluon_check.py --sweep r31``): the 1B's QKV
             matvec 1.89 → 1.70 µs with ``mv_ahead``, but its staging 0.99 → 1.41 and the hop to attention 0.5 →
             1.4; the step even or slower (1B 0.827 / 0.839 against 0.828 / 0.830; Qwen3-0.6B 0.918 / 0.917 against
-            0.909 / 0.914; with ``mv_ahead`` 0.848 / 0.847 and 0.932 / 0.929), so 1 stays the default.
+            0.909 / 0.914; with ``mv_ahead`` 0.848 / 0.847 and 0.932 / 0.929), so 1 stays the default on the
+            CUDA cores. None (the default): 2 under ``mv_widen=mma``, else 1 (``gluon.host.auto_matvec``).
         attn_new_row: Gluon kernel, ``attn_layout`` ``mma`` (``late`` operands) and ``warps``: what of a split's first
             K/V block waits for the QKV stage when the block holds the new position: ``block`` (the whole block is
             loaded after the wait), ``row`` (its older rows are loaded before the wait, row ``pos`` after it and
@@ -264,16 +268,16 @@ class MegakernelParams:
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
-    gu_burst: int = 0
+    inflight: int = 0
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
     sig_gate: int = 3
     attn_gate: int | None = None
-    mv_widen: str = "bits"
+    mv_widen: str = "auto"
     attn_operands: str = "late"
     mv_ahead: int = 1
-    slot_boxes: int = 1
+    slot_boxes: int | None = None
     attn_new_row: str = "auto"
     attn_combine: str = "auto"
     timeline: bool = False
@@ -318,8 +322,8 @@ class MegakernelParams:
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
         if not isinstance(self.l2_ahead, int) or self.l2_ahead < 0:
             raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
-        if not isinstance(self.gu_burst, int) or isinstance(self.gu_burst, bool) or self.gu_burst < 0:
-            raise BubblescopeError(f"megakernel params: gu_burst must be an integer >= 0, got {self.gu_burst!r}")
+        if not isinstance(self.inflight, int) or isinstance(self.inflight, bool) or self.inflight < 0:
+            raise BubblescopeError(f"megakernel params: inflight must be an integer >= 0, got {self.inflight!r}")
         if not isinstance(self.wait_prefetch, int) or isinstance(self.wait_prefetch, bool) or self.wait_prefetch < 0:
             raise BubblescopeError(f"megakernel params: wait_prefetch must be an integer >= 0, got {self.wait_prefetch!r}")
         bad = [n for n in self.wait_prefetch_ops_names() if n not in OPCODES or n in ("NOP", "ATTN", "ATTN_REDUCE")]
@@ -338,15 +342,17 @@ class MegakernelParams:
         for name, v in gates.items():  # attn_gate None: auto
             if not isinstance(v, int) or isinstance(v, bool) or v < -1:
                 raise BubblescopeError(f"megakernel params: {name} must be an integer >= -1, got {v!r}")
-        if self.mv_widen not in ("convert", "bits", "mma"):
-            raise BubblescopeError(f"megakernel params: mv_widen must be convert, bits or mma, got {self.mv_widen!r}")
+        if self.mv_widen not in ("auto", "convert", "bits", "mma"):
+            raise BubblescopeError(f"megakernel params: mv_widen must be auto, convert, bits or mma, "
+                                   f"got {self.mv_widen!r}")
         if self.attn_operands not in ("early", "late"):
             raise BubblescopeError(f"megakernel params: attn_operands must be early or late, "
                                    f"got {self.attn_operands!r}")
         if self.mv_ahead not in (0, 1) or isinstance(self.mv_ahead, bool):
             raise BubblescopeError(f"megakernel params: mv_ahead must be 0 or 1, got {self.mv_ahead!r}")
-        if self.slot_boxes not in (1, 2) or isinstance(self.slot_boxes, bool):
-            raise BubblescopeError(f"megakernel params: slot_boxes must be 1 or 2, got {self.slot_boxes!r}")
+        if self.slot_boxes is not None and (self.slot_boxes not in (1, 2) or isinstance(self.slot_boxes, bool)):
+            raise BubblescopeError(f"megakernel params: slot_boxes must be 1 or 2 (or None: auto), "
+                                   f"got {self.slot_boxes!r}")
         if self.attn_new_row not in ("auto", "block", "row"):
             raise BubblescopeError(f"megakernel params: attn_new_row must be auto, block or row, "
                                    f"got {self.attn_new_row!r}")

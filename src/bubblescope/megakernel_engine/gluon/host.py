@@ -59,6 +59,35 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
     return None
 
 
+def box_cols(cfg: ModelConfig, esize: int) -> int:
+    """``BK``: columns per TMA box row, :data:`TILE_BYTES_ROW` bytes of ``esize``-byte weights, capped at the
+    narrowest matrix (a power of two)."""
+    return min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
+
+
+def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int) -> tuple[str, int]:
+    """``mv_widen`` and ``slot_boxes`` where ``params`` leaves them to the model (``auto`` / None): thin models
+    (:func:`auto_rows` gives them 16-row tiles) get the tensor-core matvec at 32 rows with two boxes per slot
+    (``mma``, 2) where :func:`mv_mma_unsupported` allows it; the rest the CUDA-core matvec (``bits``) and, under
+    ``mma`` asked by name, two boxes per slot, else one.
+
+    Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms at context 128): Qwen2.5-0.5B, the
+    thin preset, 0.713 / 0.724 against the 16-row default's 0.761 / 0.766 (session 12, r38q) and 0.657 / 0.656
+    against 0.700 / 0.704 (session 13, r39q; 32 rows with two boxes on the CUDA cores 0.706 / 0.703, so the gain
+    is the tensor cores'); its argmaxes 255 / 256 equal to the bf16 reference's (the one other is the step where
+    the reference itself disagrees with fp32), logit error against fp32 0.0211 (the reference's 0.0213). On the
+    32-row presets the pair is even or slower (session 13, r39: Llama-3.2-1B 0.820 / 0.816 against 0.809 / 0.812,
+    Qwen3-0.6B 0.760 / 0.762 against 0.748 / 0.749), so they keep ``bits`` and one box; ``mma`` by name with one
+    or two boxes is even on the 1B (r38: 0.810 / 0.815 against 0.814 / 0.815)."""
+    widen = params.mv_widen
+    if widen == "auto":
+        thin = auto_rows(cfg, sms) < DEFAULT_ROWS
+        widen = "mma" if thin and mv_mma_unsupported(
+            cfg, esize, DEFAULT_ROWS, params.split_k, box_cols(cfg, esize), 2, params.num_warps) is None else "bits"
+    sb = params.slot_boxes if params.slot_boxes is not None else 2 if widen == "mma" else 1
+    return widen, sb
+
+
 def auto_rows(cfg: ModelConfig, sms: int) -> int:
     """Rows per QKV / gate-up / LM-head tile chosen from the model's shape: :data:`DEFAULT_ROWS` (32), or 16
     when the QKV stage at 32 rows would have tasks for fewer than half of the ``sms`` SMs (thin models: the
@@ -190,16 +219,22 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
                  dtype: torch.dtype = torch.bfloat16) -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
     per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
-    task (Qwen3: a QKV tile of BR rows then needs no whole head). ``BR`` is ``params.max_rows`` when set, else
-    :func:`auto_rows` for ``sms`` SMs, capped at head_dim (a QKV tile holds whole RoPE pair blocks: BR/2 must
-    divide head_dim/2); the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`); the
+    task (Qwen3: a QKV tile of BR rows then needs no whole head). The matvec and the boxes per ring slot where left
+    to the model (:func:`auto_matvec`). ``BR`` is ``params.max_rows`` when set, else :func:`auto_rows` for ``sms``
+    SMs (at least 32 under ``mv_widen=mma``: 16 rows per mma tile), capped at head_dim (a QKV tile holds whole RoPE
+    pair blocks: BR/2 must divide head_dim/2); the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`); the
     attention's positions per block where ``block_s`` is None (:func:`resolve_block_s`); the first block's new row
     and the split combine's layout (:func:`resolve_attn_split`).
 
     Raises:
         BubblescopeError: ``attn_layout=warps`` asked for a model with q/k-norm (:func:`resolve_attn_layout`).
     """
-    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto_rows(cfg, sms), cfg.head_dim)
+    esize = torch.empty((), dtype=dtype).element_size()
+    widen, sb = auto_matvec(cfg, params, sms, esize)
+    auto = auto_rows(cfg, sms)
+    if widen == "mma":  # an mma tile takes 16 rows: a QKV / gate-up half and an O-proj / down task at least that
+        auto = max(auto, 16 * max(2, params.split_k))
+    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto, cfg.head_dim)
     br = max(2, pow2_floor(br))
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
     # the attention's (GP, BLOCK_S, D) products: at most 16384 values (128 per consumer thread), or registers spill
@@ -209,11 +244,11 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     # q/k-norm in the attention task) spilled 32 bytes at BLOCK_S 64, none at 32
     block_s = max(16, min(DEFAULT_BLOCK_S, 16384 // (next_pow2(cfg.gqa_group) * cfg.head_dim), 4096 // cfg.head_dim))
     block_s = block_s if params.block_s is None else params.block_s
-    layout = resolve_attn_layout(cfg, params.attn_layout, torch.empty((), dtype=dtype).element_size(), block_s,
-                                 params.num_warps)
+    layout = resolve_attn_layout(cfg, params.attn_layout, esize, block_s, params.num_warps)
     block_s = resolve_block_s(cfg, layout, params, block_s)
     new_row, combine = resolve_attn_split(cfg, params.attn_new_row, params.attn_combine)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
+                          mv_widen=widen, slot_boxes=sb,
                           attn_new_row=new_row, attn_combine=combine, rows_qkv=br, rows_o=rows_od, rows_gateup=br,
                           rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
@@ -246,7 +281,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     """
     esize = torch.empty((), dtype=dtype).element_size()
     br = t.rows_qkv
-    bk = min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
+    bk = box_cols(cfg, esize)
     vec = min(16 // esize, bk)
     nch = {k: -(-n // bk) for k, n in (("H", cfg.hidden_size), ("Q", cfg.q_size), ("I", cfg.intermediate_size))}
     # a ring slot holds slot_boxes boxes, each a chunk (a pair of chunks 2c, 2c + 1 with split_k = 2): the boxes
@@ -262,17 +297,18 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
            if params.mv_widen == "mma" else None)
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
+    ns = fit_ring(max(1, int(ring or params_ring(params)) // sb), sb * br * bk * esize, max(kch.values()) * bk * esize)
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
         NSPLIT=t.kv_splits, MIN_CHUNK=t.attn_min_chunk, NF=NFIELDS, BR=br, BK=bk,
-        NS=fit_ring(max(1, int(ring or params_ring(params)) // sb), sb * br * bk * esize,
-                    max(kch.values()) * bk * esize),
+        NS=ns,
         SB=sb, NCH_H=nch["H"], NCH_Q=nch["Q"], NCH_I=nch["I"], KCH_H=kch["H"],
         KCH_Q=kch["Q"], KCH_I=kch["I"], KCH=max(kch.values()), VEC=vec, TK=min(32, bk // vec),
         BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
         HAS_BIAS=has_bias, QK_NORM=bool(t.qk_norm_attn), PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
-        SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch, GU_BURST=params.gu_burst,
+        SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
+        INFLIGHT=params.inflight if params.inflight < ns else 0,  # a whole ring's worth is no cap
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -301,7 +337,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ahead of its products; 1 with ``mma``, which always reads a slot ahead),
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
-    ``lanes``: the split combine's layout);
+    ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
+    the whole ring);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -314,7 +351,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_operands": "early" if cx["MMA_EARLY"] else "late",
             "mv_ahead": 1 if cx["MV_MMA"] else int(cx["MV_AHEAD"]),  # mv_mma always reads a slot ahead
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
-            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps"}
+            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"]}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

@@ -589,7 +589,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
               PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
               NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr, MV_MMA: gl.constexpr,
-              GU_BURST: gl.constexpr):
+              INFLIGHT: gl.constexpr):
     TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
     # MV_MMA: a slot is NBX boxes [BR, 64] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64]), the ring's rows of 64
     # columns in the descriptors' 128-byte swizzle (see matvec.mv_mma)
@@ -626,7 +626,6 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
     sgw = 0    # gated tasks waited for (the mbarriers' phases)
     since = 0  # tiles issued since
     lim = pos * 0 + SIG_GATE  # the allowance of the pending task (a runtime value: loop-carried)
-    gu_seen = pos * 0 - 1  # GU_BURST: the last layer whose gate-up burst this producer issued
     if L2_AHEAD > 0:
         prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, SNH, SNQ, SNI, SPLIT)
         for _ in range(L2_AHEAD):
@@ -654,13 +653,6 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
             elif op == OP_DOWN:
                 nch = (SNI + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
-            if GU_BURST > 0:
-                # the layer's first gate-up task here: its ring is full (the consumer is in the attention chain), so
-                # the tiles past the ring's horizon go to L2 now, per line from this warp, not through the TMA unit
-                if (op == OP_GATEUP) & (layer != gu_seen):
-                    _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, NF, H, Q, KV, I,
-                                        IP, BR, BK * SB, NS, SNH, SNQ, SNI, SPLIT, GU_BURST, PF_LANES_P, 1, True)
-                    gu_seen = layer
             for c in range(nch):
                 if GATED:
                     if (pend != 0) & (since >= lim):
@@ -668,6 +660,11 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                         pend = 0
                 slot = it % NS
                 mbarrier.wait(empty.index(slot), ((it // NS) & 1) ^ 1)
+                if INFLIGHT > 0:
+                    # at most INFLIGHT slots requested and not landed: tile it - INFLIGHT must have landed (its
+                    # phase of `full`; TMA loads always complete, so this wait cannot hang)
+                    if it >= INFLIGHT:
+                        mbarrier.wait(full.index((it - INFLIGHT) % NS), ((it - INFLIGHT) // NS) & 1)
                 if TIMELINE:
                     if c == 0:
                         gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 3, now(c))
@@ -735,7 +732,7 @@ def megakernel(
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
-        COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, GU_BURST: gl.constexpr):
+        COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -781,5 +778,5 @@ def megakernel(
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
                      head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
-                     SB, MV_MMA, GU_BURST)),
+                     SB, MV_MMA, INFLIGHT)),
     ], [1], [PRODUCER_REGS])
