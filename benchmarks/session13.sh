@@ -47,7 +47,13 @@ two)  # inflight (at most N ring slots requested and not landed): the 1B's check
   sweep r41 llama-3.1-8b 128 150
   sweep r41 llama-3.2-1b 4096 80
   ;;
+last)  # the session's final kernel: every GPU test, the Qwen presets' decode-latency set (Qwen2.5-0.5B now on the
+  # tensor-core matvec by default) and Qwen2.5-0.5B's wait ratio
+  gpu_tests
+  issue_sets qwen
+  waits qwen2.5-0.5b 55
+  ;;
 qwen) issue_sets qwen ;;
-*) echo "session13.sh: unknown stage '${1:-}' (first, burst, one, two, qwen)" >&2; exit 2 ;;
+*) echo "session13.sh: unknown stage '${1:-}' (first, burst, one, two, last, qwen)" >&2; exit 2 ;;
 esac
 finish

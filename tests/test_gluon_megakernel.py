@@ -108,7 +108,8 @@ def test_gluon_rows_follow_the_qkv_stage_width():
 
 
 def test_gluon_matvec_follows_the_model():
-    """auto_matvec: thin models (16-row tiles by auto_rows) get the tensor-core matvec with two boxes per slot; the
+    """auto_matvec: thin models (16-row tiles by auto_rows) under the tensor-core attention get the tensor-core
+    matvec with two boxes per slot; the
     32-row presets, fp32 weights (mma needs 16-bit) and a thin model on a GPU it fills keep the CUDA cores with one
     box; ``mma`` by name takes two boxes unless one is asked for."""
     from bubblescope.megakernel_engine.gluon.host import auto_matvec
@@ -124,6 +125,8 @@ def test_gluon_matvec_follows_the_model():
     # 8 consumer warps: a slot of two boxes holds 8 64-column boxes, one per warp, so mma still runs
     assert auto_matvec(qwen25, MegakernelParams(num_warps=8), 132, 2) == ("mma", 2)
     assert auto_matvec(qwen25, MegakernelParams(num_warps=16), 132, 2) == ("bits", 1)
+    assert auto_matvec(qwen25, auto, 132, 2, "warps") == ("bits", 1)  # measured with the tensor-core attention
+    assert gluon_params(qwen25, MegakernelParams(attn_layout="warps")).mv_widen == "bits"
     p = gluon_params(qwen25, auto)
     assert (p.mv_widen, p.slot_boxes, p.rows_qkv) == ("mma", 2, 32)
     assert gluon_params(qwen25, p) == p  # resolving twice changes nothing (gluon_tiling resolves again)
@@ -428,9 +431,9 @@ from bubblescope.megakernel_engine.schedule import MegakernelParams
 from bubblescope.models.config import get_preset
 out = []
 for model, params in (("llama-3.2-1b", MegakernelParams(timeline=True)),
-                      ("llama-3.2-1b", MegakernelParams(mv_widen="mma", timeline=True)),
+                      ("llama-3.2-1b", MegakernelParams(mv_widen="mma", slot_boxes=1, timeline=True)),
                       ("qwen3-0.6b", MegakernelParams(mv_widen="mma")),
-                      ("qwen2.5-0.5b", MegakernelParams(mv_widen="mma", max_rows=32, slot_boxes=2)),
+                      ("qwen2.5-0.5b", MegakernelParams()),
                       ("llama-3.1-8b", MegakernelParams(mv_widen="mma", prefetch="off"))):
     info = compile_offline(get_preset(model), torch.bfloat16, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps", "text_bytes")}
@@ -472,15 +475,15 @@ def test_gluon_tensor_core_matvec_is_refused_where_it_cannot_run():
 
 @pytest.mark.slow
 def test_gluon_tensor_core_matvec_compiles_for_sm90_within_one_sm():
-    """``mv_widen=mma`` through Triton and ptxas for sm_90a (the 1B with the timeline, against the CUDA-core
-    default's machine code; Qwen3-0.6B's q/k-norm,
-    Qwen2.5 at 32 rows with two boxes per slot, the 8B without prefetch), in a subprocess: no spills, registers ×
-    warps and shared memory within one H200 SM, and the ring as deep as the default's (the swizzled ring takes the
-    same bytes)."""
+    """``mv_widen=mma`` through Triton and ptxas for sm_90a (the 1B with the timeline and one box per slot, against
+    the CUDA-core default's machine code; Qwen3-0.6B's q/k-norm, Qwen2.5's automatic choice, the 8B without
+    prefetch, these three with two boxes per slot, auto under ``mma``), in a subprocess: no spills, registers ×
+    warps and shared memory within one H200 SM, and the ring as deep in bytes as the default's (the swizzled ring
+    takes the same bytes: 12 slots of one 16 KB box, or 6 of two; the 8B's larger staged vector leaves 11 or 5)."""
     base, *out = _compile_in_subprocess(_MMA_COMPILE)
     # the tensor-core matvec reaches the kernel: the 1B's machine code shrinks (offline: 73 KB against 93 KB)
     assert base["mv_widen"] == "bits" and out[0]["text_bytes"] < 0.9 * base["text_bytes"], (base, out[0])
     for info in out:
         assert info["mv_widen"] == "mma", info
         _assert_fits_one_sm(info)
-    assert [i["ring"] for i in out] == [12, 12, 6, 11], out  # Qwen2.5: 6 slots of two boxes
+    assert [i["ring"] for i in out] == [12, 6, 6, 5], out

@@ -65,11 +65,14 @@ def box_cols(cfg: ModelConfig, esize: int) -> int:
     return min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
 
 
-def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int) -> tuple[str, int]:
+def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int,
+                layout: str = "mma") -> tuple[str, int]:
     """``mv_widen`` and ``slot_boxes`` where ``params`` leaves them to the model (``auto`` / None): thin models
-    (:func:`auto_rows` gives them 16-row tiles) get the tensor-core matvec at 32 rows with two boxes per slot
-    (``mma``, 2) where :func:`mv_mma_unsupported` allows it; the rest the CUDA-core matvec (``bits``) and, under
-    ``mma`` asked by name, two boxes per slot, else one.
+    (:func:`auto_rows` gives them 16-row tiles) under the tensor-core attention (``layout``, resolved) get the
+    tensor-core matvec at 32 rows with two boxes per slot (``mma``, 2) where :func:`mv_mma_unsupported` allows it;
+    the rest the CUDA-core matvec (``bits``) and, under ``mma`` asked by name, two boxes per slot, else one. (The
+    pair was measured with the tensor-core attention; Qwen2.5-0.5B's ``warps`` layout beside the tensor-core matvec
+    spills 64 bytes, offline sm_90 compile.)
 
     Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms at context 128): Qwen2.5-0.5B, the
     thin preset, 0.713 / 0.724 against the 16-row default's 0.761 / 0.766 (session 12, r38q) and 0.657 / 0.656
@@ -81,7 +84,7 @@ def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int
     or two boxes is even on the 1B (r38: 0.810 / 0.815 against 0.814 / 0.815)."""
     widen = params.mv_widen
     if widen == "auto":
-        thin = auto_rows(cfg, sms) < DEFAULT_ROWS
+        thin = auto_rows(cfg, sms) < DEFAULT_ROWS and layout == "mma"
         widen = "mma" if thin and mv_mma_unsupported(
             cfg, esize, DEFAULT_ROWS, params.split_k, box_cols(cfg, esize), 2, params.num_warps) is None else "bits"
     sb = params.slot_boxes if params.slot_boxes is not None else 2 if widen == "mma" else 1
@@ -230,13 +233,6 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
         BubblescopeError: ``attn_layout=warps`` asked for a model with q/k-norm (:func:`resolve_attn_layout`).
     """
     esize = torch.empty((), dtype=dtype).element_size()
-    widen, sb = auto_matvec(cfg, params, sms, esize)
-    auto = auto_rows(cfg, sms)
-    if widen == "mma":  # an mma tile takes 16 rows: a QKV / gate-up half and an O-proj / down task at least that
-        auto = max(auto, 16 * max(2, params.split_k))
-    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto, cfg.head_dim)
-    br = max(2, pow2_floor(br))
-    rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
     # the attention's (GP, BLOCK_S, D) products: at most 16384 values (128 per consumer thread), or registers spill
     # (offline sm_90 compile: Qwen2.5-0.5B's 8 padded query heads per kv head spilled 108 bytes at BLOCK_S 64,
     # head_dim 128 (Llama-3.2-3B, 3.1-8B) 52 and 110 bytes); and each (BLOCK_S, D) K/V tile, two of them in
@@ -246,6 +242,13 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     block_s = block_s if params.block_s is None else params.block_s
     layout = resolve_attn_layout(cfg, params.attn_layout, esize, block_s, params.num_warps)
     block_s = resolve_block_s(cfg, layout, params, block_s)
+    widen, sb = auto_matvec(cfg, params, sms, esize, layout)
+    auto = auto_rows(cfg, sms)
+    if widen == "mma":  # an mma tile takes 16 rows: a QKV / gate-up half and an O-proj / down task at least that
+        auto = max(auto, 16 * max(2, params.split_k))
+    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto, cfg.head_dim)
+    br = max(2, pow2_floor(br))
+    rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
     new_row, combine = resolve_attn_split(cfg, params.attn_new_row, params.attn_combine)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
                           mv_widen=widen, slot_boxes=sb,
