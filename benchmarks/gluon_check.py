@@ -421,6 +421,11 @@ SWEEPS = {
     "r41q": [("default", "gluon", {}), ("if2", "gluon", {"inflight": 2}), ("if3", "gluon", {"inflight": 3}),
              ("if4", "gluon", {"inflight": 4}), ("default-again", "gluon", {}), ("if2-again", "gluon", {"inflight": 2}),
              ("if3-again", "gluon", {"inflight": 3}), ("if4-again", "gluon", {"inflight": 4})],
+    # session 13: the RMSNorm weights of a staged vector loaded beside the vector (not after its sum of squares),
+    # and also asked of L2 before the dependency wait (norm_load)
+    "r42": [("default", "gluon", {}), ("beside", "gluon", {"norm_load": "beside"}),
+            ("prefetch", "gluon", {"norm_load": "prefetch"}), ("default-again", "gluon", {}),
+            ("beside-again", "gluon", {"norm_load": "beside"}), ("prefetch-again", "gluon", {"norm_load": "prefetch"})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

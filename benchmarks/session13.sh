@@ -53,7 +53,16 @@ last)  # the session's final kernel: every GPU test, the Qwen presets' decode-la
   issue_sets qwen
   waits qwen2.5-0.5b 55
   ;;
+norm)  # norm_load (the RMSNorm weights beside the vector, or also prefetched into L2 before the wait): the 1B's
+  # check with its frames (the stagings), sweep r42 on four presets
+  gluon_check_params llama-3.2-1b nlp '{"norm_load": "prefetch"}'
+  keep_frames gluon_check_nlp
+  sweep r42 llama-3.2-1b 128 60
+  sweep r42 qwen3-0.6b 128 60
+  sweep r42 qwen2.5-0.5b 128 60
+  sweep r42 llama-3.1-8b 128 110
+  ;;
 qwen) issue_sets qwen ;;
-*) echo "session13.sh: unknown stage '${1:-}' (first, burst, one, two, last, qwen)" >&2; exit 2 ;;
+*) echo "session13.sh: unknown stage '${1:-}' (first, burst, one, two, last, norm, qwen)" >&2; exit 2 ;;
 esac
 finish

@@ -153,6 +153,13 @@ class MegakernelParams:
             ``chain_breakdown.py --model``). The L2 prefetches past the ring (``l2_ahead``, ``wait_prefetch``, and
             session 12's producer burst at the first gate-up tile, removed after session 13's r40: 2–12 % slower)
             all lost. Prepared in session 13 (``gluon_check.py --sweep r41``).
+        norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
+            gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
+            keep the load from being issued earlier, so the weights are a second round trip after the dependency
+            wait), ``beside`` the vector's load, or ``beside`` and asked of L2 (``prefetch.global.L2``, one line per
+            thread) before the dependency wait (``prefetch``). The 1B's frames (session 13) put the first gate-up
+            task's staging at 2.2 µs and the QKV's at 1.0 µs after their waits. Prepared in session 13
+            (``gluon_check.py --sweep r42``).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -269,6 +276,7 @@ class MegakernelParams:
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
     inflight: int = 0
+    norm_load: str = "after"
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -322,6 +330,9 @@ class MegakernelParams:
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
         if not isinstance(self.l2_ahead, int) or self.l2_ahead < 0:
             raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
+        if self.norm_load not in ("after", "beside", "prefetch"):
+            raise BubblescopeError(f"megakernel params: norm_load must be after, beside or prefetch, "
+                                   f"got {self.norm_load!r}")
         if not isinstance(self.inflight, int) or isinstance(self.inflight, bool) or self.inflight < 0:
             raise BubblescopeError(f"megakernel params: inflight must be an integer >= 0, got {self.inflight!r}")
         if not isinstance(self.wait_prefetch, int) or isinstance(self.wait_prefetch, bool) or self.wait_prefetch < 0:

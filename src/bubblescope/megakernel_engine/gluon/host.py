@@ -312,6 +312,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         HAS_BIAS=has_bias, QK_NORM=bool(t.qk_norm_attn), PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         INFLIGHT=params.inflight if params.inflight < ns else 0,  # a whole ring's worth is no cap
+        NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -341,7 +342,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
-    the whole ring);
+    the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -354,7 +355,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_operands": "early" if cx["MMA_EARLY"] else "late",
             "mv_ahead": 1 if cx["MV_MMA"] else int(cx["MV_AHEAD"]),  # mv_mma always reads a slot ahead
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
-            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"]}
+            "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
+            "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]]}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

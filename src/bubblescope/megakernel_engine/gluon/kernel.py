@@ -157,6 +157,23 @@ def _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V: gl.constexpr, BR: gl.
 
 
 # ---- the partitions -----------------------------------------------------------------------------------------
+# NORM_W == 2: a normalised vector's weights (one row of H, 4 KB for the 1B in bf16: a few 128-byte lines) asked of L2
+# by the consumer threads, one line each, before the dependency wait; staged after it they are L2 hits, not HBM reads
+# queued behind the rings' loads (the stream evicts them between steps).
+@gluon.jit
+def _prefetch_row_l2(row_ptr, H: gl.constexpr, NW: gl.constexpr):
+    ESIZE: gl.constexpr = row_ptr.dtype.element_ty.primitive_bitwidth // 8
+    NL: gl.constexpr = (H * ESIZE + 127) // 128
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    for base in gl.static_range(0, NL, 32 * NW):
+        j = base + gl.arange(0, 32 * NW, layout=PL)
+        ok = (j < NL).to(gl.int32)
+        addr = (row_ptr + gl.minimum(j, NL - 1) * (128 // ESIZE)).to(gl.int64, bitcast=True)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
+
+
 @gluon.jit
 def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr,
               timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
@@ -175,7 +192,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
-              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr):
+              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -240,6 +257,14 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                         _prefetch_past_ring(row, i, n, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, NF, H, Q, KV,
                                             I, IP, BR, BK * SB, NS, (NCH_H + SB - 1) // SB, (NCH_Q + SB - 1) // SB,
                                             (NCH_I + SB - 1) // SB, SPLIT, WAIT_PF, PF_LANES_C, NW, WAIT_PF_LINE)
+                if NORM_W == 2:  # the norm weights of the vector staged after this wait, into L2 meanwhile
+                    if (op == OP_QKV) | (op == OP_GATEUP) | (op == OP_LMHEAD):
+                        nrow = fnorm_ptr
+                        if op == OP_QKV:
+                            nrow = anorm_ptr + layer.to(gl.int64) * H
+                        elif op == OP_GATEUP:
+                            nrow = mnorm_ptr + layer.to(gl.int64) * H
+                        _prefetch_row_l2(nrow, H, NW)
                 seen = spin(counters_ptr + wait_cnt, target, spin_cap)
                 gl.thread_barrier()
                 known_cnt = wait_cnt
@@ -289,10 +314,10 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         elif op == OP_QKV:
             if key != staged:
                 if layer == 0:  # layer 0 normalises the token's embedding row (no embedding task)
-                    stage_vector(emb_row, anorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
+                    stage_vector(emb_row, anorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1)
                 else:
                     stage_vector(x_ptr, anorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC,
-                                  TK, NW)
+                                  TK, NW, NORM_W >= 1)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -307,7 +332,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                           vc_ptr, Q, KV, D, NKV, S_MAX, HB, YL, knew_ptr, QK_NORM)
         elif op == OP_GATEUP:
             if key != staged:
-                stage_vector(x_ptr, mnorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
+                stage_vector(x_ptr, mnorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -367,7 +392,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_LMHEAD:
             if key != staged:
-                stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW)
+                stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -732,7 +757,7 @@ def megakernel(
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
-        COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr):
+        COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -773,7 +798,7 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,

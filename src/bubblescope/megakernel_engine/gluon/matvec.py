@@ -14,10 +14,13 @@ from .common import rnd
 
 # ---- staging the input vector ----------------------------------------------------------------------------
 # xs (KCH, 1, BK) in ACT holds the current task's K-vector, chunk c = columns [c·BK, (c+1)·BK), zeros past K.
-# One load of the whole vector (a single L2 round trip after the dependency wait), then one store.
+# One load of the whole vector (a single L2 round trip after the dependency wait), then one store. With a norm,
+# W_BESIDE issues the norm weights' load beside the vector's, before the sum of squares: that reduction's barriers
+# keep a load written after it from being issued earlier, so otherwise the weights cost a second round trip.
 @gluon.jit
 def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, KCH: gl.constexpr,
-                  BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
+                  BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr,
+                  W_BESIDE: gl.constexpr = False):
     XV: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     ACT: gl.constexpr = xs.dtype
     KCH_ALL: gl.constexpr = xs.shape[0]
@@ -33,8 +36,12 @@ def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, 
         m = idx < K
         x = gl.load(src_ptr + idx, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
         if NORM:  # RMSNorm (Zhang & Sennrich 2019) rounded as transformers does: ((x·inv).to(ACT)·w).to(ACT)
-            inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
-            w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
+            if W_BESIDE:
+                w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
+                inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
+            else:
+                inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
+                w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
             x = rnd(rnd(x * inv, ACT) * w, ACT)
         xs2.slice(part * PART, PART, dim=0).store(x.to(ACT))
     gl.thread_barrier()
