@@ -5,7 +5,9 @@ down-proj task and its own.
 Per layer (µs): ``qkv_span`` (the previous DOWN stage's last end → the QKV stage's last end) with the QKV tasks'
 median ``qkv_stage`` / ``qkv_mv`` / ``qkv_epi`` phases; ``attn_span`` (→ the attention stage's last end) with the
 critical attention task's phases (``timeline.attn_critical``'s per-layer parts); ``o_span``, ``g_span``,
-``d_span`` (→ the O-proj, gate-up and down stages' last ends). Their sum is the layer's time.
+``d_span`` (→ the O-proj, gate-up and down stages' last ends), with ``g_stage``, the median over CTAs of the
+staging of each one's first gate-up task (the one that loads and normalises the vector). The spans' sum is the
+layer's time.
 
 With ``--model`` (the preset the frame ran, default Gluon tiling, 16-bit weights), also the weight stream's feed:
 the bytes of tiles the producers issue per µs over all SMs (each task's bytes spread evenly between its first and
@@ -43,6 +45,10 @@ def layer_chain(df: pd.DataFrame) -> pd.DataFrame:
                "qkv_stage": float((q["staged_us"] - q["ready_us"]).median()),
                "qkv_mv": float((q["mv_end_us"] - q["staged_us"]).median()),
                "qkv_epi": float((q["end_us"] - q["mv_end_us"]).median())}
+        g = df[(df["layer"] == layer) & (df["name"] == "GATEUP")]
+        if "program" in g:  # a CTA stages the vector at its first gate-up task of the layer only
+            g = g.sort_values("ready_us").groupby("program").head(1)
+            row["g_stage"] = float((g["staged_us"] - g["ready_us"]).median())
         for a, b, name in (("QKV", "ATTN", "attn_span"), ("ATTN", "OPROJ", "o_span"), ("OPROJ", "GATEUP", "g_span"),
                            ("GATEUP", "DOWN", "d_span")):
             row[name] = e[b] - e[a]
@@ -103,7 +109,7 @@ def main() -> int:
     chain = layer_chain(df)
     med = chain.drop(columns=["layer"]).median().round(3).to_dict()
     doc = {"frame": a.frame.name, "layers": int(len(chain)), "median_us": med,
-           "layer_us_p50": round(float(chain.drop(columns=["layer", "qkv_stage", "qkv_mv", "qkv_epi"]).sum(axis=1,
+           "layer_us_p50": round(float(chain.drop(columns=["layer", "qkv_stage", "qkv_mv", "qkv_epi", "g_stage"], errors="ignore").sum(axis=1,
                                                                                                       min_count=5).median()), 3),
            "attn_critical": attn_critical(df), "task_phases": task_phases(df), "edges": edge_summary(stage_edges(df)),
            "per_layer": chain.round(3).to_dict(orient="records")}

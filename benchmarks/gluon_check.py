@@ -407,9 +407,9 @@ SWEEPS = {
              ("r32-sb2", "gluon", {"max_rows": 32, "slot_boxes": 2}), ("default-again", "gluon", {}),
              ("mma-r32-sb2-again", "gluon", {"mv_widen": "mma", "max_rows": 32, "slot_boxes": 2}),
              ("r32-sb2-again", "gluon", {"max_rows": 32, "slot_boxes": 2})],
-    # prepared in session 12 (not run yet): the producer's L2 burst at a layer's first gate-up tile (gu_burst: tiles
-    # past the ring's horizon, per line from the producer's warp) for the QKV -> O-proj stretch, where the rings are
-    # full and the stream is fed at 1.71 TB/s against 4.04 over the rest (chain_breakdown.py --model)
+    # session 13: the producer's L2 burst at a layer's first gate-up tile (gu_burst: tiles past the ring's horizon,
+    # per line from the producer's warp) for the QKV -> O-proj stretch: 2-12 % slower, removed after this sweep (its
+    # entries no longer validate)
     "r40": [("default", "gluon", {}), ("gu8", "gluon", {"gu_burst": 8}), ("gu16", "gluon", {"gu_burst": 16}),
             ("default-again", "gluon", {}), ("gu8-again", "gluon", {"gu_burst": 8}),
             ("gu16-again", "gluon", {"gu_burst": 16})],

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The record of session 13's device calls: `one`, `two`, `last` and `norm` ran (results/h200-2026-12-02-s13/README.md);
+# `first` and `burst` were folded into them, and `burst` / `one` name gu_burst, removed after r40.
 # Prepared in session 12 for the thirteenth session's device calls (from the repository root, through the device
 # tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
 #   bash benchmarks/session13.sh first   # every GPU test (the tensor-core matvec now also with two boxes per slot),

@@ -1,5 +1,5 @@
-"""``benchmarks/chain_breakdown.py``'s weight-stream feed on a hand-built two-layer frame, and its task sizes for
-the 1B against the hand-computed tile bytes."""
+"""``benchmarks/chain_breakdown.py``'s weight-stream feed and layer chain on hand-built two-layer frames, and its
+task sizes for the 1B against the hand-computed tile bytes."""
 
 from __future__ import annotations
 
@@ -53,3 +53,28 @@ def test_task_bytes_of_the_1b():
     cb = _load()
     assert cb.task_bytes("llama-3.2-1b") == {"QKV": 32 * 2048 * 2, "OPROJ": 16 * 2048 * 2, "GATEUP": 32 * 2048 * 2,
                                              "DOWN": 16 * 8192 * 2, "LMHEAD": 32 * 2048 * 2}
+
+
+def test_layer_chain_spans_and_the_first_gate_up_staging():
+    """Layer 1 of a hand-built frame: spans from each upstream stage's last end; the QKV phases are medians over
+    its tasks; ``g_stage`` only counts each CTA's first gate-up task (program 0: staged 1.0 µs after ready; program
+    1: 3.0; their later tasks stage nothing and are left out), so it is the median of 1.0 and 3.0."""
+    cb = _load()
+    nan = float("nan")
+    rows = [  # name, layer, program, ready, staged, mv end, end
+        ("QKV", 0, 0, 0.0, 0.5, 1.0, 2.0), ("ATTN", 0, 1, 2.0, nan, nan, 4.0), ("OPROJ", 0, 0, 4.0, 4.5, 5.0, 6.0),
+        ("GATEUP", 0, 0, 6.0, 6.5, 7.0, 8.0), ("DOWN", 0, 1, 8.0, 8.5, 9.0, 10.0),
+        ("QKV", 1, 0, 11.0, 12.0, 14.0, 15.0), ("QKV", 1, 1, 11.0, 13.0, 14.0, 16.0),
+        ("ATTN", 1, 0, 16.0, nan, nan, 19.0), ("OPROJ", 1, 1, 19.0, 19.5, 20.0, 21.0),
+        ("GATEUP", 1, 0, 22.0, 23.0, 24.0, 25.0), ("GATEUP", 1, 0, 25.0, 25.0, 26.0, 27.0),
+        ("GATEUP", 1, 1, 22.0, 25.0, 26.0, 28.0), ("GATEUP", 1, 1, 28.0, 28.0, 29.0, 30.0),
+        ("DOWN", 1, 0, 30.0, 31.0, 32.0, 34.0),
+    ]
+    df = pd.DataFrame(rows, columns=["name", "layer", "program", "ready_us", "staged_us", "mv_end_us", "end_us"])
+    chain = cb.layer_chain(df).set_index("layer")
+    one = chain.loc[1]
+    assert (one["qkv_span"], one["attn_span"], one["o_span"], one["g_span"], one["d_span"]) == (6.0, 3.0, 2.0, 9.0,
+                                                                                                4.0)
+    assert (one["qkv_stage"], one["qkv_mv"], one["qkv_epi"]) == (1.5, 1.5, 1.5)
+    assert one["g_stage"] == 2.0
+    assert chain.loc[0]["g_stage"] == 0.5

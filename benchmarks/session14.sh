@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Prepared in session 13 for the fourteenth session's device calls (from the repository root, through the device
+# tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
+#   bash benchmarks/session14.sh first   # every GPU test; r42 (norm_load beside / prefetch) again on the 1B, Qwen2.5-0.5B
+#                                        # and Qwen3-0.6B (session 13's machine could not resolve half a microsecond per
+#                                        # layer); r39 (two boxes per slot) on the 3B and the 8B, for a rule beside
+#                                        # Qwen3-1.7B's 3-4 % (two sweeps) and the 1B's / Qwen3-0.6B's losses
+#   bash benchmarks/session14.sh qwen    # the Qwen presets' decode-latency set, after a default changes
+#   bash benchmarks/session14.sh llama   # the 3B / 8B decode-latency set and their timelines
+. benchmarks/device_prelude.sh
+case "${1:-}" in
+first)
+  gpu_tests
+  sweep r42 llama-3.2-1b 128 60
+  sweep r42 qwen2.5-0.5b 128 60
+  sweep r42 qwen3-0.6b 128 60
+  sweep r39 llama-3.2-3b 128 80
+  sweep r39 llama-3.1-8b 128 110
+  ;;
+qwen) issue_sets qwen ;;
+llama) llama_presets ;;
+*) echo "session14.sh: unknown stage '${1:-}' (first, qwen, llama)" >&2; exit 2 ;;
+esac
+finish
