@@ -191,6 +191,11 @@ def test_html_names_each_megakernels_kernel_and_tile_shapes():
                                                   "qk_norm_in_attn": True}}
     assert kernel_tiling(gluon) == ("gluon: BR 32 · BK 256 · ring 12 · split_k 2 · rows_od 16 · block_s 32 · "
                                     "min_chunk 32 · splits 16 · q/k-norm in attention")
+    thin = {"implementation": "gluon", "gluon": {"BR": 32, "BK": 256, "ring": 6, "slot_boxes": 2, "split_k": 2,
+                                                 "rows_od": 16, "block_s": 64, "min_chunk": 32, "splits": 16,
+                                                 "qk_norm_in_attn": False, "mv_widen": "mma"}}
+    assert kernel_tiling(thin) == ("gluon: BR 32 · BK 256 · ring 6 · slot_boxes 2 · split_k 2 · rows_od 16 · "
+                                   "block_s 64 · min_chunk 32 · splits 16 · matvec mma")
     triton = {"implementation": "triton", "tiling": {"rows_qkv": 6, "rows_o": 4, "rows_gateup": 8, "rows_down": 4,
                                                      "rows_lm": 8, "kv_splits": 64}}
     assert kernel_tiling(triton) == "triton: rows qkv/o/gateup/down/lm 6/4/8/4/8 · splits 64"
