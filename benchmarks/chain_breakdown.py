@@ -15,7 +15,8 @@ last TMA issue; a ring slot is reissued only once its consumer frees it), per la
 previous DOWN stage's end to the O-proj stage's end and over the rest of the layer (TB/s), and how long the QKV
 matvec ends after its task's last tile was issued (µs).
 
-    python benchmarks/chain_breakdown.py FRAME.csv.gz [--model llama-3.2-1b] [--out chain.json]
+    python benchmarks/chain_breakdown.py FRAME.csv.gz [--model llama-3.2-1b [--params '{"max_rows": 16}']]
+        [--out chain.json]
 """
 
 from __future__ import annotations
@@ -57,14 +58,16 @@ def layer_chain(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def task_bytes(model: str) -> dict[str, int]:
-    """Weight bytes of one task per opcode for ``model``'s default Gluon tiling and 16-bit weights:
-    rows × K × 2 (QKV / gate-up / LM head: BR rows over H; O-proj: BR / split_k rows over Q; down: over I)."""
+def task_bytes(model: str, params: dict | None = None) -> dict[str, int]:
+    """Weight bytes of one task per opcode for ``model``'s Gluon tiling under ``params`` (MegakernelParams fields;
+    default: this checkout's defaults, which must be the frame's: Qwen2.5-0.5B's tiles were 16 rows before session 13)
+    and 16-bit weights: rows × K × 2 (QKV / gate-up / LM head: BR rows over H; O-proj: BR / split_k rows over Q; down:
+    over I)."""
     from bubblescope.megakernel_engine.gluon.host import gluon_tiling
     from bubblescope.megakernel_engine.schedule import MegakernelParams
     from bubblescope.models.config import get_preset
     cfg = get_preset(model)
-    t = gluon_tiling(cfg, MegakernelParams(), 132)
+    t = gluon_tiling(cfg, MegakernelParams(**(params or {})), 132)
     h, q, i = cfg.hidden_size, cfg.q_size, cfg.intermediate_size
     return {"QKV": t.rows_qkv * h * 2, "OPROJ": t.rows_o * q * 2, "GATEUP": t.rows_gateup * h * 2,
             "DOWN": t.rows_down * i * 2, "LMHEAD": t.rows_lm * h * 2}
@@ -101,6 +104,7 @@ def main() -> int:
     ap.add_argument("frame", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--model", help="the preset the frame ran: adds the weight stream's feed (stream_feed)")
+    ap.add_argument("--params", default="{}", help="the MegakernelParams the frame ran, as JSON (for its tiles)")
     a = ap.parse_args()
     if not a.frame.is_file():
         print(f"chain_breakdown: {a.frame}: no such file", file=sys.stderr)
@@ -114,7 +118,13 @@ def main() -> int:
            "attn_critical": attn_critical(df), "task_phases": task_phases(df), "edges": edge_summary(stage_edges(df)),
            "per_layer": chain.round(3).to_dict(orient="records")}
     if a.model:
-        feed = stream_feed(df, task_bytes(a.model))
+        try:
+            params = json.loads(a.params)
+            nbytes = task_bytes(a.model, params)
+        except (ValueError, TypeError) as e:
+            print(f"chain_breakdown: --params: {e}", file=sys.stderr)
+            return 2
+        feed = stream_feed(df, nbytes)
         doc["stream_feed"] = {"model": a.model, "median": feed.drop(columns=["layer"]).median().round(3).to_dict(),
                               "per_layer": feed.round(3).to_dict(orient="records")}
         print(feed.round(2).to_string(index=False))

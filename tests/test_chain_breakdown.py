@@ -78,3 +78,13 @@ def test_layer_chain_spans_and_the_first_gate_up_staging():
     assert (one["qkv_stage"], one["qkv_mv"], one["qkv_epi"]) == (1.5, 1.5, 1.5)
     assert one["g_stage"] == 2.0
     assert chain.loc[0]["g_stage"] == 0.5
+
+
+def test_task_bytes_follow_the_params():
+    """Qwen2.5-0.5B (hidden 896, q 896, intermediate 4864): 32-row tiles by default since session 13 (its tensor-core
+    matvec), 16 rows where max_rows asks for them, as its frames before session 13 ran."""
+    cb = _load()
+    h, i = 896, 4864
+    assert cb.task_bytes("qwen2.5-0.5b")["QKV"] == 32 * h * 2 and cb.task_bytes("qwen2.5-0.5b")["DOWN"] == 16 * i * 2
+    old = cb.task_bytes("qwen2.5-0.5b", {"max_rows": 16})
+    assert (old["QKV"], old["OPROJ"], old["DOWN"]) == (16 * h * 2, 8 * h * 2, 8 * i * 2)

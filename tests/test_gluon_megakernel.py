@@ -126,6 +126,15 @@ def test_gluon_matvec_follows_the_model():
     assert auto_matvec(qwen25, MegakernelParams(num_warps=8), 132, 2) == ("mma", 2)
     assert auto_matvec(qwen25, MegakernelParams(num_warps=16), 132, 2) == ("bits", 1)
     assert auto_matvec(qwen25, auto, 132, 2, "warps") == ("bits", 1)  # measured with the tensor-core attention
+    # the user's rows and boxes are what the rule checks: 16-row tiles give 8 rows per half, too few for an mma tile;
+    # one box per slot gives 4 64-column boxes, too few for 8 warps
+    assert auto_matvec(qwen25, MegakernelParams(max_rows=16), 132, 2) == ("bits", 1)
+    assert auto_matvec(qwen25, MegakernelParams(max_rows=16, split_k=1), 132, 2) == ("bits", 1)
+    assert auto_matvec(qwen25, MegakernelParams(slot_boxes=1, num_warps=8), 132, 2) == ("bits", 1)
+    t16 = gluon_tiling(qwen25, MegakernelParams(max_rows=16), 132)  # as before session 13: 16 rows on the CUDA cores
+    assert (t16.rows_qkv, t16.rows_o) == (16, 8)
+    p16 = gluon_params(qwen25, MegakernelParams(max_rows=16))
+    assert gluon_constexprs(qwen25, t16, p16, 512, torch.bfloat16, True)["MV_BITS"]
     assert gluon_params(qwen25, MegakernelParams(attn_layout="warps")).mv_widen == "bits"
     p = gluon_params(qwen25, auto)
     assert (p.mv_widen, p.slot_boxes, p.rows_qkv) == ("mma", 2, 32)

@@ -69,7 +69,8 @@ def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int
                 layout: str = "mma") -> tuple[str, int]:
     """``mv_widen`` and ``slot_boxes`` where ``params`` leaves them to the model (``auto`` / None): thin models
     (:func:`auto_rows` gives them 16-row tiles) under the tensor-core attention (``layout``, resolved) get the
-    tensor-core matvec at 32 rows with two boxes per slot (``mma``, 2) where :func:`mv_mma_unsupported` allows it;
+    tensor-core matvec at 32 rows with two boxes per slot (``mma``, 2) where :func:`mv_mma_unsupported` allows it
+    with the rows and boxes per slot it would run with (``max_rows`` and ``slot_boxes`` where the user set them);
     the rest the CUDA-core matvec (``bits``) and, under ``mma`` asked by name, two boxes per slot, else one. (The
     pair was measured with the tensor-core attention; Qwen2.5-0.5B's ``warps`` layout beside the tensor-core matvec
     spills 64 bytes, offline sm_90 compile.)
@@ -85,10 +86,25 @@ def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int
     widen = params.mv_widen
     if widen == "auto":
         thin = auto_rows(cfg, sms) < DEFAULT_ROWS and layout == "mma"
-        widen = "mma" if thin and mv_mma_unsupported(
-            cfg, esize, DEFAULT_ROWS, params.split_k, box_cols(cfg, esize), 2, params.num_warps) is None else "bits"
+        # checked with the rows and boxes it would run with: the user's max_rows / slot_boxes where set
+        rows = tile_rows(cfg, params, mma_rows(cfg, params, sms))
+        widen = "mma" if thin and mv_mma_unsupported(cfg, esize, rows, params.split_k, box_cols(cfg, esize),
+                                                     params.slot_boxes or 2, params.num_warps) is None else "bits"
     sb = params.slot_boxes if params.slot_boxes is not None else 2 if widen == "mma" else 1
     return widen, sb
+
+
+def mma_rows(cfg: ModelConfig, params: MegakernelParams, sms: int) -> int:
+    """The automatic rows per tile under ``mv_widen=mma``: :func:`auto_rows`, at least 16 per mma tile in a QKV /
+    gate-up half and in an O-proj / down task (``16 · max(2, split_k)``)."""
+    return max(auto_rows(cfg, sms), 16 * max(2, params.split_k))
+
+
+def tile_rows(cfg: ModelConfig, params: MegakernelParams, auto: int) -> int:
+    """``BR``: ``params.max_rows`` where set, else ``auto``; capped at head_dim (a QKV tile holds whole RoPE pair
+    blocks) and rounded down to a power of two."""
+    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto, cfg.head_dim)
+    return max(2, pow2_floor(br))
 
 
 def auto_rows(cfg: ModelConfig, sms: int) -> int:
@@ -243,11 +259,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     layout = resolve_attn_layout(cfg, params.attn_layout, esize, block_s, params.num_warps)
     block_s = resolve_block_s(cfg, layout, params, block_s)
     widen, sb = auto_matvec(cfg, params, sms, esize, layout)
-    auto = auto_rows(cfg, sms)
-    if widen == "mma":  # an mma tile takes 16 rows: a QKV / gate-up half and an O-proj / down task at least that
-        auto = max(auto, 16 * max(2, params.split_k))
-    br = min(params.max_rows if params.max_rows != MegakernelParams.max_rows else auto, cfg.head_dim)
-    br = max(2, pow2_floor(br))
+    br = tile_rows(cfg, params, mma_rows(cfg, params, sms) if widen == "mma" else auto_rows(cfg, sms))
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
     new_row, combine = resolve_attn_split(cfg, params.attn_new_row, params.attn_combine)
     return params.replace(attn_layout=layout, attn_gate=resolve_attn_gate(cfg, params.attn_gate), block_s=block_s,
