@@ -147,19 +147,24 @@ class MegakernelParams:
             (``prefetch.global.L2`` per 128-byte line from the consumer threads).
         inflight: Gluon kernel only: ring slots the producer keeps requested and not yet landed (0: no cap, the
             whole ring; a value at or above the ring's slots is no cap either). The ring's other slots still fill
-            while the consumers wait, so the buffer for a dependency wait stays the ring; the cap shortens the HBM
-            queue (Little's law: ~25 MB in flight over all SMs at ~4 TB/s is ~6 µs for any load), which each layer's
-            chain tiles wait behind: the QKV matvec ends 3.9 µs after its last tile's request (session 12 / 13,
-            ``chain_breakdown.py --model``). The L2 prefetches past the ring (``l2_ahead``, ``wait_prefetch``, and
-            session 12's producer burst at the first gate-up tile, removed after session 13's r40: 2–12 % slower)
-            all lost. Prepared in session 13 (``gluon_check.py --sweep r41``).
+            while the consumers wait, so the buffer for a dependency wait stays the ring; the cap was to shorten the
+            HBM queue (Little's law: ~25 MB in flight over all SMs at ~4 TB/s is ~6 µs for any load) that each
+            layer's chain tiles wait behind: the QKV matvec ends 3.9 µs after its last tile's request
+            (``chain_breakdown.py --model``). Measured on the H200 (session 13, ``gluon_check.py --sweep r41``,
+            interleaved rounds, stepwise ms): Llama-3.2-1B 0.790 / 0.791 at 4 against 0.800 / 0.803 (3: 0.799 /
+            0.799, 6: 0.801 / 0.801), Llama-3.1-8B 3.863 / 3.871 against 3.882 / 3.894, Qwen2.5-0.5B even; the 1B's
+            QKV matvec then ends 3.2 µs after its last request, so that latency is mostly the SM's own share of the
+            stream. Off by default: ~1 %. (The L2 prefetches past the ring all lost: ``l2_ahead``,
+            ``wait_prefetch``, and session 12's producer burst at the first gate-up tile, removed after r40.)
         norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
             gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
             keep the load from being issued earlier, so the weights are a second round trip after the dependency
             wait), ``beside`` the vector's load, or ``beside`` and asked of L2 (``prefetch.global.L2``, one line per
-            thread) before the dependency wait (``prefetch``). The 1B's frames (session 13) put the first gate-up
-            task's staging at 2.2 µs and the QKV's at 1.0 µs after their waits. Prepared in session 13
-            (``gluon_check.py --sweep r42``).
+            thread) before the dependency wait (``prefetch``); the same arithmetic each way. Measured on the H200
+            (session 13, one step's frames, medians over layers): the 1B's gate-up staging 2.13 → 1.60 µs and QKV
+            staging 0.98 → 0.83 with ``prefetch``; Qwen2.5-0.5B's 1.06 → 0.51 and 0.75 → 0.51, Qwen3-0.6B's 0.77 →
+            0.61 and 0.90 → 0.64 with ``beside``; the step even within the sweep's noise (``--sweep r42``: 1B 0.830
+            / 0.828 with ``prefetch`` against 0.831 / 0.835, Llama-3.1-8B even).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
