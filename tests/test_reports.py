@@ -204,6 +204,11 @@ def test_html_names_each_megakernels_kernel_and_tile_shapes():
     g.engine(doc, "megakernel")["compile"].update(gluon)
     page = render_html(doc)
     assert "<th>kernel and tiles</th>" in page and "gluon: BR 32 · BK 256 · ring 12" in page
+    # the terminal report names them too, for the megakernel only (the reference has no tiles)
+    g.engine(doc, "megakernel")["compile"].update(thin)
+    text = _terminal_text(doc)
+    assert "Kernels and tiles" in text and "  megakernel: gluon: BR 32 · BK 256 · ring 6 · slot_boxes 2" in text
+    assert "matvec mma" in text and "  reference: " not in text
 
 
 def test_results_without_engines_report_nothing(tmp_path):

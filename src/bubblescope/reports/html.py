@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import BubblescopeError
 from . import tables
+from .tables import kernel_tiling
 from .results import Results, atomic_write_text, dig, ordered
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -94,26 +95,6 @@ def _attn_phase_facts(ik: dict) -> list[tuple[str, str]]:
         facts.append(("attention, last task of each layer: after QKV / q / blocks / ticket / combine = total, µs p50",
                       value))
     return facts
-
-
-def kernel_tiling(c: dict) -> str:
-    """One line naming a megakernel's implementation and the tile shapes chosen for the model (from
-    ``compile.gluon`` / ``compile.tiling`` of results.json), e.g. ``gluon: BR 32 · ring 12 · split_k 2 ·
-    block_s 64 · splits 16`` (with ``slot_boxes`` and the matvec, ``matvec mma`` or ``matvec bits``, where the
-    document has them: from session 13 they follow the model too); "—" for engines without them."""
-    g, t = c.get("gluon") or {}, c.get("tiling") or {}
-    if g:
-        parts = [f"{k} {g[k]}" for k in ("BR", "BK", "ring", "slot_boxes", "split_k", "rows_od", "block_s",
-                                         "min_chunk", "splits") if g.get(k) is not None]
-        if g.get("mv_widen"):
-            parts.append(f"matvec {g['mv_widen']}")
-        if g.get("qk_norm_in_attn"):
-            parts.append("q/k-norm in attention")
-        return f"{c.get('implementation') or 'gluon'}: " + " · ".join(parts)
-    if t:
-        rows = "/".join(str(t.get(k, "?")) for k in ("rows_qkv", "rows_o", "rows_gateup", "rows_down", "rows_lm"))
-        return f"{c.get('implementation') or 'triton'}: rows qkv/o/gateup/down/lm {rows} · splits {t.get('kv_splits')}"
-    return "—"
 
 
 def _details(engines: list[dict]) -> list[list[str]]:

@@ -145,3 +145,23 @@ def evidence_value(key: str, value) -> str:
 def evidence_text(evidence: dict) -> str:
     """``name value unit`` pairs of a finding's evidence (``bubble ratio 62.0 %, kernels per step 412``)."""
     return ", ".join(f"{k.replace('_', ' ')} {evidence_value(k, v)}" for k, v in (evidence or {}).items())
+
+
+def kernel_tiling(c: dict) -> str:
+    """One line naming a megakernel's implementation and the tile shapes chosen for the model (from
+    ``compile.gluon`` / ``compile.tiling`` of results.json), e.g. ``gluon: BR 32 · ring 12 · split_k 2 ·
+    block_s 64 · splits 16`` (with ``slot_boxes`` and the matvec, ``matvec mma`` or ``matvec bits``, where the
+    document has them: from session 13 they follow the model too); "—" for engines without them."""
+    g, t = c.get("gluon") or {}, c.get("tiling") or {}
+    if g:
+        parts = [f"{k} {g[k]}" for k in ("BR", "BK", "ring", "slot_boxes", "split_k", "rows_od", "block_s",
+                                         "min_chunk", "splits") if g.get(k) is not None]
+        if g.get("mv_widen"):
+            parts.append(f"matvec {g['mv_widen']}")
+        if g.get("qk_norm_in_attn"):
+            parts.append("q/k-norm in attention")
+        return f"{c.get('implementation') or 'gluon'}: " + " · ".join(parts)
+    if t:
+        rows = "/".join(str(t.get(k, "?")) for k in ("rows_qkv", "rows_o", "rows_gateup", "rows_down", "rows_lm"))
+        return f"{c.get('implementation') or 'triton'}: rows qkv/o/gateup/down/lm {rows} · splits {t.get('kv_splits')}"
+    return "—"

@@ -58,7 +58,8 @@ def render_results(results: Results | dict, console: Console) -> None:
     Shows: which device it ran on (plainly "CPU only — GPU metrics unavailable" without a GPU), model,
     workload and command; the headline tables (ms/token p50/p99, tok/s, TTFT ms, effective GB/s,
     % of NVML peak and of measured copy bandwidth; kernels and launches per step, bubble ratio,
-    launch/sync share, token agreement); skipped/failed engines with reasons; findings with evidence.
+    launch/sync share, token agreement); each megakernel's implementation and tile shapes; skipped/failed engines
+    with reasons; findings with evidence.
     Values are read from the document only; null shows as "—". Document text prints literally (no
     rich markup or emoji codes are interpreted), so ``void f<int, 4>()`` or ``[bold]`` show as written.
 
@@ -84,6 +85,12 @@ def render_results(results: Results | dict, console: Console) -> None:
                                 tables.LATENCY_COLUMNS))
     console.print(_engine_table(doc, "Launches, bubbles and correctness", tables.TIMELINE_COLUMNS))
     console.print(Text(tables.SYNC_NOTE, style="dim"))
+    tiles = [(e["name"], tables.kernel_tiling(e.get("compile") or {})) for e in doc["engines"]]
+    tiles = [(name, line) for name, line in tiles if line != "—"]
+    if tiles:  # the tile shapes and matvec chosen for this model (they follow its config)
+        console.print(Text("Kernels and tiles", style="bold"))
+        for name, line in tiles:
+            console.print(Text(f"  {name}: {line}"))
     skipped = tables.not_run(doc)
     if skipped:
         console.print(Text("Engines not run", style="bold"))
