@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bubblescope.errors import BubblescopeError
 from bubblescope.megakernel_engine.timeline import attn_critical, edge_summary, stage_edges, task_phases
 
 STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
@@ -121,8 +122,8 @@ def main() -> int:
         try:
             params = json.loads(a.params)
             nbytes = task_bytes(a.model, params)
-        except (ValueError, TypeError) as e:
-            print(f"chain_breakdown: --params: {e}", file=sys.stderr)
+        except (ValueError, TypeError, BubblescopeError) as e:
+            print(f"chain_breakdown: --params / --model: {e}", file=sys.stderr)
             return 2
         feed = stream_feed(df, nbytes)
         doc["stream_feed"] = {"model": a.model, "median": feed.drop(columns=["layer"]).median().round(3).to_dict(),
