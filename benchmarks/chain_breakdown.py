@@ -7,7 +7,9 @@ median ``qkv_stage`` / ``qkv_mv`` / ``qkv_epi`` phases; ``attn_span`` (→ the a
 critical attention task's phases (``timeline.attn_critical``'s per-layer parts); ``o_span``, ``g_span``,
 ``d_span`` (→ the O-proj, gate-up and down stages' last ends), with ``g_stage``, the median over CTAs of the
 staging of each one's first gate-up task (the one that loads and normalises the vector). The spans' sum is the
-layer's time.
+layer's time. For the two normalised inputs also: ``qkv_ready`` / ``g_ready`` (median task ready time after the
+upstream DOWN / O-proj stage's last end: the hop) and ``d_tail`` / ``o_tail`` (that upstream stage's last end less
+its tasks' 10th-percentile end: how spread its ends are).
 
 With ``--model`` (the preset the frame ran, default Gluon tiling, 16-bit weights), also the weight stream's feed:
 the bytes of tiles the producers issue per µs over all SMs (each task's bytes spread evenly between its first and
@@ -33,6 +35,7 @@ from bubblescope.errors import BubblescopeError
 from bubblescope.megakernel_engine.timeline import attn_critical, edge_summary, stage_edges, task_phases
 
 STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
+SPANS = ("qkv_span", "attn_span", "o_span", "g_span", "d_span")  # a layer's time is their sum
 
 
 def layer_chain(df: pd.DataFrame) -> pd.DataFrame:
@@ -51,11 +54,18 @@ def layer_chain(df: pd.DataFrame) -> pd.DataFrame:
         if "program" in g:  # a CTA stages the vector at its first gate-up task of the layer only
             g = g.sort_values("ready_us").groupby("program").head(1)
             row["g_stage"] = float((g["staged_us"] - g["ready_us"]).median())
+        o = df[(df["layer"] == layer) & (df["name"] == "OPROJ")]["end_us"]
+        row["o_tail"] = float(o.max() - o.quantile(0.1))
+        row["g_ready"] = float((g["ready_us"] - o.max()).median())
+        if prev is not None:
+            d = df[(df["layer"] == prev_layer) & (df["name"] == "DOWN")]["end_us"]
+            row["d_tail"] = float(d.max() - d.quantile(0.1))
+            row["qkv_ready"] = float((q["ready_us"] - prev).median())
         for a, b, name in (("QKV", "ATTN", "attn_span"), ("ATTN", "OPROJ", "o_span"), ("OPROJ", "GATEUP", "g_span"),
                            ("GATEUP", "DOWN", "d_span")):
             row[name] = e[b] - e[a]
         rows.append(row)
-        prev = e["DOWN"]
+        prev, prev_layer = e["DOWN"], layer
     return pd.DataFrame(rows)
 
 
@@ -114,8 +124,7 @@ def main() -> int:
     chain = layer_chain(df)
     med = chain.drop(columns=["layer"]).median().round(3).to_dict()
     doc = {"frame": a.frame.name, "layers": int(len(chain)), "median_us": med,
-           "layer_us_p50": round(float(chain.drop(columns=["layer", "qkv_stage", "qkv_mv", "qkv_epi", "g_stage"], errors="ignore").sum(axis=1,
-                                                                                                      min_count=5).median()), 3),
+           "layer_us_p50": round(float(chain[list(SPANS)].sum(axis=1, min_count=5).median()), 3),
            "attn_critical": attn_critical(df), "task_phases": task_phases(df), "edges": edge_summary(stage_edges(df)),
            "per_layer": chain.round(3).to_dict(orient="records")}
     if a.model:

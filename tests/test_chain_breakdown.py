@@ -58,7 +58,8 @@ def test_task_bytes_of_the_1b():
 def test_layer_chain_spans_and_the_first_gate_up_staging():
     """Layer 1 of a hand-built frame: spans from each upstream stage's last end; the QKV phases are medians over
     its tasks; ``g_stage`` only counts each CTA's first gate-up task (program 0: staged 1.0 µs after ready; program
-    1: 3.0; their later tasks stage nothing and are left out), so it is the median of 1.0 and 3.0."""
+    1: 3.0; their later tasks stage nothing and are left out), so it is the median of 1.0 and 3.0. A second frame
+    with four down tasks ending at 6, 8, 9 and 10 gives ``d_tail`` 10 − 6.6 (their 10th percentile, interpolated)."""
     cb = _load()
     nan = float("nan")
     rows = [  # name, layer, program, ready, staged, mv end, end
@@ -78,6 +79,14 @@ def test_layer_chain_spans_and_the_first_gate_up_staging():
     assert (one["qkv_stage"], one["qkv_mv"], one["qkv_epi"]) == (1.5, 1.5, 1.5)
     assert one["g_stage"] == 2.0
     assert chain.loc[0]["g_stage"] == 0.5
+    # the hops: QKV tasks ready 1.0 after the previous DOWN end (10), first gate-up tasks 1.0 after the O-proj end
+    # (21); one task per upstream stage here, so no spread
+    assert (one["qkv_ready"], one["g_ready"], one["d_tail"], one["o_tail"]) == (1.0, 1.0, 0.0, 0.0)
+    assert pd.isna(chain.loc[0]["qkv_ready"])
+    spread = pd.concat([df[(df["layer"] == 0) & (df["name"] != "DOWN")], df[df["layer"] == 1],
+                        pd.DataFrame([("DOWN", 0, p, 5.0, 5.5, 5.8, end) for p, end in enumerate((6.0, 8.0, 9.0, 10.0))],
+                                     columns=df.columns)])
+    assert cb.layer_chain(spread).set_index("layer").loc[1]["d_tail"] == pytest.approx(10.0 - 6.6)
 
 
 def test_task_bytes_follow_the_params():

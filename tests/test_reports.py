@@ -184,7 +184,7 @@ def test_chromium_loads_every_image_and_screenshots(tmp_path, healthy_html):
 def test_html_names_each_megakernels_kernel_and_tile_shapes():
     """The tile shapes chosen per model (issue 14) are on the page: the Gluon choice from ``compile.gluon``, the
     Triton rows from ``compile.tiling``."""
-    from bubblescope.reports.html import kernel_tiling
+    from bubblescope.reports.tables import kernel_tiling
 
     gluon = {"implementation": "gluon", "gluon": {"BR": 32, "BK": 256, "ring": 12, "split_k": 2, "rows_od": 16,
                                                   "block_s": 32, "min_chunk": 32, "splits": 16,

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from ..errors import BubblescopeError
 from . import tables
-from .tables import kernel_tiling
 from .results import Results, atomic_write_text, dig, ordered
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -103,7 +102,7 @@ def _details(engines: list[dict]) -> list[list[str]]:
         c, k = eng.get("compile") or {}, eng.get("correctness") or {}
         if not c and not k:
             continue
-        rows.append([eng["name"], kernel_tiling(c), *(tables.fmt(c.get(key)) for key in
+        rows.append([eng["name"], tables.kernel_tiling(c), *(tables.fmt(c.get(key)) for key in
                                     ("registers", "spills", "shared_bytes", "num_warps", "programs_per_sm", "grid")),
                      tables.fmt(k.get("reference"), "text"), tables.fmt(k.get("steps")),
                      tables.fmt(k.get("token_agreement"), "pct"), tables.fmt(k.get("max_abs_logit_diff")),

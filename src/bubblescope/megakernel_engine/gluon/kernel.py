@@ -157,6 +157,14 @@ def _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V: gl.constexpr, BR: gl.
 
 
 # ---- the partitions -----------------------------------------------------------------------------------------
+@gluon.jit
+def _l2_lines(addr, ok):
+    """``prefetch.global.L2`` of the 128-byte line at each int64 address ``addr`` where ``ok`` (int32) is nonzero."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
+
+
 # NORM_W == 2: a normalised vector's weights (one row of H, 4 KB for the 1B in bf16: a few 128-byte lines) asked of L2
 # by the consumer threads, one line each, before the dependency wait; staged after it they are L2 hits, not HBM reads
 # queued behind the rings' loads (the stream evicts them between steps).
@@ -169,9 +177,7 @@ def _prefetch_row_l2(row_ptr, H: gl.constexpr, NW: gl.constexpr):
         j = base + gl.arange(0, 32 * NW, layout=PL)
         ok = (j < NL).to(gl.int32)
         addr = (row_ptr + gl.minimum(j, NL - 1) * (128 // ESIZE)).to(gl.int64, bitcast=True)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
+        _l2_lines(addr, ok)
 
 
 @gluon.jit
@@ -550,10 +556,7 @@ def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, 
         r = jl // lpr
         col = c0 + (jl % lpr) * LE
         ok = ((r < rows) & (col < K)).to(gl.int32)
-        laddr = (base + r.to(gl.int64) * K + col).to(gl.int64, bitcast=True)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [laddr, ok], dtype=gl.int32, is_pure=False, pack=1)
+        _l2_lines((base + r.to(gl.int64) * K + col).to(gl.int64, bitcast=True), ok)
     else:
         size = gl.where(j < rows, gl.minimum(cols, K - c0), 0) * ESIZE
         addr = (base + j.to(gl.int64) * K + c0).to(gl.int64, bitcast=True)

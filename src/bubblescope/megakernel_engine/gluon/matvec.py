@@ -38,9 +38,8 @@ def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, 
         if NORM:  # RMSNorm (Zhang & Sennrich 2019) rounded as transformers does: ((x·inv).to(ACT)·w).to(ACT)
             if W_BESIDE:
                 w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
-                inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
-            else:
-                inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
+            inv = gl.rsqrt(gl.sum(gl.sum(x * x, axis=1), axis=0) / K + eps)
+            if not W_BESIDE:
                 w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
             x = rnd(rnd(x * inv, ACT) * w, ACT)
         xs2.slice(part * PART, PART, dim=0).store(x.to(ACT))
