@@ -5,12 +5,20 @@
 #                                        # and Qwen3-0.6B (session 13's machine could not resolve half a microsecond per
 #                                        # layer); r39 (two boxes per slot) on the 3B and the 8B, for a rule beside
 #                                        # Qwen3-1.7B's 3-4 % (two sweeps) and the 1B's / Qwen3-0.6B's losses
+#   bash benchmarks/session14.sh probe   # (as run first) the L2 probe (benchmarks/l2_probe.py: does a prefetch stall its
+#                                        # warp, and do its lines survive the stream?), then first's sweeps, no GPU tests
 #   bash benchmarks/session14.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session14.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
 case "${1:-}" in
-first)
-  gpu_tests
+probe|first)
+  if [ "$1" = probe ]; then
+    log l2-probe
+    timeout 200 python3 benchmarks/l2_probe.py --out "$R/l2_probe.json" > "$R/l2_probe.log" 2>&1; echo "rc=$?" >> "$R/l2_probe.log"
+    cut -c1-230 "$R/l2_probe.log"
+  else
+    gpu_tests
+  fi
   sweep r42 llama-3.2-1b 128 60
   sweep r42 qwen2.5-0.5b 128 60
   sweep r42 qwen3-0.6b 128 60
@@ -19,6 +27,6 @@ first)
   ;;
 qwen) issue_sets qwen ;;
 llama) llama_presets ;;
-*) echo "session14.sh: unknown stage '${1:-}' (first, qwen, llama)" >&2; exit 2 ;;
+*) echo "session14.sh: unknown stage '${1:-}' (probe, first, qwen, llama)" >&2; exit 2 ;;
 esac
 finish
