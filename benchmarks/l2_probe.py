@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-MODES = {"none": 0, "line": 1, "bulk": 2, "line_last": 3}
+MODES = {"none": 0, "line": 1, "bulk": 2, "line_last": 3, "touch": 4}
 
 
 @triton.jit
@@ -47,7 +47,8 @@ def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr):
 
 # A (int32) holds P_LINES 128-byte lines per program, B S_BLOCKS blocks of BLOCK int32; per program 5 stamps (ns).
 # MODE 1: one `prefetch.global.L2` per line, NT lines per instruction; MODE 3: the same with `::evict_last`;
-# MODE 2: `cp.async.bulk.prefetch.L2` of P_LINES·128 / NT bytes per thread. HINT 1: B read with L2 evict_first.
+# MODE 2: `cp.async.bulk.prefetch.L2` of P_LINES·128 / NT bytes per thread; MODE 4: A read (demand loads, summed)
+# instead of prefetched, so t1 is after its bytes arrived. HINT 1: B read with L2 evict_first.
 @triton.jit
 def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexpr, S_BLOCKS: tl.constexpr,
                     MODE: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr):
@@ -75,8 +76,11 @@ def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexp
         tl.inline_asm_elementwise(
             f"cp.async.bulk.prefetch.L2.global [$1], {CH}; mov.u32 $0, 0;",
             "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
+    s = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), axis=0)
+    if MODE == 4:
+        s = -_read(a_base, P_LINES * 32 // BLOCK, BLOCK, 0)
     t1 = _now()
-    s = _read(b_base, S_BLOCKS, BLOCK, HINT)
+    s += _read(b_base, S_BLOCKS, BLOCK, HINT)
     t2 = _now()
     t2w = t2
     while t2w < t1 + wait_ns:
@@ -116,7 +120,7 @@ def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: flo
         ts = t.view(n_sm, 5).double().cpu()
         if r == 0:
             continue  # the compile / first-touch launch
-        expect = (s_kb * 256 + p_lines * 32)
+        expect = (s_kb * 256 + p_lines * 32) - (p_lines * 32 if mode == "touch" else 0)
         assert int(sink[0]) == expect, f"sink {int(sink[0])} != {expect}"
         rows.append({
             "issue_us": float((ts[:, 1] - ts[:, 0]).median()) / 1e3,
@@ -130,8 +134,23 @@ def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: flo
             "samples": rows}
 
 
-def cases():
-    """The grid: references (cold, hot), then each prefetch mode against the streamed bytes between and the wait."""
+def cases(which: str = "v1"):
+    """The grid. v1 (session 14's first call): references (cold, hot), then each prefetch mode against the streamed
+    bytes between and the wait. v2: demand loads (``touch``) instead of prefetches, and smaller prefetches, against
+    the streamed bytes between, with and without evict_first on the stream."""
+    if which == "v2":
+        for p_kb in (64, 128):
+            yield dict(p_kb=p_kb, s_kb=0, mode="none", hint=0, wait_us=10, hot=False)
+            for s_kb in (0, 64, 128, 256):
+                for hint in ((0, 1) if s_kb else (0,)):
+                    yield dict(p_kb=p_kb, s_kb=s_kb, mode="touch", hint=hint, wait_us=10, hot=False)
+        for p_kb in (32, 64):
+            for mode in ("line", "bulk"):
+                for s_kb in (0, 64, 128):
+                    for hint in ((0, 1) if s_kb else (0,)):
+                        yield dict(p_kb=p_kb, s_kb=s_kb, mode=mode, hint=hint, wait_us=10, hot=False)
+            yield dict(p_kb=p_kb, s_kb=64, mode="none", hint=0, wait_us=10, hot=False)
+        return
     yield dict(p_kb=128, s_kb=0, mode="none", hint=0, wait_us=0, hot=False)
     yield dict(p_kb=128, s_kb=0, mode="none", hint=0, wait_us=0, hot=True)
     yield dict(p_kb=128, s_kb=0, mode="none", hint=0, wait_us=10, hot=False)
@@ -155,13 +174,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--cases", choices=("v1", "v2"), default="v1")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("l2_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
     res = []
-    for c in cases():
+    for c in cases(args.cases):
         row = run_case(n_sm, reps=args.reps, **c)
         res.append(row)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "samples"}),

@@ -7,6 +7,9 @@
 #                                        # Qwen3-1.7B's 3-4 % (two sweeps) and the 1B's / Qwen3-0.6B's losses
 #   bash benchmarks/session14.sh probe   # (as run first) the L2 probe (benchmarks/l2_probe.py: does a prefetch stall its
 #                                        # warp, and do its lines survive the stream?), then first's sweeps, no GPU tests
+#   bash benchmarks/session14.sh second  # the L2 probe's v2 cases (demand loads as the "prefetch"; 32-64 KB prefetches
+#                                        # under a stream), every GPU test with norm_load=prefetch the default, the 1B's
+#                                        # decode-latency set
 #   bash benchmarks/session14.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session14.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
@@ -25,8 +28,15 @@ probe|first)
   sweep r39 llama-3.2-3b 128 80
   sweep r39 llama-3.1-8b 128 110
   ;;
+second)
+  log l2-probe-v2
+  timeout 200 python3 benchmarks/l2_probe.py --cases v2 --out "$R/l2_probe_v2.json" > "$R/l2_probe_v2.log" 2>&1; echo "rc=$?" >> "$R/l2_probe_v2.log"
+  cut -c1-200 "$R/l2_probe_v2.log"
+  gpu_tests
+  issue_sets 1b
+  ;;
 qwen) issue_sets qwen ;;
 llama) llama_presets ;;
-*) echo "session14.sh: unknown stage '${1:-}' (probe, first, qwen, llama)" >&2; exit 2 ;;
+*) echo "session14.sh: unknown stage '${1:-}' (probe, first, second, qwen, llama)" >&2; exit 2 ;;
 esac
 finish

@@ -255,7 +255,7 @@ for model, dtype, params in (
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
                                                           attn_layout="warps")),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(inflight=4)),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(norm_load="prefetch", timeline=True)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(norm_load="after", timeline=True)),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams(norm_load="beside")),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
@@ -396,7 +396,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
-                                 "attn_combine": "warps", "inflight": 0, "norm_load": "after"}
+                                 "attn_combine": "warps", "inflight": 0, "norm_load": "prefetch"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):

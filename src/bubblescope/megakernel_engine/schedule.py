@@ -164,7 +164,10 @@ class MegakernelParams:
             (session 13, one step's frames, medians over layers): the 1B's gate-up staging 2.13 → 1.60 µs and QKV
             staging 0.98 → 0.83 with ``prefetch``; Qwen2.5-0.5B's 1.06 → 0.51 and 0.75 → 0.51, Qwen3-0.6B's 0.77 →
             0.61 and 0.90 → 0.64 with ``beside``; the step even within the sweep's noise (``--sweep r42``: 1B 0.830
-            / 0.828 with ``prefetch`` against 0.831 / 0.835, Llama-3.1-8B even).
+            / 0.828 with ``prefetch`` against 0.831 / 0.835, Llama-3.1-8B even). The default since session 14
+            (``--sweep r42`` again, stepwise ms, ``after`` / ``beside`` / ``prefetch``): Llama-3.2-1B 0.910, 0.905 /
+            0.891, 0.893 / 0.883, 0.883; Qwen2.5-0.5B 0.722, 0.733 / 0.712, 0.721 / 0.717, 0.712; Qwen3-0.6B 0.755,
+            0.758 / 0.752, 0.752 / 0.743, 0.744.
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -281,7 +284,7 @@ class MegakernelParams:
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
     inflight: int = 0
-    norm_load: str = "after"
+    norm_load: str = "prefetch"
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
