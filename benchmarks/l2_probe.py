@@ -33,12 +33,17 @@ def _now():
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
+# CG 1: A's reads `ld.global.cg` (L2 only): a region read twice by one SM would otherwise hit its L1 (256 KB) the
+# second time, and the TMA ring's loads, whose L2 behaviour this stands for, never touch L1. (B is read once; `.cg`
+# cannot take the L1 evict_first that HINT's loads carry.)
 @triton.jit
-def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr):
+def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr, CG: tl.constexpr):
     acc = tl.zeros([BLOCK], dtype=tl.int32)
     for i in range(n_blocks):
         offs = i * BLOCK + tl.arange(0, BLOCK)
-        if HINT == 1:
+        if CG == 1:
+            acc += tl.load(base_ptr + offs, cache_modifier=".cg")
+        elif HINT == 1:
             acc += tl.load(base_ptr + offs, eviction_policy="evict_first")
         else:
             acc += tl.load(base_ptr + offs)
@@ -51,7 +56,7 @@ def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr):
 # instead of prefetched, so t1 is after its bytes arrived. HINT 1: B read with L2 evict_first.
 @triton.jit
 def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexpr, S_BLOCKS: tl.constexpr,
-                    MODE: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr):
+                    MODE: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr, CG: tl.constexpr):
     pid = tl.program_id(0)
     a_base = a_ptr + pid.to(tl.int64) * (P_LINES * 32)
     b_base = b_ptr + pid.to(tl.int64) * (S_BLOCKS * BLOCK)
@@ -78,14 +83,14 @@ def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexp
             "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
     s = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), axis=0)
     if MODE == 4:
-        s = -_read(a_base, P_LINES * 32 // BLOCK, BLOCK, 0)
+        s = -_read(a_base, P_LINES * 32 // BLOCK, BLOCK, 0, CG)
     t1 = _now()
-    s += _read(b_base, S_BLOCKS, BLOCK, HINT)
+    s += _read(b_base, S_BLOCKS, BLOCK, HINT, 0)
     t2 = _now()
     t2w = t2
     while t2w < t1 + wait_ns:
         t2w = _now()
-    s += _read(a_base, P_LINES * 32 // BLOCK, BLOCK, 0)
+    s += _read(a_base, P_LINES * 32 // BLOCK, BLOCK, 0, CG)
     t3 = _now()
     tl.store(sink_ptr + pid, s)
     tl.store(t_ptr + pid * 5 + 0, t0)
@@ -96,7 +101,7 @@ def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexp
 
 
 def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: float, hot: bool, reps: int,
-             block: int = 8192, nt: int = 128) -> dict:
+             block: int = 8192, nt: int = 128, cg: int = 0) -> dict:
     """One configuration, ``reps`` launches; medians (µs) over CTAs then launches. Raises ValueError on sizes that
     are not whole blocks (``p_kb``, ``s_kb`` multiples of ``block``·4 bytes)."""
     if (p_kb * 1024) % (block * 4) or (s_kb * 1024) % (block * 4):
@@ -109,7 +114,7 @@ def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: flo
     sink = torch.empty(n_sm, dtype=torch.int32, device=dev)
     t = torch.empty(n_sm * 5, dtype=torch.int64, device=dev)
     kw = dict(P_LINES=p_lines, S_BLOCKS=s_kb * 1024 // (block * 4), MODE=MODES[mode], HINT=hint, BLOCK=block, NT=nt,
-              num_warps=4)
+              CG=cg, num_warps=4)
     rows = []
     for r in range(reps + 1):
         flush.add_(1)
@@ -130,14 +135,29 @@ def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: flo
             "span_us": float((ts[:, 4].max() - ts[:, 0].min())) / 1e3,
         })
     out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return {"p_kb": p_kb, "s_kb": s_kb, "mode": mode, "hint": hint, "wait_us": wait_us, "hot": hot, **out,
+    return {"p_kb": p_kb, "s_kb": s_kb, "mode": mode, "hint": hint, "wait_us": wait_us, "hot": hot, "cg": cg, **out,
             "samples": rows}
 
 
 def cases(which: str = "v1"):
     """The grid. v1 (session 14's first call): references (cold, hot), then each prefetch mode against the streamed
     bytes between and the wait. v2: demand loads (``touch``) instead of prefetches, and smaller prefetches, against
-    the streamed bytes between, with and without evict_first on the stream."""
+    the streamed bytes between, with and without evict_first on the stream (its ``touch`` rows re-read A from the
+    SM's L1: the reads were not yet ``.cg``). v3: A's reads ``.cg``: references, demand loads and prefetches against
+    the stream."""
+    if which == "v3":
+        for p_kb in (64, 128, 256):
+            yield dict(p_kb=p_kb, s_kb=0, mode="none", hint=0, wait_us=10, hot=False, cg=1)
+            yield dict(p_kb=p_kb, s_kb=0, mode="none", hint=0, wait_us=0, hot=True, cg=1)
+            for s_kb in (0, 128, 256):
+                for hint in ((0, 1) if s_kb else (0,)):
+                    yield dict(p_kb=p_kb, s_kb=s_kb, mode="touch", hint=hint, wait_us=10, hot=False, cg=1)
+        for p_kb in (64, 128):
+            for mode in ("line", "bulk"):
+                for s_kb in (0, 128):
+                    yield dict(p_kb=p_kb, s_kb=s_kb, mode=mode, hint=1 if s_kb else 0, wait_us=10, hot=False, cg=1)
+            yield dict(p_kb=p_kb, s_kb=128, mode="none", hint=1, wait_us=10, hot=False, cg=1)
+        return
     if which == "v2":
         for p_kb in (64, 128):
             yield dict(p_kb=p_kb, s_kb=0, mode="none", hint=0, wait_us=10, hot=False)
@@ -174,7 +194,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--cases", choices=("v1", "v2"), default="v1")
+    ap.add_argument("--cases", choices=("v1", "v2", "v3"), default="v1")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("l2_probe: needs a CUDA GPU", file=sys.stderr)

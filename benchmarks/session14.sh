@@ -10,6 +10,8 @@
 #   bash benchmarks/session14.sh second  # the L2 probe's v2 cases (demand loads as the "prefetch"; 32-64 KB prefetches
 #                                        # under a stream), every GPU test with norm_load=prefetch the default, the 1B's
 #                                        # decode-latency set
+#   bash benchmarks/session14.sh third   # the L2 probe's v3 cases (A read .cg, so the re-read is an L2 hit or an HBM
+#                                        # read, never L1's), the Qwen presets' decode-latency set with the new default
 #   bash benchmarks/session14.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session14.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
@@ -35,8 +37,14 @@ second)
   gpu_tests
   issue_sets 1b
   ;;
+third)
+  log l2-probe-v3
+  timeout 150 python3 benchmarks/l2_probe.py --cases v3 --out "$R/l2_probe_v3.json" > "$R/l2_probe_v3.log" 2>&1; echo "rc=$?" >> "$R/l2_probe_v3.log"
+  cut -c1-200 "$R/l2_probe_v3.log"
+  issue_sets qwen
+  ;;
 qwen) issue_sets qwen ;;
 llama) llama_presets ;;
-*) echo "session14.sh: unknown stage '${1:-}' (probe, first, second, qwen, llama)" >&2; exit 2 ;;
+*) echo "session14.sh: unknown stage '${1:-}' (probe, first, second, third, qwen, llama)" >&2; exit 2 ;;
 esac
 finish
