@@ -426,6 +426,10 @@ SWEEPS = {
     "r42": [("default", "gluon", {}), ("beside", "gluon", {"norm_load": "beside"}),
             ("prefetch", "gluon", {"norm_load": "prefetch"}), ("default-again", "gluon", {}),
             ("beside-again", "gluon", {"norm_load": "beside"}), ("prefetch-again", "gluon", {"norm_load": "prefetch"})],
+    # session 14: the L2 toucher (a third warp reads the slots just past the producer's horizon into L2)
+    "r43": [("default", "gluon", {}), ("lt4", "gluon", {"l2_touch": 4}), ("lt8", "gluon", {"l2_touch": 8}),
+            ("lt16", "gluon", {"l2_touch": 16}), ("default-again", "gluon", {}), ("lt4-again", "gluon", {"l2_touch": 4}),
+            ("lt8-again", "gluon", {"l2_touch": 8}), ("lt16-again", "gluon", {"l2_touch": 16})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

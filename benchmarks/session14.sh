@@ -12,6 +12,8 @@
 #                                        # decode-latency set
 #   bash benchmarks/session14.sh third   # the L2 probe's v3 cases (A read .cg, so the re-read is an L2 hit or an HBM
 #                                        # read, never L1's), the Qwen presets' decode-latency set with the new default
+#   bash benchmarks/session14.sh touch   # the L2 toucher (l2_touch, new): sweep r43 on the 1B, its check with frames,
+#                                        # stories260K and the tiny fp32 models with it, r43 on Qwen2.5-0.5B and the 8B
 #   bash benchmarks/session14.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session14.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
@@ -43,8 +45,16 @@ third)
   cut -c1-200 "$R/l2_probe_v3.log"
   issue_sets qwen
   ;;
+touch)
+  sweep r43 llama-3.2-1b 128 80
+  gluon_check_params llama-3.2-1b lt8 '{"l2_touch": 8}'
+  keep_frames gluon_check_lt8
+  fp32_check lt4 '{"l2_touch": 4}'
+  sweep r43 qwen2.5-0.5b 128 80
+  sweep r43 llama-3.1-8b 128 130
+  ;;
 qwen) issue_sets qwen ;;
 llama) llama_presets ;;
-*) echo "session14.sh: unknown stage '${1:-}' (probe, first, second, third, qwen, llama)" >&2; exit 2 ;;
+*) echo "session14.sh: unknown stage '${1:-}' (probe, first, second, third, touch, qwen, llama)" >&2; exit 2 ;;
 esac
 finish
