@@ -426,7 +426,8 @@ SWEEPS = {
     "r42": [("default", "gluon", {}), ("beside", "gluon", {"norm_load": "beside"}),
             ("prefetch", "gluon", {"norm_load": "prefetch"}), ("default-again", "gluon", {}),
             ("beside-again", "gluon", {"norm_load": "beside"}), ("prefetch-again", "gluon", {"norm_load": "prefetch"})],
-    # session 14: the L2 toucher (a third warp reads the slots just past the producer's horizon into L2)
+    # measured in session 14 at df52673 (the L2 toucher, a third warp reading the slots just past the producer's
+    # horizon into L2: slower on the 1B, Qwen2.5-0.5B and the 8B; l2_touch is removed, so this no longer runs)
     "r43": [("default", "gluon", {}), ("lt4", "gluon", {"l2_touch": 4}), ("lt8", "gluon", {"l2_touch": 8}),
             ("lt16", "gluon", {"l2_touch": 16}), ("default-again", "gluon", {}), ("lt4-again", "gluon", {"l2_touch": 4}),
             ("lt8-again", "gluon", {"l2_touch": 8}), ("lt16-again", "gluon", {"l2_touch": 16})],

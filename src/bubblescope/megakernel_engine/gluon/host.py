@@ -19,7 +19,6 @@ from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_til
 
 STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
 PRODUCER_REGS = 40          # registers of the 1-warp TMA producer (it only walks the table and issues copies)
-TOUCH_REGS = 64             # registers of the 1-warp L2 toucher (l2_touch > 0): a slot's line addresses and words
 TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns (the H200 probe's stage width)
 # Defaults from the H200 sweep of 2026-12-01 (benchmarks/results/h200-2026-12-01, llama-3.2-1b, context 128):
 # BR 16 / NS 20 1.076 ms, BR 16 / NS 24 0.975, BR 32 / NS 12 0.949; attention chunk 16 0.953 against 32 1.076.
@@ -326,7 +325,6 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         INFLIGHT=params.inflight if params.inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
-        L2_TOUCH=params.l2_touch, TOUCH_REGS=TOUCH_REGS, NLAYER=cfg.num_hidden_layers,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -356,8 +354,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
-    the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded), ``l2_touch`` (ring slots past the
-    producer's horizon that a third warp reads into L2; 0: none);
+    the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -371,7 +368,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "mv_ahead": 1 if cx["MV_MMA"] else int(cx["MV_AHEAD"]),  # mv_mma always reads a slot ahead
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
-            "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]], "l2_touch": cx["L2_TOUCH"]}
+            "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]]}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
@@ -458,7 +455,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     layout = desc_layout(torch.empty((), dtype=dtype).element_size() * 8, bool(cx["MV_MMA"]))
     f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
     i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
-    i64 = {"timeline_ptr", "amax_ptr", "touch_ptr"}
+    i64 = {"timeline_ptr", "amax_ptr"}
     sig, attrs = {}, {}
     for idx, name in enumerate(kernel.megakernel.arg_names):
         if name in cx:
