@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-MODES = {"none": 0, "line": 1, "bulk": 2, "line_last": 3, "touch": 4}
+MODES = {"none": 0, "line": 1, "bulk": 2, "line_last": 3, "touch": 4, "touch_last": 5}
 
 
 @triton.jit
@@ -38,6 +38,8 @@ def _now():
 # cannot take the L1 evict_first that HINT's loads carry.)
 @triton.jit
 def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr, CG: tl.constexpr):
+    """Sum of ``n_blocks`` blocks of BLOCK int32 from ``base_ptr``: HINT 1 evict_first (L1 and L2), else CG 1
+    ``.cg``, else plain."""
     acc = tl.zeros([BLOCK], dtype=tl.int32)
     for i in range(n_blocks):
         offs = i * BLOCK + tl.arange(0, BLOCK)
@@ -50,10 +52,25 @@ def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr, CG: tl.co
     return tl.sum(acc, axis=0)
 
 
+# Triton 3.6 drops eviction_policy="evict_last" on these loads (no policy in the PTX), so the evict_last read is
+# inline PTX: an L2 cache policy made by createpolicy, then ld.global.L2::cache_hint.
+@triton.jit
+def _read_last(base_ptr, n_blocks, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in range(n_blocks):
+        addr = (base_ptr + i * BLOCK + tl.arange(0, BLOCK)).to(tl.int64, bitcast=True)
+        acc += tl.inline_asm_elementwise(
+            "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+            "ld.global.L2::cache_hint.b32 $0, [$1], pol; }",
+            "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
+    return tl.sum(acc, axis=0)
+
+
 # A (int32) holds P_LINES 128-byte lines per program, B S_BLOCKS blocks of BLOCK int32; per program 5 stamps (ns).
 # MODE 1: one `prefetch.global.L2` per line, NT lines per instruction; MODE 3: the same with `::evict_last`;
 # MODE 2: `cp.async.bulk.prefetch.L2` of P_LINES·128 / NT bytes per thread; MODE 4: A read (demand loads, summed)
-# instead of prefetched, so t1 is after its bytes arrived. HINT 1: B read with L2 evict_first.
+# instead of prefetched, so t1 is after its bytes arrived; MODE 5: the same read with an L2 evict_last policy.
+# HINT 1: B read with L2 evict_first.
 @triton.jit
 def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexpr, S_BLOCKS: tl.constexpr,
                     MODE: tl.constexpr, HINT: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr, CG: tl.constexpr):
@@ -84,6 +101,8 @@ def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexp
     s = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), axis=0)
     if MODE == 4:
         s = -_read(a_base, P_LINES * 32 // BLOCK, BLOCK, 0, CG)
+    elif MODE == 5:
+        s = -_read_last(a_base, P_LINES * 32 // BLOCK, BLOCK)
     t1 = _now()
     s += _read(b_base, S_BLOCKS, BLOCK, HINT, 0)
     t2 = _now()
@@ -125,7 +144,7 @@ def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: flo
         ts = t.view(n_sm, 5).double().cpu()
         if r == 0:
             continue  # the compile / first-touch launch
-        expect = (s_kb * 256 + p_lines * 32) - (p_lines * 32 if mode == "touch" else 0)
+        expect = (s_kb * 256 + p_lines * 32) - (p_lines * 32 if mode in ("touch", "touch_last") else 0)
         assert int(sink[0]) == expect, f"sink {int(sink[0])} != {expect}"
         rows.append({
             "issue_us": float((ts[:, 1] - ts[:, 0]).median()) / 1e3,
@@ -144,7 +163,15 @@ def cases(which: str = "v1"):
     bytes between and the wait. v2: demand loads (``touch``) instead of prefetches, and smaller prefetches, against
     the streamed bytes between, with and without evict_first on the stream (its ``touch`` rows re-read A from the
     SM's L1: the reads were not yet ``.cg``). v3: A's reads ``.cg``: references, demand loads and prefetches against
-    the stream."""
+    the stream. v4 (prepared in session 14, not run): whether lines read with an L2 evict_last policy survive a
+    stream read without a hint (the ring's TMA loads carry none in Triton 3.6), beside plain reads."""
+    if which == "v4":
+        for p_kb in (64, 128):
+            yield dict(p_kb=p_kb, s_kb=0, mode="none", hint=0, wait_us=10, hot=False, cg=1)
+            for mode in ("touch", "touch_last"):
+                for s_kb in (0, 128, 256):
+                    yield dict(p_kb=p_kb, s_kb=s_kb, mode=mode, hint=0, wait_us=10, hot=False, cg=1)
+        return
     if which == "v3":
         for p_kb in (64, 128, 256):
             yield dict(p_kb=p_kb, s_kb=0, mode="none", hint=0, wait_us=10, hot=False, cg=1)
@@ -194,7 +221,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--cases", choices=("v1", "v2", "v3"), default="v1")
+    ap.add_argument("--cases", choices=("v1", "v2", "v3", "v4"), default="v1")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("l2_probe: needs a CUDA GPU", file=sys.stderr)
