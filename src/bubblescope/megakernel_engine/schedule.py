@@ -144,7 +144,10 @@ class MegakernelParams:
             (default ``OPROJ``: the wait on the attention chain, the longest of a layer).
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
-            (``prefetch.global.L2`` per 128-byte line from the consumer threads).
+            (``prefetch.global.L2`` per 128-byte line from the consumer threads). Both lose, and ``l2_ahead``
+            too (rounds 8, 9, r34). Why, measured on the H200 in session 14 (``benchmarks/l2_probe.py``, one CTA
+            per SM): L2 keeps prefetched lines only up to ~64 KB per SM; at 128 KB per SM none of the per-line
+            prefetches hit and about half of the bulk ones did, while lines read by loads stayed.
         inflight: Gluon kernel only: ring slots the producer keeps requested and not yet landed (0: no cap, the
             whole ring; a value at or above the ring's slots is no cap either). The ring's other slots still fill
             while the consumers wait, so the buffer for a dependency wait stays the ring; the cap was to shorten the
