@@ -121,8 +121,12 @@ def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexp
 
 def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: float, hot: bool, reps: int,
              block: int = 8192, nt: int = 128, cg: int = 0) -> dict:
-    """One configuration, ``reps`` launches; medians (µs) over CTAs then launches. Raises ValueError on sizes that
-    are not whole blocks (``p_kb``, ``s_kb`` multiples of ``block``·4 bytes)."""
+    """One configuration on ``n_sm`` CTAs (one per SM): ``p_kb`` KB of region A and ``s_kb`` KB of region B per CTA,
+    ``mode`` (a key of MODES), ``hint`` (1: B read evict_first), ``wait_us`` (µs from the end of the prefetch to
+    A's read), ``hot`` (A read by a launch just before, no flush between), ``cg`` (1: A read ``.cg``). ``reps``
+    launches after one warm-up; returns medians (µs) over CTAs then launches, and the per-launch samples.
+    Raises ValueError on sizes that are not whole blocks (``p_kb``, ``s_kb`` multiples of ``block``·4 bytes),
+    AssertionError if a CTA's sum of A and B is wrong."""
     if (p_kb * 1024) % (block * 4) or (s_kb * 1024) % (block * 4):
         raise ValueError(f"p_kb {p_kb} and s_kb {s_kb} must be multiples of {block * 4 // 1024} KB")
     dev = "cuda"
@@ -218,6 +222,8 @@ def cases(which: str = "v1"):
 
 
 def main(argv=None) -> int:
+    """Run one case set (``--cases``), print a line per case, write the JSON (``--out``). Exit 2 without a CUDA
+    GPU."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=15)
