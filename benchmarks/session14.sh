@@ -14,6 +14,7 @@
 #                                        # read, never L1's), the Qwen presets' decode-latency set with the new default
 #   bash benchmarks/session14.sh touch   # the L2 toucher (l2_touch, new): sweep r43 on the 1B, its check with frames,
 #                                        # stories260K and the tiny fp32 models with it, r43 on Qwen2.5-0.5B and the 8B
+#                                        # (ran at df52673; l2_touch was removed after it, so this stage no longer runs)
 #   bash benchmarks/session14.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session14.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
