@@ -6,6 +6,9 @@
 #                                        # next try, NOTES "Fourteenth session"); the timelines of the 1B and the Qwen
 #                                        # presets with norm_load=prefetch (the README's wait ratios of those rows
 #                                        # are from earlier kernels)
+#   bash benchmarks/session15.sh l2      # weight_eviction=evict_first (new, compiled for sm_90 only): the 1B's check with its
+#                                        # frames, stories260K and the tiny fp32 models with it, sweep r44 on the 1B (128,
+#                                        # 4096), Qwen2.5-0.5B, Qwen3-0.6B and the 8B
 #   bash benchmarks/session15.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session15.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
@@ -19,8 +22,14 @@ first)
   waits qwen3-0.6b 55
   waits qwen3-1.7b 65
   ;;
+l2)
+  gluon_check_params llama-3.2-1b ef '{"weight_eviction": "evict_first"}'
+  keep_frames gluon_check_ef
+  fp32_check ef '{"weight_eviction": "evict_first"}'
+  sweep_set r44
+  ;;
 qwen) issue_sets qwen ;;
 llama) llama_presets ;;
-*) echo "session15.sh: unknown stage '${1:-}' (first, qwen, llama)" >&2; exit 2 ;;
+*) echo "session15.sh: unknown stage '${1:-}' (first, l2, qwen, llama)" >&2; exit 2 ;;
 esac
 finish

@@ -309,6 +309,33 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
         _assert_fits_one_sm(info)
 
 
+@pytest.mark.slow
+def test_gluon_tma_loads_with_an_l2_evict_first_policy_compile_for_sm90():
+    """``weight_eviction="evict_first"`` (``gluon/ptx.py``): ptxas assembles the rewritten PTX for sm_90 (its machine code is
+    measured), every TMA load of the kernel carries the policy (none does by default), and the registers, spills
+    and shared memory are the default's."""
+    out = _compile_in_subprocess(
+        "import json, torch\n"
+        "from bubblescope.models.config import get_preset\n"
+        "from bubblescope.megakernel_engine.gluon.host import compile_offline\n"
+        "from bubblescope.megakernel_engine.schedule import MegakernelParams\n"
+        "out = []\n"
+        "for m, t in (('llama-3.2-1b', ''), ('llama-3.2-1b', 'evict_first'), ('qwen2.5-0.5b', 'evict_first')):\n"
+        "    i = compile_offline(get_preset(m), torch.bfloat16, MegakernelParams(weight_eviction=t))\n"
+        "    out.append({k: i[k] for k in ('registers', 'spill_store_bytes', 'shared_bytes', 'num_warps',\n"
+        "                                  'tma_loads', 'tma_loads_l2_hinted', 'text_bytes')})\n"
+        "print(json.dumps(out))\n")
+    normal, hinted, qwen = out
+    assert normal["tma_loads"] > 0 and normal["tma_loads_l2_hinted"] == 0, normal
+    assert hinted["tma_loads"] == normal["tma_loads"] == hinted["tma_loads_l2_hinted"], out
+    assert qwen["tma_loads"] == qwen["tma_loads_l2_hinted"] > 0, qwen  # the tensor-core matvec's 64-column boxes
+    for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps"):
+        assert hinted[k] == normal[k], (k, out)
+    assert hinted["text_bytes"] > 0
+    for info in out:
+        _assert_fits_one_sm(info)
+
+
 # ---- Qwen3: q/k-norm and RoPE in the attention task ------------------------------------------------------------
 # head_dim != hidden / heads, untied heads, GQA; BR chosen so that a QKV tile holds part of a head (BR/2 < D/2).
 QWEN3 = {
@@ -396,7 +423,8 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
-                                 "attn_combine": "warps", "inflight": 0, "norm_load": "prefetch"}
+                                 "attn_combine": "warps", "inflight": 0, "norm_load": "prefetch",
+                                 "weight_eviction": ""}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from ..errors import EngineUnavailable
 from .residency import cubin_text_bytes
 
@@ -13,14 +15,17 @@ class Launcher:
     ``args``: every non-constexpr argument except the per-launch ones (table, counts, max_tasks, timeline,
     advance, tok_in); ``constexprs``: the compile-time ones; ``options``: launch options (``num_warps``,
     ``launch_cooperative_grid``, ``num_stages``, ``maxnreg``); ``info``: fields added to :meth:`compile`'s report;
-    ``stamps``: timeline stamps per task the kernel writes. With ``fast`` the compiled kernel is called directly
+    ``stamps``: timeline stamps per task the kernel writes; ``ptx_rewrite``: a PTX text rewrite (str → str, e.g.
+    ``gluon.ptx.tma_l2_evict_first``) applied while this launcher compiles, and required to have changed the
+    binary's PTX. With ``fast`` the compiled kernel is called directly
     after the first launch (Triton's own launch path re-binds and re-specialises ~40 arguments on every call);
     the per-launch integers are marked ``do_not_specialize`` so one binary serves every table and token.
     """
 
     def __init__(self, kernel, args: dict, constexprs: dict, options: dict, fast: bool, info: dict | None = None,
-                 stamps: int = 3):
+                 stamps: int = 3, ptx_rewrite=None):
         self.kernel = kernel
+        self.ptx_rewrite = ptx_rewrite
         self.args = dict(args)
         self.constexprs = dict(constexprs)
         self.options = dict(options)
@@ -39,11 +44,17 @@ class Launcher:
         bytes (``text_bytes``), cooperative and :attr:`info`.
 
         Raises:
-            EngineUnavailable: the binary does not fit the device (shared memory, threads per block).
+            EngineUnavailable: the binary does not fit the device (shared memory, threads per block), or it came
+                from Triton's cache without the ``ptx_rewrite`` its key promises.
         """
-        ck = self.kernel.megakernel.warmup(grid=(1,), **self.options, **self._all(table, counts, timeline, 0))
-        if hasattr(ck, "result"):
-            ck = ck.result()
+        with self._rewriting():
+            ck = self.kernel.megakernel.warmup(grid=(1,), **self.options, **self._all(table, counts, timeline, 0))
+            if hasattr(ck, "result"):
+                ck = ck.result()
+        ptx = ck.asm.get("ptx")
+        if self.ptx_rewrite is not None and ptx is not None and self.ptx_rewrite(ptx) != ptx:
+            raise EngineUnavailable("megakernel: a cached binary lacks its PTX rewrite (compiled elsewhere without "
+                                    "it); clear Triton's cache (~/.triton/cache) and retry")
         from triton.runtime.errors import OutOfResources
         try:
             ck._init_handles()
@@ -67,4 +78,11 @@ class Launcher:
             call[1][self._tok_index] = int(tok_in)
             call[0](*call[1])
         else:
-            self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance, tok_in))
+            with self._rewriting():  # a first call compiles
+                self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance, tok_in))
+
+    def _rewriting(self):
+        if self.ptx_rewrite is None:
+            return contextlib.nullcontext()
+        from .gluon.ptx import rewriting
+        return rewriting(self.ptx_rewrite)

@@ -129,7 +129,14 @@ class MegakernelParams:
             ``prefetch_ahead=0``, also prefetch the next task of their queue before waiting: the attention
             chain leaves HBM idle, and the GATEUP weights can stream into L2 meanwhile.
         weight_eviction: L2 eviction hint of the weight loads: ``""`` (none) or ``"evict_first"`` (each weight
-            line is read once per step, so it may leave first, before prefetched lines not yet used).
+            line is read once per step, so it may leave first, before prefetched lines not yet used; the Triton
+            kernel: even, NOTES' second session). On the Gluon kernel ``evict_first`` gives the weight stream's TMA loads that
+            L2 policy, so the stream stops evicting what is read again (the KV cache, the activations, the RMSNorm
+            weights, weight lines asked of L2 ahead of the ring). Gluon 3.6's TMA load takes no policy, so the
+            kernel's PTX is rewritten (``gluon/ptx.py``). Measured on the H200 in session 14
+            (``benchmarks/l2_probe.py``, one CTA per SM): 17 MB of lines read by loads survived 34 MB of later
+            traffic read evict_first; half to most of them did not survive it read without the hint. Not yet
+            measured in the Gluon megakernel (``gluon_check.py --sweep r44``).
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         split_k: Gluon kernel only: column halves per ring slot of an O-proj / down tile. 2: a slot holds two
             ``[BR/2, BK]`` boxes (columns 2c and 2c+1) of BR/2 rows, so those stages have twice as many tasks

@@ -8,6 +8,7 @@ descriptors). Importing this module does not import Triton; :func:`load_gluon_ke
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -325,6 +326,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         INFLIGHT=params.inflight if params.inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
+        TMA_EVICT=params.weight_eviction == "evict_first",
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -354,7 +356,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``attn_new_row`` (``row`` or ``block``: what of a split's first block waits for the QKV stage; ``block`` for the
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
-    the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded);
+    the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded), ``weight_eviction`` (the weight
+    stream's L2 policy: ``""`` or ``evict_first``);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -368,7 +371,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "mv_ahead": 1 if cx["MV_MMA"] else int(cx["MV_AHEAD"]),  # mv_mma always reads a slot ahead
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
-            "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]]}
+            "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]],
+            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else ""}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
@@ -429,14 +433,18 @@ def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = Fal
 def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
     """The shared :class:`..launcher.Launcher` for the Gluon kernel (5 timeline stamps per task)."""
     from ..launcher import Launcher
+    from .ptx import tma_l2_evict_first
     return Launcher(kernel, args, constexprs, dict(num_warps=num_warps, launch_cooperative_grid=cooperative), fast,
-                    info={"max_registers": None, "num_stages": constexprs["NS"]}, stamps=STAMPS)
+                    info={"max_registers": None, "num_stages": constexprs["NS"]}, stamps=STAMPS,
+                    ptx_rewrite=tma_l2_evict_first if constexprs["TMA_EVICT"] else None)
 
 
 def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: MegakernelParams | None = None,
                     max_seq_len: int = 2048, grid: int = 132) -> dict:
-    """Compile the Gluon kernel for sm_90 on any machine (no GPU): registers, spills, shared memory, PTX size and
-    ``text_bytes`` (its machine code, :func:`residency.cubin_text_bytes`).
+    """Compile the Gluon kernel for sm_90 on any machine (no GPU): registers, spills, shared memory, PTX size,
+    ``text_bytes`` (its machine code, :func:`residency.cubin_text_bytes`), and its TMA loads (``tma_loads``) and
+    those with an L2 cache policy (``tma_loads_l2_hinted``: all of them with ``weight_eviction="evict_first"``,
+    through ``gluon/ptx.py``; the cubin is assembled from that PTX).
 
     Raises:
         EngineUnavailable: Triton is in interpreter mode in this process.
@@ -469,12 +477,16 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
         else:
             sig[name] = "fp32" if name in ("eps", "sm_scale") else "i32"
     src = GluonASTSource(kernel.megakernel, sig, cx, attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": params.num_warps, "launch_cooperative_grid": True})
+    from .ptx import rewriting, tma_l2_evict_first
+    with rewriting(tma_l2_evict_first) if cx["TMA_EVICT"] else contextlib.nullcontext():
+        ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": params.num_warps, "launch_cooperative_grid": True})
     usage = ptxas_usage(ck.asm["ptx"], 90)
     return {**usage, "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
             "ring_bytes": cx["NS"] * cx["SB"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
             "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
+            "tma_loads": ck.asm["ptx"].count("cp.async.bulk.tensor."),
+            "tma_loads_l2_hinted": ck.asm["ptx"].count(".L2::cache_hint ["),
             "text_bytes": cubin_text_bytes(ck.asm["cubin"])["megakernel"],
             "tiling": vars(t), "gluon": gluon_choice(t, cx), "smem_limit": SMEM_PER_BLOCK_SM90,
             "grid_hint": math.ceil(grid)}

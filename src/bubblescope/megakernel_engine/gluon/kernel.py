@@ -46,7 +46,9 @@ from .. import schedule as S
 from .attention import attention, attention_mma, attention_warps
 from .common import now, rnd, spin, splits_used
 from .matvec import mv_halves, mv_mma, mv_pair, mv_single, stage_vector
+from .ptx import MARKER
 
+MARK_ASM = gl.constexpr("// " + MARKER + "\n\tmov.u32 $0, 0;")  # a PTX comment (gluon/ptx.py)
 F_OP = gl.constexpr(S.F_OP)
 F_LAYER = gl.constexpr(S.F_LAYER)
 F_TILE = gl.constexpr(S.F_TILE)
@@ -617,7 +619,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
               PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
               NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr, MV_MMA: gl.constexpr,
-              INFLIGHT: gl.constexpr):
+              INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr):
     TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
     # MV_MMA: a slot is NBX boxes [BR, 64] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64]), the ring's rows of 64
     # columns in the descriptors' 128-byte swizzle (see matvec.mv_mma)
@@ -634,6 +636,8 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
     NROWS: gl.constexpr = Q + 2 * KV
     GATED: gl.constexpr = (SIG_GATE >= 0) | (ATTN_GATE >= 0)
     pid = gl.program_id(0)
+    if TMA_EVICT:  # the PTX's mark for gluon.ptx.tma_l2_evict_first (its TMA loads get an L2 evict_first policy)
+        gl.inline_asm_elementwise(MARK_ASM, "=r,r", [pid], dtype=gl.int32, is_pure=False, pack=1)
     pos = gl.load(state_ptr + 0)
     epoch = gl.load(state_ptr + 1)
     n = gl.load(counts_ptr + pid)
@@ -760,7 +764,8 @@ def megakernel(
         qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
-        COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr):
+        COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr,
+        TMA_EVICT: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -806,5 +811,5 @@ def megakernel(
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
                      head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
-                     SB, MV_MMA, INFLIGHT)),
+                     SB, MV_MMA, INFLIGHT, TMA_EVICT)),
     ], [1], [PRODUCER_REGS])
