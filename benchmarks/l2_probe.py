@@ -5,11 +5,12 @@ the prefetch instructions stall the warp that issues them (so the producer's rin
 are evicted by the weight stream before the ring asks for them (so the bytes are read twice). This probe separates
 them on a bare kernel, one CTA per SM, every CTA on its own region:
 
-    t0 ─ prefetch P bytes of region A (per line, per bulk, or not) ─ t1 ─ stream S bytes of region B ─ t2
-       ─ spin until t1 + wait ─ t2w ─ read A ─ t3
+    t0 ─ prefetch P bytes of region A (per line, per bulk, or not), or read them (``touch``, ``touch_last``: with an
+       L2 evict_last policy) ─ t1 ─ stream S bytes of region B ─ t2 ─ spin until t1 + wait ─ t2w ─ read A ─ t3
 
-``issue_us`` = t1 − t0 (how long the issuing warps are held), ``use_us`` = t3 − t2w (A from L2 or from HBM: compare
-with the ``cold`` and ``hot`` rows, where A is read after a flush, or after the same kernel read it). L2 is flushed
+``issue_us`` = t1 − t0 (how long the issuing warps are held; for the reads, until their bytes arrived), ``use_us`` =
+t3 − t2w (A from L2 or from HBM: compare with the ``cold`` and ``hot`` rows, where A is read after a flush, or after
+a launch just before read it). L2 is flushed
 (a 256 MB read-modify-write) before every launch but the ``hot`` rows'.
 
 Run on the GPU: ``python benchmarks/l2_probe.py --out l2_probe.json``; medians over CTAs, then over launches.
@@ -38,8 +39,8 @@ def _now():
 # cannot take the L1 evict_first that HINT's loads carry.)
 @triton.jit
 def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr, CG: tl.constexpr):
-    """Sum of ``n_blocks`` blocks of BLOCK int32 from ``base_ptr``: HINT 1 evict_first (L1 and L2), else CG 1
-    ``.cg``, else plain."""
+    """Sum of ``n_blocks`` blocks of BLOCK int32 from ``base_ptr``: CG 1 ``.cg``; else HINT 1 evict_first, HINT 2
+    evict_last (L1 and L2 policies: ptxas refuses either with ``.cg``); else plain."""
     acc = tl.zeros([BLOCK], dtype=tl.int32)
     for i in range(n_blocks):
         offs = i * BLOCK + tl.arange(0, BLOCK)
@@ -47,22 +48,10 @@ def _read(base_ptr, n_blocks, BLOCK: tl.constexpr, HINT: tl.constexpr, CG: tl.co
             acc += tl.load(base_ptr + offs, cache_modifier=".cg")
         elif HINT == 1:
             acc += tl.load(base_ptr + offs, eviction_policy="evict_first")
+        elif HINT == 2:
+            acc += tl.load(base_ptr + offs, eviction_policy="evict_last")
         else:
             acc += tl.load(base_ptr + offs)
-    return tl.sum(acc, axis=0)
-
-
-# Triton 3.6 drops eviction_policy="evict_last" on these loads (no policy in the PTX), so the evict_last read is
-# inline PTX: an L2 cache policy made by createpolicy, then ld.global.L2::cache_hint.
-@triton.jit
-def _read_last(base_ptr, n_blocks, BLOCK: tl.constexpr):
-    acc = tl.zeros([BLOCK], dtype=tl.int32)
-    for i in range(n_blocks):
-        addr = (base_ptr + i * BLOCK + tl.arange(0, BLOCK)).to(tl.int64, bitcast=True)
-        acc += tl.inline_asm_elementwise(
-            "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-            "ld.global.L2::cache_hint.b32 $0, [$1], pol; }",
-            "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
     return tl.sum(acc, axis=0)
 
 
@@ -102,7 +91,7 @@ def l2_probe_kernel(a_ptr, b_ptr, sink_ptr, t_ptr, wait_ns, P_LINES: tl.constexp
     if MODE == 4:
         s = -_read(a_base, P_LINES * 32 // BLOCK, BLOCK, 0, CG)
     elif MODE == 5:
-        s = -_read_last(a_base, P_LINES * 32 // BLOCK, BLOCK)
+        s = -_read(a_base, P_LINES * 32 // BLOCK, BLOCK, 2, 0)
     t1 = _now()
     s += _read(b_base, S_BLOCKS, BLOCK, HINT, 0)
     t2 = _now()
@@ -126,7 +115,7 @@ def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: flo
     A's read), ``hot`` (A read by a launch just before, no flush between), ``cg`` (1: A read ``.cg``). ``reps``
     launches after one warm-up; returns medians (µs) over CTAs then launches, and the per-launch samples.
     Raises ValueError on sizes that are not whole blocks (``p_kb``, ``s_kb`` multiples of ``block``·4 bytes),
-    AssertionError if a CTA's sum of A and B is wrong."""
+    AssertionError if CTA 0's sum of A and B is wrong."""
     if (p_kb * 1024) % (block * 4) or (s_kb * 1024) % (block * 4):
         raise ValueError(f"p_kb {p_kb} and s_kb {s_kb} must be multiples of {block * 4 // 1024} KB")
     dev = "cuda"
@@ -169,12 +158,13 @@ def cases(which: str = "v1"):
     SM's L1: the reads were not yet ``.cg``). v3: A's reads ``.cg``: references, demand loads and prefetches against
     the stream. v4 (prepared in session 14, not run): whether lines read with an L2 evict_last policy survive a
     stream read without a hint (the ring's TMA loads carry none in Triton 3.6), beside plain reads."""
-    if which == "v4":
+    if which == "v4":  # evict_last lines may outlive the flush: their rows come last, then cold rows to show it
+        for mode in ("none", "touch", "touch_last"):
+            for p_kb in (64, 128):
+                for s_kb in ((0,) if mode == "none" else (0, 128, 256)):
+                    yield dict(p_kb=p_kb, s_kb=s_kb, mode=mode, hint=0, wait_us=10, hot=False, cg=1)
         for p_kb in (64, 128):
             yield dict(p_kb=p_kb, s_kb=0, mode="none", hint=0, wait_us=10, hot=False, cg=1)
-            for mode in ("touch", "touch_last"):
-                for s_kb in (0, 128, 256):
-                    yield dict(p_kb=p_kb, s_kb=s_kb, mode=mode, hint=0, wait_us=10, hot=False, cg=1)
         return
     if which == "v3":
         for p_kb in (64, 128, 256):

@@ -177,6 +177,8 @@ def test_gluon_switches_are_checked():
                     ({"block_s": 48}, "block_s must be a power of two"),
                     ({"inflight": -1}, "inflight must be an integer >= 0"),
                     ({"norm_load": "early"}, "norm_load must be after, beside or prefetch"),
+                    ({"l2_touch": 65}, "l2_touch must be an integer from 0 to 64"),
+                    ({"l2_touch": True}, "l2_touch must be an integer from 0 to 64"),
                     ({"inflight": True}, "inflight must be an integer >= 0")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
@@ -257,6 +259,8 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(inflight=4)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(norm_load="after", timeline=True)),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams(norm_load="beside")),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(l2_touch=8)),
+        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(l2_touch=16)),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -424,7 +428,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
                                  "attn_combine": "warps", "inflight": 0, "norm_load": "prefetch",
-                                 "weight_eviction": ""}
+                                 "weight_eviction": "", "l2_touch": 0}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):

@@ -178,6 +178,20 @@ class MegakernelParams:
             (``--sweep r42`` again, stepwise ms, ``after`` / ``beside`` / ``prefetch``): Llama-3.2-1B 0.910, 0.905 /
             0.891, 0.893 / 0.883, 0.883; Qwen2.5-0.5B 0.722, 0.733 / 0.712, 0.721 / 0.717, 0.712; Qwen3-0.6B 0.755,
             0.758 / 0.752, 0.752 / 0.743, 0.744.
+        l2_touch: Gluon kernel only: ring slots past the producer's horizon that a third warp (the toucher) reads
+            into L2, one 4-byte load per 128-byte line, paced by the tiles the producer has issued; 0: no toucher.
+            Aimed at the QKV → attention → O-proj stretch, where the rings are full and HBM idles (the 1B's frames:
+            1.7 TB/s fed there against 4.0 over the rest of the layer). Loads, not L2 prefetches: on the H200
+            (session 14, ``benchmarks/l2_probe.py``, one CTA per SM) lines asked of L2 by ``prefetch.global.L2``
+            were hits up to 64 KB per SM and none at 128 KB (re-read in 8.7 µs against 7.4 cold), while 128 KB per
+            SM read by loads were re-read in 2.3 µs (2.6 when just read), and survived 34 MB streamed in between
+            when that stream was read evict_first (6.4 µs without the hint). Measured alone (session 14, ``--sweep
+            r43``, stepwise ms, 0 / 4 / 8 / 16): Llama-3.2-1B 0.909, 0.914 / 0.907, 0.924 / 0.923, 0.931 / 1.003,
+            1.003; Qwen2.5-0.5B 0.738, 0.751 / 0.854, 0.860 / 0.860, 0.865 / 0.893, 0.900; Llama-3.1-8B 3.975,
+            3.972 / 4.183, 4.156 / 4.322, 4.303 / 4.299, 4.326:
+            slower, the 1B's stretch 13.18 → 13.54 µs and the rest only 0.3 µs shorter for 17 MB touched (most
+            lines gone when the ring asked). Kept off, for a measurement with ``weight_eviction="evict_first"``
+            (the ring's TMA loads then evict first: ``--sweep r44``).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -295,6 +309,7 @@ class MegakernelParams:
     wait_prefetch_mode: str = "bulk"
     inflight: int = 0
     norm_load: str = "prefetch"
+    l2_touch: int = 0
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -353,6 +368,8 @@ class MegakernelParams:
                                    f"got {self.norm_load!r}")
         if not isinstance(self.inflight, int) or isinstance(self.inflight, bool) or self.inflight < 0:
             raise BubblescopeError(f"megakernel params: inflight must be an integer >= 0, got {self.inflight!r}")
+        if not isinstance(self.l2_touch, int) or isinstance(self.l2_touch, bool) or not 0 <= self.l2_touch <= 64:
+            raise BubblescopeError(f"megakernel params: l2_touch must be an integer from 0 to 64, got {self.l2_touch!r}")
         if not isinstance(self.wait_prefetch, int) or isinstance(self.wait_prefetch, bool) or self.wait_prefetch < 0:
             raise BubblescopeError(f"megakernel params: wait_prefetch must be an integer >= 0, got {self.wait_prefetch!r}")
         bad = [n for n in self.wait_prefetch_ops_names() if n not in OPCODES or n in ("NOP", "ATTN", "ATTN_REDUCE")]

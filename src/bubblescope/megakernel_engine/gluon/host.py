@@ -20,6 +20,7 @@ from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_til
 
 STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
 PRODUCER_REGS = 40          # registers of the 1-warp TMA producer (it only walks the table and issues copies)
+TOUCH_REGS = 64             # registers of the 1-warp L2 toucher (l2_touch > 0): a slot's line addresses and words
 TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns (the H200 probe's stage width)
 # Defaults from the H200 sweep of 2026-12-01 (benchmarks/results/h200-2026-12-01, llama-3.2-1b, context 128):
 # BR 16 / NS 20 1.076 ms, BR 16 / NS 24 0.975, BR 32 / NS 12 0.949; attention chunk 16 0.953 against 32 1.076.
@@ -327,6 +328,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         INFLIGHT=params.inflight if params.inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
         TMA_EVICT=params.weight_eviction == "evict_first",
+        L2_TOUCH=params.l2_touch, TOUCH_REGS=TOUCH_REGS, NLAYER=cfg.num_hidden_layers,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -357,7 +359,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
     the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded), ``weight_eviction`` (the weight
-    stream's L2 policy: ``""`` or ``evict_first``);
+    stream's L2 policy: ``""`` or ``evict_first``), ``l2_touch`` (ring slots past the producer's horizon that a third
+    warp reads into L2; 0: none);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -372,7 +375,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
             "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]],
-            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else ""}
+            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else "", "l2_touch": cx["L2_TOUCH"]}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
@@ -463,7 +466,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     layout = desc_layout(torch.empty((), dtype=dtype).element_size() * 8, bool(cx["MV_MMA"]))
     f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
     i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
-    i64 = {"timeline_ptr", "amax_ptr"}
+    i64 = {"timeline_ptr", "amax_ptr", "touch_ptr"}
     sig, attrs = {}, {}
     for idx, name in enumerate(kernel.megakernel.arg_names):
         if name in cx:
