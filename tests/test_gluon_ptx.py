@@ -28,6 +28,12 @@ def test_tma_loads_get_an_evict_first_policy_and_nothing_else_changes():
                         f".L2::cache_hint {ops}, %bs_l2pol; }}")
 
 
+def test_rewritten_ptx_is_returned_unchanged():
+    """The launcher tells a binary that missed the rewrite by ``rewrite(ptx) != ptx``: a rewritten one must pass."""
+    once = tma_l2_evict_first(PTX)
+    assert tma_l2_evict_first(once) == once and once != PTX
+
+
 def test_unmarked_ptx_is_returned_unchanged_and_marked_ptx_without_tma_loads_is_an_error():
     unmarked = PTX.replace(MARKER, "another kernel")
     assert tma_l2_evict_first(unmarked) is unmarked
@@ -49,3 +55,42 @@ def test_rewriting_installs_the_hook_for_the_block_only_and_chains_an_existing_o
         assert triton.knobs.runtime.add_stages_inspection_hook is before
     finally:
         triton.knobs.runtime.add_stages_inspection_hook = None
+
+
+class _FakeCompiled:
+    """What Launcher.compile reads of a compiled kernel (no GPU)."""
+    def __init__(self, ptx):
+        self.asm = {"ptx": ptx}
+        self.n_regs, self.n_spills = 255, 0
+        self.metadata = type("M", (), {"shared": 1024, "num_warps": 8, "launch_cooperative_grid": True})()
+
+    def _init_handles(self):
+        pass
+
+
+def _fake_kernel(ptx):
+    class JIT:
+        arg_names = ["table_ptr", "tok_in"]
+
+        @staticmethod
+        def warmup(grid, **kw):
+            return _FakeCompiled(ptx)
+    return type("K", (), {"megakernel": JIT})()
+
+
+def test_launcher_accepts_a_rewritten_binary_and_refuses_one_that_missed_the_rewrite():
+    """A binary from Triton's cache compiled without the hook still carries the marker and unhinted TMA loads: the
+    launcher refuses it by name instead of running without the policy the engine asked for."""
+    pytest.importorskip("triton")
+    import torch
+
+    from bubblescope.errors import EngineUnavailable
+    from bubblescope.megakernel_engine.launcher import Launcher
+    t = torch.zeros((1, 4), dtype=torch.int32)
+    ok = Launcher(_fake_kernel(tma_l2_evict_first(PTX)), {}, {}, {}, fast=False, ptx_rewrite=tma_l2_evict_first)
+    assert ok.compile(t, t, t)["registers"] == 255
+    stale = Launcher(_fake_kernel(PTX), {}, {}, {}, fast=False, ptx_rewrite=tma_l2_evict_first)
+    with pytest.raises(EngineUnavailable, match="lacks its PTX rewrite"):
+        stale.compile(t, t, t)
+    plain = Launcher(_fake_kernel(PTX), {}, {}, {}, fast=False)  # no rewrite asked: no check
+    assert plain.compile(t, t, t)["shared_bytes"] == 1024

@@ -27,18 +27,24 @@ _TMA_LOAD = re.compile(
     r"[ \t]+(?P<ops>\[[^\]]*\],[ \t]*\[[^\]]*\],[ \t]*\[[^\]]*\]);", re.M)
 
 
+_HINTED = "complete_tx::bytes.L2::cache_hint "
+
+
 def tma_l2_evict_first(ptx: str) -> str:
     """PTX text with every TMA global → shared load given an L2 ``evict_first`` cache policy, if it carries
     :data:`MARKER`; other PTX is returned unchanged.
 
     Each load becomes a scoped block ``{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;
     [@p] cp.async.bulk.tensor….L2::cache_hint [dst], [map, {…}], [bar], pol; }`` (the predicate stays on the copy).
+    Rewritten PTX is returned unchanged (so ``rewrite(ptx) != ptx`` tells a binary that missed the rewrite).
 
     Raises:
-        RuntimeError: the PTX carries the marker but no TMA load in the form Triton 3.6 emits (a Triton whose
-            PTX differs: the rewrite would silently do nothing).
+        RuntimeError: the PTX carries the marker but no TMA load, neither in the form Triton 3.6 emits nor
+            rewritten (a Triton whose PTX differs: the rewrite would silently do nothing).
     """
     if MARKER not in ptx:
+        return ptx
+    if _TMA_LOAD.search(ptx) is None and _HINTED in ptx:
         return ptx
 
     def hinted(m: re.Match) -> str:
