@@ -191,6 +191,9 @@ def test_gluon_switches_are_checked():
     with pytest.raises(BubblescopeError, match="attn_layout=mma needs 16-bit weights"):
         gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.float32, False)
     assert gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.bfloat16, False)["ATTN_MMA"]
+    pe = gluon_params(cfg, MegakernelParams(weight_eviction="evict_last"))  # the Triton kernel's policy, by name
+    with pytest.raises(BubblescopeError, match="weight_eviction=evict_last is the Triton kernel's"):
+        gluon_constexprs(cfg, gluon_tiling(cfg, pe, 132), pe, 512, torch.bfloat16, False)
     wide = ModelConfig(hidden_size=2048, intermediate_size=4096, num_hidden_layers=2, num_attention_heads=32,
                        num_key_value_heads=1, head_dim=64, vocab_size=1000)  # 32 query heads per kv head
     pw = gluon_params(wide, MegakernelParams(attn_layout="mma"))

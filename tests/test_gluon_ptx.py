@@ -60,7 +60,7 @@ def test_rewriting_installs_the_hook_for_the_block_only_and_chains_an_existing_o
 class _FakeCompiled:
     """What Launcher.compile reads of a compiled kernel (no GPU)."""
     def __init__(self, ptx):
-        self.asm = {"ptx": ptx}
+        self.asm = {} if ptx is None else {"ptx": ptx}
         self.n_regs, self.n_spills = 255, 0
         self.metadata = type("M", (), {"shared": 1024, "num_warps": 8, "launch_cooperative_grid": True})()
 
@@ -68,29 +68,42 @@ class _FakeCompiled:
         pass
 
 
-def _fake_kernel(ptx):
+def _fake_kernel(ptx, cached=False):
+    """A kernel whose compile emits ``ptx`` through Triton's stages hook, as a real compile does, or, ``cached``,
+    returns it as a cache hit does (no stage runs)."""
+    import triton
+
     class JIT:
         arg_names = ["table_ptr", "tok_in"]
 
         @staticmethod
         def warmup(grid, **kw):
-            return _FakeCompiled(ptx)
+            stages = {"ptx": lambda src, metadata: ptx}
+            hook = triton.knobs.runtime.add_stages_inspection_hook
+            if hook is not None and not cached:
+                hook(None, stages, None, None, 90)
+            return _FakeCompiled(stages["ptx"](None, {}) if ptx is not None else None)
     return type("K", (), {"megakernel": JIT})()
 
 
-def test_launcher_accepts_a_rewritten_binary_and_refuses_one_that_missed_the_rewrite():
-    """A binary from Triton's cache compiled without the hook still carries the marker and unhinted TMA loads: the
-    launcher refuses it by name instead of running without the policy the engine asked for."""
-    pytest.importorskip("triton")
+def test_launcher_compiles_under_the_rewrite_and_refuses_a_binary_without_it():
+    """The launcher compiles with the rewrite installed (the fake compile passes its PTX through the hook), and
+    refuses by name a binary without it: a cache hit compiled elsewhere, a kernel that lost its mark, no PTX."""
+    triton = pytest.importorskip("triton")
     import torch
 
     from bubblescope.errors import EngineUnavailable
+    from bubblescope.megakernel_engine.gluon.ptx import tma_l2_evict_first_missing
     from bubblescope.megakernel_engine.launcher import Launcher
     t = torch.zeros((1, 4), dtype=torch.int32)
-    ok = Launcher(_fake_kernel(tma_l2_evict_first(PTX)), {}, {}, {}, fast=False, ptx_rewrite=tma_l2_evict_first)
-    assert ok.compile(t, t, t)["registers"] == 255
-    stale = Launcher(_fake_kernel(PTX), {}, {}, {}, fast=False, ptx_rewrite=tma_l2_evict_first)
-    with pytest.raises(EngineUnavailable, match="lacks its PTX rewrite"):
-        stale.compile(t, t, t)
-    plain = Launcher(_fake_kernel(PTX), {}, {}, {}, fast=False)  # no rewrite asked: no check
+    kw = dict(fast=False, ptx_rewrite=tma_l2_evict_first, ptx_check=tma_l2_evict_first_missing)
+    launcher = Launcher(_fake_kernel(PTX), {}, {}, {}, **kw)
+    assert launcher.compile(t, t, t)["registers"] == 255
+    assert triton.knobs.runtime.add_stages_inspection_hook is None  # removed after the compile
+    for kernel, why in ((_fake_kernel(PTX, cached=True), "a TMA load in its PTX has no L2 cache policy"),
+                        (_fake_kernel(PTX.replace(MARKER, "x")), "lacks the kernel's mark"),
+                        (_fake_kernel(None), "not available")):
+        with pytest.raises(EngineUnavailable, match=why):
+            Launcher(kernel, {}, {}, {}, **kw).compile(t, t, t)
+    plain = Launcher(_fake_kernel(PTX, cached=True), {}, {}, {}, fast=False)  # no rewrite asked: no check
     assert plain.compile(t, t, t)["shared_bytes"] == 1024

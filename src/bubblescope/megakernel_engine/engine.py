@@ -239,8 +239,8 @@ class MegakernelEngine:
     # ---- Decoder protocol --------------------------------------------------------------------------------
     def reset(self) -> None:
         """Empty the KV cache and rewind counters, position and epoch (also clears a stuck-kernel state)."""
-        for t in (self.k_cache, self.v_cache, *(self._buf[k] for k in ("state_ptr", "counters_ptr", "done_ptr",
-                                                                         "err_ptr"))):
+        for t in (self.k_cache, self.v_cache, self._touch, *(self._buf[k] for k in ("state_ptr", "counters_ptr",
+                                                                                      "done_ptr", "err_ptr"))):
             t.zero_()
         self._buf["amax_ptr"].fill_(AMAX_EMPTY)
         self.position = 0

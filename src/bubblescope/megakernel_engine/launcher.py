@@ -16,16 +16,17 @@ class Launcher:
     advance, tok_in); ``constexprs``: the compile-time ones; ``options``: launch options (``num_warps``,
     ``launch_cooperative_grid``, ``num_stages``, ``maxnreg``); ``info``: fields added to :meth:`compile`'s report;
     ``stamps``: timeline stamps per task the kernel writes; ``ptx_rewrite``: a PTX text rewrite (str → str, e.g.
-    ``gluon.ptx.tma_l2_evict_first``) applied while this launcher compiles, and required to have changed the
-    binary's PTX. With ``fast`` the compiled kernel is called directly
+    ``gluon.ptx.tma_l2_evict_first``) applied while this launcher compiles, and ``ptx_check`` (PTX or None → the
+    reason it lacks the rewrite, or None) run on the binary's PTX after. With ``fast`` the compiled kernel is
+    called directly
     after the first launch (Triton's own launch path re-binds and re-specialises ~40 arguments on every call);
     the per-launch integers are marked ``do_not_specialize`` so one binary serves every table and token.
     """
 
     def __init__(self, kernel, args: dict, constexprs: dict, options: dict, fast: bool, info: dict | None = None,
-                 stamps: int = 3, ptx_rewrite=None):
+                 stamps: int = 3, ptx_rewrite=None, ptx_check=None):
         self.kernel = kernel
-        self.ptx_rewrite = ptx_rewrite
+        self.ptx_rewrite, self.ptx_check = ptx_rewrite, ptx_check
         self.args = dict(args)
         self.constexprs = dict(constexprs)
         self.options = dict(options)
@@ -44,17 +45,17 @@ class Launcher:
         bytes (``text_bytes``), cooperative and :attr:`info`.
 
         Raises:
-            EngineUnavailable: the binary does not fit the device (shared memory, threads per block), or it came
-                from Triton's cache without the ``ptx_rewrite`` its key promises.
+            EngineUnavailable: the binary does not fit the device (shared memory, threads per block), or
+                ``ptx_check`` finds it without its rewrite (e.g. from Triton's cache, compiled elsewhere without).
         """
         with self._rewriting():
             ck = self.kernel.megakernel.warmup(grid=(1,), **self.options, **self._all(table, counts, timeline, 0))
             if hasattr(ck, "result"):
                 ck = ck.result()
-        ptx = ck.asm.get("ptx")
-        if self.ptx_rewrite is not None and ptx is not None and self.ptx_rewrite(ptx) != ptx:
-            raise EngineUnavailable("megakernel: a cached binary lacks its PTX rewrite (compiled elsewhere without "
-                                    "it); clear Triton's cache (~/.triton/cache) and retry")
+        why = self.ptx_check(ck.asm.get("ptx")) if self.ptx_check is not None else None
+        if why:  # e.g. a binary from Triton's cache compiled elsewhere without the rewrite
+            raise EngineUnavailable(f"megakernel: the compiled binary lacks its PTX rewrite: {why}; clear Triton's "
+                                    "cache (~/.triton/cache) and retry")
         from triton.runtime.errors import OutOfResources
         try:
             ck._init_handles()

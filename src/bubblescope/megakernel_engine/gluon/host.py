@@ -294,7 +294,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     Raises:
         BubblescopeError: ``attn_layout=mma`` with weights that are not 16-bit, a head_dim / block_s the
             ``mma.sync`` m16n8k16 tiles do not fit, or more than 16 query heads per kv head; ``mv_widen=mma``
-            where :func:`mv_mma_unsupported` names a reason.
+            where :func:`mv_mma_unsupported` names a reason; ``weight_eviction=evict_last`` (the Triton kernel's).
     """
     esize = torch.empty((), dtype=dtype).element_size()
     br = t.rows_qkv
@@ -310,6 +310,9 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     why = mma_unsupported(cfg, esize, params.block_s, params.num_warps) if params.attn_layout == "mma" else None
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
+    if params.weight_eviction == "evict_last":  # the Triton kernel's; the Gluon weight stream reads each line once
+        raise BubblescopeError("megakernel params: weight_eviction=evict_last is the Triton kernel's; the Gluon "
+                               "kernel takes '' or evict_first")
     why = (mv_mma_unsupported(cfg, esize, br, params.split_k, bk, params.slot_boxes, params.num_warps)
            if params.mv_widen == "mma" else None)
     if why:
@@ -436,10 +439,12 @@ def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = Fal
 def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
     """The shared :class:`..launcher.Launcher` for the Gluon kernel (5 timeline stamps per task)."""
     from ..launcher import Launcher
-    from .ptx import tma_l2_evict_first
+    from .ptx import tma_l2_evict_first, tma_l2_evict_first_missing
+    evict = bool(constexprs["TMA_EVICT"])
     return Launcher(kernel, args, constexprs, dict(num_warps=num_warps, launch_cooperative_grid=cooperative), fast,
                     info={"max_registers": None, "num_stages": constexprs["NS"]}, stamps=STAMPS,
-                    ptx_rewrite=tma_l2_evict_first if constexprs["TMA_EVICT"] else None)
+                    ptx_rewrite=tma_l2_evict_first if evict else None,
+                    ptx_check=tma_l2_evict_first_missing if evict else None)
 
 
 def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: MegakernelParams | None = None,

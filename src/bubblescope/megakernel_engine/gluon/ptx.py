@@ -59,6 +59,20 @@ def tma_l2_evict_first(ptx: str) -> str:
     return out
 
 
+def tma_l2_evict_first_missing(ptx: str | None) -> str | None:
+    """Why a compiled kernel that asked for :func:`tma_l2_evict_first` does not have it (no PTX to inspect, no
+    :data:`MARKER`, a TMA load left without the policy, or none with it), or None when every TMA load carries it."""
+    if ptx is None:
+        return "its PTX is not available to check"
+    if MARKER not in ptx:
+        return "its PTX lacks the kernel's mark"
+    if _TMA_LOAD.search(ptx) is not None:
+        return "a TMA load in its PTX has no L2 cache policy"
+    if _HINTED not in ptx:
+        return "its PTX has no TMA load with the policy"
+    return None
+
+
 @contextlib.contextmanager
 def rewriting(rewrite):
     """Within the block, every kernel Triton compiles has its PTX passed through ``rewrite`` (str → str) before
