@@ -136,7 +136,8 @@ class MegakernelParams:
             kernel's PTX is rewritten (``gluon/ptx.py``). Measured on the H200 in session 14
             (``benchmarks/l2_probe.py``, one CTA per SM): 17 MB of lines read by loads survived 34 MB of later
             traffic read evict_first; half to most of them did not survive it read without the hint. Not yet
-            measured in the Gluon megakernel (``gluon_check.py --sweep r44``).
+            measured in the Gluon megakernel (``gluon_check.py --sweep r44``). ``evict_last`` is the Triton
+            kernel's only (the Gluon kernel refuses it by name).
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         split_k: Gluon kernel only: column halves per ring slot of an O-proj / down tile. 2: a slot holds two
             ``[BR/2, BK]`` boxes (columns 2c and 2c+1) of BR/2 rows, so those stages have twice as many tasks
