@@ -10,6 +10,8 @@
 #   bash benchmarks/session15.sh second  # every GPU test (the new forms: evict_first, the toucher, both); the timelines
 #                                        # of the 1B and the Qwen presets with norm_load=prefetch (the README's wait
 #                                        # ratios of those rows are from earlier kernels)
+#   bash benchmarks/session15.sh third   # compute-sanitizer memcheck and racecheck (sanitize_megakernel.py: now with
+#                                        # the toucher and evict_first), each tensor its own allocation
 #   bash benchmarks/session15.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session15.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
@@ -30,8 +32,12 @@ second)
   waits qwen3-0.6b 55
   waits qwen3-1.7b 65
   ;;
+third)
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # memcheck then sees each tensor's own bounds
+  sanitize
+  ;;
 qwen) issue_sets qwen ;;
 llama) llama_presets ;;
-*) echo "session15.sh: unknown stage '${1:-}' (first, second, qwen, llama)" >&2; exit 2 ;;
+*) echo "session15.sh: unknown stage '${1:-}' (first, second, third, qwen, llama)" >&2; exit 2 ;;
 esac
 finish
