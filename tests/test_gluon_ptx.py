@@ -1,7 +1,8 @@
 """The Gluon kernel's PTX rewrite (``megakernel_engine/gluon/ptx.py``): TMA loads given an L2 evict_first policy."""
 import pytest
 
-from bubblescope.megakernel_engine.gluon.ptx import MARKER, rewriting, tma_l2_evict_first
+from bubblescope.megakernel_engine.gluon.ptx import MARKER, tma_l2_evict_first
+from bubblescope.megakernel_engine.launcher import rewriting
 
 # three TMA loads as Triton 3.6 emits them (predicated, unpredicated, 3-D), a TMA store and a plain load
 PTX = f"""\t// {MARKER}

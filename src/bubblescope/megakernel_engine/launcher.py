@@ -83,7 +83,27 @@ class Launcher:
                 self.kernel.megakernel[(grid,)](**self.options, **self._all(table, counts, timeline, advance, tok_in))
 
     def _rewriting(self):
-        if self.ptx_rewrite is None:
-            return contextlib.nullcontext()
-        from .gluon.ptx import rewriting
-        return rewriting(self.ptx_rewrite)
+        return contextlib.nullcontext() if self.ptx_rewrite is None else rewriting(self.ptx_rewrite)
+
+
+@contextlib.contextmanager
+def rewriting(rewrite):
+    """Within the block, every kernel Triton compiles has its PTX passed through ``rewrite`` (str → str) before
+    ``ptxas``; an inspection hook already installed still runs first. Only compiles, not cached binaries, see it,
+    so a kernel whose PTX the rewrite changes must differ in its cache key (the Gluon kernel: the ``TMA_EVICT``
+    constexpr)."""
+    import triton
+    prev = triton.knobs.runtime.add_stages_inspection_hook
+
+    def hook(backend, stages, options, language, capability):
+        if prev is not None:
+            prev(backend, stages, options, language, capability)
+        make_ptx = stages["ptx"]
+        stages["ptx"] = lambda src, metadata: rewrite(make_ptx(src, metadata))
+
+    triton.knobs.runtime.add_stages_inspection_hook = hook
+    try:
+        yield
+    finally:
+        triton.knobs.runtime.add_stages_inspection_hook = prev
+

@@ -485,7 +485,8 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
         else:
             sig[name] = "fp32" if name in ("eps", "sm_scale") else "i32"
     src = GluonASTSource(kernel.megakernel, sig, cx, attrs)
-    from .ptx import rewriting, tma_l2_evict_first
+    from ..launcher import rewriting
+    from .ptx import tma_l2_evict_first
     with rewriting(tma_l2_evict_first) if cx["TMA_EVICT"] else contextlib.nullcontext():
         ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": params.num_warps, "launch_cooperative_grid": True})

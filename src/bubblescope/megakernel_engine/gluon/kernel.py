@@ -528,15 +528,19 @@ def _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl
     cols = BK
     c0 = pc * BK
     K = H
-    first = a1.to(gl.int64)
-    total = V
+    first = a1.to(gl.int64)  # the tile's first row in its matrix
+    total = V                # the matrix's rows
+    w = head_ptr
     if op == OP_QKV:
+        w = wqkv_ptr
         first = layer * (Q + 2 * KV) + 2 * a1
         total = NLAYER * (Q + 2 * KV)
     elif op == OP_GATEUP:
+        w = wgu_ptr
         first = layer * (2 * IP) + 2 * a1
         total = NLAYER * (2 * IP)
     elif op == OP_OPROJ:
+        w = wo_ptr
         K = Q
         rows = BR // SPLIT
         cols = BK * SPLIT
@@ -544,21 +548,14 @@ def _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl
         first = layer * H + a1
         total = NLAYER * H
     elif op == OP_DOWN:
+        w = wdown_ptr
         K = I
         rows = BR // SPLIT
         cols = BK * SPLIT
         c0 = pc * BK * SPLIT
         first = layer * H + a1
         total = NLAYER * H
-    base = head_ptr + first * H
-    if op == OP_QKV:
-        base = wqkv_ptr + first * H
-    elif op == OP_GATEUP:
-        base = wgu_ptr + first * H
-    elif op == OP_OPROJ:
-        base = wo_ptr + first * Q
-    elif op == OP_DOWN:
-        base = wdown_ptr + first * I
+    base = w + first * K
     if NLAYER > 0:
         rows = gl.minimum(rows, (total - first).to(gl.int32))
     return base, rows, cols, c0, K

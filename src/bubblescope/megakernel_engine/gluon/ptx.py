@@ -9,12 +9,11 @@ takes no cache policy, so with ``MegakernelParams.weight_eviction = "evict_first
 (:data:`MARKER`, a comment) and :func:`tma_l2_evict_first` rewrites each
 ``cp.async.bulk.tensor`` global → shared load to carry ``.L2::cache_hint`` with a ``createpolicy.fractional
 .L2::evict_first`` policy (PTX ISA 8.0, sm_90), through Triton's ``knobs.runtime.add_stages_inspection_hook``
-(:func:`rewriting`).
+(``launcher.rewriting``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 MARKER = "bubblescope:tma-l2-evict-first"
@@ -71,25 +70,3 @@ def tma_l2_evict_first_missing(ptx: str | None) -> str | None:
     if _HINTED not in ptx:
         return "its PTX has no TMA load with the policy"
     return None
-
-
-@contextlib.contextmanager
-def rewriting(rewrite):
-    """Within the block, every kernel Triton compiles has its PTX passed through ``rewrite`` (str → str) before
-    ``ptxas``; an inspection hook already installed still runs first. Only compiles, not cached binaries, see it,
-    so a kernel whose PTX the rewrite changes must differ in its cache key (the Gluon kernel: the ``TMA_EVICT``
-    constexpr)."""
-    import triton
-    prev = triton.knobs.runtime.add_stages_inspection_hook
-
-    def hook(backend, stages, options, language, capability):
-        if prev is not None:
-            prev(backend, stages, options, language, capability)
-        make_ptx = stages["ptx"]
-        stages["ptx"] = lambda src, metadata: rewrite(make_ptx(src, metadata))
-
-    triton.knobs.runtime.add_stages_inspection_hook = hook
-    try:
-        yield
-    finally:
-        triton.knobs.runtime.add_stages_inspection_hook = prev
