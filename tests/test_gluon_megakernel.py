@@ -18,6 +18,7 @@ from bubblescope.megakernel_engine.gluon.host import (
     gluon_params,
     gluon_tiling,
     gluon_unsupported,
+    resolve_eviction,
 )
 from bubblescope.megakernel_engine.interpreter import ScheduleInterpreter
 from bubblescope.megakernel_engine.schedule import MegakernelParams
@@ -177,8 +178,6 @@ def test_gluon_switches_are_checked():
                     ({"block_s": 48}, "block_s must be a power of two"),
                     ({"inflight": -1}, "inflight must be an integer >= 0"),
                     ({"norm_load": "early"}, "norm_load must be after, beside or prefetch"),
-                    ({"l2_touch": 65}, "l2_touch must be an integer from 0 to 64"),
-                    ({"l2_touch": True}, "l2_touch must be an integer from 0 to 64"),
                     ({"inflight": True}, "inflight must be an integer >= 0")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
@@ -191,6 +190,11 @@ def test_gluon_switches_are_checked():
     with pytest.raises(BubblescopeError, match="attn_layout=mma needs 16-bit weights"):
         gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.float32, False)
     assert gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.bfloat16, False)["ATTN_MMA"]
+    # auto: evict_first only under the Triton whose TMA-load PTX gluon/ptx.py rewrites; explicit choices stand
+    assert [resolve_eviction("auto", v) for v in ("3.6.0", "3.6.1+git1234", "3.7.0", "4.0.0")] == [
+        "evict_first", "evict_first", "", ""]
+    assert [resolve_eviction(c, "3.6.0") for c in ("", "evict_first")] == ["", "evict_first"]
+    assert gluon_params(cfg, MegakernelParams(weight_eviction="")).weight_eviction == ""
     pe = gluon_params(cfg, MegakernelParams(weight_eviction="evict_last"))  # the Triton kernel's policy, by name
     with pytest.raises(BubblescopeError, match="weight_eviction=evict_last is the Triton kernel's"):
         gluon_constexprs(cfg, gluon_tiling(cfg, pe, 132), pe, 512, torch.bfloat16, False)
@@ -262,8 +266,6 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(inflight=4)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(norm_load="after", timeline=True)),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams(norm_load="beside")),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(l2_touch=8)),
-        ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(l2_touch=16)),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -327,12 +329,14 @@ def test_gluon_tma_loads_with_an_l2_evict_first_policy_compile_for_sm90():
         "from bubblescope.megakernel_engine.gluon.host import compile_offline\n"
         "from bubblescope.megakernel_engine.schedule import MegakernelParams\n"
         "out = []\n"
-        "for m, t in (('llama-3.2-1b', ''), ('llama-3.2-1b', 'evict_first'), ('qwen2.5-0.5b', 'evict_first')):\n"
+        "for m, t in (('llama-3.2-1b', ''), ('llama-3.2-1b', 'evict_first'), ('qwen2.5-0.5b', 'evict_first'),\n"
+        "             ('llama-3.2-1b', 'auto')):\n"
         "    i = compile_offline(get_preset(m), torch.bfloat16, MegakernelParams(weight_eviction=t))\n"
         "    out.append({k: i[k] for k in ('registers', 'spill_store_bytes', 'shared_bytes', 'num_warps',\n"
         "                                  'tma_loads', 'tma_loads_l2_hinted', 'text_bytes')})\n"
         "print(json.dumps(out))\n")
-    normal, hinted, qwen = out
+    normal, hinted, qwen, default = out
+    assert default == hinted, out  # auto is evict_first under Triton 3.6 (the version CI installs)
     assert normal["tma_loads"] > 0 and normal["tma_loads_l2_hinted"] == 0, normal
     assert hinted["tma_loads"] == normal["tma_loads"] == hinted["tma_loads_l2_hinted"], out
     assert qwen["tma_loads"] == qwen["tma_loads_l2_hinted"] > 0, qwen  # the tensor-core matvec's 64-column boxes
@@ -431,7 +435,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
                                  "attn_combine": "warps", "inflight": 0, "norm_load": "prefetch",
-                                 "weight_eviction": "", "l2_touch": 0}
+                                 "weight_eviction": "evict_first"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):

@@ -173,10 +173,6 @@ class MegakernelEngine:
             counters_ptr=z(num_counters(cfg, t), dtype=i32), done_ptr=z(1, dtype=i32),
             err_ptr=z(ERR_FIELDS, dtype=i32))
         self._knew = z(cfg.kv_size)  # Gluon, q/k-norm: the raw new k of the current layer (gluon/attention.py)
-        # Gluon, l2_touch: per program 16 int64 (128 bytes, one line each): the producer's issued tiles tagged with
-        # the epoch, and the toucher's folded words (gluon/kernel.py, _toucher)
-        programs = self.params.num_programs or (self.limits.sms * self.params.programs_per_sm if self.limits else 1)
-        self._touch = torch.zeros(16 * programs, dtype=torch.int64, device=dev)
         self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
         if dev.type == "cuda":
             # one pinned copy of the error record (with the step's greedy token) per step in flight: a step's
@@ -225,7 +221,6 @@ class MegakernelEngine:
             emb_ptr=p.embed, fnorm_ptr=p.final_norm, bqkv_ptr=dummy if p.bqkv is None else p.bqkv,
             anorm_ptr=p.anorm, mnorm_ptr=p.mnorm, cos_ptr=p.cos, sin_ptr=p.sin, kc_ptr=self.k_cache,
             vc_ptr=self.v_cache, qknorm_ptr=dummy if p.qknorm is None else p.qknorm, knew_ptr=self._knew,
-            touch_ptr=self._touch,
             wqkv_ptr=p.wqkv, wo_ptr=p.wo, wgu_ptr=p.wgu, wdown_ptr=p.wdown, head_ptr=p.lm_head,
             spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),
             sm_scale=1.0 / math.sqrt(cfg.head_dim))
@@ -239,8 +234,8 @@ class MegakernelEngine:
     # ---- Decoder protocol --------------------------------------------------------------------------------
     def reset(self) -> None:
         """Empty the KV cache and rewind counters, position and epoch (also clears a stuck-kernel state)."""
-        for t in (self.k_cache, self.v_cache, self._touch, *(self._buf[k] for k in ("state_ptr", "counters_ptr",
-                                                                                      "done_ptr", "err_ptr"))):
+        for t in (self.k_cache, self.v_cache, *(self._buf[k] for k in ("state_ptr", "counters_ptr", "done_ptr",
+                                                                        "err_ptr"))):
             t.zero_()
         self._buf["amax_ptr"].fill_(AMAX_EMPTY)
         self.position = 0

@@ -128,16 +128,20 @@ class MegakernelParams:
         prefetch_next: comma-separated opcode names (e.g. ``"OPROJ,ATTN"``) whose tasks, with
             ``prefetch_ahead=0``, also prefetch the next task of their queue before waiting: the attention
             chain leaves HBM idle, and the GATEUP weights can stream into L2 meanwhile.
-        weight_eviction: L2 eviction hint of the weight loads: ``""`` (none) or ``"evict_first"`` (each weight
-            line is read once per step, so it may leave first, before prefetched lines not yet used; the Triton
-            kernel: even, NOTES' second session). On the Gluon kernel ``evict_first`` gives the weight stream's TMA loads that
-            L2 policy, so the stream stops evicting what is read again (the KV cache, the activations, the RMSNorm
-            weights, weight lines asked of L2 ahead of the ring). Gluon 3.6's TMA load takes no policy, so the
-            kernel's PTX is rewritten (``gluon/ptx.py``). Measured on the H200 in session 14
-            (``benchmarks/l2_probe.py``, one CTA per SM): 17 MB of lines read by loads survived 34 MB of later
-            traffic read evict_first; half to most of them did not survive it read without the hint. Not yet
-            measured in the Gluon megakernel (``gluon_check.py --sweep r44``). ``evict_last`` is the Triton
-            kernel's only (the Gluon kernel refuses it by name).
+        weight_eviction: L2 eviction hint of the weight loads: ``auto`` (the default: ``evict_first`` on the Gluon
+            kernel under Triton 3.6, whose PTX form the rewrite below knows; none on the Triton kernel), ``""``
+            (none), ``"evict_first"`` (each weight line is read once per step, so it may leave L2 first) or
+            ``"evict_last"`` (the Triton kernel's only; the Gluon kernel refuses it by name). The Triton kernel:
+            even either way (NOTES' second session). On the Gluon kernel ``evict_first`` gives the weight stream's
+            TMA loads that L2 policy, so the stream stops evicting what is read again (the KV cache, the
+            activations, the RMSNorm weights). Gluon 3.6's TMA load takes no policy, so the kernel's PTX is
+            rewritten (``gluon/ptx.py``). Measured on the H200 (session 15, ``gluon_check.py --sweep r44``,
+            interleaved rounds, stepwise ms, none / ``evict_first``): Llama-3.2-1B 0.907, 0.906 / 0.898, 0.878; at
+            context 4096 0.998, 1.030 / 0.979, 1.007; Llama-3.1-8B 3.873, 3.917 / 3.828, 3.887; Qwen2.5-0.5B 0.651,
+            0.653 / 0.648, 0.650; Qwen3-0.6B 0.755, 0.787 / 0.758, 0.773. The 1B's frames: a layer 37.6 → 36.8
+            µs, all of it over gate-up and down (24.6 → 24.0). (``benchmarks/l2_probe.py``, session 14, one CTA
+            per SM: 17 MB of lines read by loads survived 34 MB of later traffic read ``evict_first``; half to most
+            of them did not survive it read without the hint.)
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         split_k: Gluon kernel only: column halves per ring slot of an O-proj / down tile. 2: a slot holds two
             ``[BR/2, BK]`` boxes (columns 2c and 2c+1) of BR/2 rows, so those stages have twice as many tasks
@@ -179,20 +183,6 @@ class MegakernelParams:
             (``--sweep r42`` again, stepwise ms, ``after`` / ``beside`` / ``prefetch``): Llama-3.2-1B 0.910, 0.905 /
             0.891, 0.893 / 0.883, 0.883; Qwen2.5-0.5B 0.722, 0.733 / 0.712, 0.721 / 0.717, 0.712; Qwen3-0.6B 0.755,
             0.758 / 0.752, 0.752 / 0.743, 0.744.
-        l2_touch: Gluon kernel only: ring slots past the producer's horizon that a third warp (the toucher) reads
-            into L2, one 4-byte load per 128-byte line, paced by the tiles the producer has issued; 0: no toucher.
-            Aimed at the QKV → attention → O-proj stretch, where the rings are full and HBM idles (the 1B's frames:
-            1.7 TB/s fed there against 4.0 over the rest of the layer). Loads, not L2 prefetches: on the H200
-            (session 14, ``benchmarks/l2_probe.py``, one CTA per SM) lines asked of L2 by ``prefetch.global.L2``
-            were hits up to 64 KB per SM and none at 128 KB (re-read in 8.7 µs against 7.4 cold), while 128 KB per
-            SM read by loads were re-read in 2.3 µs (2.6 when just read), and survived 34 MB streamed in between
-            when that stream was read evict_first (6.4 µs without the hint). Measured alone (session 14, ``--sweep
-            r43``, stepwise ms, 0 / 4 / 8 / 16): Llama-3.2-1B 0.909, 0.914 / 0.907, 0.924 / 0.923, 0.931 / 1.003,
-            1.003; Qwen2.5-0.5B 0.738, 0.751 / 0.854, 0.860 / 0.860, 0.865 / 0.893, 0.900; Llama-3.1-8B 3.975,
-            3.972 / 4.183, 4.156 / 4.322, 4.303 / 4.299, 4.326:
-            slower, the 1B's stretch 13.18 → 13.54 µs and the rest only 0.3 µs shorter for 17 MB touched (most
-            lines gone when the ring asked). Kept off, for a measurement with ``weight_eviction="evict_first"``
-            (the ring's TMA loads then evict first: ``--sweep r44``).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -301,7 +291,7 @@ class MegakernelParams:
     prefetch: str = "auto"
     prefetch_ahead: int = 0
     prefetch_next: str = ""
-    weight_eviction: str = ""
+    weight_eviction: str = "auto"
     spin_sleep_ns: int = 0
     split_k: int = 2
     l2_ahead: int = 0
@@ -310,7 +300,6 @@ class MegakernelParams:
     wait_prefetch_mode: str = "bulk"
     inflight: int = 0
     norm_load: str = "prefetch"
-    l2_touch: int = 0
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -353,8 +342,8 @@ class MegakernelParams:
         if self.prefetch not in ("auto", "bulk", "line", "off"):
             raise BubblescopeError(f"megakernel params: prefetch must be auto, bulk, line or off, "
                                    f"got {self.prefetch!r}")
-        if self.weight_eviction not in ("", "evict_first", "evict_last"):
-            raise BubblescopeError(f"megakernel params: weight_eviction must be '', evict_first or evict_last, "
+        if self.weight_eviction not in ("auto", "", "evict_first", "evict_last"):
+            raise BubblescopeError(f"megakernel params: weight_eviction must be auto, '', evict_first or evict_last, "
                                    f"got {self.weight_eviction!r}")
         if self.attn_reduce not in ("fused", "stage"):
             raise BubblescopeError(f"megakernel params: attn_reduce must be fused or stage, got {self.attn_reduce!r}")
@@ -369,8 +358,6 @@ class MegakernelParams:
                                    f"got {self.norm_load!r}")
         if not isinstance(self.inflight, int) or isinstance(self.inflight, bool) or self.inflight < 0:
             raise BubblescopeError(f"megakernel params: inflight must be an integer >= 0, got {self.inflight!r}")
-        if not isinstance(self.l2_touch, int) or isinstance(self.l2_touch, bool) or not 0 <= self.l2_touch <= 64:
-            raise BubblescopeError(f"megakernel params: l2_touch must be an integer from 0 to 64, got {self.l2_touch!r}")
         if not isinstance(self.wait_prefetch, int) or isinstance(self.wait_prefetch, bool) or self.wait_prefetch < 0:
             raise BubblescopeError(f"megakernel params: wait_prefetch must be an integer >= 0, got {self.wait_prefetch!r}")
         bad = [n for n in self.wait_prefetch_ops_names() if n not in OPCODES or n in ("NOP", "ATTN", "ATTN_REDUCE")]

@@ -20,7 +20,6 @@ from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_til
 
 STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
 PRODUCER_REGS = 40          # registers of the 1-warp TMA producer (it only walks the table and issues copies)
-TOUCH_REGS = 64             # registers of the 1-warp L2 toucher (l2_touch > 0): a slot's line addresses and words
 TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns (the H200 probe's stage width)
 # Defaults from the H200 sweep of 2026-12-01 (benchmarks/results/h200-2026-12-01, llama-3.2-1b, context 128):
 # BR 16 / NS 20 1.076 ms, BR 16 / NS 24 0.975, BR 32 / NS 12 0.949; attention chunk 16 0.953 against 32 1.076.
@@ -245,7 +244,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     SMs (at least 32 under ``mv_widen=mma``: 16 rows per mma tile), capped at head_dim (a QKV tile holds whole RoPE
     pair blocks: BR/2 must divide head_dim/2); the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`); the
     attention's positions per block where ``block_s`` is None (:func:`resolve_block_s`); the first block's new row
-    and the split combine's layout (:func:`resolve_attn_split`).
+    and the split combine's layout (:func:`resolve_attn_split`); ``weight_eviction=auto`` (:func:`resolve_eviction`).
 
     Raises:
         BubblescopeError: ``attn_layout=warps`` asked for a model with q/k-norm (:func:`resolve_attn_layout`).
@@ -269,7 +268,22 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
                           attn_new_row=new_row, attn_combine=combine, rows_qkv=br, rows_o=rows_od, rows_gateup=br,
                           rows_down=rows_od, rows_lm=br, gateup_blocks=1,
                           lm_blocks=1, attn_kv_heads=1, attn_reduce="fused", programs_per_sm=1,
-                          kv_splits=params.kv_splits or DEFAULT_SPLITS, qk_norm_in_attn=True)
+                          kv_splits=params.kv_splits or DEFAULT_SPLITS, qk_norm_in_attn=True,
+                          weight_eviction=resolve_eviction(params.weight_eviction))
+
+
+def resolve_eviction(choice: str, triton_version: str | None = None) -> str:
+    """The weight stream's L2 policy for ``weight_eviction=choice``: ``auto`` is ``evict_first`` under Triton 3.6
+    (the PTX form ``gluon/ptx.py`` rewrites; measured on the H200 in session 15: 1-3 % faster on Llama-3.2-1B and
+    Llama-3.1-8B, even on the Qwen presets; see ``MegakernelParams.weight_eviction``) and ``""`` under another
+    Triton, whose TMA loads the rewrite may not know; other choices are returned as given. ``triton_version``
+    defaults to the installed one."""
+    if choice != "auto":
+        return choice
+    if triton_version is None:
+        import triton
+        triton_version = triton.__version__
+    return "evict_first" if triton_version.split(".")[:2] == ["3", "6"] else ""
 
 
 def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int,
@@ -312,7 +326,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         raise BubblescopeError(f"megakernel params: {why}")
     if params.weight_eviction == "evict_last":  # the Triton kernel's; the Gluon weight stream reads each line once
         raise BubblescopeError("megakernel params: weight_eviction=evict_last is the Triton kernel's; the Gluon "
-                               "kernel takes '' or evict_first")
+                               "kernel takes auto, '' or evict_first")
     why = (mv_mma_unsupported(cfg, esize, br, params.split_k, bk, params.slot_boxes, params.num_warps)
            if params.mv_widen == "mma" else None)
     if why:
@@ -330,8 +344,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         INFLIGHT=params.inflight if params.inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
-        TMA_EVICT=params.weight_eviction == "evict_first",
-        L2_TOUCH=params.l2_touch, TOUCH_REGS=TOUCH_REGS, NLAYER=cfg.num_hidden_layers,
+        TMA_EVICT=resolve_eviction(params.weight_eviction) == "evict_first",
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -362,8 +375,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
     the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded), ``weight_eviction`` (the weight
-    stream's L2 policy: ``""`` or ``evict_first``), ``l2_touch`` (ring slots past the producer's horizon that a third
-    warp reads into L2; 0: none);
+    stream's L2 policy: ``""`` or ``evict_first``);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -378,7 +390,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
             "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]],
-            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else "", "l2_touch": cx["L2_TOUCH"]}
+            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else ""}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
@@ -471,7 +483,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     layout = desc_layout(torch.empty((), dtype=dtype).element_size() * 8, bool(cx["MV_MMA"]))
     f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
     i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
-    i64 = {"timeline_ptr", "amax_ptr", "touch_ptr"}
+    i64 = {"timeline_ptr", "amax_ptr"}
     sig, attrs = {}, {}
     for idx, name in enumerate(kernel.megakernel.arg_names):
         if name in cx:

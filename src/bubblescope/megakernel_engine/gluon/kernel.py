@@ -516,11 +516,10 @@ def _cursor_next(prow, pi, pc, n, NF: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: 
 @gluon.jit
 def _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
                  KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
-                 SPLIT: gl.constexpr, V: gl.constexpr = 0, NLAYER: gl.constexpr = 0):
+                 SPLIT: gl.constexpr):
     """Where ring slot ``pc`` of the task at ``prow`` lies in its packed matrix (``BK``: the slot's columns per
-    row, SB boxes' worth): (first element's pointer, rows, columns per row, first column, K). With ``NLAYER``
-    (and ``V``) given, ``rows`` stops at the matrix's last row (TMA fills a tile's rows past it with zeros; a
-    load there would read past the allocation)."""
+    row, SB boxes' worth): (first element's pointer, rows, columns per row, first column, K). ``rows`` is the
+    tile's, which may run past the matrix's last row: only L2 prefetches use it, and a prefetch does not fault."""
     op = gl.load(prow + F_OP)
     layer = gl.load(prow + F_LAYER).to(gl.int64)
     a1 = gl.load(prow + F_A1)
@@ -529,16 +528,13 @@ def _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl
     c0 = pc * BK
     K = H
     first = a1.to(gl.int64)  # the tile's first row in its matrix
-    total = V                # the matrix's rows
     w = head_ptr
     if op == OP_QKV:
         w = wqkv_ptr
         first = layer * (Q + 2 * KV) + 2 * a1
-        total = NLAYER * (Q + 2 * KV)
     elif op == OP_GATEUP:
         w = wgu_ptr
         first = layer * (2 * IP) + 2 * a1
-        total = NLAYER * (2 * IP)
     elif op == OP_OPROJ:
         w = wo_ptr
         K = Q
@@ -546,7 +542,6 @@ def _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl
         cols = BK * SPLIT
         c0 = pc * BK * SPLIT
         first = layer * H + a1
-        total = NLAYER * H
     elif op == OP_DOWN:
         w = wdown_ptr
         K = I
@@ -554,26 +549,22 @@ def _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl
         cols = BK * SPLIT
         c0 = pc * BK * SPLIT
         first = layer * H + a1
-        total = NLAYER * H
     base = w + first * K
-    if NLAYER > 0:
-        rows = gl.minimum(rows, (total - first).to(gl.int32))
     return base, rows, cols, c0, K
 
 
 @gluon.jit
 def _slot_lines(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
                 KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
-                SPLIT: gl.constexpr, WARPS: gl.constexpr, V: gl.constexpr = 0, NLAYER: gl.constexpr = 0):
+                SPLIT: gl.constexpr, WARPS: gl.constexpr):
     """The 128-byte lines of ring slot ``pc`` (``BR·BK·bytes/128`` of them over the calling partition's ``WARPS``
-    warps): int64 addresses and an int32 flag, 0 for a line past the tile's rows or K (and, with ``NLAYER``, past
-    the matrix: see :func:`_slot_region`)."""
+    warps): int64 addresses and an int32 flag, 0 for a line past the tile's rows or K."""
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
     NL: gl.constexpr = BR * BK * ESIZE // 128
     LE: gl.constexpr = 128 // ESIZE  # elements per line
     base, rows, cols, c0, K = _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I,
-                                           IP, BR, BK, SPLIT, V, NLAYER)
+                                           IP, BR, BK, SPLIT)
     jl = gl.arange(0, NL, layout=PL)
     lpr = cols // LE  # lines per tile row
     r = jl // lpr
@@ -607,79 +598,6 @@ def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, 
         gl.inline_asm_elementwise(
             "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
             "=r,l,r", [addr, size], dtype=gl.int32, is_pure=False, pack=1)
-
-
-# ---- the L2 toucher (L2_TOUCH > 0) ----------------------------------------------------------------------------
-# When the ring is full and the chain waits (a 1B layer's QKV → attention → O-proj stretch: 13 µs in which the
-# producers can issue only what the consumers free, 1.7 TB/s against 4.0 over the rest of the layer), HBM idles.
-# The toucher, a third partition of one warp, reads the L2_TOUCH ring slots just past the producer's horizon
-# (tiles h .. h + L2_TOUCH − 1, h = the tiles the producer has issued, published in touch_ptr[pid·16] as
-# (epoch << 32) | h) with one 4-byte `ld.global.cg.L2::128B` per 128-byte line, so those lines are in L2 when the
-# producer's TMA asks for them. Loads, not prefetches: benchmarks/l2_probe.py (session 14, H200) measured that
-# `prefetch.global.L2` keeps at most ~64 KB per SM (at 128 KB per SM none of the lines hit: 8.7 µs against 7.4
-# cold), while lines read by loads stay (128 KB per SM re-read in 2.3 µs, as fast as lines just read).
-# The toucher waits on nothing but that published count, polled, and stops touching for the step after
-# TOUCH_IDLE_NS without progress, so it can neither hang the kernel nor hold it past its producer's end for long.
-# The loaded words are folded into one XOR kept in touch_ptr[pid·16 + 1], so the loads are not dead code.
-TOUCH_IDLE_NS = gl.constexpr(200_000)
-
-
-@gluon.jit
-def _touch_lines(addr, ok):
-    """``ld.global.cg.L2::128B`` of one word per 128-byte line at ``addr`` where ``ok`` (int32) is nonzero; the
-    word (int32), or 0."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.L2::128B.b32 $0, [$1]; }",
-        "=r,l,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _toucher(table_ptr, counts_ptr, max_tasks, state_ptr, touch_ptr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-             H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr,
-             NF: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
-             NCH_I: gl.constexpr, SPLIT: gl.constexpr, SB: gl.constexpr, L2_TOUCH: gl.constexpr, V: gl.constexpr,
-             NLAYER: gl.constexpr):
-    SNH: gl.constexpr = (NCH_H + SB - 1) // SB
-    SNQ: gl.constexpr = (NCH_Q + SB - 1) // SB
-    SNI: gl.constexpr = (NCH_I + SB - 1) // SB
-    ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
-    NL: gl.constexpr = BR * BK * SB * ESIZE // 128
-    PL: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    pid = gl.program_id(0)
-    epoch = gl.load(state_ptr + 1).to(gl.int64)
-    n = gl.load(counts_ptr + pid)
-    prow = table_ptr + pid * max_tasks * NF
-    pi = 0
-    pc = -1
-    prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, SNH, SNQ, SNI, SPLIT)
-    slot = touch_ptr + pid * 16
-    t = 0       # the cursor's tile
-    h = 0       # tiles the producer has issued (as last seen)
-    live = 1
-    last = now(pi)
-    acc = gl.zeros([NL], gl.int32, layout=PL)
-    prev = gl.zeros([NL], gl.int32, layout=PL)
-    while (pi < n) & (live != 0):
-        if t >= h + L2_TOUCH:  # far enough ahead: wait for the producer
-            v = gl.load(slot, volatile=True)
-            if (v >> 32) == epoch:
-                hn = v.to(gl.int32)  # the low word
-                if hn != h:
-                    h = hn
-                    last = now(hn)
-            if now(h) - last > TOUCH_IDLE_NS:
-                live = 0
-        else:
-            if t >= h:  # not yet asked of HBM by the ring
-                addr, ok = _slot_lines(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,
-                                       BR, BK * SB, SPLIT, 1, V, NLAYER)
-                cur = _touch_lines(addr, ok)
-                acc = acc ^ prev  # the previous slot's words: its loads had this slot's issue to land
-                prev = cur
-            prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, SNH, SNQ, SNI, SPLIT)
-            t += 1
-    acc = acc ^ prev
-    gl.store(slot + 1, gl.xor_sum(acc, axis=0).to(gl.int64))
 
 
 # While a consumer waits on its inputs, the producer can only run a ring ahead (NS tiles); once the ring is full
@@ -734,7 +652,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
               PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
               NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr, MV_MMA: gl.constexpr,
-              INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr, touch_ptr, L2_TOUCH: gl.constexpr):
+              INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr):
     TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
     # MV_MMA: a slot is NBX boxes [BR, 64] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64]), the ring's rows of 64
     # columns in the descriptors' 128-byte swizzle (see matvec.mv_mma)
@@ -839,8 +757,6 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                         prow, pi, pc = _cursor_next(prow, pi, pc, n, NF, SNH, SNQ, SNI, SPLIT)
                 it += 1
                 since += 1
-                if L2_TOUCH > 0:  # the toucher's pace: tiles issued this step (see _toucher)
-                    gl.store(touch_ptr + pid * 16, (epoch.to(gl.int64) << 32) | it)
             if TIMELINE:
                 gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 4, now(i))
             if SIG_GATE >= 0:
@@ -882,8 +798,7 @@ def megakernel(
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
         COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr,
-        TMA_EVICT: gl.constexpr, touch_ptr, L2_TOUCH: gl.constexpr, TOUCH_REGS: gl.constexpr,
-        NLAYER: gl.constexpr):
+        TMA_EVICT: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -915,42 +830,19 @@ def megakernel(
     mbarrier.init(sigbar.index(1), count=1)
     mbarrier.init(ackbar.index(0), count=1)
     mbarrier.init(ackbar.index(1), count=1)
-    # the toucher's call and the plain one spell out the same arguments: a tuple would turn the constexprs in it
-    # into tensors (Triton 3.6)
-    if L2_TOUCH > 0:
-        gl.warp_specialize([
-            (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
-                         err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
-                         kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
-                         spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
-                         MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
-                         BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
-                         WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                         LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                         MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W)),
-            (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
-                         max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
-                         NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                         head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
-                         SB, MV_MMA, INFLIGHT, TMA_EVICT, touch_ptr, L2_TOUCH)),
-            (_toucher, (table_ptr, counts_ptr, max_tasks, state_ptr, touch_ptr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                        head_ptr, H, Q, KV, I, IP, NF, BR, BK, NCH_H, NCH_Q, NCH_I, SPLIT, SB, L2_TOUCH, V,
-                        NLAYER)),
-        ], [1, 1], [PRODUCER_REGS, TOUCH_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
-                         err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
-                         kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
-                         spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
-                         MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
-                         BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
-                         WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                         LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                         MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W)),
-            (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
-                         max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
-                         NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                         head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
-                         SB, MV_MMA, INFLIGHT, TMA_EVICT, touch_ptr, L2_TOUCH)),
-        ], [1], [PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
+                     err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
+                     kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
+                     spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
+                     MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
+                     BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
+                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
+                     LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W)),
+        (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
+                     max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
+                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
+                     head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
+                     SB, MV_MMA, INFLIGHT, TMA_EVICT)),
+    ], [1], [PRODUCER_REGS])

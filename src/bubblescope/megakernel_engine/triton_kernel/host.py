@@ -93,4 +93,5 @@ def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max
         BLOCK_QH=t.block_qh, BLOCK_S=params.block_s or DEFAULT_BLOCK_S, BLOCK_SPLIT=t.block_split, HAS_BIAS=has_bias,
         HAS_QK_NORM=has_qk_norm, PREFETCH=prefetch, PF_LANES=32 * params.num_warps,
         PF_AHEAD=params.prefetch_ahead, SLEEP_NS=params.spin_sleep_ns,
-        TIMELINE=bool(params.timeline), W_EVICT=params.weight_eviction)
+        TIMELINE=bool(params.timeline),
+        W_EVICT="" if params.weight_eviction == "auto" else params.weight_eviction)  # auto: none (even, NOTES)
