@@ -440,6 +440,11 @@ SWEEPS = {
             ("ef-lt4-again", "gluon", {"weight_eviction": "evict_first", "l2_touch": 4}),
             ("ef-lt8-again", "gluon", {"weight_eviction": "evict_first", "l2_touch": 8}),
             ("ef-wpl4-again", "gluon", {"weight_eviction": "evict_first", "wait_prefetch": 4, "wait_prefetch_mode": "line"})],
+    # session 15, after evict_first became the default: the in-flight cap again (r41: ~1 % on the 1B and the 8B
+    # without the policy), now that the weight stream no longer evicts the chain's own lines from L2
+    "r45": [("default", "gluon", {}), ("if4", "gluon", {"inflight": 4}), ("if6", "gluon", {"inflight": 6}),
+            ("default-again", "gluon", {}), ("if4-again", "gluon", {"inflight": 4}),
+            ("if6-again", "gluon", {"inflight": 6})],
     # measured in session 14 at df52673 (the L2 toucher, a third warp reading the slots just past the producer's
     # horizon into L2: slower on the 1B, Qwen2.5-0.5B and the 8B; removed after r44, so its entries no longer validate)
     "r43": [("default", "gluon", {}), ("lt4", "gluon", {"l2_touch": 4}), ("lt8", "gluon", {"l2_touch": 8}),
