@@ -13,6 +13,7 @@
 #                                        # without evict_first), each tensor its own allocation; the Qwen presets' set
 #   bash benchmarks/session15.sh fourth  # the 3B / 8B set and timelines; the timelines of Qwen2.5-0.5B and Qwen3-0.6B
 #   bash benchmarks/session15.sh fifth   # sweep r45 (inflight 4 / 6 under evict_first) on the 1B, Qwen2.5-0.5B, the 8B
+#   bash benchmarks/session15.sh sixth   # every GPU test, after the in-flight cap (64 KB per SM) became the default
 #   bash benchmarks/session15.sh qwen    # the Qwen presets' decode-latency set, after a default changes
 #   bash benchmarks/session15.sh llama   # the 3B / 8B decode-latency set and their timelines
 . benchmarks/device_prelude.sh
@@ -47,8 +48,9 @@ fifth)
   sweep r45 qwen2.5-0.5b 128 60
   sweep r45 llama-3.1-8b 128 100
   ;;
+sixth) gpu_tests ;;  # after inflight=None (64 KB per SM) became the default
 qwen) issue_sets qwen ;;
 llama) llama_presets ;;
-*) echo "session15.sh: unknown stage '${1:-}' (first, second, third, fourth, fifth, qwen, llama)" >&2; exit 2 ;;
+*) echo "session15.sh: unknown stage '${1:-}' (first, second, third, fourth, fifth, sixth, qwen, llama)" >&2; exit 2 ;;
 esac
 finish

@@ -144,7 +144,8 @@ def test_gluon_matvec_follows_the_model():
 
 def test_gluon_inflight_is_a_cap_below_the_ring():
     """``inflight`` reaches the kernel as INFLIGHT where it is below the ring's slots (the 1B: 12 slots of one 16 KB
-    box); at or above them it caps nothing and is recorded as 0, as is the default."""
+    box); at or above them, or 0, it caps nothing and is recorded as 0. The default (None) is 64 KB per SM: 4 slots
+    of one 16 KB box, 2 of two."""
     from bubblescope.megakernel_engine.gluon.host import gluon_choice
     cfg = get_preset("llama-3.2-1b")
 
@@ -153,7 +154,7 @@ def test_gluon_inflight_is_a_cap_below_the_ring():
         t = gluon_tiling(cfg, p, 132)
         c = gluon_constexprs(cfg, t, p, 512, torch.bfloat16, False)
         return c["NS"], c["INFLIGHT"], gluon_choice(t, c)["inflight"]
-    assert cx() == (12, 0, 0)
+    assert cx() == (12, 4, 4) and cx(slot_boxes=2) == (6, 2, 2) and cx(inflight=0) == (12, 0, 0)
     assert cx(inflight=4) == (12, 4, 4) and cx(inflight=11) == (12, 11, 11)
     assert cx(inflight=12) == (12, 0, 0) and cx(inflight=40) == (12, 0, 0)
     assert cx(inflight=4, slot_boxes=2) == (6, 4, 4) and cx(inflight=6, slot_boxes=2) == (6, 0, 0)
@@ -176,9 +177,9 @@ def test_gluon_switches_are_checked():
                     ({"attn_combine": "shfl"}, "attn_combine must be auto, warps or lanes"),
                     ({"attn_gate": -3}, "attn_gate must be an integer >= -1"),
                     ({"block_s": 48}, "block_s must be a power of two"),
-                    ({"inflight": -1}, "inflight must be an integer >= 0"),
+                    ({"inflight": -1}, "inflight must be None or an integer >= 0"),
                     ({"norm_load": "early"}, "norm_load must be after, beside or prefetch"),
-                    ({"inflight": True}, "inflight must be an integer >= 0")):
+                    ({"inflight": True}, "inflight must be None or an integer >= 0")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     MegakernelParams(block_s=None, attn_gate=None).validate()  # None: the kernel chooses
@@ -263,7 +264,7 @@ for model, dtype, params in (
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes")),
         ("qwen2.5-0.5b", torch.bfloat16, MegakernelParams(attn_new_row="row", attn_combine="lanes",
                                                           attn_layout="warps")),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(inflight=4)),
+        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(inflight=0)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(norm_load="after", timeline=True)),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams(norm_load="beside")),
         ("stories260k", torch.float32, MegakernelParams())):
@@ -434,7 +435,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
-                                 "attn_combine": "warps", "inflight": 0, "norm_load": "prefetch",
+                                 "attn_combine": "warps", "inflight": 4, "norm_load": "prefetch",
                                  "weight_eviction": "evict_first"}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)

@@ -160,8 +160,9 @@ class MegakernelParams:
             too (rounds 8, 9, r34). Why, measured on the H200 in session 14 (``benchmarks/l2_probe.py``, one CTA
             per SM): L2 keeps prefetched lines only up to ~64 KB per SM; at 128 KB per SM none of the per-line
             prefetches hit and about half of the bulk ones did, while lines read by loads stayed.
-        inflight: Gluon kernel only: ring slots the producer keeps requested and not yet landed (0: no cap, the
-            whole ring; a value at or above the ring's slots is no cap either). The ring's other slots still fill
+        inflight: Gluon kernel only: ring slots the producer keeps requested and not yet landed (None, the
+            default: the slots of ``gluon.host.INFLIGHT_BYTES``, 64 KB per SM: 4 slots of one 16 KB box, 2 of two
+            boxes; 0: no cap, the whole ring; a value at or above the ring's slots is no cap either). The ring's other slots still fill
             while the consumers wait, so the buffer for a dependency wait stays the ring; the cap was to shorten the
             HBM queue (Little's law: ~25 MB in flight over all SMs at ~4 TB/s is ~6 µs for any load) that each
             layer's chain tiles wait behind: the QKV matvec ends 3.9 µs after its last tile's request
@@ -169,7 +170,11 @@ class MegakernelParams:
             interleaved rounds, stepwise ms): Llama-3.2-1B 0.790 / 0.791 at 4 against 0.800 / 0.803 (3: 0.799 /
             0.799, 6: 0.801 / 0.801), Llama-3.1-8B 3.863 / 3.871 against 3.882 / 3.894, Qwen2.5-0.5B even; the 1B's
             QKV matvec then ends 3.2 µs after its last request, so that latency is mostly the SM's own share of the
-            stream. Off by default: ~1 %. (The L2 prefetches past the ring all lost: ``l2_ahead``,
+            stream. Again with the weight stream read evict_first (session 15, ``--sweep r45``): Llama-3.2-1B 0.766
+            / 0.764 at 4 against 0.778 / 0.782 (6: 0.768 / 0.770), Llama-3.1-8B 3.738 / 3.746 against 3.765 /
+            3.762, Qwen2.5-0.5B (6 slots of 32 KB) even at 4 (0.646 / 0.655 against 0.647 / 0.648; r41 at 2: 0.654 /
+            0.655 against 0.657 / 0.660). So the default since session 15 caps the bytes in flight, 64 KB per SM
+            (~1-2 %). (The L2 prefetches past the ring all lost: ``l2_ahead``,
             ``wait_prefetch``, and session 12's producer burst at the first gate-up tile, removed after r40.)
         norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
             gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
@@ -298,7 +303,7 @@ class MegakernelParams:
     wait_prefetch: int = 0
     wait_prefetch_ops: str = "OPROJ"
     wait_prefetch_mode: str = "bulk"
-    inflight: int = 0
+    inflight: int | None = None
     norm_load: str = "prefetch"
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
@@ -356,8 +361,10 @@ class MegakernelParams:
         if self.norm_load not in ("after", "beside", "prefetch"):
             raise BubblescopeError(f"megakernel params: norm_load must be after, beside or prefetch, "
                                    f"got {self.norm_load!r}")
-        if not isinstance(self.inflight, int) or isinstance(self.inflight, bool) or self.inflight < 0:
-            raise BubblescopeError(f"megakernel params: inflight must be an integer >= 0, got {self.inflight!r}")
+        if self.inflight is not None and (not isinstance(self.inflight, int) or isinstance(self.inflight, bool)
+                                          or self.inflight < 0):
+            raise BubblescopeError(f"megakernel params: inflight must be None or an integer >= 0, "
+                                   f"got {self.inflight!r}")
         if not isinstance(self.wait_prefetch, int) or isinstance(self.wait_prefetch, bool) or self.wait_prefetch < 0:
             raise BubblescopeError(f"megakernel params: wait_prefetch must be an integer >= 0, got {self.wait_prefetch!r}")
         bad = [n for n in self.wait_prefetch_ops_names() if n not in OPCODES or n in ("NOP", "ATTN", "ATTN_REDUCE")]

@@ -26,6 +26,10 @@ TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns 
 DEFAULT_ROWS = 32           # BR: rows per tile / task (a 16 KB TMA box of bf16)
 DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in flight per SM
 DEFAULT_BLOCK_S = 64        # positions per attention block (round 6: 0.909 against 0.926 at 128, 1.19 / 1.31 at 4096)
+# bytes a producer keeps requested and not landed (MegakernelParams.inflight = None): H200 sweeps r41 (session 13)
+# and r45 (session 15): 4 slots of 16 KB 1-2 % faster on Llama-3.2-1B, ~0.5 % on Llama-3.1-8B; 2 slots of 32 KB
+# (Qwen2.5-0.5B) ~0.5 %; at least 2 slots whatever their size
+INFLIGHT_BYTES = 64 * 1024
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
 
@@ -331,7 +335,9 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
            if params.mv_widen == "mma" else None)
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
-    ns = fit_ring(max(1, int(ring or params_ring(params)) // sb), sb * br * bk * esize, max(kch.values()) * bk * esize)
+    slot_bytes = sb * br * bk * esize
+    ns = fit_ring(max(1, int(ring or params_ring(params)) // sb), slot_bytes, max(kch.values()) * bk * esize)
+    inflight = max(2, INFLIGHT_BYTES // slot_bytes) if params.inflight is None else params.inflight
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=d, G=cfg.gqa_group, GP=next_pow2(cfg.gqa_group), NKV=cfg.num_key_value_heads, S_MAX=max_seq_len,
@@ -342,7 +348,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         BLOCK_S=params.block_s, BLOCK_SPLIT=min(16, next_pow2(t.kv_splits)), VD=vd, TD=min(32, d // vd),
         HAS_BIAS=has_bias, QK_NORM=bool(t.qk_norm_attn), PREFETCH=0 if params.prefetch == "off" else 1, TIMELINE=bool(params.timeline),
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
-        INFLIGHT=params.inflight if params.inflight < ns else 0,  # a whole ring's worth is no cap
+        INFLIGHT=inflight if inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
         TMA_EVICT=resolve_eviction(params.weight_eviction) == "evict_first",
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
