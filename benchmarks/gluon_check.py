@@ -445,6 +445,13 @@ SWEEPS = {
     "r45": [("default", "gluon", {}), ("if4", "gluon", {"inflight": 4}), ("if6", "gluon", {"inflight": 6}),
             ("default-again", "gluon", {}), ("if4-again", "gluon", {"inflight": 4}),
             ("if6-again", "gluon", {"inflight": 6})],
+    # prepared in session 15: the in-flight cap's default (64 KB per SM) against no cap, on the models r45 did not
+    # measure (Qwen3-0.6B, Qwen3-1.7B, the 3B) and the 1B at 4096
+    "r46": [("default", "gluon", {}), ("nocap", "gluon", {"inflight": 0}), ("default-again", "gluon", {}),
+            ("nocap-again", "gluon", {"inflight": 0})],
+    # prepared in session 15: the next attention task's old K/V asked of L2 by the task before it (kv_prefetch)
+    "r47": [("default", "gluon", {}), ("kvpf", "gluon", {"kv_prefetch": True}), ("default-again", "gluon", {}),
+            ("kvpf-again", "gluon", {"kv_prefetch": True})],
     # measured in session 14 at df52673 (the L2 toucher, a third warp reading the slots just past the producer's
     # horizon into L2: slower on the 1B, Qwen2.5-0.5B and the 8B; removed after r44, so its entries no longer validate)
     "r43": [("default", "gluon", {}), ("lt4", "gluon", {"l2_touch": 4}), ("lt8", "gluon", {"l2_touch": 8}),

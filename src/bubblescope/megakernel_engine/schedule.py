@@ -133,13 +133,13 @@ class MegakernelParams:
             (none), ``"evict_first"`` (each weight line is read once per step, so it may leave L2 first) or
             ``"evict_last"`` (the Triton kernel's only; the Gluon kernel refuses it by name). The Triton kernel:
             even either way (NOTES' second session). On the Gluon kernel ``evict_first`` gives the weight stream's
-            TMA loads that L2 policy, so the stream stops evicting what is read again (the KV cache, the
-            activations, the RMSNorm weights). Gluon 3.6's TMA load takes no policy, so the kernel's PTX is
+            TMA loads that L2 policy, so the stream should stop evicting what is read again (the KV cache, the
+            activations, the RMSNorm weights; not measured directly). Gluon 3.6's TMA load takes no policy, so the kernel's PTX is
             rewritten (``gluon/ptx.py``). Measured on the H200 (session 15, ``gluon_check.py --sweep r44``,
             interleaved rounds, stepwise ms, none / ``evict_first``): Llama-3.2-1B 0.907, 0.906 / 0.898, 0.878; at
             context 4096 0.998, 1.030 / 0.979, 1.007; Llama-3.1-8B 3.873, 3.917 / 3.828, 3.887; Qwen2.5-0.5B 0.651,
-            0.653 / 0.648, 0.650; Qwen3-0.6B 0.755, 0.787 / 0.758, 0.773. The 1B's frames: a layer 37.6 → 36.8
-            µs, all of it over gate-up and down (24.6 → 24.0). (``benchmarks/l2_probe.py``, session 14, one CTA
+            0.653 / 0.648, 0.650; Qwen3-0.6B 0.755, 0.787 / 0.758, 0.773. The 1B's frames (one capture each): a layer 37.6 →
+            36.8 µs, gate-up and down 24.5 → 24.0, the QKV → O-proj stretch 12.9 → 13.0. (``benchmarks/l2_probe.py``, session 14, one CTA
             per SM: 17 MB of lines read by loads survived 34 MB of later traffic read ``evict_first``; half to most
             of them did not survive it read without the hint.)
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
@@ -173,8 +173,9 @@ class MegakernelParams:
             stream. Again with the weight stream read evict_first (session 15, ``--sweep r45``): Llama-3.2-1B 0.766
             / 0.764 at 4 against 0.778 / 0.782 (6: 0.768 / 0.770), Llama-3.1-8B 3.738 / 3.746 against 3.765 /
             3.762, Qwen2.5-0.5B (6 slots of 32 KB) even at 4 (0.646 / 0.655 against 0.647 / 0.648; r41 at 2: 0.654 /
-            0.655 against 0.657 / 0.660). So the default since session 15 caps the bytes in flight, 64 KB per SM
-            (~1-2 %). (The L2 prefetches past the ring all lost: ``l2_ahead``,
+            0.655 against 0.657 / 0.660, within its noise). So the default since session 15 caps the bytes in
+            flight, 64 KB per SM: 1-2 % on the 1B at context 128, ~0.5 % on the 8B; the 3B and the Qwen3 presets
+            not measured with it. (The L2 prefetches past the ring all lost: ``l2_ahead``,
             ``wait_prefetch``, and session 12's producer burst at the first gate-up tile, removed after r40.)
         norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
             gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
@@ -188,6 +189,14 @@ class MegakernelParams:
             (``--sweep r42`` again, stepwise ms, ``after`` / ``beside`` / ``prefetch``): Llama-3.2-1B 0.910, 0.905 /
             0.891, 0.893 / 0.883, 0.883; Qwen2.5-0.5B 0.722, 0.733 / 0.712, 0.721 / 0.717, 0.712; Qwen3-0.6B 0.755,
             0.758 / 0.752, 0.752 / 0.743, 0.744.
+        kv_prefetch: Gluon kernel only: the task before an attention task in a CTA's queue (its QKV task, or the
+            previous layer's down task) asks L2 for that attention task's old K/V cache rows, one
+            ``prefetch.global.L2`` per 128-byte line, before its own dependency wait (at most 32 KB of each cache
+            per task), so the attention's blocks read them from L2 on the layer's chain (``False``: off). Aimed at
+            long context (at 4096 tokens a Llama-3.2-1B split walks 4 blocks of 64 positions, ~1 µs each; the step
+            grew 101 µs from context 128 to 4096 in session 15, against 26 µs of added KV bytes at peak) and at
+            the first block's older rows at short context. Prepared in session 15 (compiled for sm_90), not yet
+            measured (``gluon_check.py --sweep r47``).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -305,6 +314,7 @@ class MegakernelParams:
     wait_prefetch_mode: str = "bulk"
     inflight: int | None = None
     norm_load: str = "prefetch"
+    kv_prefetch: bool = False
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -358,6 +368,8 @@ class MegakernelParams:
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
         if not isinstance(self.l2_ahead, int) or self.l2_ahead < 0:
             raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
+        if not isinstance(self.kv_prefetch, bool):
+            raise BubblescopeError(f"megakernel params: kv_prefetch must be true or false, got {self.kv_prefetch!r}")
         if self.norm_load not in ("after", "beside", "prefetch"):
             raise BubblescopeError(f"megakernel params: norm_load must be after, beside or prefetch, "
                                    f"got {self.norm_load!r}")

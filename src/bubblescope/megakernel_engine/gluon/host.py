@@ -28,7 +28,7 @@ DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in
 DEFAULT_BLOCK_S = 64        # positions per attention block (round 6: 0.909 against 0.926 at 128, 1.19 / 1.31 at 4096)
 # bytes a producer keeps requested and not landed (MegakernelParams.inflight = None): H200 sweeps r41 (session 13)
 # and r45 (session 15): 4 slots of 16 KB 1-2 % faster on Llama-3.2-1B, ~0.5 % on Llama-3.1-8B; 2 slots of 32 KB
-# (Qwen2.5-0.5B) ~0.5 %; at least 2 slots whatever their size
+# (Qwen2.5-0.5B) even within the noise; at least 2 slots whatever their size
 INFLIGHT_BYTES = 64 * 1024
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
@@ -350,7 +350,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         INFLIGHT=inflight if inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
-        TMA_EVICT=resolve_eviction(params.weight_eviction) == "evict_first",
+        TMA_EVICT=resolve_eviction(params.weight_eviction) == "evict_first", KV_PF=bool(params.kv_prefetch),
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -381,7 +381,8 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
     the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded), ``weight_eviction`` (the weight
-    stream's L2 policy: ``""`` or ``evict_first``);
+    stream's L2 policy: ``""`` or ``evict_first``), ``kv_prefetch`` (the next attention task's K/V asked of L2 by the
+    task before it);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -396,7 +397,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
             "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]],
-            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else ""}
+            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else "", "kv_prefetch": bool(cx["KV_PF"])}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Prepared in session 15 for the sixteenth session's device calls (from the repository root, through the device
+# tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
+#   bash benchmarks/session16.sh first   # every GPU test with the in-flight cap the default (session 15's run stopped
+#                                        # at the device-time limit after 27 of 38); the 1B's decode-latency set and
+#                                        # its timeline
+#   bash benchmarks/session16.sh second  # sweep r47 (kv_prefetch: the next attention task's K/V asked of L2 ahead;
+#                                        # the GPU tests of `first` check it) on the 1B at 4096 and 128 and
+#                                        # Qwen2.5-0.5B; sweep r46 (the in-flight cap against none) on Qwen3-0.6B,
+#                                        # Qwen3-1.7B, the 3B and the 1B at 4096; the Qwen presets' decode-latency set
+#   bash benchmarks/session16.sh third   # the 3B / 8B set and timelines; compute-sanitizer memcheck and racecheck
+. benchmarks/device_prelude.sh
+case "${1:-}" in
+first)
+  gpu_tests
+  issue_sets 1b
+  waits llama-3.2-1b 55
+  ;;
+second)
+  sweep r47 llama-3.2-1b 4096 60
+  sweep r47 llama-3.2-1b 128 45
+  sweep r47 qwen2.5-0.5b 128 45
+  sweep r46 qwen3-0.6b 128 50
+  sweep r46 qwen3-1.7b 128 60
+  sweep r46 llama-3.2-3b 128 70
+  sweep r46 llama-3.2-1b 4096 60
+  issue_sets qwen
+  ;;
+third)
+  llama_presets
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # memcheck then sees each tensor's own bounds
+  sanitize
+  ;;
+*) echo "session16.sh: unknown stage '${1:-}' (first, second, third)" >&2; exit 2 ;;
+esac
+finish
