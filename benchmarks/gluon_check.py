@@ -414,12 +414,15 @@ SWEEPS = {
             ("default-again", "gluon", {}), ("gu8-again", "gluon", {"gu_burst": 8}),
             ("gu16-again", "gluon", {"gu_burst": 16})],
     # session 13: at most N ring slots requested and not landed per producer (inflight), for the HBM queue the chain's
-    # tiles wait behind (~25 MB in flight at ~4 TB/s is ~6 µs); r41q for the 6-slot ring of two-box slots
-    "r41": [("default", "gluon", {}), ("if3", "gluon", {"inflight": 3}), ("if4", "gluon", {"inflight": 4}),
-            ("if6", "gluon", {"inflight": 6}), ("default-again", "gluon", {}), ("if3-again", "gluon", {"inflight": 3}),
+    # tiles wait behind (~25 MB in flight at ~4 TB/s is ~6 µs); r41q for the 6-slot ring of two-box slots. "default" is
+    # no cap, the default when r41 and r45 ran (before session 15's 64 KB per SM)
+    "r41": [("default", "gluon", {"inflight": 0}), ("if3", "gluon", {"inflight": 3}), ("if4", "gluon", {"inflight": 4}),
+            ("if6", "gluon", {"inflight": 6}), ("default-again", "gluon", {"inflight": 0}),
+            ("if3-again", "gluon", {"inflight": 3}),
             ("if4-again", "gluon", {"inflight": 4}), ("if6-again", "gluon", {"inflight": 6})],
-    "r41q": [("default", "gluon", {}), ("if2", "gluon", {"inflight": 2}), ("if3", "gluon", {"inflight": 3}),
-             ("if4", "gluon", {"inflight": 4}), ("default-again", "gluon", {}), ("if2-again", "gluon", {"inflight": 2}),
+    "r41q": [("default", "gluon", {"inflight": 0}), ("if2", "gluon", {"inflight": 2}),
+             ("if3", "gluon", {"inflight": 3}), ("if4", "gluon", {"inflight": 4}),
+             ("default-again", "gluon", {"inflight": 0}), ("if2-again", "gluon", {"inflight": 2}),
              ("if3-again", "gluon", {"inflight": 3}), ("if4-again", "gluon", {"inflight": 4})],
     # session 13: the RMSNorm weights of a staged vector loaded beside the vector (not after its sum of squares),
     # and also asked of L2 before the dependency wait (norm_load)
@@ -431,7 +434,8 @@ SWEEPS = {
     # with the L2 toucher (r43) and with the consumers' L2 prefetch past the ring at a dependency wait (lines read by
     # loads, or asked of L2 ahead, survived an evict_first stream in benchmarks/l2_probe.py). evict_first alone won
     # (1-3 %) and became the default (auto); the toucher lost again and was removed (its entries no longer
-    # validate). "default" is no policy, the default when r44 ran
+    # validate: they raise and are recorded as errors). "default" is no policy, the default when r44 ran (its rows
+    # now also run with session 15's in-flight cap)
     "r44": [("default", "gluon", {"weight_eviction": ""}), ("ef", "gluon", {"weight_eviction": "evict_first"}),
             ("ef-lt4", "gluon", {"weight_eviction": "evict_first", "l2_touch": 4}),
             ("ef-lt8", "gluon", {"weight_eviction": "evict_first", "l2_touch": 8}),
@@ -442,8 +446,8 @@ SWEEPS = {
             ("ef-wpl4-again", "gluon", {"weight_eviction": "evict_first", "wait_prefetch": 4, "wait_prefetch_mode": "line"})],
     # session 15, after evict_first became the default: the in-flight cap again (r41: ~1 % on the 1B and the 8B
     # without the policy), now that the weight stream no longer evicts the chain's own lines from L2
-    "r45": [("default", "gluon", {}), ("if4", "gluon", {"inflight": 4}), ("if6", "gluon", {"inflight": 6}),
-            ("default-again", "gluon", {}), ("if4-again", "gluon", {"inflight": 4}),
+    "r45": [("default", "gluon", {"inflight": 0}), ("if4", "gluon", {"inflight": 4}), ("if6", "gluon", {"inflight": 6}),
+            ("default-again", "gluon", {"inflight": 0}), ("if4-again", "gluon", {"inflight": 4}),
             ("if6-again", "gluon", {"inflight": 6})],
     # prepared in session 15: the in-flight cap's default (64 KB per SM) against no cap, on the models r45 did not
     # measure (Qwen3-0.6B, Qwen3-1.7B, the 3B) and the 1B at 4096
@@ -495,7 +499,8 @@ def section_sweep(args, out):
                 tok = eng.decode_greedy(tok)
             engines[name] = (eng, tok, [], [])
             info = eng.compile_info()
-            res[name] = {"params": kw, "impl": impl, "registers": info.get("registers"),
+            # "resolved": the Gluon choices the params resolved to (auto / None defaults named), as results.json's
+            res[name] = {"params": kw, "resolved": info.get("gluon"), "impl": impl, "registers": info.get("registers"),
                          "spills": info.get("spills"), "shared_bytes": info.get("shared_bytes"),
                          "grid": info.get("grid"), "text_bytes": info.get("text_bytes")}
         except Exception as e:

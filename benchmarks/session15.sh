@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepared in session 14 for the fifteenth session's device calls (from the repository root, through the device
 # tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
-#   bash benchmarks/session15.sh first   # (ran at 7c5fdff) weight_eviction=evict_first on the Gluon kernel:
+#   bash benchmarks/session15.sh first   # (ran at 7c5fdff; its r44 rows with the toucher now raise, removed after it)
+#                                        # weight_eviction=evict_first on the Gluon kernel:
 #                                        # the 1B's check with its frames, stories260K and the tiny fp32 models with it;
 #                                        # sweep r44 (evict_first alone, with the L2 toucher at 4 and 8, with the
 #                                        # per-line prefetch at the dependency wait) on the 1B (128, 4096), Qwen3-0.6B,

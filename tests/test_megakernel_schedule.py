@@ -147,6 +147,14 @@ def test_params_validation():
         MegakernelParams(prefetch_next="OPROJ,foo").validate()
     with pytest.raises(BubblescopeError, match="weight_eviction"):
         MegakernelParams(weight_eviction="evict_never").validate()
+    # the Triton kernel's weight loads: auto is no hint (even either way, NOTES' second session); a choice stands
+    from bubblescope.megakernel_engine.schedule import resolve_tiling
+    from bubblescope.megakernel_engine.triton_kernel.host import kernel_constexprs
+    cfg = TINY["gqa-tied-llama3"]
+    for choice, hint in (("auto", ""), ("", ""), ("evict_first", "evict_first"), ("evict_last", "evict_last")):
+        p = MegakernelParams(weight_eviction=choice)
+        cx = kernel_constexprs(cfg, resolve_tiling(cfg, p, 1), p, 64, False, False, 0)
+        assert cx["W_EVICT"] == hint, (choice, cx["W_EVICT"])
     with pytest.raises(BubblescopeError, match="lm_blocks must be a positive integer"):
         MegakernelParams(lm_blocks=0).validate()
     assert build_schedule(TINY["gqa-tied-llama3"], MegakernelParams(prefetch_next="oproj, attn"), 1).tiling.pf_next_ops \

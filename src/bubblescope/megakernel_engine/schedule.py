@@ -161,8 +161,9 @@ class MegakernelParams:
             per SM): L2 keeps prefetched lines only up to ~64 KB per SM; at 128 KB per SM none of the per-line
             prefetches hit and about half of the bulk ones did, while lines read by loads stayed.
         inflight: Gluon kernel only: ring slots the producer keeps requested and not yet landed (None, the
-            default: the slots of ``gluon.host.INFLIGHT_BYTES``, 64 KB per SM: 4 slots of one 16 KB box, 2 of two
-            boxes; 0: no cap, the whole ring; a value at or above the ring's slots is no cap either). The ring's other slots still fill
+            default: ``max(2, gluon.host.INFLIGHT_BYTES // slot bytes)``, 64 KB per SM: 4 slots of one 16 KB bf16
+            box, 2 of two; 0: no cap, the whole ring; a value at or above the ring's slots is no cap either, e.g.
+            stories260K's 32 small slots). The ring's other slots still fill
             while the consumers wait, so the buffer for a dependency wait stays the ring; the cap was to shorten the
             HBM queue (Little's law: ~25 MB in flight over all SMs at ~4 TB/s is ~6 µs for any load) that each
             layer's chain tiles wait behind: the QKV matvec ends 3.9 µs after its last tile's request
