@@ -199,11 +199,11 @@ def _prefetch_split_kv(nrow, pos, kc_ptr, vc_ptr, D: gl.constexpr, NKV: gl.const
     """``prefetch.global.L2`` of the K and V cache rows of the attention task at table row ``nrow`` (its split's
     positions up to ``pos``), one 128-byte line per lane, at most KV_PF_LINES lines of each cache."""
     ESIZE: gl.constexpr = kc_ptr.dtype.element_ty.primitive_bitwidth // 8
-    LPR: gl.constexpr = (D * ESIZE + 127) // 128  # lines per cache row
     PL: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     n, s_lo, s_hi, base = _split_range(gl.load(nrow + F_LAYER), gl.load(nrow + F_A0), gl.load(nrow + F_A2), pos, D,
                                        NKV, S_MAX, NSPLIT, MIN_CHUNK)
-    nl = gl.minimum(gl.maximum(s_hi - s_lo, 0) * LPR, KV_PF_LINES)
+    # lines from the split's bytes (rows of D·ESIZE bytes lie back to back), so each line starts inside its rows
+    nl = gl.minimum((gl.maximum(s_hi - s_lo, 0) * (D * ESIZE) + 127) // 128, KV_PF_LINES)
     first = base + s_lo.to(gl.int64) * D
     for b in gl.static_range(0, KV_PF_LINES, 32 * NW):
         j = b + gl.arange(0, 32 * NW, layout=PL)
