@@ -11,11 +11,12 @@ layer's time. For the two normalised inputs also: ``qkv_ready`` / ``g_ready`` (m
 upstream DOWN / O-proj stage's last end: the hop) and ``d_tail`` / ``o_tail`` (that upstream stage's last end less
 its tasks' 10th-percentile end: how spread its ends are).
 
-With ``--model`` (the preset the frame ran, default Gluon tiling, 16-bit weights), also the weight stream's feed:
-the bytes of tiles the producers issue per µs over all SMs (each task's bytes spread evenly between its first and
-last TMA issue; a ring slot is reissued only once its consumer frees it), per layer over the stretch from the
-previous DOWN stage's end to the O-proj stage's end and over the rest of the layer (TB/s), and how long the QKV
-matvec ends after its task's last tile was issued (µs).
+With ``--model`` (the preset the frame ran, default Gluon tiling, 16-bit weights), also the weight stream's feed
+(``timeline.stream_feed``, which ``bubblescope diagnose`` reports as ``intrakernel.stream_feed``): the bytes of tiles
+the producers issue per µs over all SMs (each task's bytes spread evenly between its first and last TMA issue; a
+ring slot is reissued only once its consumer frees it), per layer over the stretch from the previous DOWN stage's
+end to the O-proj stage's end and over the rest of the layer (TB/s; the product's ``chain`` / ``mlp`` in GB/s), and
+how long the QKV matvec ends after its task's last tile was issued (µs).
 
     python benchmarks/chain_breakdown.py FRAME.csv.gz [--model llama-3.2-1b [--params '{"max_rows": 16}']]
         [--out chain.json]
@@ -28,11 +29,11 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from bubblescope.errors import BubblescopeError
 from bubblescope.megakernel_engine.timeline import attn_critical, edge_summary, stage_edges, task_phases
+from bubblescope.megakernel_engine.timeline import stream_feed as timeline_stream_feed
 
 STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
 SPANS = ("qkv_span", "attn_span", "o_span", "g_span", "d_span")  # a layer's time is their sum
@@ -72,42 +73,27 @@ def layer_chain(df: pd.DataFrame) -> pd.DataFrame:
 def task_bytes(model: str, params: dict | None = None) -> dict[str, int]:
     """Weight bytes of one task per opcode for ``model``'s Gluon tiling under ``params`` (MegakernelParams fields;
     default: this checkout's defaults, which must be the frame's: Qwen2.5-0.5B's tiles were 16 rows before session 13)
-    and 16-bit weights: rows × K × 2 (QKV / gate-up / LM head: BR rows over H; O-proj: BR / split_k rows over Q; down:
-    over I)."""
+    and 16-bit weights (``schedule.task_weight_bytes``'s rule)."""
     from bubblescope.megakernel_engine.gluon.host import gluon_tiling
-    from bubblescope.megakernel_engine.schedule import MegakernelParams
+    from bubblescope.megakernel_engine.schedule import MegakernelParams, task_weight_bytes
     from bubblescope.models.config import get_preset
     cfg = get_preset(model)
-    t = gluon_tiling(cfg, MegakernelParams(**(params or {})), 132)
-    h, q, i = cfg.hidden_size, cfg.q_size, cfg.intermediate_size
-    return {"QKV": t.rows_qkv * h * 2, "OPROJ": t.rows_o * q * 2, "GATEUP": t.rows_gateup * h * 2,
-            "DOWN": t.rows_down * i * 2, "LMHEAD": t.rows_lm * h * 2}
+    return task_weight_bytes(cfg, gluon_tiling(cfg, MegakernelParams(**(params or {})), 132), 2)
+
+
+# The product's stream_feed columns under the names this script's recorded JSON files use (rates there in TB/s).
+_LEGACY = {"chain_us": "stretch_us", "chain_GBps": "stretch_tbps", "mlp_us": "rest_us", "mlp_GBps": "rest_tbps",
+           "layer_GBps": "layer_tbps"}
 
 
 def stream_feed(df: pd.DataFrame, nbytes: dict[str, int]) -> pd.DataFrame:
-    """Per layer: the producers' tile-issue rate (TB/s) over the stretch (previous DOWN end → O-proj end) and over
-    the rest (O-proj end → DOWN end), and the QKV tasks' median ``mv_end − last TMA issue`` (µs)."""
-    w = df[df["name"].isin(list(nbytes)) & df["load_start_us"].notna()]
-    edges, issued = [], []
-    for s0, e0, b in zip(w["load_start_us"], w["load_end_us"], w["name"].map(nbytes)):
-        n = max(1, int(b // 16384))  # the ring's 16 KB slots, issued evenly between the task's first and last
-        edges.append(np.linspace(s0, e0, n))
-        issued.append(np.full(n, b / n))
-    t, b = np.concatenate(edges), np.concatenate(issued)
-    ends = df.groupby(["layer", "name"])["end_us"].max().unstack()
-
-    def rate(lo: float, hi: float) -> float:  # bytes / µs / 1e6 = TB/s
-        return float(b[(t >= lo) & (t < hi)].sum() / (hi - lo) / 1e6)
-
-    rows = []
-    layers = sorted(df["layer"].unique())
-    for prev, layer in zip(layers, layers[1:]):
-        lo, mid, hi = ends.loc[prev, "DOWN"], ends.loc[layer, "OPROJ"], ends.loc[layer, "DOWN"]
-        q = w[(w["layer"] == layer) & (w["name"] == "QKV")]
-        rows.append({"layer": int(layer), "stretch_us": mid - lo, "stretch_tbps": rate(lo, mid),
-                     "rest_us": hi - mid, "rest_tbps": rate(mid, hi), "layer_tbps": rate(lo, hi),
-                     "qkv_mv_after_last_issue_us": float((q["mv_end_us"] - q["load_end_us"]).median())})
-    return pd.DataFrame(rows)
+    """``timeline.stream_feed`` per layer under this script's names: the producers' tile-issue rate (TB/s) over the
+    stretch (previous DOWN end → O-proj end) and over the rest (O-proj end → DOWN end), and the QKV tasks' median
+    ``mv_end − last TMA issue`` (µs)."""
+    feed = timeline_stream_feed(df, nbytes)
+    for col in ("chain_GBps", "mlp_GBps", "layer_GBps"):
+        feed[col] = feed[col] / 1e3
+    return feed.rename(columns=_LEGACY)
 
 
 def main() -> int:

@@ -34,7 +34,8 @@ from ..models.weights import ModelWeights
 from . import residency as R
 from .launcher import Launcher
 from .packing import pack_weights
-from .schedule import OPCODE_NAMES, MegakernelParams, build_schedule, num_counters, resolve_tiling
+from .schedule import (OPCODE_NAMES, MegakernelParams, build_schedule, num_counters, resolve_tiling,
+                       task_weight_bytes)
 from .timeline import IntraKernelTimeline, decode_timeline
 from .triton_kernel import host as L
 
@@ -450,6 +451,12 @@ class MegakernelEngine:
         present; register data None under the interpreter), residency limits, tiling, task counts; for the Gluon
         kernel ``gluon``, its tile shapes (``gluon.host.gluon_choice``)."""
         return dict(self._info)
+
+    def task_weight_bytes(self) -> dict[str, int]:
+        """Bytes of weights one task of each weight opcode streams in this engine's launches
+        (``schedule.task_weight_bytes`` of its config, the tiling its schedule ran and its packed weights' element
+        size), keyed by opcode name: what ``timeline.stream_feed`` spreads over a task's ring slots."""
+        return task_weight_bytes(self.schedule.config, self.schedule.tiling, self.packed.wqkv.element_size())
 
     def greedy_token(self) -> torch.Tensor:
         """The argmax of the last logits, picked on the device (int64 (1,), on the device, no sync)."""

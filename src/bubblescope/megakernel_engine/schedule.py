@@ -514,6 +514,37 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
         block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn)
 
 
+def task_weight_bytes(cfg: ModelConfig, tiling: Tiling, elem_bytes: int) -> dict[str, int]:
+    """Bytes of weights one task of each weight opcode streams, keyed by the opcode names of
+    :data:`OPCODE_NAMES` (the ``name`` column of ``timeline.decode_timeline``).
+
+    A task's rows times the width of the matrix they belong to, times ``elem_bytes``: QKV ``rows_qkv × hidden``,
+    OPROJ ``rows_o × q_size``, GATEUP ``rows_gateup × gateup_blocks × hidden``, DOWN ``rows_down × intermediate``,
+    LMHEAD ``rows_lm × lm_blocks × hidden`` (the Gluon kernel's tiling has one block per task). A stage's last task
+    may hold fewer rows (a partial tile); this is the full tile's size, the rule ``timeline.stream_feed`` spreads
+    over a task's ring slots (first written as ``benchmarks/chain_breakdown.py``'s ``task_bytes``).
+
+    Args:
+        cfg: the model's shapes.
+        tiling: the resolved tiling of the schedule that ran (``Schedule.tiling``).
+        elem_bytes: bytes per packed weight element (2 for bf16 / fp16, 4 for fp32).
+
+    Returns:
+        ``{"QKV", "OPROJ", "GATEUP", "DOWN", "LMHEAD"}`` → bytes per task (int).
+
+    Raises:
+        BubblescopeError: ``elem_bytes`` not a positive integer.
+    """
+    if isinstance(elem_bytes, bool) or not isinstance(elem_bytes, int) or elem_bytes <= 0:
+        raise BubblescopeError(f"task_weight_bytes: elem_bytes must be a positive integer, got {elem_bytes!r}")
+    h = cfg.hidden_size
+    rows_by_width = {"QKV": (tiling.rows_qkv, h), "OPROJ": (tiling.rows_o, cfg.q_size),
+                     "GATEUP": (tiling.rows_gateup * tiling.gateup_blocks, h),
+                     "DOWN": (tiling.rows_down, cfg.intermediate_size),
+                     "LMHEAD": (tiling.rows_lm * tiling.lm_blocks, h)}
+    return {name: rows * width * elem_bytes for name, (rows, width) in rows_by_width.items()}
+
+
 @dataclass(frozen=True)
 class Task:
     """One instruction (see the F_* fields). ``wait`` / ``signal``: counter ids or -1."""

@@ -118,7 +118,8 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
     return df.reset_index(drop=True)[COLUMNS + extra]
 
 
-def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict:
+def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24,
+                        task_bytes: dict[str, int] | None = None) -> dict:
     """Summary of one step's timeline (from :func:`decode_timeline`).
 
     Returns a dict: ``producer_lead_us_p50`` (Gluon: median µs between a task's first weight-tile issue and
@@ -131,7 +132,10 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
     [{program, opcode, layer, start_us, ready_us, end_us}] in start order (times in µs, 3 decimals).
     The statistics use every task; ``tasks`` lists only ``max_programs`` programs evenly spaced over the
     grid (Llama-3.2-1B runs ~75,000 tasks per step: all of them would make a 16 MB results file),
-    named in ``tasks_programs``; ``None`` keeps all.
+    named in ``tasks_programs``; ``None`` keeps all. ``stream_feed``: with ``task_bytes`` (bytes per task by
+    opcode, ``schedule.task_weight_bytes``) and a frame :func:`stream_feed` finds layers in (the Gluon kernel),
+    ``{"median": {column: median over layers}, "per_layer": [row]}`` of its columns (µs, GB/s; 3 decimals, NaN as
+    None); otherwise None.
     """
     total = float(df["dur_us"].sum())
     programs = sorted(int(p) for p in df["program"].unique())
@@ -156,12 +160,105 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24) -> dict
         "attn_phases": attn_phases(df),
         "attn_critical": attn_critical(df),
         "task_phases": task_phases(df),
+        "stream_feed": _stream_feed_summary(df, task_bytes),
         "tasks_programs": shown,
         "tasks": [{"program": int(r.program), "opcode": r.name, "layer": int(r.layer),
                    "start_us": round(float(r.ts_us), 3), "ready_us": round(float(r.ready_us), 3),
                    "end_us": round(float(r.end_us), 3)}
                   for r in df[df["program"].isin(shown)].itertuples(index=False)],
     }
+
+
+RING_SLOT_BYTES = 16384  # the Gluon kernel's weight ring slot: a weight task's tiles are issued 16 KB at a time
+STREAM_FEED_COLUMNS = ["layer", "chain_us", "chain_GBps", "mlp_us", "mlp_GBps", "layer_GBps",
+                       "qkv_mv_after_last_issue_us"]
+
+
+def _slot_issues(w: pd.DataFrame, task_bytes: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Issue times (µs) and bytes of every ring slot of the weight tasks ``w``: a task's bytes in
+    ``max(1, bytes // 16 KB)`` equal slots at evenly spaced times from its first to its last issue, the same
+    points as ``np.linspace(load_start_us, load_end_us, n)`` (its arithmetic, vectorised over the tasks)."""
+    nbytes = w["name"].map(task_bytes).to_numpy(float)
+    n = np.maximum(1, (nbytes // RING_SLOT_BYTES).astype(np.int64))
+    task = np.repeat(np.arange(len(w)), n)
+    k = np.arange(len(task)) - np.repeat(np.cumsum(n) - n, n)  # slot index within its task
+    s0, e0 = w["load_start_us"].to_numpy(float)[task], w["load_end_us"].to_numpy(float)[task]
+    step = (e0 - s0) / np.maximum(n[task] - 1, 1)
+    t = k * step + s0
+    last = (k == n[task] - 1) & (n[task] > 1)
+    t[last] = e0[last]  # linspace puts the last point exactly on the stop
+    return t, (nbytes / n)[task]
+
+
+def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int]) -> pd.DataFrame:
+    """The rate the Gluon kernel's weight stream is fed, per decoder layer: bytes of weight tiles its producer
+    warps issue per µs over all SMs, over the QKV → attention → O-proj chain and over the MLP.
+
+    A producer reissues a ring slot only once its consumer has freed it, so while the consumers wait on the
+    dependency chain the stream idles: on Llama-3.2-1B it was fed at 1.7 TB/s over the chain against ~4.0 over the
+    rest of the layer (benchmarks/NOTES.md: the twelfth session's levers, the fourteenth session's question; this
+    is ``benchmarks/chain_breakdown.py``'s analysis, moved into the product). Rule: each weight task's bytes are spread
+    evenly over its 16 KB ring slots (``max(1, bytes // 16384)`` of them), issued at evenly spaced times from its
+    ``load_start_us`` to its ``load_end_us`` (``np.linspace``), and a slot counts in the window ``[lo, hi)`` that
+    holds its issue time. For each layer L ≥ 1 whose layer L − 1 is in the frame: ``chain`` runs from layer
+    L − 1's last DOWN task end to layer L's last OPROJ task end, ``mlp`` from there to layer L's last DOWN task end.
+
+    Args:
+        df: one step's :func:`decode_timeline` frame; uses ``name``, ``layer``, ``end_us``, :data:`LOAD_COLUMNS`
+            and, where present, ``mv_end_us``.
+        task_bytes: bytes of weights one task of each opcode streams (``schedule.task_weight_bytes``); tasks of
+            other opcodes, and tasks without both load stamps, issue nothing.
+
+    Returns:
+        One row per layer, :data:`STREAM_FEED_COLUMNS`: ``layer`` (int), ``chain_us`` / ``mlp_us`` (window lengths,
+        µs), ``chain_GBps`` / ``mlp_GBps`` / ``layer_GBps`` (bytes issued in the window / its length, GB/s =
+        bytes / µs / 1e3; NaN for a window of length ≤ 0), ``qkv_mv_after_last_issue_us`` (median over the layer's
+        QKV tasks of ``mv_end_us − load_end_us``: how long the matvec ran on after its last tile was issued; NaN
+        without ``mv_end_us``). Empty (same columns) for a frame without :data:`LOAD_COLUMNS` (the Triton kernel),
+        without stamped weight tasks, or without two consecutive layers that both have DOWN and OPROJ tasks. Never
+        raises on such frames.
+    """
+    empty = pd.DataFrame({c: pd.Series(dtype="int64" if c == "layer" else "float64") for c in STREAM_FEED_COLUMNS})
+    if not set(LOAD_COLUMNS + ["name", "layer", "end_us"]) <= set(df.columns):
+        return empty
+    w = df[df["name"].isin(list(task_bytes))].dropna(subset=LOAD_COLUMNS)
+    stages = df[df["name"].isin(["OPROJ", "DOWN"])].groupby(["layer", "name"])["end_us"].max().unstack()
+    if not len(w) or not {"OPROJ", "DOWN"} <= set(stages.columns):
+        return empty
+    ends = stages[["OPROJ", "DOWN"]].dropna()
+    t, b = _slot_issues(w, task_bytes)
+
+    def rate(lo: float, hi: float) -> float:  # bytes / µs / 1e3 = GB/s
+        return float(b[(t >= lo) & (t < hi)].sum() / (hi - lo) / 1e3) if hi > lo else float("nan")
+
+    rows = []
+    for layer in ends.index:
+        if layer - 1 not in ends.index:
+            continue
+        lo = float(ends.loc[layer - 1, "DOWN"])
+        mid, hi = float(ends.loc[layer, "OPROJ"]), float(ends.loc[layer, "DOWN"])
+        q = w[(w["layer"] == layer) & (w["name"] == "QKV")]
+        after = (q["mv_end_us"] - q["load_end_us"]).median() if "mv_end_us" in q else float("nan")
+        rows.append({"layer": int(layer), "chain_us": mid - lo, "chain_GBps": rate(lo, mid), "mlp_us": hi - mid,
+                     "mlp_GBps": rate(mid, hi), "layer_GBps": rate(lo, hi),
+                     "qkv_mv_after_last_issue_us": float(after)})
+    return pd.DataFrame(rows, columns=STREAM_FEED_COLUMNS) if rows else empty
+
+
+def _stream_feed_summary(df: pd.DataFrame, task_bytes: dict[str, int] | None) -> dict | None:
+    """:func:`stream_feed` for the results: medians over layers and the per-layer rows, 3 decimals, NaN as None
+    (the results are strict JSON); None without ``task_bytes`` or without rows."""
+    feed = stream_feed(df, task_bytes) if task_bytes else None
+    if feed is None or not len(feed):
+        return None
+
+    def clean(v: float) -> float | None:
+        return None if pd.isna(v) else round(float(v), 3)
+
+    med = feed.drop(columns=["layer"]).median()
+    return {"median": {k: clean(v) for k, v in med.items()},
+            "per_layer": [{"layer": int(r["layer"]), **{k: clean(r[k]) for k in STREAM_FEED_COLUMNS[1:]}}
+                          for r in feed.to_dict(orient="records")]}
 
 
 def stage_edges(df: pd.DataFrame) -> pd.DataFrame:

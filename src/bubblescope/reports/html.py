@@ -61,7 +61,8 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
             "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
             "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
-                      ("tasks per step", tables.fmt(ik.get("tasks_per_step")))] + _attn_phase_facts(ik),
+                      ("tasks per step", tables.fmt(ik.get("tasks_per_step")))] + _attn_phase_facts(ik)
+                     + _stream_feed_facts(ik),
             "by_opcode": [[tables.fmt(r.get("opcode"), "text"), tables.fmt(r.get("tasks")),
                            tables.fmt(r.get("busy_us"), "rate"), tables.fmt(r.get("wait_us"), "rate")]
                           for r in ik.get("by_opcode") or []],
@@ -94,6 +95,12 @@ def _attn_phase_facts(ik: dict) -> list[tuple[str, str]]:
         facts.append(("attention, last task of each layer: after QKV / q / blocks / ticket / combine = total, µs p50",
                       value))
     return facts
+
+
+def _stream_feed_facts(ik: dict) -> list[tuple[str, str]]:
+    """The weight stream's feed (``intrakernel.stream_feed``) as a report fact; none where the document has none."""
+    line = tables.stream_feed_line(ik)
+    return [("weight stream fed (tiles issued, median over layers)", line)] if line else []
 
 
 def _details(engines: list[dict]) -> list[list[str]]:

@@ -165,3 +165,18 @@ def kernel_tiling(c: dict) -> str:
         rows = "/".join(str(t.get(k, "?")) for k in ("rows_qkv", "rows_o", "rows_gateup", "rows_down", "rows_lm"))
         return f"{c.get('implementation') or 'triton'}: rows qkv/o/gateup/down/lm {rows} · splits {t.get('kv_splits')}"
     return "—"
+
+
+def stream_feed_line(ik: dict | None) -> str | None:
+    """The weight stream's feed of a megakernel (``intrakernel.stream_feed``, medians over layers) in words, e.g.
+    ``1.70 TB/s over the attention chain (12.9 µs per layer), 4.16 TB/s over the MLP (24.0 µs)``; None where the
+    document has none (the Triton kernel, CPU runs, documents before it existed)."""
+    med = dig(ik or {}, "stream_feed", "median")
+    if not isinstance(med, dict):
+        return None
+
+    def tbps(v) -> str:  # GB/s in the document; TB/s reads better at HBM rates
+        return MISSING if v is None else f"{v / 1e3:.2f}"
+
+    return (f"{tbps(med.get('chain_GBps'))} TB/s over the attention chain ({fmt(med.get('chain_us'), 'rate')} µs per "
+            f"layer), {tbps(med.get('mlp_GBps'))} TB/s over the MLP ({fmt(med.get('mlp_us'), 'rate')} µs)")

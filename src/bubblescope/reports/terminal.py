@@ -58,7 +58,8 @@ def render_results(results: Results | dict, console: Console) -> None:
     Shows: which device it ran on (plainly "CPU only — GPU metrics unavailable" without a GPU), model,
     workload and command; the headline tables (ms/token p50/p99, tok/s, TTFT ms, effective GB/s,
     % of NVML peak and of measured copy bandwidth; kernels and launches per step, bubble ratio,
-    launch/sync share, token agreement); each megakernel's implementation and tile shapes; skipped/failed engines
+    launch/sync share, token agreement); each megakernel's implementation and tile shapes, and where present its
+    weight stream's feed over the attention chain and the MLP; skipped/failed engines
     with reasons; findings with evidence.
     Values are read from the document only; null shows as "—". Document text prints literally (no
     rich markup or emoji codes are interpreted), so ``void f<int, 4>()`` or ``[bold]`` show as written.
@@ -90,6 +91,12 @@ def render_results(results: Results | dict, console: Console) -> None:
     if tiles:  # the tile shapes and matvec chosen for this model (they follow its config)
         console.print(Text("Kernels and tiles", style="bold"))
         for name, line in tiles:
+            console.print(Text(f"  {name}: {line}"))
+    feeds = [(e["name"], tables.stream_feed_line(e.get("intrakernel"))) for e in doc["engines"]]
+    feeds = [(name, line) for name, line in feeds if line]
+    if feeds:  # where the HBM weight stream idles inside the megakernel (Gluon kernel only)
+        console.print(Text("Weight stream fed (tiles issued, median over layers)", style="bold"))
+        for name, line in feeds:
             console.print(Text(f"  {name}: {line}"))
     skipped = tables.not_run(doc)
     if skipped:
