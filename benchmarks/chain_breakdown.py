@@ -81,16 +81,30 @@ def task_bytes(model: str, params: dict | None = None) -> dict[str, int]:
     return task_weight_bytes(cfg, gluon_tiling(cfg, MegakernelParams(**(params or {})), 132), 2)
 
 
+def slot_bytes(model: str, params: dict | None = None) -> int:
+    """Bytes of one weight-ring slot of ``model``'s Gluon kernel under ``params`` (16-bit weights): ``slot_boxes``
+    boxes of ``BR`` × ``BK`` (``MegakernelEngine.ring_slot_bytes``'s rule)."""
+    import torch
+
+    from bubblescope.megakernel_engine.gluon.host import gluon_constexprs, gluon_params, gluon_tiling
+    from bubblescope.megakernel_engine.schedule import MegakernelParams
+    from bubblescope.models.config import get_preset
+    cfg = get_preset(model)
+    p = gluon_params(cfg, MegakernelParams(**(params or {})))
+    cx = gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 4096, torch.bfloat16, cfg.attention_bias)
+    return int(cx["SB"] * cx["BR"] * cx["BK"] * 2)
+
+
 # The product's stream_feed columns under the names this script's recorded JSON files use (rates there in TB/s).
 _LEGACY = {"chain_us": "stretch_us", "chain_GBps": "stretch_tbps", "mlp_us": "rest_us", "mlp_GBps": "rest_tbps",
            "layer_GBps": "layer_tbps"}
 
 
-def stream_feed(df: pd.DataFrame, nbytes: dict[str, int]) -> pd.DataFrame:
+def stream_feed(df: pd.DataFrame, nbytes: dict[str, int], slot: int = 16384) -> pd.DataFrame:
     """``timeline.stream_feed`` per layer under this script's names: the producers' tile-issue rate (TB/s) over the
     stretch (previous DOWN end → O-proj end) and over the rest (O-proj end → DOWN end), and the QKV tasks' median
     ``mv_end − last TMA issue`` (µs)."""
-    feed = timeline_stream_feed(df, nbytes)
+    feed = timeline_stream_feed(df, nbytes, slot)
     for col in ("chain_GBps", "mlp_GBps", "layer_GBps"):
         feed[col] = feed[col] / 1e3
     return feed.rename(columns=_LEGACY)
@@ -116,11 +130,11 @@ def main() -> int:
     if a.model:
         try:
             params = json.loads(a.params)
-            nbytes = task_bytes(a.model, params)
+            nbytes, slot = task_bytes(a.model, params), slot_bytes(a.model, params)
         except (ValueError, TypeError, BubblescopeError) as e:
             print(f"chain_breakdown: --params / --model: {e}", file=sys.stderr)
             return 2
-        feed = stream_feed(df, nbytes)
+        feed = stream_feed(df, nbytes, slot)
         doc["stream_feed"] = {"model": a.model, "median": feed.drop(columns=["layer"]).median().round(3).to_dict(),
                               "per_layer": feed.round(3).to_dict(orient="records")}
         print(feed.round(2).to_string(index=False))

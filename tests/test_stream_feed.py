@@ -92,7 +92,8 @@ def test_a_task_straddling_the_boundary_is_split_by_its_slots():
     """A 4-slot gate-up task (65536 B) issued from 18 to 21 µs puts slots at
     18, 19, 20, 21: two (32768 B) in layer 1's chain [10, 20), two in its mlp [20, 30). A 3-slot O-proj task
     (49152 B) from 19 to 20 µs puts slots at 19, 19.5 and 20: the window is half-open, so the one at 20 is the
-    mlp's. A 40000-byte QKV task is 2 slots of 20000 B (40000 // 16384 = 2) at its first and last issue."""
+    mlp's. A 40000-byte QKV task is 3 slots (40000 / 16384 = 2.44: the last part-filled) of 40000 / 3 B at 12, 17
+    and 22 µs."""
     nbytes = {"QKV": 40000, "OPROJ": 49152, "GATEUP": 65536, "DOWN": 0}
     df = _frame([
         ("OPROJ", 0, 6.0, NAN, NAN, NAN), ("DOWN", 0, 10.0, NAN, NAN, NAN),
@@ -101,8 +102,8 @@ def test_a_task_straddling_the_boundary_is_split_by_its_slots():
         ("DOWN", 1, 30.0, NAN, NAN, NAN),
     ])
     (row,) = stream_feed(df, nbytes).to_dict(orient="records")
-    chain = 20000 + 2 * 16384 + 2 * 16384  # QKV's first slot, O-proj's slots at 19 and 19.5, gate-up's at 18 and 19
-    mlp = 20000 + 16384 + 2 * 16384  # QKV's last slot (22), O-proj's at 20, gate-up's at 20 and 21
+    chain = 2 * 40000 / 3 + 2 * 16384 + 2 * 16384  # QKV's slots at 12, 17; O-proj's at 19, 19.5; gate-up's at 18, 19
+    mlp = 40000 / 3 + 16384 + 2 * 16384  # QKV's last slot (22), O-proj's at 20, gate-up's at 20 and 21
     assert row["chain_GBps"] == pytest.approx(chain / 10 / 1e3)
     assert row["mlp_GBps"] == pytest.approx(mlp / 10 / 1e3)
     assert row["qkv_mv_after_last_issue_us"] == 1.0
@@ -232,3 +233,45 @@ def test_reports_show_the_feed_only_where_the_document_has_it():
         console = Console(record=True, width=200, color_system=None)
         render_results(doc, console)
         assert "Weight stream" not in console.export_text() and "weight stream fed" not in render_html(doc)
+
+
+def test_the_ring_slot_size_sets_the_slots_per_task():
+    """With 32 KB slots (two boxes per slot: Qwen2.5-0.5B's tensor-core matvec) a 57344-byte QKV task is 2 slots
+    (57344 / 32768 = 1.75), at its first (15 µs, the chain) and last issue (25 µs, the mlp): 28672 B each; with the
+    default 16 KB it is 4 slots at 15, 18.33, 21.67 and 25 µs, two in each window."""
+    df = _frame([("OPROJ", 0, 2.0, NAN, NAN, NAN), ("DOWN", 0, 10.0, NAN, NAN, NAN),
+                 ("QKV", 1, 26.0, 15.0, 25.0, NAN), ("OPROJ", 1, 20.0, NAN, NAN, NAN),
+                 ("DOWN", 1, 30.0, NAN, NAN, NAN)])
+    (wide,) = stream_feed(df, {"QKV": 57344}, slot_bytes=32768).to_dict(orient="records")
+    assert wide["chain_GBps"] == pytest.approx(28672 / 10 / 1e3) and wide["mlp_GBps"] == pytest.approx(28672 / 10 / 1e3)
+    (narrow,) = stream_feed(df, {"QKV": 57344}).to_dict(orient="records")
+    assert narrow["chain_GBps"] == pytest.approx(2 * 14336 / 10 / 1e3)
+    summary = intrakernel_summary(df, task_bytes={"QKV": 57344}, slot_bytes=32768)["stream_feed"]
+    assert summary["median"]["chain_GBps"] == pytest.approx(2.867, abs=1e-3)
+
+
+def test_a_layer_without_its_predecessor_gets_no_row():
+    """Layers 0 and 2 only (a frame missing layer 1): layer 2's chain would start at layer 1's last down task,
+    which is not there, so no row; with layers 0 and 1 present, layer 1 gets its row."""
+    rows = [("OPROJ", 0, 2.0, NAN, NAN, NAN), ("DOWN", 0, 4.0, NAN, NAN, NAN),
+            ("GATEUP", 2, 9.0, 5.0, 5.0, NAN), ("OPROJ", 2, 8.0, NAN, NAN, NAN), ("DOWN", 2, 10.0, NAN, NAN, NAN)]
+    assert stream_feed(_frame(rows), {"GATEUP": KB16}).empty
+    rows[2:] = [(n, 1, e, a, b, m) for n, _, e, a, b, m in rows[2:]]
+    (row,) = stream_feed(_frame(rows), {"GATEUP": KB16}).to_dict(orient="records")
+    assert row["layer"] == 1 and row["chain_GBps"] == pytest.approx(KB16 / 4 / 1e3)
+
+
+def test_report_line_and_schema_for_null_and_malformed_feeds():
+    """A feed whose values are null reads as dashes, a document without it has no line, and a value of the wrong
+    type fails validation (the reports would otherwise meet it)."""
+    from bubblescope.reports.tables import stream_feed_line
+    med = {k: None for k in STREAM_FEED_COLUMNS[1:]}
+    assert stream_feed_line({"stream_feed": {"median": med, "per_layer": []}}) == (
+        "— TB/s over the attention chain (— µs per layer), — TB/s over the MLP (— µs)")
+    assert stream_feed_line({}) is None and stream_feed_line(None) is None
+    doc = g.healthy_doc()
+    eng = next(e for e in doc["engines"] if e.get("intrakernel"))
+    eng["intrakernel"]["stream_feed"] = {"median": dict(med, chain_GBps=1699.0), "per_layer": []}
+    assert validate_results(doc) == []
+    eng["intrakernel"]["stream_feed"] = {"median": dict(med, chain_GBps="x"), "per_layer": []}
+    assert any("chain_GBps" in p for p in validate_results(doc))

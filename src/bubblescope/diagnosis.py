@@ -457,9 +457,11 @@ def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
     if intra is not None and getattr(intra, "frame", None) is not None:
         from .megakernel_engine.timeline import chrome_events, intrakernel_summary
         df = intra.frame
-        # only megakernel engines know their tasks' weight bytes, which the weight stream's feed needs
-        task_bytes = engine.task_weight_bytes() if hasattr(engine, "task_weight_bytes") else None
-        entry["intrakernel"] = intrakernel_summary(df, task_bytes=task_bytes)
+        # only megakernel engines know their tasks' weight bytes and ring slot, which the weight stream's feed needs
+        task_bytes = slot = None
+        if hasattr(engine, "task_weight_bytes"):
+            task_bytes, slot = engine.task_weight_bytes(), engine.ring_slot_bytes()
+        entry["intrakernel"] = intrakernel_summary(df, task_bytes=task_bytes, slot_bytes=slot)
         entry["intrakernel"]["activity"] = _activity(df, engine, ctx)
         append_trace_events(cap.trace_path, chrome_events(df, ts_offset_us=intra.ts_offset_us))
     entry["trace_path"] = str(path.relative_to(out)) if ctx["write"] else None

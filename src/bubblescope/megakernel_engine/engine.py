@@ -458,6 +458,15 @@ class MegakernelEngine:
         size), keyed by opcode name: what ``timeline.stream_feed`` spreads over a task's ring slots."""
         return task_weight_bytes(self.schedule.config, self.schedule.tiling, self.packed.wqkv.element_size())
 
+    def ring_slot_bytes(self) -> int | None:
+        """Bytes of one slot of the Gluon kernel's weight ring (``slot_boxes`` TMA boxes of ``BR`` rows × ``BK``
+        columns: the kernel's ``TILE_BYTES``), what its producer issues at a time; None for the Triton kernel (no
+        ring)."""
+        g = self._info.get("gluon")
+        if not g:
+            return None
+        return int(g["slot_boxes"] * g["BR"] * g["BK"] * self.packed.wqkv.element_size())
+
     def greedy_token(self) -> torch.Tensor:
         """The argmax of the last logits, picked on the device (int64 (1,), on the device, no sync)."""
         return self._state[3:4].long()

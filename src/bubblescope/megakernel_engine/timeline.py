@@ -119,7 +119,7 @@ def decode_timeline(schedules: list[Schedule], stamps: list[torch.Tensor]) -> pd
 
 
 def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24,
-                        task_bytes: dict[str, int] | None = None) -> dict:
+                        task_bytes: dict[str, int] | None = None, slot_bytes: int | None = None) -> dict:
     """Summary of one step's timeline (from :func:`decode_timeline`).
 
     Returns a dict: ``producer_lead_us_p50`` (Gluon: median µs between a task's first weight-tile issue and
@@ -133,7 +133,8 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24,
     The statistics use every task; ``tasks`` lists only ``max_programs`` programs evenly spaced over the
     grid (Llama-3.2-1B runs ~75,000 tasks per step: all of them would make a 16 MB results file),
     named in ``tasks_programs``; ``None`` keeps all. ``stream_feed``: with ``task_bytes`` (bytes per task by
-    opcode, ``schedule.task_weight_bytes``) and a frame :func:`stream_feed` finds layers in (the Gluon kernel),
+    opcode, ``schedule.task_weight_bytes``; ``slot_bytes`` the ring slot's bytes, :data:`RING_SLOT_BYTES` if None)
+    and a frame :func:`stream_feed` finds layers in (the Gluon kernel),
     ``{"median": {column: median over layers}, "per_layer": [row]}`` of its columns (µs, GB/s; 3 decimals, NaN as
     None); otherwise None.
     """
@@ -160,7 +161,7 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24,
         "attn_phases": attn_phases(df),
         "attn_critical": attn_critical(df),
         "task_phases": task_phases(df),
-        "stream_feed": _stream_feed_summary(df, task_bytes),
+        "stream_feed": _stream_feed_summary(df, task_bytes, slot_bytes or RING_SLOT_BYTES),
         "tasks_programs": shown,
         "tasks": [{"program": int(r.program), "opcode": r.name, "layer": int(r.layer),
                    "start_us": round(float(r.ts_us), 3), "ready_us": round(float(r.ready_us), 3),
@@ -169,17 +170,20 @@ def intrakernel_summary(df: pd.DataFrame, max_programs: int | None = 24,
     }
 
 
-RING_SLOT_BYTES = 16384  # the Gluon kernel's weight ring slot: a weight task's tiles are issued 16 KB at a time
+# The Gluon kernel's usual weight ring slot (one 16 KB box); the engine knows its own (MegakernelEngine.
+# ring_slot_bytes: two boxes per slot on Qwen2.5-0.5B's tensor-core matvec, 8 KB with 16-row fp32 tiles)
+RING_SLOT_BYTES = 16384
 STREAM_FEED_COLUMNS = ["layer", "chain_us", "chain_GBps", "mlp_us", "mlp_GBps", "layer_GBps",
                        "qkv_mv_after_last_issue_us"]
 
 
-def _slot_issues(w: pd.DataFrame, task_bytes: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+def _slot_issues(w: pd.DataFrame, task_bytes: dict[str, int], slot_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """Issue times (µs) and bytes of every ring slot of the weight tasks ``w``: a task's bytes in
-    ``max(1, bytes // 16 KB)`` equal slots at evenly spaced times from its first to its last issue, the same
-    points as ``np.linspace(load_start_us, load_end_us, n)`` (its arithmetic, vectorised over the tasks)."""
+    ``max(1, ceil(bytes / slot_bytes))`` equal slots (the producer's slots per task: a task's last slot may be
+    part-filled) at evenly spaced times from its first to its last issue, the same points as
+    ``np.linspace(load_start_us, load_end_us, n)`` (its arithmetic, vectorised over the tasks)."""
     nbytes = w["name"].map(task_bytes).to_numpy(float)
-    n = np.maximum(1, (nbytes // RING_SLOT_BYTES).astype(np.int64))
+    n = np.maximum(1, np.ceil(nbytes / slot_bytes).astype(np.int64))
     task = np.repeat(np.arange(len(w)), n)
     k = np.arange(len(task)) - np.repeat(np.cumsum(n) - n, n)  # slot index within its task
     s0, e0 = w["load_start_us"].to_numpy(float)[task], w["load_end_us"].to_numpy(float)[task]
@@ -190,7 +194,7 @@ def _slot_issues(w: pd.DataFrame, task_bytes: dict[str, int]) -> tuple[np.ndarra
     return t, (nbytes / n)[task]
 
 
-def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int]) -> pd.DataFrame:
+def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int], slot_bytes: int = RING_SLOT_BYTES) -> pd.DataFrame:
     """The rate the Gluon kernel's weight stream is fed, per decoder layer: bytes of weight tiles its producer
     warps issue per µs over all SMs, over the QKV → attention → O-proj chain and over the MLP.
 
@@ -198,7 +202,8 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int]) -> pd.DataFrame:
     dependency chain the stream idles: on Llama-3.2-1B it was fed at 1.7 TB/s over the chain against ~4.0 over the
     rest of the layer (benchmarks/NOTES.md: the twelfth session's levers, the fourteenth session's question; this
     is ``benchmarks/chain_breakdown.py``'s analysis, moved into the product). Rule: each weight task's bytes are spread
-    evenly over its 16 KB ring slots (``max(1, bytes // 16384)`` of them), issued at evenly spaced times from its
+    evenly over its ring slots of ``slot_bytes`` (``max(1, ceil(bytes / slot_bytes))`` of them), issued at evenly
+    spaced times from its
     ``load_start_us`` to its ``load_end_us`` (``np.linspace``), and a slot counts in the window ``[lo, hi)`` that
     holds its issue time. For each layer L ≥ 1 whose layer L − 1 is in the frame: ``chain`` runs from layer
     L − 1's last DOWN task end to layer L's last OPROJ task end, ``mlp`` from there to layer L's last DOWN task end.
@@ -208,6 +213,8 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int]) -> pd.DataFrame:
             and, where present, ``mv_end_us``.
         task_bytes: bytes of weights one task of each opcode streams (``schedule.task_weight_bytes``); tasks of
             other opcodes, and tasks without both load stamps, issue nothing.
+        slot_bytes: bytes of one ring slot of the kernel that ran (``MegakernelEngine.ring_slot_bytes``: 16 KB for
+            one 16-bit box of 32 rows × 256 columns, 32 KB with two boxes per slot).
 
     Returns:
         One row per layer, :data:`STREAM_FEED_COLUMNS`: ``layer`` (int), ``chain_us`` / ``mlp_us`` (window lengths,
@@ -226,7 +233,7 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int]) -> pd.DataFrame:
     if not len(w) or not {"OPROJ", "DOWN"} <= set(stages.columns):
         return empty
     ends = stages[["OPROJ", "DOWN"]].dropna()
-    t, b = _slot_issues(w, task_bytes)
+    t, b = _slot_issues(w, task_bytes, slot_bytes)
 
     def rate(lo: float, hi: float) -> float:  # bytes / µs / 1e3 = GB/s
         return float(b[(t >= lo) & (t < hi)].sum() / (hi - lo) / 1e3) if hi > lo else float("nan")
@@ -245,10 +252,10 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=STREAM_FEED_COLUMNS) if rows else empty
 
 
-def _stream_feed_summary(df: pd.DataFrame, task_bytes: dict[str, int] | None) -> dict | None:
+def _stream_feed_summary(df: pd.DataFrame, task_bytes: dict[str, int] | None, slot_bytes: int) -> dict | None:
     """:func:`stream_feed` for the results: medians over layers and the per-layer rows, 3 decimals, NaN as None
     (the results are strict JSON); None without ``task_bytes`` or without rows."""
-    feed = stream_feed(df, task_bytes) if task_bytes else None
+    feed = stream_feed(df, task_bytes, slot_bytes) if task_bytes else None
     if feed is None or not len(feed):
         return None
 

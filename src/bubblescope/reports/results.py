@@ -64,6 +64,9 @@ _TIMELINE = {
         "kernels": [{"name": "str", "category": "str", "stream": "label", "start_us": "real", "dur_us": "num"}],
         "launches": [{"name": "str", "start_us": "real", "dur_us": "num"}]},
 }
+# intrakernel.stream_feed's values (timeline.stream_feed): null where a window was empty or a stamp absent
+_FEED = {"chain_us?": "real", "chain_GBps?": "real", "mlp_us?": "real", "mlp_GBps?": "real", "layer_GBps?": "real",
+         "qkv_mv_after_last_issue_us?": "real"}
 _INTRAKERNEL = {
     "wait_ratio?": "frac", "programs?": "int", "tasks_per_step?": "int", "activity??": "dict",
     "by_opcode?": [{"opcode": "label", "tasks": "int", "busy_us": "num", "wait_us": "num"}],
@@ -71,6 +74,7 @@ _INTRAKERNEL = {
     "task_phases??": [{"opcode": "label", "tasks": "int", "stage_us_p50": "real", "mv_us_p50": "real",
                        "epilogue_us_p50": "real", "epilogue_us_max": "real"}],
     "edges??": [{"edge": "str", "stages": "int", "hop_us_p50": "real", "hop_us_max": "real", "span_us_p50": "num"}],
+    "stream_feed??": {"median": _FEED, "per_layer": [{"layer": "int", **_FEED}]},
     "tasks?": [{"program": "int", "opcode": "label", "layer?": "int",
                 "start_us": "real", "ready_us": "real", "end_us": "real"}],
 }
