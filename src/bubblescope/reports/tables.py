@@ -169,7 +169,7 @@ def kernel_tiling(c: dict) -> str:
 
 def stream_feed_line(ik: dict | None) -> str | None:
     """The weight stream's feed of a megakernel (``intrakernel.stream_feed``, medians over layers) in words, e.g.
-    ``1.70 TB/s over the attention chain (12.9 µs per layer), 4.16 TB/s over the MLP (24.0 µs)``; None where the
+    ``1.70 TB/s over the attention chain (13.0 µs per layer), 4.16 TB/s over the MLP (24.0 µs)``; None where the
     document has none (the Triton kernel, CPU runs, documents before it existed)."""
     med = dig(ik or {}, "stream_feed", "median")
     if not isinstance(med, dict):
