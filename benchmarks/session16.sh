@@ -2,8 +2,9 @@
 # Prepared in session 15 for the sixteenth session's device calls (from the repository root, through the device
 # tool; carry .carry .whl; pass BUBBLESCOPE_COMMIT; everything lands under $OUT/run and run.tgz):
 #   bash benchmarks/session16.sh first   # every GPU test with the in-flight cap the default (session 15's run stopped
-#                                        # at the device-time limit after 27 of 38); the 1B's decode-latency set and
-#                                        # its timeline
+#                                        # at the device-time limit after 27 of 38); the 1B's decode-latency set;
+#                                        # `diagnose model` on the 1B's megakernels (its wait ratio, and the
+#                                        # weight-stream feed's first GPU run in the product); ~550 s
 #   bash benchmarks/session16.sh second  # sweep r47 (kv_prefetch: the next attention task's K/V asked of L2 ahead;
 #                                        # the GPU tests of `first` check it) on the 1B at 4096 and 128 and
 #                                        # Qwen2.5-0.5B; sweep r46 (the in-flight cap against none) on Qwen3-0.6B,
@@ -14,7 +15,11 @@ case "${1:-}" in
 first)
   gpu_tests
   issue_sets 1b
-  waits llama-3.2-1b 55
+  # the product's own view (its wait ratio too) of the 1B's megakernel, with session 15's weight-stream feed (intrakernel.stream_feed)
+  log "diagnose model llama-3.2-1b"
+  timeout 150 python3 -m bubblescope diagnose model llama-3.2-1b --engines megakernel,megakernel-noprefetch \
+    --runs 1 --out "$R/diagnose_1b" > "$R/diagnose_1b.log" 2>&1; echo "rc=$?" >> "$R/diagnose_1b.log"
+  grep -iE "weight stream|megakernel|rc=" "$R/diagnose_1b.log" | head -12
   ;;
 second)
   sweep r47 llama-3.2-1b 4096 60
