@@ -83,16 +83,16 @@ def task_bytes(model: str, params: dict | None = None) -> dict[str, int]:
 
 def slot_bytes(model: str, params: dict | None = None) -> int:
     """Bytes of one weight-ring slot of ``model``'s Gluon kernel under ``params`` (16-bit weights): ``slot_boxes``
-    boxes of ``BR`` × ``BK`` (``MegakernelEngine.ring_slot_bytes``'s rule)."""
+    boxes of ``BR`` × ``BK`` (``gluon.host.ring_slot_bytes``)."""
     import torch
 
-    from bubblescope.megakernel_engine.gluon.host import gluon_constexprs, gluon_params, gluon_tiling
+    from bubblescope.megakernel_engine.gluon.host import gluon_constexprs, gluon_params, gluon_tiling, ring_slot_bytes
     from bubblescope.megakernel_engine.schedule import MegakernelParams
     from bubblescope.models.config import get_preset
     cfg = get_preset(model)
     p = gluon_params(cfg, MegakernelParams(**(params or {})))
     cx = gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 4096, torch.bfloat16, cfg.attention_bias)
-    return int(cx["SB"] * cx["BR"] * cx["BK"] * 2)
+    return ring_slot_bytes(cx, 2)
 
 
 # The product's stream_feed columns under the names this script's recorded JSON files use (rates there in TB/s).

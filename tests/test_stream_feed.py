@@ -275,3 +275,16 @@ def test_report_line_and_schema_for_null_and_malformed_feeds():
     assert validate_results(doc) == []
     eng["intrakernel"]["stream_feed"] = {"median": dict(med, chain_GBps="x"), "per_layer": []}
     assert any("chain_GBps" in p for p in validate_results(doc))
+
+
+def test_ring_slot_bytes_of_the_presets():
+    """One ring slot as the Gluon kernel issues it (SB boxes of BR rows × 512 bytes): the 1B's bf16 default is one
+    box of 32 × 256 bf16 (16384 B); Qwen2.5-0.5B's tensor-core matvec puts two such boxes in a slot (32768 B)."""
+    from bubblescope.megakernel_engine.gluon.host import gluon_constexprs, gluon_params, ring_slot_bytes
+    out = {}
+    for name in ("llama-3.2-1b", "qwen2.5-0.5b"):
+        cfg = get_preset(name)
+        p = gluon_params(cfg, MegakernelParams())
+        out[name] = ring_slot_bytes(gluon_constexprs(cfg, gluon_tiling(cfg, p, 132), p, 512, torch.bfloat16,
+                                                     cfg.attention_bias), 2)
+    assert out == {"llama-3.2-1b": 32 * 256 * 2, "qwen2.5-0.5b": 2 * 32 * 256 * 2}

@@ -462,10 +462,10 @@ class MegakernelEngine:
         """Bytes of one slot of the Gluon kernel's weight ring (``slot_boxes`` TMA boxes of ``BR`` rows × ``BK``
         columns: the kernel's ``TILE_BYTES``), what its producer issues at a time; None for the Triton kernel (no
         ring)."""
-        g = self._info.get("gluon")
-        if not g:
+        if self.impl != "gluon":
             return None
-        return int(g["slot_boxes"] * g["BR"] * g["BK"] * self.packed.wqkv.element_size())
+        from .gluon import host as GH
+        return GH.ring_slot_bytes(self._launchers[self.params.timeline].constexprs, self.packed.wqkv.element_size())
 
     def greedy_token(self) -> torch.Tensor:
         """The argmax of the last logits, picked on the device (int64 (1,), on the device, no sync)."""

@@ -403,6 +403,12 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
 
 
+def ring_slot_bytes(cx: dict, esize: int) -> int:
+    """Bytes of one weight-ring slot of the kernel built with constexprs ``cx`` (:func:`gluon_constexprs`) and
+    ``esize``-byte weights: ``SB`` TMA boxes of ``BR`` rows × ``BK`` columns (the kernel's ``TILE_BYTES``)."""
+    return cx["SB"] * cx["BR"] * cx["BK"] * esize
+
+
 def fit_ring(wanted: int, slot_bytes: int, xs_bytes: int) -> int:
     """Ring slots that fit beside ``xs`` in one CTA's shared memory (at least 2: one loading, one in use)."""
     return max(2, min(wanted, (SMEM_PER_BLOCK_SM90 - xs_bytes - SMEM_SCRATCH) // slot_bytes))
@@ -511,7 +517,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
                             options={"num_warps": params.num_warps, "launch_cooperative_grid": True})
     usage = ptxas_usage(ck.asm["ptx"], 90)
     return {**usage, "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
-            "ring_bytes": cx["NS"] * cx["SB"] * cx["BR"] * cx["BK"] * torch.empty((), dtype=dtype).element_size(),
+            "ring_bytes": cx["NS"] * ring_slot_bytes(cx, torch.empty((), dtype=dtype).element_size()),
             "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
             "tma_loads": ck.asm["ptx"].count("cp.async.bulk.tensor."),
             "tma_loads_l2_hinted": ck.asm["ptx"].count(".L2::cache_hint ["),

@@ -550,66 +550,6 @@ def _cursor_next(prow, pi, pc, n, NF: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: 
 
 
 @gluon.jit
-def _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
-                 KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
-                 SPLIT: gl.constexpr):
-    """Where ring slot ``pc`` of the task at ``prow`` lies in its packed matrix (``BK``: the slot's columns per
-    row, SB boxes' worth): (first element's pointer, rows, columns per row, first column, K). ``rows`` is the
-    tile's, which may run past the matrix's last row: only L2 prefetches use it, and a prefetch does not fault."""
-    op = gl.load(prow + F_OP)
-    layer = gl.load(prow + F_LAYER).to(gl.int64)
-    a1 = gl.load(prow + F_A1)
-    rows = BR
-    cols = BK
-    c0 = pc * BK
-    K = H
-    first = a1.to(gl.int64)  # the tile's first row in its matrix
-    w = head_ptr
-    if op == OP_QKV:
-        w = wqkv_ptr
-        first = layer * (Q + 2 * KV) + 2 * a1
-    elif op == OP_GATEUP:
-        w = wgu_ptr
-        first = layer * (2 * IP) + 2 * a1
-    elif op == OP_OPROJ:
-        w = wo_ptr
-        K = Q
-        rows = BR // SPLIT
-        cols = BK * SPLIT
-        c0 = pc * BK * SPLIT
-        first = layer * H + a1
-    elif op == OP_DOWN:
-        w = wdown_ptr
-        K = I
-        rows = BR // SPLIT
-        cols = BK * SPLIT
-        c0 = pc * BK * SPLIT
-        first = layer * H + a1
-    base = w + first * K
-    return base, rows, cols, c0, K
-
-
-@gluon.jit
-def _slot_lines(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
-                KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
-                SPLIT: gl.constexpr, WARPS: gl.constexpr):
-    """The 128-byte lines of ring slot ``pc`` (``BR·BK·bytes/128`` of them over the calling partition's ``WARPS``
-    warps): int64 addresses and an int32 flag, 0 for a line past the tile's rows or K."""
-    PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
-    NL: gl.constexpr = BR * BK * ESIZE // 128
-    LE: gl.constexpr = 128 // ESIZE  # elements per line
-    base, rows, cols, c0, K = _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I,
-                                           IP, BR, BK, SPLIT)
-    jl = gl.arange(0, NL, layout=PL)
-    lpr = cols // LE  # lines per tile row
-    r = jl // lpr
-    col = c0 + (jl % lpr) * LE
-    ok = ((r < rows) & (col < K)).to(gl.int32)
-    return (base + r.to(gl.int64) * K + col).to(gl.int64, bitcast=True), ok
-
-
-@gluon.jit
 def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H: gl.constexpr, Q: gl.constexpr,
                       KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
                       SPLIT: gl.constexpr, LANES: gl.constexpr, WARPS: gl.constexpr, LINE: gl.constexpr = False):
@@ -619,16 +559,43 @@ def _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, 
     the tile's rows predicated off; it goes through the SM's TMA unit. ``LINE`` True: ``prefetch.global.L2`` per
     128-byte line from the load/store units (one line per slot of ``BR·BK·bytes/128``), which leaves the TMA queue
     to the ring's loads."""
+    PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
+    op = gl.load(prow + F_OP)
+    layer = gl.load(prow + F_LAYER).to(gl.int64)
+    a1 = gl.load(prow + F_A1)
+    j = gl.arange(0, LANES, layout=PL)
+    rows = BR
+    cols = BK
+    c0 = pc * BK
+    K = H
+    base = head_ptr + a1.to(gl.int64) * H
+    if op == OP_QKV:
+        base = wqkv_ptr + (layer * (Q + 2 * KV) + 2 * a1) * H
+    elif op == OP_GATEUP:
+        base = wgu_ptr + (layer * (2 * IP) + 2 * a1) * H
+    elif op == OP_OPROJ:
+        K = Q
+        rows = BR // SPLIT
+        cols = BK * SPLIT
+        c0 = pc * BK * SPLIT
+        base = wo_ptr + (layer * H + a1) * Q
+    elif op == OP_DOWN:
+        K = I
+        rows = BR // SPLIT
+        cols = BK * SPLIT
+        c0 = pc * BK * SPLIT
+        base = wdown_ptr + (layer * H + a1) * I
     if LINE:
-        addr, ok = _slot_lines(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP, BR, BK,
-                               SPLIT, WARPS)
-        _l2_lines(addr, ok)
+        NL: gl.constexpr = BR * BK * ESIZE // 128
+        LE: gl.constexpr = 128 // ESIZE  # elements per line
+        jl = gl.arange(0, NL, layout=PL)
+        lpr = cols // LE  # lines per tile row
+        r = jl // lpr
+        col = c0 + (jl % lpr) * LE
+        ok = ((r < rows) & (col < K)).to(gl.int32)
+        _l2_lines((base + r.to(gl.int64) * K + col).to(gl.int64, bitcast=True), ok)
     else:
-        PL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        ESIZE: gl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
-        base, rows, cols, c0, K = _slot_region(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV,
-                                               I, IP, BR, BK, SPLIT)
-        j = gl.arange(0, LANES, layout=PL)
         size = gl.where(j < rows, gl.minimum(cols, K - c0), 0) * ESIZE
         addr = (base + j.to(gl.int64) * K + c0).to(gl.int64, bitcast=True)
         gl.inline_asm_elementwise(
