@@ -6,9 +6,8 @@
 #                                        # `diagnose model` on the 1B's megakernels (its wait ratio, and the
 #                                        # weight-stream feed's first GPU run in the product); ~550 s
 #   bash benchmarks/session16.sh second  # sweep r47 (kv_prefetch: the next attention task's K/V asked of L2 ahead;
-#                                        # the GPU tests of `first` check it) on the 1B at 4096 and 128 and
-#                                        # Qwen2.5-0.5B; sweep r46 (the in-flight cap against none) on Qwen3-0.6B,
-#                                        # Qwen3-1.7B, the 3B and the 1B at 4096; the Qwen presets' decode-latency set
+#                                        # the GPU tests of `first` check it) on the 1B at 4096 and 128; sweep r46
+#                                        # (the in-flight cap against none) on Qwen3-0.6B and the 3B
 #   bash benchmarks/session16.sh third   # the 3B / 8B set and timelines; compute-sanitizer memcheck and racecheck
 . benchmarks/device_prelude.sh
 case "${1:-}" in
@@ -21,15 +20,11 @@ first)
     --runs 1 --out "$R/diagnose_1b" > "$R/diagnose_1b.log" 2>&1; echo "rc=$?" >> "$R/diagnose_1b.log"
   grep -iE "weight stream|megakernel|rc=" "$R/diagnose_1b.log" | head -12
   ;;
-second)
+second)  # trimmed in session 16 (device time for a new lever): r47 on the 1B, r46 on Qwen3-0.6B and the 3B
   sweep r47 llama-3.2-1b 4096 60
   sweep r47 llama-3.2-1b 128 45
-  sweep r47 qwen2.5-0.5b 128 45
   sweep r46 qwen3-0.6b 128 50
-  sweep r46 qwen3-1.7b 128 60
   sweep r46 llama-3.2-3b 128 70
-  sweep r46 llama-3.2-1b 4096 60
-  issue_sets qwen
   ;;
 third)
   llama_presets
