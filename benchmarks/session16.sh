@@ -8,7 +8,8 @@
 #   bash benchmarks/session16.sh second  # sweep r47 (kv_prefetch: the next attention task's K/V asked of L2 ahead;
 #                                        # the GPU tests of `first` check it) on the 1B at 4096 and 128; sweep r46
 #                                        # (the in-flight cap against none) on Qwen3-0.6B and the 3B
-#   bash benchmarks/session16.sh third   # the 3B / 8B set and timelines; compute-sanitizer memcheck and racecheck
+#   bash benchmarks/session16.sh third   # the Qwen presets' and the 3B / 8B decode-latency sets (2 runs each)
+#   bash benchmarks/session16.sh fourth  # compute-sanitizer memcheck and racecheck (tiny models, every form)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -26,11 +27,14 @@ second)  # trimmed in session 16 (device time for a new lever): r47 on the 1B, r
   sweep r46 qwen3-0.6b 128 50
   sweep r46 llama-3.2-3b 128 70
   ;;
-third)
-  llama_presets
+third)  # the Qwen and larger Llama presets' decode-latency sets with the in-flight cap (none ran with it yet)
+  issue_sets qwen
+  issue_sets llama
+  ;;
+fourth)
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # memcheck then sees each tensor's own bounds
   sanitize
   ;;
-*) echo "session16.sh: unknown stage '${1:-}' (first, second, third)" >&2; exit 2 ;;
+*) echo "session16.sh: unknown stage '${1:-}' (first, second, third, fourth)" >&2; exit 2 ;;
 esac
 finish
