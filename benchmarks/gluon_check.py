@@ -454,6 +454,9 @@ SWEEPS = {
     "r46": [("default", "gluon", {}), ("nocap", "gluon", {"inflight": 0}), ("default-again", "gluon", {}),
             ("nocap-again", "gluon", {"inflight": 0})],
     # prepared in session 15: the next attention task's old K/V asked of L2 by the task before it (kv_prefetch)
+    # prepared in session 16: the gate-up tasks add their down products as float32 split-K partials (no DOWN stage)
+    "r48": [("default", "gluon", {}), ("fd", "gluon", {"fuse_down": True}), ("default-again", "gluon", {}),
+            ("fd-again", "gluon", {"fuse_down": True})],
     "r47": [("default", "gluon", {}), ("kvpf", "gluon", {"kv_prefetch": True}), ("default-again", "gluon", {}),
             ("kvpf-again", "gluon", {"kv_prefetch": True})],
     # measured in session 14 at df52673 (the L2 toucher, a third warp reading the slots just past the producer's

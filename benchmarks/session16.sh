@@ -10,6 +10,7 @@
 #                                        # (the in-flight cap against none) on Qwen3-0.6B and the 3B
 #   bash benchmarks/session16.sh third   # the Qwen presets' and the 3B / 8B decode-latency sets (2 runs each)
 #   bash benchmarks/session16.sh fourth  # compute-sanitizer memcheck and racecheck (tiny models, every form)
+#   bash benchmarks/session16.sh fifth   # fuse_down: its GPU test form, the 1B's check, fp32 checks, sweep r48
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -35,6 +36,18 @@ fourth)
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # memcheck then sees each tensor's own bounds
   sanitize
   ;;
-*) echo "session16.sh: unknown stage '${1:-}' (first, second, third, fourth)" >&2; exit 2 ;;
+fifth)  # fuse_down (prepared this session): its GPU test form, the 1B's check, stories260K and the tiny fp32 models,
+  # then sweep r48 against the default
+  log "gpu-tests fuse_down"
+  timeout 120 python3 -m pytest -q -m gpu tests/test_gpu_megakernel.py -k "other_forms" -p no:cacheprovider > "$R/pytest_gpu_fd.log" 2>&1; echo "rc=$?" >> "$R/pytest_gpu_fd.log"
+  tail -4 "$R/pytest_gpu_fd.log"
+  gluon_check_params llama-3.2-1b fd '{"fuse_down": true}'
+  fp32_check fd '{"fuse_down": true}'
+  sweep r48 llama-3.2-1b 128 45
+  sweep r48 qwen3-0.6b 128 50
+  sweep r48 llama-3.2-1b 4096 60
+  sweep r48 llama-3.1-8b 128 100
+  ;;
+*) echo "session16.sh: unknown stage '${1:-}' (first, second, third, fourth, fifth)" >&2; exit 2 ;;
 esac
 finish
