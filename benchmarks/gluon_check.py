@@ -457,6 +457,11 @@ SWEEPS = {
     # prepared in session 16: the gate-up tasks add their down products as float32 split-K partials (no DOWN stage)
     "r48": [("default", "gluon", {}), ("fd", "gluon", {"fuse_down": True}), ("default-again", "gluon", {}),
             ("fd-again", "gluon", {"fuse_down": True})],
+    # session 16, after r48: the fused down's atomics spread over 8 or 32 accumulator copies per layer
+    "r49": [("default", "gluon", {}), ("fd-c8", "gluon", {"fuse_down": True, "down_copies": 8}),
+            ("fd-c32", "gluon", {"fuse_down": True, "down_copies": 32}), ("default-again", "gluon", {}),
+            ("fd-c8-again", "gluon", {"fuse_down": True, "down_copies": 8}),
+            ("fd-c32-again", "gluon", {"fuse_down": True, "down_copies": 32})],
     "r47": [("default", "gluon", {}), ("kvpf", "gluon", {"kv_prefetch": True}), ("default-again", "gluon", {}),
             ("kvpf-again", "gluon", {"kv_prefetch": True})],
     # measured in session 14 at df52673 (the L2 toucher, a third warp reading the slots just past the producer's

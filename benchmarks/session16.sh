@@ -11,6 +11,7 @@
 #   bash benchmarks/session16.sh third   # the Qwen presets' and the 3B / 8B decode-latency sets (2 runs each)
 #   bash benchmarks/session16.sh fourth  # compute-sanitizer memcheck and racecheck (tiny models, every form)
 #   bash benchmarks/session16.sh fifth   # fuse_down: its GPU test form, the 1B's check, fp32 checks, sweep r48
+#   bash benchmarks/session16.sh sixth   # fuse_down with 8 / 32 accumulator copies: the 1B's check, sweep r49
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -48,6 +49,12 @@ fifth)  # fuse_down (prepared this session): its GPU test form, the 1B's check, 
   sweep r48 llama-3.2-1b 4096 60
   sweep r48 llama-3.1-8b 128 100
   ;;
-*) echo "session16.sh: unknown stage '${1:-}' (first, second, third, fourth, fifth)" >&2; exit 2 ;;
+sixth)  # r48 lost (the fused down's atomics: 512 gate-up tasks a layer into the same floats): the adds spread over
+  # 8 and 32 accumulator copies (down_copies)
+  gluon_check_params llama-3.2-1b fdc8 '{"fuse_down": true, "down_copies": 8}'
+  sweep r49 llama-3.2-1b 128 60
+  sweep r49 qwen3-0.6b 128 60
+  ;;
+*) echo "session16.sh: unknown stage '${1:-}' (first, second, third, fourth, fifth, sixth)" >&2; exit 2 ;;
 esac
 finish

@@ -175,7 +175,7 @@ class MegakernelEngine:
             err_ptr=z(ERR_FIELDS, dtype=i32))
         self._knew = z(cfg.kv_size)  # Gluon, q/k-norm: the raw new k of the current layer (gluon/attention.py)
         # Gluon, fuse_down: each layer's float32 down-projection partials (gate-up tasks add, readers zero them)
-        self._dacc = z(cfg.num_hidden_layers * cfg.hidden_size, dtype=f32)
+        self._dacc = z(cfg.num_hidden_layers * self.params.down_copies * cfg.hidden_size, dtype=f32)
         self._wdt = None  # fuse_down: the transposed down weights, built with the first Gluon launcher
         self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
         if dev.type == "cuda":

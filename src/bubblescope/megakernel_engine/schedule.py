@@ -208,7 +208,14 @@ class MegakernelParams:
             intermediate vector and their matvec's tail) for atomics of H floats per gate-up task. The summation
             order of the partials is not fixed (float32 atomics), so results may differ run to run in the last
             bits of the accumulator. CUDA-core matvec (``mv_widen`` ``bits`` / ``convert``) with one box per slot
-            only. Prepared in session 16 (compiled for sm_90), not yet measured.
+            only. Measured on the H200 in session 16 (``gluon_check.py --sweep r48``, stepwise ms, default / fused):
+            Llama-3.2-1B 0.774, 0.770 / 1.291, 1.288; at 4096 0.945, 0.929 / 1.474, 1.476; Qwen3-0.6B 0.727, 0.732 /
+            0.946, 0.947; Llama-3.1-8B 3.834, 3.778 / 7.227, 7.196. Correct (the 1B: argmax 256 / 256, logit error
+            0.018451 against the bf16 reference's 0.018513), but the 1B's gate-up tasks grew from 27.6 + 10.8 ms of
+            summed busy time (with the down tasks) to 109.1: 512 tasks a layer add into the same 2048 floats.
+        down_copies: with ``fuse_down``, float32 accumulator copies per layer: a CTA adds into copy ``pid mod
+            down_copies`` and the readers sum the copies in order, so the atomics of a layer spread over that many
+            times the L2 lines (fewer adds per address) for that many times the bytes each reader loads.
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -328,6 +335,7 @@ class MegakernelParams:
     norm_load: str = "prefetch"
     kv_prefetch: bool = False
     fuse_down: bool = False
+    down_copies: int = 1
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -357,7 +365,7 @@ class MegakernelParams:
             pow2(name)
         for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
                      "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap", "gateup_blocks",
-                     "lm_blocks", "attn_min_chunk", "max_registers"):
+                     "lm_blocks", "attn_min_chunk", "max_registers", "down_copies"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise BubblescopeError(f"megakernel params: {name} must be a positive integer, got {v!r}")

@@ -232,7 +232,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
               NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr,
-              KV_PF: gl.constexpr, dacc_ptr, FUSE_D: gl.constexpr, NL: gl.constexpr):
+              KV_PF: gl.constexpr, dacc_ptr, FUSE_D: gl.constexpr, NL: gl.constexpr, DC: gl.constexpr):
+    DSTEP: gl.constexpr = DC * H  # FUSE_D: a layer's DC accumulator copies of H floats
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -361,7 +362,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                     stage_vector(emb_row, anorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1)
                 else:  # (FUSE_D: x + the previous layer's down partials, rounded as the residual add)
                     stage_vector(x_ptr, anorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC,
-                                 TK, NW, NORM_W >= 1, dacc_ptr + (layer - 1).to(gl.int64) * H, FUSE_D)
+                                 TK, NW, NORM_W >= 1, dacc_ptr + (layer - 1).to(gl.int64) * DSTEP, FUSE_D, DC)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -393,8 +394,8 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             u = rnd(acc_u, ACT)
             silu = rnd(g / (1.0 + gl.exp(-g)), ACT)
             if FUSE_D:  # the down products of these rows (rows past I are 0: zero gate / up / down rows)
-                it = mv_down_partial(bufs, full, empty, it, rnd(silu * u, ACT), dacc_ptr + layer.to(gl.int64) * H, H,
-                                     NCH_H, NS, BR, BK, VEC, TK, NW)
+                dst = dacc_ptr + layer.to(gl.int64) * DSTEP + (pid % DC) * H  # this CTA's copy
+                it = mv_down_partial(bufs, full, empty, it, rnd(silu * u, ACT), dst, H, NCH_H, NS, BR, BK, VEC, TK, NW)
             else:
                 gl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
         elif op == OP_OPROJ:
@@ -407,9 +408,13 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
                 if FUSE_D:  # the residual stream is x + bf16(the previous layer's down partials); their last reader
-                    drow = dacc_ptr + (layer - 1).to(gl.int64) * H + r
-                    res = rnd(res + rnd(gl.load(drow, mask=mr, other=0.0, cache_modifier=".cg"), ACT), ACT)
-                    gl.store(drow, gl.zeros_like(res), mask=mr)  # zero for the next step's gate-up tasks
+                    drow = dacc_ptr + (layer - 1).to(gl.int64) * DSTEP + r
+                    dsum = gl.zeros_like(res)
+                    for cp in gl.static_range(DC):
+                        dsum += gl.load(drow + cp * H, mask=mr, other=0.0, cache_modifier=".cg")
+                    res = rnd(res + rnd(dsum, ACT), ACT)
+                    for cp in gl.static_range(DC):  # zero for the next step's gate-up tasks
+                        gl.store(drow + cp * H, gl.zeros_like(res), mask=mr)
             if key != staged:
                 stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
@@ -445,7 +450,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         elif op == OP_LMHEAD:
             if key != staged:
                 stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1,
-                             dacc_ptr + layer.to(gl.int64) * H, FUSE_D)
+                             dacc_ptr + layer.to(gl.int64) * DSTEP, FUSE_D, DC)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -489,9 +494,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         if advance != 0:
             if FUSE_D:  # the last layer's down partials, read by every LM-head task, back to zero for the next step
                 ZL: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-                for z0 in range(0, H, 32 * NW):
+                for z0 in range(0, DC * H, 32 * NW):
                     zk = z0 + gl.arange(0, 32 * NW, layout=ZL)
-                    gl.store(dacc_ptr + (NL - 1) * H + zk, gl.zeros([32 * NW], gl.float32, ZL), mask=zk < H)
+                    gl.store(dacc_ptr + (NL - 1) * DC * H + zk, gl.zeros([32 * NW], gl.float32, ZL), mask=zk < DC * H)
             gl.store(state_ptr + 0, pos + 1)
             gl.store(state_ptr + 1, epoch + 1)
             key64 = gl.atomic_xchg(amax_ptr, AMAX_EMPTY, sem="acq_rel", scope="gpu")
@@ -823,7 +828,7 @@ def megakernel(
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
         COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr,
-        TMA_EVICT: gl.constexpr, KV_PF: gl.constexpr, FUSE_D: gl.constexpr, NL: gl.constexpr):
+        TMA_EVICT: gl.constexpr, KV_PF: gl.constexpr, FUSE_D: gl.constexpr, NL: gl.constexpr, DC: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -864,7 +869,7 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W, KV_PF, dacc_ptr, FUSE_D, NL)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W, KV_PF, dacc_ptr, FUSE_D, NL, DC)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,

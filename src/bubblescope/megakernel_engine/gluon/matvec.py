@@ -22,7 +22,7 @@ from .common import rnd
 @gluon.jit
 def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, KCH: gl.constexpr,
                   BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr,
-                  W_BESIDE: gl.constexpr = False, add_ptr=None, ADD: gl.constexpr = False):
+                  W_BESIDE: gl.constexpr = False, add_ptr=None, ADD: gl.constexpr = False, NADD: gl.constexpr = 1):
     XV: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     ACT: gl.constexpr = xs.dtype
     KCH_ALL: gl.constexpr = xs.shape[0]
@@ -37,8 +37,11 @@ def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, 
         idx = gl.expand_dims(part * PART + ch, 1) * BK + gl.expand_dims(kk, 0)
         m = idx < K
         x = gl.load(src_ptr + idx, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
-        if ADD:
-            x = rnd(x + rnd(gl.load(add_ptr + idx, mask=m, other=0.0, cache_modifier=".cg"), ACT), ACT)
+        if ADD:  # NADD copies of the partials (MegakernelParams.down_copies), K floats apart, summed in order
+            a = gl.load(add_ptr + idx, mask=m, other=0.0, cache_modifier=".cg")
+            for cp in gl.static_range(1, NADD):
+                a += gl.load(add_ptr + cp * K + idx, mask=m, other=0.0, cache_modifier=".cg")
+            x = rnd(x + rnd(a, ACT), ACT)
         if NORM:  # RMSNorm (Zhang & Sennrich 2019) rounded as transformers does: ((x·inv).to(ACT)·w).to(ACT)
             if W_BESIDE:
                 w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
