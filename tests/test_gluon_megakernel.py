@@ -511,7 +511,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
                                  "attn_combine": "warps", "inflight": 4, "norm_load": "prefetch",
                                  "weight_eviction": resolve_eviction("auto"), "kv_prefetch": False,
-                                 "fuse_down": False}
+                                 "fuse_down": False, "down_copies": 1}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):
