@@ -454,10 +454,11 @@ SWEEPS = {
     "r46": [("default", "gluon", {}), ("nocap", "gluon", {"inflight": 0}), ("default-again", "gluon", {}),
             ("nocap-again", "gluon", {"inflight": 0})],
     # prepared in session 15: the next attention task's old K/V asked of L2 by the task before it (kv_prefetch)
-    # prepared in session 16: the gate-up tasks add their down products as float32 split-K partials (no DOWN stage)
+    # session 16 (d80864d, 67cc0dc): the gate-up tasks adding their down products as float32 split-K partials with
+    # atomics (fuse_down; no DOWN stage), then over 8 / 32 accumulator copies per layer (down_copies). Correct, 30-90 %
+    # slower (NOTES, sixteenth session); removed after r49, so these entries no longer validate
     "r48": [("default", "gluon", {}), ("fd", "gluon", {"fuse_down": True}), ("default-again", "gluon", {}),
             ("fd-again", "gluon", {"fuse_down": True})],
-    # session 16, after r48: the fused down's atomics spread over 8 or 32 accumulator copies per layer
     "r49": [("default", "gluon", {}), ("fd-c8", "gluon", {"fuse_down": True, "down_copies": 8}),
             ("fd-c32", "gluon", {"fuse_down": True, "down_copies": 32}), ("default-again", "gluon", {}),
             ("fd-c8-again", "gluon", {"fuse_down": True, "down_copies": 8}),

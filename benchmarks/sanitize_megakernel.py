@@ -69,10 +69,7 @@ def main() -> int:
         cfg = ModelConfig(name="tiny-odd", hidden_size=384, intermediate_size=640, num_hidden_layers=2,
                           num_attention_heads=6, num_key_value_heads=2, head_dim=64, vocab_size=1000,
                           max_position_embeddings=64)
-        # and (session 16) the gate-up tasks adding the down products with atomics (fuse_down; its second column
-        # chunk past H: masked atomics)
-        for kw in ({"weight_eviction": ""}, {"weight_eviction": "evict_first"}, {"kv_prefetch": True},
-                   {"fuse_down": True, "mv_widen": "bits"}):
+        for kw in ({"weight_eviction": ""}, {"weight_eviction": "evict_first"}, {"kv_prefetch": True}):
             eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=32, impl="gluon",
                                    params=MegakernelParams(**kw))
             toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens

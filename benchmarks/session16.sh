@@ -12,6 +12,7 @@
 #   bash benchmarks/session16.sh fourth  # compute-sanitizer memcheck and racecheck (tiny models, every form)
 #   bash benchmarks/session16.sh fifth   # fuse_down: its GPU test form, the 1B's check, fp32 checks, sweep r48
 #   bash benchmarks/session16.sh sixth   # fuse_down with 8 / 32 accumulator copies: the 1B's check, sweep r49
+# (fifth and sixth ran at d80864d and 67cc0dc; fuse_down was removed after them, so they no longer run)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)

@@ -50,71 +50,6 @@ def test_gluon_schedule_matches_reference_on_tiny_configs(name):
     assert t.hb == t.rows_qkv // 2 and t.attn_kv_heads == 1 and t.attn_fused
 
 
-@pytest.mark.parametrize("name", list(TINY))
-def test_gluon_fused_down_schedule_matches_reference(name):
-    """``fuse_down``: no DOWN stage; each gate-up task adds W_down[:, j]·act[j] for its rows j to the layer's float32
-    accumulator, and the next layer's QKV staging and O-proj residual (the LM head's staging after the last layer)
-    read x + bf16(accumulator). Five CTAs' queues interleaved as resident CTAs could run them: the logits as the
-    reference's, every accumulator back to zero after each step (the kernel's next step adds into them), and the
-    gate-up tasks signal the counter the next layer waits on."""
-    from bubblescope.megakernel_engine.schedule import OP_DOWN, OP_GATEUP, OP_QKV, counter_id, task_weight_bytes
-    cfg = TINY[name]
-    w = dummy_weights(cfg, seed=4)
-    ref = teacher_forced_logits(ReferenceEngine(w, max_seq_len=48), PROMPT, FORCED)
-    orc = _oracle(w, grid=5, attn_min_chunk=2, kv_splits=3, fuse_down=True)
-    plain = _oracle(w, grid=5, attn_min_chunk=2, kv_splits=3)
-    got = []
-    for tok in PROMPT + FORCED:
-        orc.run_programs(tok)
-        got.append(orc.buffers["logits"].clone())
-        assert not orc.buffers["dacc"].any(), "an accumulator was left non-zero after the step"
-    got = torch.stack(got[len(PROMPT) - 1:])
-    assert (got - ref).abs().max().item() < 1e-4
-    sch, t = orc.schedule, orc.schedule.tiling
-    per_op = sch.tasks_per_opcode()
-    assert t.down_fused and "DOWN" not in per_op and per_op["GATEUP"] == plain.schedule.tasks_per_opcode()["GATEUP"]
-    for task in sch.tasks:
-        if task.op == OP_GATEUP:
-            assert task.signal == counter_id(task.layer, OP_DOWN)
-        if task.op == OP_QKV and task.layer > 0:
-            assert task.wait == counter_id(task.layer - 1, OP_DOWN) and task.need == per_op["GATEUP"] // cfg.num_hidden_layers
-    fused, unfused = task_weight_bytes(cfg, t, 4), task_weight_bytes(cfg, plain.schedule.tiling, 4)
-    assert fused["GATEUP"] == unfused["GATEUP"] * 3 // 2  # its rows / 2 columns of the down projection too
-
-
-def test_fused_down_weights_and_refusals():
-    """``packing.down_transposed`` is W_downᵀ with zero rows past I; ``fuse_down`` is refused where its kernel path
-    does not exist: a non-bool, the tensor-core matvec or two boxes per slot (Gluon), the Triton kernel."""
-    from bubblescope.errors import BubblescopeError
-    from bubblescope.megakernel_engine.packing import down_transposed, pack_weights
-    from bubblescope.megakernel_engine.schedule import resolve_tiling
-    from bubblescope.megakernel_engine.triton_kernel.host import kernel_constexprs
-    cfg = TINY["qwen2-bias"]
-    w = dummy_weights(cfg, seed=3)
-    t = resolve_tiling(cfg, MegakernelParams(), 4)
-    packed = pack_weights(w, t, 16)
-    wt = down_transposed(packed, cfg.intermediate_size + 5)
-    for n, layer in enumerate(w.layers):
-        assert torch.equal(wt[n, :cfg.intermediate_size], layer.down_proj.t())
-    assert not wt[:, cfg.intermediate_size:].any()
-    with pytest.raises(ValueError, match="i_pad"):
-        down_transposed(packed, cfg.intermediate_size - 1)
-    with pytest.raises(BubblescopeError, match="fuse_down must be true or false"):
-        MegakernelParams(fuse_down=1).validate()
-    for model, kw in (("qwen2.5-0.5b", {}), ("llama-3.2-1b", {"slot_boxes": 2}), ("llama-3.2-1b", {"mv_widen": "mma"})):
-        big = get_preset(model)
-        p = gluon_params(big, MegakernelParams(fuse_down=True, **kw))
-        with pytest.raises(BubblescopeError, match="fuse_down needs the CUDA-core matvec"):
-            gluon_constexprs(big, gluon_tiling(big, p, 132), p, 512, torch.bfloat16, big.attention_bias)
-    p = gluon_params(get_preset("llama-3.2-1b"), MegakernelParams(fuse_down=True))
-    cx = gluon_constexprs(get_preset("llama-3.2-1b"), gluon_tiling(get_preset("llama-3.2-1b"), p, 132), p, 512,
-                          torch.bfloat16, False)
-    assert cx["FUSE_D"] and cx["NL"] == 16
-    tf = resolve_tiling(cfg, MegakernelParams(fuse_down=True), 4)
-    with pytest.raises(BubblescopeError, match="fuse_down is the Gluon kernel's"):
-        kernel_constexprs(cfg, tf, MegakernelParams(fuse_down=True), 16, True, False, 1)
-
-
 def test_gluon_schedule_interleaved_programs_equal_one_program():
     """All 5 CTAs' queues interleaved as resident CTAs could run them: same logits as the topological order."""
     w = dummy_weights(TINY["gqa-tied-llama3"], seed=5)
@@ -336,10 +271,7 @@ for model, dtype, params in (
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams(norm_load="beside")),
         ("qwen3-0.6b", torch.bfloat16, MegakernelParams(kv_prefetch=True)),
         ("stories260k", torch.float32, MegakernelParams(kv_prefetch=True, timeline=True)),
-        ("stories260k", torch.float32, MegakernelParams()),
-        ("llama-3.2-1b", torch.bfloat16, MegakernelParams(fuse_down=True, timeline=True)),
-        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(fuse_down=True, prefetch="off")),
-        ("stories260k", torch.float32, MegakernelParams(fuse_down=True))):
+        ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
 print(json.dumps(out))
@@ -510,8 +442,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
                                  "attn_combine": "warps", "inflight": 4, "norm_load": "prefetch",
-                                 "weight_eviction": resolve_eviction("auto"), "kv_prefetch": False,
-                                 "fuse_down": False, "down_copies": 1}
+                                 "weight_eviction": resolve_eviction("auto"), "kv_prefetch": False}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):

@@ -88,19 +88,6 @@ def test_bytes_issued_in_each_window_give_the_rates():
     assert feed["qkv_mv_after_last_issue_us"].tolist() == [2.0, 3.0]
 
 
-def test_without_down_tasks_the_gate_up_stage_ends_the_layer():
-    """fuse_down frames have no DOWN tasks: layer 1's window runs from layer 0's last GATEUP end (8) to its OPROJ end
-    (20), then to its last GATEUP end (26); the chain [8, 20) holds 2 QKV, OPROJ and the early GATEUP: 77824 B over
-    12 µs; the MLP [20, 26) the second GATEUP: 24576 B over 6 µs."""
-    df = _three_layers()
-    df = df[df["name"] != "DOWN"].reset_index(drop=True)
-    feed = stream_feed(df, ONE_SLOT)
-    one = feed[feed["layer"] == 1].iloc[0]
-    assert (one["chain_us"], one["mlp_us"]) == (12.0, 6.0)
-    assert one["chain_GBps"] == pytest.approx(77824 / 12 / 1e3)
-    assert one["mlp_GBps"] == pytest.approx(24576 / 6 / 1e3)
-
-
 def test_a_task_straddling_the_boundary_is_split_by_its_slots():
     """A 4-slot gate-up task (65536 B) issued from 18 to 21 µs puts slots at
     18, 19, 20, 21: two (32768 B) in layer 1's chain [10, 20), two in its mlp [20, 30). A 3-slot O-proj task

@@ -476,8 +476,7 @@ def _activity(df, engine, ctx: dict) -> dict | None:
     context = len(ctx["prompt"]) + ctx["profile_steps"] // 2
     grid = getattr(engine, "compile_info", lambda: {})() or {}
     return activity_profile(df, programs=grid.get("grid"),
-                            bytes_by_opcode=opcode_bytes(weights.config, weights.dtype.itemsize, context,
-                                                         bool(grid.get("tiling", {}).get("down_fused"))))
+                            bytes_by_opcode=opcode_bytes(weights.config, weights.dtype.itemsize, context))
 
 
 def _tmpdir() -> str:

@@ -174,9 +174,6 @@ class MegakernelEngine:
             counters_ptr=z(num_counters(cfg, t), dtype=i32), done_ptr=z(1, dtype=i32),
             err_ptr=z(ERR_FIELDS, dtype=i32))
         self._knew = z(cfg.kv_size)  # Gluon, q/k-norm: the raw new k of the current layer (gluon/attention.py)
-        # Gluon, fuse_down: each layer's float32 down-projection partials (gate-up tasks add, readers zero them)
-        self._dacc = z(cfg.num_hidden_layers * self.params.down_copies * cfg.hidden_size, dtype=f32)
-        self._wdt = None  # fuse_down: the transposed down weights, built with the first Gluon launcher
         self._state, self._logits, self._err = self._buf["state_ptr"], self._buf["logits_ptr"], self._buf["err_ptr"]
         if dev.type == "cuda":
             # one pinned copy of the error record (with the step's greedy token) per step in flight: a step's
@@ -221,8 +218,7 @@ class MegakernelEngine:
                                  has_bias=p.bqkv is not None)
         args = dict(
             {k: v for k, v in self._buf.items()},
-            **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"], cx["MV_MMA"], self._wdown_t()),
-            dacc_ptr=self._dacc,
+            **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"], cx["MV_MMA"]),
             emb_ptr=p.embed, fnorm_ptr=p.final_norm, bqkv_ptr=dummy if p.bqkv is None else p.bqkv,
             anorm_ptr=p.anorm, mnorm_ptr=p.mnorm, cos_ptr=p.cos, sin_ptr=p.sin, kc_ptr=self.k_cache,
             vc_ptr=self.v_cache, qknorm_ptr=dummy if p.qknorm is None else p.qknorm, knew_ptr=self._knew,
@@ -232,15 +228,6 @@ class MegakernelEngine:
         return GH.make_launcher(self._gluon_kernel, args, cx, params.num_warps, fast=params.fast_launch,
                                 cooperative=params.cooperative)
 
-    def _wdown_t(self):
-        """``packing.down_transposed`` for ``fuse_down`` (built once), else None."""
-        if not self.tiling.down_fused:
-            return None
-        if self._wdt is None:
-            from .packing import down_transposed
-            self._wdt = down_transposed(self.packed, self.tiling.i_pad)
-        return self._wdt
-
     def _probe_args(self, probe):
         return (probe.table.to(self.device), probe.counts.to(self.device),
                 torch.zeros(1, dtype=torch.int64, device=self.device))
@@ -248,8 +235,8 @@ class MegakernelEngine:
     # ---- Decoder protocol --------------------------------------------------------------------------------
     def reset(self) -> None:
         """Empty the KV cache and rewind counters, position and epoch (also clears a stuck-kernel state)."""
-        for t in (self.k_cache, self.v_cache, self._dacc, *(self._buf[k] for k in ("state_ptr", "counters_ptr",
-                                                                                     "done_ptr", "err_ptr"))):
+        for t in (self.k_cache, self.v_cache, *(self._buf[k] for k in ("state_ptr", "counters_ptr", "done_ptr",
+                                                                        "err_ptr"))):
             t.zero_()
         self._buf["amax_ptr"].fill_(AMAX_EMPTY)
         self.position = 0

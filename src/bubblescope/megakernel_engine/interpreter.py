@@ -51,8 +51,7 @@ class ScheduleInterpreter:
             "v_cache": z(cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_seq_len, cfg.head_dim),
             "pm": z(nq, dtype=torch.float32), "pl": z(nq, dtype=torch.float32),
             "pacc": z(nq, cfg.head_dim, dtype=torch.float32), "logits": z(cfg.vocab_size, dtype=torch.float32),
-            "k_new": z(cfg.num_key_value_heads, cfg.head_dim),  # raw new k (Tiling.qk_norm_attn)
-            "dacc": z(cfg.num_hidden_layers, cfg.hidden_size, dtype=torch.float32)}  # Tiling.down_fused
+            "k_new": z(cfg.num_key_value_heads, cfg.head_dim)}  # raw new k (Tiling.qk_norm_attn)
         self._tickets: dict[int, int] = {}
         self.position = 0
 
@@ -81,20 +80,6 @@ class ScheduleInterpreter:
         inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
         return self._rope(self._rnd(self._rnd(xf * inv) * w.float()), pos)
 
-    def _residual(self, layer: int) -> torch.Tensor:
-        """The residual stream entering ``layer`` ≥ 1 (ACT, (H,)): ``x``, or with ``Tiling.down_fused``
-        ``x + bf16(Σ partials)`` of the previous layer's down products (x then holds its post-attention stream)."""
-        b = self.buffers
-        if not self.schedule.tiling.down_fused:
-            return b["x"]
-        return (b["x"].float() + self._rnd(b["dacc"][layer - 1])).to(self.act)
-
-    def _end_step(self) -> None:
-        """What the kernel's last CTA does for the next step: with ``Tiling.down_fused`` the last layer's down
-        accumulator (read by every LM-head task) back to zero (the others are zeroed by the next layer's O-proj)."""
-        if self.schedule.tiling.down_fused:
-            self.buffers["dacc"][-1].zero_()
-
     # ---- one task ----------------------------------------------------------------------------------------
     def run_task(self, t: Task, token: int, pos: int) -> None:
         """Execute one task on the buffers (see the opcode comments in triton_kernel/ops.py for the math)."""
@@ -102,8 +87,6 @@ class ScheduleInterpreter:
         D = cfg.head_dim
         half, layer = D // 2, t.layer
         src = p.embed[token] if layer == 0 else b["x"]
-        if t.op in (OP_QKV, OP_OPROJ) and layer > 0:
-            src = self._residual(layer)
         if t.op == OP_QKV:
             h = self._normed(src, p.anorm[layer])
             w = p.wqkv[layer].float()
@@ -176,13 +159,11 @@ class ScheduleInterpreter:
         elif t.op in (OP_OPROJ, OP_DOWN):
             r = slice(t.a1, t.a1 + t.a2)
             if t.op == OP_OPROJ:
-                w, a, resid = p.wo[layer], b["attn"], src  # (the embedding row at layer 0)
+                w, a, resid = p.wo[layer], b["attn"], (src if layer == 0 else b["x"])
             else:
                 w, a, resid = p.wdown[layer], b["act"][:cfg.intermediate_size], b["x"]
             y = self._rnd(w[r].float() @ a.float())
             b["x"][r] = (resid[r].float() + y).to(self.act)
-            if t.op == OP_OPROJ and layer > 0 and tl_.down_fused:  # its rows of the accumulator are read: zero
-                b["dacc"][layer - 1][r] = 0.0
         elif t.op == OP_GATEUP:  # a task of several packed blocks = the same rows in one go
             h = self._normed(b["x"], p.mnorm[layer])
             j = torch.arange(t.a1, min(t.a1 + t.a2, cfg.intermediate_size), device=self.device)
@@ -190,10 +171,8 @@ class ScheduleInterpreter:
             w = p.wgu[layer].float()
             g, u = self._rnd(w[g_row] @ h), self._rnd(w[g_row + tl_.gb] @ h)
             b["act"][j] = (self._rnd(g / (1 + torch.exp(-g))) * u).to(self.act)
-            if tl_.down_fused:  # split-K: this task's columns of the down projection, float32 partials
-                b["dacc"][layer] += p.wdown[layer][:, j].float() @ b["act"][j].float()
         elif t.op == OP_LMHEAD:
-            h = self._normed(self._residual(cfg.num_hidden_layers), p.final_norm)
+            h = self._normed(b["x"], p.final_norm)
             r = torch.arange(t.a1, t.a1 + t.a2, device=self.device)
             val = self._rnd(p.lm_head[r].float() @ h)
             b["logits"][r] = val
@@ -235,7 +214,6 @@ class ScheduleInterpreter:
             self._run_checked(t, counts, token, -1)
             if t.gidx == stop:
                 return {k: v.clone() for k, v in self.buffers.items()}
-        self._end_step()
         self.position += 1
         return self.buffers
 
@@ -286,7 +264,6 @@ class ScheduleInterpreter:
                 p = next(p for p, q in enumerate(queues) if heads[p] < len(q))
                 t, amount = queues[p][heads[p]]
                 self._run_checked(t, counts, token, p, amount)  # raises KernelStuck
-        self._end_step()
         self.position += 1
 
     def reset(self) -> None:

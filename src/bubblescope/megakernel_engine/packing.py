@@ -118,19 +118,3 @@ def pack_weights(weights: ModelWeights, tiling: Tiling, max_seq_len: int) -> Pac
         mnorm=torch.stack([l.post_attention_layernorm for l in layers]).contiguous(), wgu=wgu,
         wdown=torch.stack([l.down_proj for l in layers]).contiguous(),
         cos=freqs.cos().to(dev).contiguous(), sin=freqs.sin().to(dev).contiguous())
-
-
-def down_transposed(packed: PackedWeights, i_pad: int) -> torch.Tensor:
-    """The down projections transposed for ``MegakernelParams.fuse_down``: (L, I_pad, H), row j = column j of
-    ``W_down`` (a gate-up task's j rows of the intermediate vector meet their contiguous H-wide rows), zero rows past
-    I (their SiLU(gate)·up is 0 anyway). A second copy of the down weights on their device (L·I_pad·H elements).
-
-    Raises:
-        ValueError: ``i_pad`` is smaller than the intermediate size.
-    """
-    L, H, I = packed.wdown.shape
-    if i_pad < I:
-        raise ValueError(f"down_transposed: i_pad {i_pad} is smaller than the intermediate size {I}")
-    out = torch.zeros((L, i_pad, H), dtype=packed.wdown.dtype, device=packed.wdown.device)
-    out[:, :I] = packed.wdown.transpose(1, 2)
-    return out

@@ -198,24 +198,6 @@ class MegakernelParams:
             grew 101 µs from context 128 to 4096 in session 15, against 26 µs of added KV bytes at peak) and at
             the first block's older rows at short context. Prepared in session 15 (compiled for sm_90), not yet
             measured (``gluon_check.py --sweep r47``).
-        fuse_down: Gluon kernel only: no DOWN stage. Each GATEUP task also multiplies its SiLU(gate)·up rows j by
-            the matching columns of the down projection (``W_down[:, j]``, packed transposed: ``packing.down_transposed``)
-            and adds the (H,) float32 partial product into the layer's accumulator with relaxed atomics (split-K over
-            the intermediate size). The residual add and the bf16 rounding move to the readers of the next residual stream: the next
-            layer's QKV staging and O-proj residual, the LM head's staging (``x + bf16(Σ partials)``, rounded to the
-            activation dtype, as the reference rounds ``down_proj``'s output before its residual add). The layer's
-            chain loses a whole-vector dependency (gate-up → down: the down tasks' wait, the staging of the
-            intermediate vector and their matvec's tail) for atomics of H floats per gate-up task. The summation
-            order of the partials is not fixed (float32 atomics), so results may differ run to run in the last
-            bits of the accumulator. CUDA-core matvec (``mv_widen`` ``bits`` / ``convert``) with one box per slot
-            only. Measured on the H200 in session 16 (``gluon_check.py --sweep r48``, stepwise ms, default / fused):
-            Llama-3.2-1B 0.774, 0.770 / 1.291, 1.288; at 4096 0.945, 0.929 / 1.474, 1.476; Qwen3-0.6B 0.727, 0.732 /
-            0.946, 0.947; Llama-3.1-8B 3.834, 3.778 / 7.227, 7.196. Correct (the 1B: argmax 256 / 256, logit error
-            0.018451 against the bf16 reference's 0.018513), but the 1B's gate-up tasks grew from 27.6 + 10.8 ms of
-            summed busy time (with the down tasks) to 109.1: 512 tasks a layer add into the same 2048 floats.
-        down_copies: with ``fuse_down``, float32 accumulator copies per layer: a CTA adds into copy ``pid mod
-            down_copies`` and the readers sum the copies in order, so the atomics of a layer spread over that many
-            times the L2 lines (fewer adds per address) for that many times the bytes each reader loads.
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -334,8 +316,6 @@ class MegakernelParams:
     inflight: int | None = None
     norm_load: str = "prefetch"
     kv_prefetch: bool = False
-    fuse_down: bool = False
-    down_copies: int = 1
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -365,7 +345,7 @@ class MegakernelParams:
             pow2(name)
         for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
                      "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap", "gateup_blocks",
-                     "lm_blocks", "attn_min_chunk", "max_registers", "down_copies"):
+                     "lm_blocks", "attn_min_chunk", "max_registers"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise BubblescopeError(f"megakernel params: {name} must be a positive integer, got {v!r}")
@@ -391,8 +371,6 @@ class MegakernelParams:
             raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
         if not isinstance(self.kv_prefetch, bool):
             raise BubblescopeError(f"megakernel params: kv_prefetch must be true or false, got {self.kv_prefetch!r}")
-        if not isinstance(self.fuse_down, bool):
-            raise BubblescopeError(f"megakernel params: fuse_down must be true or false, got {self.fuse_down!r}")
         if self.norm_load not in ("after", "beside", "prefetch"):
             raise BubblescopeError(f"megakernel params: norm_load must be after, beside or prefetch, "
                                    f"got {self.norm_load!r}")
@@ -508,7 +486,6 @@ class Tiling:
     block_qh: int
     block_split: int
     qk_norm_attn: bool = False
-    down_fused: bool = False
 
 
 def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Tiling:
@@ -534,7 +511,7 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
         i_pad=-(-cfg.intermediate_size // (r_gu // 2)) * (r_gu // 2),
         block_p=next_pow2(r_qkv // 2), block_o=next_pow2(r_o), block_gu=next_pow2(r_gu // 2),
         block_dn=next_pow2(r_dn), block_lm=next_pow2(r_lm), block_qh=next_pow2(heads * g),
-        block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn, down_fused=bool(params.fuse_down))
+        block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn)
 
 
 def task_weight_bytes(cfg: ModelConfig, tiling: Tiling, elem_bytes: int) -> dict[str, int]:
@@ -542,7 +519,7 @@ def task_weight_bytes(cfg: ModelConfig, tiling: Tiling, elem_bytes: int) -> dict
     :data:`OPCODE_NAMES` (the ``name`` column of ``timeline.decode_timeline``).
 
     A task's rows times the width of the matrix they belong to, times ``elem_bytes``: QKV ``rows_qkv × hidden``,
-    OPROJ ``rows_o × q_size``, GATEUP ``rows_gateup × gateup_blocks × hidden`` (× 3/2 with ``Tiling.down_fused``), DOWN ``rows_down × intermediate``,
+    OPROJ ``rows_o × q_size``, GATEUP ``rows_gateup × gateup_blocks × hidden``, DOWN ``rows_down × intermediate``,
     LMHEAD ``rows_lm × lm_blocks × hidden`` (the Gluon kernel's tiling has one block per task). A stage's last task
     may hold fewer rows (a partial tile); this is the full tile's size, the rule ``timeline.stream_feed`` spreads
     over a task's ring slots (first written as ``benchmarks/chain_breakdown.py``'s ``task_bytes``).
@@ -561,10 +538,8 @@ def task_weight_bytes(cfg: ModelConfig, tiling: Tiling, elem_bytes: int) -> dict
     if isinstance(elem_bytes, bool) or not isinstance(elem_bytes, int) or elem_bytes <= 0:
         raise BubblescopeError(f"task_weight_bytes: elem_bytes must be a positive integer, got {elem_bytes!r}")
     h = cfg.hidden_size
-    gu_rows = tiling.rows_gateup * tiling.gateup_blocks
     rows_by_width = {"QKV": (tiling.rows_qkv, h), "OPROJ": (tiling.rows_o, cfg.q_size),
-                     # fuse_down: a gate-up task also streams its rows / 2 columns of the down projection
-                     "GATEUP": (gu_rows + (gu_rows // 2 if tiling.down_fused else 0), h),
+                     "GATEUP": (tiling.rows_gateup * tiling.gateup_blocks, h),
                      "DOWN": (tiling.rows_down, cfg.intermediate_size),
                      "LMHEAD": (tiling.rows_lm * tiling.lm_blocks, h)}
     return {name: rows * width * elem_bytes for name, (rows, width) in rows_by_width.items()}
@@ -642,13 +617,11 @@ def build_tasks(cfg: ModelConfig, tiling: Tiling) -> list[Task]:
             stage(layer, OP_ATTN_REDUCE, [(h0, n, 0) for h0, n in groups], counter_id(layer, OP_ATTN))
         stage(layer, OP_OPROJ, [(0, s, n) for _, s, n in _tiles(cfg.hidden_size, tiling.rows_o)],
               counter_id(layer, OP_ATTN_REDUCE))
-        gateup = [(0, s, n) for _, s, n in _tiles(cfg.intermediate_size, tiling.gb * tiling.gateup_blocks)]
-        if tiling.down_fused:  # the gate-up tasks add the down products themselves: they signal the layer's end
-            stage(layer, OP_GATEUP, gateup, counter_id(layer, OP_OPROJ), signal=counter_id(layer, OP_DOWN))
-        else:
-            stage(layer, OP_GATEUP, gateup, counter_id(layer, OP_OPROJ))
-            stage(layer, OP_DOWN, [(0, s, n) for _, s, n in _tiles(cfg.hidden_size, tiling.rows_down)],
-                  counter_id(layer, OP_GATEUP))
+        stage(layer, OP_GATEUP, [(0, s, n) for _, s, n in _tiles(cfg.intermediate_size,
+                                                                 tiling.gb * tiling.gateup_blocks)],
+              counter_id(layer, OP_OPROJ))
+        stage(layer, OP_DOWN, [(0, s, n) for _, s, n in _tiles(cfg.hidden_size, tiling.rows_down)],
+              counter_id(layer, OP_GATEUP))
         prev = counter_id(layer, OP_DOWN)
     stage(cfg.num_hidden_layers - 1, OP_LMHEAD,
           [(0, s, n) for _, s, n in _tiles(cfg.vocab_size, tiling.rows_lm * tiling.lm_blocks)], prev)

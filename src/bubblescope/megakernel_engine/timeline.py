@@ -206,8 +206,7 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int], slot_bytes: int = 
     spaced times from its
     ``load_start_us`` to its ``load_end_us`` (``np.linspace``), and a slot counts in the window ``[lo, hi)`` that
     holds its issue time. For each layer L ≥ 1 whose layer L − 1 is in the frame: ``chain`` runs from layer
-    L − 1's last DOWN task end to layer L's last OPROJ task end, ``mlp`` from there to layer L's last DOWN task end
-    (GATEUP in a frame without DOWN tasks: ``fuse_down``, whose gate-up tasks end the layer).
+    L − 1's last DOWN task end to layer L's last OPROJ task end, ``mlp`` from there to layer L's last DOWN task end.
 
     Args:
         df: one step's :func:`decode_timeline` frame; uses ``name``, ``layer``, ``end_us``, :data:`LOAD_COLUMNS`
@@ -223,18 +222,17 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int], slot_bytes: int = 
         bytes / µs / 1e3; NaN for a window of length ≤ 0), ``qkv_mv_after_last_issue_us`` (median over the layer's
         QKV tasks of ``mv_end_us − load_end_us``: how long the matvec ran on after its last tile was issued; NaN
         without ``mv_end_us``). Empty (same columns) for a frame without :data:`LOAD_COLUMNS` (the Triton kernel),
-        without stamped weight tasks, or without two consecutive layers that both have MLP-ending and OPROJ tasks. Never
+        without stamped weight tasks, or without two consecutive layers that both have DOWN and OPROJ tasks. Never
         raises on such frames.
     """
     empty = pd.DataFrame({c: pd.Series(dtype="int64" if c == "layer" else "float64") for c in STREAM_FEED_COLUMNS})
     if not set(LOAD_COLUMNS + ["name", "layer", "end_us"]) <= set(df.columns):
         return empty
     w = df[df["name"].isin(list(task_bytes))].dropna(subset=LOAD_COLUMNS)
-    last = "DOWN" if (df["name"] == "DOWN").any() else "GATEUP"  # the stage that ends a layer
-    stages = df[df["name"].isin(["OPROJ", last])].groupby(["layer", "name"])["end_us"].max().unstack()
-    if not len(w) or not {"OPROJ", last} <= set(stages.columns):
+    stages = df[df["name"].isin(["OPROJ", "DOWN"])].groupby(["layer", "name"])["end_us"].max().unstack()
+    if not len(w) or not {"OPROJ", "DOWN"} <= set(stages.columns):
         return empty
-    ends = stages[["OPROJ", last]].dropna()
+    ends = stages[["OPROJ", "DOWN"]].dropna()
     t, b = _slot_issues(w, task_bytes, slot_bytes)
 
     def rate(lo: float, hi: float) -> float:  # bytes / µs / 1e3 = GB/s
@@ -244,8 +242,8 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int], slot_bytes: int = 
     for layer in ends.index:
         if layer - 1 not in ends.index:
             continue
-        lo = float(ends.loc[layer - 1, last])
-        mid, hi = float(ends.loc[layer, "OPROJ"]), float(ends.loc[layer, last])
+        lo = float(ends.loc[layer - 1, "DOWN"])
+        mid, hi = float(ends.loc[layer, "OPROJ"]), float(ends.loc[layer, "DOWN"])
         q = w[(w["layer"] == layer) & (w["name"] == "QKV")]
         after = (q["mv_end_us"] - q["load_end_us"]).median() if "mv_end_us" in q else float("nan")
         rows.append({"layer": int(layer), "chain_us": mid - lo, "chain_GBps": rate(lo, mid), "mlp_us": hi - mid,

@@ -23,28 +23,24 @@ import numpy as np
 WAITING, IDLE = "waiting", "idle"
 
 
-def opcode_bytes(config, dtype_bytes: int, context: int, down_fused: bool = False) -> dict[str, int]:
+def opcode_bytes(config, dtype_bytes: int, context: int) -> dict[str, int]:
     """Bytes one (layer, opcode) reads per decode step, by the megakernel's opcode names.
 
     QKV ``hidden × (heads + 2·kv_heads) × head_dim``, OPROJ ``heads × head_dim × hidden``, GATEUP
     ``2 × hidden × intermediate``, DOWN ``intermediate × hidden``, LMHEAD ``vocab × hidden`` (weights, times
     ``dtype_bytes``); ATTN the KV cache at ``context`` positions, ``2 × kv_heads × head_dim × context``;
-    ATTN_REDUCE and NOP 0 (partials of a few kB). Norm weights (one vector each) are left out. ``down_fused``
-    (the Gluon kernel's ``fuse_down``: the gate-up tasks stream the down projection too): GATEUP
-    ``3 × hidden × intermediate``, DOWN 0.
+    ATTN_REDUCE and NOP 0 (partials of a few kB). Norm weights (one vector each) are left out.
 
     Args:
         config: a :class:`~bubblescope.models.config.ModelConfig` (Hugging Face field names).
         dtype_bytes: bytes per weight element (2 for bf16).
         context: KV-cache positions the attention reads.
-        down_fused: the engine's ``Tiling.down_fused`` (its ``compile_info()["tiling"]``).
     """
     h, hd = config.hidden_size, config.head_dim
     nh, nkv = config.num_attention_heads, config.num_key_value_heads
     return {k: int(v * dtype_bytes) for k, v in {
         "QKV": h * (nh + 2 * nkv) * hd, "ATTN": 2 * nkv * hd * context, "ATTN_REDUCE": 0, "OPROJ": nh * hd * h,
-        "GATEUP": (3 if down_fused else 2) * h * config.intermediate_size,
-        "DOWN": 0 if down_fused else config.intermediate_size * h,
+        "GATEUP": 2 * h * config.intermediate_size, "DOWN": config.intermediate_size * h,
         "LMHEAD": config.vocab_size * h, "NOP": 0}.items()}
 
 

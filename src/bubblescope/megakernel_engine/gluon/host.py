@@ -335,10 +335,6 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
            if params.mv_widen == "mma" else None)
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
-    if t.down_fused and (params.mv_widen == "mma" or sb != 1 or params.l2_ahead or params.wait_prefetch):
-        raise BubblescopeError("megakernel params: fuse_down needs the CUDA-core matvec (mv_widen bits or convert) "
-                               "with slot_boxes 1, and no l2_ahead / wait_prefetch (their tile walk has no down "
-                               "slots in a gate-up task)")
     slot_bytes = sb * br * bk * esize
     ns = fit_ring(max(1, int(ring or params_ring(params)) // sb), slot_bytes, max(kch.values()) * bk * esize)
     inflight = max(2, INFLIGHT_BYTES // slot_bytes) if params.inflight is None else params.inflight
@@ -355,7 +351,6 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         INFLIGHT=inflight if inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
         TMA_EVICT=resolve_eviction(params.weight_eviction) == "evict_first", KV_PF=bool(params.kv_prefetch),
-        FUSE_D=bool(t.down_fused), NL=cfg.num_hidden_layers, DC=params.down_copies if t.down_fused else 1,
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -387,8 +382,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
     the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded), ``weight_eviction`` (the weight
     stream's L2 policy: ``""`` or ``evict_first``), ``kv_prefetch`` (the next attention task's K/V asked of L2 by the
-    task before it), ``fuse_down`` (the gate-up tasks add the down products: no DOWN stage), ``down_copies`` (their
-    float32 accumulator copies per layer; 1 without ``fuse_down``);
+    task before it);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -403,8 +397,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
             "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]],
-            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else "", "kv_prefetch": bool(cx["KV_PF"]),
-            "fuse_down": bool(cx["FUSE_D"]), "down_copies": cx["DC"]}
+            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else "", "kv_prefetch": bool(cx["KV_PF"])}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)
@@ -450,15 +443,12 @@ def desc_layout(bits: int, mma: bool):
     return gl.NVMMASharedLayout(swizzle_byte_width=128 if mma else 0, element_bitwidth=bits, rank=2)
 
 
-def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = False,
-                       wdown_t: torch.Tensor | None = None) -> dict:
+def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = False) -> dict:
     """One TMA descriptor per packed weight matrix, each viewed as 2-D (rows, K), box ``[br, bk]`` (O-proj and
     down: ``[br / split, bk]``), unswizzled; with ``mma`` boxes of 64 columns, 128-byte swizzled (the producer
-    issues ``bk / 64`` of them per box: :func:`desc_layout`). ``wdt_desc``: ``wdown_t`` (``fuse_down``:
-    ``packing.down_transposed``) in boxes ``[br / 2, bk]``; without it the down weights stand in (never read).
+    issues ``bk / 64`` of them per box: :func:`desc_layout`).
 
-    Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H),
-    wdown_t (L·I_pad, H).
+    Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H).
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     layout = desc_layout(packed.wqkv.element_size() * 8, mma)
@@ -468,8 +458,7 @@ def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = Fal
         t2 = t.reshape(-1, t.shape[-1])
         return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, cols], layout)
     return {"wqkv_desc": desc(packed.wqkv), "wo_desc": desc(packed.wo, br // split), "wgu_desc": desc(packed.wgu),
-            "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head),
-            "wdt_desc": desc(packed.wdown if wdown_t is None else wdown_t, br // 2)}
+            "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head)}
 
 
 def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
@@ -505,7 +494,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)
     act = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     layout = desc_layout(torch.empty((), dtype=dtype).element_size() * 8, bool(cx["MV_MMA"]))
-    f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr", "dacc_ptr"}
+    f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
     i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
     i64 = {"timeline_ptr", "amax_ptr"}
     sig, attrs = {}, {}
@@ -513,8 +502,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
         if name in cx:
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
-            rows = (cx["BR"] // cx["SPLIT"] if name in ("wo_desc", "wdown_desc") else cx["BR"] // 2
-                    if name == "wdt_desc" else cx["BR"])
+            rows = cx["BR"] // cx["SPLIT"] if name in ("wo_desc", "wdown_desc") else cx["BR"]
             sig[name] = f"tensordesc<{act}[{rows}, {64 if cx['MV_MMA'] else cx['BK']}],{layout!r}>"
         elif name.endswith("_ptr"):
             sig[name] = "*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64 else f"*{act}"

@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .. import schedule as S
 from .attention import _split_range, attention, attention_mma, attention_warps
 from .common import now, rnd, spin, splits_used
-from .matvec import mv_down_partial, mv_halves, mv_mma, mv_pair, mv_single, stage_vector
+from .matvec import mv_halves, mv_mma, mv_pair, mv_single, stage_vector
 from .ptx import MARKER
 
 MARK_ASM = gl.constexpr("// " + MARKER + "\n\tmov.u32 $0, 0;")  # a PTX comment (gluon/ptx.py)
@@ -232,8 +232,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
               NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr,
-              KV_PF: gl.constexpr, dacc_ptr, FUSE_D: gl.constexpr, NL: gl.constexpr, DC: gl.constexpr):
-    DSTEP: gl.constexpr = DC * H  # FUSE_D: a layer's DC accumulator copies of H floats
+              KV_PF: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -360,9 +359,9 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             if key != staged:
                 if layer == 0:  # layer 0 normalises the token's embedding row (no embedding task)
                     stage_vector(emb_row, anorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1)
-                else:  # (FUSE_D: x + the previous layer's down partials, rounded as the residual add)
+                else:
                     stage_vector(x_ptr, anorm_ptr + layer.to(gl.int64) * H, xs, eps, True, H, KCH_H, BK, VEC,
-                                 TK, NW, NORM_W >= 1, dacc_ptr + (layer - 1).to(gl.int64) * DSTEP, FUSE_D, DC)
+                                  TK, NW, NORM_W >= 1)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -393,11 +392,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             g = rnd(acc_g, ACT)
             u = rnd(acc_u, ACT)
             silu = rnd(g / (1.0 + gl.exp(-g)), ACT)
-            if FUSE_D:  # the down products of these rows (rows past I are 0: zero gate / up / down rows)
-                dst = dacc_ptr + layer.to(gl.int64) * DSTEP + (pid % DC) * H  # this CTA's copy
-                it = mv_down_partial(bufs, full, empty, it, rnd(silu * u, ACT), dst, H, NCH_H, NS, BR, BK, VEC, TK, NW)
-            else:
-                gl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
+            gl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
         elif op == OP_OPROJ:
             # the residual rows are issued before the staging load so the two L2 round trips overlap (both
             # inputs are final once the wait above is met); it is one round trip less on the layer's chain
@@ -407,14 +402,6 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
-                if FUSE_D:  # the residual stream is x + bf16(the previous layer's down partials); their last reader
-                    drow = dacc_ptr + (layer - 1).to(gl.int64) * DSTEP + r
-                    dsum = gl.zeros_like(res)
-                    for cp in gl.static_range(DC):
-                        dsum += gl.load(drow + cp * H, mask=mr, other=0.0, cache_modifier=".cg")
-                    res = rnd(res + rnd(dsum, ACT), ACT)
-                    for cp in gl.static_range(DC):  # zero for the next step's gate-up tasks
-                        gl.store(drow + cp * H, gl.zeros_like(res), mask=mr)
             if key != staged:
                 stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
                 staged = key
@@ -449,8 +436,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_LMHEAD:
             if key != staged:
-                stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1,
-                             dacc_ptr + layer.to(gl.int64) * DSTEP, FUSE_D, DC)
+                stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1)
                 staged = key
             if TIMELINE:
                 t_staged = now(i)
@@ -492,11 +478,6 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
     if finished == gl.num_programs(0) - 1:  # the last CTA: everyone has read the state
         gl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
         if advance != 0:
-            if FUSE_D:  # the last layer's down partials, read by every LM-head task, back to zero for the next step
-                ZL: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-                for z0 in range(0, DC * H, 32 * NW):
-                    zk = z0 + gl.arange(0, 32 * NW, layout=ZL)
-                    gl.store(dacc_ptr + (NL - 1) * DC * H + zk, gl.zeros([32 * NW], gl.float32, ZL), mask=zk < DC * H)
             gl.store(state_ptr + 0, pos + 1)
             gl.store(state_ptr + 1, epoch + 1)
             key64 = gl.atomic_xchg(amax_ptr, AMAX_EMPTY, sem="acq_rel", scope="gpu")
@@ -674,7 +655,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
               PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
               NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr, MV_MMA: gl.constexpr,
-              INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr, wdt_desc, FUSE_D: gl.constexpr):
+              INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr):
     TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
     # MV_MMA: a slot is NBX boxes [BR, 64] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64]), the ring's rows of 64
     # columns in the descriptors' 128-byte swizzle (see matvec.mv_mma)
@@ -737,8 +718,6 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                 r0 = layer * H + a1
             elif op == OP_GATEUP:
                 r0 = layer * (2 * IP) + 2 * a1
-                if FUSE_D:  # then the task's rows of the transposed down projection, two column chunks per slot
-                    nch = SNH + (NCH_H + 1) // 2
             elif op == OP_DOWN:
                 nch = (SNI + SPLIT - 1) // SPLIT
                 r0 = layer * H + a1
@@ -769,13 +748,7 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                     elif op == OP_OPROJ:
                         _load_od(wo_desc, r0, b, full.index(slot), box, BR, BK, SPLIT)
                     elif op == OP_GATEUP:
-                        if FUSE_D:
-                            if b < SNH:
-                                tma.async_copy_global_to_shared(wgu_desc, [r0, b * BK], full.index(slot), box)
-                            else:  # rows layer·IP + a1 .. + BR/2 of Wdᵀ, column chunks 2(b − SNH) and that + 1
-                                _load_od(wdt_desc, layer * IP + a1, b - SNH, full.index(slot), box, BR, BK, 2)
-                        else:
-                            tma.async_copy_global_to_shared(wgu_desc, [r0, b * BK], full.index(slot), box)
+                        tma.async_copy_global_to_shared(wgu_desc, [r0, b * BK], full.index(slot), box)
                     elif op == OP_DOWN:
                         _load_od(wdown_desc, r0, b, full.index(slot), box, BR, BK, SPLIT)
                     else:
@@ -809,10 +782,10 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
 
 @gluon.jit(do_not_specialize=["max_tasks", "spin_cap", "advance", "tok_in"])
 def megakernel(
-        wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, wdt_desc,
+        wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc,
         table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr,
         emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-        x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr, dacc_ptr,
+        x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
         spin_cap, advance, tok_in, eps, sm_scale,
         H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, V: gl.constexpr,
         D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
@@ -828,7 +801,7 @@ def megakernel(
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
         COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr,
-        TMA_EVICT: gl.constexpr, KV_PF: gl.constexpr, FUSE_D: gl.constexpr, NL: gl.constexpr, DC: gl.constexpr):
+        TMA_EVICT: gl.constexpr, KV_PF: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -869,10 +842,10 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W, KV_PF, dacc_ptr, FUSE_D, NL, DC)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W, KV_PF)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
                      head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
-                     SB, MV_MMA, INFLIGHT, TMA_EVICT, wdt_desc, FUSE_D)),
+                     SB, MV_MMA, INFLIGHT, TMA_EVICT)),
     ], [1], [PRODUCER_REGS])

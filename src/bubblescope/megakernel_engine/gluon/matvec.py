@@ -17,12 +17,10 @@ from .common import rnd
 # One load of the whole vector (a single L2 round trip after the dependency wait), then one store. With a norm,
 # W_BESIDE issues the norm weights' load beside the vector's, before the sum of squares: that reduction's barriers
 # keep a load written after it from being issued earlier, so otherwise the weights cost a second round trip.
-# ADD (fuse_down): the vector is src + ACT(add), rounded to ACT, add float32 (the previous layer's down partials,
-# rounded as the reference rounds down_proj's output before the residual add), loaded beside src.
 @gluon.jit
 def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, KCH: gl.constexpr,
                   BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr,
-                  W_BESIDE: gl.constexpr = False, add_ptr=None, ADD: gl.constexpr = False, NADD: gl.constexpr = 1):
+                  W_BESIDE: gl.constexpr = False):
     XV: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     ACT: gl.constexpr = xs.dtype
     KCH_ALL: gl.constexpr = xs.shape[0]
@@ -37,11 +35,6 @@ def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, 
         idx = gl.expand_dims(part * PART + ch, 1) * BK + gl.expand_dims(kk, 0)
         m = idx < K
         x = gl.load(src_ptr + idx, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
-        if ADD:  # NADD copies of the partials (MegakernelParams.down_copies), K floats apart, summed in order
-            a = gl.load(add_ptr + idx, mask=m, other=0.0, cache_modifier=".cg")
-            for cp in gl.static_range(1, NADD):
-                a += gl.load(add_ptr + cp * K + idx, mask=m, other=0.0, cache_modifier=".cg")
-            x = rnd(x + rnd(a, ACT), ACT)
         if NORM:  # RMSNorm (Zhang & Sennrich 2019) rounded as transformers does: ((x·inv).to(ACT)·w).to(ACT)
             if W_BESIDE:
                 w = gl.load(nw_ptr + idx, mask=m, other=0.0).to(gl.float32)
@@ -299,36 +292,3 @@ def mv_mma(bufs, full, empty, xs, it, NSLOT: gl.constexpr, NS: gl.constexpr, R: 
         acc_b = mma_v2(wb, xb, acc_b)
         out_b = _mma_rows(acc_b, VEC, TK, NW)
     return _mma_rows(acc_a, VEC, TK, NW), out_b, it
-
-
-# ---- fuse_down: the down projection's split-K partials of a gate-up task --------------------------------------
-# y[k] = Σ_j a[j]·Wdᵀ[j, k] over the task's BR/2 rows j of the intermediate vector (a = SiLU(gate)·up, rounded to
-# ACT), k over H; slot c holds rows j of column chunks 2c and 2c + 1 (two [BR/2, BK] boxes, rows [0, BR/2) and
-# [BR/2, BR)). The rows are reduced in the tile's layout (across the warps: shared memory), then spread one column
-# per thread and added to the layer's float32 accumulator with relaxed atomics (red.global.add.f32): the task's
-# signal release orders them before the readers' acquire.
-@gluon.jit
-def mv_down_partial(bufs, full, empty, it, a, dacc_ptr, H: gl.constexpr, NCH: gl.constexpr, NS: gl.constexpr,
-                    BR: gl.constexpr, BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
-    """``dacc[k] += Σ_j a[j]·Wdᵀ[j, k]`` for k < H: ``a`` (BR/2,) float32 in the row layout of the tile
-    (SliceLayout(1, LW)), the ring's next cdiv(NCH, 2) slots; returns the ring position after them."""
-    HB: gl.constexpr = BR // 2
-    LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
-    CPT: gl.constexpr = (BK + 32 * NW - 1) // (32 * NW)
-    PL: gl.constexpr = gl.BlockedLayout([CPT], [32], [NW], [0])
-    SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    a2 = gl.expand_dims(a, 1)
-    k = gl.arange(0, BK, layout=PL)
-    for c in range((NCH + 1) // 2):
-        _wait_full(full, it, NS)
-        t = bufs.index(it % NS)._reinterpret(bufs.dtype, [BR, BK], SL)
-        w0 = t.slice(0, HB, dim=0).load(LW).to(gl.float32)
-        w1 = t.slice(HB, HB, dim=0).load(LW).to(gl.float32)
-        _release(empty, it, NS)
-        it += 1
-        y0 = gl.convert_layout(gl.sum(w0 * a2, axis=0), PL)
-        y1 = gl.convert_layout(gl.sum(w1 * a2, axis=0), PL)
-        c0 = (2 * c) * BK + k
-        gl.atomic_add(dacc_ptr + c0, y0, mask=c0 < H, sem="relaxed", scope="gpu")
-        gl.atomic_add(dacc_ptr + c0 + BK, y1, mask=c0 + BK < H, sem="relaxed", scope="gpu")
-    return it

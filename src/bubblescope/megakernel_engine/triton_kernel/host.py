@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from ...errors import BubblescopeError, EngineUnavailable
+from ...errors import EngineUnavailable
 from ...models.config import ModelConfig
 from ..residency import DeviceLimits
 from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2
@@ -80,14 +80,7 @@ def register_cap(params: MegakernelParams, regs_per_sm: int = 65536) -> int:
 
 def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_seq_len: int, has_bias: bool,
                       has_qk_norm: bool, prefetch: int) -> dict:
-    """The compile-time arguments of ``kernel.megakernel`` (model shape, tiles, switches).
-
-    Raises:
-        BubblescopeError: ``fuse_down`` (the Gluon kernel's: this kernel has no down-projection partials).
-    """
-    if t.down_fused:
-        raise BubblescopeError("megakernel params: fuse_down is the Gluon kernel's; the Triton kernel runs the "
-                               "DOWN stage")
+    """The compile-time arguments of ``kernel.megakernel`` (model shape, tiles, switches)."""
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=cfg.head_dim, G=cfg.gqa_group, NKV=cfg.num_key_value_heads, S_MAX=max_seq_len, NSPLIT=t.kv_splits,
