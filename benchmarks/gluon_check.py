@@ -453,7 +453,8 @@ SWEEPS = {
     # measure (Qwen3-0.6B, Qwen3-1.7B, the 3B) and the 1B at 4096
     "r46": [("default", "gluon", {}), ("nocap", "gluon", {"inflight": 0}), ("default-again", "gluon", {}),
             ("nocap-again", "gluon", {"inflight": 0})],
-    # prepared in session 15: the next attention task's old K/V asked of L2 by the task before it (kv_prefetch)
+    # prepared in session 15: the next attention task's old K/V asked of L2 by the task before it (kv_prefetch);
+    # measured in session 16 (1B at 4096: 2 % slower; at 128 even) and removed, so its entries no longer validate
     # session 16 (d80864d, 67cc0dc): the gate-up tasks adding their down products as float32 split-K partials with
     # atomics (fuse_down; no DOWN stage), then over 8 / 32 accumulator copies per layer (down_copies). Correct, 30-90 %
     # slower (NOTES, sixteenth session); removed after r49, so these entries no longer validate

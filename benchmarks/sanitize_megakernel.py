@@ -63,13 +63,13 @@ def main() -> int:
         eng.synchronize_and_check()
         print("gluon", cfg.name, eng.compile_info()["gluon"]["mv_widen"], toks, flush=True)
         # the weight stream's TMA loads with and without the L2 evict_first policy (the default since session 15:
-        # a PTX rewrite, gluon/ptx.py), and the next attention task's K/V asked of L2 ahead (kv_prefetch), on a
-        # model whose vocabulary ends inside an LM-head tile and whose hidden 384 is 1.5 column chunks; run with
+        # a PTX rewrite, gluon/ptx.py), on a model whose vocabulary ends inside an LM-head tile and whose hidden 384
+        # is 1.5 column chunks; run with
         # PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees each tensor's own bounds
         cfg = ModelConfig(name="tiny-odd", hidden_size=384, intermediate_size=640, num_hidden_layers=2,
                           num_attention_heads=6, num_key_value_heads=2, head_dim=64, vocab_size=1000,
                           max_position_embeddings=64)
-        for kw in ({"weight_eviction": ""}, {"weight_eviction": "evict_first"}, {"kv_prefetch": True}):
+        for kw in ({"weight_eviction": ""}, {"weight_eviction": "evict_first"}):
             eng = MegakernelEngine(dummy_weights(cfg, "cuda", torch.bfloat16, seed=0), max_seq_len=32, impl="gluon",
                                    params=MegakernelParams(**kw))
             toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens

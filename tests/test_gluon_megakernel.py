@@ -180,8 +180,7 @@ def test_gluon_switches_are_checked():
                     ({"block_s": 48}, "block_s must be a power of two"),
                     ({"inflight": -1}, "inflight must be None or an integer >= 0"),
                     ({"norm_load": "early"}, "norm_load must be after, beside or prefetch"),
-                    ({"inflight": True}, "inflight must be None or an integer >= 0"),
-                    ({"kv_prefetch": 1}, "kv_prefetch must be true or false")):
+                    ({"inflight": True}, "inflight must be None or an integer >= 0")):
         with pytest.raises(BubblescopeError, match=msg):
             MegakernelParams(**kw).validate()
     MegakernelParams(block_s=None, attn_gate=None).validate()  # None: the kernel chooses
@@ -269,8 +268,6 @@ for model, dtype, params in (
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(inflight=0)),
         ("llama-3.2-1b", torch.bfloat16, MegakernelParams(norm_load="after", timeline=True)),
         ("llama-3.1-8b", torch.bfloat16, MegakernelParams(norm_load="beside")),
-        ("qwen3-0.6b", torch.bfloat16, MegakernelParams(kv_prefetch=True)),
-        ("stories260k", torch.float32, MegakernelParams(kv_prefetch=True, timeline=True)),
         ("stories260k", torch.float32, MegakernelParams())):
     info = compile_offline(get_preset(model), dtype, params)
     out.append({k: info[k] for k in ("registers", "spill_store_bytes", "shared_bytes", "num_warps")})
@@ -442,7 +439,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
                                  "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
                                  "attn_combine": "warps", "inflight": 4, "norm_load": "prefetch",
-                                 "weight_eviction": resolve_eviction("auto"), "kv_prefetch": False}
+                                 "weight_eviction": resolve_eviction("auto")}
     assert out["llama-3.2-1b"]["block_s"] == 64 and not out["llama-3.2-1b"]["qk_norm_in_attn"]
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):

@@ -40,7 +40,7 @@ FAMILY = {"rows_qkv": "tile rows", "rows_o": "tile rows", "rows_gateup": "tile r
           "prefetch_next": "prefetch", "weight_eviction": "cache policy", "spin_sleep_ns": "waiting",
           "fast_launch": "launch", "split_k": "tile rows", "l2_ahead": "prefetch",
           "wait_prefetch": "prefetch", "wait_prefetch_ops": "prefetch", "wait_prefetch_mode": "prefetch",
-          "inflight": "pipeline depth", "norm_load": "prefetch", "kv_prefetch": "prefetch",
+          "inflight": "pipeline depth", "norm_load": "prefetch",
           # Gluon kernel only (MegakernelParams says what each does and what it measured)
           "slot_boxes": "pipeline depth", "mv_widen": "matvec", "mv_ahead": "matvec",
           "sig_gate": "weight-stream gate", "attn_gate": "weight-stream gate", "lm_pick": "greedy pick",

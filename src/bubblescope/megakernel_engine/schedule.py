@@ -190,14 +190,6 @@ class MegakernelParams:
             (``--sweep r42`` again, stepwise ms, ``after`` / ``beside`` / ``prefetch``): Llama-3.2-1B 0.910, 0.905 /
             0.891, 0.893 / 0.883, 0.883; Qwen2.5-0.5B 0.722, 0.733 / 0.712, 0.721 / 0.717, 0.712; Qwen3-0.6B 0.755,
             0.758 / 0.752, 0.752 / 0.743, 0.744.
-        kv_prefetch: Gluon kernel only: the task before an attention task in a CTA's queue (its QKV task, or the
-            previous layer's down task) asks L2 for that attention task's old K/V cache rows, one
-            ``prefetch.global.L2`` per 128-byte line, before its own dependency wait (at most 32 KB of each cache
-            per task), so the attention's blocks read them from L2 on the layer's chain (``False``: off). Aimed at
-            long context (at 4096 tokens a Llama-3.2-1B split walks 4 blocks of 64 positions, ~1 µs each; the step
-            grew 101 µs from context 128 to 4096 in session 15, against 26 µs of added KV bytes at peak) and at
-            the first block's older rows at short context. Prepared in session 15 (compiled for sm_90), not yet
-            measured (``gluon_check.py --sweep r47``).
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
@@ -315,7 +307,6 @@ class MegakernelParams:
     wait_prefetch_mode: str = "bulk"
     inflight: int | None = None
     norm_load: str = "prefetch"
-    kv_prefetch: bool = False
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
@@ -369,8 +360,6 @@ class MegakernelParams:
                                    f"use {', '.join(n for n in OPCODES if n != 'NOP')}")
         if not isinstance(self.l2_ahead, int) or self.l2_ahead < 0:
             raise BubblescopeError(f"megakernel params: l2_ahead must be an integer >= 0, got {self.l2_ahead!r}")
-        if not isinstance(self.kv_prefetch, bool):
-            raise BubblescopeError(f"megakernel params: kv_prefetch must be true or false, got {self.kv_prefetch!r}")
         if self.norm_load not in ("after", "beside", "prefetch"):
             raise BubblescopeError(f"megakernel params: norm_load must be after, beside or prefetch, "
                                    f"got {self.norm_load!r}")

@@ -350,7 +350,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         SPLIT=params.split_k, L2_AHEAD=params.l2_ahead, WAIT_PF=params.wait_prefetch,
         INFLIGHT=inflight if inflight < ns else 0,  # a whole ring's worth is no cap
         NORM_W={"after": 0, "beside": 1, "prefetch": 2}[params.norm_load],
-        TMA_EVICT=resolve_eviction(params.weight_eviction) == "evict_first", KV_PF=bool(params.kv_prefetch),
+        TMA_EVICT=resolve_eviction(params.weight_eviction) == "evict_first",
         WAIT_PF_OPS=params.wait_prefetch_mask(), PF_LANES_P=max(br, 32), PF_LANES_C=max(br, 32 * params.num_warps),
         WAIT_PF_LINE=params.wait_prefetch_mode == "line",
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
@@ -381,8 +381,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
     ``blocks`` layout and where the ``early`` operands do it their own way), ``attn_combine`` (``warps`` or
     ``lanes``: the split combine's layout), ``inflight`` (ring slots a producer keeps requested and not landed; 0:
     the whole ring), ``norm_load`` (where a staged RMSNorm's weights are loaded), ``weight_eviction`` (the weight
-    stream's L2 policy: ``""`` or ``evict_first``), ``kv_prefetch`` (the next attention task's K/V asked of L2 by the
-    task before it);
+    stream's L2 policy: ``""`` or ``evict_first``);
     ``t`` from :func:`gluon_tiling`, ``cx`` from :func:`gluon_constexprs`."""
     return {"BR": cx["BR"], "BK": cx["BK"], "ring": cx["NS"], "slot_boxes": cx["SB"], "split_k": cx["SPLIT"],
             "rows_od": t.rows_o,
@@ -397,7 +396,7 @@ def gluon_choice(t: Tiling, cx: dict) -> dict:
             "attn_new_row": "row" if cx["NEW_ROW"] else "block",
             "attn_combine": "lanes" if cx["COMBINE_LANES"] else "warps", "inflight": cx["INFLIGHT"],
             "norm_load": ("after", "beside", "prefetch")[cx["NORM_W"]],
-            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else "", "kv_prefetch": bool(cx["KV_PF"])}
+            "weight_eviction": "evict_first" if cx["TMA_EVICT"] else ""}
 
 
 SMEM_SCRATCH = 8192  # shared memory the compiler adds for reductions and layout conversions (≈4.3 KB measured)

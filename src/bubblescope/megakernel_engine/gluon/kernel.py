@@ -43,7 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .. import schedule as S
-from .attention import _split_range, attention, attention_mma, attention_warps
+from .attention import attention, attention_mma, attention_warps
 from .common import now, rnd, spin, splits_used
 from .matvec import mv_halves, mv_mma, mv_pair, mv_single, stage_vector
 from .ptx import MARKER
@@ -182,37 +182,6 @@ def _prefetch_row_l2(row_ptr, H: gl.constexpr, NW: gl.constexpr):
         _l2_lines(addr, ok)
 
 
-# KV_PF: the old K/V rows of the CTA's next attention task asked of L2 by the task before it (a QKV task, or the
-# previous layer's down task), before that task's own dependency wait: ~5 µs ahead of the attention's first block
-# on Llama-3.2-1B, where the attention's blocks otherwise read them from HBM on the layer's chain (at 4096 tokens
-# of context a split walks 4 blocks of 64 positions, ~1 µs each). The weight stream reads L2 evict_first
-# (weight_eviction), so these lines are not the first to go; at most KV_PF_LINES lines per cache (64 KB of K and
-# V per SM: L2 kept prefetched lines up to ~64 KB per SM in benchmarks/l2_probe.py, session 14). Row pos, written
-# later in this step by the QKV stage, may be prefetched too: L2 is the point of coherence, so the later store
-# updates the line and the attention's .cg loads read it there.
-KV_PF_LINES = gl.constexpr(256)
-
-
-@gluon.jit
-def _prefetch_split_kv(nrow, pos, kc_ptr, vc_ptr, D: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
-                       NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, NW: gl.constexpr):
-    """``prefetch.global.L2`` of the K and V cache rows of the attention task at table row ``nrow`` (its split's
-    positions up to ``pos``), one 128-byte line per lane, at most KV_PF_LINES lines of each cache."""
-    ESIZE: gl.constexpr = kc_ptr.dtype.element_ty.primitive_bitwidth // 8
-    PL: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-    n, s_lo, s_hi, base = _split_range(gl.load(nrow + F_LAYER), gl.load(nrow + F_A0), gl.load(nrow + F_A2), pos, D,
-                                       NKV, S_MAX, NSPLIT, MIN_CHUNK)
-    # lines from the split's bytes (rows of D·ESIZE bytes lie back to back), so each line starts inside its rows
-    nl = gl.minimum((gl.maximum(s_hi - s_lo, 0) * (D * ESIZE) + 127) // 128, KV_PF_LINES)
-    first = base + s_lo.to(gl.int64) * D
-    for b in gl.static_range(0, KV_PF_LINES, 32 * NW):
-        j = b + gl.arange(0, 32 * NW, layout=PL)
-        ok = (j < nl).to(gl.int32)
-        off = first + gl.minimum(j, gl.maximum(nl - 1, 0)).to(gl.int64) * (128 // ESIZE)
-        _l2_lines((kc_ptr + off).to(gl.int64, bitcast=True), ok)
-        _l2_lines((vc_ptr + off).to(gl.int64, bitcast=True), ok)
-
-
 @gluon.jit
 def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr,
               timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
@@ -231,8 +200,7 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
               sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
-              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr,
-              KV_PF: gl.constexpr):
+              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr):
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -283,10 +251,6 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
         brow = layer.to(gl.int64) * (Q + 2 * KV) + 2 * a1 + (pj - a1)
         bias_lo = gl.load(bqkv_ptr + brow, mask=bias_m, other=0.0).to(gl.float32)
         bias_hi = gl.load(bqkv_ptr + brow + HB, mask=bias_m, other=0.0).to(gl.float32)
-        if KV_PF:  # before this task's wait: the next task's old K/V into L2 if it is an attention task
-            if i + 1 < n:
-                if gl.load(row + NF + F_OP) == OP_ATTN:
-                    _prefetch_split_kv(row + NF, pos, kc_ptr, vc_ptr, D, NKV, S_MAX, NSPLIT, MIN_CHUNK, NW)
         skip = 0
         if op == OP_ATTN:  # splits beyond this position's non-empty ones read and write nothing
             if a2 >= splits_used(pos, NSPLIT, MIN_CHUNK):
@@ -801,7 +765,7 @@ def megakernel(
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
         COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr,
-        TMA_EVICT: gl.constexpr, KV_PF: gl.constexpr):
+        TMA_EVICT: gl.constexpr):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -842,7 +806,7 @@ def megakernel(
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
                      LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W, KV_PF)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W)),
         (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
                      max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
