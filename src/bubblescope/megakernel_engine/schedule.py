@@ -175,8 +175,9 @@ class MegakernelParams:
             / 0.764 at 4 against 0.778 / 0.782 (6: 0.768 / 0.770), Llama-3.1-8B 3.738 / 3.746 against 3.765 /
             3.762, Qwen2.5-0.5B (6 slots of 32 KB) even at 4 (0.646 / 0.655 against 0.647 / 0.648; r41 at 2: 0.654 /
             0.655 against 0.657 / 0.660, within its noise). So the default since session 15 caps the bytes in
-            flight, 64 KB per SM: 1-2 % on the 1B at context 128, ~0.5 % on the 8B; the 3B and the Qwen3 presets
-            not measured with it. (The L2 prefetches past the ring all lost: ``l2_ahead``,
+            flight, 64 KB per SM: 1-2 % on the 1B at context 128, ~0.5 % on the 8B. Session 16 (``--sweep r46``,
+            stepwise ms, cap / none): Qwen3-0.6B 0.722, 0.721 / 0.727, 0.722; Llama-3.2-3B 1.845, 1.831 / 1.848,
+            1.867: even to slightly faster. (The L2 prefetches past the ring all lost: ``l2_ahead``,
             ``wait_prefetch``, and session 12's producer burst at the first gate-up tile, removed after r40.)
         norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
             gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
