@@ -12,6 +12,7 @@
 #   bash benchmarks/session16.sh fourth  # compute-sanitizer memcheck and racecheck (tiny models, every form)
 #   bash benchmarks/session16.sh fifth   # fuse_down: its GPU test form, the 1B's check, fp32 checks, sweep r48
 #   bash benchmarks/session16.sh sixth   # fuse_down with 8 / 32 accumulator copies: the 1B's check, sweep r49
+#   bash benchmarks/session16.sh seventh # benchmarks/atomic_probe.py: float32 atomics from every SM
 # (fifth and sixth ran at d80864d and 67cc0dc; fuse_down was removed after them, so they no longer run)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
@@ -56,6 +57,11 @@ sixth)  # r48 lost (the fused down's atomics: 512 gate-up tasks a layer into the
   sweep r49 llama-3.2-1b 128 60
   sweep r49 qwen3-0.6b 128 60
   ;;
-*) echo "session16.sh: unknown stage '${1:-}' (first, second, third, fourth, fifth, sixth)" >&2; exit 2 ;;
+seventh)  # why fuse_down lost: every SM adding float32 partials with atomics, alone (benchmarks/atomic_probe.py)
+  log "atomic probe"
+  timeout 60 python3 benchmarks/atomic_probe.py --out "$R/atomic_probe.json" > "$R/atomic_probe.log" 2>&1; echo "rc=$?" >> "$R/atomic_probe.log"
+  cat "$R/atomic_probe.log"
+  ;;
+*) echo "session16.sh: unknown stage '${1:-}' (first, second, third, fourth, fifth, sixth, seventh)" >&2; exit 2 ;;
 esac
 finish
