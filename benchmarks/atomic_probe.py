@@ -5,7 +5,9 @@ atomics; the 1B's gate-up tasks then took ~8.6 µs more each, with one accumulat
 separates the atomics from the rest of that path: 132 programs (one per H200 SM), each adding ``REPS`` vectors of
 ``H`` float32 with ``tl.atomic_add`` (relaxed, gpu scope) into (a) one shared vector, (b) ``copies`` vectors
 (program p into copy p mod copies), (c) its own vector, and (d) plain stores into its own vector for contrast.
-Prints, per case, the kernel's median time over 20 launches (CUDA events) and the ns per float per SM.
+Prints, per case, the kernel's time (µs: the median over 5 samples of 20 back-to-back launches between two CUDA
+events, divided by 20, so the host's launch time overlaps the previous kernel) and the ns per float per SM. The
+session-16 record (b75569f) timed one launch per event pair, the launch time inside it: its numbers are upper bounds.
 
 Usage (on a GPU): python benchmarks/atomic_probe.py [--out FILE.json]
 """
@@ -50,13 +52,14 @@ def main() -> int:
         f()
         torch.cuda.synchronize()
         times = []
-        for _ in range(20):
+        for _ in range(5):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            f()
+            for _ in range(20):
+                f()
             b.record()
             torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)  # µs
+            times.append(a.elapsed_time(b) * 1e3 / 20)  # µs per launch
         us = statistics.median(times)
         out["cases"][name] = {"us": round(us, 2), "ns_per_float_per_sm": round(us * 1e3 / (REPS * H), 3)}
         print(name, out["cases"][name], flush=True)

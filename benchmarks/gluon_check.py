@@ -453,8 +453,6 @@ SWEEPS = {
     # measure (Qwen3-0.6B, Qwen3-1.7B, the 3B) and the 1B at 4096
     "r46": [("default", "gluon", {}), ("nocap", "gluon", {"inflight": 0}), ("default-again", "gluon", {}),
             ("nocap-again", "gluon", {"inflight": 0})],
-    # prepared in session 15: the next attention task's old K/V asked of L2 by the task before it (kv_prefetch);
-    # measured in session 16 (1B at 4096: 2 % slower; at 128 even) and removed, so its entries no longer validate
     # session 16 (d80864d, 67cc0dc): the gate-up tasks adding their down products as float32 split-K partials with
     # atomics (fuse_down; no DOWN stage), then over 8 / 32 accumulator copies per layer (down_copies). Correct, 30-90 %
     # slower (NOTES, sixteenth session); removed after r49, so these entries no longer validate
@@ -464,6 +462,8 @@ SWEEPS = {
             ("fd-c32", "gluon", {"fuse_down": True, "down_copies": 32}), ("default-again", "gluon", {}),
             ("fd-c8-again", "gluon", {"fuse_down": True, "down_copies": 8}),
             ("fd-c32-again", "gluon", {"fuse_down": True, "down_copies": 32})],
+    # prepared in session 15: the next attention task's old K/V asked of L2 by the task before it (kv_prefetch);
+    # measured in session 16 (1B at 4096: 2 % slower; at 128 even) and removed, so its entries no longer validate
     "r47": [("default", "gluon", {}), ("kvpf", "gluon", {"kv_prefetch": True}), ("default-again", "gluon", {}),
             ("kvpf-again", "gluon", {"kv_prefetch": True})],
     # measured in session 14 at df52673 (the L2 toucher, a third warp reading the slots just past the producer's

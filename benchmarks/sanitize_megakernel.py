@@ -64,8 +64,8 @@ def main() -> int:
         print("gluon", cfg.name, eng.compile_info()["gluon"]["mv_widen"], toks, flush=True)
         # the weight stream's TMA loads with and without the L2 evict_first policy (the default since session 15:
         # a PTX rewrite, gluon/ptx.py), on a model whose vocabulary ends inside an LM-head tile and whose hidden 384
-        # is 1.5 column chunks; run with
-        # PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees each tensor's own bounds
+        # is 1.5 column chunks; run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees each tensor's own
+        # bounds
         cfg = ModelConfig(name="tiny-odd", hidden_size=384, intermediate_size=640, num_hidden_layers=2,
                           num_attention_heads=6, num_key_value_heads=2, head_dim=64, vocab_size=1000,
                           max_position_embeddings=64)

@@ -6,14 +6,15 @@
 #                                        # `diagnose model` on the 1B's megakernels (its wait ratio, and the
 #                                        # weight-stream feed's first GPU run in the product); ~550 s
 #   bash benchmarks/session16.sh second  # sweep r47 (kv_prefetch: the next attention task's K/V asked of L2 ahead;
-#                                        # the GPU tests of `first` check it) on the 1B at 4096 and 128; sweep r46
+#                                        # the GPU tests of `first` checked it) on the 1B at 4096 and 128; sweep r46
 #                                        # (the in-flight cap against none) on Qwen3-0.6B and the 3B
 #   bash benchmarks/session16.sh third   # the Qwen presets' and the 3B / 8B decode-latency sets (2 runs each)
 #   bash benchmarks/session16.sh fourth  # compute-sanitizer memcheck and racecheck (tiny models, every form)
 #   bash benchmarks/session16.sh fifth   # fuse_down: its GPU test form, the 1B's check, fp32 checks, sweep r48
 #   bash benchmarks/session16.sh sixth   # fuse_down with 8 / 32 accumulator copies: the 1B's check, sweep r49
 #   bash benchmarks/session16.sh seventh # benchmarks/atomic_probe.py: float32 atomics from every SM
-# (fifth and sixth ran at d80864d and 67cc0dc; fuse_down was removed after them, so they no longer run)
+# (second ran at 20f7a01, fifth and sixth at d80864d and 67cc0dc; kv_prefetch, fuse_down and down_copies were removed
+# after them, so their sweeps no longer run)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)

@@ -138,9 +138,9 @@ def test_gluon_other_forms_match_reference_tightly(kw):
     """Non-default forms on a tiny Qwen2 fp32 model whose column chunks (128 fp32) are odd in number (hidden 384:
     3; intermediate 640: 5, paired by split_k): the matvec's ring loop without its read ahead, and with two boxes
     per slot (a slot's second box lies past K and meets TMA's zeros), with no cap on the slots in flight (the
-    default until session 15), with the RMSNorm weights loaded after the sum of squares (the default until session 14), and with the weight
-    stream's TMA loads without an L2 policy (the default until session 15; now evict_first, the PTX rewrite of
-    gluon/ptx.py)."""
+    default until session 15), with the RMSNorm weights loaded after the sum of squares (the default until session
+    14), and with the weight stream's TMA loads without an L2 policy (the default until session 15; now evict_first,
+    the PTX rewrite of gluon/ptx.py)."""
     from bubblescope.megakernel_engine import MegakernelEngine
     from bubblescope.megakernel_engine.schedule import MegakernelParams
     from bubblescope.models import ModelConfig

@@ -177,7 +177,7 @@ class MegakernelParams:
             0.655 against 0.657 / 0.660, within its noise). So the default since session 15 caps the bytes in
             flight, 64 KB per SM: 1-2 % on the 1B at context 128, ~0.5 % on the 8B. Session 16 (``--sweep r46``,
             stepwise ms, cap / none): Qwen3-0.6B 0.722, 0.721 / 0.727, 0.722; Llama-3.2-3B 1.845, 1.831 / 1.848,
-            1.867: even to slightly faster. (The L2 prefetches past the ring all lost: ``l2_ahead``,
+            1.867: even to slightly faster (Qwen3-1.7B and the 1B at 4096 not measured with it). (The L2 prefetches past the ring all lost: ``l2_ahead``,
             ``wait_prefetch``, and session 12's producer burst at the first gate-up tile, removed after r40.)
         norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
             gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
