@@ -227,3 +227,15 @@ def test_a_closed_pipe_ends_the_command_like_cat(args):
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == -signal.SIGPIPE
     assert err == b""
+
+
+def test_version_is_the_installed_distribution_version():
+    """``bubblescope --version``: the package metadata's version (pyproject.toml), exit code 0."""
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.strip() == f"bubblescope {version('bubblescope')}"

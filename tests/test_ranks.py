@@ -173,3 +173,22 @@ def test_tp_comm_entry_and_communication_bound_finding(traces):
     assert not [f for f in find({"engines": [{"name": "x", "status": "ok",
                                               "tp": _comm(section, traffic, 0.001)}]})
                 if f["rule"] == "communication-bound"]  # a 4.8 s floor: HBM bounds the step
+
+
+def test_cli_says_why_rank_traces_were_not_merged(tmp_path):
+    """Two files naming ranks 0 and 1 whose steps carry no marker: each is reported alone, and a note on stderr says
+    why and how to merge them; with the markers the note is gone (the merge happened)."""
+    bare = [e for e in _rank_events(0, RANK0) if "decode_step" not in e.get("name", "")]
+    bare1 = [e for e in _rank_events(1, RANK1) if "decode_step" not in e.get("name", "")]
+    a = tg.write(tmp_path / "a.json", tg.document(bare, rank=0))
+    b = tg.write(tmp_path / "b.json", tg.document(bare1, rank=1))
+    r = _cli("diagnose", "trace", a, b)
+    assert r.exit_code == 0, r.output
+    assert "note: the files name ranks 0 and 1 but not one shared step marker (found: none)" in r.stderr
+    assert "--step-marker" in r.stderr
+    c = tg.write(tmp_path / "c.json", tg.document(_rank_events(0, RANK0), rank=0))
+    d = tg.write(tmp_path / "d.json", tg.document(_rank_events(1, RANK1), rank=1))
+    merged = _cli("diagnose", "trace", c, d)
+    assert merged.exit_code == 0 and "note: the files name ranks" not in merged.stderr
+    same = _cli("diagnose", "trace", a, tg.write(tmp_path / "e.json", tg.document(bare, rank=0)))
+    assert "note: the files name ranks" not in same.stderr  # one rank twice: not one job's ranks

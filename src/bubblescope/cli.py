@@ -21,6 +21,19 @@ diagnose_app = typer.Typer(no_args_is_help=True, help="Diagnose a model (measure
 app.add_typer(diagnose_app, name="diagnose")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+        typer.echo(f"bubblescope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print bubblescope's version and exit.")) -> None:
+    pass
+
+
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
@@ -253,7 +266,7 @@ def diagnose_trace(
 ):
     """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces; with one
     trace per rank, also NCCL share, cross-rank skew and the slowest rank per step."""
-    from .profiler.ranksummary import summarize_rank_traces
+    from .profiler.ranksummary import summarize_rank_traces, unmerged_ranks_note
     from .profiler.tracesummary import file_errors
     from .reports.progress import trace_progress
     from .trace_inputs import trace_files
@@ -267,6 +280,9 @@ def diagnose_trace(
         summary = summarize_rank_traces([str(p) for p in files], step_marker=step_marker,
                                         threshold_us=idle_threshold_us, skip_steps=skip_steps, force=ranks,
                                         keep_going=True, progress=progress)
+    note = unmerged_ranks_note(summary) if not ranks else None
+    if note:
+        typer.echo(f"note: {note}", err=True)
     errors = file_errors(summary)
     if len(errors) == len(summary["files"]):
         pass  # nothing readable: only the errors below, no empty report

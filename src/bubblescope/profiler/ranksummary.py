@@ -118,3 +118,21 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
     # the cross-rank metrics work on pandas frames: built here, only for a multi-rank job
     out["ranks"] = multirank_section([t.to_trace() for t in traces], markers.pop(), skip_steps, threshold_us)
     return out
+
+
+def unmerged_ranks_note(summary: dict) -> str | None:
+    """Why :func:`summarize_rank_traces` (without ``force``) reported readable files that name different
+    ``distributedInfo`` ranks each alone: their step markers differ or are missing (the cross-rank metrics align
+    steps). None when the files were merged, name fewer than two ranks, or repeat a rank."""
+    if summary.get("ranks") is not None:
+        return None
+    files = [f for f in summary.get("files", []) if "error" not in f]
+    ranks = [f.get("rank") for f in files]
+    if len(files) < 2 or None in ranks or len(set(ranks)) != len(ranks):
+        return None
+    markers = sorted({repr(f["step_marker"]) if f.get("step_marker") else "none" for f in files})
+    names = [str(r) for r in sorted(ranks)]
+    listed = ", ".join(names[:-1]) + " and " + names[-1]
+    return (f"the files name ranks {listed} but not one shared step marker (found: "
+            f"{', '.join(markers)}), so each is reported alone; name the steps' record_function with "
+            "--step-marker to merge them")

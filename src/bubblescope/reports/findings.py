@@ -207,7 +207,8 @@ def _unstable(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
          "token_ms_p99": round(p99, 4) if p99 is not None else None,
          "p99_over_p50": round(tail, 4) if tail is not None else None,
          "sweep_latency_over_bytes_growth": round(excess, 4) if excess is not None else None},
-        "Silence other work on the CPU and raise --runs: timings on a shared CPU are noisy."
+        "Silence other work on the CPU and raise --runs: timings on a shared CPU are noisy. With more torch threads "
+        "than idle cores, set OMP_NUM_THREADS=1: the threads of one op wait on each other."
         if dig(doc, "device", "type") == "cpu" else
         "Pin clocks, silence other GPU work, raise --runs; if only long contexts are slow, look at the "
         "attention kernel's scaling (split-KV) and allocator or recompilation events in the trace.")
