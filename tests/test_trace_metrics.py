@@ -245,6 +245,20 @@ def test_cpu_only_trace_warns_once_about_its_missing_gpu(tmp_path):
                for w in cupti_off["warnings"])
 
 
+def test_cpu_only_trace_says_so_once_in_the_terminal(tmp_path):
+    """The terminal report of a CPU run's trace: the "No GPU activity" line once, not again as a warning."""
+    from rich.console import Console
+
+    from bubblescope.reports.trace_terminal import render_trace_summary
+    steps = [tg.annotation(f"bubblescope.decode_step#{i}", 10.0 * i, 8) for i in range(3)]
+    summary = summarize_traces([tg.write(tmp_path / "cpu.json", tg.document(steps))])
+    console = Console(record=True, width=120)
+    render_trace_summary(summary, console)
+    text = console.export_text()
+    assert text.count("No GPU activity in this trace (CPU-only run)") == 1
+    assert "warning: no GPU activity" not in text
+
+
 def test_step_timeline(decode):
     tl = tm.step_timeline(decode, "bubblescope.decode_step", 1)
     assert tl["launches"] == [{"name": "cudaGraphLaunch", "start_us": 5.0, "dur_us": 10.0}]

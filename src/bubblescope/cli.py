@@ -256,7 +256,8 @@ def diagnose_trace(
                                        "or directories: their trace files are read, other files skipped with a note."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     step_marker: Optional[str] = typer.Option(None, "--step-marker", help="record_function name (or prefix) "
-                                              "of a decode step (default: bubblescope.decode_step)."),
+                                              "of a decode step (default: bubblescope.decode_step, else "
+                                              "torch.profiler's ProfilerStep#N)."),
     idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
                                             help="Gaps shorter than this (µs) count as kernel-wait."),
     wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
