@@ -59,6 +59,8 @@ def _env():
      "steps) but tiny-llama supports max_position_embeddings="),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu", "--context-sweep", "99999"],
      "--context-sweep 99999: the workload needs 100016 positions"),
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu", "--seed", "-1"],
+     "--seed: diagnose model records it in results.json: use 0 to 2**64 - 1, got -1"),
     (["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--steps", "0", "--device", "cpu"],
      "--steps: must be at least 1, got 0"),
     (["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--contexts", ",", "--device", "cpu"],

@@ -190,6 +190,26 @@ def test_diagnose_trace_reads_the_trace_files_of_a_folder_and_skips_the_rest(tmp
     assert r.exit_code == 2 and r.stderr == f"error: {tmp_path / 'empty'}: directory holds no Chrome trace file (it is empty)\n"
 
 
+def test_a_truncated_trace_in_a_folder_is_an_error_not_a_note(tmp_path):
+    """A bad-input tester's finding: a rank trace cut in half inside a folder was skipped with a note and exit 0,
+    while the same file named directly was an error with exit 2. Now it is reported as an error (exit 2) and the
+    readable trace beside it is still summarized."""
+    import gzip
+
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    from . import tracegen as tg
+    good = tg.write(tmp_path / "rank0.json.gz", tg.document(tg.decode_trace_events()))
+    data = gzip.compress(json.dumps(tg.document(tg.decode_trace_events(), rank=1)).encode())
+    (tmp_path / "rank1.json.gz").write_bytes(data[:len(data) // 2])
+    r = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path), "--format", "json"])
+    assert r.exit_code == 2, r.output
+    assert [f["path"] for f in json.loads(r.stdout)["files"]][0] == str(good)
+    assert r.stderr.startswith(f"error: {tmp_path / 'rank1.json.gz'}") and "note: skipped" not in r.stderr
+
+
 def test_every_option_and_argument_has_help_text():
     """Many `diagnose model` options had no help text."""
     import typer.main
@@ -232,3 +252,61 @@ def test_diagnose_trace_on_a_diagnose_model_output_folder_reads_its_traces_subfo
     (tmp_path / "traces" / "reference.json.gz").unlink()
     r = CliRunner().invoke(app, ["diagnose", "trace", str(tmp_path)])
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {tmp_path}: directory holds no Chrome trace file")
+
+
+def test_a_failed_publish_leaves_the_previous_run_whole(tmp_path, monkeypatch):
+    """A bad-input tester's finding: when an entry of the previous run could not be moved aside (a read-only
+    traces/), the folder held the new results.json beside the old traces/ and a staging folder was left. Now the
+    moves made are undone: OUT holds the previous run exactly, no staging folder stays, and the error names OUT."""
+    import os
+
+    from bubblescope.errors import BubblescopeError
+    from bubblescope.outdir import PREFIX, RunFolder
+
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    (out / "results.json").write_text("old results")
+    (out / "report.html").write_text("old report")
+    (out / "traces" / "a.json.gz").write_text("old trace")
+    real = os.replace
+
+    def failing(src, dst):
+        if str(src).endswith(os.sep + "traces") and PREFIX not in str(src).rsplit(os.sep, 2)[-2]:
+            raise PermissionError(13, "Permission denied")  # the previous run's traces/ cannot be moved
+        return real(src, dst)
+
+    with pytest.raises(BubblescopeError, match=r"--out .*out: cannot replace traces there \(Permission denied\)"):
+        with RunFolder(out) as run:
+            (run.stage / "results.json").write_text("new results")
+            (run.stage / "report.html").write_text("new report")
+            (run.stage / "traces").mkdir()
+            (run.stage / "traces" / "b.json.gz").write_text("new trace")
+            monkeypatch.setattr(os, "replace", failing)
+            run.publish()
+    monkeypatch.setattr(os, "replace", real)
+    assert (out / "results.json").read_text() == "old results"
+    assert (out / "report.html").read_text() == "old report"
+    assert sorted(p.name for p in (out / "traces").iterdir()) == ["a.json.gz"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "results.json", "traces"]
+
+
+def test_logit_agreement_records_non_finite_differences_as_null():
+    """A bad-input tester's finding: a model with one NaN weight crashed `diagnose model` after the whole measurement
+    (results.json refused max_abs_logit_diff NaN). Hand-computed: rows (1, 2) and (3, 1) against (1, 0) and (0, 4)
+    differ by (0, 2) and (3, −3): max |Δ| 3, relative errors 2/1 and √18/4, argmax agreement 0 of 2; with a NaN
+    logit the two differences are null and the numbers stay JSON-safe."""
+    import math
+
+    import torch
+
+    from bubblescope.diagnosis import logit_agreement
+
+    got = torch.tensor([[1.0, 2.0], [3.0, 1.0]])
+    ref = torch.tensor([[1.0, 0.0], [0.0, 4.0]])
+    out = logit_agreement(got, ref)
+    assert out["token_agreement"] == 0.0 and out["max_abs_logit_diff"] == 3.0
+    assert out["rel_logit_err"] == pytest.approx(2.0)
+    assert logit_agreement(got, ref[[1, 0]])["rel_logit_err"] == pytest.approx(math.sqrt(5))  # (2, 1) over ‖(1, 0)‖
+    bad = logit_agreement(torch.tensor([[float("nan"), 1.0], [3.0, 1.0]]), ref)
+    assert bad["max_abs_logit_diff"] is None and bad["rel_logit_err"] is None
+    json.dumps(bad, allow_nan=False)

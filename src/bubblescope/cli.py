@@ -71,8 +71,11 @@ def _path(path: Path | None, label: str) -> Path | None:
     return path
 
 
-def _seed(seed: int) -> int:
-    # torch.Generator.manual_seed takes 64 bits; beyond that it raises a bare ValueError.
+def _seed(seed: int, recorded: bool = False) -> int:
+    # torch.Generator.manual_seed takes 64 bits; beyond that it raises a bare ValueError. A seed recorded in
+    # results.json (diagnose model) is a non-negative integer there (docs/results-schema.md).
+    if recorded and not 0 <= seed < 1 << 64:
+        raise BubblescopeError(f"--seed: diagnose model records it in results.json: use 0 to 2**64 - 1, got {seed}")
     if not -(1 << 63) <= seed < 1 << 64:
         raise BubblescopeError(f"--seed: must fit in 64 bits (from -2**63 to 2**64 - 1), got {seed}")
     return seed
@@ -223,7 +226,7 @@ def diagnose_model(
     _path(out, "--out")
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    seed = _seed(seed)
+    seed = _seed(seed, recorded=True)
     if tp > 1:
         from .tplaunch import launch_tp, tp_options
 

@@ -413,10 +413,7 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     bar.update(f"{name}: correctness")
     got = teacher_forced_logits(engine, prompt, oracle["forced"])
     ref = oracle["logits"]
-    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
-    entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), "token_agreement": agree,
-                            "max_abs_logit_diff": (got - ref).abs().max().item(), "rel_logit_err": rel}
+    entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), **logit_agreement(got, ref)}
 
     bar.update(f"{name}: profiling")
     _profile(name, engine, entry, ctx)
@@ -465,6 +462,22 @@ def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
         entry["intrakernel"]["activity"] = _activity(df, engine, ctx)
         append_trace_events(cap.trace_path, chrome_events(df, ts_offset_us=intra.ts_offset_us))
     entry["trace_path"] = str(path.relative_to(out)) if ctx["write"] else None
+
+
+def logit_agreement(got, ref) -> dict:
+    """An engine's teacher-forced logits ``got`` against the reference's ``ref`` (both float32 (steps, V)):
+    ``token_agreement`` (share of steps with the same argmax), ``max_abs_logit_diff`` (max |got − ref|) and
+    ``rel_logit_err`` (max over steps of ‖got − ref‖₂ / ‖ref‖₂). A difference that is not finite (NaN or infinite
+    logits, e.g. from NaN weights, which loading warns about) is recorded as None: results.json holds finite
+    numbers or null (docs/results-schema.md)."""
+    import math
+
+    def finite(v: float) -> float | None:
+        return v if math.isfinite(v) else None
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
+    return {"token_agreement": agree, "max_abs_logit_diff": finite((got - ref).abs().max().item()),
+            "rel_logit_err": finite(rel)}
 
 
 def _activity(df, engine, ctx: dict) -> dict | None:

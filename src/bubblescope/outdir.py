@@ -72,13 +72,34 @@ class RunFolder:
             shutil.rmtree(self.stage, ignore_errors=True)
 
     def publish(self) -> None:
-        """Replace ``OUT``'s results.json, report.html and traces/ by the staged ones (absent ones removed)."""
+        """Replace ``OUT``'s results.json, report.html and traces/ by the staged ones (absent ones removed).
+
+        All or nothing: if a move fails (e.g. an entry of the previous run cannot be moved), the moves already made
+        are undone in reverse order, so ``OUT`` keeps the previous run whole, and the staging folder is removed.
+
+        Raises:
+            BubblescopeError: a move failed (names ``OUT`` and the entry).
+        """
         trash = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
-        for name in OWNED:
-            if (self.out / name).exists() or (self.out / name).is_symlink():
-                os.replace(self.out / name, trash / name)
-            if (self.stage / name).exists():
-                os.replace(self.stage / name, self.out / name)
+        done: list[tuple[Path, Path]] = []  # (from, to) of each move made, to undo
+        try:
+            for name in OWNED:
+                if (self.out / name).exists() or (self.out / name).is_symlink():
+                    os.replace(self.out / name, trash / name)
+                    done.append((self.out / name, trash / name))
+                if (self.stage / name).exists():
+                    os.replace(self.stage / name, self.out / name)
+                    done.append((self.stage / name, self.out / name))
+        except OSError as exc:
+            for src, dst in reversed(done):
+                try:
+                    os.replace(dst, src)
+                except OSError:
+                    pass
+            shutil.rmtree(trash, ignore_errors=True)
+            raise BubblescopeError(f"--out {self.out}: cannot replace {name} there "
+                                   f"({exc.strerror or type(exc).__name__}); the previous run is left as it was") \
+                from None
         self.published = True
         shutil.rmtree(trash, ignore_errors=True)
         shutil.rmtree(self.stage, ignore_errors=True)

@@ -4,7 +4,8 @@ A directory (such as a ``diagnose model --out`` folder, or a torch.profiler ``te
 folder) holds other files too: ``results.json``, ``report.html``. Each regular file in it is sniffed —
 gunzipped when it starts with the gzip magic, then the first MiB of text looked at — and kept when it looks
 like Chrome Trace Event Format (a JSON array, or an object with a ``traceEvents`` key); the others are
-skipped with a one-line note saying why. Not recursive, except that a folder with no trace of its own is
+skipped with a one-line note saying why, except that a ``.json`` / ``.gz`` file that cannot be read (a truncated
+gzip, no permission) is kept, so the parser reports it as an error. Not recursive, except that a folder with no trace of its own is
 read through its ``traces/`` subfolder, where ``diagnose model`` writes them.
 """
 
@@ -88,7 +89,9 @@ def _trace_files_of(folder: Path) -> tuple[list[str], list[str]]:
         if not entry.is_file():
             continue
         why = sniff_trace(entry)
-        if why is None:
+        if why is None or (why.startswith("unreadable") and entry.name.endswith((".json", ".json.gz", ".gz"))):
+            # a trace-named file that cannot be read (truncated gzip, no permission) is an error of the run, as
+            # when named directly, not a note: a half-written rank trace must not drop out of a folder silently
             found.append(str(entry))
         else:
             skipped.append(f"skipped {entry}: {why}")
