@@ -226,6 +226,12 @@ def diagnose_model(
     _path(out, "--out")
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    # an empty value is not the same as leaving the argument out (the default), so it is refused, not defaulted
+    for label, value in (("MODEL", model), ("--dtype", dtype), ("--device", device)):
+        if value is not None and not value.strip():
+            raise BubblescopeError(f"{label}: empty; leave it out for the default")
+    if context_sweep is not None and context_sweep not in ("none", "") and not _ints(context_sweep, "--context-sweep"):
+        raise BubblescopeError(f"--context-sweep: no context lengths in {context_sweep!r}; 'none' for none")
     seed = _seed(seed, recorded=True)
     if tp > 1:
         from .tplaunch import launch_tp, tp_options
