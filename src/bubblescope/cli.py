@@ -230,7 +230,8 @@ def diagnose_model(
     for label, value in (("MODEL", model), ("--dtype", dtype), ("--device", device)):
         if value is not None and not value.strip():
             raise BubblescopeError(f"{label}: empty; leave it out for the default")
-    if context_sweep is not None and context_sweep not in ("none", "") and not _ints(context_sweep, "--context-sweep"):
+    sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")  # None: the default
+    if sweep == [] and context_sweep not in ("none", ""):
         raise BubblescopeError(f"--context-sweep: no context lengths in {context_sweep!r}; 'none' for none")
     seed = _seed(seed, recorded=True)
     if tp > 1:
@@ -240,7 +241,6 @@ def diagnose_model(
             engines=engines, context_sweep=context_sweep, device=device, tuning=tuning, counters=counters,
             model=model, checkpoint=checkpoint, prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup,
             profile_steps=profile_steps, dtype=dtype, out=str(out), seed=seed, command=command_line(), format=fmt)))
-    sweep = [] if context_sweep in ("none", "") else _ints(context_sweep, "--context-sweep")
     names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
     if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)
         raise BubblescopeError(f"--engines: no engine names in {engines!r}; see `bubblescope engines`")

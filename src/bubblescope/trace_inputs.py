@@ -5,8 +5,8 @@ folder) holds other files too: ``results.json``, ``report.html``. Each regular f
 gunzipped when it starts with the gzip magic, then the first MiB of text looked at — and kept when it looks
 like Chrome Trace Event Format (a JSON array, or an object with a ``traceEvents`` key); the others are
 skipped with a one-line note saying why, except that a ``.json`` / ``.gz`` file that cannot be read (a truncated
-gzip, no permission) is kept, so the parser reports it as an error. Not recursive, except that a folder with no trace of its own is
-read through its ``traces/`` subfolder, where ``diagnose model`` writes them.
+gzip, no permission) is kept, so the parser reports it as an error. Not recursive, except that a folder with no
+trace of its own is read through its ``traces/`` subfolder, where ``diagnose model`` writes them.
 """
 
 from __future__ import annotations
@@ -29,13 +29,23 @@ def sniff_trace(path: str | os.PathLike) -> str | None:
     Reads at most :data:`SNIFF_BYTES` of decompressed text: the Trace Event Format puts either ``[`` first
     (JSON array format) or an object whose ``traceEvents`` key Kineto writes after a few kB of metadata.
     """
+    return _sniff(path)[0]
+
+
+def _sniff(path: str | os.PathLike) -> tuple[str | None, bool]:
+    """:func:`sniff_trace`'s answer, and whether the file could be read (opened and, if gzipped, decompressed)."""
     try:
         with open(path, "rb") as f:
             head = f.read(2)
             f.seek(0)
             raw = gzip.GzipFile(fileobj=f).read(SNIFF_BYTES) if head == GZIP_MAGIC else f.read(SNIFF_BYTES)
     except (OSError, EOFError, zlib.error) as exc:
-        return f"unreadable ({getattr(exc, 'strerror', None) or exc})"
+        return f"unreadable ({getattr(exc, 'strerror', None) or exc})", False
+    return _kind(raw), True
+
+
+def _kind(raw: bytes) -> str | None:
+    """None when the first bytes ``raw`` of a readable file look like a trace, else why not."""
     text = raw.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
     if text.startswith("["):
         return None
@@ -88,8 +98,8 @@ def _trace_files_of(folder: Path) -> tuple[list[str], list[str]]:
     for entry in sorted(folder.iterdir()):
         if not entry.is_file():
             continue
-        why = sniff_trace(entry)
-        if why is None or (why.startswith("unreadable") and entry.name.endswith((".json", ".json.gz", ".gz"))):
+        why, readable = _sniff(entry)
+        if why is None or (not readable and entry.name.endswith((".json", ".gz"))):
             # a trace-named file that cannot be read (truncated gzip, no permission) is an error of the run, as
             # when named directly, not a note: a half-written rank trace must not drop out of a folder silently
             found.append(str(entry))

@@ -15,7 +15,7 @@ class Launcher:
     ``args``: every non-constexpr argument except the per-launch ones (table, counts, max_tasks, timeline,
     advance, tok_in); ``constexprs``: the compile-time ones; ``options``: launch options (``num_warps``,
     ``launch_cooperative_grid``, ``num_stages``, ``maxnreg``); ``info``: fields added to :meth:`compile`'s report;
-    ``stamps``: timeline stamps per task the kernel writes; ``ptx_rewrite``: a PTX text rewrite (str → str, e.g.
+    ``ptx_rewrite``: a PTX text rewrite (str → str, e.g.
     ``gluon.ptx.tma_l2_evict_first``) applied while this launcher compiles, and ``ptx_check`` (PTX or None → the
     reason it lacks the rewrite, or None) run on the binary's PTX after. With ``fast`` the compiled kernel is
     called directly
@@ -24,13 +24,13 @@ class Launcher:
     """
 
     def __init__(self, kernel, args: dict, constexprs: dict, options: dict, fast: bool, info: dict | None = None,
-                 stamps: int = 3, ptx_rewrite=None, ptx_check=None):
+                 ptx_rewrite=None, ptx_check=None):
         self.kernel = kernel
         self.ptx_rewrite, self.ptx_check = ptx_rewrite, ptx_check
         self.args = dict(args)
         self.constexprs = dict(constexprs)
         self.options = dict(options)
-        self.fast, self.info, self.stamps = fast, dict(info or {}), stamps
+        self.fast, self.info = fast, dict(info or {})
         self.compiled = None
         self._names = list(kernel.megakernel.arg_names)
         self._fast_calls: dict[tuple, tuple] = {}  # (grid, table, timeline, advance) -> (runner, ordered args)

@@ -134,14 +134,15 @@ class MegakernelParams:
             ``"evict_last"`` (the Triton kernel's only; the Gluon kernel refuses it by name). The Triton kernel:
             even either way (NOTES' second session). On the Gluon kernel ``evict_first`` gives the weight stream's
             TMA loads that L2 policy, so the stream should stop evicting what is read again (the KV cache, the
-            activations, the RMSNorm weights; not measured directly). Gluon 3.6's TMA load takes no policy, so the kernel's PTX is
-            rewritten (``gluon/ptx.py``). Measured on the H200 (session 15, ``gluon_check.py --sweep r44``,
-            interleaved rounds, stepwise ms, none / ``evict_first``): Llama-3.2-1B 0.907, 0.906 / 0.898, 0.878; at
-            context 4096 0.998, 1.030 / 0.979, 1.007; Llama-3.1-8B 3.873, 3.917 / 3.828, 3.887; Qwen2.5-0.5B 0.651,
-            0.653 / 0.648, 0.650; Qwen3-0.6B 0.755, 0.787 / 0.758, 0.773. The 1B's frames (one capture each): a layer 37.6 →
-            36.8 µs, gate-up and down 24.5 → 24.0, the QKV → O-proj stretch 12.9 → 13.0. (``benchmarks/l2_probe.py``, session 14, one CTA
-            per SM: 17 MB of lines read by loads survived 34 MB of later traffic read ``evict_first``; half to most
-            of them did not survive it read without the hint.)
+            activations, the RMSNorm weights; not measured directly). Gluon 3.6's TMA load takes no policy, so the
+            kernel's PTX is rewritten (``gluon/ptx.py``). Measured on the H200 (session 15, ``gluon_check.py --sweep
+            r44``, interleaved rounds, stepwise ms, none / ``evict_first``): Llama-3.2-1B 0.907, 0.906 / 0.898,
+            0.878; at context 4096 0.998, 1.030 / 0.979, 1.007; Llama-3.1-8B 3.873, 3.917 / 3.828, 3.887;
+            Qwen2.5-0.5B 0.651, 0.653 / 0.648, 0.650; Qwen3-0.6B 0.755, 0.787 / 0.758, 0.773. The 1B's frames (one
+            capture each): a layer 37.6 → 36.8 µs, gate-up and down 24.5 → 24.0, the QKV → O-proj stretch 12.9 →
+            13.0. (``benchmarks/l2_probe.py``, session 14, one CTA per SM: 17 MB of lines read by loads survived
+            34 MB of later traffic read ``evict_first``; half to most of them did not survive it read without the
+            hint.)
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         split_k: Gluon kernel only: column halves per ring slot of an O-proj / down tile. 2: a slot holds two
             ``[BR/2, BK]`` boxes (columns 2c and 2c+1) of BR/2 rows, so those stages have twice as many tasks
@@ -177,8 +178,9 @@ class MegakernelParams:
             0.655 against 0.657 / 0.660, within its noise). So the default since session 15 caps the bytes in
             flight, 64 KB per SM: 1-2 % on the 1B at context 128, ~0.5 % on the 8B. Session 16 (``--sweep r46``,
             stepwise ms, cap / none): Qwen3-0.6B 0.722, 0.721 / 0.727, 0.722; Llama-3.2-3B 1.845, 1.831 / 1.848,
-            1.867: even to slightly faster (Qwen3-1.7B and the 1B at 4096 not measured with it). (The L2 prefetches past the ring all lost: ``l2_ahead``,
-            ``wait_prefetch``, and session 12's producer burst at the first gate-up tile, removed after r40.)
+            1.867: even to slightly faster (Qwen3-1.7B and the 1B at 4096 not measured with it). (The L2
+            prefetches past the ring all lost: ``l2_ahead``, ``wait_prefetch``, and session 12's producer burst at the
+            first gate-up tile, removed after r40.)
         norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
             gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
             keep the load from being issued earlier, so the weights are a second round trip after the dependency

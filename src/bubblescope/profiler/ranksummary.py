@@ -32,7 +32,10 @@ from .tracesummary import AUTO_STEP_MARKERS, SCHEMA, iter_traces, summarize_trac
 
 def is_multirank(traces: list[Trace] | list[TraceArrays]) -> bool:
     """True when there are at least two traces and each names a different ``distributedInfo.rank``."""
-    found = [t.rank for t in traces]
+    return _distinct_ranks([t.rank for t in traces])
+
+
+def _distinct_ranks(found: list) -> bool:
     return len(found) > 1 and None not in found and len(set(found)) == len(found)
 
 
@@ -128,7 +131,7 @@ def unmerged_ranks_note(summary: dict) -> str | None:
         return None
     files = [f for f in summary.get("files", []) if "error" not in f]
     ranks = [f.get("rank") for f in files]
-    if len(files) < 2 or None in ranks or len(set(ranks)) != len(ranks):
+    if not _distinct_ranks(ranks):  # the rule is_multirank applies to the traces
         return None
     markers = sorted({repr(f["step_marker"]) if f.get("step_marker") else "none" for f in files})
     names = [str(r) for r in sorted(ranks)]

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
 from ..wording import count
+
+# the fact a trace without GPU activity reports, as a timeline reason and a file warning (tracesummary)
+CPU_ONLY = "no GPU activity in trace (CPU-only run)"
 from .intervals import ratio as _ratio
 from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
 from .steps import DEFAULT_STEP_MARKER
@@ -99,7 +102,7 @@ def timeline_summary(
     )
     gpu = arrays.gpu
     if not len(gpu["ts_us"]):
-        out["reason"] = "no GPU activity in trace (CPU-only run)"
+        out["reason"] = CPU_ONLY
         return out
     if not len(rows):
         out["reason"] = (

@@ -29,7 +29,7 @@ from . import metrics
 from ..wording import count, plural
 from .arraysummary import breakdown, device_table, find_steps, overlap_note
 from .steps import DEFAULT_STEP_MARKER
-from .timeline import check_skip_steps, timeline_summary
+from .timeline import CPU_ONLY, check_skip_steps, timeline_summary
 from .heap import parse_heap
 from .tracearrays import TraceArrays, read_trace_arrays
 from .tracechecks import overlap_notes, skew_note
@@ -120,7 +120,7 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
     arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
     threshold_us = metrics.check_threshold(threshold_us)
     warnings = list(arrays.warnings)
-    cpu_only = "no GPU activity in trace (CPU-only run)" if not len(arrays.gpu["ts_us"]) else None
+    cpu_only = CPU_ONLY if not len(arrays.gpu["ts_us"]) else None
     if cpu_only:
         warnings.append(cpu_only)
     marker, steps = _marker(arrays, step_marker)

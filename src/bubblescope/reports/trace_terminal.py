@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ..profiler.timeline import CPU_ONLY
 from .tables import MISSING, fmt
 
 NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
@@ -171,6 +172,6 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
                     )
                 )
         for w in f.get("warnings") or []:
-            if not devices and w.startswith("no GPU activity"):  # said above, with what it means
+            if not devices and w == CPU_ONLY:  # said above, with what it means
                 continue
             console.print(Text(f"warning: {w}", style="yellow"))

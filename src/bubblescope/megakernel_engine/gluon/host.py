@@ -18,7 +18,6 @@ from ...models.config import ModelConfig
 from ..residency import cubin_text_bytes, ptxas_usage
 from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_tiling
 
-STAMPS = 5                  # timeline stamps per task (kernel.STAMPS)
 PRODUCER_REGS = 40          # registers of the 1-warp TMA producer (it only walks the table and issues copies)
 TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns (the H200 probe's stage width)
 # Defaults from the H200 sweep of 2026-12-01 (benchmarks/results/h200-2026-12-01, llama-3.2-1b, context 128):
@@ -461,12 +460,12 @@ def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = Fal
 
 
 def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
-    """The shared :class:`..launcher.Launcher` for the Gluon kernel (5 timeline stamps per task)."""
+    """The shared :class:`..launcher.Launcher` for the Gluon kernel."""
     from ..launcher import Launcher
     from .ptx import tma_l2_evict_first, tma_l2_evict_first_missing
     evict = bool(constexprs["TMA_EVICT"])
     return Launcher(kernel, args, constexprs, dict(num_warps=num_warps, launch_cooperative_grid=cooperative), fast,
-                    info={"max_registers": None, "num_stages": constexprs["NS"]}, stamps=STAMPS,
+                    info={"max_registers": None, "num_stages": constexprs["NS"]},
                     ptx_rewrite=tma_l2_evict_first if evict else None,
                     ptx_check=tma_l2_evict_first_missing if evict else None)
 
