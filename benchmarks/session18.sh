@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The eighteenth session's device calls (from the repository root, through the device tool; carry .carry .whl; pass
+# BUBBLESCOPE_COMMIT as the full sha from this machine, not $(git rev-parse HEAD) on the device, whose checkout's HEAD
+# is not the working tree; everything lands under $OUT/run and run.tgz). The first call ran session17.sh first
+# (every GPU test, then compute-sanitizer memcheck and racecheck).
+#   bash benchmarks/session18.sh second  # benchmarks/atomic_probe.py (20 launches per timed sample);
+#                                        # racecheck on benchmarks/racecheck_ws_probe.py (is racecheck's report on
+#                                        # the megakernel Triton's partition set-up?); one step's timeline of every
+#                                        # preset but the 1B (the README's wait ratios are from before the cap)
+. benchmarks/device_prelude.sh
+case "${1:-}" in
+second)
+  log "atomic probe"
+  timeout 60 python3 benchmarks/atomic_probe.py --out "$R/atomic_probe.json" > "$R/atomic_probe.log" 2>&1; echo "rc=$?" >> "$R/atomic_probe.log"
+  cat "$R/atomic_probe.log"
+  log "racecheck probe"
+  timeout 90 compute-sanitizer --tool racecheck --print-limit 20 python3 benchmarks/racecheck_ws_probe.py > "$R/racecheck_ws_probe.log" 2>&1; echo "rc=$?" >> "$R/racecheck_ws_probe.log"
+  tail -12 "$R/racecheck_ws_probe.log"
+  waits qwen2.5-0.5b 50
+  waits qwen3-0.6b 50
+  waits qwen3-1.7b 60
+  waits llama-3.2-3b 60
+  waits llama-3.1-8b 70
+  ;;
+*) echo "session18.sh: unknown stage '${1:-}' (second)" >&2; exit 2 ;;
+esac
+finish
