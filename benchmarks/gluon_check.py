@@ -471,6 +471,11 @@ SWEEPS = {
     "r43": [("default", "gluon", {}), ("lt4", "gluon", {"l2_touch": 4}), ("lt8", "gluon", {"l2_touch": 8}),
             ("lt16", "gluon", {"l2_touch": 16}), ("default-again", "gluon", {}), ("lt4-again", "gluon", {"l2_touch": 4}),
             ("lt8-again", "gluon", {"l2_touch": 8}), ("lt16-again", "gluon", {"l2_touch": 16})],
+    # session 18: the attention gate at long context. At 4096 the 1B's step grows 108 us against the goal's 52: each
+    # split's K/V reads (64 KB) share HBM with the weight stream of every SM; r20 / r34 measured the gate at 128 only
+    "r50": [("default", "gluon", {}), ("ag0", "gluon", {"attn_gate": 0}), ("ag2", "gluon", {"attn_gate": 2}),
+            ("default-again", "gluon", {}), ("ag0-again", "gluon", {"attn_gate": 0}),
+            ("ag2-again", "gluon", {"attn_gate": 2})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

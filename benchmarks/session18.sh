@@ -3,25 +3,31 @@
 # BUBBLESCOPE_COMMIT as the full sha from this machine, not $(git rev-parse HEAD) on the device, whose checkout's HEAD
 # is not the working tree; everything lands under $OUT/run and run.tgz). The first call ran session17.sh first
 # (every GPU test, then compute-sanitizer memcheck and racecheck).
-#   bash benchmarks/session18.sh second  # benchmarks/atomic_probe.py (20 launches per timed sample);
-#                                        # racecheck on benchmarks/racecheck_ws_probe.py (is racecheck's report on
-#                                        # the megakernel Triton's partition set-up?); one step's timeline of every
-#                                        # preset but the 1B (the README's wait ratios are from before the cap)
+#   bash benchmarks/session18.sh second  # racecheck on benchmarks/racecheck_ws_probe.py (is racecheck's report on
+#                                        # the megakernel Triton's partition set-up?); sweep r50 (the attention gate
+#                                        # at 4096 and 128); benchmarks/atomic_probe.py (20 launches per sample);
+#                                        # one step's timeline of Qwen2.5-0.5B and Qwen3-0.6B
+#   bash benchmarks/session18.sh third   # one step's timeline of Qwen3-1.7B, the 3B and the 8B (the README's wait
+#                                        # ratios are from before the in-flight cap)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 second)
-  log "atomic probe"
-  timeout 60 python3 benchmarks/atomic_probe.py --out "$R/atomic_probe.json" > "$R/atomic_probe.log" 2>&1; echo "rc=$?" >> "$R/atomic_probe.log"
-  cat "$R/atomic_probe.log"
   log "racecheck probe"
   timeout 90 compute-sanitizer --tool racecheck --print-limit 20 python3 benchmarks/racecheck_ws_probe.py > "$R/racecheck_ws_probe.log" 2>&1; echo "rc=$?" >> "$R/racecheck_ws_probe.log"
   tail -12 "$R/racecheck_ws_probe.log"
+  sweep r50 llama-3.2-1b 4096 90
+  sweep r50 llama-3.2-1b 128 75
+  log "atomic probe"
+  timeout 60 python3 benchmarks/atomic_probe.py --out "$R/atomic_probe.json" > "$R/atomic_probe.log" 2>&1; echo "rc=$?" >> "$R/atomic_probe.log"
+  tail -8 "$R/atomic_probe.log"
   waits qwen2.5-0.5b 50
   waits qwen3-0.6b 50
+  ;;
+third)
   waits qwen3-1.7b 60
   waits llama-3.2-3b 60
   waits llama-3.1-8b 70
   ;;
-*) echo "session18.sh: unknown stage '${1:-}' (second)" >&2; exit 2 ;;
+*) echo "session18.sh: unknown stage '${1:-}' (second, third)" >&2; exit 2 ;;
 esac
 finish
