@@ -7,8 +7,9 @@
 #                                        # the megakernel Triton's partition set-up?); sweep r50 (the attention gate
 #                                        # at 4096 and 128); benchmarks/atomic_probe.py (20 launches per sample);
 #                                        # one step's timeline of Qwen2.5-0.5B and Qwen3-0.6B
-#   bash benchmarks/session18.sh third   # one step's timeline of Qwen3-1.7B, the 3B and the 8B (the README's wait
-#                                        # ratios are from before the in-flight cap)
+#   bash benchmarks/session18.sh third   # sweep r50 on Qwen2.5-0.5B, the 3B and the 8B (the gate at 0 gained ~1 % on
+#                                        # the 1B at 128 and 4096 in second); one step's timeline of Qwen3-1.7B, the
+#                                        # 3B and the 8B (the README's wait ratios are from before the in-flight cap)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 second)
@@ -24,6 +25,9 @@ second)
   waits qwen3-0.6b 50
   ;;
 third)
+  sweep r50 qwen2.5-0.5b 128 60
+  sweep r50 llama-3.2-3b 128 80
+  sweep r50 llama-3.1-8b 128 110
   waits qwen3-1.7b 60
   waits llama-3.2-3b 60
   waits llama-3.1-8b 70
