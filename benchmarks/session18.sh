@@ -10,6 +10,8 @@
 #   bash benchmarks/session18.sh third   # sweep r50 on Qwen2.5-0.5B, the 3B and the 8B (the gate at 0 gained ~1 % on
 #                                        # the 1B at 128 and 4096 in second); one step's timeline of Qwen3-1.7B, the
 #                                        # 3B and the 8B (the README's wait ratios are from before the in-flight cap)
+#   bash benchmarks/session18.sh fourth  # with attn_gate 0 the default on every model (r50): every GPU test, the
+#                                        # 1B's decode-latency set, the 8B's against compile
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 second)
@@ -32,6 +34,11 @@ third)
   waits llama-3.2-3b 60
   waits llama-3.1-8b 70
   ;;
-*) echo "session18.sh: unknown stage '${1:-}' (second, third)" >&2; exit 2 ;;
+fourth)
+  gpu_tests
+  issue_sets 1b
+  latency 8b 150 --models llama-3.1-8b --engines reference-compile,megakernel --runs 2 --long-contexts ""
+  ;;
+*) echo "session18.sh: unknown stage '${1:-}' (second, third, fourth)" >&2; exit 2 ;;
 esac
 finish

@@ -215,8 +215,8 @@ class MegakernelParams:
             against 4.082 / 4.113 (r18, r19 and r20 gave the 1B the same order).
         attn_gate: Gluon kernel only: after a (non-empty) attention task in the CTA's queue, the producer issues at
             most ``attn_gate`` more tiles until the consumer has finished that attention task, so the attention's
-            loads and stores do not queue behind this SM's weight loads in flight (-1: off; None: 0 for models
-            with q/k-norm, else off, see ``gluon.host.resolve_attn_gate``).
+            loads and stores do not queue behind this SM's weight loads in flight (-1: off; None: 0 on every model
+            since session 18, before it only on models with q/k-norm; see ``gluon.host.resolve_attn_gate``).
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
             per weight); ``auto`` (the default): ``mma`` for thin models, else ``bits`` (``gluon.host.auto_matvec``,
