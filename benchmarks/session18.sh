@@ -12,6 +12,7 @@
 #                                        # 3B and the 8B (the README's wait ratios are from before the in-flight cap)
 #   bash benchmarks/session18.sh fourth  # with attn_gate 0 the default on every model (r50): every GPU test, the
 #                                        # 1B's decode-latency set, the 8B's against compile
+#   bash benchmarks/session18.sh fifth   # the same default: the Qwen presets' decode-latency sets and the 3B's
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 second)
@@ -39,6 +40,10 @@ fourth)
   issue_sets 1b
   latency 8b 150 --models llama-3.1-8b --engines reference-compile,megakernel --runs 2 --long-contexts ""
   ;;
-*) echo "session18.sh: unknown stage '${1:-}' (second, third, fourth)" >&2; exit 2 ;;
+fifth)
+  issue_sets qwen
+  latency 3b 120 --models llama-3.2-3b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts ""
+  ;;
+*) echo "session18.sh: unknown stage '${1:-}' (second, third, fourth, fifth)" >&2; exit 2 ;;
 esac
 finish
