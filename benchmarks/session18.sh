@@ -13,6 +13,7 @@
 #   bash benchmarks/session18.sh fourth  # with attn_gate 0 the default on every model (r50): every GPU test, the
 #                                        # 1B's decode-latency set, the 8B's against compile
 #   bash benchmarks/session18.sh fifth   # the same default: the Qwen presets' decode-latency sets and the 3B's
+#   bash benchmarks/session18.sh sixth   # the same default: `diagnose model` on the 1B's megakernels (wait ratio, feed)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 second)
@@ -44,6 +45,13 @@ fifth)
   issue_sets qwen
   latency 3b 120 --models llama-3.2-3b --engines reference-compile,megakernel-triton,megakernel --runs 2 --long-contexts ""
   ;;
-*) echo "session18.sh: unknown stage '${1:-}' (second, third, fourth, fifth)" >&2; exit 2 ;;
+sixth)
+  log "diagnose model llama-3.2-1b"
+  timeout 150 python3 -m bubblescope diagnose model llama-3.2-1b --engines megakernel,megakernel-noprefetch \
+    --runs 1 --out "$R/diagnose_1b" > "$R/diagnose_1b.log" 2>&1; echo "rc=$?" >> "$R/diagnose_1b.log"
+  grep -iE "weight stream|megakernel|rc=" "$R/diagnose_1b.log" | head -12
+  waits llama-3.2-1b 55
+  ;;
+*) echo "session18.sh: unknown stage '${1:-}' (second, ..., sixth)" >&2; exit 2 ;;
 esac
 finish
