@@ -14,6 +14,8 @@
 #                                        # 1B's decode-latency set, the 8B's against compile
 #   bash benchmarks/session18.sh fifth   # the same default: the Qwen presets' decode-latency sets and the 3B's
 #   bash benchmarks/session18.sh sixth   # the same default: `diagnose model` on the 1B's megakernels (wait ratio, feed)
+#   bash benchmarks/session18.sh seventh # the 1B's one-step timeline with its frames at context 4096 and 128 (where
+#                                        # the long-context step's attention time goes)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 second)
@@ -52,6 +54,15 @@ sixth)
   grep -iE "weight stream|megakernel|rc=" "$R/diagnose_1b.log" | head -12
   waits llama-3.2-1b 55
   ;;
-*) echo "session18.sh: unknown stage '${1:-}' (second, ..., sixth)" >&2; exit 2 ;;
+seventh)
+  for ctx in 4096 128; do
+    log "timeline llama-3.2-1b $ctx"
+    timeout 70 python3 benchmarks/gluon_check.py --model llama-3.2-1b --context $ctx --out "$R/long_$ctx.json" \
+      --sections timeline > "$R/long_$ctx.log" 2>&1; echo "rc=$?" >> "$R/long_$ctx.log"
+    tail -3 "$R/long_$ctx.log" | cut -c1-300
+  done
+  keep_frames long
+  ;;
+*) echo "session18.sh: unknown stage '${1:-}' (second, ..., seventh)" >&2; exit 2 ;;
 esac
 finish
