@@ -472,7 +472,8 @@ SWEEPS = {
             ("lt16", "gluon", {"l2_touch": 16}), ("default-again", "gluon", {}), ("lt4-again", "gluon", {"l2_touch": 4}),
             ("lt8-again", "gluon", {"l2_touch": 8}), ("lt16-again", "gluon", {"l2_touch": 16})],
     # session 18: the attention gate at long context. At 4096 the 1B's step grows 108 us against the goal's 52: each
-    # split's K/V reads (64 KB) share HBM with the weight stream of every SM; r20 / r34 measured the gate at 128 only
+    # split's K/V reads (64 KB) share HBM with the weight stream of every SM; r20 / r34 measured the gate at 128 only.
+    # Since f5578ec (after this sweep) the gate's default is 0 on every model, so "default" here now equals "ag0"
     "r50": [("default", "gluon", {}), ("ag0", "gluon", {"attn_gate": 0}), ("ag2", "gluon", {"attn_gate": 2}),
             ("default-again", "gluon", {}), ("ag0-again", "gluon", {"attn_gate": 0}),
             ("ag2-again", "gluon", {"attn_gate": 2})],

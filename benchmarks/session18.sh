@@ -7,13 +7,14 @@
 #                                        # the megakernel Triton's partition set-up?); sweep r50 (the attention gate
 #                                        # at 4096 and 128); benchmarks/atomic_probe.py (20 launches per sample);
 #                                        # one step's timeline of Qwen2.5-0.5B and Qwen3-0.6B
-#   bash benchmarks/session18.sh third   # sweep r50 on Qwen2.5-0.5B, the 3B and the 8B (the gate at 0 gained ~1 % on
-#                                        # the 1B at 128 and 4096 in second); one step's timeline of Qwen3-1.7B, the
+#   bash benchmarks/session18.sh third   # sweep r50 on Qwen2.5-0.5B, the 3B and the 8B (the gate at 0 gained 1-2 % on
+#                                        # the 1B at 128, ~0.5 % at 4096, in second); one step's timeline of Qwen3-1.7B, the
 #                                        # 3B and the 8B (the README's wait ratios are from before the in-flight cap)
 #   bash benchmarks/session18.sh fourth  # with attn_gate 0 the default on every model (r50): every GPU test, the
 #                                        # 1B's decode-latency set, the 8B's against compile
 #   bash benchmarks/session18.sh fifth   # the same default: the Qwen presets' decode-latency sets and the 3B's
 #   bash benchmarks/session18.sh sixth   # the same default: `diagnose model` on the 1B's megakernels (wait ratio, feed)
+#                                        # and the 1B's one-step timeline
 #   bash benchmarks/session18.sh seventh # the 1B's one-step timeline with its frames at context 4096 and 128 (where
 #                                        # the long-context step's attention time goes)
 . benchmarks/device_prelude.sh

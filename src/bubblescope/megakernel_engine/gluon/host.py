@@ -209,14 +209,14 @@ def resolve_attn_gate(cfg: ModelConfig, gate: int | None) -> int:
     """The attention gate for ``cfg`` (see ``MegakernelParams.attn_gate``): ``gate`` unless it is None (auto),
     which holds the producer at an attention task (0 tiles past it) on every model.
 
-    Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms, p50 of 160 timed steps per config
+    Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms, the p50 of each config's 160 timed steps
     and round; files under benchmarks/results/):
 
     * session 18, ``--sweep r50`` (``h200-2026-12-02-s18``), default (then off without q/k-norm) / gate 0 / gate 2,
       two configs each: Llama-3.2-1B 0.774, 0.781 / 0.766, 0.765 / 0.781, 0.785; the 1B at context 4096 0.879,
-      0.879 / 0.874, 0.875 / 0.872, 0.872; Llama-3.1-8B 3.776, 3.774 / 3.738, 3.751 / 3.746, 3.735; Llama-3.2-3B
-      1.832, 1.835 / 1.862, 1.830 / 1.846, 1.842 (its rounds bimodal, 1.82 or 1.93, in every config); Qwen2.5-0.5B
-      0.638, 0.638 / 0.636, 0.636 / 0.639, 0.637. Gate 0 gains ~1 % on the 1B and the 8B and is even on the others.
+      0.879 / 0.874, 0.875 / 0.872, 0.872; Llama-3.1-8B 3.776, 3.774 / 3.738, 3.751 / 3.745, 3.735; Llama-3.2-3B
+      1.832, 1.835 / 1.862, 1.830 / 1.846, 1.842 (its rounds bimodal, 1.82–1.84 or 1.89–1.98, in every config); Qwen2.5-0.5B
+      0.638, 0.638 / 0.636, 0.636 / 0.639, 0.637. Gate 0 gains 1–2 % on the 1B at 128, ~0.5 % at 4096, ~0.8 % on the 8B, and is even on the others.
     * session 7 (``--sweep r20`` / ``r21``, ``h200-2026-12-01-s7``), with ``sig_gate`` 3, the gate at 0 against
       without it: Qwen3-0.6B 0.805 / 0.803 against 0.812 (in r20 the gate alone 0.889 / 0.885 against 0.914 /
       0.908); then even on the 1B and the 8B and worse on Qwen2.5-0.5B (0.868 against 0.849), on a kernel without
