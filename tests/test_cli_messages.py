@@ -83,6 +83,26 @@ def test_bad_input_names_the_option(tmp_path, args, message):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("gpus, message", [
+    (0, "--device cuda:99: no CUDA GPU is available on this machine"),
+    (1, "--device cuda:99: no such GPU on this machine (visible: cuda:0)"),
+    (2, "--device cuda:99: no such GPU on this machine (visible: cuda:0 to cuda:1)"),
+])
+@pytest.mark.parametrize("command", [["diagnose", "model", "tiny-llama", "--engines", "reference"],
+                                     ["generate", "tiny-llama", "--prompt-ids", "1"]])
+def test_a_gpu_index_beyond_the_machine_is_one_line_naming_device(tmp_path, monkeypatch, gpus, message, command):
+    """`--device cuda:99` said "--device cuda: ..." without a GPU and, with fewer GPUs than 100, passed the check
+    and failed at the first allocation ("invalid device ordinal", a traceback) after the model was built."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    r = _cli(*command, "--device", "cuda:99", *(["--out", tmp_path / "o"] if command[0] == "diagnose" else []))
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: {message}\n" and r.stdout == ""
+    assert not (tmp_path / "o").exists()
+
+
 # --- 3. one name for the sync metric ---------------------------------------------------------------------------
 
 def test_every_report_calls_sync_share_the_sync_share():

@@ -357,6 +357,61 @@ def test_cli_option_errors_are_one_line(tmp_path, args, message):
     assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["results.json"]
 
 
+@pytest.mark.parametrize("where", ["under a file", "read-only"])
+def test_an_unwritable_out_is_refused_before_the_model_is_loaded(tmp_path, monkeypatch, where):
+    """`diagnose model --out DIR` with DIR not creatable was refused only when the staging folder was made: after
+    the model was loaded (minutes for a large checkpoint) and, on a GPU, the copy bandwidth measured."""
+    import os
+
+    from typer.testing import CliRunner
+
+    import bubblescope.diagnosis as dg
+    from bubblescope.cli import app
+
+    if where == "under a file":
+        (tmp_path / "file").write_text("x")
+        out, why = tmp_path / "file" / "sub", f"{tmp_path / 'file'} is not a directory"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only directory")
+        (tmp_path / "ro").mkdir(mode=0o555)
+        out, why = tmp_path / "ro" / "sub", "Permission denied"
+    monkeypatch.setattr(dg, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    r = CliRunner().invoke(app, ["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu",
+                                 "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: --out {out}: cannot create the output directory ({why})\n" and r.stdout == ""
+    assert not out.exists()
+
+
+def test_a_checkpoint_that_is_not_model_says_model_was_ignored(tmp_path):
+    """`diagnose model llama-3.2-1b --checkpoint ck` measured ck's model without a word (the report named ck);
+    `diagnose model --checkpoint ck` noted "none given; measured the default stories260k" for it. A preset of
+    the checkpoint's shapes (its real weights, what --checkpoint is for) or the same path stays silent."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    from bubblescope.diagnosis import diagnose
+    from bubblescope.models import load_model
+
+    ck = str(tmp_path / "ck")
+    save_hf_checkpoint(dummy_weights(get_preset("tiny-llama")), ck)
+    other = (f"model: MODEL llama-3.2-1b ignored: --checkpoint {ck} holds ck (0.824 M parameters), not "
+             "llama-3.2-1b's shapes (1.24 B parameters); the checkpoint was loaded")
+    assert load_model("llama-3.2-1b", checkpoint=ck).warnings == [other]
+    assert load_model("nope", checkpoint=ck).warnings == [
+        f"model: MODEL nope ignored: --checkpoint {ck} (ck) was loaded in its place"]
+    assert load_model("tiny-llama", checkpoint=ck).warnings == load_model(ck, checkpoint=ck).warnings == []
+    r = CliRunner().invoke(app, ["generate", "llama-3.2-1b", "--checkpoint", ck, "--prompt-ids", "1",
+                                 "--max-new-tokens", "2", "--device", "cpu"])
+    assert r.exit_code == 0 and r.stderr.count(f"warning: {other}\n") == 1, r.output
+    for model, expected in ((None, []), ("llama-3.2-1b", [other])):
+        doc = diagnose(model, checkpoint=ck, engines=["reference"], prompt_len=4, gen_len=3, runs=1, warmup=0,
+                       profile_steps=2, device="cpu", write=False).doc
+        assert [n for n in doc["device"]["notes"] if n.startswith("model:")] == expected
+        assert (doc["model"]["name"], doc["model"]["path"]) == ("ck", ck)
+
+
 def test_non_finite_weights_are_warned_about(tmp_path):
     """NaN weights generated garbage silently; the warning names the tensor and counts its NaN/Inf elements
     (here 2 set by hand), in `generate` (stderr) and in diagnose's notes."""

@@ -120,6 +120,21 @@ def test_cli_ranks_needs_two_files(traces, tmp_path):
     assert r.exit_code == 2 and "at least two files" in r.output
 
 
+@pytest.mark.parametrize("second", ["same", "link"])
+def test_cli_ranks_refuses_one_file_given_as_two_ranks(traces, tmp_path, second):
+    """`diagnose trace --ranks X X` reported two identical ranks (skew 0, rank 0 slowest every step)."""
+    first = tmp_path / "rank0.json.gz"
+    if second == "link":
+        (tmp_path / "link.json.gz").symlink_to(first)
+        what = f"{first} and {tmp_path / 'link.json.gz'} are the same file"
+    else:
+        what = f"{first} is given twice"
+    r = _cli("diagnose", "trace", "--ranks", first, tmp_path / "rank1.json.gz",
+             first if second == "same" else tmp_path / "link.json.gz")
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: --ranks: {what} (ranks 0 and 2); give one trace per rank\n" and r.stdout == ""
+
+
 def test_rank_activities_share_one_axis(traces):
     from bubblescope.profiler.ranks import rank_activities
     from bubblescope.reports.rank_plots import rank_timeline_figure

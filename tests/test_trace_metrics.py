@@ -365,6 +365,27 @@ def test_summarize_traces_and_render(tmp_path, decode):
     assert "flash_fwd_kernel" in text and "CPU-only" in text
 
 
+def test_a_huge_duration_keeps_the_tables_in_80_columns(tmp_path):
+    """A kernel with dur 1e15 µs printed "1,000,000,000.00 s": at 80 columns the device table cut its
+    headers and cells ("kern…", "1,000,000,000.0…") and the top-kernels table lost its share column. Times
+    from 10,000 s on are written in powers of ten."""
+    from bubblescope.reports.trace_terminal import _us
+
+    assert [_us(v) for v in (999.0, 1234.5, 9_999.99e6, 1e10, 1e21, -1e15)] == [
+        "999.0 µs", "1.23 ms", "9,999.99 s", "1.00e+04 s", "1.00e+15 s", "-1.00e+09 s"]
+    events = tg.decode_trace_events()
+    gemv = next(e for e in events if e.get("name") == "gemv_a")
+    gemv["dur"] = 1e15
+    console = Console(record=True, width=80, color_system=None)
+    render_trace_summary(summarize_traces([tg.write(tmp_path / "huge.json", tg.document(events))]), console)
+    text = console.export_text().split("\n", 1)[1]  # the tables: after the rule naming the (long) tmp path
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text and "1.00e+09 s" in text
+    for header in ("kernels", "memcpy", "streams", "bubble", "ratio", "total", "share"):
+        assert f" {header} " in text, header
+    assert "100.0 %" in text  # the share column of the top kernels, whole
+
+
 def test_render_prints_names_literally():
     summary = {
         "files": [

@@ -251,6 +251,45 @@ def test_bare_array_format_with_and_without_closing_bracket(tmp_path):
     assert len(closed.gpu) == len(unclosed.gpu) == 1 and closed.rank is None
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_trailing_data_is_refused_and_trailing_whitespace_kept(tmp_path, monkeypatch, workers):
+    """After the complete top-level value only whitespace may follow (the bare array may stop without its
+    "]"); gzipped or not, in process or through the worker processes (small windows: many of them)."""
+    from bubblescope.profiler.tracearrays import read_trace_arrays
+
+    monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 4096)
+    events = tg.decode_trace_events() * 40
+    doc, bare = json.dumps(tg.document(events)), json.dumps(events)
+    ok = {"doc.json": doc + "\n \t\r\n", "bare.json.gz": bare + "\n", "open.json": bare[:-1] + ",\n\n"}
+    for name, text in ok.items():
+        path = tg.write(tmp_path / name, text.encode())
+        assert read_trace_arrays(path, workers=workers).event_count == len(events), name
+    for name, text in {"junk.json": doc + "garbage", "twice.json.gz": doc + doc, "bare.json": bare + "]"}.items():
+        path = tg.write(tmp_path / name, text.encode())
+        with pytest.raises(BubblescopeError) as info:
+            read_trace_arrays(path, workers=workers)
+        at = len(bare if name == "bare.json" else doc)
+        assert str(info.value) == (f"{path}: not a Chrome trace: invalid JSON at character {at}: data after the end "
+                                   "of the trace (one JSON value per file)")
+
+
+@pytest.mark.parametrize("path", ["batch", "per event"])
+def test_events_of_an_unknown_phase_are_ignored_and_counted(tmp_path, path):
+    """Viewers ignore a phase they do not know; so does the parser, which now says how many it ignored (they
+    were dropped without a word). Every phase of the Trace Event Format is known, used or not."""
+    known = [{"ph": ph, "name": "n", "cat": "c", "ts": 1, "pid": 0, "tid": 0, "id": 1}
+             for ph in "iICbneSTpFPNODMVvRc()="]
+    unknown = [{"ph": "Z", "ts": 1}, {"ph": "", "ts": 2}, {"ph": 5, "ts": 3}, {"name": "no ph", "ts": 4},
+               {**tg.kernel("xx", 5, 1, 99), "ph": "XX"}]
+    events = tg.decode_trace_events() + known + unknown
+    if path == "per event":  # a NaN literal: the batch decoder refuses the window, read one event at a time
+        events = [{"ph": "C", "name": "nan", "ts": float("nan"), "pid": 0}] + events
+    tr = load_trace(tg.write(tmp_path / "ph.json", tg.document(events)))
+    assert len(tr.gpu) == 10 and "5 events of an unknown phase (ph) ignored" in tr.warnings
+    one = load_trace(tg.write(tmp_path / "one.json", tg.document(tg.decode_trace_events() + unknown[:1])))
+    assert "1 event of an unknown phase (ph) ignored" in one.warnings
+
+
 def test_non_object_events_are_counted(tmp_path):
     tr = load_trace(tg.write(tmp_path / "n.json", tg.document([1, "x", None, tg.kernel("k", 1, 1, 1)])))
     assert len(tr.gpu) == 1 and "3 non-object entries in traceEvents ignored" in tr.warnings
@@ -267,6 +306,10 @@ def test_non_object_events_are_counted(tmp_path):
         (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
         (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "truncated"),
         (b'{"traceEvents": [{"ph": "X"} {"ph": "X"}]}', "expected ',' or ']'"),
+        # one JSON value per file: trailing data (junk, a second document) was ignored
+        (b'{"traceEvents": []}garbage', "invalid JSON at character 19: data after the end of the trace"),
+        (b'{"traceEvents": []}\n{"traceEvents": []}\n', "invalid JSON at character 20: data after the end"),
+        (b'[{"ph": "X"}] x', "invalid JSON at character 14: data after the end of the trace"),
     ],
 )
 def test_bad_files_raise_one_line(tmp_path, content, needle):

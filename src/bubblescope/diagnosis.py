@@ -25,7 +25,7 @@ from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
 from .generation import SamplingParams, generate, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
-from .outdir import RunFolder
+from .outdir import RunFolder, check_out_dir
 
 GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
 SWEEP_STEPS = 16           # decode steps timed at each context of the sweep
@@ -54,15 +54,16 @@ def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: li
     }
 
 
-def model_notes(requested: str | None, model: str, source: str, dev: torch.device) -> list[str]:
-    """Plain-words notes when the measured model is not what a user may assume: a default chosen for them,
-    a missing weights file replaced by another model or by seeded dummy weights (text is then
-    meaningless; timings and bytes are those of the real shapes)."""
+def model_notes(requested: str | None, model: str, source: str, dev: torch.device,
+                checkpoint: str | None = None) -> list[str]:
+    """Plain-words notes when the measured model is not what a user may assume: a default chosen for them
+    (neither MODEL nor ``checkpoint`` given), a missing weights file replaced by another model or by seeded
+    dummy weights (text is then meaningless; timings and bytes are those of the real shapes)."""
     from .models.loader import KNOWN_FILES, model_search_dirs
 
     searched = ", ".join(str(d) for d in model_search_dirs())
     notes = []
-    if requested is None:
+    if requested is None and checkpoint is None:
         if dev.type == "cpu" and model == CPU_FALLBACK_MODEL:
             notes.append(f"model: none given and {CPU_DEFAULT_MODEL}'s weights file was not found (searched "
                          f"{searched}; set BUBBLESCOPE_MODELS or pass MODEL), so the {CPU_FALLBACK_MODEL} preset "
@@ -79,10 +80,13 @@ def model_notes(requested: str | None, model: str, source: str, dev: torch.devic
 
 
 def default_model(device: torch.device, checkpoint: str | None) -> str:
-    """GPU: llama-3.2-1b (dummy weights). CPU: stories260k when its file is found, else tiny-llama."""
+    """The model when MODEL is left out: ``checkpoint`` when given (it is what the user named); else on a GPU
+    llama-3.2-1b (dummy weights), on CPU stories260k when its file is found, else tiny-llama."""
+    if checkpoint:
+        return checkpoint
     if device.type == "cuda":
         return GPU_DEFAULT_MODEL
-    return CPU_DEFAULT_MODEL if checkpoint or find_model_file(CPU_DEFAULT_MODEL) else CPU_FALLBACK_MODEL
+    return CPU_DEFAULT_MODEL if find_model_file(CPU_DEFAULT_MODEL) else CPU_FALLBACK_MODEL
 
 
 # Ablations whose only purpose is timing: under Triton's CPU interpreter their timings mean nothing.
@@ -203,7 +207,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
-            that does not fit the model, an ``out`` that cannot be a directory, a bad tuned file).
+            that does not fit the model, an ``out`` that cannot be a directory or written into (refused before
+            the model is loaded), a bad tuned file).
     """
     from .tuned import load_tuning
     from .profiler.hardware import device_info, measure_copy_bandwidth
@@ -225,6 +230,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     check_workload(prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup, profile_steps=profile_steps)
     if any(c < 1 for c in sweep):
         raise BubblescopeError(f"--context-sweep: contexts must be positive, got {sweep}")
+    if write:  # before the model is loaded or anything is measured
+        check_out_dir(out)
     requested, model = model, model or default_model(dev, checkpoint)
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
@@ -240,7 +247,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                 raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
     info = device_info(dev if on_gpu else "cpu")
     copy = measure_copy_bandwidth(dev) if on_gpu else {"copy_GBps": None, "reason": "CPU run"}
-    notes = model_notes(requested, model, loaded.source, dev) + loaded.warnings + list(info.get("notes") or [])
+    notes = (model_notes(requested, model, loaded.source, dev, checkpoint) + loaded.warnings
+             + list(info.get("notes") or []))
     if tuned is not None and (unchecked := tuned.check_model(cfg)):
         notes.append(unchecked)
     if not on_gpu:

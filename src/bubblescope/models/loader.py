@@ -57,7 +57,8 @@ def resolve_device(device: str | None) -> torch.device:
     """``None``/"auto" -> cuda if available else cpu.
 
     Raises:
-        BubblescopeError: cuda asked for on a machine without a GPU, or an unknown device string.
+        BubblescopeError: cuda asked for on a machine without a GPU, ``cuda:N`` beyond the visible GPUs, or an
+            unknown device string.
     """
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -66,7 +67,12 @@ def resolve_device(device: str | None) -> torch.device:
     except RuntimeError:
         raise BubblescopeError(f"--device: unknown device {device!r}; use cpu or cuda") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise BubblescopeError("--device cuda: no CUDA GPU is available on this machine")
+        raise BubblescopeError(f"--device {device}: no CUDA GPU is available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= (n := torch.cuda.device_count()):
+        # torch.device takes any index; its first use failed with a traceback (get_device_properties's bare
+        # AssertionError "Invalid device id", or "invalid device ordinal" at an allocation)
+        visible = "cuda:0" if n == 1 else f"cuda:0 to cuda:{n - 1}"
+        raise BubblescopeError(f"--device {device}: no such GPU on this machine (visible: {visible})")
     if dev.type not in ("cuda", "cpu"):
         raise BubblescopeError(f"--device: unsupported device {device!r}; use cpu or cuda")
     return dev
@@ -105,6 +111,8 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     * a ``config.json``: dummy weights of that config;
     * any other file: a llama2.c ``.bin``.
     A tokenizer beside the weights (``tokenizer.json``, ``tok512.bin``, ``tokenizer.bin``) is found by itself.
+    ``checkpoint`` replaces MODEL's weights (and so its config); when MODEL names something else (a preset of
+    other shapes, another path), the returned warnings say that MODEL was ignored (:func:`ignored_model`).
 
     Raises:
         BubblescopeError: unknown preset, missing path, unsupported config, malformed weights.
@@ -129,7 +137,34 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     if tok_path is not None:
         tok = load_tokenizer(tok_path, vocab_size=weights.config.vocab_size if tok_path.suffix != ".json" else None,
                              bos_token_id=weights.config.bos_token_id)
-    return LoadedModel(weights, tok, source, str(path) if path else None, nonfinite_weights(weights))
+    warnings = nonfinite_weights(weights)
+    if checkpoint is not None and (note := ignored_model(model, checkpoint, weights.config)):
+        warnings.insert(0, note)
+    return LoadedModel(weights, tok, source, str(path) if path else None, warnings)
+
+
+def _shapes(cfg: ModelConfig) -> tuple:
+    """What makes two configs the same model to measure: its architecture and tensor shapes."""
+    return (cfg.model_type, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+            cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings, cfg.attention_bias,
+            cfg.qk_norm)
+
+
+def ignored_model(model: str, checkpoint: str, loaded: ModelConfig) -> str | None:
+    """One note line when ``--checkpoint`` (whose config is ``loaded``) was loaded in place of a MODEL that names
+    something else: a preset of other shapes, or another path (not read at all). None when MODEL is the same
+    path, or a preset with the checkpoint's shapes (its real weights, as ``--checkpoint`` is meant for)."""
+    preset = PRESETS.get(model.lower())
+    if preset is not None:
+        if _shapes(preset) == _shapes(loaded):
+            return None
+        size = lambda c: (f"{c.num_parameters() / 1e9:.2f} B" if c.num_parameters() >= 1e9  # noqa: E731
+                          else f"{c.num_parameters() / 1e6:.3g} M") + " parameters"
+        return (f"model: MODEL {model} ignored: --checkpoint {checkpoint} holds {loaded.name} ({size(loaded)}), "
+                f"not {model}'s shapes ({size(preset)}); the checkpoint was loaded")
+    if Path(model).exists() and Path(model).resolve() == Path(checkpoint).resolve():
+        return None
+    return f"model: MODEL {model} ignored: --checkpoint {checkpoint} ({loaded.name}) was loaded in its place"
 
 
 def nonfinite_weights(weights: ModelWeights, shown: int = 3) -> list[str]:

@@ -84,11 +84,21 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
     for the merge; the others are summarized and dropped, one at a time.
 
     Raises:
-        BubblescopeError: a bad path or option, a bad file unless ``keep_going``; ``force`` with one trace or
-            with files of different step markers (without ``force`` such files get no ``ranks`` section).
+        BubblescopeError: a bad path or option, a bad file unless ``keep_going``; ``force`` with one trace, with
+            one file given twice (two ranks of one trace), or with files of different step markers (without
+            ``force`` such files get no ``ranks`` section).
     """
     threshold_us = metrics.check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
+    paths = list(paths)
+    if force:  # ranks are taken by position: the same file twice would be two identical ranks
+        first: dict[str, int] = {}
+        for rank, path in enumerate(paths):
+            seen = first.setdefault(os.path.realpath(path), rank)
+            if seen != rank:
+                same = (f"{os.fspath(path)} is given twice" if os.fspath(paths[seen]) == os.fspath(path)
+                        else f"{os.fspath(paths[seen])} and {os.fspath(path)} are the same file")
+                raise BubblescopeError(f"--ranks: {same} (ranks {seen} and {rank}); give one trace per rank")
     traces, files, unranked = [], [], 0
     for _path, trace, error in iter_traces(paths, keep_going, progress):
         if error is not None:

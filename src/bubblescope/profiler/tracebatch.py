@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
-from .tracecolumns import _NA, _X_TABLES, FLOW_PHASES
+from .tracecolumns import _NA, _X_TABLES, FLOW_PHASES, PHASES, UNKNOWN_PHASE
 
 if TYPE_CHECKING:
     from .tracecolumns import _Columns
@@ -84,7 +84,8 @@ def _decoding(lean: bool, flows: bool) -> tuple[Any, type, Any]:
     return msgspec.json.Decoder(list[event]), args, args()
 
 
-# Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step).
+# Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step); 0 for an
+# event kept nowhere, -1 for one of an unknown phase (counted).
 _KINDS = ("kernel", "memcpy", "memset")
 _X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
 _X_CODE.update({"cpu_op": 6, "Operator": 6})
@@ -97,7 +98,7 @@ class _Codes(dict):
 
     def __missing__(self, key: tuple) -> int:
         ph, cat = key
-        code = _X_CODE.get(cat, 0) if ph == "X" else _PH_CODE.get(ph, 0)
+        code = _X_CODE.get(cat, 0) if ph == "X" else _PH_CODE.get(ph, 0 if type(ph) is str and ph in PHASES else -1)
         if len(self) < 4096:  # a trace with a new category per event must not grow this without bound
             self[key] = code
         return code
@@ -170,6 +171,9 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
     except (msgspec.DecodeError, TypeError):  # TypeError: a list or object as ph or cat
         return False
     odd: Counter[str] = Counter()
+    unknown = int((codes < 0).sum())
+    if unknown:
+        odd[UNKNOWN_PHASE] += unknown
     tables: dict[str, dict[str, list]] = {}
     maybe = np.flatnonzero(codes == 6)
     if len(maybe) and ("ProfilerStep#" if type(doc) is str else b"ProfilerStep#") in doc:  # old torch's steps

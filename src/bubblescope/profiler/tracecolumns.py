@@ -28,6 +28,11 @@ GPU_KINDS = {
 }
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "Runtime", "cuda_driver", "Driver"})
 FLOW_PHASES = frozenset({"s", "t", "f"})
+# Every phase of the Trace Event Format (duration B/E, complete X, instant i/I, counter C, async b/n/e and the
+# deprecated S/T/p/F, flow s/t/f, sample P, object N/O/D, metadata M, memory dump V/v, mark R, clock sync c,
+# context ( and ), linked id =). An event of another phase (or none) is ignored, as viewers do, and counted.
+PHASES = frozenset("BEXiICbneSTpFstfPNODMVvRc()=")
+UNKNOWN_PHASE = "events of an unknown phase (ph) ignored"
 _NA = -(1 << 63)  # int64 sentinel for "absent" in int columns
 # |ts| or dur beyond this (2^63 µs) is corrupt: spans and sums of such times overflow float64 to inf.
 _MAX_TIME_US = float(1 << 63)
@@ -141,6 +146,8 @@ class _Columns:
             )
         elif ph == "B" or ph == "E":
             self.pairs.append(ev)
+        elif type(ph) is not str or ph not in PHASES:
+            self.odd[UNKNOWN_PHASE] += 1
 
     def add_complete(self, ev: dict) -> None:
         """One complete (``X``) event dict, or a paired ``B``/``E`` made into one."""

@@ -107,6 +107,7 @@ def _parse(text: _Text, cols: _Columns, workers: Workers | None = None) -> tuple
     first = text.peek()
     if first == "[":  # the Chrome "JSON Array Format": a bare list of events, closing ] optional
         _parse_events(text, cols, True, workers)
+        _end(text)
         if cols.events and cols.odd["non-object entries in traceEvents ignored"] == cols.events:
             raise ValueError("is a JSON array without a single event object")
         return meta, True
@@ -121,6 +122,7 @@ def _parse(text: _Text, cols: _Columns, workers: Workers | None = None) -> tuple
         c = text.peek()
         if c == "}":
             text.pos += 1
+            _end(text)
             return meta, found
         key = text.value()
         if not isinstance(key, str) or text.peek() != ":":
@@ -138,6 +140,13 @@ def _parse(text: _Text, cols: _Columns, workers: Workers | None = None) -> tuple
             text.pos += 1
         elif c != "}":
             raise text.error("expected ',' or '}'" if c else "file ends early (truncated?)")
+
+
+def _end(text: _Text) -> None:
+    """After the top-level value: only whitespace may follow (the Trace Event Format has one JSON value per
+    file); anything else, such as a second document appended to the file, raises a one-line error."""
+    if text.peek():
+        raise text.error("data after the end of the trace (one JSON value per file)")
 
 
 def _batch_end(buf: str, pos: int, hi: int) -> int:

@@ -22,9 +22,13 @@ def _short(name: str, wide: bool = False) -> Text:
 
 
 def _us(value) -> str:
-    """µs with the unit that keeps 3-4 significant digits readable (µs, ms or s)."""
+    """µs with the unit that keeps 3-4 significant digits readable (µs, ms or s); from 10,000 s on (a corrupt
+    ``dur`` such as 1e15) in powers of ten ("1.00e+09 s"), as wide as "9,999.99 s", so the tables keep their
+    80-column layout."""
     if value is None:
         return MISSING
+    if abs(value) >= 1e10:
+        return f"{value / 1e6:.2e} s"
     for unit, size in (("s", 1e6), ("ms", 1e3)):
         if abs(value) >= size:
             return f"{value / size:,.2f} {unit}"
