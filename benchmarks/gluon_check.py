@@ -477,6 +477,21 @@ SWEEPS = {
     "r50": [("default", "gluon", {}), ("ag0", "gluon", {"attn_gate": 0}), ("ag2", "gluon", {"attn_gate": 2}),
             ("default-again", "gluon", {}), ("ag0-again", "gluon", {"attn_gate": 0}),
             ("ag2-again", "gluon", {"attn_gate": 2})],
+    # prepared in session 18, run in session 19: with the gate at 0 (the default since r50) the producer issues nothing past an
+    # attention task until it is done, so its ring is nearly empty during the attention and the O-proj task's tiles
+    # (4 slots on the 1B) are requested only after it, on the chain (the 1B's chain 11.7 -> 12.5 us per layer with
+    # the gate, its MLP 24.4 -> 23.7). Gates of 4 and 8 tiles let the next O-proj task's tiles in first
+    "r51": [("default", "gluon", {}), ("ag4", "gluon", {"attn_gate": 4}), ("ag8", "gluon", {"attn_gate": 8}),
+            ("off", "gluon", {"attn_gate": -1}), ("default-again", "gluon", {}), ("ag4-again", "gluon", {"attn_gate": 4}),
+            ("ag8-again", "gluon", {"attn_gate": 8}), ("off-again", "gluon", {"attn_gate": -1})],
+    # session 19: the attention's split and block shapes again on today's kernel (EARLY operands, the gate at 0,
+    # evict_first, the in-flight cap): 128-position blocks (r26 measured them even at 4096 on the session-9 kernel;
+    # at 4096 + 1..256 positions a split of 257-272 walks 5 blocks of 64, the last holding 1-16, or 3 of 128) and
+    # splits of at least 64 positions (r24: 1 % slower at 128 then; the benchmark's 129-384 positions take 5-12
+    # splits of 32, each one half-empty 64-position block, and a combine over all of them)
+    "r52": [("default", "gluon", {}), ("bs128", "gluon", {"block_s": 128}), ("mc64", "gluon", {"attn_min_chunk": 64}),
+            ("default-again", "gluon", {}), ("bs128-again", "gluon", {"block_s": 128}),
+            ("mc64-again", "gluon", {"attn_min_chunk": 64})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The nineteenth session's device calls (from the repository root, through the device tool; carry .carry .whl; pass
+# BUBBLESCOPE_COMMIT as the full sha from this machine, not $(git rev-parse HEAD) on the device, whose checkout's HEAD
+# is not the working tree; everything lands under $OUT/run and run.tgz).
+#   bash benchmarks/session19.sh first   # sweep r51 (the attention gate at 4 / 8 tiles and off, against 0) and r52
+#                                        # (128-position attention blocks; splits of at least 64 positions) on the
+#                                        # 1B at 128 and 4096
+. benchmarks/device_prelude.sh
+case "${1:-}" in
+first)
+  sweep r51 llama-3.2-1b 128 100
+  sweep r51 llama-3.2-1b 4096 110
+  sweep r52 llama-3.2-1b 128 80
+  sweep r52 llama-3.2-1b 4096 90
+  ;;
+*) echo "session19.sh: unknown stage '${1:-}' (first)" >&2; exit 2 ;;
+esac
+finish
