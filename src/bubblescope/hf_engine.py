@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .errors import BubblescopeError
+from .errors import BubblescopeError, EngineUnavailable
 from .models.weights import ModelWeights
-from .wording import count
+from .wording import count, first_few
 
 
 class HFEngine:
@@ -30,9 +30,18 @@ class HFEngine:
         hf_cfg._attn_implementation = "sdpa"
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_cfg)
-        model.load_state_dict(weights.hf_state_dict(), strict=False, assign=True)
+        _, unexpected = model.load_state_dict(weights.hf_state_dict(), strict=False, assign=True)
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
+        # A layout transformers builds differently (e.g. a programmatic Llama config with attention_bias, whose
+        # o_proj bias stays on the meta device) must not fail in the first forward or drop a weight silently.
+        arch = type(model).__name__
+        if missing := [n for n, p in model.named_parameters() if p.is_meta]:
+            raise EngineUnavailable(f"engine hf: transformers' {arch} has parameters these weights lack: "
+                                    f"{first_few(missing)}")
+        if unexpected:
+            raise EngineUnavailable(f"engine hf: transformers' {arch} has no parameters for these weights: "
+                                    f"{first_few(unexpected)}")
         rotary = model.model.rotary_emb
         # Built outside the meta context; its signature differs across transformers versions (device= or not).
         model.model.rotary_emb = type(rotary)(config=hf_cfg).to(self.device)

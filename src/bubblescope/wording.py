@@ -1,4 +1,4 @@
-"""Counts in user-facing text: "1 run", "3 runs" (never "1 runs")."""
+"""Counts in user-facing text: "1 run", "3 runs" (never "1 runs"); the first few of a list."""
 
 from __future__ import annotations
 
@@ -14,3 +14,10 @@ def count(n: float, noun: str, many: str | None = None, fmt: str = "") -> str:
     ``count(1, "run") == "1 run"``, ``count(3, "run") == "3 runs"``."""
     text = f"{n:{fmt}}"
     return f"{text} {plural(1 if text == '1' else n, noun, many)}"
+
+
+def first_few(items: list[str], sep: str = ", ", shown: int = 3) -> str:
+    """The first ``shown`` of ``items`` joined by ``sep``, then " and N more" for the rest:
+    ``first_few(["a", "b", "c", "d"]) == "a, b, c and 1 more"``."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more

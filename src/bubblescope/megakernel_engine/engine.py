@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -79,6 +80,16 @@ def check_supported(weights: ModelWeights) -> None:
     d = cfg.head_dim
     if d & (d - 1) or d < 2:
         raise EngineUnavailable(f"megakernel needs a power-of-two head_dim, {cfg.name} has {d}")
+
+
+@contextmanager
+def _quiet_all_nan():
+    """Under Triton's interpreter ``tl.max`` is ``np.nanmax``, which warns "All-NaN slice encountered" on the
+    rows of NaN weights: the loader already names those tensors (``nonfinite_weights``), so no raw
+    RuntimeWarning reaches the terminal."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
+        yield
 
 
 class MegakernelEngine:
@@ -403,8 +414,9 @@ class MegakernelEngine:
         launch = self._launchers[self._timeline_on]
         self._launch_host_us = time.monotonic_ns() / 1e3
         last = len(self._tables) - 1
-        for k, (grid, table, counts, stamps) in enumerate(self._tables):
-            launch(grid, table, counts, stamps, advance=int(k == last), tok_in=tok_in)
+        with _quiet_all_nan() if self.interpret else nullcontext():
+            for k, (grid, table, counts, stamps) in enumerate(self._tables):
+                launch(grid, table, counts, stamps, advance=int(k == last), tok_in=tok_in)
         self._stamped = self._timeline_on
         self.position += 1
         self._epoch += 1

@@ -246,7 +246,9 @@ class ModelConfig:
         """Build from a parsed Hugging Face ``config.json``.
 
         Raises:
-            BubblescopeError: unsupported architecture or model_type (named), or a missing field.
+            BubblescopeError: unsupported architecture or model_type (named), a feature no engine implements
+                (Mistral's or Qwen's sliding window, o_proj biases of Llama / Qwen3 ``attention_bias``,
+                ``mlp_bias``), or a missing or ill-typed field.
         """
         d = dict(d)
         if isinstance(d.get("text_config"), dict) and "hidden_size" not in d:
@@ -267,12 +269,18 @@ class ModelConfig:
                                        f"{json.dumps(d[key])}")
         if d.get("mlp_bias"):
             raise BubblescopeError(f"{name}: mlp_bias=true is not supported")
+        if d.get("attention_bias") and model_type in ("llama", "qwen3"):
+            # LlamaAttention / Qwen3Attention put bias=attention_bias on o_proj too; no engine adds an o_proj bias.
+            raise BubblescopeError(f"{name}: attention_bias=true (q/k/v and o_proj biases) is not supported for "
+                                   f"model_type {model_type} (only qwen2's q/k/v biases are)")
         required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
         missing = [k for k in required if k not in d]
         if missing:
             raise BubblescopeError(f"{name}: config is missing {', '.join(missing)}")
         _check_dtype_fields(name, d)
         family = SUPPORTED_MODEL_TYPES[model_type]
+        if family in ("qwen2", "qwen3"):
+            _check_no_sliding_layers(name, d, model_type)
         rope_scaling = d.get("rope_scaling")
         # transformers >= 4.5x may store rope settings under "rope_parameters".
         rope_params = d.get("rope_parameters") or {}
@@ -309,7 +317,9 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             rms_norm_eps=number("rms_norm_eps", d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings") or False),
-            attention_bias=d["attention_bias"] if d.get("attention_bias") is not None else family == "qwen2",
+            # As transformers builds them: Qwen2Attention always has q/k/v biases (it has no attention_bias field),
+            # MistralAttention never has any; Llama and Qwen3 with attention_bias=true are refused above.
+            attention_bias=family == "qwen2",
             qk_norm=family == "qwen3",
             max_position_embeddings=integer("max_position_embeddings", d.get("max_position_embeddings", 2048)),
             bos_token_id=d.get("bos_token_id"),
@@ -372,6 +382,36 @@ def _check_dtype_fields(name: str, d: dict) -> None:
             raise BubblescopeError(
                 f"{name}: config field {key} must be a torch dtype name (float32, float16, bfloat16, float64, "
                 f"... as transformers reads it) or null, got {json.dumps(value)}")
+
+
+def _check_no_sliding_layers(name: str, d: dict, model_type: str) -> None:
+    """Refuse a Qwen2 / Qwen3 config in which some layer uses sliding-window attention, by transformers' rule
+    (``Qwen2Config`` / ``Qwen3Config``): only with ``use_sliding_window`` true and ``sliding_window`` set, on the
+    layers ``layer_types`` marks ``sliding_attention``, or else on layers ``max_window_layers`` (default 28) and
+    above. ``sliding_window`` alone (``use_sliding_window`` false or absent, as Qwen2.5 ships) is full attention.
+
+    Raises:
+        BubblescopeError: ``use_sliding_window`` is not a bool or null, ``max_window_layers`` is not an integer
+            when it decides, or some layer slides (the message gives the window and which layers).
+    """
+    use = d.get("use_sliding_window")
+    if use is not None and not isinstance(use, bool):  # bool("false") is True
+        raise BubblescopeError(f"{name}: config field use_sliding_window must be true, false or null, got "
+                               f"{json.dumps(use)}")
+    window, n = d.get("sliding_window"), d.get("num_hidden_layers")
+    if not use or window is None or not _positive_int(n):  # a bad num_hidden_layers is named by from_hf_dict
+        return
+    kinds = d.get("layer_types")
+    if isinstance(kinds, list):
+        sliding = [i for i, kind in enumerate(kinds[:n]) if kind == "sliding_attention"]
+    else:
+        first = d.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise BubblescopeError(f"{name}: config field max_window_layers must be an integer, got {first!r}")
+        sliding = list(range(max(first, 0), n))
+    if sliding:
+        raise BubblescopeError(f"{name}: use_sliding_window=true (sliding_window={window} on {len(sliding)} of "
+                               f"{n} layers, from layer {sliding[0]}) is not supported for model_type {model_type}")
 
 
 def _explicit_head_dim(name: str, value: Any) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import BubblescopeError
+from ..wording import first_few
 from .config import PRESETS, ModelConfig, get_preset
 from .tokenizer import load_tokenizer
 from .weights import ModelWeights, dummy_weights, load_hf_checkpoint, load_llama2c
@@ -177,7 +178,6 @@ def nonfinite_weights(weights: ModelWeights, shown: int = 3) -> list[str]:
             bad.append(f"{name}: {n} of {t.numel()}")
     if not bad:
         return []
-    more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
     some = f"{len(bad)} tensors hold" if len(bad) > 1 else "1 tensor holds"
-    return [f"weights: {some} NaN or Inf values ({'; '.join(bad[:shown])}{more}); logits and "
+    return [f"weights: {some} NaN or Inf values ({first_few(bad, '; ', shown)}); logits and "
             "generated text will be garbage"]

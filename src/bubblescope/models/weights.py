@@ -22,7 +22,7 @@ import torch
 
 from ..errors import BubblescopeError
 from .config import ModelConfig
-from ..wording import count
+from ..wording import count, first_few
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -228,7 +228,10 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
 
     Raises:
         BubblescopeError: missing directory/config.json, unsupported architecture, a missing tensor
-            (named), a tensor of the wrong shape, or an unreadable safetensors file.
+            (named), a tensor of the wrong shape, an unreadable safetensors file, a bare base model (tensor
+            names without the ``model.`` prefix), or tensors the model would not use (the first few named:
+            nothing in the checkpoint is dropped silently; only ``rotary_emb.inv_freq`` buffers and a tied
+            model's ``lm_head.weight`` are ignored).
     """
     from safetensors import safe_open
     from safetensors import SafetensorError
@@ -248,7 +251,15 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         except (SafetensorError, OSError, ValueError) as e:
             raise BubblescopeError(f"{f}: cannot read safetensors file ({e})") from None
 
+    if "model.embed_tokens.weight" not in tensors and "embed_tokens.weight" in tensors:
+        # A bare LlamaModel / Qwen2Model (save_pretrained of the base model): no prefix and usually no LM head.
+        head = "" if cfg.tie_word_embeddings or "lm_head.weight" in tensors else " and it has no lm_head.weight"
+        raise BubblescopeError(f"{ckpt}: a bare base model, not a causal LM: its tensor names lack the 'model.' "
+                               f"prefix (embed_tokens.weight, not model.embed_tokens.weight){head}")
+    used: set[str] = set()
+
     def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        used.add(name)
         t = tensors.get(name)
         if t is None:
             raise BubblescopeError(f"{ckpt}: checkpoint is missing tensor {name}")
@@ -266,7 +277,13 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                                       for name, shape in _expected_layer_shapes(cfg).items()}))
     emb = take("model.embed_tokens.weight", (v, h))
     head = emb if cfg.tie_word_embeddings else take("lm_head.weight", (v, h))
-    return ModelWeights(cfg, emb, layers, take("model.norm.weight", (h,)), head)
+    norm = take("model.norm.weight", (h,))
+    unused = [k for k in tensors if k not in used and not k.endswith("rotary_emb.inv_freq")
+              and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if unused:  # e.g. o_proj biases: refused rather than dropped, which left logits wrong
+        raise BubblescopeError(f"{ckpt}: checkpoint holds {count(len(unused), 'tensor')} that model_type "
+                               f"{cfg.model_type} with this config.json does not use: {first_few(unused)}")
+    return ModelWeights(cfg, emb, layers, norm, head)
 
 
 def save_hf_checkpoint(weights: ModelWeights, path: str | Path) -> None:

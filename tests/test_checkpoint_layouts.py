@@ -1,0 +1,209 @@
+"""Hugging Face checkpoints whose layout no engine implements are refused (one line, exit 2), and their supported
+neighbours keep loading and agree with transformers' logits. Every checkpoint here is written by transformers'
+own ``save_pretrained`` (the independent source), with random weights (its init leaves biases at zero, which
+would hide a dropped bias)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from bubblescope.errors import BubblescopeError, EngineUnavailable  # noqa: E402
+from bubblescope.generation import teacher_forced_logits  # noqa: E402
+from bubblescope.models import ModelConfig, dummy_weights, load_hf_checkpoint  # noqa: E402
+from bubblescope.reference_engine import ReferenceEngine  # noqa: E402
+
+SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=256)
+PROMPT, FORCED = [5, 17, 3, 9, 200, 31], [11, 2, 40, 7, 30, 99, 4, 61]  # 14 positions: beyond a window of 4
+
+
+def _save(tmp_path, name: str, config_cls: str, model_cls: str = "", **fields):
+    """A tiny model of transformers' ``config_cls`` with random weights, saved (safetensors) under tmp_path/name."""
+    cfg = getattr(transformers, config_cls)(**SIZES, **fields)
+    model_cls = model_cls or config_cls.replace("Config", "ForCausalLM")
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in pname else 0.2 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / name, safe_serialization=True)
+    return tmp_path / name
+
+
+def _edit_config(path, **changes):
+    d = json.loads((path / "config.json").read_text())
+    d.update(changes)
+    (path / "config.json").write_text(json.dumps(d))
+
+
+def _assert_agrees_with_transformers(path):
+    """Our loader + reference engine against transformers' own load of the same folder, teacher-forced fp32."""
+    weights = load_hf_checkpoint(path)
+    ours = teacher_forced_logits(ReferenceEngine(weights, max_seq_len=32), PROMPT, FORCED)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPT + FORCED])).logits[0, len(PROMPT) - 1:]
+    err = (ours - ref).abs().max().item()
+    assert err < 1e-4, f"max abs logit error {err}"
+    return weights
+
+
+def _diagnose_hf(path, tmp_path):
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+
+    return CliRunner().invoke(app, ["diagnose", "model", str(path), "--engines", "hf", "--device", "cpu", "--runs",
+                                    "1", "--warmup", "0", "--prompt-len", "4", "--gen-len", "2", "--profile-steps",
+                                    "1", "--out", str(tmp_path / "out")])
+
+
+def _assert_refused(r, message, tmp_path):
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr == f"error: {message}\n", (r.exit_code, r.output)
+    assert not (tmp_path / "out").exists()
+
+
+# --- 1. o_proj biases -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config_cls, model_type", [("LlamaConfig", "llama"), ("Qwen3Config", "qwen3")])
+def test_attention_bias_with_an_o_proj_bias_is_refused(tmp_path, config_cls, model_type):
+    """LlamaAttention / Qwen3Attention put bias=attention_bias on o_proj as well as q/k/v; the loader dropped the
+    o_proj bias (wrong logits, 100 % agreement in diagnose) and the hf engine failed on a meta tensor."""
+    path = _save(tmp_path, model_type, config_cls, attention_bias=True)
+    from safetensors import safe_open
+    with safe_open(str(path / "model.safetensors"), "pt") as fh:
+        assert "model.layers.0.self_attn.o_proj.bias" in fh.keys()
+    message = (f"{path / 'config.json'}: attention_bias=true (q/k/v and o_proj biases) is not supported for "
+               f"model_type {model_type} (only qwen2's q/k/v biases are)")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+
+
+def test_qwen2_q_k_v_biases_still_load_and_agree(tmp_path):
+    path = _save(tmp_path, "qwen2", "Qwen2Config", tie_word_embeddings=False)
+    weights = _assert_agrees_with_transformers(path)
+    assert weights.config.attention_bias and weights.layers[0].q_bias.abs().max() > 0.1
+
+
+def test_mistral_ignores_attention_bias_as_transformers_does(tmp_path):
+    """MistralAttention has no biases whatever attention_bias says; the loader expected q/k/v biases."""
+    path = _save(tmp_path, "mistral", "MistralConfig", sliding_window=None, attention_bias=True)
+    assert json.loads((path / "config.json").read_text())["attention_bias"] is True
+    assert not _assert_agrees_with_transformers(path).config.attention_bias
+
+
+# --- tensors the model does not use ------------------------------------------------------------------------------
+
+def test_tensors_the_model_does_not_use_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+    path = _save(tmp_path, "llama", "LlamaConfig")
+    sd = load_file(path / "model.safetensors")
+    for i in range(2):
+        sd[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.ones(64)
+    save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+    message = (f"{path}: checkpoint holds 2 tensors that model_type llama with this config.json does not use: "
+               "model.layers.0.self_attn.o_proj.bias, model.layers.1.self_attn.o_proj.bias")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+
+
+def test_tied_checkpoint_storing_lm_head_and_inv_freq_still_loads_and_agrees(tmp_path):
+    """A tied model that also stores lm_head.weight (some conversions do) and old rotary inv_freq buffers."""
+    from safetensors.torch import load_file, save_file
+    path = _save(tmp_path, "tied", "LlamaConfig", tie_word_embeddings=True)
+    sd = load_file(path / "model.safetensors")
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+    weights = _assert_agrees_with_transformers(path)
+    assert weights.lm_head is weights.embed_tokens
+
+
+# --- 2. Qwen sliding window --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config_cls, model_type", [("Qwen2Config", "qwen2"), ("Qwen3Config", "qwen3")])
+@pytest.mark.parametrize("layer_types", [True, False], ids=["layer_types", "max_window_layers"])
+def test_use_sliding_window_is_refused(tmp_path, config_cls, model_type, layer_types):
+    """use_sliding_window=true was accepted and ignored (full attention where transformers slides)."""
+    path = _save(tmp_path, model_type, config_cls, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    if not layer_types:  # written by transformers 5; older configs decide by max_window_layers alone
+        d = json.loads((path / "config.json").read_text())
+        assert d.pop("layer_types") == ["full_attention", "sliding_attention"]
+        (path / "config.json").write_text(json.dumps(d))
+    message = (f"{path / 'config.json'}: use_sliding_window=true (sliding_window=4 on 1 of 2 layers, from layer 1) "
+               f"is not supported for model_type {model_type}")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+
+
+def test_sliding_window_without_use_sliding_window_still_loads_and_agrees(tmp_path):
+    """Qwen2.5 ships sliding_window set with use_sliding_window false: full attention in transformers."""
+    path = _save(tmp_path, "qwen2", "Qwen2Config", tie_word_embeddings=True)
+    _edit_config(path, sliding_window=4, use_sliding_window=False, max_window_layers=0)
+    _assert_agrees_with_transformers(path)
+
+
+def test_use_sliding_window_on_no_layer_still_loads_and_agrees(tmp_path):
+    path = _save(tmp_path, "qwen3", "Qwen3Config", use_sliding_window=True, sliding_window=4, max_window_layers=2)
+    _assert_agrees_with_transformers(path)
+
+
+def test_use_sliding_window_must_be_a_bool(tmp_path):
+    path = _save(tmp_path, "qwen2", "Qwen2Config")
+    _edit_config(path, use_sliding_window="false")
+    with pytest.raises(BubblescopeError) as info:
+        ModelConfig.from_hf_config(path)
+    assert str(info.value) == (f"{path / 'config.json'}: config field use_sliding_window must be true, false or "
+                               'null, got "false"')
+
+
+# --- 3. the hf engine on a layout transformers builds differently ------------------------------------------------
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(model_type="llama", attention_bias=True), "engine hf: transformers' LlamaForCausalLM has parameters these "
+     "weights lack: model.layers.0.self_attn.o_proj.bias, model.layers.1.self_attn.o_proj.bias"),
+    (dict(model_type="qwen3", qk_norm=True, attention_bias=True), "engine hf: transformers' Qwen3ForCausalLM has no "
+     "parameters for these weights: model.layers.0.self_attn.q_proj.bias, model.layers.0.self_attn.k_proj.bias, "
+     "model.layers.0.self_attn.v_proj.bias and 3 more"),
+])
+def test_hf_engine_refuses_weights_it_would_leave_on_meta_or_drop(changes, message):
+    """A programmatic config (q/k/v biases on a Llama) failed in the first forward: "Tensor on device meta"."""
+    from bubblescope.engines import build_engine
+    with pytest.raises(EngineUnavailable) as info:
+        build_engine("hf", dummy_weights(ModelConfig(**SIZES, **changes)), 16)
+    assert str(info.value) == message
+
+
+# --- 4. a bare base model; NaN weights ---------------------------------------------------------------------------
+
+def test_a_bare_base_model_is_refused_naming_what_is_missing(tmp_path):
+    path = _save(tmp_path, "base", "LlamaConfig", model_cls="LlamaModel")
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["LlamaModel"]
+    message = (f"{path}: a bare base model, not a causal LM: its tensor names lack the 'model.' prefix "
+               "(embed_tokens.weight, not model.embed_tokens.weight) and it has no lm_head.weight")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+
+
+def test_nan_weights_raise_no_all_nan_warning_in_the_interpreted_megakernel():
+    """Triton's interpreter computes tl.max with np.nanmax: "RuntimeWarning: All-NaN slice encountered" reached
+    the terminal; the loader's note already names the tensor."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreted megakernel runs on CPU-only machines")
+    from bubblescope.megakernel_engine import MegakernelEngine
+    from bubblescope.megakernel_engine.triton_kernel.host import load_kernel
+    try:
+        load_kernel(True)
+    except EngineUnavailable as e:
+        pytest.skip(str(e))
+    w = dummy_weights(ModelConfig(**SIZES), seed=1)
+    w.norm[3] = float("nan")
+    eng = MegakernelEngine(w, max_seq_len=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logits = eng.prefill(torch.tensor(PROMPT[:3]))
+        eng.decode(int(PROMPT[3]))
+    assert logits.isnan().all()
+    assert not [str(c.message) for c in caught if "All-NaN" in str(c.message)]
