@@ -5,6 +5,11 @@
 #   bash benchmarks/session19.sh first   # sweep r51 (the attention gate at 4 / 8 tiles and off, against 0) and r52
 #                                        # (128-position attention blocks; splits of at least 64 positions) on the
 #                                        # 1B at 128 and 4096
+#   bash benchmarks/session19.sh second  # every GPU test (the loader now refuses checkpoint tensors a model does not
+#                                        # use: every preset must still load); one step's timeline with its per-task
+#                                        # frames of the presets other than the 1B on today's kernel (their wait ratios
+#                                        # in the README predate the attention gate at 0; benchmarks/edge_bounds.py reads
+#                                        # the frames)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -13,6 +18,11 @@ first)
   sweep r52 llama-3.2-1b 128 80
   sweep r52 llama-3.2-1b 4096 90
   ;;
-*) echo "session19.sh: unknown stage '${1:-}' (first)" >&2; exit 2 ;;
+second)
+  gpu_tests
+  for m in qwen2.5-0.5b qwen3-0.6b qwen3-1.7b llama-3.2-3b llama-3.1-8b; do waits $m 75; done
+  keep_frames timeline
+  ;;
+*) echo "session19.sh: unknown stage '${1:-}' (first, second)" >&2; exit 2 ;;
 esac
 finish
