@@ -492,6 +492,13 @@ SWEEPS = {
     "r52": [("default", "gluon", {}), ("bs128", "gluon", {"block_s": 128}), ("mc64", "gluon", {"attn_min_chunk": 64}),
             ("default-again", "gluon", {}), ("bs128-again", "gluon", {"block_s": 128}),
             ("mc64-again", "gluon", {"attn_min_chunk": 64})],
+    # session 19: the signal gate again. sig_gate=3 (round 21) bounds the tiles a producer issues past a signalling
+    # task until its signal is out, because the signal's release waited for this SM's weight loads in flight; since
+    # session 15 the in-flight cap (64 KB per SM) bounds those loads anyway, and r36's frames said the chain's QKV
+    # matvec waits for the 5 of its 8 tiles issued only after the previous stage's signal
+    "r53": [("default", "gluon", {}), ("sg6", "gluon", {"sig_gate": 6}), ("sg12", "gluon", {"sig_gate": 12}),
+            ("off", "gluon", {"sig_gate": -1}), ("default-again", "gluon", {}), ("sg6-again", "gluon", {"sig_gate": 6}),
+            ("sg12-again", "gluon", {"sig_gate": 12}), ("off-again", "gluon", {"sig_gate": -1})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],
