@@ -13,6 +13,8 @@
 #   bash benchmarks/session19.sh third   # sweep r53 (the signal gate at 6 / 12 tiles and off, against 3, now that the
 #                                        # in-flight cap bounds the loads a signal's release waits for) on the 1B at
 #                                        # 128 and 4096 and the 8B
+#   bash benchmarks/session19.sh fourth  # (run instead of second and third when no machine was lent for a while)
+#                                        # r53 on the 1B at 128; second's timelines with frames, without the GPU tests
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -31,6 +33,11 @@ third)
   sweep r53 llama-3.2-1b 4096 110
   sweep r53 llama-3.1-8b 128 160
   ;;
-*) echo "session19.sh: unknown stage '${1:-}' (first, second, third)" >&2; exit 2 ;;
+fourth)
+  sweep r53 llama-3.2-1b 128 100
+  for m in qwen2.5-0.5b qwen3-0.6b qwen3-1.7b llama-3.2-3b llama-3.1-8b; do waits $m 75; done
+  keep_frames timeline
+  ;;
+*) echo "session19.sh: unknown stage '${1:-}' (first, ..., fourth)" >&2; exit 2 ;;
 esac
 finish
