@@ -499,6 +499,11 @@ SWEEPS = {
     "r53": [("default", "gluon", {}), ("sg6", "gluon", {"sig_gate": 6}), ("sg12", "gluon", {"sig_gate": 12}),
             ("off", "gluon", {"sig_gate": -1}), ("default-again", "gluon", {}), ("sg6-again", "gluon", {"sig_gate": 6}),
             ("sg12-again", "gluon", {"sig_gate": 12}), ("off-again", "gluon", {"sig_gate": -1})],
+    # r53 in session 19 (1f22e5590): sig_gate 6 ahead of 3 in every round on the 1B at 128 (0.765 / 0.749 against
+    # 0.785 / 0.766, a drifting machine), 12 and off even with 3. r53b: 6 and 8 against 3, on more models
+    "r53b": [("sg3", "gluon", {"sig_gate": 3}), ("sg6", "gluon", {"sig_gate": 6}), ("sg8", "gluon", {"sig_gate": 8}),
+             ("sg3-again", "gluon", {"sig_gate": 3}), ("sg6-again", "gluon", {"sig_gate": 6}),
+             ("sg8-again", "gluon", {"sig_gate": 8})],
     "r24long": [("default", "gluon", {}), ("splits32", "gluon", {"kv_splits": 32}), ("bs64", "gluon", {"block_s": 64}),
                 ("splits32-bs64", "gluon", {"kv_splits": 32, "block_s": 64}), ("default-again", "gluon", {}),
                 ("splits32-again", "gluon", {"kv_splits": 32})],

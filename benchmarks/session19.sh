@@ -15,6 +15,8 @@
 #                                        # 128 and 4096 and the 8B
 #   bash benchmarks/session19.sh fourth  # (run instead of second and third when no machine was lent for a while)
 #                                        # r53 on the 1B at 128; second's timelines with frames, without the GPU tests
+#   bash benchmarks/session19.sh fifth   # r53b (the signal gate at 6 and 8 against 3) on the 1B at 128 and 4096, the 8B
+#                                        # and Qwen3-0.6B
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -38,6 +40,12 @@ fourth)
   for m in qwen2.5-0.5b qwen3-0.6b qwen3-1.7b llama-3.2-3b llama-3.1-8b; do waits $m 75; done
   keep_frames timeline
   ;;
-*) echo "session19.sh: unknown stage '${1:-}' (first, ..., fourth)" >&2; exit 2 ;;
+fifth)
+  sweep r53b llama-3.2-1b 128 90
+  sweep r53b qwen3-0.6b 128 80
+  sweep r53b llama-3.2-1b 4096 100
+  sweep r53b llama-3.1-8b 128 150
+  ;;
+*) echo "session19.sh: unknown stage '${1:-}' (first, ..., fifth)" >&2; exit 2 ;;
 esac
 finish
