@@ -60,6 +60,8 @@ def _env():
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu", "--context-sweep", "99999"],
      "--context-sweep 99999: the workload needs 100016 positions"),
     (["diagnose", "model", "", "--engines", "reference", "--device", "cpu"], "MODEL: empty; leave it out"),
+    (["diagnose", "model", "--checkpoint", "/nonexistent", "--engines", "reference", "--device", "cpu"],
+     "--checkpoint: /nonexistent: no such file or directory"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--dtype", ""], "--dtype: empty; leave it out"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--context-sweep", ",,"],
      "--context-sweep: no context lengths in ',,'"),

@@ -310,3 +310,82 @@ def test_logit_agreement_records_non_finite_differences_as_null():
     bad = logit_agreement(torch.tensor([[float("nan"), 1.0], [3.0, 1.0]]), ref)
     assert bad["max_abs_logit_diff"] is None and bad["rel_logit_err"] is None
     json.dumps(bad, allow_nan=False)
+
+
+@pytest.mark.parametrize("command, default", [
+    (["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu"], "bubblescope-out"),
+    (["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--device", "cpu"], "bubblescope-tune"),
+])
+def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path, monkeypatch, command, default):
+    """`diagnose model ... --out ""` replaced ./results.json and ./traces/ (Path("") is "."), exit 0."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "mine.txt").write_text("mine")
+    (tmp_path / "results.json").write_text("my results")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for out in ("", " "):
+        r = CliRunner().invoke(app, [*command, "--out", out])
+        assert r.exit_code == 2, r.output
+        assert r.stderr == f"error: --out: empty; leave it out for the default ({default}) or name a directory\n"
+        assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "traces"]
+
+
+@pytest.mark.parametrize("foreign", ["notes.txt", "sub/", "mine.json"])
+def test_a_file_of_the_users_in_traces_is_refused_not_deleted(tmp_path, foreign):
+    """A run replaces OUT/traces/ whole: a file bubblescope did not write there would go with it."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    (out / "traces" / "reference.json.gz").write_bytes(b"old trace")
+    entry = out / "traces" / foreign.rstrip("/")
+    entry.mkdir() if foreign.endswith("/") else entry.write_text("mine")
+    (out / "results.json").write_text("old results")
+    before = sorted(str(p) for p in out.rglob("*"))
+    r = CliRunner().invoke(app, ["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu",
+                                 "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"error: --out {out}: {entry} was not written by bubblescope and a run replaces "
+                        f"{out / 'traces'} whole; move it away or choose another --out\n")
+    assert sorted(str(p) for p in out.rglob("*")) == before and (out / "results.json").read_text() == "old results"
+
+
+def test_a_run_that_measures_nothing_exits_2_and_leaves_out_alone(tmp_path):
+    """`--engines reference-cudagraph,megakernel-gluon` on CPU: both skipped, yet results were written, exit 0."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    (out / "traces" / "reference.json.gz").write_bytes(b"old trace")
+    (out / "results.json").write_text("old results")
+    fresh = tmp_path / "fresh" / "out"
+    for target in (out, fresh):
+        before = sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in out.rglob("*"))
+        r = CliRunner().invoke(app, ["diagnose", "model", "tiny-llama", "--engines",
+                                     "reference-cudagraph,megakernel-gluon", "--device", "cpu", "--gen-len", "2",
+                                     "--prompt-len", "2", "--runs", "1", "--warmup", "0", "--profile-steps", "1",
+                                     "--out", str(target)])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.splitlines()[-1] == (
+            "error: --engines: no engine ran on this machine (reference-cudagraph: reference mode cudagraph needs a "
+            "CUDA device; megakernel-gluon: the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run "
+            "Gluon))")
+        assert sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in out.rglob("*")) == before
+    assert not fresh.exists()
+
+
+def test_diagnose_help_lists_trace_in_whole_sentences():
+    """`bubblescope diagnose --help` broke the trace line mid-sentence ("with one" / "trace per rank")."""
+    r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    lines = [line.strip("│ ") for line in r.stdout.splitlines()]
+    at = next(i for i, line in enumerate(lines) if line.startswith("trace "))
+    assert lines[at:at + 2] == ["trace  Bubble ratio, busy/span, idle breakdown, kernels and launches per",
+                                "step of existing traces."]

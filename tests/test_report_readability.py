@@ -329,3 +329,24 @@ def test_workload_line_names_the_generated_tokens_and_an_empty_sweep():
                                  "sweep, seed 0"
     doc["workload"].update(gen_len=1, context_sweep=[128, 4096])
     assert "generate 1 token, " in workload_line(doc) and "context sweep [128, 4096], seed 0" in workload_line(doc)
+
+
+def test_a_long_engine_name_stays_on_one_line_of_the_latency_table():
+    """At 80 columns the latency table wrapped `megakernel-noprefetc` / `h`. The engine column is as wide as the
+    longest name, and CPU-sized numbers (hundreds of ms per token, seconds of TTFT) still fit whole."""
+    import copy
+
+    doc = g.healthy_doc()
+    slow = copy.deepcopy(g.engine(doc, "megakernel"))
+    slow["name"] = "megakernel-noprefetch"
+    slow["latency"].update(token_ms_p50=123.4567, token_ms_p99=234.567, ttft_ms=1234.567, tok_per_s=8.1)
+    doc["engines"].append(slow)
+    console = Console(record=True, width=80, color_system=None)
+    render_results(doc, console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    row = next(line for line in lines if line.startswith("megakernel-noprefetch  123.457"))
+    assert row.split() == ["megakernel-noprefetch", "123.457", "234.567", "8.1", "1234.567", "3107", "64.5", "%",
+                           "72.9", "%"]
+    assert sum(line.split()[:1] == ["megakernel-noprefetch"] for line in lines) == 2  # both tables, no "h" line
+    assert not any(line.strip() in ("h", "dagraph") for line in lines)

@@ -120,3 +120,84 @@ def test_a_non_utf8_file_name_is_read_like_report_and_gate_read_theirs(tmp_path)
     folder = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", os.fsencode(tmp_path),
                              "--format", "json"], capture_output=True, cwd=ROOT, timeout=300)
     assert folder.returncode == 0 and os.fsencode(json.loads(folder.stdout)["files"][0]["path"]) == raw
+
+
+def test_a_pipe_is_read_and_a_named_pipe_is_refused_not_waited_on(tmp_path):
+    """`diagnose trace <(cat good.json)` said "cannot read (Illegal seek)" (the progress asked the pipe for its
+    position); `mkfifo f.json; diagnose trace f.json` hung waiting for a writer. `/dev/stdin < file` still works."""
+    import os
+    import shlex
+
+    good = _good(tmp_path, "a.json", 4)
+    cmd = f"{shlex.quote(sys.executable)} -m bubblescope diagnose trace --format json"
+    for shell in (f"{cmd} <(cat {shlex.quote(str(good))})", f"cat {shlex.quote(str(good))} | {cmd} /dev/stdin",
+                  f"{cmd} /dev/stdin < {shlex.quote(str(good))}"):
+        r = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 0 and r.stderr == "", (shell, r.stderr)
+        assert json.loads(r.stdout)["files"][0]["devices"][0]["busy_us"] == 4.0
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    r = _cli("diagnose", "trace", str(fifo))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"error: {fifo}: not a regular file (a named pipe); pass a file\n"
+
+
+def test_gpu_events_all_invalid_are_not_called_a_cpu_only_run(tmp_path):
+    """12 kernels with negative dur printed "No GPU activity in this trace (CPU-only run)"."""
+    ev = [tg.annotation("bubblescope.decode_step#0", 90, 200)]
+    for i in range(12):
+        ev += [tg.launch(95 + 10 * i, 2, i + 1), tg.kernel("k", 100 + 10 * i, -3, i + 1)]
+    path = tg.write(tmp_path / "neg.json", tg.document(ev))
+    no_dur = tg.kernel("k", 100, 3, 1)
+    del no_dur["dur"]
+    one = tg.write(tmp_path / "nodur.json", tg.document([tg.launch(95, 2, 1), no_dur]))
+    r = _cli("diagnose", "trace", str(path), str(one))
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "CPU-only" not in text
+    assert ("All 12 GPU activity events were excluded as invalid (see warnings): GPU metrics unavailable. Decode "
+            "steps") in text
+    assert "warning: 12 events with negative dur excluded" in text
+    assert ("The only GPU activity event was excluded as invalid (see warnings): GPU metrics unavailable. warning: "
+            "1 complete event without a finite numeric ts/dur excluded") in text
+    files = summarize_traces([path, one])["files"]
+    assert files[0]["steps"]["reason"] == ("all 12 GPU activity events were excluded as invalid (see warnings): "
+                                           "GPU metrics unavailable")
+    assert "steps: " + files[0]["steps"]["reason"] not in files[0]["warnings"]
+
+
+def test_a_step_table_of_one_gpu_names_the_gpus_left_out(tmp_path):
+    """One host thread launching on GPU 0 and GPU 1: the step table (device 0) said nothing of GPU 1."""
+    ev = []
+    for s in range(2):
+        ev.append(tg.annotation(f"bubblescope.decode_step#{s}", 100 * s, 90))
+        for j, dev in enumerate((0, 0, 1, 1)):
+            corr = 10 * s + j + 1
+            ev += [tg.launch(100 * s + 2 + 5 * j, 2, corr), tg.kernel("k", 100 * s + 30 + 10 * j, 5, corr, device=dev)]
+    path = tg.write(tmp_path / "two_gpus.json", tg.document(ev))
+    (f,) = summarize_traces([path])["files"]
+    assert (f["steps"]["device"], f["steps"]["kernels_per_step"]) == (0, 2)
+    assert "steps: the step figures are of device 0 only; 4 step-linked GPU activities on device 1 left out" \
+        in f["warnings"]
+    single = _good(tmp_path, "one.json", 4)
+    assert not any("left out" in w for w in summarize_traces([single])["files"][0]["warnings"])
+
+
+def test_a_tie_in_compute_names_no_slowest_rank(tmp_path):
+    """Two ranks with the same compute per step: the per-step table named rank 0 "slowest"."""
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+
+    def rank(r, busy):
+        ev = [tg.annotation("bubblescope.decode_step#0", 0, 90), tg.launch(2, 2, 1), tg.kernel("k", 30, busy, 1)]
+        return tg.write(tmp_path / f"r{r}.json", tg.document(ev, rank=r))
+
+    tie = summarize_rank_traces([rank(0, 5), rank(1, 5)])["ranks"]
+    assert [s["slowest_rank"] for s in tie["per_step"]] == [None]
+    assert [r["slowest_steps"] for r in tie["per_rank"]] == [0, 0]
+    r = _cli("diagnose", "trace", str(tmp_path / "r0.json"), str(tmp_path / "r1.json"))
+    lines = r.stdout.splitlines()
+    per_step = lines[next(i for i, line in enumerate(lines) if line.startswith("Per step, across ranks")):]
+    row = next(line for line in per_step if line.startswith("│    0 │"))
+    assert row.split("│")[4].strip() == "—"  # step, start skew, end skew, slowest rank
+    slow = summarize_rank_traces([rank(0, 5), rank(1, 8)])["ranks"]
+    assert [s["slowest_rank"] for s in slow["per_step"]] == [1]

@@ -476,3 +476,50 @@ def test_overlapping_step_ranges_are_warned_once_and_each_call_counts_in_one_ste
                        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
     assert r.returncode == 0 and r.stdout.count(f"warning: {note}") == 1, r.stdout
     assert st.overlap_note(st.find_steps(tr, "ProfilerStep#0"), "ProfilerStep#0") is None  # one step alone
+
+
+# --- timestamps beyond 2^53 µs (ns written as µs, a large epoch) --------------------------------------------------
+
+HUGE_OFFSET = 1695835542514261000  # ~1.7e18 µs: float64 spacing there is 256 µs
+
+
+def _two_step_events(off: int) -> list[dict]:
+    """Steps [90, 150) and [150, 210); kernels a [100, 110], b [120, 140], a [160, 170], b [180, 200], all ``+ off``."""
+    ev = [tg.annotation("bubblescope.decode_step#0", 90 + off, 60), tg.annotation("bubblescope.decode_step#1", 150 + off, 60)]
+    for corr, (launch_ts, ts, dur) in enumerate([(95, 100, 10), (112, 120, 20), (155, 160, 10), (172, 180, 20)], 1):
+        ev += [tg.launch(launch_ts + off, 2, corr), tg.kernel("ab"[(corr - 1) % 2], ts + off, dur, corr)]
+    return tg.meta_events() + ev
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_timestamps_beyond_2_53_us_give_the_same_metrics_as_small_ones(tmp_path, monkeypatch, workers):
+    """ts ~1.7e18 gave busy 0.0 µs, span 256 µs, bubble ratio 1.000 (float64 rounds to 256 µs there): integer
+    timestamps are now rebased exactly onto the trace's smallest ts. By hand: busy 10 + 20 + 10 + 20 = 60 µs,
+    span 100 .. 200 = 100 µs, bubble ratio 1 - 60/100 = 0.4; per step 2 kernels, 30 µs busy, 60 µs wall."""
+    monkeypatch.setenv("BUBBLESCOPE_TRACE_WORKERS", workers)  # in process, and through worker processes
+    small = tg.write(tmp_path / "small.json", tg.document(_two_step_events(0)))
+    huge = tg.write(tmp_path / "huge.json", tg.document(_two_step_events(HUGE_OFFSET)))
+    files = summarize_traces([small, huge])["files"]
+    for f in files:
+        (dev,) = f["devices"]
+        assert (dev["busy_us"], dev["span_us"], dev["bubble_ratio"]) == (60.0, 100.0, pytest.approx(0.4))
+        s = f["steps"]
+        assert (s["steps"], s["kernels_per_step"], s["gpu_busy_us_per_step"], s["step_wall_us"]) == (2, 2, 30.0, 60.0)
+        assert s["bubble_ratio"] == pytest.approx(0.4)
+        assert not any("2^53" in w for w in f["warnings"])
+    strip = lambda f: {k: v for k, v in f.items() if k != "path"}  # noqa: E731
+    assert strip(files[0]) == strip(files[1])
+    trace = load_trace(huge)
+    assert trace.gpu["ts_us"].tolist() == [10.0, 30.0, 70.0, 90.0]  # from the smallest ts, the first step's 90
+
+
+def test_huge_rank_traces_keep_their_cross_rank_skew(tmp_path):
+    """Rank 1 starts 7 µs after rank 0, both at ~1.7e18 µs: each trace is rebased on its own smallest ts, then
+    both are put on one origin, so the start skew is 7 µs, not 0 (or 256)."""
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+
+    a = tg.write(tmp_path / "r0.json", tg.document(_two_step_events(HUGE_OFFSET), rank=0))
+    b = tg.write(tmp_path / "r1.json", tg.document(_two_step_events(HUGE_OFFSET + 7), rank=1))
+    ranks = summarize_rank_traces([a, b])["ranks"]
+    assert [s["start_skew_us"] for s in ranks["per_step"]] == [7.0, 7.0]
+    assert [s["end_skew_us"] for s in ranks["per_step"]] == [7.0, 7.0]

@@ -71,6 +71,14 @@ def _path(path: Path | None, label: str) -> Path | None:
     return path
 
 
+def _out(out: str, default: str) -> Path:
+    """``--out`` as a Path; an empty value is refused (``Path("")`` is the current directory, whose files a run
+    would replace), not taken as the default or as ``.``."""
+    if not out.strip():
+        raise BubblescopeError(f"--out: empty; leave it out for the default ({default}) or name a directory")
+    return _path(Path(out), "--out")
+
+
 def _seed(seed: int, recorded: bool = False) -> int:
     # torch.Generator.manual_seed takes 64 bits; beyond that it raises a bare ValueError. A seed recorded in
     # results.json (diagnose model) is a non-negative integer there (docs/results-schema.md).
@@ -209,8 +217,8 @@ def diagnose_model(
     profile_steps: int = typer.Option(8, "--profile-steps", help="Decode steps captured in each engine's trace."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
-    out: Path = typer.Option(Path("bubblescope-out"), help="Directory for results.json, report.html, traces/ "
-                             "(replaced together at the end of the run; other files are kept)."),
+    out: str = typer.Option("bubblescope-out", help="Directory for results.json, report.html, traces/ "
+                            "(replaced together at the end of the run; other files are kept)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     seed: int = typer.Option(0, help="Seed of the prompt, the dummy weights and the sampler."),
     tuning: Optional[Path] = typer.Option(None, help="Tuned file from `bubblescope tune --save`: megakernel engines "
@@ -223,7 +231,7 @@ def diagnose_model(
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
 
-    _path(out, "--out")
+    out = _out(out, "bubblescope-out")
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     # an empty value is not the same as leaving the argument out (the default), so it is refused, not defaulted
@@ -274,8 +282,10 @@ def diagnose_trace(
                                "order (automatic when their distributedInfo ranks differ)."),
     skip_steps: int = typer.Option(0, "--skip-steps", min=0, help="Warm-up steps left out of the step figures."),
 ):
-    """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces; with one
-    trace per rank, also NCCL share, cross-rank skew and the slowest rank per step."""
+    """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces.
+
+    With one trace per rank, also NCCL share, cross-rank skew and the slowest rank per step.
+    """
     from .profiler.ranksummary import summarize_rank_traces, unmerged_ranks_note
     from .profiler.tracesummary import file_errors
     from .reports.progress import trace_progress
@@ -387,7 +397,7 @@ def tune(
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
     seed: int = typer.Option(0, help="Seed of the prompt and of dummy weights."),
-    out: Path = typer.Option(Path("bubblescope-tune"), help="Directory for tune.json and tune.html."),
+    out: str = typer.Option("bubblescope-tune", help="Directory for tune.json and tune.html."),
     save: Optional[Path] = typer.Option(None, help="Write the best value per context range here (for --tuning)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     list_knobs: bool = typer.Option(False, "--list", help="List each tunable engine's knobs and exit."),
@@ -408,6 +418,7 @@ def tune(
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     if model is None or knob is None or values is None:
         raise BubblescopeError("tune: give MODEL, --knob and --values (or --list)")
+    out = _out(out, "bubblescope-tune")
     from .diagnosis import command_line
     from .reports.tune_report import render_tune, write_tune_outputs
 

@@ -208,7 +208,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
             that does not fit the model, an ``out`` that cannot be a directory or written into (refused before
-            the model is loaded), a bad tuned file).
+            the model is loaded), a bad tuned file); every engine skipped (nothing written then, see
+            :func:`nothing_ran`).
     """
     from .tuned import load_tuning
     from .profiler.hardware import device_info, measure_copy_bandwidth
@@ -279,19 +280,37 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
     # Everything is written into a staging folder and published at the end (see outdir.RunFolder).
+    created = write and not out.exists()
     with (RunFolder(out) if write else nullcontext()) as stage:
         ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
                    max_seq=max_seq, out=stage.stage if write else out, profile_steps=profile_steps, write=write,
                    seed=seed, tuning=tuned)
         counters_args = (model, checkpoint, tuning) if counters else None
         results = _run_engines(names, skips, ctx, progress, auto, counters_args)
-        if write:
+        # nothing measured: nothing published, so the previous run's results stay (the staging folder goes
+        # with the block)
+        nothing = nothing_ran(doc["engines"]) if all(e["status"] == "skipped" for e in doc["engines"]) else None
+        if write and not nothing:
             from .reports.html import write_html
             from .reports.results import write_results
             write_results(results, stage.stage / "results.json")
             write_html(results, stage.stage / "report.html")
             stage.publish()
+    if nothing:
+        if created:  # the folder this run made, empty again
+            try:
+                out.rmdir()
+            except OSError:
+                pass
+        raise BubblescopeError(nothing)
     return results
+
+
+def nothing_ran(entries: list[dict]) -> str:
+    """The one-line error when every engine of ``entries`` (results.json engine entries) was skipped: each
+    engine with its reason."""
+    why = "; ".join(f"{e['name']}: {e.get('reason') or 'skipped'}" for e in entries)
+    return f"--engines: no engine ran on this machine ({why})"
 
 
 def _run_engines(names: list[str], skips: dict[str, str], ctx: dict, progress: bool, auto: dict | None = None,

@@ -8,11 +8,15 @@ mix: traces of engines the new run did not measure go with the old ``traces/``, 
 tensor-parallel run goes when a single-process run is published (its traces are gone), and the other way
 round. An interrupted run (Ctrl-C, an exception) removes its staging folder and leaves ``OUT`` as it was; one
 killed outright leaves a staging folder that the next run removes. Other files in ``OUT`` are never touched.
+Since ``traces/`` is replaced whole, a run refuses to start (:func:`check_out_dir`) while ``OUT/traces/`` holds
+anything a run does not write there (:func:`foreign_trace`): only ``<engine>.json.gz`` and
+``<engine>-rank<r>.json.gz`` files are a run's.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,13 +25,35 @@ from .errors import BubblescopeError
 
 OWNED = ("results.json", "report.html", "traces", "tp.json", "ranks_timeline.png")
 PREFIX = ".bubblescope-partial-"
+# The names a run writes into traces/: <engine>.json.gz, and <engine>-rank<r>.json.gz for a --tp run
+# (engine names are lower-case words joined by '-', e.g. megakernel-noprefetch, reference-tp2-cudagraph).
+RUN_TRACE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\.json\.gz")
+
+
+def foreign_trace(out: str | os.PathLike) -> Path | None:
+    """The first entry (by name) of ``out/traces/`` that no run writes (anything but a regular file named as
+    :data:`RUN_TRACE`), or None: publishing a run would delete it with the old ``traces/``."""
+    traces = Path(out) / "traces"
+    if traces.is_symlink() or not traces.exists():  # a link is moved away, not followed: its target stays
+        return None
+    if not traces.is_dir():
+        return traces
+    try:
+        entries = sorted(traces.iterdir())
+    except OSError:
+        return traces
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_file() or not RUN_TRACE.fullmatch(entry.name):
+            return entry
+    return None
 
 
 def check_out_dir(out: str | os.PathLike) -> None:
     """Refuse, before a run starts, an ``out`` that :class:`RunFolder` could not create or write into.
 
     Raises:
-        BubblescopeError: ``out`` (or the nearest existing folder above it) is not a directory or not writable.
+        BubblescopeError: ``out`` (or the nearest existing folder above it) is not a directory or not writable;
+            ``out/traces/`` holds an entry no run writes (:func:`foreign_trace`), which publishing would delete.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -39,6 +65,10 @@ def check_out_dir(out: str | os.PathLike) -> None:
         raise BubblescopeError(f"--out {out}: cannot create the output directory ({existing} is not a directory)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise BubblescopeError(f"--out {out}: cannot create the output directory (Permission denied)")
+    foreign = foreign_trace(out)
+    if foreign is not None:
+        raise BubblescopeError(f"--out {out}: {foreign} was not written by bubblescope and a run replaces "
+                               f"{out / 'traces'} whole; move it away or choose another --out")
 
 
 class RunFolder:
@@ -78,8 +108,13 @@ class RunFolder:
         are undone in reverse order, so ``OUT`` keeps the previous run whole, and the staging folder is removed.
 
         Raises:
-            BubblescopeError: a move failed (names ``OUT`` and the entry).
+            BubblescopeError: a move failed (names ``OUT`` and the entry), or ``OUT/traces/`` holds an entry no
+                run writes (:func:`foreign_trace`); nothing is moved then.
         """
+        foreign = foreign_trace(self.out)  # put there while the run measured
+        if foreign is not None:
+            raise BubblescopeError(f"--out {self.out}: {foreign} was not written by bubblescope and a run replaces "
+                                   f"{self.out / 'traces'} whole; the previous run is left as it was")
         trash = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
         done: list[tuple[Path, Path]] = []  # (from, to) of each move made, to undo
         try:

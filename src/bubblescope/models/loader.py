@@ -89,9 +89,11 @@ def _tokenizer_beside(path: Path) -> Path | None:
     return found[0] if found else None
 
 
-def _load_path(p: Path, device, dtype, seed) -> tuple[ModelWeights, str]:
+def _load_path(p: Path, device, dtype, seed, label: str | None = None) -> tuple[ModelWeights, str]:
+    """Weights and their source ("hf", "dummy", "llama2c") of path ``p``; ``label`` (the option that named
+    it, e.g. ``--checkpoint``) leads a missing path's error."""
     if not p.exists():
-        raise BubblescopeError(f"{p}: no such file or directory")
+        raise BubblescopeError(f"{label + ': ' if label else ''}{p}: no such file or directory")
     if p.is_dir():
         return load_hf_checkpoint(p, device, dtype), "hf"
     if p.suffix == ".json":
@@ -132,7 +134,7 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     if path is None:
         weights, source = dummy_weights(get_preset(model), dev, dtype, seed), "dummy"
     else:
-        weights, source = _load_path(Path(path), dev, dtype, seed)
+        weights, source = _load_path(Path(path), dev, dtype, seed, "--checkpoint" if checkpoint is not None else None)
     tok_path = Path(tokenizer) if tokenizer else (_tokenizer_beside(Path(path)) if path else None)
     tok = None
     if tok_path is not None:

@@ -216,6 +216,16 @@ def gpu_steps(arrays: TraceArrays, steps: dict) -> tuple[np.ndarray, np.ndarray]
     return gpu_step, rt_step
 
 
+def step_devices(arrays: TraceArrays, steps: dict) -> dict[int, int]:
+    """Step-assigned GPU activities per device id (-1: unknown), as :func:`step_table` counts them to pick its
+    main device."""
+    import numpy as np
+
+    gpu_step, _ = gpu_steps(arrays, steps)
+    ids, counts = np.unique(arrays.gpu["device"][gpu_step >= 0], return_counts=True)
+    return dict(zip(ids.tolist(), counts.tolist()))
+
+
 def step_table(arrays: TraceArrays, steps: dict, threshold_us: float) -> tuple[dict, np.ndarray, np.ndarray]:
     """(per-step metrics as in :func:`.steps.step_metrics` (arrays, one per column, plus ``device``),
     the rows of the step-assigned GPU activities of the main device (the one with most of them; ties:

@@ -132,7 +132,7 @@ def rank_steps(traces: list[Trace], step_marker: str = DEFAULT_STEP_MARKER, skip
 def cross_rank_steps(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per step of :func:`rank_steps`: step, ranks, start_skew_us, end_skew_us (max − min over
     ranks of start_us / end_us), first_start_rank, last_start_rank, last_end_rank, slowest_rank (most
-    compute_us), slowest_compute_us, fastest_compute_us, compute_skew_us (their difference), span_us
+    compute_us; NaN when two or more ranks tie for it), slowest_compute_us, fastest_compute_us, compute_skew_us (their difference), span_us
     (first start to last end over ranks), nccl_share_max, nccl_share_min. Steps without GPU work drop out."""
     import pandas as pd
 
@@ -153,7 +153,9 @@ def cross_rank_steps(steps: pd.DataFrame) -> pd.DataFrame:
     out["first_start_rank"] = rank_at("start_us", "idxmin")
     out["last_start_rank"] = rank_at("start_us", "idxmax")
     out["last_end_rank"] = rank_at("end_us", "idxmax")
-    out["slowest_rank"] = rank_at("compute_us", "idxmax")
+    # a tie in compute names no slowest rank (None): idxmax would name the first of the tied ones
+    tied = (s["compute_us"] == by["compute_us"].transform("max")).groupby(s["step"]).sum() > 1
+    out["slowest_rank"] = rank_at("compute_us", "idxmax").astype(float).mask(tied)
     out["slowest_compute_us"] = by["compute_us"].max()
     out["fastest_compute_us"] = by["compute_us"].min()
     out["compute_skew_us"] = out["slowest_compute_us"] - out["fastest_compute_us"]

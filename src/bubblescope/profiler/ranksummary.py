@@ -14,7 +14,9 @@ with one more key, ``ranks`` (None when the files are not one trace per rank of 
                "median": {start_skew_us, end_skew_us, compute_skew_us, nccl_share},
                "warnings": [str]}}
 
-Definitions are :mod:`.ranks`'s. Each file is parsed once.
+Definitions are :mod:`.ranks`'s. Each file is parsed once. Times (``start_us``/``end_us``) are the files' µs, or,
+where a file's integer ``ts`` exceed 2^53 µs, µs from the smallest origin of the ranks' rebased times
+(:func:`~.tracearrays.common_origin`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..errors import BubblescopeError
 from . import metrics
 from .timeline import check_skip_steps
 from .trace import Trace
-from .tracearrays import TraceArrays
+from .tracearrays import TraceArrays, common_origin
 from .tracesummary import AUTO_STEP_MARKERS, SCHEMA, iter_traces, summarize_trace
 
 
@@ -128,6 +130,8 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
         found = "; ".join(f"{f['path']}: {repr(f['step_marker']) if f['step_marker'] else 'no step marker'}"
                           for f in files)
         raise BubblescopeError(f"--ranks: the traces do not share one step marker ({found})")
+    # one time origin for all ranks (differs only where some traces' huge integer ts were rebased)
+    common_origin(traces)
     # the cross-rank metrics work on pandas frames: built here, only for a multi-rank job
     out["ranks"] = multirank_section([t.to_trace() for t in traces], markers.pop(), skip_steps, threshold_us)
     return out

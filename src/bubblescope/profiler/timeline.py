@@ -14,6 +14,21 @@ from ..wording import count
 
 # the fact a trace without GPU activity reports, as a timeline reason and a file warning (tracesummary)
 CPU_ONLY = "no GPU activity in trace (CPU-only run)"
+
+
+def no_gpu_reason(excluded: int) -> str:
+    """Why a trace has no GPU activity to measure: :data:`CPU_ONLY`, or, when ``excluded`` (> 0) GPU activity
+    events were all dropped as invalid (negative or missing ``dur``, ...), that (the warnings say why)."""
+    if not excluded:
+        return CPU_ONLY
+    what = "the only GPU activity event was" if excluded == 1 else f"all {excluded} GPU activity events were"
+    return f"{what} excluded as invalid (see warnings): GPU metrics unavailable"
+
+
+def is_no_gpu_reason(text: str) -> bool:
+    """Whether ``text`` is one of :func:`no_gpu_reason`'s answers."""
+    return text == CPU_ONLY or (text.startswith(("all ", "the only ")) and text.endswith(
+        "excluded as invalid (see warnings): GPU metrics unavailable"))
 from .intervals import ratio as _ratio
 from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
 from .steps import DEFAULT_STEP_MARKER

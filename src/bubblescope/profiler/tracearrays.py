@@ -53,6 +53,10 @@ class TraceArrays:
       (-2^63); gpu ``device`` is -1 where unknown;
     - times (µs) and the kernel-shape numbers: float64 (NaN where absent); grid/block: object tuples;
     - runtime ``is_launch``/``is_sync``: bool.
+
+    ``origin_us``: the exact integer µs subtracted from every time of the file (0 unless its integer ``ts``
+    exceed 2^53 µs, see :func:`~.traceframes.rebase_times`): ``ts_us`` + ``origin_us`` is the file's time.
+    ``gpu_excluded``: GPU activities of the file dropped for unusable times (counted in ``warnings`` by reason).
     """
 
     path: str
@@ -65,6 +69,8 @@ class TraceArrays:
     flows: dict[str, Any]
     warnings: list[str]
     event_count: int = 0
+    gpu_excluded: int = 0
+    origin_us: int = 0
     cache: dict = field(default_factory=dict, repr=False)  # derived arrays (launch rows), computed once
 
     def to_trace(self) -> Trace:
@@ -116,6 +122,25 @@ class TraceArrays:
         return cls(path=trace.path, rank=trace.rank, metadata=trace.metadata, texts=texts, gpu=gpu, runtime=runtime,
                    annotations=tables["annotations"], flows=tables["flows"], warnings=list(trace.warnings),
                    event_count=trace.event_count)
+
+
+def common_origin(traces: list[TraceArrays]) -> None:
+    """Put the times of ``traces`` (one job's ranks) on one origin, the smallest of their ``origin_us``, in place:
+    each trace's times move by the exact integer difference of the origins, so cross-trace comparisons (skews)
+    hold when some traces were rebased (:func:`~.traceframes.rebase_times`). Nothing changes when all origins are
+    equal (0 for ordinary traces)."""
+    if not traces:
+        return
+    origin = min(t.origin_us for t in traces)
+    for t in traces:
+        shift = float(t.origin_us - origin)
+        if shift:
+            for table in (t.gpu, t.runtime, t.annotations, t.flows):
+                for key in ("ts_us", "end_us"):
+                    if key in table:
+                        table[key] = table[key] + shift
+            t.origin_us = origin
+            t.cache.clear()
 
 
 def as_arrays(trace: Trace | TraceArrays) -> TraceArrays:
@@ -268,7 +293,8 @@ def _finish(path: str, cols: _Columns, meta: dict) -> TraceArrays:
     rank = parse_rank(rank_raw)
     arrays = TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
                          annotations=tables["annotations"], flows=tables["flows"], warnings=warnings,
-                         event_count=cols.events)
+                         event_count=cols.events, gpu_excluded=cols.gpu_excluded,
+                         origin_us=cols.origin_us)
     unlinked = int((launch_rows(arrays) < 0).sum())  # computed once, kept for the summaries
     if unlinked:
         warnings.append(

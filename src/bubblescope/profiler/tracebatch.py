@@ -135,10 +135,10 @@ def _either(first: list, second: list) -> list:
 
 def _complete(cols: _Columns, sub: list[_Event], odd: dict) -> tuple[list[_Event], Any, Any]:
     """Drop complete events without usable times (counted as the per-event path counts them);
-    return (kept events, ts, dur) with ts/dur as float64 arrays."""
+    return (kept events, ts, dur): dur float64, ts int64 when all integers (see ``_Columns._times``) else float64."""
     import numpy as np
 
-    ts = cols._floats([e.ts for e in sub])
+    ts = cols._times([e.ts for e in sub])
     dur = cols._floats([e.dur for e in sub])
     finite = np.isfinite(ts) & np.isfinite(dur)
     zero = finite & (ts == 0) & (dur == 0)
@@ -179,8 +179,10 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
     if len(maybe) and ("ProfilerStep#" if type(doc) is str else b"ProfilerStep#") in doc:  # old torch's steps
         codes[maybe[_steps([events[i].name for i in maybe.tolist()])]] = 5
     gpu = np.flatnonzero((codes >= 1) & (codes <= 3))
+    gpu_excluded = 0
     if len(gpu):
         sub, ts, dur = _complete(cols, [events[i] for i in gpu.tolist()], odd)
+        gpu_excluded = len(gpu) - len(sub)
         kinds = [_KINDS[c - 1] for c in codes[gpu].tolist()] if len(sub) == len(gpu) else None
         if kinds is None:  # some rows were dropped: take the kinds of the kept ones
             kinds = [_X_TABLES[e.cat] for e in sub]
@@ -246,6 +248,7 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
     # Everything is typed and checked: keep it, after the event dicts the fallback path holds.
     cols.flush()
     cols.events += len(events)
+    cols.gpu_excluded += gpu_excluded
     for key, n in odd.items():
         cols.odd[key] += n
     for table, values in tables.items():

@@ -36,6 +36,9 @@ UNKNOWN_PHASE = "events of an unknown phase (ph) ignored"
 _NA = -(1 << 63)  # int64 sentinel for "absent" in int columns
 # |ts| or dur beyond this (2^63 µs) is corrupt: spans and sums of such times overflow float64 to inf.
 _MAX_TIME_US = float(1 << 63)
+# Beyond 2^53 µs (~285 years after 1970 in µs; ns written as µs reach ~1.7e18) float64 cannot hold every integer
+# µs: integer ts are then rebased onto the trace's smallest one before they become floats (traceframes).
+_EXACT_US = 1 << 53
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -130,6 +133,8 @@ class _Columns:
         self.bad_ints: Counter[str] = Counter()
         self.bad_text = 0
         self.events = 0
+        self.origin_us = 0  # what was subtracted from every ts (µs, exact; traceframes.rebase_times)
+        self.gpu_excluded = 0  # GPU activities (kernel, memcpy, memset) dropped for unusable times, of all reasons
 
     # ---- the per-event fallback -----------------------------------------------------------
     def add(self, ev: Any) -> None:
@@ -164,9 +169,11 @@ class _Columns:
         ts, dur = ev.get("ts"), ev.get("dur")
         if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
             self.odd["complete events without a finite numeric ts/dur excluded"] += 1
+            self.gpu_excluded += table in GPU_KINDS.values()
             return
         if ts == 0 and dur == 0:
             self.odd["events with ts 0 and dur 0 excluded"] += 1
+            self.gpu_excluded += table in GPU_KINDS.values()
             return
         args = ev.get("args")
         if type(args) is not dict:
@@ -223,6 +230,8 @@ class _Columns:
             if key in _INT_COLUMNS:
                 label = "flow id" if table == "flows" and key == "id" else key if key in ("pid", "tid") else "args." + key
                 chunk[key] = self._ints(vals, label)
+            elif key == "ts_us":
+                chunk[key] = self._times(vals)
             elif key in _FLOAT_COLUMNS:
                 chunk[key] = self._floats(vals)
             elif key in ("grid", "block"):
@@ -270,6 +279,22 @@ class _Columns:
                     clean.append(i)
             arr = np.array(clean, dtype=np.int64)
         return arr
+
+    @classmethod
+    def _times(cls, values: list) -> Any:
+        """Timestamps: int64 when every value is an integer within int64 (kept exact until the trace's origin is
+        known, :func:`.traceframes.rebase_times`), else float64 as :meth:`_floats`."""
+        import numpy as np
+
+        if isinstance(values, np.ndarray):
+            return values if values.dtype == np.int64 else values.astype(np.float64, copy=False)
+        try:
+            arr = np.array(values) if len(values) else None
+        except (TypeError, ValueError, OverflowError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and arr.dtype == np.int64:
+            return arr
+        return cls._floats(values)
 
     @staticmethod
     def _floats(values: list) -> Any:

@@ -9,18 +9,44 @@ members in large pieces (ISA-L when installed, :func:`_inflater`); :class:`_Read
 from __future__ import annotations
 
 import codecs
+import os
 import queue
+import stat
 import threading
 import zlib
 from typing import Any
+
+from ..errors import BubblescopeError
 
 _CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
 _FIRST_CHARS = 1 << 18  # the first refill: parsing starts after 256 Ki characters, not 4 Mi, are inflated
 
 
+def check_regular(path: str) -> None:
+    """Refuse, before it is opened, a path that is neither a regular file nor a pipe this process already holds
+    (``<(cmd)``, ``/dev/stdin`` fed by ``|``): opening a named pipe (FIFO) waits for a writer, maybe forever, and a
+    device or socket is no trace file. A missing path or a directory is left to ``open`` to report.
+
+    Raises:
+        BubblescopeError: ``"<path>: not a regular file (a named pipe); pass a file"`` (or a device, a socket).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    if stat.S_ISFIFO(mode) and "/fd/pipe:[" in os.path.realpath(path):  # an anonymous pipe: it has a writer
+        return
+    what = "a named pipe" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+        else "a socket" if stat.S_ISSOCK(mode) else "not a file"
+    raise BubblescopeError(f"{path}: not a regular file ({what}); pass a file")
+
+
 def _open_text(path: str) -> tuple[Any, bool]:
     """(the file opened for reading bytes, whether it is gzip): by the gzip magic, not the suffix.
-    The file's ``tell()`` is the progress through it in bytes."""
+    Pipes are read as they come (nothing here seeks); see :func:`check_regular` for what is refused."""
+    check_regular(path)
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     return raw, head == b"\x1f\x8b"
@@ -69,6 +95,20 @@ class _Gunzip:
                 return b"".join(out)
 
 
+class _Counted:
+    """A binary file whose reads are counted: the progress in bytes, also for a pipe (whose ``tell()`` raises
+    "Illegal seek")."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self.done = 0
+
+    def read(self, size: int) -> bytes:
+        data = self._raw.read(size)
+        self.done += len(data)
+        return data
+
+
 class _Reader(threading.Thread):
     """Reads and decodes the file ahead of the parser, one window at a time, in its own thread.
 
@@ -78,8 +118,8 @@ class _Reader(threading.Thread):
 
     def __init__(self, raw: Any, gz: bool):
         super().__init__(daemon=True, name="bubblescope-trace-reader")
-        self._raw = raw
-        self._binary = _Gunzip(raw) if gz else raw
+        self._raw = _Counted(raw)
+        self._binary = _Gunzip(self._raw) if gz else self._raw
         self._queue: queue.Queue = queue.Queue(maxsize=2)
         self._halt = threading.Event()
         # utf-8-sig: a byte-order mark some Windows tools write is skipped, not a JSON error. Invalid
@@ -94,7 +134,7 @@ class _Reader(threading.Thread):
                 size = _CHUNK_CHARS
                 text = self._decoder.decode(data, final=not data)
                 if text or not data:
-                    self._put((text, self._raw.tell(), None))
+                    self._put((text, self._raw.done, None))
                 if not data:
                     return
         except BaseException as exc:  # noqa: BLE001 - re-raised in the parsing thread by get()

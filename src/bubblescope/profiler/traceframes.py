@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .tracecolumns import _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE
+from .tracecolumns import _EXACT_US, _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE
 from .heap import release_freed_memory
 from .tracepairs import pair_durations
 
@@ -59,6 +59,8 @@ def table_arrays(
         drop = bad | negative | huge
         if drop.any():
             rows = np.flatnonzero(~drop)
+            if table == "gpu":
+                cols.gpu_excluded += int(drop.sum())
     for key, value in (na_fill or {}).items():
         raw[key][raw[key] == _NA] = value
     if sort_by:
@@ -113,14 +115,49 @@ def vocabulary(cols: _Columns) -> tuple[Any, Any]:
     return texts, canon
 
 
+ROUNDED = "events with a non-integer ts beyond 2^53 µs kept, their times rounded by float64 (off by over 1 µs)"
+
+
+def rebase_times(cols: _Columns) -> int:
+    """Turn every table's ``ts_us`` chunks into float64 and return the trace's time origin (µs, an exact int).
+
+    The origin is 0 (times as in the file) unless integer timestamps exceed 2^53 µs, where float64 loses whole
+    µs (spacing 256 µs at 1.7e18): then it is the smallest integer ts, subtracted as an exact integer before the
+    conversion, so times, durations and gaps stay exact. Float timestamps beyond 2^53 µs were rounded when parsed;
+    they are shifted by the same origin and counted in ``cols.odd`` (:data:`ROUNDED`)."""
+    import numpy as np
+
+    ints = [c["ts_us"] for chunks in cols.chunks.values() for c in chunks if c["ts_us"].dtype == np.int64
+            and len(c["ts_us"])]
+    origin = 0
+    if ints:
+        low, high = min(int(a.min()) for a in ints), max(int(a.max()) for a in ints)
+        if max(-low, high) > _EXACT_US and high - low < 1 << 62:  # no int64 overflow in ts - origin
+            origin = low
+    for chunks in cols.chunks.values():
+        for c in chunks:
+            ts = c["ts_us"]
+            if ts.dtype == np.int64:
+                c["ts_us"] = (ts - origin if origin else ts).astype(np.float64)
+            else:
+                rounded = int((np.abs(ts) > _EXACT_US).sum())
+                if rounded:
+                    cols.odd[ROUNDED] += rounded
+                if origin:
+                    c["ts_us"] = ts - float(origin)
+    return origin
+
+
 def build_arrays(cols: _Columns) -> tuple[Any, dict[str, dict[str, Any]]]:
     """(texts of the codes, one :func:`table_arrays` dict per table): the B/E pairs made complete
-    events and kept, pending event dicts typed; gpu sorted by (device, ts_us) with device -1 where
+    events and kept, pending event dicts typed, times rebased (:func:`rebase_times`, the origin in
+    ``cols.origin_us``); gpu sorted by (device, ts_us) with device -1 where
     unknown, runtime and annotations by ts_us, flows as read."""
     for ev in pair_durations(cols.pairs, cols.odd):
         cols.add_complete(ev)
     cols.pairs = []
     cols.flush()
+    cols.origin_us = rebase_times(cols)
     texts, canon = vocabulary(cols)
     tables = {
         "gpu": table_arrays(cols, "gpu", ("device", "ts_us"), {"device": -1}),  # -1: device unknown

@@ -26,12 +26,14 @@ def _thread(ev: dict) -> tuple:
 
 
 def pair_durations(events: list[dict], odd: Counter) -> list[dict]:
-    """Complete-event dicts (ts, dur in µs as floats) of the ``B``/``E`` pairs among ``events``
+    """Complete-event dicts (ts, dur in µs: ints when both ends are, else floats) of the ``B``/``E`` pairs among ``events``
     (decoded event dicts in file order). Unpaired or timeless events are counted in ``odd`` (the
     reader's warning counter) under a one-line description."""
     threads: dict[tuple, list[tuple[float, int, dict]]] = {}
     for i, ev in enumerate(events):
-        ts = _float(ev.get("ts"))
+        ts = ev.get("ts")
+        if type(ts) is not int or not -(1 << 63) <= ts < 1 << 63:  # integers stay exact (huge ts, see traceframes)
+            ts = _float(ts)
         if not math.isfinite(ts):
             odd["'B'/'E' events without a finite numeric ts ignored"] += 1
             continue

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BubblescopeError
 from . import metrics
 from ..wording import count, plural
-from .arraysummary import breakdown, device_table, find_steps, overlap_note
+from .arraysummary import breakdown, device_table, find_steps, overlap_note, step_devices
 from .steps import DEFAULT_STEP_MARKER
-from .timeline import CPU_ONLY, check_skip_steps, timeline_summary
+from .timeline import CPU_ONLY, check_skip_steps, no_gpu_reason, timeline_summary
 from .heap import parse_heap
 from .tracearrays import TraceArrays, read_trace_arrays
 from .tracechecks import overlap_notes, skew_note
@@ -95,6 +95,21 @@ def _devices(arrays: TraceArrays, threshold_us: float) -> list[dict]:
     return out
 
 
+def left_out_note(arrays: TraceArrays, steps: dict, device: int | None) -> str | None:
+    """One line naming the devices whose step-linked GPU activities the step figures (of ``device`` only) leave
+    out, or None when there are none."""
+    if device is None:
+        return None
+    others = {d: n for d, n in step_devices(arrays, steps).items() if d != device}
+    if not others:
+        return None
+    names = ", ".join("unknown" if d < 0 else str(d) for d in sorted(others))
+    n = sum(others.values())
+    activities = count(n, "step-linked GPU activity", "step-linked GPU activities")
+    return f"steps: the step figures are of device {device} only; {activities} on {plural(len(others), 'device')} " \
+           f"{names} left out"
+
+
 def _marker(arrays: TraceArrays, step_marker: str | None) -> tuple[str | None, Any]:
     """(marker used, its steps), or (None, None) when no candidate marks any step."""
     for marker in (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS:
@@ -120,7 +135,7 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
     arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
     threshold_us = metrics.check_threshold(threshold_us)
     warnings = list(arrays.warnings)
-    cpu_only = CPU_ONLY if not len(arrays.gpu["ts_us"]) else None
+    cpu_only = no_gpu_reason(arrays.gpu_excluded) if not len(arrays.gpu["ts_us"]) else None
     if cpu_only:
         warnings.append(cpu_only)
     marker, steps = _marker(arrays, step_marker)
@@ -140,8 +155,13 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         if cut:
             warnings.append(cut)
         summary = timeline_summary(arrays, marker, skip_steps, threshold_us)
+        if summary["reason"] == CPU_ONLY and cpu_only:  # the trace's own reason (GPU events all excluded?)
+            summary["reason"] = cpu_only
         if summary["reason"] and summary["reason"] != cpu_only:  # the CPU-only reason is said once, above
             warnings.append(f"steps: {summary['reason']}")
+        left = left_out_note(arrays, steps, summary["device"])
+        if left:
+            warnings.append(left)
     devices = _devices(arrays, threshold_us)
     warnings += overlap_notes(devices, arrays)
     skew = skew_note(arrays)

@@ -139,7 +139,7 @@ def _pump(stream: Any, box: queue.Queue) -> None:
 
 
 def _export(cols: _Columns) -> dict:
-    return {"events": cols.events, "odd": dict(cols.odd), "bad_ints": dict(cols.bad_ints), "vocab": cols.vocab,
+    return {"events": cols.events, "gpu_excluded": cols.gpu_excluded, "odd": dict(cols.odd), "bad_ints": dict(cols.bad_ints), "vocab": cols.vocab,
             "chunks": cols.chunks, "pairs": cols.pairs}
 
 
@@ -153,6 +153,7 @@ def _merge(cols: _Columns, result: dict) -> None:
 
     cols.flush()
     cols.events += result["events"]
+    cols.gpu_excluded += result["gpu_excluded"]
     for key, n in result["odd"].items():
         cols.odd[key] += n
     for key, n in result["bad_ints"].items():

@@ -21,10 +21,13 @@ _SEVERITY_STYLE = {"good": "bold green", "problem": "bold red", "warn": "bold ye
 def _engine_table(doc: dict, title: str, columns) -> Group:
     # The title is a line of its own, not the table's: rich wraps a table title at the table's width, which
     # with one short engine name is narrower than the title (it broke at 67 columns on an 80-column terminal).
-    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True)
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    names = [str(e.get("name")) for e in doc.get("engines") or []]
     for i, (header, _, kind) in enumerate(columns):
-        # Numbers never wrap (a split "1.2284" reads as two numbers); the engine name folds if it must.
-        table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=i != 0, overflow="fold")
+        # Numbers never wrap (a split "1.2284" reads as two numbers), nor does the engine name
+        # ("megakernel-noprefetch" split as "megakernel-noprefetc" / "h"): its column is as wide as the longest.
+        table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=True, overflow="fold",
+                         min_width=max(map(len, names), default=None) if i == 0 else None)
     for eng, row in zip(ordered(doc.get("engines") or []), tables.headline_rows(doc, columns)):
         table.add_row(*map(Text, row), style=None if eng.get("status") == "ok" else "dim")
     return Group(Text(title, style="table.title"), table)

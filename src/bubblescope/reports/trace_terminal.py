@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..profiler.timeline import CPU_ONLY
+from ..profiler.timeline import CPU_ONLY, is_no_gpu_reason
 from .tables import MISSING, fmt
 
 NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
@@ -138,11 +138,14 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
             console.print(Text(f"error: {f['error']}", style="red"))
             continue
         devices = f.get("devices") or []
+        no_gpu = next((w for w in f.get("warnings") or [] if is_no_gpu_reason(w)), CPU_ONLY)
         if devices:
             for table in _devices(devices):
                 console.print(table)
-        else:
+        elif no_gpu == CPU_ONLY:
             console.print("No GPU activity in this trace (CPU-only run): GPU metrics unavailable.")
+        else:  # there was GPU activity, all of it invalid: not a CPU-only run
+            console.print(Text(no_gpu[0].upper() + no_gpu[1:] + "."))
         steps = f.get("steps")
         if steps is not None:
             console.print(_steps(steps, f.get("step_marker")))
@@ -176,6 +179,6 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
                     )
                 )
         for w in f.get("warnings") or []:
-            if not devices and w == CPU_ONLY:  # said above, with what it means
+            if not devices and w == no_gpu:  # said above, with what it means
                 continue
             console.print(Text(f"warning: {w}", style="yellow"))
