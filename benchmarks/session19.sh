@@ -17,6 +17,8 @@
 #                                        # r53 on the 1B at 128; second's timelines with frames, without the GPU tests
 #   bash benchmarks/session19.sh fifth   # r53b (the signal gate at 6 and 8 against 3) on the 1B at 128 and 4096, the 8B
 #                                        # and Qwen3-0.6B
+#   bash benchmarks/session19.sh sixth   # with sig_gate 6 the default (r53): r53b on the 1B at 128, Qwen3-0.6B and the
+#                                        # 8B; the 1B's decode-latency set
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -46,6 +48,12 @@ fifth)
   sweep r53b llama-3.2-1b 4096 100
   sweep r53b llama-3.1-8b 128 150
   ;;
-*) echo "session19.sh: unknown stage '${1:-}' (first, ..., fifth)" >&2; exit 2 ;;
+sixth)
+  sweep r53b llama-3.2-1b 128 90
+  sweep r53b qwen3-0.6b 128 80
+  sweep r53b llama-3.1-8b 128 150
+  issue_sets 1b
+  ;;
+*) echo "session19.sh: unknown stage '${1:-}' (first, ..., sixth)" >&2; exit 2 ;;
 esac
 finish
