@@ -19,6 +19,7 @@
 #                                        # and Qwen3-0.6B
 #   bash benchmarks/session19.sh sixth   # with sig_gate 6 the default (r53): r53b on the 1B at 128, Qwen3-0.6B and the
 #                                        # 8B; the 1B's decode-latency set
+#   bash benchmarks/session19.sh seventh # sixth without the decode-latency set (the device time left)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -54,6 +55,11 @@ sixth)
   sweep r53b llama-3.1-8b 128 150
   issue_sets 1b
   ;;
-*) echo "session19.sh: unknown stage '${1:-}' (first, ..., sixth)" >&2; exit 2 ;;
+seventh)
+  sweep r53b llama-3.2-1b 128 90
+  sweep r53b qwen3-0.6b 128 80
+  sweep r53b llama-3.1-8b 128 150
+  ;;
+*) echo "session19.sh: unknown stage '${1:-}' (first, ..., seventh)" >&2; exit 2 ;;
 esac
 finish
