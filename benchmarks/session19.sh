@@ -17,7 +17,7 @@
 #                                        # r53 on the 1B at 128; second's timelines with frames, without the GPU tests
 #   bash benchmarks/session19.sh fifth   # r53b (the signal gate at 6 and 8 against 3) on the 1B at 128 and 4096, the 8B
 #                                        # and Qwen3-0.6B
-#   bash benchmarks/session19.sh sixth   # with sig_gate 6 the default (r53): r53b on the 1B at 128, Qwen3-0.6B and the
+#   bash benchmarks/session19.sh sixth   # (commit 6c683b8, sig_gate 6 the default then; reverted) r53b on the 1B at 128, Qwen3-0.6B and the
 #                                        # 8B; the 1B's decode-latency set
 #   bash benchmarks/session19.sh seventh # sixth without the decode-latency set (the device time left)
 . benchmarks/device_prelude.sh

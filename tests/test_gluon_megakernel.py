@@ -436,7 +436,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
     assert out["qwen3-0.6b"] == {"BR": 32, "BK": 256, "ring": 12, "slot_boxes": 1, "split_k": 2, "rows_od": 16,
                                  "block_s": 32,
                                  "min_chunk": 32, "splits": 16, "qk_norm_in_attn": True, "attn_layout": "mma",
-                                 "lm_pick": "cta", "sig_gate": 6, "attn_gate": 0, "mv_widen": "bits",
+                                 "lm_pick": "cta", "sig_gate": 3, "attn_gate": 0, "mv_widen": "bits",
                                  "attn_operands": "late", "mv_ahead": 1, "attn_new_row": "block",
                                  "attn_combine": "warps", "inflight": 4, "norm_load": "prefetch",
                                  "weight_eviction": resolve_eviction("auto")}

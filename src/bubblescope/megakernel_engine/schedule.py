@@ -212,9 +212,7 @@ class MegakernelParams:
             off. The signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48.
             3 is the default since session 7 (``--sweep r21``): Llama-3.2-1B 0.935 against 0.950 / 0.960 at 2,
             Qwen3-0.6B 0.812 against 0.821 / 0.823, Qwen2.5-0.5B 0.849 against 0.852 / 0.850, Llama-3.1-8B 4.066
-            against 4.082 / 4.113 (r18, r19 and r20 gave the 1B the same order). 6 since session 19, under the
-            in-flight cap (``gluon_check.py --sweep r53`` / ``r53b``, ``h200-2026-12-03-s19``): Llama-3.2-1B 0.765 /
-            0.749 against 0.785 / 0.766 at 3 (ahead in each of the 8 interleaved rounds), 12 and off even with 3.
+            against 4.082 / 4.113 (r18, r19 and r20 gave the 1B the same order).
         attn_gate: Gluon kernel only: after a (non-empty) attention task in the CTA's queue, the producer issues at
             most ``attn_gate`` more tiles until the consumer has finished that attention task, so the attention's
             loads and stores do not queue behind this SM's weight loads in flight (-1: off; None: 0 on every model
@@ -315,7 +313,7 @@ class MegakernelParams:
     qk_norm_in_attn: bool = False
     lm_pick: str = "cta"
     attn_layout: str = "auto"
-    sig_gate: int = 6
+    sig_gate: int = 3
     attn_gate: int | None = None
     mv_widen: str = "auto"
     attn_operands: str = "late"
