@@ -48,6 +48,14 @@ def foreign_trace(out: str | os.PathLike) -> Path | None:
     return None
 
 
+def _refuse_foreign(out: Path, then: str) -> None:
+    """Raise BubblescopeError when ``out/traces/`` holds an entry no run writes (:func:`foreign_trace`)."""
+    foreign = foreign_trace(out)
+    if foreign is not None:
+        raise BubblescopeError(f"--out {out}: {foreign} was not written by bubblescope and a run replaces "
+                               f"{out / 'traces'} whole; {then}")
+
+
 def check_out_dir(out: str | os.PathLike) -> None:
     """Refuse, before a run starts, an ``out`` that :class:`RunFolder` could not create or write into.
 
@@ -65,10 +73,7 @@ def check_out_dir(out: str | os.PathLike) -> None:
         raise BubblescopeError(f"--out {out}: cannot create the output directory ({existing} is not a directory)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise BubblescopeError(f"--out {out}: cannot create the output directory (Permission denied)")
-    foreign = foreign_trace(out)
-    if foreign is not None:
-        raise BubblescopeError(f"--out {out}: {foreign} was not written by bubblescope and a run replaces "
-                               f"{out / 'traces'} whole; move it away or choose another --out")
+    _refuse_foreign(out, "move it away or choose another --out")
 
 
 class RunFolder:
@@ -111,10 +116,7 @@ class RunFolder:
             BubblescopeError: a move failed (names ``OUT`` and the entry), or ``OUT/traces/`` holds an entry no
                 run writes (:func:`foreign_trace`); nothing is moved then.
         """
-        foreign = foreign_trace(self.out)  # put there while the run measured
-        if foreign is not None:
-            raise BubblescopeError(f"--out {self.out}: {foreign} was not written by bubblescope and a run replaces "
-                                   f"{self.out / 'traces'} whole; the previous run is left as it was")
+        _refuse_foreign(self.out, "the previous run is left as it was")  # put there while the run measured
         trash = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
         done: list[tuple[Path, Path]] = []  # (from, to) of each move made, to undo
         try:

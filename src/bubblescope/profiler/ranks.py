@@ -132,8 +132,8 @@ def rank_steps(traces: list[Trace], step_marker: str = DEFAULT_STEP_MARKER, skip
 def cross_rank_steps(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per step of :func:`rank_steps`: step, ranks, start_skew_us, end_skew_us (max − min over
     ranks of start_us / end_us), first_start_rank, last_start_rank, last_end_rank, slowest_rank (most
-    compute_us; NaN when two or more ranks tie for it), slowest_compute_us, fastest_compute_us, compute_skew_us (their difference), span_us
-    (first start to last end over ranks), nccl_share_max, nccl_share_min. Steps without GPU work drop out."""
+    compute_us; NaN when two or more ranks tie for it), slowest_compute_us, fastest_compute_us, compute_skew_us
+    (their difference), span_us (first start to last end over ranks), nccl_share_max, nccl_share_min. Steps without GPU work drop out."""
     import pandas as pd
 
     cols = ["step", "ranks", "start_skew_us", "end_skew_us", "first_start_rank", "last_start_rank", "last_end_rank",

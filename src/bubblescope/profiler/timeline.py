@@ -11,9 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BubblescopeError
 from ..wording import count
+from .intervals import ratio as _ratio
+from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
+from .steps import DEFAULT_STEP_MARKER
+
+if TYPE_CHECKING:
+    from .trace import Trace
+    from .tracearrays import TraceArrays
 
 # the fact a trace without GPU activity reports, as a timeline reason and a file warning (tracesummary)
 CPU_ONLY = "no GPU activity in trace (CPU-only run)"
+_ALL_EXCLUDED = "excluded as invalid (see warnings): GPU metrics unavailable"
 
 
 def no_gpu_reason(excluded: int) -> str:
@@ -22,20 +30,12 @@ def no_gpu_reason(excluded: int) -> str:
     if not excluded:
         return CPU_ONLY
     what = "the only GPU activity event was" if excluded == 1 else f"all {excluded} GPU activity events were"
-    return f"{what} excluded as invalid (see warnings): GPU metrics unavailable"
+    return f"{what} {_ALL_EXCLUDED}"
 
 
 def is_no_gpu_reason(text: str) -> bool:
     """Whether ``text`` is one of :func:`no_gpu_reason`'s answers."""
-    return text == CPU_ONLY or (text.startswith(("all ", "the only ")) and text.endswith(
-        "excluded as invalid (see warnings): GPU metrics unavailable"))
-from .intervals import ratio as _ratio
-from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
-from .steps import DEFAULT_STEP_MARKER
-
-if TYPE_CHECKING:
-    from .trace import Trace
-    from .tracearrays import TraceArrays
+    return text == CPU_ONLY or text.endswith(_ALL_EXCLUDED)
 
 
 def check_skip_steps(skip_steps: int) -> int:

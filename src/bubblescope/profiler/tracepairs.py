@@ -26,8 +26,8 @@ def _thread(ev: dict) -> tuple:
 
 
 def pair_durations(events: list[dict], odd: Counter) -> list[dict]:
-    """Complete-event dicts (ts, dur in µs: ints when both ends are, else floats) of the ``B``/``E`` pairs among ``events``
-    (decoded event dicts in file order). Unpaired or timeless events are counted in ``odd`` (the
+    """Complete-event dicts (ts, dur in µs: ints when both ends are, else floats) of the ``B``/``E`` pairs among
+    ``events`` (decoded event dicts in file order). Unpaired or timeless events are counted in ``odd`` (the
     reader's warning counter) under a one-line description."""
     threads: dict[tuple, list[tuple[float, int, dict]]] = {}
     for i, ev in enumerate(events):

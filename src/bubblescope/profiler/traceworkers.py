@@ -139,8 +139,8 @@ def _pump(stream: Any, box: queue.Queue) -> None:
 
 
 def _export(cols: _Columns) -> dict:
-    return {"events": cols.events, "gpu_excluded": cols.gpu_excluded, "odd": dict(cols.odd), "bad_ints": dict(cols.bad_ints), "vocab": cols.vocab,
-            "chunks": cols.chunks, "pairs": cols.pairs}
+    return {"events": cols.events, "gpu_excluded": cols.gpu_excluded, "odd": dict(cols.odd),
+            "bad_ints": dict(cols.bad_ints), "vocab": cols.vocab, "chunks": cols.chunks, "pairs": cols.pairs}
 
 
 def _merge(cols: _Columns, result: dict) -> None:
