@@ -24,7 +24,7 @@ sweep() {  # sweep model context limit_s: gluon_check.py's SWEEPS[sweep], interl
   log "$1 $2 $3"
   local f="$R/gluon_check_$1_$2-$3"
   timeout "$4" python3 benchmarks/gluon_check.py --model "$2" --context "$3" --out "$f.json" --sections sweep --sweep "$1" --timed 160 --rounds 4 > "$f.log" 2>&1; echo "rc=$?" >> "$f.log"
-  grep -E "ms_p50|rc=" "$f.log" | sed -E 's/"registers.*"ms_p50": ([0-9.]+).*"round_medians_ms": \[([^]]*)\].*/p50 \1 rounds \2/' | cut -c1-250
+  grep -E "ms_p50|rc=" "$f.log" | sed -E 's/\{"ms_p50": ([0-9.]+), "ms_p99": [0-9.]+, "round_medians_ms": \[([^]]*)\].*/p50 \1 rounds \2/' | cut -c1-250
 }
 DL="python3 benchmarks/decode_latency.py"
 latency() {  # name limit_s decode_latency.py-args...
