@@ -18,8 +18,11 @@ ring slot is reissued only once its consumer frees it), per layer over the stret
 end to the O-proj stage's end and over the rest of the layer (TB/s; the product's ``chain`` / ``mlp`` in GB/s), and
 how long the QKV matvec ends after its task's last tile was issued (µs).
 
-    python benchmarks/chain_breakdown.py FRAME.csv.gz [--model llama-3.2-1b [--params '{"max_rows": 16}']]
-        [--out chain.json]
+With ``--goal-ms`` (and ``--model``), what a per-token goal leaves each layer against the chain's links
+(:func:`goal_budget`).
+
+    python benchmarks/chain_breakdown.py FRAME.csv.gz [--model llama-3.2-1b [--params '{"max_rows": 16}']
+        [--goal-ms 0.64]] [--out chain.json]
 """
 
 from __future__ import annotations
@@ -95,6 +98,35 @@ def slot_bytes(model: str, params: dict | None = None) -> int:
     return ring_slot_bytes(cx, 2)
 
 
+def goal_budget(df: pd.DataFrame, model: str, goal_ms: float, copy_tbps: float) -> dict:
+    """What a per-token goal of ``goal_ms`` leaves each layer of ``model`` (µs), against the frame's chain links.
+
+    ``lm_head_us``: the LM head's ``vocab_size × hidden_size`` 16-bit weights at the device copy's ``copy_tbps``
+    (TB/s = bytes per µs / 1e6; a stream-bound stage at best); ``budget_layer_us`` = (goal − lm_head) / layers.
+    ``link_floor_us``: per weight stage (QKV, O-proj, gate-up, down) the median hop (``stage_edges``) plus its tasks'
+    median staging, matvec and epilogue (``task_phases``), plus the attention's block math alone (``attn_critical``'s
+    ``blocks_us``, as if its q, ticket and combine cost nothing): the layer's chain if every stage ran one task on
+    weights already in shared memory at today's link times. ``with_attention_us`` puts the measured attention
+    chain back (``attn_critical``'s ``total_us``).
+    """
+    from bubblescope.models.config import get_preset
+    cfg = get_preset(model)
+    lm_head_us = cfg.vocab_size * cfg.hidden_size * 2 / (copy_tbps * 1e6)
+    layers = cfg.num_hidden_layers
+    hops = stage_edges(df).groupby("opcode")["hop_us"].median()
+    phases = {p["opcode"]: p for p in task_phases(df) or []}
+    attn = attn_critical(df) or {}
+    weight_stages = ("QKV", "OPROJ", "GATEUP", "DOWN")
+    links = {op: float(hops.get(op, float("nan")) + phases[op]["stage_us_p50"] + phases[op]["mv_us_p50"]
+                       + phases[op]["epilogue_us_p50"]) for op in weight_stages if op in phases}
+    blocks, attn_total = attn.get("blocks_us", float("nan")), attn.get("total_us", float("nan"))
+    floor = sum(links.values()) + blocks
+    return {"goal_ms": goal_ms, "copy_tbps": copy_tbps, "lm_head_us": round(lm_head_us, 2), "layers": layers,
+            "budget_layer_us": round((goal_ms * 1e3 - lm_head_us) / layers, 3),
+            "stage_links_us": {k: round(v, 3) for k, v in links.items()}, "link_floor_us": round(floor, 3),
+            "with_attention_us": round(floor - blocks + attn_total, 3)}
+
+
 # The product's stream_feed columns under the names this script's recorded JSON files use (rates there in TB/s).
 _LEGACY = {"chain_us": "stretch_us", "chain_GBps": "stretch_tbps", "mlp_us": "rest_us", "mlp_GBps": "rest_tbps",
            "layer_GBps": "layer_tbps"}
@@ -116,6 +148,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--model", help="the preset the frame ran: adds the weight stream's feed (stream_feed)")
     ap.add_argument("--params", default="{}", help="the MegakernelParams the frame ran, as JSON (for its tiles)")
+    ap.add_argument("--goal-ms", type=float, help="with --model: what this per-token goal leaves each layer")
+    ap.add_argument("--copy-tbps", type=float, default=4.24, help="the device copy's rate (TB/s; default: the "
+                    "H200's 4,242 GB/s in NOTES.md)")
     a = ap.parse_args()
     if not a.frame.is_file():
         print(f"chain_breakdown: {a.frame}: no such file", file=sys.stderr)
@@ -138,6 +173,9 @@ def main() -> int:
         doc["stream_feed"] = {"model": a.model, "median": feed.drop(columns=["layer"]).median().round(3).to_dict(),
                               "per_layer": feed.round(3).to_dict(orient="records")}
         print(feed.round(2).to_string(index=False))
+        if a.goal_ms:
+            doc["goal"] = goal_budget(df, a.model, a.goal_ms, a.copy_tbps)
+            print(json.dumps(doc["goal"]))
     print(chain.round(2).to_string(index=False))
     print(json.dumps({k: doc[k] for k in ("median_us", "layer_us_p50", "attn_critical")}, indent=1))
     if a.out:

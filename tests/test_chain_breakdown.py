@@ -97,3 +97,31 @@ def test_task_bytes_follow_the_params():
     assert cb.task_bytes("qwen2.5-0.5b")["QKV"] == 32 * h * 2 and cb.task_bytes("qwen2.5-0.5b")["DOWN"] == 16 * i * 2
     old = cb.task_bytes("qwen2.5-0.5b", {"max_rows": 16})
     assert (old["QKV"], old["OPROJ"], old["DOWN"]) == (16 * h * 2, 8 * h * 2, 8 * i * 2)
+
+
+def test_goal_budget_on_a_hand_built_layer():
+    """Two hand-built layers, one task per stage (µs). The LM head of Qwen3-0.6B (151,936 × 1,024 × 2 bytes) at
+    4.0 TB/s takes 311,164,928 / 4e6 = 77.79 µs, so 0.40 ms leaves (400 − 77.79) / 28 = 11.507 µs per layer. Each
+    weight stage's link is its hop (median over layers; layer 0's QKV has none) plus its staging, matvec and
+    epilogue; the floor adds the attention's block math alone, ``with_attention_us`` its whole critical task."""
+    cb = _load()
+    nan = float("nan")
+    cols = ["name", "layer", "program", "ready_us", "staged_us", "mv_end_us", "end_us", "q_in_us", "blocks_end_us",
+            "math_end_us", "ticket_us"]
+    rows = []
+    for layer, t in ((0, 0.0), (1, 20.0)):
+        rows += [("QKV", layer, 0, t + 0.5, t + 1.0, t + 2.0, t + 3.0, nan, nan, nan, nan),
+                 # attention: ready 0.5 after the QKV end, q 1.0, blocks 2.0, ticket 0.5, combine 1.0 (total 5.0)
+                 ("ATTN", layer, 1, t + 3.5, nan, nan, t + 8.0, t + 4.5, t + 6.5, t + 6.5, t + 7.0),
+                 ("OPROJ", layer, 0, t + 8.5, t + 8.75, t + 9.75, t + 10.5, nan, nan, nan, nan),
+                 ("GATEUP", layer, 0, t + 11.0, t + 11.5, t + 12.5, t + 13.0, nan, nan, nan, nan),
+                 ("DOWN", layer, 1, t + 13.5, t + 13.75, t + 15.25, t + 16.0, nan, nan, nan, nan)]
+    df = pd.DataFrame(rows, columns=cols)
+    g = cb.goal_budget(df, "qwen3-0.6b", 0.40, 4.0)
+    assert g["lm_head_us"] == pytest.approx(151936 * 1024 * 2 / 4e6, abs=0.01)
+    assert g["budget_layer_us"] == pytest.approx((400 - 151936 * 1024 * 2 / 4e6) / 28, abs=1e-3)
+    # QKV: hop = layer 1's ready 20.5 − layer 0's DOWN end 16.0 = 4.5 (the median over its one hop), staging 0.5,
+    # matvec 1.0, epilogue 1.0 → 7.0
+    assert g["stage_links_us"] == {"QKV": 7.0, "OPROJ": 2.5, "GATEUP": 2.5, "DOWN": 3.0}
+    assert g["link_floor_us"] == pytest.approx(7.0 + 2.5 + 2.5 + 3.0 + 2.0)  # + the attention's blocks alone
+    assert g["with_attention_us"] == pytest.approx(7.0 + 2.5 + 2.5 + 3.0 + 5.0)
