@@ -6,6 +6,10 @@
 #   bash benchmarks/session20.sh second  # sweep r54 (Qwen3's attention: the combine in lanes, the new row after the
 #                                        # wait) on Qwen3-0.6B and Qwen3-1.7B; every GPU test (the loader's changes
 #                                        # of session 19 have not run on the GPU)
+#   bash benchmarks/session20.sh third   # issue 10's decode-latency set on the 1B (and 4096 context) at the commit
+#                                        # that closes it; `diagnose model` on the 1B's megakernels (wait ratio, feed);
+#                                        # `bubblescope tune` of sig_gate 3 / 6 on the 1B (r53b's one winner, as a user
+#                                        # would find it)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -19,6 +23,17 @@ second)
   sweep r54 qwen3-1.7b 128 100
   gpu_tests
   ;;
-*) echo "session20.sh: unknown stage '${1:-}' (first, second)" >&2; exit 2 ;;
+third)
+  issue_sets 1b
+  log "diagnose model llama-3.2-1b"
+  timeout 150 python3 -m bubblescope diagnose model llama-3.2-1b --engines megakernel,megakernel-noprefetch \
+    --runs 1 --out "$R/diagnose_1b" > "$R/diagnose_1b.log" 2>&1; echo "rc=$?" >> "$R/diagnose_1b.log"
+  grep -iE "weight stream|wait|megakernel|rc=" "$R/diagnose_1b.log" | head -14
+  log "tune sig_gate llama-3.2-1b"
+  timeout 120 python3 -m bubblescope tune llama-3.2-1b --knob sig_gate --values 3,6 --contexts 128,4096 \
+    --out "$R/tune_sig_gate_1b" --save "$R/tune_sig_gate_1b.tuned.json" > "$R/tune_sig_gate_1b.log" 2>&1
+  echo "rc=$?" >> "$R/tune_sig_gate_1b.log"; tail -14 "$R/tune_sig_gate_1b.log"
+  ;;
+*) echo "session20.sh: unknown stage '${1:-}' (first, second, third)" >&2; exit 2 ;;
 esac
 finish
