@@ -160,6 +160,67 @@ def test_use_sliding_window_must_be_a_bool(tmp_path):
                                'null, got "false"')
 
 
+# --- 2b. Mistral's sliding window ---------------------------------------------------------------------------------
+# PROMPT + FORCED is 14 positions: with max_position_embeddings=14, a window of 14 cannot hide a key (a query at
+# position 13 sees keys 13 - k < 14 back), a window of 13 hides key 0 from the last query.
+
+@pytest.mark.parametrize("window", [None, 14, 15, 10_000])
+def test_mistral_window_that_never_binds_loads_and_agrees(tmp_path, window):
+    """A Mistral sliding_window at least max_position_embeddings was refused, though attention with it is full
+    attention; transformers' own load of the folder applies the window (the independent source)."""
+    path = _save(tmp_path, "mistral", "MistralConfig", sliding_window=window, max_position_embeddings=14)
+    assert json.loads((path / "config.json").read_text())["sliding_window"] == window
+    weights = _assert_agrees_with_transformers(path)
+    assert weights.config.model_type == "mistral" and weights.config.max_position_embeddings == 14
+
+
+@pytest.mark.parametrize("window", [13, 4, 1, 0])
+def test_mistral_window_below_the_positions_is_refused(tmp_path, window):
+    path = _save(tmp_path, "mistral", "MistralConfig", sliding_window=14, max_position_embeddings=14)
+    _edit_config(path, sliding_window=window)
+    message = (f"{path / 'config.json'}: Mistral with sliding_window={window} is not supported (below "
+               "max_position_embeddings=14, so attention would slide; the engines implement full attention)")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+
+
+def test_a_window_one_below_the_positions_does_change_transformers_logits(tmp_path):
+    """Why 13 is refused and 14 not: over these 14 positions transformers' window of 13 moves the last logits away
+    from full attention (so the agreement test above reaches the window's edge), a window of 14 leaves them."""
+    path = _save(tmp_path, "mistral", "MistralConfig", sliding_window=14, max_position_embeddings=14)
+    ids = torch.tensor([PROMPT + FORCED])
+    logits = {}
+    for window in (None, 14, 13):
+        _edit_config(path, sliding_window=window)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits[window] = hf(ids).logits[0]
+    assert (logits[14] - logits[None]).abs().max().item() < 1e-5
+    assert (logits[13][:-1] - logits[None][:-1]).abs().max().item() < 1e-5  # positions 0-12: nothing hidden yet
+    assert (logits[13][-1] - logits[None][-1]).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("window", ["4096", True, 14.5])
+def test_mistral_sliding_window_must_be_an_integer_or_null(tmp_path, window):
+    path = _save(tmp_path, "mistral", "MistralConfig", sliding_window=None, max_position_embeddings=14)
+    _edit_config(path, sliding_window=window)
+    with pytest.raises(BubblescopeError) as info:
+        ModelConfig.from_hf_config(path)
+    assert str(info.value) == (f"{path / 'config.json'}: config field sliding_window must be an integer or null, "
+                               f"got {json.dumps(window)}")
+
+
+def test_hf_engine_runs_a_mistral_config_with_full_attention_beyond_4096_positions():
+    """MistralConfig's sliding_window defaults to 4096 when absent: the hf engine (built from to_hf_dict) slid
+    beyond 4096 positions where the config said null and the reference engine attends to every position."""
+    from bubblescope.engines import build_engine
+    cfg = ModelConfig(**SIZES, model_type="mistral", max_position_embeddings=4200)
+    weights = dummy_weights(cfg, seed=1)
+    prompt = torch.randint(3, 256, (4150,), generator=torch.Generator().manual_seed(0)).tolist()
+    got = teacher_forced_logits(build_engine("hf", weights, 4160), prompt, [7, 9])
+    ref = teacher_forced_logits(ReferenceEngine(weights, max_seq_len=4160), prompt, [7, 9])
+    assert (got - ref).abs().max().item() < 1e-4
+
+
 # --- 3. the hf engine on a layout transformers builds differently ------------------------------------------------
 
 @pytest.mark.parametrize("changes, message", [

@@ -334,6 +334,144 @@ def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path, mo
         assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "traces"]
 
 
+def _no_weights_load(monkeypatch) -> None:
+    """Make loading any weights (a preset's dummy ones, a file, a folder) fail the test."""
+    import bubblescope.models.loader as loader
+
+    def no_load(*a, **k):
+        raise AssertionError("weights were loaded")
+    monkeypatch.setattr(loader, "dummy_weights", no_load)
+    monkeypatch.setattr(loader, "_load_path", no_load)
+
+
+TUNED = "a tuned file from `bubblescope tune --save`"
+CPU_RUN = ["--device", "cpu", "--prompt-ids", "1", "--max-new-tokens", "1"]
+TUNE_RUN = ["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--device", "cpu", "--out", "t"]
+
+
+@pytest.mark.parametrize("args, empty, directory", [
+    (["generate", "tiny-llama", *CPU_RUN, "--tuning", "{}"],
+     f"--tuning: empty; leave it out or name {TUNED}", f"--tuning d: is a directory; name {TUNED}"),
+    (["generate", "tiny-llama", *CPU_RUN, "--tokenizer", "{}"], "--tokenizer: empty; give a preset name or a path",
+     "--tokenizer d: is a directory, not a tokenizer file (tokenizer.json or a llama2.c .bin)"),
+    (["generate", "tiny-llama", *CPU_RUN, "--checkpoint", "{}"], "--checkpoint: empty; give a preset name or a path",
+     None),  # a checkpoint may be a directory (a Hugging Face folder)
+    (["diagnose", "model", "tiny-llama", "--device", "cpu", "--out", "o", "--tuning", "{}"],
+     f"--tuning: empty; leave it out or name {TUNED}", f"--tuning d: is a directory; name {TUNED}"),
+    (["diagnose", "model", "tiny-llama", "--device", "cpu", "--out", "o", "--checkpoint", "{}"],
+     "--checkpoint: empty; give a preset name or a path", None),
+    (["report", "{}"], "RESULTS.json: empty; name a results.json of `diagnose model`",
+     "RESULTS.json d: is a directory; name a results.json of `diagnose model`"),
+    (["report", "r.json", "--html", "{}"], "--html: empty; leave it out or name the HTML file to write",
+     "--html d: exists and is not a regular file (a directory or device); give a file path"),
+    (["gate", "{}", "--max-bubble-ratio", "0.5"], "RESULTS.json: empty; name the results.json to check",
+     "RESULTS.json d: is a directory; name the results.json to check"),
+    (["gate", "r.json", "--baseline", "{}", "--max-regression", "0.1"],
+     "--baseline: empty; leave it out or name an older results.json",
+     "--baseline d: is a directory; name an older results.json"),
+    ([*TUNE_RUN, "--save", "{}"], "--save: empty; leave it out or name the tuned file to write",
+     "--save d: exists and is not a regular file (a directory or device); give a file path"),
+    ([*TUNE_RUN, "--checkpoint", "{}"], "--checkpoint: empty; give a preset name or a path", None),
+], ids=["generate --tuning", "generate --tokenizer", "generate --checkpoint", "diagnose --tuning",
+         "diagnose --checkpoint", "report RESULTS", "report --html", "gate RESULTS", "gate --baseline", "tune --save",
+         "tune --checkpoint"])
+def test_an_empty_or_directory_path_is_refused_before_anything_loads(tmp_path, monkeypatch, args, empty, directory):
+    """Path("") is ".": `report r.json --html ""` said "--html .: exists and is not a regular file", `gate r.json
+    --baseline ""` ".: cannot read results file (Is a directory)", `--tuning ""` "--tuning .: not a readable JSON
+    file (IsADirectoryError)"; a --tokenizer directory was found out only after the weights had loaded."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    _no_weights_load(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "r.json").write_text(json.dumps(g.healthy_doc()))
+    before = sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*"))
+    for value, message in [("", empty), (" ", empty), ("d", directory)]:
+        if message is None:
+            continue
+        r = CliRunner().invoke(app, [a.format(value) for a in args])
+        assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"error: {message}\n")
+        assert sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*")) == before
+
+
+def test_path_options_keep_their_path_type_in_help():
+    """The path options became str (to see an empty value): --help still shows them as <path>."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    for command, option in [("report", "--html"), ("gate", "--baseline"), ("tune", "--save"),
+                            ("generate", "--tuning")]:
+        r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "100"})
+        line = next(line for line in r.stdout.splitlines() if f"{option} " in line)
+        assert line.split(option)[1].split()[0] == "<path>", line
+
+
+def test_no_engine_that_can_run_is_said_before_the_model_loads(tmp_path, monkeypatch):
+    """`diagnose model --engines reference-cudagraph,megakernel-gluon` on CPU loaded the model (minutes for a big
+    one) before saying that no engine ran; `generate --engine megakernel-gluon` too, without naming the option."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    _no_weights_load(monkeypatch)
+    r = CliRunner().invoke(app, ["diagnose", "model", str(tmp_path / "no-such-model"), "--device", "cpu", "--engines",
+                                 "reference-cudagraph,megakernel-gluon", "--out", str(tmp_path / "out")])
+    assert (r.exit_code, r.stdout) == (2, "") and r.stderr == (
+        "error: --engines: no engine ran on this machine (reference-cudagraph: reference mode cudagraph needs a "
+        "CUDA device; megakernel-gluon: the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run "
+        "Gluon))\n")
+    assert list(tmp_path.iterdir()) == []
+    for args, message in [(["--engine", "megakernel-gluon"], "--engine megakernel-gluon: the Gluon megakernel needs "
+                            "a CUDA GPU (the CPU interpreter cannot run Gluon)"),
+                          (["--mode", "cudagraph"], "--mode cudagraph: reference mode cudagraph needs a CUDA device")]:
+        r = CliRunner().invoke(app, ["generate", "tiny-llama", *CPU_RUN, *args])
+        assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"error: {message}\n")
+
+
+def test_engines_that_need_what_is_missing_are_known_before_a_model(monkeypatch):
+    """unavailable_before_load gives the reason the engine's build would raise, without any model."""
+    import torch
+
+    from bubblescope.engines import ENGINES, build_engine, unavailable_before_load
+    from bubblescope.errors import BubblescopeError, EngineUnavailable
+    from bubblescope.models import dummy_weights, get_preset
+    cpu = torch.device("cpu")
+    assert {n: unavailable_before_load(n, cpu) for n in ENGINES} == {
+        n: None for n in ENGINES} | {
+        "reference-cudagraph": "reference mode cudagraph needs a CUDA device",
+        "megakernel-gluon": "the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run Gluon)"}
+    assert unavailable_before_load("auto", cpu) is None
+    for package in ("triton", "transformers"):  # as if not installed: find_spec None, import raises ImportError
+        monkeypatch.setitem(sys.modules, package, None)
+    missing = {n: unavailable_before_load(n, cpu) for n in ENGINES}
+    assert missing == {"reference": None, "reference-cudagraph": "reference mode cudagraph needs a CUDA device",
+                       "reference-compile": None, "hf": "engine hf needs transformers, which is not installed"} | {
+        n: "the megakernel needs Triton, which is not installed" for n in ENGINES if n.startswith("megakernel")}
+    weights = dummy_weights(get_preset("tiny-llama"))
+    for name in ("hf", "megakernel", "reference-cudagraph"):  # the words building it raises
+        with pytest.raises(EngineUnavailable) as info:
+            build_engine(name, weights, 16)
+        assert str(info.value) == missing[name]
+    with pytest.raises(BubblescopeError, match="--engines: unknown engine 'nope'"):
+        unavailable_before_load("nope", cpu, "--engines")
+
+
+def test_one_engine_that_can_run_keeps_the_run(tmp_path):
+    """When any engine may run, the run goes on and the others are skipped in results.json, as before."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["diagnose", "model", "tiny-llama", "--engines", "reference-cudagraph,reference",
+                                 "--device", "cpu", "--gen-len", "2", "--prompt-len", "2", "--runs", "1", "--warmup",
+                                 "0", "--profile-steps", "1", "--out", str(out), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    engines = {e["name"]: (e["status"], e["reason"]) for e in json.loads(r.stdout)["engines"]}
+    assert engines == {"reference-cudagraph": ("skipped", "reference mode cudagraph needs a CUDA device"),
+                       "reference": ("ok", None)}
+    assert (out / "results.json").is_file()
+
+
 @pytest.mark.parametrize("foreign", ["notes.txt", "sub/", "mine.json"])
 def test_a_file_of_the_users_in_traces_is_refused_not_deleted(tmp_path, foreign):
     """A run replaces OUT/traces/ whole: a file bubblescope did not write there would go with it."""

@@ -207,3 +207,96 @@ def test_cli_says_why_rank_traces_were_not_merged(tmp_path):
     assert merged.exit_code == 0 and "note: the files name ranks" not in merged.stderr
     same = _cli("diagnose", "trace", a, tg.write(tmp_path / "e.json", tg.document(bare, rank=0)))
     assert "note: the files name ranks" not in same.stderr  # one rank twice: not one job's ranks
+
+
+# --- ties in the per-step rank columns; the tables in 80 columns ---------------------------------------------------
+# Two ranks, one kernel per step. Step 0: both start at 30 (a tie for the first and the last start), rank 0 ends at
+# 35, rank 1 at 38 (last end 1, end skew 3); compute 5 against 8 (slowest 1, skew 3); span 30-38 = 8. Step 1: rank 0
+# [130, 140), rank 1 [132, 140): first start 0, last start 1 (skew 2), both end at 140 (a tie for the last end, skew
+# 0); compute 10 against 8 (slowest 0, skew 2); span 10.
+TIED = {0: [(30, 5), (130, 10)], 1: [(30, 8), (132, 8)]}
+
+
+def _tied_traces(tmp_path):
+    paths = []
+    for rank, kernels in TIED.items():
+        ev = [tg.annotation("bubblescope.decode_step#0", 0, 100), tg.annotation("bubblescope.decode_step#1", 100, 100)]
+        for corr, (ts, dur) in enumerate(kernels, start=1):
+            ev += [tg.launch(ts - 20, 2, corr), tg.kernel("gemv", ts, dur, corr, device=rank)]
+        paths.append(tg.write(tmp_path / f"tied{rank}.json", tg.document(ev, rank=rank)))
+    return paths
+
+
+def _table(lines: list[str], title: str) -> list[list[str]]:
+    """The body cells of the boxed table printed under ``title``."""
+    at = lines.index(next(line for line in lines if line.startswith(title)))
+    body = lines[at + 1:]
+    body = body[:next(i for i, line in enumerate(body) if line.startswith("└"))]
+    start = next(i for i, line in enumerate(body) if line.startswith("┡"))
+    return [[c.strip() for c in line.strip().strip("│").split("│")] for line in body[start + 1:]]
+
+
+def test_tied_ranks_are_named_as_a_tie_not_as_the_first_of_them(tmp_path):
+    """first_start_rank, last_start_rank and last_end_rank named the first of tied ranks (idxmin / idxmax), where
+    slowest_rank already named none."""
+    import subprocess
+    import sys
+
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from .conftest import ROOT
+
+    paths = _tied_traces(tmp_path)
+    per_step = summarize_rank_traces(paths)["ranks"]["per_step"]
+    keys = ("first_start_rank", "last_start_rank", "last_end_rank", "slowest_rank")
+    assert [[s[k] for k in keys] for s in per_step] == [[None, None, 1, 1], [0, 1, None, 0]]
+    assert [(s["start_skew_us"], s["end_skew_us"], s["span_us"], s["compute_skew_us"]) for s in per_step] == \
+        [(0, 3, 8, 3), (2, 0, 10, 2)]
+    r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", *map(str, paths), "--ranks"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    section = lines[next(i for i, line in enumerate(lines) if line.startswith("2 ranks, marker")):]
+    assert max(len(line) for line in section) <= 80 and "…" not in "".join(section)
+    assert _table(section, "Per step, across ranks: timing") == [
+        ["0", "0.0 µs", "3.0 µs", "8.0 µs", "tie", "tie", "1"],
+        ["1", "2.0 µs", "0.0 µs", "10.0 µs", "0", "1", "tie"]]
+    assert _table(section, "Per step, across ranks: compute and NCCL") == [
+        ["0", "1", "3.0 µs", "0.0 %–0.0 %"], ["1", "0", "2.0 µs", "0.0 %–0.0 %"]]
+    assert _table(section, "Per rank (decode window)") == [
+        ["0", "0", "2", "15.0 µs", "110.0 µs", f"{1 - 15 / 110:.3f}", "0.0 %"],
+        ["1", "1", "2", "16.0 µs", "110.0 µs", f"{1 - 16 / 110:.3f}", "0.0 %"]]
+    assert _table(section, "Per rank, median per step") == [["0", "7.5 µs", "0.0 µs", "1 step"],
+                                                            ["1", "8.0 µs", "0.0 µs", "1 step"]]
+
+
+def test_the_rank_tables_fit_80_columns_at_their_widest():
+    """The per-rank table (10 columns) and the per-step table (7) wrapped every row onto two lines at 80 columns.
+    Widest cells: 4-digit steps and ranks, 7-digit kernel counts, times of 9,999.99 s, 100.0 % shares."""
+    import io
+
+    from rich.console import Console
+
+    from bubblescope.reports.ranks_terminal import render_ranks
+    big = 9_999.99e6  # µs: "9,999.99 s"
+    rank = {"rank": 1000, "device": 7, "kernels": 1_234_567, "busy_us": big, "span_us": big, "bubble_ratio": 0.999,
+            "nccl_share": 1.0, "compute_us_per_step": big, "nccl_us_per_step": big, "slowest_steps": 9999}
+    step = {"step": 9999, "start_skew_us": big, "end_skew_us": big, "span_us": big, "first_start_rank": 1000,
+            "last_start_rank": 1001, "last_end_rank": None, "slowest_rank": 1002, "compute_skew_us": big,
+            "nccl_share_min": 1.0, "nccl_share_max": 1.0}
+    section = {"world_size": 1024, "step_marker": "bubblescope.decode_step", "steps": 9999, "per_rank": [rank],
+               "per_step": [step], "median": {"start_skew_us": big, "end_skew_us": big, "compute_skew_us": big,
+                                              "nccl_share": 1.0}, "warnings": []}
+    out = io.StringIO()
+    render_ranks(section, Console(file=out, width=80, color_system=None))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in out.getvalue()
+    assert _table(lines, "Per rank (decode window)") == [["1000", "7", "1234567", "9,999.99 s", "9,999.99 s", "0.999",
+                                                          "100.0 %"]]
+    assert _table(lines, "Per rank, median per step") == [["1000", "9,999.99 s", "9,999.99 s", "9999 steps"]]
+    assert _table(lines, "Per step, across ranks: timing") == [["9999", "9,999.99 s", "9,999.99 s", "9,999.99 s",
+                                                                "1000", "1001", "tie"]]
+    assert _table(lines, "Per step, across ranks: compute and NCCL") == [["9999", "1002", "9,999.99 s",
+                                                                          "100.0 %–100.0 %"]]
+    assert "median skew over steps: start 9,999.99 s, end 9,999.99 s, compute 9,999.99 s" in lines
+    assert "median NCCL share of a rank's step: 100.0 %" in lines

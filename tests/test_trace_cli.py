@@ -196,8 +196,8 @@ def test_a_tie_in_compute_names_no_slowest_rank(tmp_path):
     assert [r["slowest_steps"] for r in tie["per_rank"]] == [0, 0]
     r = _cli("diagnose", "trace", str(tmp_path / "r0.json"), str(tmp_path / "r1.json"))
     lines = r.stdout.splitlines()
-    per_step = lines[next(i for i, line in enumerate(lines) if line.startswith("Per step, across ranks")):]
+    per_step = lines[next(i for i, line in enumerate(lines) if line.startswith("Per step, across ranks: compute")):]
     row = next(line for line in per_step if line.startswith("│    0 │"))
-    assert row.split("│")[4].strip() == "—"  # step, start skew, end skew, slowest rank
+    assert row.split("│")[2].strip() == "tie"  # step, slowest rank
     slow = summarize_rank_traces([rank(0, 5), rank(1, 8)])["ranks"]
     assert [s["slowest_rank"] for s in slow["per_step"]] == [1]

@@ -15,6 +15,8 @@ import typer
 from .errors import BubblescopeError
 from .wording import count
 
+TUNED_FILE = "a tuned file from `bubblescope tune --save`"
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profile and diagnose batch-size-1 LLM decode: bubbles, launches, bandwidth.")
 diagnose_app = typer.Typer(no_args_is_help=True, help="Diagnose a model (measure it) or a trace you already have.")
@@ -71,6 +73,41 @@ def _path(path: Path | None, label: str) -> Path | None:
     return path
 
 
+def _file(value: str | None, label: str, what: str, write: bool = False, required: bool = False) -> Path | None:
+    """A file-valued option (or argument) ``label`` as a Path; None when left out. Checked before any model loads
+    or anything is written.
+
+    ``what`` names the file in the message ("a tuned file from `bubblescope tune --save`"); ``write``: the command
+    writes the file (an existing directory or device is refused as :func:`~.reports.results.atomic_write_text`
+    refuses it), else reads it; ``required``: an argument, which cannot be left out.
+
+    Raises:
+        BubblescopeError: an empty value (``Path("")`` is ``.``, the current directory, which would be read or
+            written in its place); an existing directory (not a regular file, for ``write``); a path that is not
+            valid UTF-8 (:func:`_path`).
+    """
+    if value is None:
+        return None
+    if not value.strip():
+        raise BubblescopeError(f"{label}: empty; {'' if required else 'leave it out or '}name {what}")
+    path = _path(Path(value), label)
+    if write and path.exists() and not path.is_file():
+        raise BubblescopeError(f"{label} {path}: exists and is not a regular file (a directory or device); give a "
+                               "file path")
+    if not write and path.is_dir():
+        raise BubblescopeError(f"{label} {path}: is a directory; name {what}")
+    return path
+
+
+def _as_typed(value: str) -> str:
+    """typer parser of a path option or argument: the value as typed, a str (a ``Path`` annotation turns an
+    empty value into ``Path("")``, which is ``.``, so :func:`_file` could not refuse it)."""
+    return value
+
+
+_as_typed.__name__ = "path"  # the type --help shows (<path>), as for a Path annotation
+
+
 def _out(out: str, default: str) -> Path:
     """``--out`` as a Path; an empty value is refused (``Path("")`` is the current directory, whose files a run
     would replace), not taken as the default or as ``.``."""
@@ -108,13 +145,13 @@ def generate(
     mode: str = typer.Option("eager", help="Reference engine mode: eager, cudagraph or compile."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
-    tuning: Optional[Path] = typer.Option(None, help="Tuned file from `bubblescope tune --save`: the megakernel takes "
-                                          "the entry for prompt + new tokens."),
+    tuning: Optional[str] = typer.Option(None, parser=_as_typed, help="Tuned file from `bubblescope tune --save`: "
+                                         "the megakernel takes the entry for prompt + new tokens."),
 ):
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     import torch
 
-    from .engines import build_engine, prepare_triton
+    from .engines import build_engine, prepare_triton, unavailable_before_load
     from .generation import SamplingParams, TextStream
     from .generation import generate as run
     from .models import load_model, parse_dtype, resolve_device
@@ -123,6 +160,7 @@ def generate(
     from .tuned import describe_pick, engine_params, load_tuning
 
     seed = _seed(seed)
+    tuning = _file(tuning, "--tuning", TUNED_FILE)
     tuned = load_tuning(tuning) if tuning is not None else None
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     for warning in params.unused():
@@ -139,6 +177,8 @@ def generate(
     name = engine if engine != "reference" or mode == "eager" else f"reference-{mode}"
     if engine == "reference" and mode not in ("eager", "cudagraph", "compile"):
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
+    if why := unavailable_before_load(name, dev):  # said before the model loads, naming the option that chose it
+        raise BubblescopeError(f"--mode {mode}: {why}" if name != engine else f"--engine {engine}: {why}")
     loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
     cfg, tok = loaded.config, loaded.tokenizer
     for warning in loaded.warnings + ([tuned.check_model(cfg)] if tuned is not None else []):
@@ -221,8 +261,8 @@ def diagnose_model(
                             "(replaced together at the end of the run; other files are kept)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     seed: int = typer.Option(0, help="Seed of the prompt, the dummy weights and the sampler."),
-    tuning: Optional[Path] = typer.Option(None, help="Tuned file from `bubblescope tune --save`: megakernel engines "
-                                          "take the entry for prompt + generated length."),
+    tuning: Optional[str] = typer.Option(None, parser=_as_typed, help="Tuned file from `bubblescope tune --save`: "
+                                         "megakernel engines take the entry for prompt + generated length."),
     counters: bool = typer.Option(False, "--counters", help="Also read hardware counters of each engine's top "
                                   "kernels with Nsight Compute (ncu), in a subprocess."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks: runs the reference engine on N local "
@@ -232,6 +272,7 @@ def diagnose_model(
     from .diagnosis import command_line, diagnose
 
     out = _out(out, "bubblescope-out")
+    tuning = _file(tuning, "--tuning", TUNED_FILE)
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     # an empty value is not the same as leaving the argument out (the default), so it is refused, not defaulted
@@ -326,8 +367,10 @@ def diagnose_trace(
 @app.command()
 @user_errors
 def report(
-    results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="A results.json of `diagnose model`."),
-    html: Optional[Path] = typer.Option(None, help="Also write the HTML report here (not over RESULTS.json)."),
+    results_path: str = typer.Argument(..., metavar="RESULTS.json", parser=_as_typed,
+                                       help="A results.json of `diagnose model`."),
+    html: Optional[str] = typer.Option(None, parser=_as_typed, help="Also write the HTML report here (not over "
+                                       "RESULTS.json)."),
     fmt: str = typer.Option("text", "--format", help="text (rich) or json."),
 ):
     """Re-render a results.json (terminal and/or HTML) without measuring anything."""
@@ -335,7 +378,8 @@ def report(
 
     if fmt not in ("text", "json"):  # before anything is written
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    _path(html, "--html")
+    results_path = _file(results_path, "RESULTS.json", "a results.json of `diagnose model`", required=True)
+    html = _file(html, "--html", "the HTML file to write", write=True)
     if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
         raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
     results = load_results(results_path).require_engines(str(results_path))
@@ -355,14 +399,16 @@ def report(
 @app.command()
 @user_errors
 def gate(
-    results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="The results.json to check."),
+    results_path: str = typer.Argument(..., metavar="RESULTS.json", parser=_as_typed,
+                                       help="The results.json to check."),
     engine: Optional[str] = typer.Option(None, help="Engine to check (default: megakernel if ok, else the fastest)."),
     min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util",
                                                        help="Lowest fraction of NVML peak bandwidth (0.35 = 35 %)."),
     max_bubble_ratio: Optional[float] = typer.Option(None, "--max-bubble-ratio",
                                                      help="Highest GPU idle fraction of the decode window (0-1)."),
     max_token_p99_ms: Optional[float] = typer.Option(None, "--max-token-p99-ms", help="Highest p99 ms per token."),
-    baseline: Optional[Path] = typer.Option(None, help="An older results.json to compare against."),
+    baseline: Optional[str] = typer.Option(None, parser=_as_typed,
+                                           help="An older results.json to compare against."),
     max_regression: Optional[float] = typer.Option(None, "--max-regression", help="e.g. 0.05 = 5 % slower allowed."),
     allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help="Compare against a baseline of another "
                                         "model, dtype, device or workload anyway."),
@@ -373,6 +419,8 @@ def gate(
     from .reports.gate import render_gate, run_gate
     from .reports.results import load_results
 
+    results_path = _file(results_path, "RESULTS.json", "the results.json to check", required=True)
+    baseline = _file(baseline, "--baseline", "an older results.json")
     doc = load_results(results_path).doc
     base = load_results(baseline).doc if baseline is not None else None
     rep = run_gate(doc, engine=engine, min_bandwidth_util=min_bandwidth_util, max_bubble_ratio=max_bubble_ratio,
@@ -398,7 +446,8 @@ def tune(
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
     seed: int = typer.Option(0, help="Seed of the prompt and of dummy weights."),
     out: str = typer.Option("bubblescope-tune", help="Directory for tune.json and tune.html."),
-    save: Optional[Path] = typer.Option(None, help="Write the best value per context range here (for --tuning)."),
+    save: Optional[str] = typer.Option(None, parser=_as_typed, help="Write the best value per context range here "
+                                       "(for --tuning)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     list_knobs: bool = typer.Option(False, "--list", help="List each tunable engine's knobs and exit."),
 ):
@@ -423,6 +472,7 @@ def tune(
     from .reports.tune_report import render_tune, write_tune_outputs
 
     from .tuned import check_save_path
+    save = _file(save, "--save", "the tuned file to write", write=True)
     check_save_path(save)
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,

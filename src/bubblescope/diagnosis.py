@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton
+from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton, unavailable_before_load
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
 from .generation import SamplingParams, generate, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
@@ -209,7 +209,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
             that does not fit the model, an ``out`` that cannot be a directory or written into (refused before
             the model is loaded), a bad tuned file); every engine skipped (nothing written then, see
-            :func:`nothing_ran`).
+            :func:`nothing_ran`; before the model is loaded when the device alone rules every engine out,
+            :func:`~bubblescope.engines.unavailable_before_load`).
     """
     from .tuned import load_tuning
     from .profiler.hardware import device_info, measure_copy_bandwidth
@@ -233,6 +234,12 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         raise BubblescopeError(f"--context-sweep: contexts must be positive, got {sweep}")
     if write:  # before the model is loaded or anything is measured
         check_out_dir(out)
+    # Known before the model loads: every engine asked for needs what this machine lacks (a GPU, a package), e.g.
+    # `--engines reference-cudagraph,megakernel-gluon` on CPU. When any engine may run, the loop below skips the
+    # rest with the same reasons.
+    ruled_out = [{"name": n, "reason": skips.get(n) or unavailable_before_load(n, dev, "--engines")} for n in names]
+    if all(e["reason"] for e in ruled_out):
+        raise BubblescopeError(nothing_ran(ruled_out))
     requested, model = model, model or default_model(dev, checkpoint)
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)

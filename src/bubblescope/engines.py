@@ -2,6 +2,8 @@
 
 Engines are built lazily (the megakernel imports Triton, ``hf`` imports transformers) and an engine that
 cannot run here raises :class:`EngineUnavailable`, which ``diagnose`` reports as ``skipped`` with the reason.
+What rules an engine out on a device whatever the model (a package not installed, a GPU it needs) is known
+before any model is loaded: :func:`unavailable_before_load`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,43 @@ if TYPE_CHECKING:  # listing engines must not import torch (seconds); building o
     from .models.weights import ModelWeights
 
 
+TRITON_MISSING = "the megakernel needs Triton, which is not installed"
+TRANSFORMERS_MISSING = "engine hf needs transformers, which is not installed"
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
     description: str
     build: Callable[..., object]   # (weights, max_seq_len, params=None) -> Decoder
+    # (device) -> why the engine cannot run on that device whatever the model, or None; the same words as
+    # ``build`` raises then
+    unavailable: Callable[..., str | None] = lambda device: None
+
+
+def _missing(module: str, reason: str):
+    def unavailable(device) -> str | None:
+        import importlib.util
+        return reason if importlib.util.find_spec(module) is None else None
+    return unavailable
+
+
+_needs_triton = _missing("triton", TRITON_MISSING)
+
+
+def _cudagraph_unavailable(device) -> str | None:
+    from .reference_engine.engine import CUDAGRAPH_NEEDS_CUDA
+    return CUDAGRAPH_NEEDS_CUDA if device.type != "cuda" else None
+
+
+def _gluon_unavailable(device) -> str | None:
+    """Triton missing, or a device that is not a Hopper GPU (``gluon.host.gluon_device_unsupported``)."""
+    if why := _needs_triton(device):
+        return why
+    import torch
+
+    from .megakernel_engine.gluon.host import gluon_device_unsupported
+    return gluon_device_unsupported(torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
 
 
 def _reference(mode: str):
@@ -42,7 +76,7 @@ def _megakernel(variant: str, impl: str, name: str):
         # Not `import triton` here: on CPU the engine must set TRITON_INTERPRET before Triton's first import.
         import importlib.util
         if importlib.util.find_spec("triton") is None:
-            raise EngineUnavailable("the megakernel needs Triton, which is not installed")
+            raise EngineUnavailable(TRITON_MISSING)
         from .megakernel_engine import MegakernelEngine
         return MegakernelEngine(weights, params=params, max_seq_len=max_seq_len, variant=variant, impl=impl,
                                 name=name)
@@ -54,7 +88,7 @@ def _hf(weights: ModelWeights, max_seq_len: int, params=None):
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise EngineUnavailable("engine hf needs transformers, which is not installed") from None
+        raise EngineUnavailable(TRANSFORMERS_MISSING) from None
     from .hf_engine import HFEngine
     return HFEngine(weights, max_seq_len)
 
@@ -62,21 +96,23 @@ def _hf(weights: ModelWeights, max_seq_len: int, params=None):
 ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
     EngineSpec("reference", "op-by-op PyTorch, eager: one launch per op", _reference("eager")),
     EngineSpec("reference-cudagraph", "op-by-op PyTorch, decode step replayed as one CUDA graph",
-               _reference("cudagraph")),
+               _reference("cudagraph"), _cudagraph_unavailable),
     EngineSpec("reference-compile", "torch.compile(mode='reduce-overhead'): inductor fusion + CUDA graphs",
                _reference("compile")),
-    EngineSpec("hf", "Hugging Face transformers' own model, eager, DynamicCache", _hf),
+    EngineSpec("hf", "Hugging Face transformers' own model, eager, DynamicCache", _hf,
+               _missing("transformers", TRANSFORMERS_MISSING)),
     EngineSpec("megakernel", "persistent megakernel, one launch per token: the Gluon kernel on Hopper (a TMA "
                "producer warp streams weights ahead of the compute warps), the Triton kernel elsewhere",
-               _megakernel("fused", "auto", "megakernel")),
+               _megakernel("fused", "auto", "megakernel"), _needs_triton),
     EngineSpec("megakernel-gluon", "the Gluon megakernel (sm_90): warp-specialized TMA weight ring",
-               _megakernel("fused", "gluon", "megakernel-gluon")),
+               _megakernel("fused", "gluon", "megakernel-gluon"), _gluon_unavailable),
     EngineSpec("megakernel-triton", "the plain-Triton megakernel: register tiles, L2 prefetch before each wait",
-               _megakernel("fused", "triton", "megakernel-triton")),
+               _megakernel("fused", "triton", "megakernel-triton"), _needs_triton),
     EngineSpec("megakernel-stages", "the megakernel's task code, one launch per stage (fusion ablation)",
-               _megakernel("stages", "auto", "megakernel-stages")),
+               _megakernel("stages", "auto", "megakernel-stages"), _needs_triton),
     EngineSpec("megakernel-noprefetch", "the megakernel whose weight loads wait for each task's inputs "
-               "(pipelining ablation)", _megakernel("noprefetch", "auto", "megakernel-noprefetch")),
+               "(pipelining ablation)", _megakernel("noprefetch", "auto", "megakernel-noprefetch"),
+               _needs_triton),
 ]}
 
 
@@ -102,6 +138,21 @@ def get_engine_spec(name: str, option: str = "--engine") -> EngineSpec:
     if name not in ENGINES:
         raise BubblescopeError(f"{option}: unknown engine {name!r}; known engines: {', '.join(ENGINES)}, or auto")
     return ENGINES[name]
+
+
+def unavailable_before_load(name: str, device: torch.device, option: str = "--engine") -> str | None:
+    """Why engine ``name`` cannot run on ``device`` whatever the model, known before any model is loaded: a
+    package it needs is not installed (Triton, transformers), or it needs a CUDA device (``reference-cudagraph``)
+    or a Hopper GPU (``megakernel-gluon``). The reason is in the words building the engine would raise
+    (:class:`EngineUnavailable`). None when it may run here: building it over a model can still rule it out
+    (a dtype, a head_dim, a kernel that does not fit the SM). ``auto`` always runs (the reference at worst).
+
+    Raises:
+        BubblescopeError: unknown name (the message names ``option``, as :func:`get_engine_spec`).
+    """
+    if name == "auto":
+        return None
+    return get_engine_spec(name, option).unavailable(device)
 
 
 def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None):

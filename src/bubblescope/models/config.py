@@ -37,8 +37,9 @@ def _finite(v: Any) -> bool:
         return False
 
 
-# model_type in config.json -> our architecture family. Mistral without a sliding window is
-# Llama with other names; Qwen2 adds q/k/v biases; Qwen3 adds per-head q/k RMSNorm.
+# model_type in config.json -> our architecture family. Mistral without a sliding window (or with one that never
+# binds: _check_window_never_binds) is Llama with other names; Qwen2 adds q/k/v biases; Qwen3 adds per-head q/k
+# RMSNorm.
 SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
@@ -233,6 +234,10 @@ class ModelConfig:
         if self.model_type in ("llama", "mistral"):
             d["attention_bias"] = self.attention_bias
             d["mlp_bias"] = False
+        if self.model_type == "mistral":
+            # Full attention, as every engine here computes it: MistralConfig's sliding_window defaults to 4096
+            # when the field is absent, so transformers (the hf engine) would slide beyond 4096 positions.
+            d["sliding_window"] = None
         return d
 
     def config_sha256(self) -> str:
@@ -247,8 +252,10 @@ class ModelConfig:
 
         Raises:
             BubblescopeError: unsupported architecture or model_type (named), a feature no engine implements
-                (Mistral's or Qwen's sliding window, o_proj biases of Llama / Qwen3 ``attention_bias``,
-                ``mlp_bias``), or a missing or ill-typed field.
+                (Mistral's ``sliding_window`` below ``max_position_embeddings`` or Qwen's sliding-window layers,
+                o_proj biases of Llama / Qwen3 ``attention_bias``, ``mlp_bias``), or a missing or ill-typed field.
+                A Mistral ``sliding_window`` of null, or of at least ``max_position_embeddings``, is full attention
+                (:func:`_check_window_never_binds`) and loads.
         """
         d = dict(d)
         if isinstance(d.get("text_config"), dict) and "hidden_size" not in d:
@@ -260,8 +267,6 @@ class ModelConfig:
             raise BubblescopeError(
                 f"{name}: unsupported architecture {shown!r} (model_type {model_type!r}); supported model types: "
                 f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
-        if model_type == "mistral" and d.get("sliding_window"):
-            raise BubblescopeError(f"{name}: Mistral with sliding_window={d['sliding_window']} is not supported")
         for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
             # bool("false") is True: a string here would silently flip the layout.
             if d.get(key) is not None and not isinstance(d[key], bool):
@@ -303,6 +308,9 @@ class ModelConfig:
                 raise BubblescopeError(f"{name}: config field {key} must be a finite number, got {value!r}")
             return float(value)
 
+        max_positions = integer("max_position_embeddings", d.get("max_position_embeddings", 2048))
+        if model_type == "mistral":
+            _check_window_never_binds(name, d.get("sliding_window"), max_positions)
         return cls(
             hidden_size=integer("hidden_size", d["hidden_size"]),
             intermediate_size=integer("intermediate_size", d["intermediate_size"]),
@@ -321,7 +329,7 @@ class ModelConfig:
             # MistralAttention never has any; Llama and Qwen3 with attention_bias=true are refused above.
             attention_bias=family == "qwen2",
             qk_norm=family == "qwen3",
-            max_position_embeddings=integer("max_position_embeddings", d.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_positions,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             model_type=model_type,
@@ -382,6 +390,36 @@ def _check_dtype_fields(name: str, d: dict) -> None:
             raise BubblescopeError(
                 f"{name}: config field {key} must be a torch dtype name (float32, float16, bfloat16, float64, "
                 f"... as transformers reads it) or null, got {json.dumps(value)}")
+
+
+def _check_window_never_binds(name: str, window: Any, max_positions: int) -> None:
+    """Accept a Mistral ``sliding_window`` that cannot change attention; refuse one that can.
+
+    In transformers a null ``sliding_window`` means no window ("If `None`, no sliding window is applied":
+    ``utils/auto_docstring.py``; ``MistralModel.forward`` then builds a plain causal mask), and a window ``W``
+    lets a query at position ``q`` see the keys at positions ``k > q - W`` (``masking_utils.sliding_window_overlay``,
+    transformers 5.x; SDPA keeps the plain causal mask while the keys are fewer than ``W``:
+    ``_ignore_causal_mask_sdpa``). So the window only hides a key once the sequence is longer than ``W``
+    (as a maintainer put it: the window is disabled "if it's None or larger than content length",
+    https://huggingface.co/mistralai/Mistral-7B-Instruct-v0.2/discussions/16). Every engine here keeps at most
+    ``max_position_embeddings`` positions (``q - k <= max_positions - 1``), so ``W >= max_positions`` never
+    binds: full attention, which the engines implement, is exactly the windowed attention. A smaller window
+    would slide within the context the engines can reach, and is refused.
+
+    Raises:
+        BubblescopeError: ``window`` is neither null nor an integer, or is below ``max_positions``.
+    """
+    if window is None:
+        return
+    if isinstance(window, float) and window.is_integer():
+        window = int(window)
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise BubblescopeError(f"{name}: config field sliding_window must be an integer or null, got "
+                               f"{json.dumps(window)}")
+    if window < max_positions:
+        raise BubblescopeError(f"{name}: Mistral with sliding_window={window} is not supported (below "
+                               f"max_position_embeddings={max_positions}, so attention would slide; the engines "
+                               "implement full attention)")
 
 
 def _check_no_sliding_layers(name: str, d: dict, model_type: str) -> None:

@@ -118,12 +118,16 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     other shapes, another path), the returned warnings say that MODEL was ignored (:func:`ignored_model`).
 
     Raises:
-        BubblescopeError: unknown preset, missing path, unsupported config, malformed weights.
+        BubblescopeError: unknown preset, missing path, unsupported config, malformed weights; an empty MODEL,
+            ``checkpoint`` or ``tokenizer``, or a ``tokenizer`` that is not a file (both before anything is loaded).
     """
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     for label, value in (("MODEL", model), ("--checkpoint", checkpoint), ("--tokenizer", tokenizer)):
         if value is not None and not str(value).strip():  # Path("") is ".", which would be searched instead
             raise BubblescopeError(f"{label}: empty; give a preset name or a path")
+    if tokenizer is not None and not Path(tokenizer).is_file():  # found now, not after the weights are loaded
+        why = "is a directory, not a" if Path(tokenizer).is_dir() else "no such"
+        raise BubblescopeError(f"--tokenizer {tokenizer}: {why} tokenizer file (tokenizer.json or a llama2.c .bin)")
     path = checkpoint
     if path is None and model.lower() not in PRESETS:
         if not Path(model).exists() and os.sep not in model and not model.endswith((".bin", ".json")):

@@ -132,8 +132,10 @@ def rank_steps(traces: list[Trace], step_marker: str = DEFAULT_STEP_MARKER, skip
 def cross_rank_steps(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per step of :func:`rank_steps`: step, ranks, start_skew_us, end_skew_us (max − min over
     ranks of start_us / end_us), first_start_rank, last_start_rank, last_end_rank, slowest_rank (most
-    compute_us; NaN when two or more ranks tie for it), slowest_compute_us, fastest_compute_us, compute_skew_us
-    (their difference), span_us (first start to last end over ranks), nccl_share_max, nccl_share_min. Steps without GPU work drop out."""
+    compute_us), slowest_compute_us, fastest_compute_us, compute_skew_us (their difference), span_us (first
+    start to last end over ranks), nccl_share_max, nccl_share_min. Each ``*_rank`` is NaN (null in JSON) when
+    two or more ranks tie for it (the same first start, the same most compute...): naming the first of them
+    would single out a rank the trace does not. Steps without GPU work drop out."""
     import pandas as pd
 
     cols = ["step", "ranks", "start_skew_us", "end_skew_us", "first_start_rank", "last_start_rank", "last_end_rank",
@@ -144,18 +146,20 @@ def cross_rank_steps(steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     by = s.groupby("step")
 
-    def rank_at(col: str, fn: str) -> pd.Series:
-        return s.loc[getattr(by[col], fn)(), ["step", "rank"]].set_index("step")["rank"]
+    def rank_at(col: str, which: str) -> pd.Series:
+        # the rank with the step's least (which="min") or most ("max") ``col``; NaN on a tie, where idxmin /
+        # idxmax would name the first of the tied ranks
+        tied = (s[col] == by[col].transform(which)).groupby(s["step"]).sum() > 1
+        at = s.loc[getattr(by[col], "idx" + which)(), ["step", "rank"]].set_index("step")["rank"]
+        return at.astype(float).mask(tied)
 
     out = pd.DataFrame({"ranks": by["rank"].nunique()})
     out["start_skew_us"] = by["start_us"].max() - by["start_us"].min()
     out["end_skew_us"] = by["end_us"].max() - by["end_us"].min()
-    out["first_start_rank"] = rank_at("start_us", "idxmin")
-    out["last_start_rank"] = rank_at("start_us", "idxmax")
-    out["last_end_rank"] = rank_at("end_us", "idxmax")
-    # a tie in compute names no slowest rank (None): idxmax would name the first of the tied ones
-    tied = (s["compute_us"] == by["compute_us"].transform("max")).groupby(s["step"]).sum() > 1
-    out["slowest_rank"] = rank_at("compute_us", "idxmax").astype(float).mask(tied)
+    out["first_start_rank"] = rank_at("start_us", "min")
+    out["last_start_rank"] = rank_at("start_us", "max")
+    out["last_end_rank"] = rank_at("end_us", "max")
+    out["slowest_rank"] = rank_at("compute_us", "max")
     out["slowest_compute_us"] = by["compute_us"].max()
     out["fastest_compute_us"] = by["compute_us"].min()
     out["compute_skew_us"] = out["slowest_compute_us"] - out["fastest_compute_us"]

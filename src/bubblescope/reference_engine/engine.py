@@ -18,6 +18,7 @@ from .model import Transformer
 from ..wording import count
 
 MODES = ("eager", "cudagraph", "compile")
+CUDAGRAPH_NEEDS_CUDA = "reference mode cudagraph needs a CUDA device"  # engines.py says it before a model loads
 
 
 class ReferenceEngine:
@@ -41,7 +42,7 @@ class ReferenceEngine:
         self.config = weights.config
         self.device = weights.device
         if mode == "cudagraph" and self.device.type != "cuda":
-            raise EngineUnavailable("reference mode cudagraph needs a CUDA device")
+            raise EngineUnavailable(CUDAGRAPH_NEEDS_CUDA)
         self.mode = mode
         self.name = "reference" if mode == "eager" else f"reference-{mode}"
         self.max_seq_len = max_seq_len or min(self.config.max_position_embeddings, 2048)

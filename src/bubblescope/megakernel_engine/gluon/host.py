@@ -38,6 +38,16 @@ def pow2_floor(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
+def gluon_device_unsupported(capability: tuple[int, int] | None) -> str | None:
+    """Why the Gluon kernel cannot run on a device of CUDA compute ``capability`` (None: no CUDA device, e.g. the
+    CPU interpreter), whatever the model, or None when the device is a Hopper GPU (sm_90)."""
+    if capability is None:
+        return "the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run Gluon)"
+    if capability[0] != 9:
+        return f"the Gluon megakernel targets Hopper (sm_90); this GPU is sm_{capability[0]}{capability[1]}"
+    return None
+
+
 def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
     """Why the Gluon kernel cannot run this model here (one line), or None when it can.
 
@@ -45,10 +55,8 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
     dialect, bf16/fp16/fp32 weights, 16-byte aligned weight rows (a TMA rule: the row stride of each weight
     matrix is a multiple of 16 bytes). q/k-norm (Qwen3) runs in the attention task (``qk_norm_in_attn``).
     """
-    if capability is None:
-        return "the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run Gluon)"
-    if capability[0] != 9:
-        return f"the Gluon megakernel targets Hopper (sm_90); this GPU is sm_{capability[0]}{capability[1]}"
+    if why := gluon_device_unsupported(capability):
+        return why
     try:
         import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
     except ImportError as e:
