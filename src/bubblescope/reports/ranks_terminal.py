@@ -6,11 +6,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .tables import fmt
-from .trace_terminal import _us
-from ..wording import count
+from . import trace_tables as tt
 
 STEPS_SHOWN = 16  # the per-step table keeps its head; the medians cover every step
+
+
+def _table(title: str, headers: tuple[str, ...], rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for h in headers:
+        table.add_column(h, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def render_ranks(section: dict | None, console: Console) -> None:
@@ -20,29 +27,9 @@ def render_ranks(section: dict | None, console: Console) -> None:
     when ``section`` is None."""
     if not section:
         return
-    console.rule(Text(f"{section['world_size']} ranks, marker {section['step_marker']!r}, "
-                      f"{count(section['steps'], 'step')} compared"), align="left")
-    per_rank = Table(title="Per rank (decode window)", title_justify="left")
-    for h in ("rank", "device", "kernels", "busy", "span", "bubble ratio", "NCCL share", "compute/step",
-              "NCCL/step", "slowest in"):
-        per_rank.add_column(h, justify="right")
-    for r in section["per_rank"]:
-        per_rank.add_row(str(r["rank"]), fmt(r.get("device"), "count"), fmt(r.get("kernels"), "count"),
-                         _us(r.get("busy_us")), _us(r.get("span_us")), fmt(r.get("bubble_ratio"), "ratio"),
-                         fmt(r.get("nccl_share"), "pct"), _us(r.get("compute_us_per_step")),
-                         _us(r.get("nccl_us_per_step")), count(r.get('slowest_steps', 0), 'step'))
-    console.print(per_rank)
-    m = section.get("median") or {}
-    console.print(f"median over steps: start skew {_us(m.get('start_skew_us'))}, end skew "
-                  f"{_us(m.get('end_skew_us'))}, compute skew {_us(m.get('compute_skew_us'))}, "
-                  f"NCCL share {fmt(m.get('nccl_share'), 'pct')}")
-    steps = Table(title="Per step, across ranks", title_justify="left")
-    for h in ("step", "start skew", "end skew", "slowest rank", "compute skew", "span", "NCCL share min–max"):
-        steps.add_column(h, justify="right")
-    for s in section["per_step"][:STEPS_SHOWN]:
-        steps.add_row(str(s["step"]), _us(s.get("start_skew_us")), _us(s.get("end_skew_us")),
-                      fmt(s.get("slowest_rank"), "count"), _us(s.get("compute_skew_us")), _us(s.get("span_us")),
-                      f"{fmt(s.get('nccl_share_min'), 'pct')}–{fmt(s.get('nccl_share_max'), 'pct')}")
-    console.print(steps)
+    console.rule(Text(tt.ranks_title(section)), align="left")
+    console.print(_table("Per rank (decode window)", tt.RANK_HEADERS, tt.rank_rows(section)))
+    console.print(tt.rank_median_line(section))
+    console.print(_table("Per step, across ranks", tt.RANK_STEP_HEADERS, tt.rank_step_rows(section, STEPS_SHOWN)))
     for w in section.get("warnings") or []:
         console.print(Text(f"warning: {w}", style="yellow"))
