@@ -369,7 +369,7 @@ def test_a_huge_duration_keeps_the_tables_in_80_columns(tmp_path):
     """A kernel with dur 1e15 µs printed "1,000,000,000.00 s": at 80 columns the device table cut its
     headers and cells ("kern…", "1,000,000,000.0…") and the top-kernels table lost its share column. Times
     from 10,000 s on are written in powers of ten."""
-    from bubblescope.reports.trace_terminal import _us
+    from bubblescope.reports.trace_tables import us as _us
 
     assert [_us(v) for v in (999.0, 1234.5, 9_999.99e6, 1e10, 1e21, -1e15)] == [
         "999.0 µs", "1.23 ms", "9,999.99 s", "1.00e+04 s", "1.00e+15 s", "-1.00e+09 s"]

@@ -116,6 +116,18 @@ def _out(out: str, default: str) -> Path:
     return _path(Path(out), "--out")
 
 
+def _html_out(html: str | None) -> Path | None:
+    """``--html`` of ``diagnose trace`` as a Path, checked before any trace is read (:func:`check_destination`);
+    an empty value is refused (``Path("")`` would be the current directory)."""
+    if html is None:
+        return None
+    if not html.strip():
+        raise BubblescopeError("--html: empty; name the HTML file to write (or leave the option out)")
+    from .reports.results import check_destination
+
+    return check_destination(_path(Path(html), "--html"), "--html")
+
+
 def _seed(seed: int, recorded: bool = False) -> int:
     # torch.Generator.manual_seed takes 64 bits; beyond that it raises a bare ValueError. A seed recorded in
     # results.json (diagnose model) is a non-negative integer there (docs/results-schema.md).
@@ -322,19 +334,27 @@ def diagnose_trace(
     ranks: bool = typer.Option(False, "--ranks", help="The files are one trace per rank of one job, in rank "
                                "order (automatic when their distributedInfo ranks differ)."),
     skip_steps: int = typer.Option(0, "--skip-steps", min=0, help="Warm-up steps left out of the step figures."),
+    html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML report here (the "
+                                       "tables, a per-step busy/idle plot, the findings); not when a trace is "
+                                       "unreadable."),
 ):
     """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces.
 
-    With one trace per rank, also NCCL share, cross-rank skew and the slowest rank per step.
+    With one trace per rank, also NCCL share, cross-rank skew and the slowest rank per step. Then findings: what
+    limits the traced decode (launches, host syncs, kernel boundaries, warm-up, NCCL, rank skew) and what to do.
     """
     from .profiler.ranksummary import summarize_rank_traces, unmerged_ranks_note
     from .profiler.tracesummary import file_errors
     from .reports.progress import trace_progress
-    from .trace_inputs import trace_files
+    from .reports.trace_findings import find_trace
+    from .trace_inputs import refuse_input, trace_files
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
+    html_path = _html_out(html)
     files, skipped = trace_files(paths)
+    refuse_input(html_path, files, "--html")
+    notes = list(skipped)
     for note in skipped:
         typer.echo(f"note: {note}", err=True)
     with trace_progress() as progress:
@@ -343,21 +363,32 @@ def diagnose_trace(
                                         keep_going=True, progress=progress)
     note = unmerged_ranks_note(summary) if not ranks else None
     if note:
+        notes.append(note)
         typer.echo(f"note: {note}", err=True)
     errors = file_errors(summary)
+    findings = find_trace(summary)
+    if html_path is not None and errors:  # a report of part of the input would read as the whole: none at all
+        typer.echo(f"note: --html {html_path}: not written, {count(len(errors), 'trace')} could not be read",
+                   err=True)
+    elif html_path is not None:
+        from .reports.trace_html import write_trace_html
+        write_trace_html(summary, findings, html_path, "--html", command=" ".join(["bubblescope"] + sys.argv[1:]),
+                         notes=notes)
+        typer.echo(f"wrote {html_path}", err=True)
     if len(errors) == len(summary["files"]):
         pass  # nothing readable: only the errors below, no empty report
     elif fmt == "json":
         from .reports.json_out import summary_json
-        sys.stdout.write(summary_json(summary))
+        sys.stdout.write(summary_json({**summary, "findings": findings}))
     else:
         from rich.console import Console
 
         from .reports.ranks_terminal import render_ranks
-        from .reports.trace_terminal import render_trace_summary
+        from .reports.trace_terminal import render_trace_findings, render_trace_summary
         console = Console()
         render_trace_summary(summary, console, wide=wide)
         render_ranks(summary["ranks"], console)
+        render_trace_findings(findings, console)
     if errors:  # every readable file was reported above; one line per unreadable one, then exit 2
         for message in errors[:-1]:
             typer.echo(f"error: {message}", err=True)

@@ -92,6 +92,20 @@ def trace_files(paths: list[str | os.PathLike]) -> tuple[list[str], list[str]]:
     return files, notes
 
 
+def refuse_input(out: Path | None, files: list[str], option: str) -> None:
+    """Refuse an output path (``option``, e.g. ``--html``) that is one of the trace ``files`` to be read: writing
+    it would replace a trace.
+
+    Raises:
+        BubblescopeError: ``out`` is one of ``files`` (the same file, by resolved path).
+    """
+    if out is None or not out.exists():
+        return
+    for f in files:
+        if Path(f).exists() and Path(f).resolve() == out.resolve():
+            raise BubblescopeError(f"{option} {out}: is an input trace ({f}); choose another path")
+
+
 def _trace_files_of(folder: Path) -> tuple[list[str], list[str]]:
     """``(trace files, notes on skipped files)`` of the regular files directly in ``folder``, by name."""
     found, skipped = [], []

@@ -1,5 +1,6 @@
 """The JSON-ready timeline of one engine's decode: :func:`timeline_summary` (the metrics the results
-file stores) and :func:`step_timeline` (one step's activities, for the timeline plot).
+file stores), :func:`step_figures` (the same and one row per step, for ``diagnose trace``) and
+:func:`step_timeline` (one step's activities, for the timeline plot).
 
 The summary is computed on numpy columns (:mod:`.arraysummary`, no pandas), the step timeline from
 the step assignment of :mod:`.steps`.
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 # the fact a trace without GPU activity reports, as a timeline reason and a file warning (tracesummary)
 CPU_ONLY = "no GPU activity in trace (CPU-only run)"
 _ALL_EXCLUDED = "excluded as invalid (see warnings): GPU metrics unavailable"
+# the keys of a step row of step_figures (diagnose trace's per-step table)
+STEP_ROW_KEYS = ("step", "warmup", "wall_us", "busy_us", "span_us", "bubble_ratio", "kernels", "launches")
 
 
 def no_gpu_reason(excluded: int) -> str:
@@ -65,6 +68,25 @@ def timeline_summary(
     measured steps (the first ``skip_steps`` are warm-up). Unmeasurable values are None; without GPU
     activity ``available`` is False and only CPU-side values are filled.
     """
+    return step_figures(trace, step_marker, skip_steps, threshold_us)[0]
+
+
+def step_figures(
+    trace: Trace | TraceArrays,
+    step_marker: str = DEFAULT_STEP_MARKER,
+    skip_steps: int = 0,
+    threshold_us: float = DEFAULT_IDLE_THRESHOLD_US,
+) -> tuple[dict, list[dict]]:
+    """``(timeline_summary(...), step rows)``: the summary of :func:`timeline_summary`, computed once, and one
+    JSON-ready row per marked step, the warm-up ones included (``warmup`` True for the first ``skip_steps``)::
+
+        {"step": int, "warmup": bool, "wall_us": float (the CPU step range), "busy_us", "span_us": float | None
+         (union and extent of the step's GPU activities on the summary's device), "bubble_ratio": float | None
+         (1 - busy / span), "kernels", "launches": int}
+
+    Times in µs; None where a step launched no GPU work. No rows when no step is marked. Raises
+    BubblescopeError for a bad threshold or skip count, as :func:`timeline_summary`.
+    """
     import numpy as np
 
     from . import arraysummary as az
@@ -96,14 +118,15 @@ def timeline_summary(
     steps = az.find_steps(arrays, step_marker)
     if not len(steps["step"]):
         out["reason"] = f"no step marker {step_marker!r} in trace"
-        return out
+        return out, []
     table, rows, step_of = az.step_table(arrays, steps, threshold_us)
+    step_rows = _step_rows(table, skip_steps)
     measured = table["step"] >= skip_steps
     table = {k: (v[measured] if isinstance(v, np.ndarray) else v) for k, v in table.items()}
     if not measured.any():
         every = f"all {len(steps['step'])} steps are" if len(steps["step"]) != 1 else "the only step is"
         out["reason"] = f"{every} warm-up (skip_steps={skip_steps})"
-        return out
+        return out, step_rows
     rows = rows[step_of >= skip_steps]
     wall = float(np.median(table["wall_us"]))
     launches = float(np.median(table["launches"]))
@@ -118,12 +141,12 @@ def timeline_summary(
     gpu = arrays.gpu
     if not len(gpu["ts_us"]):
         out["reason"] = CPU_ONLY
-        return out
+        return out, step_rows
     if not len(rows):
         out["reason"] = (
             "no GPU activity linked to the steps (no launch inside a step carries a kernel's correlation id)"
         )
-        return out
+        return out, step_rows
     device = int(gpu["device"][rows[0]])
     decode_window = (float(gpu["ts_us"][rows].min()), float(gpu["end_us"][rows].max()))
     in_window = az.device_table(arrays, threshold_us, decode_window)
@@ -153,7 +176,15 @@ def timeline_summary(
         categories=az.breakdown(arrays, rows, by_name=False),
         max_registers_per_thread=int(regs.max()) if len(regs) else None,
     )
-    return out
+    return out, step_rows
+
+
+def _step_rows(table: dict, skip_steps: int) -> list[dict]:
+    """The rows of :func:`step_figures` from an :func:`~.arraysummary.step_table` of every step."""
+    columns = (table["step"], table["wall_us"], table["gpu_busy_us"], table["gpu_span_us"], table["bubble_ratio"],
+               table["kernels"], table["launches"])
+    return [dict(zip(STEP_ROW_KEYS, (int(step), int(step) < skip_steps, *map(json_float, times), int(k), int(n))))
+            for step, *times, k, n in zip(*(c.tolist() for c in columns))]
 
 
 def _nan_stat(stat: Any, values: Any) -> float | None:

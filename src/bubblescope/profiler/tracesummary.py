@@ -12,10 +12,13 @@ Schema ``bubblescope.trace/1``::
                              "categories": [{category, count, total_us, share}],
                              "top_kernels": [{name, category, count, total_us, share}]}],
                 "steps": <timeline.timeline_summary dict> | None,
+                "step_rows": [<timeline.step_figures row: step, warmup, wall_us, busy_us, span_us,
+                               bubble_ratio, kernels, launches>],
                 "warnings": [str]}
                | {"path": str, "error": str}]}   # a file that could not be read (keep_going)
 
-Device figures cover the whole trace; ``steps`` covers the decode steps found by the step marker.
+Device figures cover the whole trace; ``steps`` covers the decode steps found by the step marker (the medians
+over the measured steps), ``step_rows`` each of them, the warm-up steps included (flagged), in step order.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from . import metrics
 from ..wording import count, plural
 from .arraysummary import breakdown, device_table, find_steps, overlap_note, step_devices
 from .steps import DEFAULT_STEP_MARKER
-from .timeline import CPU_ONLY, check_skip_steps, no_gpu_reason, timeline_summary
+from .timeline import CPU_ONLY, check_skip_steps, no_gpu_reason, step_figures
 from .heap import parse_heap
 from .tracearrays import TraceArrays, read_trace_arrays
 from .tracechecks import overlap_notes, skew_note
@@ -139,7 +142,7 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
     if cpu_only:
         warnings.append(cpu_only)
     marker, steps = _marker(arrays, step_marker)
-    summary = None
+    summary, step_rows = None, []
     if marker is None:
         tried = (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS
         warnings.append(f"no step marker ({' or '.join(map(repr, tried))}) in trace: whole-trace figures only")
@@ -154,7 +157,7 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         cut = overlap_note(steps, marker)
         if cut:
             warnings.append(cut)
-        summary = timeline_summary(arrays, marker, skip_steps, threshold_us)
+        summary, step_rows = step_figures(arrays, marker, skip_steps, threshold_us)
         if summary["reason"] == CPU_ONLY and cpu_only:  # the trace's own reason (GPU events all excluded?)
             summary["reason"] = cpu_only
         if summary["reason"] and summary["reason"] != cpu_only:  # the CPU-only reason is said once, above
@@ -173,6 +176,7 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         "step_marker": marker,
         "devices": devices,
         "steps": summary,
+        "step_rows": step_rows,
         "warnings": warnings,
     }
 

@@ -56,9 +56,15 @@ SEVERITIES: Mapping[str, str] = MappingProxyType({
 })
 
 
-def _finding(rule: str, severity: str, engine: dict, title: str, evidence: dict, advice: str) -> dict:
-    return {"rule": rule, "severity": severity, "engine": engine.get("name"), "title": title,
+def make_finding(rule: str, severity: str, subject: dict, title: str, evidence: dict, advice: str) -> dict:
+    """A finding: ``rule``, ``severity``, the keys of ``subject`` (``engine`` here; ``file`` and ``rank`` for a
+    trace), ``title``, ``evidence`` with its None values left out, ``advice``."""
+    return {"rule": rule, "severity": severity, **subject, "title": title,
             "evidence": {k: v for k, v in evidence.items() if v is not None}, "advice": advice}
+
+
+def _finding(rule: str, severity: str, engine: dict, title: str, evidence: dict, advice: str) -> dict:
+    return make_finding(rule, severity, {"engine": engine.get("name")}, title, evidence, advice)
 
 
 def _launch_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
@@ -290,6 +296,15 @@ RULES: tuple[Callable[[dict, dict, Mapping[str, float]], dict | None], ...] = (
     _divergence, _unstable, _counters_occupancy, _counters_memory, _communication_bound)
 
 
+def merged_thresholds(defaults: Mapping[str, float], overrides: Mapping[str, float] | None, what: str) -> dict:
+    """``defaults`` with ``overrides`` applied. Raises KeyError naming the overrides ``defaults`` does not have
+    (``unknown {what} thresholds: ...``)."""
+    unknown = set(overrides or {}) - set(defaults)
+    if unknown:
+        raise KeyError(f"unknown {what} thresholds: {', '.join(sorted(unknown))}")
+    return {**defaults, **(overrides or {})}
+
+
 def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]:
     """Run every rule on every ``ok`` engine of a results document.
 
@@ -305,10 +320,7 @@ def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]
     Raises:
         KeyError: a threshold override names no known threshold.
     """
-    unknown = set(thresholds or {}) - set(THRESHOLDS)
-    if unknown:
-        raise KeyError(f"unknown finding thresholds: {', '.join(sorted(unknown))}")
-    t = {**THRESHOLDS, **(thresholds or {})}
+    t = merged_thresholds(THRESHOLDS, thresholds, "finding")
     out = []
     for eng in ordered([e for e in doc.get("engines") or [] if e.get("status") == "ok"]):
         out.extend(f for f in (rule(eng, doc, t) for rule in RULES) if f is not None)

@@ -25,12 +25,23 @@ _CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-qui
                    "--hide-scrollbars")
 
 
-def _png_uri(fig) -> str | None:
+def png_uri(fig) -> str | None:
+    """A matplotlib Figure as a ``data:image/png;base64,...`` URI (the report stays one file); None for None."""
     from .plots import figure_png
 
     if fig is None:
         return None
     return "data:image/png;base64," + base64.b64encode(figure_png(fig)).decode("ascii")
+
+
+def render_template(name: str, **context) -> str:
+    """Render the jinja2 template ``name`` of ``reports/templates`` with ``context``: autoescape on (every
+    value is escaped), undefined names an error (jinja2.UndefinedError), blocks trimmed."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template(name).render(**context)
 
 
 def _share_rows(rows: list[dict] | None, keys: tuple[str, ...]) -> list[list[str]]:
@@ -57,7 +68,7 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
         if ik is None:
             continue
         out.append({
-            "name": eng["name"], "plot": _png_uri(intrakernel_figure(eng, device)),
+            "name": eng["name"], "plot": png_uri(intrakernel_figure(eng, device)),
             "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
             "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
@@ -134,16 +145,16 @@ def _context(doc: dict) -> dict:
         "headers": [h.replace("\n/", "/").replace("\n", " ") for h, _, _ in tables.HEADLINE],
         "rows": tables.headline_rows(doc),
         "not_run": tables.not_run(doc),
-        "findings": [{"severity": f.get("severity"), "engine": f.get("engine") or tables.MISSING,
+        "findings": [{"severity": f.get("severity"), "subject": f.get("engine") or tables.MISSING,
                       "title": f.get("title"), "evidence": tables.evidence_text(f.get("evidence")),
                       "advice": f.get("advice")} for f in doc.get("findings") or []],
         "timeline_reasons": [(e["name"], dig(e, "timeline", "reason") or "no step timeline recorded")
                              for e in ok if not dig(e, "timeline", "step_timeline")],
-        "plots": {"timeline": _png_uri(plots.step_timeline_figure(ok)),
-                  "ladder": _png_uri(plots.ladder_figure(ok, device)),
-                  "categories": _png_uri(plots.categories_figure(ok)),
-                  "latency": _png_uri(plots.latency_figure(ok)),
-                  "sweep": _png_uri(plots.sweep_figure(ok, device))},
+        "plots": {"timeline": png_uri(plots.step_timeline_figure(ok)),
+                  "ladder": png_uri(plots.ladder_figure(ok, device)),
+                  "categories": png_uri(plots.categories_figure(ok)),
+                  "latency": png_uri(plots.latency_figure(ok)),
+                  "sweep": png_uri(plots.sweep_figure(ok, device))},
         "kernel_tables": _kernel_tables(ok),
         "intrakernel": _intrakernel(ok, device),
         "details": _details(ok),
@@ -165,12 +176,8 @@ def render_html(results: Results | dict) -> str:
     Args:
         results: a :class:`Results` or its document dict (assumed valid; see ``load_results``).
     """
-    import jinja2
-
     doc = results.doc if isinstance(results, Results) else results
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template("report.html.j2").render(**_context(doc))
+    return render_template("report.html.j2", **_context(doc))
 
 
 def write_html(results: Results | dict, path: str | os.PathLike, option: str | None = None) -> Path:

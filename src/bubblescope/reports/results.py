@@ -372,6 +372,33 @@ def write_results(results: Results | dict, path: str | os.PathLike) -> Path:
     return atomic_write_text(path, Results(doc).to_json())
 
 
+def _where(path: Path, option: str | None) -> str:
+    return f"{option} {path}" if option else str(path)
+
+
+def _refuse_non_file(path: Path, where: str) -> None:
+    if path.exists() and not path.is_file():
+        raise BubblescopeError(f"{where}: exists and is not a regular file (a directory or device); give a file path")
+
+
+def check_destination(path: str | os.PathLike, option: str | None = None) -> Path:
+    """``path`` as a Path when :func:`atomic_write_text` can write it as far as can be told before any work:
+    not an existing directory or device, in an existing directory this process may write into.
+
+    Raises:
+        BubblescopeError: one line naming ``option`` (``--html``) and what is wrong.
+    """
+    path = Path(path)
+    where = _where(path, option)
+    _refuse_non_file(path, where)
+    parent = path.parent
+    if not parent.is_dir():
+        raise BubblescopeError(f"{where}: no such directory {str(parent)!r}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BubblescopeError(f"{where}: cannot write here (permission denied)")
+    return path
+
+
 def atomic_write_text(path: str | os.PathLike, text: str, option: str | None = None) -> Path:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file and ``os.replace``.
 
@@ -384,9 +411,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, option: str | None = N
         BubblescopeError: the directory is missing or not writable, or ``path`` is not a regular file.
     """
     path = Path(path)
-    where = f"{option} {path}" if option else str(path)
-    if path.exists() and not path.is_file():
-        raise BubblescopeError(f"{where}: exists and is not a regular file (a directory or device); give a file path")
+    where = _where(path, option)
+    _refuse_non_file(path, where)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:

@@ -33,17 +33,17 @@ def _engine_table(doc: dict, title: str, columns) -> Group:
     return Group(Text(title, style="table.title"), table)
 
 
-def _findings(doc: dict) -> Group:
-    """One block per finding (severity, engine, title; evidence; action), wrapped by word: a five-column
-    table at 80 columns split numbers and names mid-word."""
+def findings_group(findings: list[dict], subject, legend: list[tuple[str, str]]) -> Group:
+    """One block per finding (severity, ``subject(finding)``, title; evidence; action), then the severity
+    ``legend``, wrapped by word: a five-column table at 80 columns split numbers and names mid-word."""
     parts = [Text("Findings", style="bold")]
-    for f in doc.get("findings") or []:
+    for f in findings:
         sev = str(f.get("severity"))
         parts.append(Text.assemble((f"{sev.upper():7s}", _SEVERITY_STYLE.get(sev, "bold")), " ",
-                                   (str(f.get("engine") or tables.MISSING), "bold"), ": ", str(f.get("title"))))
+                                   (str(subject(f) or tables.MISSING), "bold"), ": ", str(f.get("title"))))
         parts.append(Padding(Text(f"evidence: {tables.evidence_text(f.get('evidence'))}"), (0, 0, 0, 2)))
         parts.append(Padding(Text(f"action: {f.get('advice')}"), (0, 0, 0, 2)))
-    parts.append(Text("severity: " + "; ".join(f"{k} = {v}" for k, v in severity_legend()), style="dim"))
+    parts.append(Text("severity: " + "; ".join(f"{k} = {v}" for k, v in legend), style="dim"))
     return Group(*parts)
 
 
@@ -109,7 +109,7 @@ def render_results(results: Results | dict, console: Console) -> None:
     if doc.get("counters") is not None:
         console.print(_counters(doc["counters"]))
     if doc.get("findings"):
-        console.print(_findings(doc))
+        console.print(findings_group(doc["findings"], lambda f: f.get("engine"), severity_legend()))
     else:
         console.print(Text("Findings: none (no rule fired, or the inputs were not measured)"))
 

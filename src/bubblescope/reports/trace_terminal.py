@@ -8,31 +8,16 @@ from rich.table import Table
 from rich.text import Text
 
 from ..profiler.timeline import CPU_ONLY, is_no_gpu_reason
-from .tables import MISSING, fmt
+from . import trace_tables as tt
 
 NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
 TOP_SHOWN = 10
-IDLE_PARTS = ("host_wait", "kernel_wait", "other")
 TIME_COLUMNS = ("busy", "span", "total")
 
 
 def _short(name: str, wide: bool = False) -> Text:
     name = " ".join(str(name).split())
     return Text(name if wide or len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…")
-
-
-def _us(value) -> str:
-    """µs with the unit that keeps 3-4 significant digits readable (µs, ms or s); from 10,000 s on (a corrupt
-    ``dur`` such as 1e15) in powers of ten ("1.00e+09 s"), as wide as "9,999.99 s", so the tables keep their
-    80-column layout."""
-    if value is None:
-        return MISSING
-    if abs(value) >= 1e10:
-        return f"{value / 1e6:.2e} s"
-    for unit, size in (("s", 1e6), ("ms", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:,.2f} {unit}"
-    return f"{value:,.1f} µs"
 
 
 def _table(title: str, headers: list[str], name_width: int = NAME_WIDTH) -> Table:
@@ -53,24 +38,12 @@ def _table(title: str, headers: list[str], name_width: int = NAME_WIDTH) -> Tabl
 
 def _devices(devices: list[dict]) -> list[Table]:
     """Two narrow tables (activity, then idle split), so both fit an 80-column terminal."""
-    activity = _table(
-        "GPU activity per device (whole trace)",
-        ["GPU", "kernels", "memcpy", "memset", "streams", "busy", "span", "bubble\nratio"],
-    )
-    idle = _table(
-        f"Idle time per device (kernel-wait: gaps < {fmt((devices[0].get('idle') or {}).get('threshold_us'))} µs)",
-        ["device", "host-wait", "kernel-wait", "other"],
-    )
-    for d in devices:
-        counts = (fmt(d.get(k), "count") for k in ("kernels", "memcpys", "memsets", "streams"))
-        activity.add_row(
-            str(d["device"]), *counts, _us(d.get("busy_us")), _us(d.get("span_us")), fmt(d.get("bubble_ratio"), "ratio")
-        )
-        split = d.get("idle") or {}
-        idle.add_row(
-            str(d["device"]),
-            *(f"{_us(split.get(k + '_us'))} ({fmt(split.get(k + '_share'), 'pct')})" for k in IDLE_PARTS),
-        )
+    activity = _table("GPU activity per device (whole trace)", list(tt.DEVICE_HEADERS))
+    idle = _table(tt.idle_title(devices), list(tt.IDLE_HEADERS))
+    for row in tt.device_rows(devices):
+        activity.add_row(*row)
+    for row in tt.idle_rows(devices):
+        idle.add_row(*row)
     return [activity, idle]
 
 
@@ -79,27 +52,7 @@ def _steps(steps: dict, marker: str | None) -> Table:
     table = Table(title=Text(f"Decode steps (marker {marker!r})"), title_justify="left", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    idle = steps.get("idle") or {}
-    delay = steps.get("launch_delay_us") or {}
-    rows = [
-        ("measured steps", fmt(steps.get("steps"), "count")),
-        ("device", fmt(steps.get("device"))),
-        ("step wall time (median)", _us(steps.get("step_wall_us"))),
-        ("GPU busy per step (median)", _us(steps.get("gpu_busy_us_per_step"))),
-        ("kernels per step", fmt(steps.get("kernels_per_step"), "count")),
-        ("launches per step", fmt(steps.get("launches_per_step"), "count")),
-        ("launches per s", fmt(steps.get("launches_per_s"), "rate")),
-        ("bubble ratio (decode window)", fmt(steps.get("bubble_ratio"), "ratio")),
-        ("launch share", fmt(steps.get("launch_share"), "pct")),
-        ("sync share", fmt(steps.get("sync_share"), "pct")),
-        (
-            f"idle per step: host-wait / kernel-wait (<{fmt(idle.get('threshold_us'))} µs) / other",
-            " / ".join(_us(idle.get(k)) for k in ("host_wait_us", "kernel_wait_us", "other_us")),
-        ),
-        ("launch delay p50 / p90 / max", " / ".join(_us(delay.get(k)) for k in ("p50", "p90", "max"))),
-        ("max registers per thread", fmt(steps.get("max_registers_per_thread"), "count")),
-    ]
-    for label, value in rows:
+    for label, value in tt.step_metric_rows(steps):
         table.add_row(escape(label), value)
     return table
 
@@ -109,15 +62,9 @@ def _breakdown(title: str, rows: list[dict], with_name: bool, width: int, wide: 
     category = max([len("category")] + [len(str(r.get("category"))) for r in rows])
     headers = (["name"] if with_name else []) + ["category", "count", "total", "share"]
     table = _table(title, headers, name_width=min(NAME_WIDTH, width - category - 37))
-    for r in rows:
-        cells = [_short(r["name"], wide)] if with_name else []
-        table.add_row(
-            *cells,
-            Text(str(r["category"])),
-            fmt(r.get("count"), "count"),
-            _us(r.get("total_us")),
-            fmt(r.get("share"), "pct"),
-        )
+    for row in tt.breakdown_rows(rows, with_name):
+        names = [_short(row[0], wide)] if with_name else []
+        table.add_row(*names, Text(row[len(names)]), *row[len(names) + 1:])
     return table
 
 
@@ -182,3 +129,15 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
             if not devices and w == no_gpu:  # said above, with what it means
                 continue
             console.print(Text(f"warning: {w}", style="yellow"))
+
+
+def render_trace_findings(findings: list[dict], console: Console) -> None:
+    """Print the findings of :func:`~bubblescope.reports.trace_findings.find_trace` (severity, file, title;
+    evidence; action; the severities' legend), or one line saying none fired."""
+    from .terminal import findings_group
+    from .trace_findings import TRACE_SEVERITIES, finding_subject
+
+    if findings:
+        console.print(findings_group(findings, finding_subject, list(TRACE_SEVERITIES.items())))
+    else:
+        console.print(Text("Findings: none (no rule fired, or the inputs were not measured)"))

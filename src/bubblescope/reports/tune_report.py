@@ -122,17 +122,13 @@ def tune_figure(doc: dict):
 
 def render_tune_html(doc: dict) -> str:
     """One self-contained HTML page (jinja2, autoescape on) of a tune document."""
-    import jinja2
+    from .html import png_uri, render_template
 
-    from .html import _TEMPLATES, _png_uri
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template("tune.html.j2").render(
-        title=title(doc), command=doc["command"], created=doc["created"], headers=COLUMNS, rows=rows(doc),
-        not_run=not_run(doc),
-        plot=_png_uri(tune_figure(doc)), best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"))
-                                               for b in doc["best"]],
+    return render_template(
+        "tune.html.j2", title=title(doc), command=doc["command"], created=doc["created"], headers=COLUMNS,
+        rows=rows(doc), not_run=not_run(doc),
+        plot=png_uri(tune_figure(doc)), best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"))
+                                              for b in doc["best"]],
         cliffs=[(r["text"], cliff(r)) for r in doc["rows"] if cliff(r)], knob=doc["knob"],
         base=sorted((k, str(v)) for k, v in doc["base_params"].items()), cpu=doc["device"]["type"] != "cuda")
 

@@ -1,0 +1,150 @@
+"""What the terminal and HTML views of ``diagnose trace`` both show, formatted once so the two always agree.
+
+Pure functions of a ``bubblescope.trace/1`` summary (:mod:`bubblescope.profiler.tracesummary`, its ``ranks``
+section from :mod:`bubblescope.profiler.ranksummary`) returning strings; times come in µs and are shown in the
+unit that keeps them readable; None (not measured) shows as an em dash.
+"""
+
+from __future__ import annotations
+
+from .tables import MISSING, fmt
+from ..wording import count
+
+IDLE_PARTS = ("host_wait", "kernel_wait", "other")
+# Headers break with "\n" in the terminal; the HTML view joins them with a space.
+DEVICE_HEADERS = ("GPU", "kernels", "memcpy", "memset", "streams", "busy", "span", "bubble\nratio")
+IDLE_HEADERS = ("device", "host-wait", "kernel-wait", "other")
+STEP_ROW_HEADERS = ("step", "warm-up", "wall", "GPU busy", "GPU span", "GPU idle", "bubble\nratio", "kernels",
+                    "launches")
+# The multi-rank tables: four narrow ones, so that each fits an 80-column terminal.
+RANK_WINDOW_HEADERS = ("rank", "GPU", "kernels", "busy", "span", "bubble\nratio", "NCCL\nshare")
+RANK_MEDIAN_HEADERS = ("rank", "compute\nper step", "NCCL\nper step", "slowest\nin")
+RANK_TIMING_HEADERS = ("step", "start\nskew", "end\nskew", "span", "first\nstart", "last\nstart", "last\nend")
+RANK_WORK_HEADERS = ("step", "slowest\nrank", "compute\nskew", "NCCL share\nmin–max")
+TIE = "tie"  # a per-step rank cell where two or more ranks tie (null in the JSON)
+
+
+def us(value) -> str:
+    """µs with the unit that keeps 3-4 significant digits readable (µs, ms or s); from 10,000 s on (a corrupt
+    ``dur`` such as 1e15) in powers of ten ("1.00e+09 s"), as wide as "9,999.99 s", so the tables keep their
+    80-column layout."""
+    if value is None:
+        return MISSING
+    if abs(value) >= 1e10:
+        return f"{value / 1e6:.2e} s"
+    for unit, size in (("s", 1e6), ("ms", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.1f} µs"
+
+
+def idle_title(devices: list[dict]) -> str:
+    """The idle table's title, naming the kernel-wait threshold (µs) the summary used."""
+    threshold = (devices[0].get("idle") or {}).get("threshold_us") if devices else None
+    return f"Idle time per device (kernel-wait: gaps < {fmt(threshold)} µs)"
+
+
+def device_rows(devices: list[dict]) -> list[list[str]]:
+    """One row of :data:`DEVICE_HEADERS` per device of a file summary (whole trace)."""
+    return [[str(d["device"]), *(fmt(d.get(k), "count") for k in ("kernels", "memcpys", "memsets", "streams")),
+             us(d.get("busy_us")), us(d.get("span_us")), fmt(d.get("bubble_ratio"), "ratio")] for d in devices]
+
+
+def idle_rows(devices: list[dict]) -> list[list[str]]:
+    """One row of :data:`IDLE_HEADERS` per device: each idle part's time and its share of the idle time."""
+    rows = []
+    for d in devices:
+        split = d.get("idle") or {}
+        rows.append([str(d["device"]), *(f"{us(split.get(k + '_us'))} ({fmt(split.get(k + '_share'), 'pct')})"
+                                         for k in IDLE_PARTS)])
+    return rows
+
+
+def step_metric_rows(steps: dict) -> list[tuple[str, str]]:
+    """``(label, value)`` rows of a file's decode-step figures (``timeline_summary``: medians over the measured
+    steps, idle parts as means per step)."""
+    idle = steps.get("idle") or {}
+    delay = steps.get("launch_delay_us") or {}
+    return [
+        ("measured steps", fmt(steps.get("steps"), "count")),
+        ("device", fmt(steps.get("device"))),
+        ("step wall time (median)", us(steps.get("step_wall_us"))),
+        ("GPU busy per step (median)", us(steps.get("gpu_busy_us_per_step"))),
+        ("kernels per step", fmt(steps.get("kernels_per_step"), "count")),
+        ("launches per step", fmt(steps.get("launches_per_step"), "count")),
+        ("launches per s", fmt(steps.get("launches_per_s"), "rate")),
+        ("bubble ratio (decode window)", fmt(steps.get("bubble_ratio"), "ratio")),
+        ("launch share", fmt(steps.get("launch_share"), "pct")),
+        ("sync share", fmt(steps.get("sync_share"), "pct")),
+        (
+            f"idle per step: host-wait / kernel-wait (<{fmt(idle.get('threshold_us'))} µs) / other",
+            " / ".join(us(idle.get(k)) for k in ("host_wait_us", "kernel_wait_us", "other_us")),
+        ),
+        ("launch delay p50 / p90 / max", " / ".join(us(delay.get(k)) for k in ("p50", "p90", "max"))),
+        ("max registers per thread", fmt(steps.get("max_registers_per_thread"), "count")),
+    ]
+
+
+def breakdown_rows(rows: list[dict], with_name: bool) -> list[list[str]]:
+    """``[name (with_name only), category, count, total, share]`` per kernel or category row."""
+    return [[*([str(r["name"])] if with_name else []), str(r["category"]), fmt(r.get("count"), "count"),
+             us(r.get("total_us")), fmt(r.get("share"), "pct")] for r in rows]
+
+
+def step_table_rows(rows: list[dict]) -> list[list[str]]:
+    """One row of :data:`STEP_ROW_HEADERS` per entry of a file's ``step_rows`` (GPU idle = span − busy)."""
+    out = []
+    for r in rows:
+        busy, span = r.get("busy_us"), r.get("span_us")
+        idle = span - busy if busy is not None and span is not None else None
+        out.append([str(r.get("step")), "yes" if r.get("warmup") else "", us(r.get("wall_us")), us(busy), us(span),
+                    us(idle), fmt(r.get("bubble_ratio"), "ratio"), fmt(r.get("kernels"), "count"),
+                    fmt(r.get("launches"), "count")])
+    return out
+
+
+def ranks_title(section: dict) -> str:
+    """``"2 ranks, marker 'm', 3 steps compared"``."""
+    return (f"{section['world_size']} ranks, marker {section['step_marker']!r}, "
+            f"{count(section['steps'], 'step')} compared")
+
+
+def rank_window_rows(section: dict) -> list[list[str]]:
+    """One row of :data:`RANK_WINDOW_HEADERS` per rank: its decode window."""
+    return [[str(r["rank"]), fmt(r.get("device"), "count"), fmt(r.get("kernels"), "count"), us(r.get("busy_us")),
+             us(r.get("span_us")), fmt(r.get("bubble_ratio"), "ratio"), fmt(r.get("nccl_share"), "pct")]
+            for r in section["per_rank"]]
+
+
+def rank_median_rows(section: dict) -> list[list[str]]:
+    """One row of :data:`RANK_MEDIAN_HEADERS` per rank: its medians per step and the steps it was the slowest."""
+    return [[str(r["rank"]), us(r.get("compute_us_per_step")), us(r.get("nccl_us_per_step")),
+             count(r.get("slowest_steps", 0), "step")] for r in section["per_rank"]]
+
+
+def rank_median_lines(section: dict) -> list[str]:
+    """The median cross-rank skews, then the median NCCL share of a rank's step."""
+    m = section.get("median") or {}
+    return [f"median skew over steps: start {us(m.get('start_skew_us'))}, end {us(m.get('end_skew_us'))}, "
+            f"compute {us(m.get('compute_skew_us'))}",
+            f"median NCCL share of a rank's step: {fmt(m.get('nccl_share'), 'pct')}"]
+
+
+def rank_cell(step: dict, key: str) -> str:
+    """A per-step rank: the rank, or :data:`TIE` where ranks tie for it (``None`` in ``cross_rank_steps``)."""
+    value = step.get(key)
+    return TIE if value is None else fmt(value, "count")
+
+
+def rank_timing_rows(section: dict, limit: int | None = None) -> list[list[str]]:
+    """One row of :data:`RANK_TIMING_HEADERS` per step across ranks (the first ``limit`` when given)."""
+    return [[str(s["step"]), us(s.get("start_skew_us")), us(s.get("end_skew_us")), us(s.get("span_us")),
+             rank_cell(s, "first_start_rank"), rank_cell(s, "last_start_rank"), rank_cell(s, "last_end_rank")]
+            for s in section["per_step"][:limit]]
+
+
+def rank_work_rows(section: dict, limit: int | None = None) -> list[list[str]]:
+    """One row of :data:`RANK_WORK_HEADERS` per step across ranks (the first ``limit`` when given)."""
+    return [[str(s["step"]), rank_cell(s, "slowest_rank"), us(s.get("compute_skew_us")),
+             f"{fmt(s.get('nccl_share_min'), 'pct')}–{fmt(s.get('nccl_share_max'), 'pct')}"]
+            for s in section["per_step"][:limit]]
