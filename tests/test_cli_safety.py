@@ -372,9 +372,13 @@ TUNE_RUN = ["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--devi
     ([*TUNE_RUN, "--save", "{}"], "--save: empty; leave it out or name the tuned file to write",
      "--save d: exists and is not a regular file (a directory or device); give a file path"),
     ([*TUNE_RUN, "--checkpoint", "{}"], "--checkpoint: empty; give a preset name or a path", None),
+    (["diagnose", "trace", "{}"], "PATHS: an empty path; name a trace file or a directory of traces",
+     None),  # a directory of traces is an input
+    (["diagnose", "trace", "t.json", "--html", "{}"], "--html: empty; leave it out or name the HTML file to write",
+     "--html d: exists and is not a regular file (a directory or device); give a file path"),
 ], ids=["generate --tuning", "generate --tokenizer", "generate --checkpoint", "diagnose --tuning",
          "diagnose --checkpoint", "report RESULTS", "report --html", "gate RESULTS", "gate --baseline", "tune --save",
-         "tune --checkpoint"])
+         "tune --checkpoint", "trace PATHS", "trace --html"])
 def test_an_empty_or_directory_path_is_refused_before_anything_loads(tmp_path, monkeypatch, args, empty, directory):
     """Path("") is ".": `report r.json --html ""` said "--html .: exists and is not a regular file", `gate r.json
     --baseline ""` ".: cannot read results file (Is a directory)", `--tuning ""` "--tuning .: not a readable JSON

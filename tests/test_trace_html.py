@@ -72,7 +72,7 @@ def test_html_holds_findings_step_table_and_plot(launch_bound, tmp_path):
     assert r.stderr.strip().splitlines()[-1] == f"wrote {out}"
     html = out.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and "Launch-bound: the GPU is idle 79% of the decode window" in html
-    assert "kernels per step 100" in html and "host wait per step us 594.0 µs" in html  # the evidence
+    assert "kernels per step 100" in html and "host wait per step 594.0 µs" in html  # the evidence
     # the per-step table: step 0 of 1000 µs, busy 200, span 794, idle 594, bubble ratio 0.748, 100 kernels
     row = re.search(r"<tr><td>0</td>.*?</tr>", html[html.index("<h3>Per step</h3>"):], re.S).group(0)
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
@@ -107,8 +107,7 @@ def test_html_of_two_ranks_holds_their_tables_plot_and_findings(tmp_path):
 def test_empty_html_is_refused_before_reading(value, launch_bound, tmp_path):
     r = _run(tmp_path / "missing.json", "--html", value)  # refused before the (missing) trace is looked at
     assert r.exit_code == 2 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == ["error: --html: empty; name the HTML file to write (or leave the "
-                                             "option out)"]
+    assert r.stderr.strip().splitlines() == ["error: --html: empty; leave it out or name the HTML file to write"]
 
 
 def test_html_in_a_missing_directory_or_over_an_input_is_refused(launch_bound, tmp_path):

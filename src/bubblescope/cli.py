@@ -119,13 +119,12 @@ def _out(out: str, default: str) -> Path:
 def _html_out(html: str | None) -> Path | None:
     """``--html`` of ``diagnose trace`` as a Path, checked before any trace is read (:func:`check_destination`);
     an empty value is refused (``Path("")`` would be the current directory)."""
-    if html is None:
+    path = _file(html, "--html", "the HTML file to write", write=True)
+    if path is None:
         return None
-    if not html.strip():
-        raise BubblescopeError("--html: empty; name the HTML file to write (or leave the option out)")
     from .reports.results import check_destination
 
-    return check_destination(_path(Path(html), "--html"), "--html")
+    return check_destination(path, "--html")
 
 
 def _seed(seed: int, recorded: bool = False) -> int:
@@ -322,8 +321,9 @@ def diagnose_model(
 @diagnose_app.command("trace")
 @user_errors
 def diagnose_trace(
-    paths: List[Path] = typer.Argument(..., help="Kineto / torch.profiler Chrome traces (.json or .json.gz), "
-                                       "or directories: their trace files are read, other files skipped with a note."),
+    paths: List[str] = typer.Argument(..., parser=_as_typed, help="Kineto / torch.profiler Chrome traces (.json "
+                                      "or .json.gz), or directories: their trace files are read, other files "
+                                      "skipped with a note."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     step_marker: Optional[str] = typer.Option(None, "--step-marker", help="record_function name (or prefix) "
                                               "of a decode step (default: bubblescope.decode_step, else "
@@ -352,7 +352,10 @@ def diagnose_trace(
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     html_path = _html_out(html)
-    files, skipped = trace_files(paths)
+    for p in paths:  # Path("") is ".", whose trace files would be read in its place
+        if not p.strip():
+            raise BubblescopeError("PATHS: an empty path; name a trace file or a directory of traces")
+    files, skipped = trace_files([_path(Path(p), "PATHS") for p in paths])
     refuse_input(html_path, files, "--html")
     notes = list(skipped)
     for note in skipped:
