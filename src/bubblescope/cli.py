@@ -355,7 +355,7 @@ def diagnose_trace(
     for p in paths:  # Path("") is ".", whose trace files would be read in its place
         if not p.strip():
             raise BubblescopeError("PATHS: an empty path; name a trace file or a directory of traces")
-    files, skipped = trace_files([_path(Path(p), "PATHS") for p in paths])
+    files, skipped = trace_files([Path(p) for p in paths])  # any name the OS takes (not _path: QA finding)
     refuse_input(html_path, files, "--html")
     notes = list(skipped)
     for note in skipped:
