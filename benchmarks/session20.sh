@@ -10,6 +10,9 @@
 #                                        # that closes it; `diagnose model` on the 1B's megakernels (wait ratio, feed);
 #                                        # `bubblescope tune` of sig_gate 3 / 6 on the 1B (r53b's one winner, as a user
 #                                        # would find it)
+#   bash benchmarks/session20.sh fourth  # the merged product at the closing commit: every GPU test; `diagnose model`
+#                                        # on the built-in GPU default (every engine, context sweep), then
+#                                        # `diagnose trace --html` on its traces
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -34,6 +37,16 @@ third)
     --out "$R/tune_sig_gate_1b" --save "$R/tune_sig_gate_1b.tuned.json" > "$R/tune_sig_gate_1b.log" 2>&1
   echo "rc=$?" >> "$R/tune_sig_gate_1b.log"; tail -14 "$R/tune_sig_gate_1b.log"
   ;;
-*) echo "session20.sh: unknown stage '${1:-}' (first, second, third)" >&2; exit 2 ;;
+fourth)
+  gpu_tests
+  log "diagnose model (the GPU default)"
+  timeout 200 python3 -m bubblescope diagnose model --out "$R/diagnose_default" > "$R/diagnose_default.log" 2>&1
+  echo "rc=$?" >> "$R/diagnose_default.log"; grep -iE "fastest|: ok|skipped|failed|rc=" "$R/diagnose_default.log" | head -14
+  log "diagnose trace --html"
+  timeout 60 python3 -m bubblescope diagnose trace "$R/diagnose_default/traces" --html "$R/trace_report.html" \
+    > "$R/diagnose_trace.log" 2>&1; echo "rc=$?" >> "$R/diagnose_trace.log"; grep -E "^(PROBLEM|WARN|INFO)|rc=" "$R/diagnose_trace.log"
+  rm -rf "$R/diagnose_default/traces"
+  ;;
+*) echo "session20.sh: unknown stage '${1:-}' (first, ..., fourth)" >&2; exit 2 ;;
 esac
 finish
