@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import BubblescopeError
+from .errors import BubblescopeError, path_error
 from .wording import count
 
 TUNED_FILE = "a tuned file from `bubblescope tune --save`"
@@ -42,13 +42,20 @@ def _fail(message: str) -> None:
 
 
 def user_errors(fn):
-    """Turn BubblescopeError into a one-line message and exit code 2 (never a traceback)."""
+    """Turn BubblescopeError, and an OSError about a path the user named (:func:`~.errors.path_error`: too long,
+    no permission, not a directory, a symlink loop), into a one-line message and exit code 2 (never a
+    traceback)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except BubblescopeError as e:
             _fail(str(e))
+        except OSError as e:
+            message = path_error(e)
+            if message is None:
+                raise
+            _fail(message)
     return wrapper
 
 

@@ -27,7 +27,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import BubblescopeError
+from .errors import BubblescopeError, path_error
 
 SCHEMA = "bubblescope.tp/1"
 BACKENDS = {None: None, "cpu": "gloo", "cuda": "nccl"}  # --device -> process-group backend (None: by CUDA)
@@ -132,6 +132,10 @@ def _staged(out: str | Path, rank: int):
             box = [("stage", str(folder.stage))]
         except BubblescopeError as e:
             box = [("error", str(e))]
+        except OSError as e:  # a path the user named (too long, no permission, ...)
+            if path_error(e) is None:
+                raise
+            box = [("error", path_error(e))]
     dist.broadcast_object_list(box, src=0)
     kind, text = box[0]
     if kind == "error":
@@ -226,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     args = json.loads((argv or sys.argv[1:])[0])
     fmt = args.pop("format", "text")
     try:
-        doc = tp_diagnose(**args)
+        try:
+            doc = tp_diagnose(**args)
+        except OSError as e:  # a path the user named (too long, no permission, ...): bad input, as in the CLI
+            message = path_error(e)
+            if message is None:
+                raise
+            raise BubblescopeError(message) from None
     except BubblescopeError as e:
         from .tplaunch import ERROR_FILE_ENV
 
