@@ -44,6 +44,20 @@ class Decoder(Protocol):
     def reset(self) -> None: ...
 
 
+SPECIAL_IDS = 3  # ids 0-2: unk, BOS and EOS in llama2.c and SentencePiece vocabularies
+
+
+def random_ids(vocab_size: int, n: int, generator: torch.Generator) -> list[int]:
+    """``n`` token ids drawn uniformly from ``generator``, each one the model accepts (in ``[0, vocab_size)``).
+
+    Ids 0-2 (the special ids, :data:`SPECIAL_IDS`) are left out when the vocabulary has room for others
+    (``vocab_size > 3``); a vocabulary of 1 to 3 ids is drawn from whole. The prompts of ``diagnose model``,
+    ``tune`` and ``--tp`` all come from here.
+    """
+    low = SPECIAL_IDS if vocab_size > SPECIAL_IDS else 0
+    return torch.randint(low, vocab_size, (n,), generator=generator).tolist()
+
+
 def greedy_step(decoder: Decoder, token: int) -> int:
     """One greedy decode step: the engine's own ``decode_greedy`` when it has one (the megakernel picks
     the argmax on the device and returns it with its status copy), else ``argmax(decode(token))``."""

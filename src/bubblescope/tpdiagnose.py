@@ -154,7 +154,7 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     import torch.distributed as dist
 
     from .diagnosis import check_positions, default_model, latency_stats
-    from .generation import generate
+    from .generation import generate, random_ids
     from .models import load_model, parse_dtype
     from .profiler.capture import STEP_MARKER, capture_decode_trace
     from .profiler.hardware import device_info
@@ -175,7 +175,7 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     engine = TPReferenceEngine(loaded.weights, mode=mode, max_seq_len=need)
     source, weight_bytes = loaded.source, loaded.weights.nbytes()
     del loaded  # the full weights: each rank keeps only its shard
-    prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    prompt = random_ids(cfg.vocab_size, prompt_len, torch.Generator().manual_seed(seed))
     for _ in range(warmup):  # graph capture, allocator
         generate(engine, prompt, gen_len, eos_ids=())
     token_ms, ttft, shares = [], [], []

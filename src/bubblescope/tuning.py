@@ -144,6 +144,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
             beyond the model's positions.
     """
     from .engines import build_engine, prepare_triton
+    from .generation import random_ids
     from .models import load_model, parse_dtype, resolve_device
     from .profiler.hardware import device_info
     from .tuned import best_per_context
@@ -180,7 +181,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     info = device_info(dev if on_gpu else "cpu")
     peak = info.get("nvml_peak_GBps") if on_gpu else None
     gen = torch.Generator().manual_seed(seed)
-    prompts = {c: torch.randint(3, cfg.vocab_size, (c,), generator=gen).tolist() for c in sorted(set(contexts))}
+    prompts = {c: random_ids(cfg.vocab_size, c, gen) for c in sorted(set(contexts))}
     reference = _reference_checker(loaded.weights, max_seq)
     rows = []
     for text in values:
