@@ -295,3 +295,60 @@ def test_an_output_taken_by_a_directory_is_refused_before_measuring(tmp_path):
     assert r.exit_code == 2
     assert r.output.strip() == f"error: --out {tmp_path / 'out'}: {taken} exists and is not a regular file"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tune.html"]
+
+
+def test_a_tune_where_no_value_ran_is_an_error_and_leaves_out_and_save_as_they_were(tmp_path):
+    """`tune --values nope --out ts --save ts.json` exited 2 (nothing to save) after replacing ts/tune.json and
+    tune.html; without --save it exited 0 with a table of nothing."""
+    out, save = tmp_path / "ts", tmp_path / "ts.json"
+    out.mkdir()
+    for name, text in [("tune.json", "old json"), ("tune.html", "old html")]:
+        (out / name).write_text(text)
+    save.write_text("old tuned")
+    note = "note: prefetch=nope: invalid: megakernel params: prefetch must be auto, bulk, line or off, got 'nope'"
+    run = ["tune", "tiny-llama", "--knob", "prefetch", "--values", "nope", "--contexts", "4", "--steps", "1"]
+    r = _cli(*run, "--out", out, "--save", save)
+    assert r.exit_code == 2 and r.output.splitlines() == [
+        note, f"error: --values: no value of prefetch ran ok (1 value tried, why above); --out {out} and --save "
+              f"{save} left as they were"]
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"tune.json": "old json", "tune.html": "old html"}
+    assert save.read_text() == "old tuned"
+    fresh = tmp_path / "fresh"
+    r = _cli(*run, "--values", "nope,bad", "--out", fresh)
+    assert r.exit_code == 2 and r.output.splitlines()[1:] == [
+        "note: prefetch=bad: invalid: megakernel params: prefetch must be auto, bulk, line or off, got 'bad'",
+        f"error: --values: no value of prefetch ran ok (2 values tried, why above); --out {fresh} left as it was"]
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ts", "ts.json"]
+
+
+def test_tune_refuses_an_engine_the_device_rules_out_before_the_model_loads(tmp_path, monkeypatch):
+    import bubblescope.models.loader as loader
+
+    def no_load(*a, **k):
+        raise AssertionError("weights were loaded")
+    monkeypatch.setattr(loader, "dummy_weights", no_load)
+    r = _cli("tune", "tiny-llama", "--knob", "prefetch", "--values", "off", "--engine", "megakernel-gluon",
+             "--device", "cpu", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and r.output.splitlines() == [
+        "error: --engine megakernel-gluon: the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run "
+        "Gluon)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cpu_note_is_said_only_when_a_value_ran():
+    from rich.console import Console
+
+    from bubblescope.reports.tune_report import ran_on_cpu, render_tune, render_tune_html
+    doc = {"engine": "megakernel", "knob": "prefetch", "family": "prefetch", "model": {"name": "m", "dtype": "float32"},
+           "device": {"type": "cpu", "name": None, "nvml_peak_GBps": None}, "steps": 1, "contexts": [4],
+           "command": "c", "created": "t", "base_params": {}, "best": [],
+           "rows": [{"value": None, "text": "nope", "status": "invalid", "reason": "bad", "compile": None,
+                     "points": []}]}
+    for ok, said in [(False, False), (True, True)]:
+        if ok:
+            doc["rows"][0]["status"] = "ok"
+        console = Console(record=True, width=100)
+        render_tune(doc, console)
+        assert ran_on_cpu(doc) is said
+        assert ("megakernel ran under Triton's interpreter" in console.export_text()) is said
+        assert ("megakernel ran under Triton's interpreter" in render_tune_html(doc)) is said

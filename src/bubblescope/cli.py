@@ -518,6 +518,13 @@ def tune(
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
                    device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)
+    if not any(r["status"] == "ok" for r in doc["rows"]):  # nothing measured: an error, and --out as it was
+        from .reports.tune_report import not_run
+        for value, status, reason in not_run(doc):
+            typer.echo(f"note: {knob}={value}: {status}: {reason}", err=True)
+        kept = f"--out {out} and --save {save} left as they were" if save is not None else f"--out {out} left as it was"
+        raise BubblescopeError(f"--values: no value of {knob} ran ok ({count(len(doc['rows']), 'value')} tried, "
+                               f"why above); {kept}")
     write_tune_outputs(doc, out, save)
     if fmt == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")

@@ -140,10 +140,10 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         value with the lowest p50 (``tuned.best_per_context``).
 
     Raises:
-        BubblescopeError: unknown engine, knob, model, dtype or device; no values; a context below 1 or
-            beyond the model's positions.
+        BubblescopeError: unknown engine, knob, model, dtype or device; an engine the device rules out (before
+            the model loads); no values; a context below 1 or beyond the model's positions.
     """
-    from .engines import build_engine, prepare_triton
+    from .engines import build_engine, prepare_triton, unavailable_before_load
     from .generation import random_ids
     from .models import load_model, parse_dtype, resolve_device
     from .profiler.hardware import device_info
@@ -159,6 +159,8 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
             raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
     dev = resolve_device(device)
     prepare_triton(dev)
+    if why := unavailable_before_load(engine, dev):  # said before the model loads, as diagnose and generate do
+        raise BubblescopeError(f"--engine {engine}: {why}")
     on_gpu = dev.type == "cuda"
     if contexts is not None and not contexts:  # "--contexts ," is not the same as leaving the option out
         raise BubblescopeError("--contexts: no context lengths given")
