@@ -65,6 +65,9 @@ def greedy_step(decoder: Decoder, token: int) -> int:
     return fused(token) if callable(fused) else int(torch.argmax(decoder.decode(token)))
 
 
+MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)  # the smallest normal float32, 1.1754944e-38
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """``temperature`` 0 means greedy. ``top_k`` 0 and ``top_p`` 1.0 disable those filters."""
@@ -76,7 +79,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         """Raises BubblescopeError: temperature below 0, infinite or NaN (inf would turn every logit into 0, a
-        uniform draw that no caller means), top_k below 0, or top_p outside (0, 1] (top-p 0 would keep no
+        uniform draw that no caller means), or above 0 but below :data:`MIN_TEMPERATURE` (0 in float32: NaN
+        probabilities), top_k below 0, or top_p outside (0, 1] (top-p 0 would keep no
         token at all)."""
         import math
 
@@ -84,6 +88,10 @@ class SamplingParams:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise BubblescopeError(f"--temperature: must be a finite number >= 0 (0 means greedy), "
                                    f"got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise BubblescopeError(f"--temperature: must be 0 (greedy) or at least {MIN_TEMPERATURE:.8g}, float32's "
+                                   f"smallest normal number (the logits are divided by it in float32, where a "
+                                   f"smaller value is 0 or loses its precision), got {self.temperature:g}")
         if self.top_k < 0:
             raise BubblescopeError(f"--top-k: must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
