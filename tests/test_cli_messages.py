@@ -174,24 +174,25 @@ def test_temperature_must_be_finite_and_not_negative(value):
                         f"got {float(value)}\n")
 
 
-@pytest.mark.parametrize("value", ["1e-300", "1e-40"])
+@pytest.mark.parametrize("value", ["1e-300", "7e-46"])
 def test_a_temperature_float32_cannot_hold_is_refused(value):
-    """--temperature 1e-300 became 0 in float32: logits / 0 gave NaN probabilities and a traceback."""
+    """--temperature 1e-300 became 0 in float32: logits / 0 gave NaN probabilities and a traceback. 7e-46 is
+    below half of 2**-149 (7.006e-46), so it rounds to 0 too."""
     r = _cli("generate", "tiny-llama", "--prompt-ids", "1", "--temperature", value)
     assert (r.exit_code, r.stdout) == (2, "")
-    assert r.stderr == ("error: --temperature: must be 0 (greedy) or at least 1.1754944e-38, float32's smallest "
-                        "normal number (the logits are divided by it in float32, where a smaller value is 0 or "
-                        f"loses its precision), got {value}\n")
+    assert r.stderr == (f"error: --temperature: {value} is 0 in float32, where the logits are divided by it (NaN "
+                        "probabilities); use 0 for greedy or at least 1.4e-45, the smallest positive float32\n")
 
 
 def test_the_smallest_accepted_temperature_samples_the_most_likely_token():
     import torch
 
     from bubblescope.generation import MIN_TEMPERATURE, SamplingParams, sample
-    assert MIN_TEMPERATURE == 2.0 ** -126
+    assert MIN_TEMPERATURE == torch.finfo(torch.float32).smallest_normal * 2.0 ** -23  # 2**-126 * 2**-23
     logits = torch.tensor([0.5, 2.0, -1.0, 1.999])
-    params = SamplingParams(temperature=MIN_TEMPERATURE)
-    assert {sample(logits, params, torch.Generator().manual_seed(s)) for s in range(20)} == {1}
+    for t in (MIN_TEMPERATURE, 7.1e-46):  # 7.1e-46 rounds up to 2**-149
+        params = SamplingParams(temperature=t)
+        assert {sample(logits, params, torch.Generator().manual_seed(s)) for s in range(20)} == {1}
 
 
 def test_top_p_nan_is_refused_by_its_own_message():

@@ -65,7 +65,7 @@ def greedy_step(decoder: Decoder, token: int) -> int:
     return fused(token) if callable(fused) else int(torch.argmax(decoder.decode(token)))
 
 
-MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)  # the smallest normal float32, 1.1754944e-38
+MIN_TEMPERATURE = 2.0 ** -149  # the smallest positive float32 (a subnormal), 1.4e-45: below, T rounds to 0 there
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         """Raises BubblescopeError: temperature below 0, infinite or NaN (inf would turn every logit into 0, a
-        uniform draw that no caller means), or above 0 but below :data:`MIN_TEMPERATURE` (0 in float32: NaN
-        probabilities), top_k below 0, or top_p outside (0, 1] (top-p 0 would keep no
+        uniform draw that no caller means), or above 0 but 0 in float32 (below about :data:`MIN_TEMPERATURE`:
+        NaN probabilities), top_k below 0, or top_p outside (0, 1] (top-p 0 would keep no
         token at all)."""
         import math
 
@@ -88,10 +88,10 @@ class SamplingParams:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise BubblescopeError(f"--temperature: must be a finite number >= 0 (0 means greedy), "
                                    f"got {self.temperature}")
-        if 0 < self.temperature < MIN_TEMPERATURE:
-            raise BubblescopeError(f"--temperature: must be 0 (greedy) or at least {MIN_TEMPERATURE:.8g}, float32's "
-                                   f"smallest normal number (the logits are divided by it in float32, where a "
-                                   f"smaller value is 0 or loses its precision), got {self.temperature:g}")
+        if self.temperature > 0 and torch.tensor(self.temperature, dtype=torch.float32).item() == 0:
+            raise BubblescopeError(f"--temperature: {self.temperature:g} is 0 in float32, where the logits are divided "
+                                   f"by it (NaN probabilities); use 0 for greedy or at least {MIN_TEMPERATURE:.2g}, "
+                                   "the smallest positive float32")
         if self.top_k < 0:
             raise BubblescopeError(f"--top-k: must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
