@@ -291,3 +291,41 @@ def test_version_is_the_installed_distribution_version():
 
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.stdout.strip() == f"bubblescope {version('bubblescope')}"
+
+
+# --- generate's wording and options that were taken silently --------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["reference", "megakernel"])
+def test_one_new_token_is_said_as_no_decode_step_for_that_reason(engine):
+    """`--max-new-tokens 1` printed "no decode step (the first token was EOS)" though it was not EOS; the
+    megakernel's warm-up of 3 tokens overran its 2-position cache ("the KV cache of 2 positions is full")."""
+    r = _cli("generate", "tiny-llama", "--device", "cpu", "--prompt-ids", "1", "--max-new-tokens", "1",
+             "--engine", engine)
+    assert r.exit_code == 0, r.output
+    assert "no decode step (--max-new-tokens 1: the one token is the prefill's, timed in TTFT), 1 token\n" in r.stderr
+    assert "EOS" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "tiny-llama", "--prompt-ids", "1"],
+    ["diagnose", "model", "tiny-llama", "--out", "o"],
+    ["diagnose", "model", "tiny-llama", "--tp", "2", "--out", "o"],
+    ["tune", "tiny-llama", "--knob", "prefetch", "--values", "off", "--out", "o"],
+])
+def test_a_cpu_index_is_refused_not_ignored(tmp_path, monkeypatch, args):
+    """`--device cpu:5` ran on the CPU as if it were `cpu`."""
+    monkeypatch.chdir(tmp_path)
+    r = _cli(*args, "--device", "cpu:5")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --device cpu:5: the CPU is one device (torch runs on all its cores), it has no index "
+                        "5; use cpu\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mode_with_another_engine_than_the_reference_is_refused():
+    """--mode (the reference engine's eager/cudagraph/compile) was ignored silently with --engine megakernel."""
+    r = _cli("generate", "tiny-llama", "--device", "cpu", "--prompt-ids", "1", "--engine", "megakernel",
+             "--mode", "compile")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --mode compile: sets the reference engine's mode, not --engine megakernel's; leave "
+                        "--mode out, or use --engine reference\n")

@@ -169,10 +169,10 @@ def generate(
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     import torch
 
-    from .engines import build_engine, prepare_triton, unavailable_before_load
+    from .engines import build_engine, pick_device, prepare_triton, unavailable_before_load
     from .generation import SamplingParams, TextStream
     from .generation import generate as run
-    from .models import load_model, parse_dtype, resolve_device
+    from .models import load_model, parse_dtype
     from .models.loader import KNOWN_FILES, model_search_dirs
 
     from .tuned import describe_pick, engine_params, load_tuning
@@ -189,9 +189,12 @@ def generate(
         prompt.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
         raise BubblescopeError("--prompt: not valid UTF-8 text (check the terminal's encoding)") from None
-    dev = resolve_device(device)
+    dev = pick_device(device)
     prepare_triton(dev)
     tdtype = parse_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
+    if engine != "reference" and mode != "eager":  # --mode is the reference engine's; another would ignore it
+        raise BubblescopeError(f"--mode {mode}: sets the reference engine's mode, not --engine {engine}'s; leave "
+                               "--mode out, or use --engine reference")
     name = engine if engine != "reference" or mode == "eager" else f"reference-{mode}"
     if engine == "reference" and mode not in ("eager", "cudagraph", "compile"):
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
@@ -239,7 +242,7 @@ def generate(
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
         # the ms/token the user reads.
-        run(dec, ids[:1], 3, eos_ids=())
+        run(dec, ids[:1], min(3, max_seq), eos_ids=())  # 1 prompt position + 2 decode steps, within the cache
     stream = TextStream(tok, ids, sys.stdout)
     res = run(dec, ids, max_new_tokens, params, on_token=stream.push)
     stream.close()
@@ -248,8 +251,12 @@ def generate(
     n = len(res.token_ms)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
-    speed = (f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
-             if n else "no decode step (the first token was EOS)")
+    if n:
+        speed = f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
+    elif max_new_tokens == 1:  # the one token comes from the prompt's forward pass (TTFT)
+        speed = "no decode step (--max-new-tokens 1: the one token is the prefill's, timed in TTFT)"
+    else:
+        speed = "no decode step (the first token was EOS)"
     note = " (Triton CPU interpreter: slow by design)" if dev.type == "cpu" and "megakernel" in name else ""
     typer.echo(f"{dec.name} on {where}{note}, {weights}: TTFT {res.ttft_ms:.2f} ms, {speed}, "
                f"{count(len(res.tokens), 'token')}", err=True)

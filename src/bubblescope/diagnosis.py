@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from . import __version__
-from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton, unavailable_before_load
+from .engines import ENGINES, build_engine, get_engine_spec, pick_device, prepare_triton, unavailable_before_load
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
 from .generation import SamplingParams, generate, random_ids, teacher_forced_logits
-from .models import find_model_file, load_model, parse_dtype, resolve_device
+from .models import find_model_file, load_model, parse_dtype
 from .outdir import RunFolder, check_out_dir
 
 GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
@@ -217,7 +217,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     from .reports.results import SCHEMA
 
     tuned = load_tuning(tuning) if tuning is not None else None
-    dev = resolve_device(device)
+    dev = pick_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
     # Default: every registered engine; those that cannot run here are listed as skipped with the reason.
