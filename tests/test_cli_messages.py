@@ -174,6 +174,27 @@ def test_temperature_must_be_finite_and_not_negative(value):
                         f"got {float(value)}\n")
 
 
+@pytest.mark.parametrize("value", ["1e-300", "7e-46"])
+def test_a_temperature_float32_cannot_hold_is_refused(value):
+    """--temperature 1e-300 became 0 in float32: logits / 0 gave NaN probabilities and a traceback. 7e-46 is
+    below half of 2**-149 (7.006e-46), so it rounds to 0 too."""
+    r = _cli("generate", "tiny-llama", "--prompt-ids", "1", "--temperature", value)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (f"error: --temperature: {value} is 0 in float32, where the logits are divided by it (NaN "
+                        "probabilities); use 0 for greedy or at least 1.4e-45, the smallest positive float32\n")
+
+
+def test_the_smallest_accepted_temperature_samples_the_most_likely_token():
+    import torch
+
+    from bubblescope.generation import MIN_TEMPERATURE, SamplingParams, sample
+    assert MIN_TEMPERATURE == torch.finfo(torch.float32).smallest_normal * 2.0 ** -23  # 2**-126 * 2**-23
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.999])
+    for t in (MIN_TEMPERATURE, 7.1e-46):  # 7.1e-46 rounds up to 2**-149
+        params = SamplingParams(temperature=t)
+        assert {sample(logits, params, torch.Generator().manual_seed(s)) for s in range(20)} == {1}
+
+
 def test_top_p_nan_is_refused_by_its_own_message():
     r = _cli("generate", "tiny-llama", "--prompt-ids", "1", "--temperature", "1", "--top-p", "nan")
     assert r.exit_code == 2 and r.stderr == "error: --top-p: must be in (0, 1] (1 disables it), got nan\n"
@@ -270,3 +291,41 @@ def test_version_is_the_installed_distribution_version():
 
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.stdout.strip() == f"bubblescope {version('bubblescope')}"
+
+
+# --- generate's wording and options that were taken silently --------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["reference", "megakernel"])
+def test_one_new_token_is_said_as_no_decode_step_for_that_reason(engine):
+    """`--max-new-tokens 1` printed "no decode step (the first token was EOS)" though it was not EOS; the
+    megakernel's warm-up of 3 tokens overran its 2-position cache ("the KV cache of 2 positions is full")."""
+    r = _cli("generate", "tiny-llama", "--device", "cpu", "--prompt-ids", "1", "--max-new-tokens", "1",
+             "--engine", engine)
+    assert r.exit_code == 0, r.output
+    assert "no decode step (--max-new-tokens 1: the one token is the prefill's, timed in TTFT), 1 token\n" in r.stderr
+    assert "EOS" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "tiny-llama", "--prompt-ids", "1"],
+    ["diagnose", "model", "tiny-llama", "--out", "o"],
+    ["diagnose", "model", "tiny-llama", "--tp", "2", "--out", "o"],
+    ["tune", "tiny-llama", "--knob", "prefetch", "--values", "off", "--out", "o"],
+])
+def test_a_cpu_index_is_refused_not_ignored(tmp_path, monkeypatch, args):
+    """`--device cpu:5` ran on the CPU as if it were `cpu`."""
+    monkeypatch.chdir(tmp_path)
+    r = _cli(*args, "--device", "cpu:5")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --device cpu:5: the CPU is one device (torch runs on all its cores), it has no index "
+                        "5; use cpu\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mode_with_another_engine_than_the_reference_is_refused():
+    """--mode (the reference engine's eager/cudagraph/compile) was ignored silently with --engine megakernel."""
+    r = _cli("generate", "tiny-llama", "--device", "cpu", "--prompt-ids", "1", "--engine", "megakernel",
+             "--mode", "compile")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --mode compile: sets the reference engine's mode, not --engine megakernel's; leave "
+                        "--mode out, or use --engine reference\n")

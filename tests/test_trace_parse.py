@@ -231,7 +231,7 @@ def test_bad_numbers_are_excluded_or_nulled(tmp_path):
     assert tr.runtime["correlation"].isna().all()
     assert "2 complete events without a finite numeric ts/dur excluded" in tr.warnings
     assert "2 integers in args.correlation beyond int64 or not integers, set to null" in tr.warnings
-    assert "1 integer in args.stream beyond int64 or not an integer, set to null" in tr.warnings
+    assert "1 integer in args.stream (or tid) beyond int64 or not an integer, set to null" in tr.warnings
     assert str(tr.gpu["correlation"].dtype) == "Int64"
 
 
@@ -431,3 +431,36 @@ def test_old_torch_profiler_steps_and_events_without_args(tmp_path):
         gpu = tr.gpu.set_index("ts_us")
         assert gpu.loc[[40.0, 50.0], "device"].tolist() == [3, 3] and gpu.loc[[40.0, 50.0], "stream"].tolist() == [21, 21]
         assert gpu.loc[[40.0, 50.0], "correlation"].isna().all() and gpu.loc[10.0, "correlation"] == 1
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_an_event_excluded_for_its_ts_is_said_once_and_not_as_kept(tmp_path, monkeypatch, workers):
+    """An integer ts 1.2e29 (beyond int64, so read as a float) was said both "kept, rounded" (beyond 2^53 µs) and
+    "excluded" (beyond 2^63 µs); ts 1e400 (inf) "kept, rounded" and "without a finite ts excluded". Each event is
+    now counted once: a float ts beyond 2^53 µs is "kept, rounded" only when the event is kept."""
+    monkeypatch.setenv("BUBBLESCOPE_TRACE_WORKERS", workers)
+    events = [tg.kernel("ok", 10, 1, 1), tg.launch(5, 1, 1),
+              tg.kernel("int_huge", "INT_HUGE", 5, 2),       # 123456789012345678901234567890: excluded, beyond 2^63
+              tg.kernel("inf", "INF_TS", 5, 3),              # 1e400 parses as inf: excluded, not finite
+              tg.kernel("neg", 1.5e17, -1, 4),               # beyond 2^53 but excluded for its negative dur
+              tg.kernel("kept", 1.5e17, 2, 5)]               # beyond 2^53 and kept: the one rounded event
+    text = (json.dumps(tg.document(events)).replace('"INT_HUGE"', "123456789012345678901234567890")
+            .replace('"INF_TS"', "1e400"))
+    tr = load_trace(tg.write(tmp_path / "t.json", text))
+    assert tr.gpu["name"].tolist() == ["ok", "kept"]
+    assert [w for w in tr.warnings if "excluded" in w or "2^53" in w] == [
+        "1 complete event without a finite numeric ts/dur excluded",
+        "1 event with negative dur excluded",
+        "1 event with |ts| or dur beyond 2^63 µs excluded",
+        "1 event with a non-integer ts beyond 2^53 µs kept, its times rounded by float64 (off by over 1 µs)"]
+
+
+def test_a_device_that_is_no_integer_is_shown_as_the_warning_says(tmp_path):
+    """pid "x" (no args.device: args is a string) became device -1 while the warning said "args.device ... set to
+    null"; tid {"a": 1} was blamed on args.stream."""
+    text = ('{"traceEvents": [{"ph":"X","name":"k","cat":"kernel","ts":10,"dur":5,"pid":"x","tid":{"a":1},'
+            '"args":"zz"}]}')
+    tr = load_trace(tg.write(tmp_path / "w.json", text))
+    assert tr.gpu["device"].tolist() == [-1] and tr.gpu["stream"].isna().tolist() == [True]
+    assert "1 integer in args.device (or pid) beyond int64 or not an integer, set to -1 (device unknown)" in tr.warnings
+    assert "1 integer in args.stream (or tid) beyond int64 or not an integer, set to null" in tr.warnings

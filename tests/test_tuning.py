@@ -157,9 +157,6 @@ def test_tuning_picks_the_entry_for_the_length(tmp_path):
         assert eng.compile_info()["tiling"]["kv_splits"] == splits  # the engine really runs with it
     params, rec = engine_params(t, "reference", 10, "cpu")
     assert params is None and rec["reason"] == "the file tunes megakernel, not reference"
-    with pytest.raises(BubblescopeError, match="ranges must be a non-empty list"):
-        load_tuning(_tuned_file(tmp_path, [{"max_context": None, "params": {"kv_splits": 1}},
-                                           {"max_context": 16, "params": {"kv_splits": 2}}]))
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(BubblescopeError, match="not a bubblescope tuned file"):
         load_tuning(tmp_path / "x.json")
@@ -175,11 +172,43 @@ def test_tuning_picks_the_entry_for_the_length(tmp_path):
     assert r.exit_code == 2 and "--tuning" in r.output and "no such file" in r.output
 
 
+@pytest.mark.parametrize("ranges, message", [
+    ([{"max_context": None, "params": {"kv_splits": 1}}, {"max_context": 16, "params": {"kv_splits": 2}}],
+     "ranges[0].max_context: must be a positive integer (only the last range is open-ended, null), got null"),
+    ([{"max_context": 100, "params": {}}, {"max_context": 10, "params": {}}],  # out of order, the last one closed
+     "ranges[1].max_context: the last range must be open-ended (null), got 10"),
+    ([{"max_context": 100, "params": {}}, {"max_context": 10, "params": {}}, {"max_context": None, "params": {}}],
+     "ranges[1].max_context: ranges must be in increasing order, got 10 after 100"),
+    ([{"max_context": 16, "params": {}}, {"max_context": 16, "params": {}}, {"max_context": None, "params": {}}],
+     "ranges[1].max_context: ranges must be in increasing order, got 16 after 16"),
+    ([{"max_context": 0, "params": {}}, {"max_context": None, "params": {}}],
+     "ranges[0].max_context: must be a positive integer (only the last range is open-ended, null), got 0"),
+    ([{"max_context": -5, "params": {}}],
+     "ranges[0].max_context: the last range must be open-ended (null), got -5"),
+    ([{"max_context": 8, "params": {}}, {"max_context": None, "params": {"block_k": 128, "nope": 1}}],
+     "ranges[1].params: unknown knob 'nope' for megakernel (see `bubblescope tune --list`)"),
+    ([{"max_context": None, "params": {"block_k": 2 ** 40}}],
+     "ranges[0].params: megakernel params: block_k must be at most 2**20 = 1048576 (Triton's largest block), got "
+     "1099511627776"),
+    ([{"max_context": None, "params": {"spin_sleep_ns": 2 ** 31}}],
+     "ranges[0].params: megakernel params: spin_sleep_ns must fit in 32 bits (below 2**31), got 2147483648"),
+    ([{"max_context": None, "params": {"num_warps": 0}}],
+     "ranges[0].params: megakernel params: num_warps must be a power of two, got 0"),
+    ([], "ranges: must be a non-empty list of {max_context, params}, got []"),
+])
+def test_tuned_ranges_and_values_out_of_bounds_are_refused_naming_the_field(tmp_path, ranges, message):
+    """Ranges out of order or closed at the end, a max_context <= 0, an unknown knob and values the
+    megakernel cannot take (block_k 2**40 ran) were taken, or refused without naming the field."""
+    with pytest.raises(BubblescopeError) as info:
+        load_tuning(_tuned_file(tmp_path, ranges))
+    assert str(info.value) == f"--tuning {tmp_path / 'tuned.json'}: {message}"
+
+
 @pytest.mark.parametrize("params, message", [
-    ({"kv_splits": True}, "kv_splits must be int | None, got true"),      # was taken as kv_splits 1
-    ({"block_k": True}, "block_k must be int, got true"),                # was a traceback in the interpreter
-    ({"fast_launch": "no"}, 'fast_launch must be bool, got "no"'),       # was taken as on
-    ({"prefetch": 5}, "prefetch must be str, got 5"),
+    ({"kv_splits": True}, "ranges[0].params.kv_splits: must be int | None, got true"),      # was taken as kv_splits 1
+    ({"block_k": True}, "ranges[0].params.block_k: must be int, got true"),                # was a traceback in the interpreter
+    ({"fast_launch": "no"}, 'ranges[0].params.fast_launch: must be bool, got "no"'),       # was taken as on
+    ({"prefetch": 5}, "ranges[0].params.prefetch: must be str, got 5"),
 ])
 def test_tuned_values_of_the_wrong_json_type_are_one_line_errors(tmp_path, params, message):
     with pytest.raises(BubblescopeError) as info:
@@ -295,3 +324,60 @@ def test_an_output_taken_by_a_directory_is_refused_before_measuring(tmp_path):
     assert r.exit_code == 2
     assert r.output.strip() == f"error: --out {tmp_path / 'out'}: {taken} exists and is not a regular file"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tune.html"]
+
+
+def test_a_tune_where_no_value_ran_is_an_error_and_leaves_out_and_save_as_they_were(tmp_path):
+    """`tune --values nope --out ts --save ts.json` exited 2 (nothing to save) after replacing ts/tune.json and
+    tune.html; without --save it exited 0 with a table of nothing."""
+    out, save = tmp_path / "ts", tmp_path / "ts.json"
+    out.mkdir()
+    for name, text in [("tune.json", "old json"), ("tune.html", "old html")]:
+        (out / name).write_text(text)
+    save.write_text("old tuned")
+    note = "note: prefetch=nope: invalid: megakernel params: prefetch must be auto, bulk, line or off, got 'nope'"
+    run = ["tune", "tiny-llama", "--knob", "prefetch", "--values", "nope", "--contexts", "4", "--steps", "1"]
+    r = _cli(*run, "--out", out, "--save", save)
+    assert r.exit_code == 2 and r.output.splitlines() == [
+        note, f"error: --values: no value of prefetch ran ok (1 value tried, why above); --out {out} and --save "
+              f"{save} left as they were"]
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"tune.json": "old json", "tune.html": "old html"}
+    assert save.read_text() == "old tuned"
+    fresh = tmp_path / "fresh"
+    r = _cli(*run, "--values", "nope,bad", "--out", fresh)
+    assert r.exit_code == 2 and r.output.splitlines()[1:] == [
+        "note: prefetch=bad: invalid: megakernel params: prefetch must be auto, bulk, line or off, got 'bad'",
+        f"error: --values: no value of prefetch ran ok (2 values tried, why above); --out {fresh} left as it was"]
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ts", "ts.json"]
+
+
+def test_tune_refuses_an_engine_the_device_rules_out_before_the_model_loads(tmp_path, monkeypatch):
+    import bubblescope.models.loader as loader
+
+    def no_load(*a, **k):
+        raise AssertionError("weights were loaded")
+    monkeypatch.setattr(loader, "dummy_weights", no_load)
+    r = _cli("tune", "tiny-llama", "--knob", "prefetch", "--values", "off", "--engine", "megakernel-gluon",
+             "--device", "cpu", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and r.output.splitlines() == [
+        "error: --engine megakernel-gluon: the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run "
+        "Gluon)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cpu_note_is_said_only_when_a_value_ran():
+    from rich.console import Console
+
+    from bubblescope.reports.tune_report import ran_on_cpu, render_tune, render_tune_html
+    doc = {"engine": "megakernel", "knob": "prefetch", "family": "prefetch", "model": {"name": "m", "dtype": "float32"},
+           "device": {"type": "cpu", "name": None, "nvml_peak_GBps": None}, "steps": 1, "contexts": [4],
+           "command": "c", "created": "t", "base_params": {}, "best": [],
+           "rows": [{"value": None, "text": "nope", "status": "invalid", "reason": "bad", "compile": None,
+                     "points": []}]}
+    for ok, said in [(False, False), (True, True)]:
+        if ok:
+            doc["rows"][0]["status"] = "ok"
+        console = Console(record=True, width=100)
+        render_tune(doc, console)
+        assert ran_on_cpu(doc) is said
+        assert ("megakernel ran under Triton's interpreter" in console.export_text()) is said
+        assert ("megakernel ran under Triton's interpreter" in render_tune_html(doc)) is said

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import BubblescopeError
+from .errors import BubblescopeError, path_error
 from .wording import count
 
 TUNED_FILE = "a tuned file from `bubblescope tune --save`"
@@ -42,13 +42,20 @@ def _fail(message: str) -> None:
 
 
 def user_errors(fn):
-    """Turn BubblescopeError into a one-line message and exit code 2 (never a traceback)."""
+    """Turn BubblescopeError, and an OSError about a path the user named (:func:`~.errors.path_error`: too long,
+    no permission, not a directory, a symlink loop), into a one-line message and exit code 2 (never a
+    traceback)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except BubblescopeError as e:
             _fail(str(e))
+        except OSError as e:
+            message = path_error(e)
+            if message is None:
+                raise
+            _fail(message)
     return wrapper
 
 
@@ -162,10 +169,10 @@ def generate(
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     import torch
 
-    from .engines import build_engine, prepare_triton, unavailable_before_load
+    from .engines import build_engine, pick_device, prepare_triton, unavailable_before_load
     from .generation import SamplingParams, TextStream
     from .generation import generate as run
-    from .models import load_model, parse_dtype, resolve_device
+    from .models import load_model, parse_dtype
     from .models.loader import KNOWN_FILES, model_search_dirs
 
     from .tuned import describe_pick, engine_params, load_tuning
@@ -182,9 +189,12 @@ def generate(
         prompt.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
         raise BubblescopeError("--prompt: not valid UTF-8 text (check the terminal's encoding)") from None
-    dev = resolve_device(device)
+    dev = pick_device(device)
     prepare_triton(dev)
     tdtype = parse_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
+    if engine != "reference" and mode != "eager":  # --mode is the reference engine's; another would ignore it
+        raise BubblescopeError(f"--mode {mode}: sets the reference engine's mode, not --engine {engine}'s; leave "
+                               "--mode out, or use --engine reference")
     name = engine if engine != "reference" or mode == "eager" else f"reference-{mode}"
     if engine == "reference" and mode not in ("eager", "cudagraph", "compile"):
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
@@ -232,7 +242,7 @@ def generate(
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
         # the ms/token the user reads.
-        run(dec, ids[:1], 3, eos_ids=())
+        run(dec, ids[:1], min(3, max_seq), eos_ids=())  # 1 prompt position + 2 decode steps, within the cache
     stream = TextStream(tok, ids, sys.stdout)
     res = run(dec, ids, max_new_tokens, params, on_token=stream.push)
     stream.close()
@@ -241,8 +251,12 @@ def generate(
     n = len(res.token_ms)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
-    speed = (f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
-             if n else "no decode step (the first token was EOS)")
+    if n:
+        speed = f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
+    elif max_new_tokens == 1:  # the one token comes from the prompt's forward pass (TTFT)
+        speed = "no decode step (--max-new-tokens 1: the one token is the prefill's, timed in TTFT)"
+    else:
+        speed = "no decode step (the first token was EOS)"
     note = " (Triton CPU interpreter: slow by design)" if dev.type == "cpu" and "megakernel" in name else ""
     typer.echo(f"{dec.name} on {where}{note}, {weights}: TTFT {res.ttft_ms:.2f} ms, {speed}, "
                f"{count(len(res.tokens), 'token')}", err=True)
@@ -511,6 +525,13 @@ def tune(
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
                    device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)
+    if not any(r["status"] == "ok" for r in doc["rows"]):  # nothing measured: an error, and --out as it was
+        from .reports.tune_report import not_run
+        for value, status, reason in not_run(doc):
+            typer.echo(f"note: {knob}={value}: {status}: {reason}", err=True)
+        kept = f"--out {out} and --save {save} left as they were" if save is not None else f"--out {out} left as it was"
+        raise BubblescopeError(f"--values: no value of {knob} ran ok ({count(len(doc['rows']), 'value')} tried, "
+                               f"why above); {kept}")
     write_tune_outputs(doc, out, save)
     if fmt == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")

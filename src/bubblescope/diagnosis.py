@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from . import __version__
-from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton, unavailable_before_load
+from .engines import ENGINES, build_engine, get_engine_spec, pick_device, prepare_triton, unavailable_before_load
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
-from .generation import SamplingParams, generate, teacher_forced_logits
-from .models import find_model_file, load_model, parse_dtype, resolve_device
+from .generation import SamplingParams, generate, random_ids, teacher_forced_logits
+from .models import find_model_file, load_model, parse_dtype
 from .outdir import RunFolder, check_out_dir
 
 GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
@@ -217,7 +217,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     from .reports.results import SCHEMA
 
     tuned = load_tuning(tuning) if tuning is not None else None
-    dev = resolve_device(device)
+    dev = pick_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
     # Default: every registered engine; those that cannot run here are listed as skipped with the reason.
@@ -285,7 +285,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
         "findings": [],
     }
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist()
+    prompt = random_ids(cfg.vocab_size, prompt_len, gen)
     # Everything is written into a staging folder and published at the end (see outdir.RunFolder).
     created = write and not out.exists()
     with (RunFolder(out) if write else nullcontext()) as stage:
@@ -401,7 +401,7 @@ def _oracle(ctx: dict) -> dict:
     steps = min(CORRECTNESS_STEPS, ctx["gen_len"])
     if ctx["loaded"].source == "dummy":
         gen = torch.Generator().manual_seed(ctx["seed"] + 1)
-        forced = torch.randint(3, ctx["loaded"].config.vocab_size, (steps,), generator=gen).tolist()
+        forced = random_ids(ctx["loaded"].config.vocab_size, steps, gen)
     else:
         forced = generate(ref, ctx["prompt"], steps + 1, eos_ids=()).tokens[:steps]
     logits = teacher_forced_logits(ref, ctx["prompt"], forced)
@@ -536,7 +536,7 @@ def _sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, see
     from .profiler.traffic import bandwidth, step_traffic
 
     gen = torch.Generator().manual_seed(seed + context)
-    prompt = torch.randint(3, cfg.vocab_size, (context,), generator=gen).tolist()
+    prompt = random_ids(cfg.vocab_size, context, gen)
     res = generate(engine, prompt, SWEEP_STEPS + 1, eos_ids=())
     p50 = _percentile(res.token_ms, 50)
     traffic = step_traffic(cfg, dtype_bytes, context + SWEEP_STEPS // 2)

@@ -116,6 +116,23 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
 ]}
 
 
+def pick_device(device: str | None) -> torch.device:
+    """``--device`` as a torch device (:func:`~.models.resolve_device`: cpu, cuda, cuda:N; None or auto: cuda
+    when there is one), refusing a CPU index other than 0: torch runs every core as the one device ``cpu``, so
+    ``cpu:5`` would be taken silently as ``cpu``.
+
+    Raises:
+        BubblescopeError: as ``resolve_device``; ``cpu:N`` with N > 0.
+    """
+    from .models import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type == "cpu" and dev.index not in (None, 0):
+        raise BubblescopeError(f"--device {device}: the CPU is one device (torch runs on all its cores), it has no "
+                               f"index {dev.index}; use cpu")
+    return dev
+
+
 def prepare_triton(device: torch.device) -> None:
     """On a CPU device, choose Triton's interpreter before anything (torch.profiler, inductor) imports Triton.
 

@@ -44,11 +44,28 @@ class Decoder(Protocol):
     def reset(self) -> None: ...
 
 
+SPECIAL_IDS = 3  # ids 0-2: unk, BOS and EOS in llama2.c and SentencePiece vocabularies
+
+
+def random_ids(vocab_size: int, n: int, generator: torch.Generator) -> list[int]:
+    """``n`` token ids drawn uniformly from ``generator``, each one the model accepts (in ``[0, vocab_size)``).
+
+    Ids 0-2 (the special ids, :data:`SPECIAL_IDS`) are left out when the vocabulary has room for others
+    (``vocab_size > 3``); a vocabulary of 1 to 3 ids is drawn from whole. The prompts of ``diagnose model``,
+    ``tune`` and ``--tp`` all come from here.
+    """
+    low = SPECIAL_IDS if vocab_size > SPECIAL_IDS else 0
+    return torch.randint(low, vocab_size, (n,), generator=generator).tolist()
+
+
 def greedy_step(decoder: Decoder, token: int) -> int:
     """One greedy decode step: the engine's own ``decode_greedy`` when it has one (the megakernel picks
     the argmax on the device and returns it with its status copy), else ``argmax(decode(token))``."""
     fused = getattr(decoder, "decode_greedy", None)
     return fused(token) if callable(fused) else int(torch.argmax(decoder.decode(token)))
+
+
+MIN_TEMPERATURE = 2.0 ** -149  # the smallest positive float32 (a subnormal), 1.4e-45: below, T rounds to 0 there
 
 
 @dataclass(frozen=True)
@@ -62,7 +79,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         """Raises BubblescopeError: temperature below 0, infinite or NaN (inf would turn every logit into 0, a
-        uniform draw that no caller means), top_k below 0, or top_p outside (0, 1] (top-p 0 would keep no
+        uniform draw that no caller means), or above 0 but 0 in float32 (below about :data:`MIN_TEMPERATURE`:
+        NaN probabilities), top_k below 0, or top_p outside (0, 1] (top-p 0 would keep no
         token at all)."""
         import math
 
@@ -70,6 +88,10 @@ class SamplingParams:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise BubblescopeError(f"--temperature: must be a finite number >= 0 (0 means greedy), "
                                    f"got {self.temperature}")
+        if self.temperature > 0 and torch.tensor(self.temperature, dtype=torch.float32).item() == 0:
+            raise BubblescopeError(f"--temperature: {self.temperature:g} is 0 in float32, where the logits are divided "
+                                   f"by it (NaN probabilities); use 0 for greedy or at least {MIN_TEMPERATURE:.2g}, "
+                                   "the smallest positive float32")
         if self.top_k < 0:
             raise BubblescopeError(f"--top-k: must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -27,7 +27,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import BubblescopeError
+from .errors import BubblescopeError, path_error
 
 SCHEMA = "bubblescope.tp/1"
 BACKENDS = {None: None, "cpu": "gloo", "cuda": "nccl"}  # --device -> process-group backend (None: by CUDA)
@@ -132,6 +132,10 @@ def _staged(out: str | Path, rank: int):
             box = [("stage", str(folder.stage))]
         except BubblescopeError as e:
             box = [("error", str(e))]
+        except OSError as e:  # a path the user named (too long, no permission, ...)
+            if path_error(e) is None:
+                raise
+            box = [("error", path_error(e))]
     dist.broadcast_object_list(box, src=0)
     kind, text = box[0]
     if kind == "error":
@@ -150,7 +154,7 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     import torch.distributed as dist
 
     from .diagnosis import check_positions, default_model, latency_stats
-    from .generation import generate
+    from .generation import generate, random_ids
     from .models import load_model, parse_dtype
     from .profiler.capture import STEP_MARKER, capture_decode_trace
     from .profiler.hardware import device_info
@@ -171,7 +175,7 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     engine = TPReferenceEngine(loaded.weights, mode=mode, max_seq_len=need)
     source, weight_bytes = loaded.source, loaded.weights.nbytes()
     del loaded  # the full weights: each rank keeps only its shard
-    prompt = torch.randint(3, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    prompt = random_ids(cfg.vocab_size, prompt_len, torch.Generator().manual_seed(seed))
     for _ in range(warmup):  # graph capture, allocator
         generate(engine, prompt, gen_len, eos_ids=())
     token_ms, ttft, shares = [], [], []
@@ -226,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     args = json.loads((argv or sys.argv[1:])[0])
     fmt = args.pop("format", "text")
     try:
-        doc = tp_diagnose(**args)
+        try:
+            doc = tp_diagnose(**args)
+        except OSError as e:  # a path the user named (too long, no permission, ...): bad input, as in the CLI
+            message = path_error(e)
+            if message is None:
+                raise
+            raise BubblescopeError(message) from None
     except BubblescopeError as e:
         from .tplaunch import ERROR_FILE_ENV
 

@@ -145,7 +145,7 @@ def load_tuning(path: str | Path) -> Tuning:
 
     Raises:
         BubblescopeError: missing or unreadable file, not JSON, not a ``bubblescope.tuned/1`` document, an
-            unknown engine or knob, or ranges not in increasing order.
+            unknown engine or knob, ranges that :func:`_check_ranges` refuses.
     """
     from .tuning import knobs
     p = Path(path)
@@ -170,23 +170,58 @@ def load_tuning(path: str | Path) -> Tuning:
         raise BubblescopeError(f"--tuning {p}: engine {engine!r} has no tuning knobs") from None
     if knob not in names:
         raise BubblescopeError(f"--tuning {p}: unknown knob {knob!r} for {engine}")
-    ok = isinstance(ranges, list) and ranges and all(
-        isinstance(r, dict) and isinstance(r.get("params"), dict) and set(r["params"]) <= names
-        and (r.get("max_context") is None or isinstance(r.get("max_context"), int)) for r in ranges)
-    bounds = [r["max_context"] for r in ranges[:-1]] if ok else []
-    if not ok or None in bounds or bounds != sorted(bounds):
-        raise BubblescopeError(f"--tuning {p}: ranges must be a non-empty list of {{max_context, params}} in "
-                               "increasing order, the last one open")
-    for r in ranges:
-        for name, value in r["params"].items():
-            if not _json_type_ok(types[name], value):
-                raise BubblescopeError(f"--tuning {p}: {name} must be {types[name]}, got {json.dumps(value)}")
+    _check_ranges(p, engine, ranges, types)
     model = doc.get("model", {})
     if not isinstance(model, dict) or not isinstance(model.get("config_sha256", ""), str) \
             or not isinstance(model.get("name", ""), str):
         raise BubblescopeError(f"--tuning {p}: model must be an object with a string name and config_sha256, got "
                                f"{json.dumps(model)[:80]}")
     return Tuning(str(p), engine, knob, tuple(ranges), model)
+
+
+def _check_ranges(p: Path, engine: str, ranges, types: dict[str, str]) -> None:
+    """Refuse, naming the field (``ranges[1].max_context``, ``ranges[0].params.block_k``), ranges that are not a
+    non-empty list of ``{max_context, params}`` objects whose ``max_context`` are positive integers in increasing
+    order, the last one null (open-ended), and whose params are knobs of ``engine`` with values of their type
+    that ``MegakernelParams.validate`` accepts (on the defaults of a GPU and of the CPU alike).
+
+    Raises:
+        BubblescopeError: one line ``--tuning PATH: FIELD: what is wrong``.
+    """
+    from .megakernel_engine import CPU_PARAMS, MegakernelParams
+
+    if not isinstance(ranges, list) or not ranges:
+        raise BubblescopeError(f"--tuning {p}: ranges: must be a non-empty list of {{max_context, params}}, got "
+                               f"{json.dumps(ranges)[:80]}")
+    last = None
+    for i, r in enumerate(ranges):
+        where = f"--tuning {p}: ranges[{i}]"
+        if not isinstance(r, dict) or not isinstance(r.get("params"), dict):
+            raise BubblescopeError(f"{where}: must be an object {{max_context, params}} whose params is an object, "
+                                   f"got {json.dumps(r)[:80]}")
+        bound = r.get("max_context")
+        if i == len(ranges) - 1:
+            if bound is not None:
+                raise BubblescopeError(f"{where}.max_context: the last range must be open-ended (null), got "
+                                       f"{json.dumps(bound)}")
+        elif not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
+            raise BubblescopeError(f"{where}.max_context: must be a positive integer (only the last range is "
+                                   f"open-ended, null), got {json.dumps(bound)}")
+        elif last is not None and bound <= last:
+            raise BubblescopeError(f"{where}.max_context: ranges must be in increasing order, got {bound} after "
+                                   f"{last}")
+        last = bound
+        for name, value in r["params"].items():
+            if name not in types:
+                raise BubblescopeError(f"{where}.params: unknown knob {name!r} for {engine} (see `bubblescope tune "
+                                       "--list`)")
+            if not _json_type_ok(types[name], value):
+                raise BubblescopeError(f"{where}.params.{name}: must be {types[name]}, got {json.dumps(value)}")
+        for base in (MegakernelParams(), CPU_PARAMS):
+            try:
+                base.replace(**r["params"]).validate()
+            except BubblescopeError as e:
+                raise BubblescopeError(f"{where}.params: {e}") from None
 
 
 def _json_kind(value) -> str:

@@ -140,11 +140,12 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         value with the lowest p50 (``tuned.best_per_context``).
 
     Raises:
-        BubblescopeError: unknown engine, knob, model, dtype or device; no values; a context below 1 or
-            beyond the model's positions.
+        BubblescopeError: unknown engine, knob, model, dtype or device; an engine the device rules out (before
+            the model loads); no values; a context below 1 or beyond the model's positions.
     """
-    from .engines import build_engine, prepare_triton
-    from .models import load_model, parse_dtype, resolve_device
+    from .engines import build_engine, pick_device, prepare_triton, unavailable_before_load
+    from .generation import random_ids
+    from .models import load_model, parse_dtype
     from .profiler.hardware import device_info
     from .tuned import best_per_context
 
@@ -156,8 +157,10 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     for target in ([Path(out) / "tune.json", Path(out) / "tune.html"] if out is not None else []):
         if target.exists() and not target.is_file():  # found now, not after the measurements
             raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
-    dev = resolve_device(device)
+    dev = pick_device(device)
     prepare_triton(dev)
+    if why := unavailable_before_load(engine, dev):  # said before the model loads, as diagnose and generate do
+        raise BubblescopeError(f"--engine {engine}: {why}")
     on_gpu = dev.type == "cuda"
     if contexts is not None and not contexts:  # "--contexts ," is not the same as leaving the option out
         raise BubblescopeError("--contexts: no context lengths given")
@@ -180,7 +183,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     info = device_info(dev if on_gpu else "cpu")
     peak = info.get("nvml_peak_GBps") if on_gpu else None
     gen = torch.Generator().manual_seed(seed)
-    prompts = {c: torch.randint(3, cfg.vocab_size, (c,), generator=gen).tolist() for c in sorted(set(contexts))}
+    prompts = {c: random_ids(cfg.vocab_size, c, gen) for c in sorted(set(contexts))}
     reference = _reference_checker(loaded.weights, max_seq)
     rows = []
     for text in values:

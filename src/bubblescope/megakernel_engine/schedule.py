@@ -55,7 +55,7 @@ whole topological order and never waits.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -87,6 +87,9 @@ DEFAULT_MIN_CHUNK = 32  # fewest positions per attention split where attn_min_ch
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (n >= 1)."""
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+MAX_BLOCK = 1 << 20  # triton's TRITON_MAX_TENSOR_NUMEL: the most elements of one block
 
 
 @dataclass(frozen=True)
@@ -337,6 +340,15 @@ class MegakernelParams:
                 raise BubblescopeError(f"megakernel params: {name} must be a power of two, got {v!r}")
         for name in ("block_k", "num_warps") + (() if self.block_s is None else ("block_s",)):  # None: auto
             pow2(name)
+        for name in ("block_k", "block_s"):  # a block of the kernel's tensors: Triton compiles up to 2**20 elements
+            v = getattr(self, name)
+            if v is not None and v > MAX_BLOCK:
+                raise BubblescopeError(f"megakernel params: {name} must be at most 2**20 = {MAX_BLOCK} (Triton's "
+                                       f"largest block), got {v!r}")
+        for f in fields(self):  # every integer reaches the kernel or its schedule as a 32-bit integer
+            v = getattr(self, f.name)
+            if isinstance(v, int) and not isinstance(v, bool) and not -(1 << 31) <= v < 1 << 31:
+                raise BubblescopeError(f"megakernel params: {f.name} must fit in 32 bits (below 2**31), got {v!r}")
         for name in ("programs_per_sm", "num_programs", "num_stages", "rows_qkv", "rows_o", "rows_gateup",
                      "rows_down", "rows_lm", "max_rows", "kv_splits", "attn_kv_heads", "spin_cap", "gateup_blocks",
                      "lm_blocks", "attn_min_chunk", "max_registers"):

@@ -20,7 +20,7 @@ from ..errors import BubblescopeError
 from ..wording import count, plural
 from .categories import categorize
 from .heap import parse_heap
-from .tracecolumns import _INT_COLUMNS, _NA, _Columns
+from .tracecolumns import _INT_COLUMNS, _NA, INT_NULL_SHOWN, _Columns
 from .tracefile import _open_text, _Reader
 from .tracejson import _parse, _Text
 
@@ -285,7 +285,7 @@ def _finish(path: str, cols: _Columns, meta: dict) -> TraceArrays:
 
     warnings = [f"{n} {what if n != 1 else _one(what)}" for what, n in cols.odd.items()]
     warnings += [f"{count(n, 'integer')} in {col} beyond int64 or not {plural(n, 'an integer', 'integers')}, set to "
-                 "null" for col, n in cols.bad_ints.items()]
+                 f"{INT_NULL_SHOWN.get(col, 'null')}" for col, n in cols.bad_ints.items()]
     warnings += merged
     if cols.bad_text:
         warnings.append(f"{count(cols.bad_text, 'distinct name')} had invalid UTF-8 (replaced by U+FFFD)")

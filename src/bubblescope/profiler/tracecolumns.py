@@ -40,6 +40,13 @@ _MAX_TIME_US = float(1 << 63)
 # µs: integer ts are then rebased onto the trace's smallest one before they become floats (traceframes).
 _EXACT_US = 1 << 53
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Where an int column's values come from, as the warnings name it (others: pid, tid, or args.<column>); a GPU
+# activity's device and stream fall back on its pid and tid when args has none.
+INT_LABELS = {("flows", "id"): "flow id", ("gpu", "device"): "args.device (or pid)",
+              ("gpu", "stream"): "args.stream (or tid)"}
+# What an int that is not one becomes, as the warnings say it; by default null. The GPU table's unknown device is
+# -1 (traceframes.build_arrays), which the reports show.
+INT_NULL_SHOWN = {"args.device (or pid)": "-1 (device unknown)"}
 
 
 def _float(value: Any) -> float:
@@ -228,7 +235,7 @@ class _Columns:
         for key in self.columns[table]:
             vals = values[key]
             if key in _INT_COLUMNS:
-                label = "flow id" if table == "flows" and key == "id" else key if key in ("pid", "tid") else "args." + key
+                label = INT_LABELS.get((table, key)) or (key if key in ("pid", "tid") else "args." + key)
                 chunk[key] = self._ints(vals, label)
             elif key == "ts_us":
                 chunk[key] = self._times(vals)

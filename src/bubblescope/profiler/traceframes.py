@@ -31,6 +31,9 @@ def table_arrays(
 
     columns = cols.columns[table]
     chunks = cols.chunks[table]
+    # rows whose float ts lies beyond 2^53 µs (marked by rebase_times): counted below only if they are kept
+    rounded = (np.concatenate([c.pop("rounded", None) if "rounded" in c else np.zeros(len(c["ts_us"]), dtype=bool)
+                               for c in chunks]) if any("rounded" in c for c in chunks) else None)
     raw: dict[str, Any] = {}
     for key in columns:
         parts = [c[key] for c in chunks]
@@ -61,6 +64,10 @@ def table_arrays(
             rows = np.flatnonzero(~drop)
             if table == "gpu":
                 cols.gpu_excluded += int(drop.sum())
+            if rounded is not None:
+                rounded &= ~drop  # an excluded event is said once, by the reason it was excluded
+    if rounded is not None and rounded.any():
+        cols.odd[ROUNDED] += int(rounded.sum())
     for key, value in (na_fill or {}).items():
         raw[key][raw[key] == _NA] = value
     if sort_by:
@@ -124,7 +131,9 @@ def rebase_times(cols: _Columns) -> int:
     The origin is 0 (times as in the file) unless integer timestamps exceed 2^53 µs, where float64 loses whole
     µs (spacing 256 µs at 1.7e18): then it is the smallest integer ts, subtracted as an exact integer before the
     conversion, so times, durations and gaps stay exact. Float timestamps beyond 2^53 µs were rounded when parsed;
-    they are shifted by the same origin and counted in ``cols.odd`` (:data:`ROUNDED`)."""
+    they are shifted by the same origin and marked (a ``rounded`` mask in their chunk), to be counted in ``cols.odd``
+    (:data:`ROUNDED`) by :func:`table_arrays` when the row is kept: a ts beyond 2^63 µs or not finite is excluded
+    there, and said once, as excluded."""
     import numpy as np
 
     ints = [c["ts_us"] for chunks in cols.chunks.values() for c in chunks if c["ts_us"].dtype == np.int64
@@ -139,10 +148,10 @@ def rebase_times(cols: _Columns) -> int:
             ts = c["ts_us"]
             if ts.dtype == np.int64:
                 c["ts_us"] = (ts - origin if origin else ts).astype(np.float64)
-            else:
-                rounded = int((np.abs(ts) > _EXACT_US).sum())
-                if rounded:
-                    cols.odd[ROUNDED] += rounded
+            else:  # finite and within 2^63 µs: beyond, table_arrays excludes the row (and says so) instead
+                rounded = np.isfinite(ts) & (np.abs(ts) > _EXACT_US) & (np.abs(ts) <= _MAX_TIME_US)
+                if rounded.any():
+                    c["rounded"] = rounded
                 if origin:
                     c["ts_us"] = ts - float(origin)
     return origin

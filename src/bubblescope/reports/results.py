@@ -410,23 +410,41 @@ def atomic_write_text(path: str | os.PathLike, text: str, option: str | None = N
     Raises:
         BubblescopeError: the directory is missing or not writable, or ``path`` is not a regular file.
     """
-    path = Path(path)
-    where = _where(path, option)
-    _refuse_non_file(path, where)
+    atomic_write_texts([(path, text, option)])
+    return Path(path)
+
+
+def atomic_write_texts(files: list[tuple[str | os.PathLike, str, str | None]]) -> None:
+    """Write several ``(path, text, option)`` as :func:`atomic_write_text` writes one, all or none: every text
+    goes to a temporary file next to its path first, and only when all are written are they renamed into place
+    (so a file that cannot be written leaves the others as they were too).
+
+    Raises:
+        BubblescopeError: as :func:`atomic_write_text`, naming the file that could not be written.
+    """
+    staged: list[tuple[str, Path, str]] = []
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise BubblescopeError(f"{where}: cannot write here ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        # mkstemp creates the file 0600; a report is meant to be shared like any other file.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:  # disk full, or the destination turned out unwritable
-        Path(tmp).unlink(missing_ok=True)
-        raise BubblescopeError(f"{where}: cannot write here ({exc.strerror or type(exc).__name__})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        for path, text, option in files:
+            path = Path(path)
+            where = _where(path, option)
+            _refuse_non_file(path, where)
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            except OSError as exc:
+                raise BubblescopeError(f"{where}: cannot write here ({exc.strerror})") from None
+            staged.append((tmp, path, where))
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                # mkstemp creates the file 0600; a report is meant to be shared like any other file.
+                os.chmod(tmp, 0o644)
+            except OSError as exc:  # disk full
+                raise BubblescopeError(f"{where}: cannot write here ({exc.strerror or type(exc).__name__})") from None
+        for tmp, path, where in staged:
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:  # the destination turned out unwritable
+                raise BubblescopeError(f"{where}: cannot write here ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        for tmp, _, _ in staged:
+            Path(tmp).unlink(missing_ok=True)

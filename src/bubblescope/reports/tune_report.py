@@ -49,6 +49,11 @@ def not_run(doc: dict) -> list[tuple[str, str, str]]:
     return [(r["text"], r["status"], r.get("reason") or "") for r in doc["rows"] if r["status"] != "ok"]
 
 
+def ran_on_cpu(doc: dict) -> bool:
+    """Some value ran (status ok) on a CPU, i.e. under Triton's interpreter: the CPU note applies."""
+    return doc["device"]["type"] != "cuda" and any(r["status"] == "ok" for r in doc["rows"])
+
+
 def title(doc: dict) -> str:
     return (f"tune {doc['engine']} {doc['knob']} ({doc['family']}) on {doc['model']['name']} "
             f"({doc['model']['dtype']}), {doc['device']['name']}, {doc['steps']} decode steps per point")
@@ -83,7 +88,7 @@ def render_tune(doc: dict, console) -> None:
     for r in doc["rows"]:
         if cliff(r):
             console.print(f"cliff: {doc['knob']}={r['text']}: {cliff(r)}", soft_wrap=True)
-    if doc["device"]["type"] != "cuda":
+    if ran_on_cpu(doc):
         console.print("CPU run: the megakernel ran under Triton's interpreter; its timings measure the interpreter, "
                       "and % of peak, registers and residency need a GPU")
 
@@ -130,7 +135,7 @@ def render_tune_html(doc: dict) -> str:
         plot=png_uri(tune_figure(doc)), best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"))
                                               for b in doc["best"]],
         cliffs=[(r["text"], cliff(r)) for r in doc["rows"] if cliff(r)], knob=doc["knob"],
-        base=sorted((k, str(v)) for k, v in doc["base_params"].items()), cpu=doc["device"]["type"] != "cuda")
+        base=sorted((k, str(v)) for k, v in doc["base_params"].items()), cpu=ran_on_cpu(doc))
 
 
 def write_tune_html(doc: dict, path: str | Path) -> Path:
@@ -140,7 +145,7 @@ def write_tune_html(doc: dict, path: str | Path) -> Path:
 
 def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = None) -> None:
     """Write ``out/tune.json`` and ``out/tune.html`` (creating ``out``), and the tuned file ``save`` when given;
-    each atomically.
+    all or none (:func:`~.results.atomic_write_texts`): a failure leaves ``out`` and ``save`` as they were.
 
     Raises:
         BubblescopeError: ``out`` cannot be a directory or a file cannot be written; ``--save`` with no value
@@ -149,15 +154,23 @@ def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = Non
     import json
 
     from ..errors import BubblescopeError
-    from ..tuned import save_tuned
+    from ..tuned import tuned_document
+    from .results import atomic_write_texts
 
     out = Path(out)
+    files = [(out / "tune.json", json.dumps(doc, indent=2) + "\n", None),
+             (out / "tune.html", render_tune_html(doc), None)]
+    if save is not None:  # raises before anything is written when there is nothing to save
+        files.append((save, json.dumps(tuned_document(doc), indent=2) + "\n", "--save"))
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         raise BubblescopeError(f"--out {out}: cannot create the directory ({why})") from None
-    atomic_write_text(out / "tune.json", json.dumps(doc, indent=2) + "\n")
-    write_tune_html(doc, out / "tune.html")
-    if save is not None:
-        save_tuned(doc, save)
+    try:
+        atomic_write_texts(files)
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
