@@ -409,3 +409,24 @@ def test_layer_types_of_another_length_are_refused(tmp_path, config_cls, model_t
     _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
     _edit_config(path, layer_types=["full_attention"] * 2)
     _assert_agrees_with_transformers(path)
+
+
+def test_llama_without_rms_norm_eps_uses_transformers_default(tmp_path):
+    """LlamaConfig's rms_norm_eps defaults to 1e-6 (as Mistral's and Qwen's do); the loader took 1e-5. Small
+    embeddings (mean square ~1e-5) make the difference show in the logits."""
+    from safetensors.torch import load_file, save_file
+    path = _save(tmp_path, "llama", "LlamaConfig")
+    sd = load_file(path / "model.safetensors")
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 0.015
+    save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+    d = json.loads((path / "config.json").read_text())
+    del d["rms_norm_eps"]
+    (path / "config.json").write_text(json.dumps(d))
+    assert transformers.AutoConfig.from_pretrained(path).rms_norm_eps == 1e-6
+    weights = _assert_agrees_with_transformers(path)
+    assert weights.config.rms_norm_eps == 1e-6
+    # The old default moves these logits beyond the tolerance (so the check above can fail).
+    old = type(weights)(weights.config.replace(rms_norm_eps=1e-5), weights.embed_tokens, weights.layers, weights.norm,
+                        weights.lm_head)
+    ours, theirs = (teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED) for w in (weights, old))
+    assert (ours - theirs).abs().max().item() > 1e-3
