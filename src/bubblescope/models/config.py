@@ -142,9 +142,8 @@ class ModelConfig:
 
         Raises:
             BubblescopeError: a field is non-positive, heads do not divide, the model type is unknown,
-                rope_theta / rms_norm_eps / bos_token_id / llama3 rope_scaling are not usable numbers, bos_token_id
-                or an eos_token_id is outside the vocabulary, rope_theta makes the float32 RoPE frequencies
-                non-finite, or sliding_window is set on a model other than Mistral or binds (below
+                rope_theta / rms_norm_eps / bos_token_id / llama3 rope_scaling are not usable numbers, rope_theta
+                makes the float32 RoPE frequencies non-finite, or sliding_window is set on a model other than Mistral or binds (below
                 max_position_embeddings).
         """
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -161,16 +160,6 @@ class ModelConfig:
         if self.bos_token_id is not None and not _token_id(self.bos_token_id):
             raise BubblescopeError(f"model config {self.name}: bos_token_id must be a token id (an integer >= 0) "
                                    f"or null, got {self.bos_token_id!r}")
-        # The engines use both: bos_token_id starts a prompt, eos_token_id stops generation. transformers only
-        # warns about an id outside the vocabulary (PreTrainedConfig.validate_token_ids: "must be `None` or an
-        # integer within the vocabulary (between 0 and vocab_size - 1)"); embedding such a bos fails with an index
-        # error and such an eos can never be generated, so they are refused here. pad_token_id is not used.
-        for key, ids in (("bos_token_id", () if self.bos_token_id is None else (self.bos_token_id,)),
-                         ("eos_token_id", self.eos_token_id)):
-            bad = [i for i in ids if i >= self.vocab_size]
-            if bad:
-                raise BubblescopeError(f"model config {self.name}: {key} {bad[0]} is outside the vocabulary "
-                                       f"(vocab_size {self.vocab_size}: token ids 0 to {self.vocab_size - 1})")
         if self.num_attention_heads % self.num_key_value_heads:
             raise BubblescopeError(
                 f"model config {self.name}: num_attention_heads {self.num_attention_heads} is not a multiple "
@@ -286,7 +275,8 @@ class ModelConfig:
             BubblescopeError: unsupported architecture or model_type (named), a feature no engine implements
                 (Mistral's ``sliding_window`` below ``max_position_embeddings``, 4096 when the key is absent as in
                 ``MistralConfig``, or Qwen's sliding-window layers,
-                o_proj biases of Llama / Qwen3 ``attention_bias``, ``mlp_bias``), or a missing or ill-typed field.
+                o_proj biases of Llama / Qwen3 ``attention_bias``, ``mlp_bias``), a missing or ill-typed field, or a
+                bos_token_id / eos_token_id outside the vocabulary or a pad_token_id transformers cannot build.
                 A Mistral ``sliding_window`` of null, or of at least ``max_position_embeddings``, is full attention
                 (:func:`_check_window_never_binds`) and loads.
         """
@@ -342,7 +332,7 @@ class ModelConfig:
             window = d.get("sliding_window", 4096)
             _check_window_never_binds(name, window, max_positions, absent="sliding_window" not in d)
         theta_key, theta, rope_scaling = _hf_rope(name, d, max_positions)
-        return cls(
+        cfg = cls(
             hidden_size=integer("hidden_size", d["hidden_size"]),
             intermediate_size=integer("intermediate_size", d["intermediate_size"]),
             num_hidden_layers=integer("num_hidden_layers", d["num_hidden_layers"]),
@@ -370,6 +360,8 @@ class ModelConfig:
             hidden_act=d.get("hidden_act", "silu"),
             sliding_window=window,
         )
+        _check_token_ids_in_vocab(name, cfg)
+        return cfg
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> "ModelConfig":
@@ -543,6 +535,26 @@ def _check_layer_types(name: str, d: dict) -> None:
     if _positive_int(n) and len(kinds) != n:
         raise BubblescopeError(f"{name}: config field layer_types has {len(kinds)} entries, but num_hidden_layers "
                                f"is {n} (transformers requires one per layer)")
+
+
+def _check_token_ids_in_vocab(name: str, cfg: ModelConfig) -> None:
+    """A config file's ``bos_token_id`` and ``eos_token_id`` (each of a list) inside ``[0, vocab_size)``.
+
+    The engines use both: bos_token_id starts a prompt, eos_token_id stops generation. transformers only warns
+    about an id outside the vocabulary (``PreTrainedConfig.validate_token_ids``: "must be `None` or an integer
+    within the vocabulary (between 0 and {vocab_size - 1})"); embedding such a bos fails with an index error and
+    such an eos can never be generated, so they are refused. Checked on the file, not in ``validate``: a
+    tensor-parallel shard's config holds part of the vocabulary by design (``profiler/traffic.py``).
+
+    Raises:
+        BubblescopeError: the first id outside the vocabulary, with its field.
+    """
+    for key, ids in (("bos_token_id", () if cfg.bos_token_id is None else (cfg.bos_token_id,)),
+                     ("eos_token_id", cfg.eos_token_id)):
+        bad = [i for i in ids if i >= cfg.vocab_size]
+        if bad:
+            raise BubblescopeError(f"{name}: {key} {bad[0]} is outside the vocabulary (vocab_size {cfg.vocab_size}: "
+                                   f"token ids 0 to {cfg.vocab_size - 1})")
 
 
 def _check_pad_token_id(name: str, d: dict) -> None:
