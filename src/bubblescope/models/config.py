@@ -143,8 +143,8 @@ class ModelConfig:
         Raises:
             BubblescopeError: a field is non-positive, heads do not divide, the model type is unknown,
                 rope_theta / rms_norm_eps / bos_token_id / llama3 rope_scaling are not usable numbers, rope_theta
-                makes the float32 RoPE frequencies non-finite, or sliding_window is set on a model other than Mistral or binds (below
-                max_position_embeddings).
+                makes the float32 RoPE frequencies non-finite, or sliding_window is set on a model other than
+                Mistral or binds (is below max_position_embeddings).
         """
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings"):
