@@ -268,3 +268,165 @@ def test_nan_weights_raise_no_all_nan_warning_in_the_interpreted_megakernel():
         eng.decode(int(PROMPT[3]))
     assert logits.isnan().all()
     assert not [str(c.message) for c in caught if "All-NaN" in str(c.message)]
+
+
+# --- 5. config fields as transformers 5 reads them ---------------------------------------------------------------
+
+def test_mistral_without_a_sliding_window_key_slides_at_4096_as_mistralconfig_does(tmp_path):
+    """MistralConfig's ``sliding_window: int | None = 4096``: a config.json without the key slides at 4096. It was
+    read as no window, so a model of 8192 positions ran full attention where transformers slides."""
+    path = _save(tmp_path, "mistral", "MistralConfig", sliding_window=None, max_position_embeddings=8192)
+    d = json.loads((path / "config.json").read_text())
+    del d["sliding_window"]
+    (path / "config.json").write_text(json.dumps(d))
+    assert transformers.AutoConfig.from_pretrained(path).sliding_window == 4096  # the independent source
+    message = (f"{path / 'config.json'}: Mistral with sliding_window=4096 (MistralConfig's default: config.json has "
+               "no sliding_window) is not supported (below max_position_embeddings=8192, so attention would slide; "
+               "the engines implement full attention)")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+    _edit_config(path, max_position_embeddings=4096)  # the default window never binds within 4096 positions
+    cfg = _assert_agrees_with_transformers(path).config
+    assert cfg.sliding_window == 4096 and cfg.to_hf_dict()["sliding_window"] == 4096
+    assert ModelConfig.from_hf_dict(cfg.to_hf_dict()).sliding_window == 4096
+
+
+def test_mistral_null_window_round_trips_as_null(tmp_path):
+    path = _save(tmp_path, "mistral", "MistralConfig", sliding_window=None, max_position_embeddings=8192)
+    cfg = _assert_agrees_with_transformers(path).config
+    assert cfg.sliding_window is None and cfg.to_hf_dict()["sliding_window"] is None
+    assert transformers.MistralConfig.from_dict(cfg.to_hf_dict()).sliding_window is None
+
+
+L3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize("changes, theta, scaling", [
+    # transformers' convert_rope_params_to_dict: setdefault("rope_theta", <top-level>) on the rope dict
+    (dict(rope_theta=10000.0, rope_parameters={"rope_type": "default", "rope_theta": 500.0}), 500.0, None),
+    (dict(rope_theta=10000.0, rope_scaling={"rope_type": "default", "rope_theta": 500.0}), 500.0, None),
+    # a non-empty rope_scaling replaces rope_parameters whole, its theta included
+    (dict(rope_theta=10000.0, rope_scaling={**L3, "original_max_position_embeddings": 4},
+          rope_parameters={"rope_type": "default", "rope_theta": 500.0}), 10000.0,
+     {**L3, "original_max_position_embeddings": 4}),
+    (dict(rope_theta=10000.0, rope_scaling={}, rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+     500.0, None),
+    (dict(rope_theta=777.0, rope_parameters={"rope_type": "default"}), 777.0, None),
+    # standardize_rope_params: llama3's original_max_position_embeddings defaults to max_position_embeddings (was 8192)
+    (dict(rope_theta=500.0, rope_scaling=dict(L3)), 500.0, {**L3, "original_max_position_embeddings": 32}),
+    (dict(rope_parameters={**L3, "rope_theta": 300.0}), 300.0, {**L3, "original_max_position_embeddings": 32}),
+])
+def test_rope_theta_given_twice_follows_transformers(tmp_path, changes, theta, scaling):
+    """rope_theta both at the top level and inside rope_parameters / rope_scaling: the top-level one was used,
+    transformers uses the inner one (logits off by ~1)."""
+    path = _save(tmp_path, "llama", "LlamaConfig", max_position_embeddings=32)
+    d = json.loads((path / "config.json").read_text())
+    for key in ("rope_theta", "rope_scaling", "rope_parameters"):
+        d.pop(key, None)
+    d.update(changes)
+    (path / "config.json").write_text(json.dumps(d))
+    cfg = _assert_agrees_with_transformers(path).config
+    assert (cfg.rope_theta, cfg.rope_scaling) == (theta, scaling)
+    assert transformers.LlamaConfig.from_dict(cfg.to_hf_dict()).rope_parameters["rope_theta"] == theta
+
+
+def test_tensor_stored_in_two_shards_is_refused(tmp_path):
+    """With two safetensors files holding the same tensor, the later file's copy silently won."""
+    from safetensors.torch import load_file, save_file
+    path = _save(tmp_path, "llama", "LlamaConfig")
+    sd = load_file(path / "model.safetensors")
+    (path / "model.safetensors").unlink()
+    names = sorted(sd)
+    dup = "model.layers.1.self_attn.k_proj.weight"
+    first = {k: sd[k] for k in names[:len(names) // 2]} | {dup: sd[dup] * 2}
+    second = {k: sd[k] for k in names[len(names) // 2:]}
+    assert dup in second
+    save_file(first, path / "a.safetensors", metadata={"format": "pt"})
+    save_file(second, path / "b.safetensors", metadata={"format": "pt"})
+    message = f"{path}: tensor {dup} is stored twice, in a.safetensors and in b.safetensors"
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+    # An index naming one shard per tensor does not make the second copy harmless.
+    index = {"metadata": {}, "weight_map": {k: "a.safetensors" if k in first else "b.safetensors" for k in names}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+    save_file({k: v for k, v in first.items() if k != dup}, path / "a.safetensors", metadata={"format": "pt"})
+    _assert_agrees_with_transformers(path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(bos_token_id=256), "bos_token_id 256 is outside the vocabulary (vocab_size 256: token ids 0 to 255)"),
+    (dict(eos_token_id=[2, 300]), "eos_token_id 300 is outside the vocabulary (vocab_size 256: token ids 0 to 255)"),
+    (dict(bos_token_id=-1), "bos_token_id must be a token id (an integer >= 0) or null, got -1"),
+    (dict(eos_token_id=[2, -1]), "eos_token_id must be a token id or a list of them, got (2, -1)"),
+    (dict(bos_token_id=1.0), "bos_token_id must be a token id (an integer >= 0) or null, got 1.0"),
+])
+def test_bos_and_eos_outside_the_vocabulary_are_refused(tmp_path, changes, message):
+    """transformers only warns (PreTrainedConfig.validate_token_ids); the engines start a prompt with bos (an
+    index error in the embedding) and stop at eos (never generated)."""
+    path = _save(tmp_path, "llama", "LlamaConfig")
+    _edit_config(path, **changes)
+    _assert_refused(_diagnose_hf(path, tmp_path), f"{path / 'config.json'}: {message}", tmp_path)
+
+
+def test_pad_token_id_as_transformers_builds_it(tmp_path):
+    """pad_token_id is used by no engine, and Hub configs store -1 (transformers' comment in validate_token_ids),
+    which transformers' nn.Embedding(padding_idx=-1) takes; 256 of 256 it cannot build."""
+    path = _save(tmp_path, "llama", "LlamaConfig", bos_token_id=255, eos_token_id=[0, 255])
+    _edit_config(path, pad_token_id=-1)
+    assert _assert_agrees_with_transformers(path).config.eos_token_id == (0, 255)
+    _edit_config(path, pad_token_id=256)
+    with pytest.raises(AssertionError, match="Padding_idx must be within num_embeddings"):
+        transformers.AutoModelForCausalLM.from_pretrained(path)
+    message = (f"{path / 'config.json'}: pad_token_id 256 is outside the vocabulary (vocab_size 256: -256 to 255, "
+               "as transformers' nn.Embedding(padding_idx=pad_token_id) requires)")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+
+
+def test_rope_theta_whose_float32_frequencies_overflow_is_refused(tmp_path):
+    path = _save(tmp_path, "llama", "LlamaConfig")
+    _edit_config(path, rope_parameters={"rope_type": "default", "rope_theta": 1e-300})  # where transformers 5 reads it
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert hf.model.rotary_emb.inv_freq.isinf().sum() == 7  # transformers' float32 inv_freq: 1 / 0 past i = 0
+    cos, _ = hf.model.rotary_emb(torch.zeros(1, 2, 64), torch.arange(2)[None])
+    assert cos.isnan().any()  # position * inf: its RoPE rotates by NaN
+    message = (f"{path / 'config.json'}: rope_theta 1e-300 is too small: RoPE's inverse frequencies "
+               "theta^(-2i/head_dim) overflow float32 (non-finite) for head_dim 16")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+    _edit_config(path, rope_parameters={"rope_type": "default", "rope_theta": 0.5})  # below 1, finite: loads
+    _assert_agrees_with_transformers(path)
+
+
+@pytest.mark.parametrize("config_cls, model_type", [("Qwen2Config", "qwen2"), ("Qwen3Config", "qwen3")])
+@pytest.mark.parametrize("kinds", [["full_attention"], ["full_attention"] * 3])
+def test_layer_types_of_another_length_are_refused(tmp_path, config_cls, model_type, kinds):
+    """transformers 5 raises "`num_hidden_layers` (2) must be equal to the number of `layer_types` (1)"
+    (PreTrainedConfig.validate_layer_type); the loader read the first entries and ran."""
+    path = _save(tmp_path, model_type, config_cls)
+    _edit_config(path, layer_types=kinds, use_sliding_window=True, sliding_window=4)
+    with pytest.raises(Exception, match="must be equal to the number of `layer_types`"):
+        transformers.AutoConfig.from_pretrained(path)
+    message = (f"{path / 'config.json'}: config field layer_types has {len(kinds)} entries, but num_hidden_layers is 2 "
+               "(transformers requires one per layer)")
+    _assert_refused(_diagnose_hf(path, tmp_path), message, tmp_path)
+    _edit_config(path, layer_types=["full_attention"] * 2)
+    _assert_agrees_with_transformers(path)
+
+
+def test_llama_without_rms_norm_eps_uses_transformers_default(tmp_path):
+    """LlamaConfig's rms_norm_eps defaults to 1e-6 (as Mistral's and Qwen's do); the loader took 1e-5. Small
+    embeddings (mean square ~1e-5) make the difference show in the logits."""
+    from safetensors.torch import load_file, save_file
+    path = _save(tmp_path, "llama", "LlamaConfig")
+    sd = load_file(path / "model.safetensors")
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 0.015
+    save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+    d = json.loads((path / "config.json").read_text())
+    del d["rms_norm_eps"]
+    (path / "config.json").write_text(json.dumps(d))
+    assert transformers.AutoConfig.from_pretrained(path).rms_norm_eps == 1e-6
+    weights = _assert_agrees_with_transformers(path)
+    assert weights.config.rms_norm_eps == 1e-6
+    # The old default moves these logits beyond the tolerance (so the check above can fail).
+    old = type(weights)(weights.config.replace(rms_norm_eps=1e-5), weights.embed_tokens, weights.layers, weights.norm,
+                        weights.lm_head)
+    ours, theirs = (teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED) for w in (weights, old))
+    assert (ours - theirs).abs().max().item() > 1e-3

@@ -193,7 +193,7 @@ _GOOD_CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
     ({"rope_scaling": {"rope_type": "llama3", "factor": "x"}}, "rope_scaling.factor must be a finite number > 0"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}},
      "llama3 rope_scaling.high_freq_factor 4 must exceed low_freq_factor 4"),
-    ({"rope_parameters": [1]}, "rope_parameters must be an object, got [1]"),
+    ({"rope_parameters": [1]}, "rope_parameters must be an object or null, got [1]"),
     # bool("false") is True: these flipped the weight layout silently.
     ({"tie_word_embeddings": "false"}, 'config field tie_word_embeddings must be true, false or null, got "false"'),
     ({"attention_bias": 1}, "config field attention_bias must be true, false or null, got 1"),
@@ -281,10 +281,17 @@ def test_bad_config_dtype_exit_2_nothing_written(tmp_path):
     assert not out.exists()
 
 
-def test_integral_floats_in_config_are_accepted(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({**_GOOD_CFG, "hidden_size": 64.0, "head_dim": None}))
-    cfg = ModelConfig.from_hf_config(tmp_path)
-    assert (cfg.hidden_size, cfg.head_dim) == (64, 16) and isinstance(cfg.hidden_size, int)
+def test_integral_floats_in_config_are_refused_as_transformers_does(tmp_path):
+    """64.0 was accepted as 64; transformers 5's @strict LlamaConfig refuses it ("Field 'hidden_size' expected int,
+    got float"), so the hf engine could not build what the other engines ran."""
+    d = {**_GOOD_CFG, "hidden_size": 64.0, "head_dim": None}
+    transformers = pytest.importorskip("transformers")
+    with pytest.raises(Exception, match="hidden_size"):
+        transformers.LlamaConfig.from_dict(d)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(BubblescopeError) as info:
+        ModelConfig.from_hf_config(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'config.json'}: config field hidden_size must be an integer, got 64.0"
 
 
 def test_weights_beyond_memory_are_refused_before_allocating():
@@ -443,3 +450,34 @@ def test_a_tokenizer_file_too_short_for_its_header_is_a_one_line_error(tmp_path,
     assert str(info.value) == f"{tmp_path / 'tok.bin'}: not a llama2.c tokenizer file (truncated at byte 0)"
     r = _cli("generate", "tiny-llama", "--tokenizer", str(tmp_path / "tok.bin"), "--prompt", "hi")
     assert r.returncode == 2 and r.stderr.strip() == f"error: {info.value}" and r.stdout == ""
+
+
+def _tiny_llama2c(path):
+    """A llama2.c v0 checkpoint: dim 8, hidden 16, 1 layer, 2 heads, 2 kv heads, vocab 10 (shared), seq_len 4."""
+    n = 10 * 8 + 8 + 4 * 8 * 8 + 8 + 3 * 16 * 8 + 8 + 2 * 4 * 2
+    floats = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 0.3
+    path.write_bytes(struct.pack("<7i", 8, 16, 1, 2, 2, 10, 4) + floats.numpy().astype("<f4").tobytes())
+    return path
+
+
+@pytest.mark.parametrize("name", ["tok4096.bin", "tokens.bin", "tok10.bin", "tokenizer.bin"])
+def test_a_file_beside_a_llama2c_bin_does_not_fail_a_prompt_ids_run(tmp_path, name):
+    """Any tok*.bin beside the weights was loaded as the tokenizer, and a broken or unrelated one failed even a
+    --prompt-ids run, which needs no tokenizer. Only tok{vocab_size}.bin and tokenizer.bin are looked for now,
+    and one of those that fails to load is a warning."""
+    from bubblescope.models import load_model
+    model = _tiny_llama2c(tmp_path / "m.bin")
+    (tmp_path / name).write_bytes(b"\x01\x02\x03")
+    loaded = load_model(str(model))
+    assert loaded.tokenizer is None
+    found = name in ("tok10.bin", "tokenizer.bin")
+    assert loaded.warnings == ([f"tokenizer: {tmp_path / name} beside the model not loaded ({tmp_path / name}: not "
+                                "a llama2.c tokenizer file (truncated at byte 0)); pass --tokenizer for --prompt"]
+                               if found else [])
+    r = _cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "1")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = _cli("generate", str(model), "--prompt", "hi")
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "error: --prompt: this model has no tokenizer; pass --tokenizer or use --prompt-ids"), r.stderr
+    with pytest.raises(BubblescopeError, match="truncated at byte 0"):  # named explicitly: its error is the run's
+        load_model(str(model), tokenizer=str(tmp_path / name))

@@ -51,6 +51,8 @@ class ModelConfig:
     when absent (as in ``LlamaConfig``). ``rope_scaling`` is the raw dict, e.g. ``{"rope_type":
     "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192}``. ``eos_token_id`` is a tuple (HF allows an int or list).
+    ``sliding_window`` (Mistral only) is null (no window) or a window of at least ``max_position_embeddings``,
+    which never hides a key; :meth:`to_hf_dict` writes it back so transformers builds the same attention.
     """
 
     hidden_size: int
@@ -72,6 +74,7 @@ class ModelConfig:
     model_type: str = "llama"
     name: str = "custom"
     hidden_act: str = "silu"
+    sliding_window: int | None = None  # Mistral only: a window that never binds (>= max_position_embeddings)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -139,7 +142,9 @@ class ModelConfig:
 
         Raises:
             BubblescopeError: a field is non-positive, heads do not divide, the model type is unknown,
-                rope_theta / rms_norm_eps / bos_token_id / llama3 rope_scaling are not usable numbers.
+                rope_theta / rms_norm_eps / bos_token_id / llama3 rope_scaling are not usable numbers, rope_theta
+                makes the float32 RoPE frequencies non-finite, or sliding_window is set on a model other than
+                Mistral or binds (is below max_position_embeddings).
         """
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings"):
@@ -161,6 +166,20 @@ class ModelConfig:
                 f"of num_key_value_heads {self.num_key_value_heads}")
         if self.head_dim % 2:
             raise BubblescopeError(f"model config {self.name}: head_dim {self.head_dim} must be even for RoPE")
+        if self.rope_theta < 1:
+            # inv_freq = theta ** (-2i / head_dim), in float32 as transformers' _compute_default_rope_parameters
+            # computes it: a theta below 1 grows without bound as i grows (1e-300 is 0 in float32, so 1 / 0 = inf),
+            # and non-finite frequencies make every logit NaN. Checked only below 1 (above, theta ** -x <= 1), so
+            # building a preset does not import torch.
+            if not bool(_default_inv_freq(self.rope_theta, self.head_dim).isfinite().all()):
+                raise BubblescopeError(
+                    f"model config {self.name}: rope_theta {self.rope_theta!r} is too small: RoPE's inverse "
+                    f"frequencies theta^(-2i/head_dim) overflow float32 (non-finite) for head_dim {self.head_dim}")
+        if self.sliding_window is not None:
+            if self.model_type != "mistral":
+                raise BubblescopeError(f"model config {self.name}: sliding_window is only kept for model_type "
+                                       f"mistral (got {self.sliding_window!r} for {self.model_type})")
+            _check_window_never_binds(f"model config {self.name}", self.sliding_window, self.max_position_embeddings)
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise BubblescopeError(
                 f"model config {self.name}: unsupported model_type {self.model_type!r} "
@@ -179,10 +198,12 @@ class ModelConfig:
                 self._validate_llama3(self.rope_scaling)
 
     def _validate_llama3(self, rs: dict) -> None:
-        # What rope_inv_freq reads: factor (required), the two band factors (high > low) and the old context.
-        values = {"factor": rs.get("factor"), "low_freq_factor": rs.get("low_freq_factor", 1.0),
-                  "high_freq_factor": rs.get("high_freq_factor", 4.0),
-                  "original_max_position_embeddings": rs.get("original_max_position_embeddings", 8192)}
+        # What rope_inv_freq reads: factor, the two band factors (high > low) and the old context, all required as
+        # transformers requires them (_validate_llama3_rope_parameters raises KeyError "Missing required keys";
+        # from_hf_dict fills original_max_position_embeddings from max_position_embeddings first, as
+        # standardize_rope_params does).
+        values = {key: rs.get(key) for key in ("factor", "low_freq_factor", "high_freq_factor",
+                                               "original_max_position_embeddings")}
         for key, v in values.items():
             if not _finite(v) or v <= 0:
                 raise BubblescopeError(f"model config {self.name}: llama3 rope_scaling.{key} must be a finite "
@@ -235,9 +256,9 @@ class ModelConfig:
             d["attention_bias"] = self.attention_bias
             d["mlp_bias"] = False
         if self.model_type == "mistral":
-            # Full attention, as every engine here computes it: MistralConfig's sliding_window defaults to 4096
-            # when the field is absent, so transformers (the hf engine) would slide beyond 4096 positions.
-            d["sliding_window"] = None
+            # Written even when null: MistralConfig's sliding_window defaults to 4096 when the field is absent, so
+            # leaving it out would make transformers (the hf engine) slide beyond 4096 positions.
+            d["sliding_window"] = self.sliding_window
         return d
 
     def config_sha256(self) -> str:
@@ -252,8 +273,10 @@ class ModelConfig:
 
         Raises:
             BubblescopeError: unsupported architecture or model_type (named), a feature no engine implements
-                (Mistral's ``sliding_window`` below ``max_position_embeddings`` or Qwen's sliding-window layers,
-                o_proj biases of Llama / Qwen3 ``attention_bias``, ``mlp_bias``), or a missing or ill-typed field.
+                (Mistral's ``sliding_window`` below ``max_position_embeddings``, 4096 when the key is absent as in
+                ``MistralConfig``, or Qwen's sliding-window layers,
+                o_proj biases of Llama / Qwen3 ``attention_bias``, ``mlp_bias``), a missing or ill-typed field, or a
+                bos_token_id / eos_token_id outside the vocabulary or a pad_token_id transformers cannot build.
                 A Mistral ``sliding_window`` of null, or of at least ``max_position_embeddings``, is full attention
                 (:func:`_check_window_never_binds`) and loads.
         """
@@ -286,19 +309,13 @@ class ModelConfig:
         family = SUPPORTED_MODEL_TYPES[model_type]
         if family in ("qwen2", "qwen3"):
             _check_no_sliding_layers(name, d, model_type)
-        rope_scaling = d.get("rope_scaling")
-        # transformers >= 4.5x may store rope settings under "rope_parameters".
-        rope_params = d.get("rope_parameters") or {}
-        if not isinstance(rope_params, dict):
-            raise BubblescopeError(f"{name}: rope_parameters must be an object, got {rope_params!r}")
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        _check_layer_types(name, d)
+        _check_pad_token_id(name, d)
         eos = d.get("eos_token_id")
 
         def integer(key: str, value: Any) -> int:
-            # 64.0 is an integer in JSON terms; 64.5, "64", true or null are not.
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
+            # transformers 5's @strict configs type these fields int: 64.0 is refused ("Field 'hidden_size'
+            # expected int, got float"), as are 64.5, "64", true and null.
             if isinstance(value, bool) or not isinstance(value, int):
                 raise BubblescopeError(f"{name}: config field {key} must be an integer, got {value!r}")
             return value
@@ -309,9 +326,13 @@ class ModelConfig:
             return float(value)
 
         max_positions = integer("max_position_embeddings", d.get("max_position_embeddings", 2048))
+        window = None
         if model_type == "mistral":
-            _check_window_never_binds(name, d.get("sliding_window"), max_positions)
-        return cls(
+            # MistralConfig: ``sliding_window: int | None = 4096``, so an absent key slides at 4096; null is no window.
+            window = d.get("sliding_window", 4096)
+            _check_window_never_binds(name, window, max_positions, absent="sliding_window" not in d)
+        theta_key, theta, rope_scaling = _hf_rope(name, d, max_positions)
+        cfg = cls(
             hidden_size=integer("hidden_size", d["hidden_size"]),
             intermediate_size=integer("intermediate_size", d["intermediate_size"]),
             num_hidden_layers=integer("num_hidden_layers", d["num_hidden_layers"]),
@@ -321,9 +342,11 @@ class ModelConfig:
                                         if d.get("num_key_value_heads") is None else d["num_key_value_heads"]),
             vocab_size=integer("vocab_size", d["vocab_size"]),
             head_dim=_explicit_head_dim(name, d.get("head_dim")),
-            rope_theta=number("rope_theta", d.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
+            rope_theta=number(theta_key, theta),
             rope_scaling=rope_scaling,
-            rms_norm_eps=number("rms_norm_eps", d.get("rms_norm_eps", 1e-6 if family != "llama" else 1e-5)),
+            # 1e-6 when absent for all four (LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config: rms_norm_eps
+            # float = 1e-6).
+            rms_norm_eps=number("rms_norm_eps", d.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings") or False),
             # As transformers builds them: Qwen2Attention always has q/k/v biases (it has no attention_bias field),
             # MistralAttention never has any; Llama and Qwen3 with attention_bias=true are refused above.
@@ -335,7 +358,10 @@ class ModelConfig:
             model_type=model_type,
             name=name,
             hidden_act=d.get("hidden_act", "silu"),
+            sliding_window=window,
         )
+        _check_token_ids_in_vocab(name, cfg)
+        return cfg
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> "ModelConfig":
@@ -392,7 +418,7 @@ def _check_dtype_fields(name: str, d: dict) -> None:
                 f"... as transformers reads it) or null, got {json.dumps(value)}")
 
 
-def _check_window_never_binds(name: str, window: Any, max_positions: int) -> None:
+def _check_window_never_binds(name: str, window: Any, max_positions: int, absent: bool = False) -> None:
     """Accept a Mistral ``sliding_window`` that cannot change attention; refuse one that can.
 
     In transformers a null ``sliding_window`` means no window ("If `None`, no sliding window is applied":
@@ -411,13 +437,12 @@ def _check_window_never_binds(name: str, window: Any, max_positions: int) -> Non
     """
     if window is None:
         return
-    if isinstance(window, float) and window.is_integer():
-        window = int(window)
-    if isinstance(window, bool) or not isinstance(window, int):
+    if isinstance(window, bool) or not isinstance(window, int):  # 4096.0 too: MistralConfig types it int | None
         raise BubblescopeError(f"{name}: config field sliding_window must be an integer or null, got "
                                f"{json.dumps(window)}")
     if window < max_positions:
-        raise BubblescopeError(f"{name}: Mistral with sliding_window={window} is not supported (below "
+        given = " (MistralConfig's default: config.json has no sliding_window)" if absent else ""
+        raise BubblescopeError(f"{name}: Mistral with sliding_window={window}{given} is not supported (below "
                                f"max_position_embeddings={max_positions}, so attention would slide; the engines "
                                "implement full attention)")
 
@@ -437,6 +462,11 @@ def _check_no_sliding_layers(name: str, d: dict, model_type: str) -> None:
         raise BubblescopeError(f"{name}: config field use_sliding_window must be true, false or null, got "
                                f"{json.dumps(use)}")
     window, n = d.get("sliding_window"), d.get("num_hidden_layers")
+    # Qwen2Config / Qwen3Config type both int (sliding_window: int | None, max_window_layers: int), checked whether
+    # or not they decide anything: 4096.0 is refused by transformers 5's @strict configs.
+    for key, value in (("sliding_window", window), ("max_window_layers", d.get("max_window_layers"))):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise BubblescopeError(f"{name}: config field {key} must be an integer or null, got {json.dumps(value)}")
     if not use or window is None or not _positive_int(n):  # a bad num_hidden_layers is named by from_hf_dict
         return
     kinds = d.get("layer_types")
@@ -452,6 +482,101 @@ def _check_no_sliding_layers(name: str, d: dict, model_type: str) -> None:
                                f"{n} layers, from layer {sliding[0]}) is not supported for model_type {model_type}")
 
 
+def _hf_rope(name: str, d: dict, max_positions: int) -> tuple[str, Any, dict | None]:
+    """RoPE settings as transformers 5 resolves them: ``(theta's field, theta, rope_scaling)``.
+
+    ``PreTrainedConfig.convert_rope_params_to_dict`` (transformers ``modeling_rope_utils.py``) takes
+    ``rope_scaling or rope_parameters`` (a non-empty ``rope_scaling`` replaces ``rope_parameters`` whole), then
+    ``setdefault("rope_theta", <top-level rope_theta, else 10000>)``: a ``rope_theta`` inside that dict wins over
+    the top-level one, and one inside the dict not taken is ignored. ``standardize_rope_params`` then sets
+    ``rope_type`` from the legacy ``type`` key and, for llama3, ``original_max_position_embeddings`` to
+    ``max_position_embeddings`` when absent. A default rope type (or none) gives ``rope_scaling`` None.
+
+    Raises:
+        BubblescopeError: ``rope_scaling`` or ``rope_parameters`` is neither an object nor null.
+    """
+    rs, rp = d.get("rope_scaling"), d.get("rope_parameters")
+    if rs is not None and not isinstance(rs, dict):
+        raise BubblescopeError(f"{name}: rope_scaling must be an object or null, got {rs!r}")
+    if rp is not None and not isinstance(rp, dict):
+        raise BubblescopeError(f"{name}: rope_parameters must be an object or null, got {rp!r}")
+    source, chosen = ("rope_scaling", dict(rs)) if rs else ("rope_parameters", dict(rp or {}))
+    if "rope_theta" in chosen:
+        theta_key, theta = f"{source}.rope_theta", chosen.pop("rope_theta")
+    else:
+        theta_key, theta = "rope_theta", d.get("rope_theta", 10000.0)
+    kind = chosen.get("rope_type", chosen.get("type", "default"))
+    if kind == "default":
+        return theta_key, theta, None
+    if kind == "llama3":
+        chosen.setdefault("original_max_position_embeddings", max_positions)
+    return theta_key, theta, chosen
+
+
+def _check_layer_types(name: str, d: dict) -> None:
+    """``layer_types``, when given, as transformers 5 checks it (``PreTrainedConfig.validate_layer_type``, run by
+    every config): one entry per layer ("`num_hidden_layers` (5) must be equal to the number of `layer_types` (2)").
+    Entries are limited to full_attention / sliding_attention, the two kinds these model types build
+    (whether a sliding layer is refused is :func:`_check_no_sliding_layers`' rule).
+
+    Raises:
+        BubblescopeError: ``layer_types`` is not a list, has another length than ``num_hidden_layers``, or holds
+            another entry.
+    """
+    kinds, n = d.get("layer_types"), d.get("num_hidden_layers")
+    if kinds is None:
+        return
+    if not isinstance(kinds, list):
+        raise BubblescopeError(f"{name}: config field layer_types must be a list or null, got {json.dumps(kinds)}")
+    bad = next((k for k in kinds if k not in ("full_attention", "sliding_attention")), None)
+    if bad is not None:
+        raise BubblescopeError(f"{name}: config field layer_types holds {json.dumps(bad)} (supported: "
+                               "full_attention, sliding_attention)")
+    if _positive_int(n) and len(kinds) != n:
+        raise BubblescopeError(f"{name}: config field layer_types has {len(kinds)} entries, but num_hidden_layers "
+                               f"is {n} (transformers requires one per layer)")
+
+
+def _check_token_ids_in_vocab(name: str, cfg: ModelConfig) -> None:
+    """A config file's ``bos_token_id`` and ``eos_token_id`` (each of a list) inside ``[0, vocab_size)``.
+
+    The engines use both: bos_token_id starts a prompt, eos_token_id stops generation. transformers only warns
+    about an id outside the vocabulary (``PreTrainedConfig.validate_token_ids``: "must be `None` or an integer
+    within the vocabulary (between 0 and {vocab_size - 1})"); embedding such a bos fails with an index error and
+    such an eos can never be generated, so they are refused. Checked on the file, not in ``validate``: a
+    tensor-parallel shard's config holds part of the vocabulary by design (``profiler/traffic.py``).
+
+    Raises:
+        BubblescopeError: the first id outside the vocabulary, with its field.
+    """
+    for key, ids in (("bos_token_id", () if cfg.bos_token_id is None else (cfg.bos_token_id,)),
+                     ("eos_token_id", cfg.eos_token_id)):
+        bad = [i for i in ids if i >= cfg.vocab_size]
+        if bad:
+            raise BubblescopeError(f"{name}: {key} {bad[0]} is outside the vocabulary (vocab_size {cfg.vocab_size}: "
+                                   f"token ids 0 to {cfg.vocab_size - 1})")
+
+
+def _check_pad_token_id(name: str, d: dict) -> None:
+    """``pad_token_id`` as transformers builds it: no engine here uses it, but ``LlamaModel`` and the others pass
+    it as ``nn.Embedding(vocab_size, hidden_size, padding_idx)``, which asserts "Padding_idx must be within
+    num_embeddings" (``-vocab_size <= padding_idx < vocab_size``; the -1 some Hub configs store is fine), and the
+    @strict configs type it ``int | None``.
+
+    Raises:
+        BubblescopeError: ``pad_token_id`` is not an integer or null, or lies outside that range.
+    """
+    pad, vocab = d.get("pad_token_id"), d.get("vocab_size")
+    if pad is None:
+        return
+    if isinstance(pad, bool) or not isinstance(pad, int):
+        raise BubblescopeError(f"{name}: config field pad_token_id must be an integer or null, got {json.dumps(pad)}")
+    if _positive_int(vocab) and not -vocab <= pad < vocab:
+        raise BubblescopeError(f"{name}: pad_token_id {pad} is outside the vocabulary (vocab_size {vocab}: "
+                               f"{-vocab} to {vocab - 1}, as transformers' nn.Embedding(padding_idx=pad_token_id) "
+                               "requires)")
+
+
 def _explicit_head_dim(name: str, value: Any) -> int:
     """``head_dim`` as given, or 0 (derive it from hidden_size) when absent or null, as transformers does.
 
@@ -460,8 +585,6 @@ def _explicit_head_dim(name: str, value: Any) -> int:
     """
     if value is None:
         return 0
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise BubblescopeError(f"{name}: config field head_dim must be a positive integer or null, got {value!r}")
     return value
@@ -536,6 +659,13 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
 
 
+def _default_inv_freq(theta: float, d: int) -> "torch.Tensor":
+    """``1 / theta ** (arange(0, d, 2) / d)`` in float32, as transformers' ``_compute_default_rope_parameters``."""
+    import torch
+
+    return 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+
+
 def rope_inv_freq(cfg: ModelConfig) -> "torch.Tensor":
     """RoPE inverse frequencies: float32 tensor of shape (head_dim // 2,), llama3-scaled when configured.
 
@@ -547,14 +677,13 @@ def rope_inv_freq(cfg: ModelConfig) -> "torch.Tensor":
     """
     import torch
 
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    inv = _default_inv_freq(cfg.rope_theta, cfg.head_dim)
     rs = cfg.rope_scaling or {}
     if rs.get("rope_type", rs.get("type")) != "llama3":
         return inv
     factor = float(rs["factor"])
-    low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
-    old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+    low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old_ctx = float(rs["original_max_position_embeddings"])
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)

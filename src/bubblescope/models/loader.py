@@ -79,14 +79,16 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
-def _tokenizer_beside(path: Path) -> Path | None:
+def _tokenizer_beside(path: Path, vocab_size: int) -> Path | None:
+    """The tokenizer file beside the weights, by the names the README documents: ``tokenizer.json`` (Hugging
+    Face), ``tok{vocab_size}.bin`` (llama2.c names its tokenizers after the vocabulary: ``tok512.bin`` beside
+    stories260K) or ``tokenizer.bin`` (llama2.c's default). Any other ``tok*.bin`` (``tok4096.bin`` beside a
+    512-token model, ``tokens.bin``) is not taken: it was loaded as the tokenizer and failed the run."""
     folder = path if path.is_dir() else path.parent
-    for name in ("tokenizer.json", "tok512.bin", "tokenizer.bin"):
+    for name in ("tokenizer.json", f"tok{vocab_size}.bin", "tokenizer.bin"):
         if (folder / name).is_file():
             return folder / name
-    # llama2.c names tokenizers after the vocab size: tok512.bin, tok4096.bin, ...
-    found = sorted(folder.glob("tok*.bin"))
-    return found[0] if found else None
+    return None
 
 
 def _load_path(p: Path, device, dtype, seed, label: str | None = None) -> tuple[ModelWeights, str]:
@@ -113,7 +115,9 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     * a directory with ``config.json`` + safetensors: a Hugging Face checkpoint;
     * a ``config.json``: dummy weights of that config;
     * any other file: a llama2.c ``.bin``.
-    A tokenizer beside the weights (``tokenizer.json``, ``tok512.bin``, ``tokenizer.bin``) is found by itself.
+    A tokenizer beside the weights (``tokenizer.json``, ``tok{vocab_size}.bin`` such as ``tok512.bin``,
+    ``tokenizer.bin``: :func:`_tokenizer_beside`) is found by itself; one that fails to load only adds a warning
+    (a ``--prompt-ids`` run needs none), while an explicit ``tokenizer`` that fails is an error.
     ``checkpoint`` replaces MODEL's weights (and so its config); when MODEL names something else (a preset of
     other shapes, another path), the returned warnings say that MODEL was ignored (:func:`ignored_model`).
 
@@ -139,12 +143,20 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
         weights, source = dummy_weights(get_preset(model), dev, dtype, seed), "dummy"
     else:
         weights, source = _load_path(Path(path), dev, dtype, seed, "--checkpoint" if checkpoint is not None else None)
-    tok_path = Path(tokenizer) if tokenizer else (_tokenizer_beside(Path(path)) if path else None)
-    tok = None
+    tok_path = Path(tokenizer) if tokenizer else (_tokenizer_beside(Path(path), weights.config.vocab_size)
+                                                  if path else None)
+    tok, warnings = None, []
     if tok_path is not None:
-        tok = load_tokenizer(tok_path, vocab_size=weights.config.vocab_size if tok_path.suffix != ".json" else None,
-                             bos_token_id=weights.config.bos_token_id)
-    warnings = nonfinite_weights(weights)
+        try:
+            tok = load_tokenizer(tok_path, vocab_size=weights.config.vocab_size if tok_path.suffix != ".json" else None,
+                                 bos_token_id=weights.config.bos_token_id)
+        except BubblescopeError as e:
+            if tokenizer:  # asked for by name: its error is the run's
+                raise
+            # Found by its name only: a run given --prompt-ids needs no tokenizer, so a broken one beside the weights
+            # must not fail it; a --prompt run then stops at "this model has no tokenizer" after this line.
+            warnings.append(f"tokenizer: {tok_path} beside the model not loaded ({e}); pass --tokenizer for --prompt")
+    warnings += nonfinite_weights(weights)
     if checkpoint is not None and (note := ignored_model(model, checkpoint, weights.config)):
         warnings.insert(0, note)
     return LoadedModel(weights, tok, source, str(path) if path else None, warnings)

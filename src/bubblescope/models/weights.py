@@ -228,7 +228,8 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
 
     Raises:
         BubblescopeError: missing directory/config.json, unsupported architecture, a missing tensor
-            (named), a tensor of the wrong shape, an unreadable safetensors file, a bare base model (tensor
+            (named), a tensor of the wrong shape, an unreadable safetensors file, a tensor stored in two
+            safetensors files (named, with both files; with or without an index), a bare base model (tensor
             names without the ``model.`` prefix), or tensors the model would not use (the first few named:
             nothing in the checkpoint is dropped silently; only ``rotary_emb.inv_freq`` buffers and a tied
             model's ``lm_head.weight`` are ignored).
@@ -243,10 +244,18 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         raise BubblescopeError(f"{path}: a Hugging Face checkpoint must be a directory")
     cfg = ModelConfig.from_hf_config(ckpt)
     tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
     for f in _safetensors_files(ckpt):
         try:
             with safe_open(str(f), framework="pt", device="cpu") as fh:
                 for key in fh.keys():
+                    if key in where:
+                        # The later file silently replaced the earlier tensor; which copy is meant cannot be
+                        # told (an index maps each name to one shard, a folder without one maps none), so
+                        # neither is chosen.
+                        raise BubblescopeError(f"{ckpt}: tensor {key} is stored twice, in {where[key].name} and "
+                                               f"in {f.name}")
+                    where[key] = f
                     tensors[key] = fh.get_tensor(key)
         except (SafetensorError, OSError, ValueError) as e:
             raise BubblescopeError(f"{f}: cannot read safetensors file ({e})") from None
