@@ -13,6 +13,7 @@
 #   bash benchmarks/session20.sh fourth  # the merged product at the closing commit: every GPU test; `diagnose model`
 #                                        # on the built-in GPU default (every engine, context sweep), then
 #                                        # `diagnose trace --html` on its traces
+#   bash benchmarks/session20.sh fifth   # every GPU test after the tester's fixes were merged (loader, CLI)
 . benchmarks/device_prelude.sh
 case "${1:-}" in
 first)
@@ -47,6 +48,9 @@ fourth)
     > "$R/diagnose_trace.log" 2>&1; echo "rc=$?" >> "$R/diagnose_trace.log"; grep -E "^(PROBLEM|WARN|INFO)|rc=" "$R/diagnose_trace.log"
   rm -rf "$R/diagnose_default/traces"
   ;;
-*) echo "session20.sh: unknown stage '${1:-}' (first, ..., fourth)" >&2; exit 2 ;;
+fifth)
+  gpu_tests
+  ;;
+*) echo "session20.sh: unknown stage '${1:-}' (first, ..., fifth)" >&2; exit 2 ;;
 esac
 finish
