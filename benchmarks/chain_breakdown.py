@@ -150,7 +150,7 @@ def main() -> int:
     ap.add_argument("--params", default="{}", help="the MegakernelParams the frame ran, as JSON (for its tiles)")
     ap.add_argument("--goal-ms", type=float, help="with --model: what this per-token goal leaves each layer")
     ap.add_argument("--copy-tbps", type=float, default=4.24, help="the device copy's rate (TB/s; default: the "
-                    "H200's 4,242 GB/s in NOTES.md)")
+                    "H200's measured 4,242 GB/s in NOTES.md, rounded)")
     a = ap.parse_args()
     if not a.frame.is_file():
         print(f"chain_breakdown: {a.frame}: no such file", file=sys.stderr)
