@@ -118,8 +118,9 @@ def workload_line(doc: dict) -> str:
 
 
 def evidence_value(key: str, value) -> str:
-    """One evidence number rounded, with the unit its key names (``_ms`` ms, ``GBps`` GB/s, ratios, shares,
-    utilisations and agreement as %, ``growth``/``over`` as a factor, context in tokens, counts whole)."""
+    """One evidence number rounded, with the unit its key names (``_ms`` ms, ``_us`` µs (ms from 10,000 µs, s from
+    1,000,000 µs), ``GBps`` GB/s, ratios, shares, utilisations and agreement as %, ``growth``/``over`` as a
+    factor, context in tokens, counts whole)."""
     if value is None or isinstance(value, str):
         return fmt(value)
     k = key.lower()
@@ -127,8 +128,10 @@ def evidence_value(key: str, value) -> str:
         return f"{value:,.0f} GB/s"
     if "_ms" in k or k.startswith("ms"):
         return f"{value:.3f} ms" if value < 100 else f"{value:,.1f} ms"
-    if "_us" in k:
-        return f"{value:,.1f} µs"
+    if "_us" in k:  # in the unit that keeps it readable: a whole trace's span is seconds, not 12,920,244.0 µs
+        if abs(value) >= 1e6:
+            return f"{value / 1e6:,.2f} s"
+        return f"{value / 1e3:,.2f} ms" if abs(value) >= 1e4 else f"{value:,.1f} µs"
     if "growth" in k or "_over_" in k:
         return f"{value:.2f}x"
     if any(w in k for w in ("ratio", "share", "util", "agreement")):
