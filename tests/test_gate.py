@@ -181,7 +181,7 @@ def test_report_with_a_bad_format_writes_no_html(tmp_path):
     r = _run_cli("report", tmp_path / "r.json", "--html", tmp_path / "dir.html")
     assert r.exit_code == 2 and r.stderr.startswith(f"error: --html {tmp_path / 'dir.html'}: exists and is not a regular file")
     r = _run_cli("report", tmp_path / "r.json", "--html", tmp_path / "no" / "r.html")
-    assert r.exit_code == 2 and r.stderr == f"error: --html {tmp_path / 'no' / 'r.html'}: cannot write here (No such file or directory)\n"
+    assert r.exit_code == 2 and r.stderr == f"error: --html {tmp_path / 'no' / 'r.html'}: no such directory {str(tmp_path / 'no')!r}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.html", "r.json"]
 
 

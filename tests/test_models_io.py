@@ -285,13 +285,13 @@ def test_integral_floats_in_config_are_refused_as_transformers_does(tmp_path):
     """64.0 was accepted as 64; transformers 5's @strict LlamaConfig refuses it ("Field 'hidden_size' expected int,
     got float"), so the hf engine could not build what the other engines ran."""
     d = {**_GOOD_CFG, "hidden_size": 64.0, "head_dim": None}
-    transformers = pytest.importorskip("transformers")
-    with pytest.raises(Exception, match="hidden_size"):
-        transformers.LlamaConfig.from_dict(d)
     (tmp_path / "config.json").write_text(json.dumps(d))
     with pytest.raises(BubblescopeError) as info:
         ModelConfig.from_hf_config(tmp_path)
     assert str(info.value) == f"{tmp_path / 'config.json'}: config field hidden_size must be an integer, got 64.0"
+    transformers = pytest.importorskip("transformers")  # the independent source, where it is installed
+    with pytest.raises(Exception, match="hidden_size"):
+        transformers.LlamaConfig.from_dict(d)
 
 
 def test_weights_beyond_memory_are_refused_before_allocating():

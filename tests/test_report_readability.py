@@ -80,8 +80,8 @@ def test_evidence_is_rounded_with_units():
     assert evidence_text(ev) == ("bubble ratio 85.1 %, kernels per step 412, token p50 1.228 ms, effective "
                                  "3,107 GB/s, latency growth 1.07x, context long 4,096 tokens, spills 12")
     # the unit word of a key moves onto its value; a value not measured keeps the key whole
-    assert evidence_text({"busy_us": 9999.0, "span_us": None}) == "busy 9,999.0 µs, span us —"
-    # from 10,000 µs in ms, from 1,000,000 µs in s (a whole trace's span)
+    assert evidence_text({"busy_us": 999.0, "span_us": None}) == "busy 999.0 µs, span us —"
+    # from 1,000 µs in ms, from 1,000,000 µs in s (a whole trace's span), as the trace tables show times
     assert evidence_text({"busy_us": 66141.0, "span_us": 12920244.0}) == "busy 66.14 ms, span 12.92 s"
 
 

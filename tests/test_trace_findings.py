@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bubblescope.profiler.ranksummary import summarize_rank_traces
-from bubblescope.reports.trace_findings import TRACE_THRESHOLDS, find_trace, finding_subject
-from bubblescope.reports.findings import THRESHOLDS
+from bubblescope.reports.trace_findings import find_trace, finding_subject
 
 from . import tracegen as tg
 from .conftest import TRACES
@@ -93,12 +92,6 @@ def _find(tmp_path, events, name="t.json", **kw):
 
 def _rules(findings):
     return [f["rule"] for f in findings]
-
-
-def test_shared_thresholds_are_the_model_findings_own():
-    for key in ("launch_bound_min_bubble_ratio", "launch_bound_min_kernels_per_step",
-                "bubble_bound_min_bubble_ratio", "bubble_bound_max_launches_per_step"):
-        assert TRACE_THRESHOLDS[key] == THRESHOLDS[key]
 
 
 def test_launch_bound_fires_with_the_step_figures_as_evidence(tmp_path):

@@ -303,7 +303,7 @@ def test_tune_table_fits_80_columns_without_cutting_numbers():
 
 
 @pytest.mark.parametrize("save, why", [("dir", "exists and is not a regular file"),
-                                       ("missing/tuned.json", "its folder {tmp}/missing does not exist")])
+                                       ("missing/tuned.json", "no such directory '{tmp}/missing'")])
 def test_an_unusable_save_path_is_refused_before_measuring(tmp_path, save, why):
     """A --save path that cannot be written failed only after the whole tuning run, with tune.json and
     tune.html already written and exit 2; now it is refused first and nothing is written."""

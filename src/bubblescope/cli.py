@@ -85,23 +85,24 @@ def _file(value: str | None, label: str, what: str, write: bool = False, require
     or anything is written.
 
     ``what`` names the file in the message ("a tuned file from `bubblescope tune --save`"); ``write``: the command
-    writes the file (an existing directory or device is refused as :func:`~.reports.results.atomic_write_text`
-    refuses it), else reads it; ``required``: an argument, which cannot be left out.
+    writes the file, checked by :func:`~.reports.results.check_destination` (what ``atomic_write_text`` refuses),
+    else reads it; ``required``: an argument, which cannot be left out.
 
     Raises:
         BubblescopeError: an empty value (``Path("")`` is ``.``, the current directory, which would be read or
-            written in its place); an existing directory (not a regular file, for ``write``); a path that is not
-            valid UTF-8 (:func:`_path`).
+            written in its place); for reading, an existing directory; for writing, what ``check_destination``
+            refuses (a directory or device, a missing or unwritable folder); a path that is not valid UTF-8
+            (:func:`_path`).
     """
     if value is None:
         return None
     if not value.strip():
         raise BubblescopeError(f"{label}: empty; {'' if required else 'leave it out or '}name {what}")
     path = _path(Path(value), label)
-    if write and path.exists() and not path.is_file():
-        raise BubblescopeError(f"{label} {path}: exists and is not a regular file (a directory or device); give a "
-                               "file path")
-    if not write and path.is_dir():
+    if write:
+        from .reports.results import check_destination
+        return check_destination(path, label)
+    if path.is_dir():
         raise BubblescopeError(f"{label} {path}: is a directory; name {what}")
     return path
 
@@ -121,17 +122,6 @@ def _out(out: str, default: str) -> Path:
     if not out.strip():
         raise BubblescopeError(f"--out: empty; leave it out for the default ({default}) or name a directory")
     return _path(Path(out), "--out")
-
-
-def _html_out(html: str | None) -> Path | None:
-    """``--html`` of ``diagnose trace`` as a Path, checked before any trace is read (:func:`check_destination`);
-    an empty value is refused (``Path("")`` would be the current directory)."""
-    path = _file(html, "--html", "the HTML file to write", write=True)
-    if path is None:
-        return None
-    from .reports.results import check_destination
-
-    return check_destination(path, "--html")
 
 
 def _seed(seed: int, recorded: bool = False) -> int:
@@ -169,10 +159,10 @@ def generate(
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     import torch
 
-    from .engines import build_engine, pick_device, prepare_triton, unavailable_before_load
+    from .engines import build_engine, prepare_triton, unavailable_before_load
     from .generation import SamplingParams, TextStream
     from .generation import generate as run
-    from .models import load_model, parse_dtype
+    from .models import load_model, parse_dtype, resolve_device
     from .models.loader import KNOWN_FILES, model_search_dirs
 
     from .tuned import describe_pick, engine_params, load_tuning
@@ -189,7 +179,7 @@ def generate(
         prompt.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
         raise BubblescopeError("--prompt: not valid UTF-8 text (check the terminal's encoding)") from None
-    dev = pick_device(device)
+    dev = resolve_device(device)
     prepare_triton(dev)
     tdtype = parse_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
     if engine != "reference" and mode != "eager":  # --mode is the reference engine's; another would ignore it
@@ -365,7 +355,7 @@ def diagnose_trace(
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
-    html_path = _html_out(html)
+    html_path = _file(html, "--html", "the HTML file to write", write=True)  # before any trace is read
     for p in paths:  # Path("") is ".", whose trace files would be read in its place
         if not p.strip():
             raise BubblescopeError("PATHS: an empty path; name a trace file or a directory of traces")
@@ -519,9 +509,7 @@ def tune(
     from .diagnosis import command_line
     from .reports.tune_report import render_tune, write_tune_outputs
 
-    from .tuned import check_save_path
-    save = _file(save, "--save", "the tuned file to write", write=True)
-    check_save_path(save)
+    save = _file(save, "--save", "the tuned file to write", write=True)  # before minutes of measuring
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
                    device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from . import __version__
-from .engines import ENGINES, build_engine, get_engine_spec, pick_device, prepare_triton, unavailable_before_load
+from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton, unavailable_before_load
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
 from .generation import SamplingParams, generate, random_ids, teacher_forced_logits
-from .models import find_model_file, load_model, parse_dtype
+from .models import find_model_file, load_model, parse_dtype, resolve_device
 from .outdir import RunFolder, check_out_dir
 
 GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
@@ -217,7 +217,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     from .reports.results import SCHEMA
 
     tuned = load_tuning(tuning) if tuning is not None else None
-    dev = pick_device(device)
+    dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
     # Default: every registered engine; those that cannot run here are listed as skipped with the reason.
@@ -240,6 +240,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     ruled_out = [{"name": n, "reason": skips.get(n) or unavailable_before_load(n, dev, "--engines")} for n in names]
     if all(e["reason"] for e in ruled_out):
         raise BubblescopeError(nothing_ran(ruled_out))
+    skips = {e["name"]: e["reason"] for e in ruled_out if e["reason"]}  # not built again below to find out
     requested, model = model, model or default_model(dev, checkpoint)
     tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)

@@ -73,10 +73,8 @@ def _no_params(name: str, params) -> None:
 
 def _megakernel(variant: str, impl: str, name: str):
     def build(weights: ModelWeights, max_seq_len: int, params=None):
-        # Not `import triton` here: on CPU the engine must set TRITON_INTERPRET before Triton's first import.
-        import importlib.util
-        if importlib.util.find_spec("triton") is None:
-            raise EngineUnavailable(TRITON_MISSING)
+        # Triton's presence was checked by the spec (find_spec, not an import: on CPU the engine must set
+        # TRITON_INTERPRET before Triton's first import).
         from .megakernel_engine import MegakernelEngine
         return MegakernelEngine(weights, params=params, max_seq_len=max_seq_len, variant=variant, impl=impl,
                                 name=name)
@@ -85,11 +83,7 @@ def _megakernel(variant: str, impl: str, name: str):
 
 def _hf(weights: ModelWeights, max_seq_len: int, params=None):
     _no_params("hf", params)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise EngineUnavailable(TRANSFORMERS_MISSING) from None
-    from .hf_engine import HFEngine
+    from .hf_engine import HFEngine  # transformers' presence was checked by the spec
     return HFEngine(weights, max_seq_len)
 
 
@@ -114,23 +108,6 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
                "(pipelining ablation)", _megakernel("noprefetch", "auto", "megakernel-noprefetch"),
                _needs_triton),
 ]}
-
-
-def pick_device(device: str | None) -> torch.device:
-    """``--device`` as a torch device (:func:`~.models.resolve_device`: cpu, cuda, cuda:N; None or auto: cuda
-    when there is one), refusing a CPU index other than 0: torch runs every core as the one device ``cpu``, so
-    ``cpu:5`` would be taken silently as ``cpu``.
-
-    Raises:
-        BubblescopeError: as ``resolve_device``; ``cpu:N`` with N > 0.
-    """
-    from .models import resolve_device
-
-    dev = resolve_device(device)
-    if dev.type == "cpu" and dev.index not in (None, 0):
-        raise BubblescopeError(f"--device {device}: the CPU is one device (torch runs on all its cores), it has no "
-                               f"index {dev.index}; use cpu")
-    return dev
 
 
 def prepare_triton(device: torch.device) -> None:
@@ -188,4 +165,7 @@ def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None
         dec, choice = build_auto(weights, max_seq_len, params=params)
         dec.auto_choice = choice
         return dec
-    return get_engine_spec(name).build(weights, max_seq_len, params=params)
+    spec = get_engine_spec(name)
+    if why := spec.unavailable(weights.device):  # the rule unavailable_before_load gives, applied here too
+        raise EngineUnavailable(why)
+    return spec.build(weights, max_seq_len, params=params)

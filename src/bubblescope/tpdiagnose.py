@@ -133,9 +133,9 @@ def _staged(out: str | Path, rank: int):
         except BubblescopeError as e:
             box = [("error", str(e))]
         except OSError as e:  # a path the user named (too long, no permission, ...)
-            if path_error(e) is None:
+            if (message := path_error(e)) is None:
                 raise
-            box = [("error", path_error(e))]
+            box = [("error", message)]
     dist.broadcast_object_list(box, src=0)
     kind, text = box[0]
     if kind == "error":

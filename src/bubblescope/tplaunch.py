@@ -53,7 +53,7 @@ def tp_options(engines: str | None = None, context_sweep: str | None = None, dev
             megakernel engines), ``--counters`` (Nsight Compute profiles one process), ``--device cuda:N`` or a
             device this machine lacks.
     """
-    from .engines import pick_device
+    from .models import resolve_device
 
     mode = MODES.get(engines) if engines else None
     if engines and mode is None:
@@ -69,7 +69,7 @@ def tp_options(engines: str | None = None, context_sweep: str | None = None, dev
                                "without --tp to read hardware counters")
     device = None if device in (None, "auto") else device
     if device is not None:
-        dev = pick_device(device)  # a bad name, cpu:N or a missing GPU raise here
+        dev = resolve_device(device)  # a bad name, cpu:N or a missing GPU raise here
         if dev.index is not None:
             raise BubblescopeError(f"--device {device}: with --tp each rank uses GPU LOCAL_RANK; give cuda or cpu")
         device = dev.type

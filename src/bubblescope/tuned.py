@@ -55,30 +55,6 @@ def tuned_document(doc: dict) -> dict:
             "source": doc.get("command"), "ranges": ranges}
 
 
-def check_save_path(path: str | Path | None) -> None:
-    """Before minutes of measuring: ``--save`` must name a file that can be created or replaced (its folder
-    exists; the path is not a directory or device). Nothing is written.
-
-    Raises:
-        BubblescopeError: the path cannot take the tuned file (the message says why).
-    """
-    if path is None:
-        return
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        raise BubblescopeError(f"--save {p}: exists and is not a regular file (a directory or device); give a "
-                               "file path")
-    if not p.parent.is_dir():
-        raise BubblescopeError(f"--save {p}: its folder {p.parent} does not exist")
-
-
-def save_tuned(doc: dict, path: str | Path) -> Path:
-    """Write :func:`tuned_document` of ``doc`` to ``path`` atomically. Raises BubblescopeError as it does,
-    or when ``path`` cannot be written."""
-    from .reports.results import atomic_write_text
-    return atomic_write_text(path, json.dumps(tuned_document(doc), indent=2) + "\n")
-
-
 @dataclass(frozen=True)
 class Tuning:
     """A loaded tuned file: ``engine``, ``knob``, ``ranges`` (as in :func:`tuned_document`) and ``model``

@@ -143,9 +143,9 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         BubblescopeError: unknown engine, knob, model, dtype or device; an engine the device rules out (before
             the model loads); no values; a context below 1 or beyond the model's positions.
     """
-    from .engines import build_engine, pick_device, prepare_triton, unavailable_before_load
+    from .engines import build_engine, prepare_triton, unavailable_before_load
     from .generation import random_ids
-    from .models import load_model, parse_dtype
+    from .models import load_model, parse_dtype, resolve_device
     from .profiler.hardware import device_info
     from .tuned import best_per_context
 
@@ -157,7 +157,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     for target in ([Path(out) / "tune.json", Path(out) / "tune.html"] if out is not None else []):
         if target.exists() and not target.is_file():  # found now, not after the measurements
             raise BubblescopeError(f"--out {out}: {target} exists and is not a regular file")
-    dev = pick_device(device)
+    dev = resolve_device(device)
     prepare_triton(dev)
     if why := unavailable_before_load(engine, dev):  # said before the model loads, as diagnose and generate do
         raise BubblescopeError(f"--engine {engine}: {why}")

@@ -58,8 +58,9 @@ def resolve_device(device: str | None) -> torch.device:
     """``None``/"auto" -> cuda if available else cpu.
 
     Raises:
-        BubblescopeError: cuda asked for on a machine without a GPU, ``cuda:N`` beyond the visible GPUs, or an
-            unknown device string.
+        BubblescopeError: cuda asked for on a machine without a GPU, ``cuda:N`` beyond the visible GPUs, ``cpu:N``
+            with N > 0 (torch runs every core as the one device ``cpu``, so ``cpu:5`` would be taken silently as
+            ``cpu``), or an unknown device string.
     """
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -76,6 +77,9 @@ def resolve_device(device: str | None) -> torch.device:
         raise BubblescopeError(f"--device {device}: no such GPU on this machine (visible: {visible})")
     if dev.type not in ("cuda", "cpu"):
         raise BubblescopeError(f"--device: unsupported device {device!r}; use cpu or cuda")
+    if dev.type == "cpu" and dev.index not in (None, 0):
+        raise BubblescopeError(f"--device {device}: the CPU is one device (torch runs on all its cores), it has no "
+                               f"index {dev.index}; use cpu")
     return dev
 
 

@@ -9,7 +9,6 @@ from rich.text import Text
 from . import trace_tables as tt
 
 STEPS_SHOWN = 16  # the per-step tables keep their head; the medians cover every step
-TIE = tt.TIE  # a per-step rank cell where two or more ranks tie (null in the JSON)
 
 
 def _table(title: str, headers: tuple[str, ...], rows: list[list[str]]) -> Table:

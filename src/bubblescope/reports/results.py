@@ -415,9 +415,10 @@ def atomic_write_text(path: str | os.PathLike, text: str, option: str | None = N
 
 
 def atomic_write_texts(files: list[tuple[str | os.PathLike, str, str | None]]) -> None:
-    """Write several ``(path, text, option)`` as :func:`atomic_write_text` writes one, all or none: every text
-    goes to a temporary file next to its path first, and only when all are written are they renamed into place
-    (so a file that cannot be written leaves the others as they were too).
+    """Write several ``(path, text, option)`` as :func:`atomic_write_text` writes one: every text goes to a
+    temporary file next to its path first, and only when all are written are they renamed into place, so a file
+    that cannot be written leaves the others as they were (a rename failing midway, after the staging, is not
+    undone).
 
     Raises:
         BubblescopeError: as :func:`atomic_write_text`, naming the file that could not be written.

@@ -117,9 +117,23 @@ def workload_line(doc: dict) -> str:
             f"{sweep}, seed {fmt(w.get('seed'))}")
 
 
+def us(value) -> str:
+    """µs with the unit that keeps 3-4 significant digits readable (µs, ms or s); from 10,000 s on (a corrupt
+    ``dur`` such as 1e15) in powers of ten ("1.00e+09 s"), as wide as "9,999.99 s", so the tables keep their
+    80-column layout."""
+    if value is None:
+        return MISSING
+    if abs(value) >= 1e10:
+        return f"{value / 1e6:.2e} s"
+    for unit, size in (("s", 1e6), ("ms", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.1f} µs"
+
+
+
 def evidence_value(key: str, value) -> str:
-    """One evidence number rounded, with the unit its key names (``_ms`` ms, ``_us`` µs (ms from 10,000 µs, s from
-    1,000,000 µs), ``GBps`` GB/s, ratios, shares, utilisations and agreement as %, ``growth``/``over`` as a
+    """One evidence number rounded, with the unit its key names (``_ms`` ms, ``_us`` as :func:`us` (µs, ms or s), ``GBps`` GB/s, ratios, shares, utilisations and agreement as %, ``growth``/``over`` as a
     factor, context in tokens, counts whole)."""
     if value is None or isinstance(value, str):
         return fmt(value)
@@ -128,10 +142,8 @@ def evidence_value(key: str, value) -> str:
         return f"{value:,.0f} GB/s"
     if "_ms" in k or k.startswith("ms"):
         return f"{value:.3f} ms" if value < 100 else f"{value:,.1f} ms"
-    if "_us" in k:  # in the unit that keeps it readable: a whole trace's span is seconds, not 12,920,244.0 µs
-        if abs(value) >= 1e6:
-            return f"{value / 1e6:,.2f} s"
-        return f"{value / 1e3:,.2f} ms" if abs(value) >= 1e4 else f"{value:,.1f} µs"
+    if "_us" in k:  # as the trace tables show times: a whole trace's span is seconds, not 12,920,244.0 µs
+        return us(value)
     if "growth" in k or "_over_" in k:
         return f"{value:.2f}x"
     if any(w in k for w in ("ratio", "share", "util", "agreement")):

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from .ranks_terminal import render_ranks
 from .tables import fmt
-from .trace_tables import us as _us
+from .tables import us as _us
 
 
 def render_tp(doc: dict, console: Console) -> None:

@@ -7,7 +7,7 @@ unit that keeps them readable; None (not measured) shows as an em dash.
 
 from __future__ import annotations
 
-from .tables import MISSING, fmt
+from .tables import MISSING, fmt, us
 from ..wording import count
 
 IDLE_PARTS = ("host_wait", "kernel_wait", "other")
@@ -22,20 +22,6 @@ RANK_MEDIAN_HEADERS = ("rank", "compute\nper step", "NCCL\nper step", "slowest\n
 RANK_TIMING_HEADERS = ("step", "start\nskew", "end\nskew", "span", "first\nstart", "last\nstart", "last\nend")
 RANK_WORK_HEADERS = ("step", "slowest\nrank", "compute\nskew", "NCCL share\nmin–max")
 TIE = "tie"  # a per-step rank cell where two or more ranks tie (null in the JSON)
-
-
-def us(value) -> str:
-    """µs with the unit that keeps 3-4 significant digits readable (µs, ms or s); from 10,000 s on (a corrupt
-    ``dur`` such as 1e15) in powers of ten ("1.00e+09 s"), as wide as "9,999.99 s", so the tables keep their
-    80-column layout."""
-    if value is None:
-        return MISSING
-    if abs(value) >= 1e10:
-        return f"{value / 1e6:.2e} s"
-    for unit, size in (("s", 1e6), ("ms", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:,.2f} {unit}"
-    return f"{value:,.1f} µs"
 
 
 def idle_title(devices: list[dict]) -> str:

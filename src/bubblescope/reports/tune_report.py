@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import tables
-from .results import atomic_write_text
 from ..wording import count
 
 # Headers break over two lines so that all twelve columns fit an 80-column terminal.
@@ -138,14 +137,10 @@ def render_tune_html(doc: dict) -> str:
         base=sorted((k, str(v)) for k, v in doc["base_params"].items()), cpu=ran_on_cpu(doc))
 
 
-def write_tune_html(doc: dict, path: str | Path) -> Path:
-    """Write :func:`render_tune_html` atomically. Raises BubblescopeError when ``path`` cannot be written."""
-    return atomic_write_text(path, render_tune_html(doc))
-
-
 def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = None) -> None:
     """Write ``out/tune.json`` and ``out/tune.html`` (creating ``out``), and the tuned file ``save`` when given;
-    all or none (:func:`~.results.atomic_write_texts`): a failure leaves ``out`` and ``save`` as they were.
+    each staged before any is renamed into place (:func:`~.results.atomic_write_texts`): a file that cannot be
+    written leaves ``out`` and ``save`` as they were.
 
     Raises:
         BubblescopeError: ``out`` cannot be a directory or a file cannot be written; ``--save`` with no value
