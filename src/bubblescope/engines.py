@@ -58,6 +58,22 @@ def _gluon_unavailable(device) -> str | None:
     return gluon_device_unsupported(torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
 
 
+def _pdl_unavailable(device) -> str | None:
+    """Triton missing, or a device without Programmatic Dependent Launch (``fused_engine.pdl_unavailable``)."""
+    if why := _needs_triton(device):
+        return why
+    from .fused_engine.engine import pdl_unavailable
+    return pdl_unavailable(device)
+
+
+def _fused(pdl: bool):
+    def build(weights: ModelWeights, max_seq_len: int, params=None):
+        _no_params("reference-fused-pdl" if pdl else "reference-fused", params)
+        from .fused_engine import FusedEngine
+        return FusedEngine(weights, max_seq_len=max_seq_len, pdl=pdl)
+    return build
+
+
 def _reference(mode: str):
     def build(weights: ModelWeights, max_seq_len: int, params=None):
         _no_params("reference", params)
@@ -93,6 +109,11 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
                _reference("cudagraph"), _cudagraph_unavailable),
     EngineSpec("reference-compile", "torch.compile(mode='reduce-overhead'): inductor fusion + CUDA graphs",
                _reference("compile")),
+    EngineSpec("reference-fused", "fused Triton kernels, 6 per layer (RMSNorm, RoPE, the KV write, SwiGLU and the "
+               "residual adds inside the matvecs; split-K attention), the step replayed as one CUDA graph",
+               _fused(False), _needs_triton),
+    EngineSpec("reference-fused-pdl", "reference-fused launched with Programmatic Dependent Launch: each kernel "
+               "loads its weights while the previous one drains (sm_90+)", _fused(True), _pdl_unavailable),
     EngineSpec("hf", "Hugging Face transformers' own model, eager, DynamicCache", _hf,
                _missing("transformers", TRANSFORMERS_MISSING)),
     EngineSpec("megakernel", "persistent megakernel, one launch per token: the Gluon kernel on Hopper (a TMA "

@@ -1,0 +1,334 @@
+"""The fused op-by-op Decoder: six Triton kernels per layer, replayed as one CUDA graph per token.
+
+The strongest op-by-op rung of the ablation ladder: what fusion, CUDA graphs and Programmatic Dependent Launch
+buy without a persistent kernel. ``reference-fused`` replays the step's kernels (``kernels.py``: 6 per layer,
+7 with Qwen3's q/k-norm, plus the LM head and the greedy pick) as one CUDA graph; ``reference-fused-pdl`` launches
+the same kernels with PDL so each kernel's weight loads start while the previous kernel drains.
+
+Weights, KV cache, RoPE tables and prefill are the reference engine's (:class:`~bubblescope.reference_engine.
+model.Transformer`): the same tensors, no copy; prefill is its batched eager forward, which fills the same
+cache the kernels then read. The greedy token is picked on the device (``argmax_kernel``) and fed to the next
+step there, so :func:`bubblescope.generation.generate` keeps one step in flight as it does for the megakernel.
+On CPU the kernels run one launch at a time under Triton's interpreter (correctness only, no graph, no PDL).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+from ..errors import BubblescopeError, EngineUnavailable
+from ..models.weights import ModelWeights
+from ..reference_engine.model import Transformer
+from ..wording import count
+
+PDL_NEEDS_HOPPER = "Programmatic Dependent Launch needs an NVIDIA GPU of compute capability 9.0 (Hopper) or newer"
+AHEAD_MAX = 2  # greedy steps launched and not yet read (generate() keeps one)
+_TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def pdl_unavailable(device: torch.device) -> str | None:
+    """Why PDL cannot run on ``device`` (a CPU, or a GPU before sm_90), else None."""
+    if device.type != "cuda":
+        return PDL_NEEDS_HOPPER
+    major, _ = torch.cuda.get_device_capability(device)
+    return None if major >= 9 else f"{PDL_NEEDS_HOPPER}; this GPU is sm_{major}{_}"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class FusedParams:
+    """Tile sizes of the fused kernels. ``block_n``: matrix rows per program (``qkv`` counts row *pairs*);
+    ``block_k``: columns per load (capped at the next power of two of the row length); ``num_warps``; ``block_s``:
+    KV positions per attention block; ``splits``: attention splits per kv head (0: enough to give every SM one
+    program at long contexts). Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
+    4–8 rows, 1,024–2,048 columns and 4 warps streamed fastest (``benchmarks/NOTES.md``, PDL)."""
+
+    def __init__(self, block_n: int = 8, block_k: int = 1024, num_warps: int = 4, block_s: int = 16,
+                 splits: int = 0):
+        self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
+
+
+CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
+
+
+class FusedEngine:
+    """Decoder protocol (``bubblescope.generation.Decoder``) over the fused Triton kernels.
+
+    Args:
+        weights: model weights (device and dtype taken from them; shared with the reference model, not copied).
+        max_seq_len: KV-cache positions; default ``min(max_position_embeddings, 2048)``.
+        pdl: launch with Programmatic Dependent Launch (sm_90+).
+        graph: replay each step as a CUDA graph (default: on a CUDA device).
+        params: :class:`FusedParams` (tile sizes).
+
+    Raises:
+        EngineUnavailable: PDL on a device without it; a dtype other than float32/bfloat16/float16; an odd
+            head_dim (RoPE's halves).
+    """
+
+    def __init__(self, weights: ModelWeights, max_seq_len: int | None = None, pdl: bool = False,
+                 graph: bool | None = None, params: FusedParams | None = None):
+        cfg = self.config = weights.config
+        self.device, self.dtype = weights.device, weights.dtype
+        if pdl and (why := pdl_unavailable(self.device)):
+            raise EngineUnavailable(why)
+        if self.dtype not in _TL_DTYPES:
+            raise EngineUnavailable(f"reference-fused: dtype {self.dtype} not supported (float32, bfloat16, float16)")
+        if cfg.head_dim % 2:
+            raise EngineUnavailable(f"reference-fused: head_dim {cfg.head_dim} is odd (RoPE rotates halves)")
+        self.pdl = pdl
+        self.name = "reference-fused-pdl" if pdl else "reference-fused"
+        self.graph_mode = self.device.type == "cuda" if graph is None else graph
+        self.max_seq_len = int(max_seq_len or min(cfg.max_position_embeddings, 2048))
+        # The interpreter runs programs one after another, each costing milliseconds of Python: few, large
+        # programs there (numpy does the tile math).
+        self.params = params or (FusedParams() if self.device.type == "cuda" else CPU_PARAMS)
+        self.model = Transformer(weights, self.max_seq_len)
+        from . import kernels as K  # Triton's interpreter mode is fixed at its first import (engines.prepare_triton)
+        self._K = K
+        self._alloc()
+        self._plan = self._build_plan()
+        self._graph = None
+        self.position = 0
+        self._wanted: deque = deque()
+        self._steps_run = 0
+
+    # ---- setup ---------------------------------------------------------------------------------------------------
+    def _alloc(self) -> None:
+        cfg, dev, dt = self.config, self.device, self.dtype
+        nh, d = cfg.num_attention_heads, cfg.head_dim
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        # enough (kv head, split) programs to cover the SMs once the context is long; short contexts leave
+        # splits empty, which cost one tiny program each
+        self.splits = self.params.splits or max(1, min(64, _pow2(-(-sms // cfg.num_key_value_heads))))
+        z = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)  # noqa: E731
+        f32, i32 = torch.float32, torch.int32
+        self.lm_rows = min(self.params.block_n, _pow2(cfg.vocab_size))
+        n_part = -(-cfg.vocab_size // self.lm_rows)
+        self._b = dict(x=z(cfg.hidden_size), q=z(cfg.q_size), kraw=z(cfg.kv_size), o=z(cfg.q_size),
+                       act=z(cfg.intermediate_size), part_m=z(nh * self.splits, dtype=f32),
+                       part_l=z(nh * self.splits, dtype=f32), part_acc=z(nh * self.splits * d, dtype=f32),
+                       logits=z(cfg.vocab_size, dtype=f32), part_val=z(n_part, dtype=f32),
+                       part_idx=z(n_part, dtype=i32), tok=z(1, dtype=i32), tok_out=z(1, dtype=i32),
+                       pos=z(1, dtype=i32))
+        self._n_part = n_part
+        if dev.type == "cuda":
+            self._tok_hosts = [torch.zeros(1, dtype=i32, pin_memory=True) for _ in range(AHEAD_MAX + 1)]
+            self._tok_events = [torch.cuda.Event() for _ in range(AHEAD_MAX + 1)]
+
+    def _build_plan(self) -> list:
+        """The step as a list of (kernel, grid, args, constexprs): built once, launched every step (or captured)."""
+        import triton
+        import triton.language as tl
+
+        K, cfg, m, b, p = self._K, self.config, self.model, self._b, self.params
+        act = getattr(tl, _TL_DTYPES[self.dtype])
+        H, NH, NKV, D, S, I, V = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                  self.max_seq_len, cfg.intermediate_size, cfg.vocab_size)
+        eps, half = float(cfg.rms_norm_eps), cfg.head_dim // 2
+        bk = lambda k: min(p.block_k, _pow2(k))  # noqa: E731
+        rows = lambda n: min(p.block_n, _pow2(n))  # noqa: E731
+        pair_rows = min(max(1, p.block_n // 2), _pow2((NH + 2 * NKV) * half))
+        self._stacked = []  # the stacked q|k|v weights (a copy: the kernel streams them as one matrix)
+        common = dict(USE_PDL=self.pdl)
+        plan = []
+        for li, layer in enumerate(m.layers):
+            qk_norm = layer.has_qk_norm
+            kc, vc = layer.kv_cache.k_cache, layer.kv_cache.v_cache
+            w_qkv = torch.cat([layer.q_proj, layer.k_proj, layer.v_proj])             # (Q + 2·KV, H)
+            b_qkv = torch.cat([layer.q_bias, layer.k_bias, layer.v_bias]) if layer.has_bias else w_qkv
+            self._stacked.append((w_qkv, b_qkv))
+            plan.append((K.qkv_rope_kernel, (triton.cdiv((NH + 2 * NKV) * half, pair_rows),),
+                         (b["x"], m.embed_tokens, b["tok"], b["pos"], layer.input_layernorm, w_qkv, b_qkv, m.cos,
+                          m.sin, b["q"], b["kraw"], kc, vc, eps),
+                         dict(H=H, NH=NH, NKV=NKV, D=D, S=S, EMBED=li == 0, HAS_BIAS=layer.has_bias, QK_NORM=qk_norm,
+                              BLOCK_R=pair_rows, BLOCK_K=bk(H), ACT=act, **common)))
+            if qk_norm:
+                plan.append((K.qk_norm_kernel, (NH + NKV,),
+                             (b["q"], b["kraw"], kc, b["pos"], layer.q_norm, layer.k_norm, m.cos, m.sin, eps),
+                             dict(NH=NH, D=D, S=S, HALF_P=_pow2(half), ACT=act, **common)))
+            plan.append((K.attn_split_kernel, (NKV, self.splits),
+                         (b["q"], kc, vc, b["pos"], b["part_m"], b["part_l"], b["part_acc"], 1.0 / math.sqrt(D)),
+                         dict(G=NH // NKV, D=D, S=S, NSPLIT=self.splits, G_P=_pow2(NH // NKV), D_P=_pow2(D),
+                              BLOCK_S=p.block_s, **common)))
+            plan.append((K.attn_reduce_kernel, (NH,), (b["part_m"], b["part_l"], b["part_acc"], b["o"]),
+                         dict(D=D, NSPLIT=self.splits, NSPLIT_P=_pow2(self.splits), D_P=_pow2(D), ACT=act, **common)))
+            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),), (layer.o_proj, b["o"], b["x"]),
+                         dict(N=H, K=cfg.q_size, BLOCK_N=rows(H), BLOCK_K=bk(cfg.q_size), ACT=act, **common)))
+            plan.append((K.gateup_kernel, (triton.cdiv(I, rows(I)),),
+                         (b["x"], layer.post_attention_layernorm, layer.gate_proj, layer.up_proj, b["act"], eps),
+                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), ACT=act, **common)))
+            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),), (layer.down_proj, b["act"], b["x"]),
+                         dict(N=H, K=I, BLOCK_N=rows(H), BLOCK_K=bk(I), ACT=act, **common)))
+        plan.append((K.lmhead_kernel, (self._n_part,),
+                     (b["x"], m.norm, m.lm_head, b["logits"], b["part_val"], b["part_idx"], eps),
+                     dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), ACT=act, **common)))
+        plan.append((K.argmax_kernel, (1,), (b["part_val"], b["part_idx"], b["tok"], b["tok_out"], b["pos"]),
+                     dict(P=self._n_part, BLOCK=min(1024, _pow2(self._n_part)), **common)))
+        return plan
+
+    def kernels_per_step(self) -> int:
+        """Kernel launches in one decode step (6 per layer, 7 with q/k-norm, + LM head + greedy pick)."""
+        return len(self._plan)
+
+    def _launch_all(self) -> None:
+        extra = dict(num_warps=self.params.num_warps)
+        if self.pdl:
+            extra["launch_pdl"] = True
+        for kernel, grid, args, cx in self._plan:
+            kernel[grid](*args, **cx, **extra)
+
+    # ---- Decoder protocol --------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Empty the KV cache (zeroed) and rewind the position; queued greedy steps are dropped."""
+        self.model.reset_cache()
+        self._b["pos"].zero_()
+        self.position = 0
+        self._wanted.clear()
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt (T,) through the reference model's batched forward from position 0, filling the shared
+        KV cache; returns the logits (V,) of its last position (in the weights' dtype).
+
+        Raises:
+            BubblescopeError: the prompt is empty or longer than the KV cache.
+        """
+        t = token_ids.numel()
+        if t == 0:
+            raise BubblescopeError("prompt: empty (need at least one token)")
+        if t > self.max_seq_len:
+            raise BubblescopeError(f"prompt: {t} tokens do not fit the KV cache of "
+                                   f"{count(self.max_seq_len, 'position')}")
+        self.reset()
+        logits = self.model(token_ids.to(self.device).view(-1), torch.arange(t, device=self.device))
+        self.position = t
+        self._b["pos"].fill_(t)
+        return logits
+
+    def _check_room(self) -> None:
+        if self.position >= self.max_seq_len:
+            raise BubblescopeError(f"decode: the KV cache of {count(self.max_seq_len, 'position')} is full")
+
+    def _set_token(self, token: int | torch.Tensor) -> None:
+        if isinstance(token, torch.Tensor):
+            self._b["tok"].copy_(token.reshape(-1)[:1])
+        else:
+            if not 0 <= int(token) < self.config.vocab_size:
+                raise BubblescopeError(f"decode: token id {token} outside the vocabulary of {self.config.vocab_size}")
+            self._b["tok"].fill_(int(token))
+
+    def _run_step(self) -> None:
+        if not self.graph_mode:
+            self._launch_all()
+        else:
+            if self._graph is None:
+                self._capture()
+            self._graph.replay()
+        self.position += 1
+
+    def _capture(self) -> None:
+        # Compile every kernel on a side stream first (a capture must not compile), as the CUDA-graph docs say;
+        # that step writes the cache at the current position and advances pos and tok, so restore them.
+        saved = {k: self._b[k].clone() for k in ("pos", "tok")}
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._launch_all()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        for k, v in saved.items():
+            self._b[k].copy_(v)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._launch_all()
+        for k, v in saved.items():
+            self._b[k].copy_(v)
+        self._graph = graph
+
+    @torch.inference_mode()
+    def decode(self, token: int | torch.Tensor) -> torch.Tensor:
+        """One decode step for ``token`` (int or LongTensor (1,)); returns float32 logits (V,), rounded to the
+        weights' dtype as the reference's (on GPU a static buffer the next call overwrites; on CPU a copy).
+
+        Raises:
+            BubblescopeError: the KV cache is full, a token outside the vocabulary, or greedy steps still unread.
+        """
+        if self._wanted:
+            raise BubblescopeError("decode: steps queued by launch_greedy are unread (next_greedy_token first)")
+        self._check_room()
+        self._set_token(token)
+        self._run_step()
+        return self._b["logits"] if self.graph_mode else self._b["logits"].clone()
+
+    @torch.inference_mode()
+    def decode_greedy(self, token: int | torch.Tensor) -> int:
+        """One decode step returning the greedy next token (first argmax of the logits, picked on the device)."""
+        self.launch_greedy(token if not isinstance(token, torch.Tensor) else int(token.reshape(-1)[0]))
+        return self.next_greedy_token()
+
+    @torch.inference_mode()
+    def launch_greedy(self, token: int | None) -> None:
+        """Queue one greedy step without waiting: for ``token``, or with ``None`` for the token the previous step
+        picked on the device. Read it with :meth:`next_greedy_token`.
+
+        Raises:
+            BubblescopeError: the KV cache is full, a token outside the vocabulary, more than ``AHEAD_MAX`` steps
+                unread, or ``None`` with no step before it.
+        """
+        if len(self._wanted) >= AHEAD_MAX:
+            raise BubblescopeError(f"launch_greedy: at most {AHEAD_MAX} steps may be unread")
+        self._check_room()
+        if token is None:
+            if self.position == 0:
+                raise BubblescopeError("launch_greedy: no previous step picked a token (prefill first)")
+        else:
+            self._set_token(token)
+        self._run_step()
+        if self.device.type != "cuda":
+            self._wanted.append(int(self._b["tok_out"][0]))
+            return
+        slot = self._steps_run % len(self._tok_hosts)
+        buf, event = self._tok_hosts[slot], self._tok_events[slot]
+        buf.copy_(self._b["tok_out"], non_blocking=True)
+        event.record()
+        self._wanted.append((buf, event))
+        self._steps_run += 1
+
+    def next_greedy_token(self) -> int:
+        """Wait for the oldest queued greedy step; its token as a host int.
+
+        Raises:
+            BubblescopeError: no step is queued.
+        """
+        if not self._wanted:
+            raise BubblescopeError("next_greedy_token: no step queued (launch_greedy first)")
+        entry = self._wanted.popleft()
+        if isinstance(entry, int):
+            return entry
+        buf, event = entry
+        event.synchronize()
+        return int(buf[0])
+
+    def discard_queued(self) -> int:
+        """Wait for the queued steps not read and undo them (the position goes back by their number; their KV
+        entries are overwritten by the next steps). Returns how many."""
+        n = 0
+        while self._wanted:
+            self.next_greedy_token()
+            n += 1
+        if n:
+            self.position -= n
+            self._b["pos"].fill_(self.position)  # stream-ordered: the next step reads the rewound position
+        return n
+
+    def compile_info(self) -> dict:
+        """What the report shows of this engine's build: kernels per step, launch mode and tile sizes."""
+        p = self.params
+        return {"kernels_per_step": self.kernels_per_step(), "cuda_graph": self.graph_mode, "pdl": self.pdl,
+                "attention_splits": self.splits, "block_n": p.block_n, "block_k": p.block_k,
+                "num_warps": p.num_warps, "block_s": p.block_s}

@@ -1,0 +1,389 @@
+"""Device code of the fused op-by-op decoder: six Triton kernels per layer, one CUDA graph per token.
+
+One decode step (T = 1) of a Llama-family layer as six launches, each a bandwidth-bound matvec or a small
+attention pass, with every elementwise op fused into the launch that produces its input:
+
+    qkv_rope      h = RMSNorm(x) · input_layernorm;  q, k, v = W_{q,k,v} · h (+ b);  RoPE on q and k;
+                  k, v written into the KV cache at ``pos``                              (layer 0: x = embed[tok])
+    [qk_norm]     Qwen3 only: per-head RMSNorm of q and k, then RoPE, k into the cache
+    attn_split    flash-decoding: each (kv head, split) program attends its query heads over one slice of
+                  the cache, keeping the running max m, sum l and unnormalised P·V (Dao et al., Flash-Decoding)
+    attn_reduce   one program per query head combines the splits: o = Σ e^{m_s − M} acc_s / Σ e^{m_s − M} l_s
+    oproj / down  x += W · a   (the residual add fused into the matvec's epilogue)
+    gateup        h = RMSNorm(x) · post_attention_layernorm;  a = SiLU(W_gate · h) ⊙ (W_up · h)
+    lmhead        logits = W_head · RMSNorm(x) · norm, and each program's (max, first argmax)
+    argmax        the greedy token from the programs' partial maxima; ``tok`` ← it, ``pos`` += 1
+
+Memory layout: weights as Hugging Face stores them, row-major ``(out_features, in_features)``; the KV cache of
+a layer is ``(n_kv_heads, max_seq_len, head_dim)`` row-major (the reference engine's own buffers); ``pos`` and
+``tok`` are int32 device scalars so one captured graph serves every position.
+
+Numerics follow the reference engine (transformers): float32 accumulation, and a rounding to the activation
+dtype ``ACT`` wherever the reference materialises a tensor in it (the normalised input, its product with the
+norm weight, each projection output, each RoPE product and sum, SiLU, SiLU·up, each residual sum, the logits);
+``_rnd(v) = v.to(ACT).to(float32)`` is the identity in float32.
+
+Programmatic Dependent Launch (``USE_PDL``, sm_90+): a kernel loads its first weight tile — which no earlier
+kernel writes — *before* ``gdc_wait`` (griddepcontrol.wait: the previous grid has finished and its writes are
+visible), then lets the next kernel launch (``gdc_launch_dependents``) at once, so the next kernel's programs
+start streaming their own weights while this one drains. Every store comes after the wait; by induction, a
+kernel that has started has a predecessor that passed its wait, so everything two launches back is complete.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Under TRITON_INTERPRET every call of a jit library function (tl.sum, tl.max) re-patches triton.language
+# (milliseconds per call); tl.reduce with Triton's own combine functions maps straight to numpy. Compiled, the
+# plain library functions are used.
+INTERPRET = bool(triton.knobs.runtime.interpret)
+
+if INTERPRET:
+    def _sum(x, axis):
+        return tl.reduce(x, axis, tl.standard._sum_combine)
+
+    def _max(x, axis):
+        return tl.reduce(x, axis, tl.standard._elementwise_max)
+
+    def _min(x, axis):
+        return tl.reduce(x, axis, tl.standard._elementwise_min)
+else:
+    _sum, _max, _min = tl.sum, tl.max, tl.min
+
+
+# ---- qkv_rope ------------------------------------------------------------------------------------------------
+# W = [W_q; W_k; W_v] stacked, (NH·D + 2·NKV·D, H) row-major; b likewise. Row pair j = rows (lo, lo + D/2) of stacked
+# head j // (D/2), lo = head·D + j % (D/2): a rotate_half pair, so RoPE needs nothing from another program:
+#   out_lo = lo·cos − hi·sin,  out_hi = hi·cos + lo·sin   at (pos, j % (D/2))
+# Grid: cdiv(NPAIRS, BLOCK_R), NPAIRS = (NH + 2·NKV)·D/2. q → q_buf[head·D + i]; k, v → cache[kv_head, pos, i].
+# With QK_NORM (Qwen3) q and k stay unrotated (q in q_buf, k in kraw) for qk_norm_kernel, which needs whole heads.
+@triton.jit
+def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, q_ptr, kraw_ptr,
+                    kc_ptr, vc_ptr, eps,
+                    H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+                    EMBED: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+    HALF: tl.constexpr = D // 2
+    NPAIRS: tl.constexpr = (NH + 2 * NKV) * HALF
+    pid = tl.program_id(0)
+    j = pid * BLOCK_R + tl.arange(0, BLOCK_R)                  # (BLOCK_R,) row pairs
+    mj = j < NPAIRS
+    head = j // HALF                                           # stacked head: q heads, then k, then v
+    i = j % HALF
+    row_lo = head * D + i
+    row_hi = row_lo + HALF
+    cols = tl.arange(0, BLOCK_K)
+    m0 = mj[:, None] & (cols[None, :] < H)
+    w_lo = tl.load(w_ptr + row_lo[:, None].to(tl.int64) * H + cols[None, :], mask=m0, other=0.0)  # weights: before
+    w_hi = tl.load(w_ptr + row_hi[:, None].to(tl.int64) * H + cols[None, :], mask=m0, other=0.0)  # the wait
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pos = tl.load(pos_ptr)
+    if EMBED:
+        src = emb_ptr + tl.load(tok_ptr).to(tl.int64) * H
+    else:
+        src = x_ptr
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        xv = tl.load(src + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
+        ss += xv * xv
+    inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    if EMBED:  # the embedding row becomes the residual stream x (program 0 writes it once)
+        if pid == 0:
+            for k0 in range(0, H, BLOCK_K):
+                tl.store(x_ptr + k0 + cols, tl.load(src + k0 + cols, mask=k0 + cols < H), mask=k0 + cols < H)
+    acc_lo = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
+    acc_hi = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        mk = k0 + cols < H
+        if k0 > 0:
+            m2 = mj[:, None] & mk[None, :]
+            w_lo = tl.load(w_ptr + row_lo[:, None].to(tl.int64) * H + (k0 + cols)[None, :], mask=m2, other=0.0)
+            w_hi = tl.load(w_ptr + row_hi[:, None].to(tl.int64) * H + (k0 + cols)[None, :], mask=m2, other=0.0)
+        xv = tl.load(src + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+        nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+        hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
+        acc_lo += w_lo.to(tl.float32) * hv[None, :]
+        acc_hi += w_hi.to(tl.float32) * hv[None, :]
+    lo = _sum(acc_lo, 1)
+    hi = _sum(acc_hi, 1)
+    if HAS_BIAS:
+        lo += tl.load(b_ptr + row_lo, mask=mj, other=0.0).to(tl.float32)
+        hi += tl.load(b_ptr + row_hi, mask=mj, other=0.0).to(tl.float32)
+    lo = lo.to(ACT).to(tl.float32)
+    hi = hi.to(ACT).to(tl.float32)
+    is_q = head < NH
+    is_v = head >= NH + NKV
+    is_k = (~is_q) & (~is_v)
+    if QK_NORM:  # q and k raw, for qk_norm_kernel; v straight into the cache
+        out_lo = lo.to(ACT)
+        out_hi = hi.to(ACT)
+        raw = (head - NH) * D + i
+        tl.store(kraw_ptr + raw, out_lo, mask=mj & is_k)
+        tl.store(kraw_ptr + raw + HALF, out_hi, mask=mj & is_k)
+    else:
+        c = tl.load(cos_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
+        s = tl.load(sin_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
+        rot_lo = ((lo * c).to(ACT).to(tl.float32) - (hi * s).to(ACT).to(tl.float32)).to(ACT)
+        rot_hi = ((hi * c).to(ACT).to(tl.float32) + (lo * s).to(ACT).to(tl.float32)).to(ACT)
+        out_lo = tl.where(is_v, lo.to(ACT), rot_lo)
+        out_hi = tl.where(is_v, hi.to(ACT), rot_hi)
+        kvh = head - NH
+        k_row = (kvh.to(tl.int64) * S + pos) * D + i
+        tl.store(kc_ptr + k_row, out_lo, mask=mj & is_k)
+        tl.store(kc_ptr + k_row + HALF, out_hi, mask=mj & is_k)
+    tl.store(q_ptr + row_lo, out_lo, mask=mj & is_q)
+    tl.store(q_ptr + row_hi, out_hi, mask=mj & is_q)
+    v_row = ((head - NH - NKV).to(tl.int64) * S + pos) * D + i
+    tl.store(vc_ptr + v_row, out_lo, mask=mj & is_v)
+    tl.store(vc_ptr + v_row + HALF, out_hi, mask=mj & is_v)
+
+
+# ---- qk_norm (Qwen3) -----------------------------------------------------------------------------------------
+# Grid: NH + NKV heads. q ← RoPE(RMSNorm_D(q_head) · q_norm) in place; k ← RoPE(RMSNorm_D(k_head) · k_norm) into
+# cache[kv_head, pos]. Halves of HALF_P (the next power of two of D/2) lanes, masked.
+@triton.jit
+def qk_norm_kernel(q_ptr, kraw_ptr, kc_ptr, pos_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps,
+                   NH: tl.constexpr, D: tl.constexpr, S: tl.constexpr, HALF_P: tl.constexpr,
+                   ACT: tl.constexpr, USE_PDL: tl.constexpr):
+    HALF: tl.constexpr = D // 2
+    head = tl.program_id(0)
+    i = tl.arange(0, HALF_P)
+    mi = i < HALF
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pos = tl.load(pos_ptr)
+    if head < NH:
+        src = q_ptr + head * D
+        wn = qn_ptr
+    else:
+        src = kraw_ptr + (head - NH) * D
+        wn = kn_ptr
+    lo = tl.load(src + i, mask=mi, other=0.0).to(tl.float32)
+    hi = tl.load(src + HALF + i, mask=mi, other=0.0).to(tl.float32)
+    inv = tl.rsqrt((_sum(lo * lo, 0) + _sum(hi * hi, 0)) / D + eps)
+    lo = ((lo * inv).to(ACT).to(tl.float32) * tl.load(wn + i, mask=mi, other=0.0).to(tl.float32))
+    hi = ((hi * inv).to(ACT).to(tl.float32) * tl.load(wn + HALF + i, mask=mi, other=0.0).to(tl.float32))
+    lo = lo.to(ACT).to(tl.float32)
+    hi = hi.to(ACT).to(tl.float32)
+    c = tl.load(cos_ptr + pos * D + i, mask=mi, other=0.0).to(ACT).to(tl.float32)
+    s = tl.load(sin_ptr + pos * D + i, mask=mi, other=0.0).to(ACT).to(tl.float32)
+    out_lo = ((lo * c).to(ACT).to(tl.float32) - (hi * s).to(ACT).to(tl.float32)).to(ACT)
+    out_hi = ((hi * c).to(ACT).to(tl.float32) + (lo * s).to(ACT).to(tl.float32)).to(ACT)
+    if head < NH:
+        dst = q_ptr + head * D
+    else:
+        dst = kc_ptr + ((head - NH).to(tl.int64) * S + pos) * D
+    tl.store(dst + i, out_lo, mask=mi)
+    tl.store(dst + HALF + i, out_hi, mask=mi)
+
+
+# ---- attn_split / attn_reduce (flash-decoding) ---------------------------------------------------------------
+# attn_split grid: (NKV, NSPLIT). The n = pos + 1 cached positions are cut into NSPLIT slices of a whole number of
+# BLOCK_S blocks; program (g, s) runs the online softmax (Milakov & Gimelshein 2018) of the G = NH / NKV query
+# heads of kv head g over slice s:  m = max score, l = Σ e^{score − m}, acc = Σ e^{score − m} v  (unnormalised),
+# scores = q·k / sqrt(D) as scaled_dot_product_attention's default scale. An empty slice stores m = −inf, l = 0.
+# part_m, part_l: (NH, NSPLIT) float32; part_acc: (NH, NSPLIT, D) float32.
+@triton.jit
+def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, scale,
+                      G: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr,
+                      G_P: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr):
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    g = tl.arange(0, G_P)
+    d = tl.arange(0, D_P)
+    mg = g < G
+    md = d < D
+    heads = kvh * G + g                                                   # (G_P,) query heads of this kv head
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    n = tl.load(pos_ptr) + 1
+    per = tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_S) * BLOCK_S
+    start = sp * per
+    end = tl.minimum(start + per, n)
+    q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
+    q = q.to(tl.float32) * scale                                         # (G_P, D_P)
+    m = tl.full([G_P], float("-inf"), tl.float32)
+    l = tl.zeros([G_P], tl.float32)
+    acc = tl.zeros([G_P, D_P], tl.float32)
+    base = kvh.to(tl.int64) * S * D
+    s0 = start
+    while s0 < end:  # (a while loop: the interpreter cannot range() over a run-time bound)
+        sv = s0 + tl.arange(0, BLOCK_S)
+        ms = sv < end
+        kv_off = base + sv[:, None] * D + d[None, :]
+        mkv = ms[:, None] & md[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)          # (BLOCK_S, D_P)
+        sc = _sum(q[:, None, :] * k[None, :, :], 2)                                # (G_P, BLOCK_S)
+        sc = tl.where(ms[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m, _max(sc, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l = l * alpha + _sum(p, 1)
+        v = tl.load(vc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + _sum(p[:, :, None] * v[None, :, :], 1)
+        m = m_new
+        s0 += BLOCK_S
+    tl.store(part_m_ptr + heads * NSPLIT + sp, m, mask=mg)
+    tl.store(part_l_ptr + heads * NSPLIT + sp, l, mask=mg)
+    tl.store(part_acc_ptr + (heads[:, None] * NSPLIT + sp) * D + d[None, :], acc, mask=mg[:, None] & md[None, :])
+
+
+# attn_reduce grid: NH. o[head] = Σ_s w_s acc_s / Σ_s w_s l_s with w_s = e^{m_s − max_s m_s}; slice 0 is never
+# empty (n ≥ 1), so the max is finite and empty slices weigh 0.
+@triton.jit
+def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
+                       D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P: tl.constexpr, D_P: tl.constexpr,
+                       ACT: tl.constexpr, USE_PDL: tl.constexpr):
+    h = tl.program_id(0)
+    s = tl.arange(0, NSPLIT_P)
+    d = tl.arange(0, D_P)
+    ms = s < NSPLIT
+    md = d < D
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    m = tl.load(part_m_ptr + h * NSPLIT + s, mask=ms, other=float("-inf"))
+    w = tl.exp(m - _max(m, 0))
+    l = tl.load(part_l_ptr + h * NSPLIT + s, mask=ms, other=0.0)
+    acc = tl.load(part_acc_ptr + (h * NSPLIT + s[:, None]) * D + d[None, :], mask=ms[:, None] & md[None, :],
+                  other=0.0)
+    o = _sum(w[:, None] * acc, 0) / _sum(w * l, 0)
+    tl.store(o_ptr + h * D + d, o.to(ACT), mask=md)
+
+
+# ---- oproj / down: x += W · a ----------------------------------------------------------------------------------
+# Grid: cdiv(N, BLOCK_N). W (N, K) row-major, a (K,), x (N,) the residual stream, updated in place: each program
+# reads and writes only its own rows of x, and a is the previous kernel's output.
+@triton.jit
+def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, N: tl.constexpr, K: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mr = rows < N
+    cols = tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=mr[:, None] & (cols[None, :] < K),
+                other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mk = k0 + cols < K
+        if k0 > 0:
+            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + (k0 + cols)[None, :],
+                        mask=mr[:, None] & mk[None, :], other=0.0)
+        a = tl.load(a_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * a[None, :]
+    y = _sum(acc, 1).to(ACT).to(tl.float32)
+    x = tl.load(x_ptr + rows, mask=mr, other=0.0).to(tl.float32)
+    tl.store(x_ptr + rows, (x + y).to(ACT), mask=mr)
+
+
+# ---- gateup: a = SiLU(W_gate · h) ⊙ (W_up · h), h = RMSNorm(x) · post_attention_layernorm --------------------------
+# Grid: cdiv(I, BLOCK_N); program r owns rows r·BLOCK_N + [0, BLOCK_N) of both W_gate and W_up (I, H).
+@triton.jit
+def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, eps, I: tl.constexpr, H: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mr = rows < I
+    cols = tl.arange(0, BLOCK_K)
+    off = rows[:, None].to(tl.int64) * H + cols[None, :]
+    m0 = mr[:, None] & (cols[None, :] < H)
+    wg = tl.load(wg_ptr + off, mask=m0, other=0.0)
+    wu = tl.load(wu_ptr + off, mask=m0, other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
+        ss += xv * xv
+    inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        mk = k0 + cols < H
+        if k0 > 0:
+            off = rows[:, None].to(tl.int64) * H + (k0 + cols)[None, :]
+            m2 = mr[:, None] & mk[None, :]
+            wg = tl.load(wg_ptr + off, mask=m2, other=0.0)
+            wu = tl.load(wu_ptr + off, mask=m2, other=0.0)
+        xv = tl.load(x_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+        nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+        hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
+        acc_g += wg.to(tl.float32) * hv[None, :]
+        acc_u += wu.to(tl.float32) * hv[None, :]
+    gate = _sum(acc_g, 1).to(ACT).to(tl.float32)
+    up = _sum(acc_u, 1).to(ACT).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
+    tl.store(out_ptr + rows, (act * up).to(ACT), mask=mr)
+
+
+# ---- lmhead + argmax ---------------------------------------------------------------------------------------------
+# lmhead grid: cdiv(V, BLOCK_N). logits[r] = W_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's
+# bf16 logits, stored in float32; each program also stores its rows' max and first argmax (torch.argmax's rule).
+@triton.jit
+def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr, eps, V: tl.constexpr,
+                  H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr,
+                  USE_PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mr = rows < V
+    cols = tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + cols[None, :], mask=mr[:, None] & (cols[None, :] < H),
+                other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
+        ss += xv * xv
+    inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        mk = k0 + cols < H
+        if k0 > 0:
+            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + (k0 + cols)[None, :],
+                        mask=mr[:, None] & mk[None, :], other=0.0)
+        xv = tl.load(x_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+        nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+        hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
+        acc += w.to(tl.float32) * hv[None, :]
+    y = _sum(acc, 1).to(ACT).to(tl.float32)
+    tl.store(logits_ptr + rows, y, mask=mr)
+    y = tl.where(mr, y, float("-inf"))
+    best = _max(y, 0)
+    idx = _min(tl.where(y == best, rows, V), 0)
+    tl.store(part_val_ptr + pid, best)
+    tl.store(part_idx_ptr + pid, idx)
+
+
+# argmax grid: 1. The greedy token over the lmhead programs' partials (ties: the lower index, as torch.argmax),
+# written to tok (the next step's input) and tok_out (the host's copy); then pos += 1 ends the step.
+@triton.jit
+def argmax_kernel(part_val_ptr, part_idx_ptr, tok_ptr, tok_out_ptr, pos_ptr, P: tl.constexpr,
+                  BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    bidx = tl.full([BLOCK], 2147483647, tl.int32)
+    for p0 in range(0, P, BLOCK):
+        mp = p0 + offs < P
+        v = tl.load(part_val_ptr + p0 + offs, mask=mp, other=float("-inf"))
+        ix = tl.load(part_idx_ptr + p0 + offs, mask=mp, other=2147483647)
+        upd = v > best                     # strictly greater: an earlier chunk keeps a tie
+        best = tl.where(upd, v, best)
+        bidx = tl.where(upd, ix, bidx)
+    top = _max(best, 0)
+    tok = _min(tl.where(best == top, bidx, 2147483647), 0)
+    tl.store(tok_ptr, tok)
+    tl.store(tok_out_ptr, tok)
+    tl.store(pos_ptr, tl.load(pos_ptr) + 1)
