@@ -91,6 +91,9 @@ def default_model(device: torch.device, checkpoint: str | None) -> str:
 
 # Ablations whose only purpose is timing: under Triton's CPU interpreter their timings mean nothing.
 CPU_DEFAULT_SKIPS = {
+    "reference-fused": "its kernels under the CPU Triton interpreter run program by program (about a second per "
+                       "step): its timing measures the interpreter (run on a GPU, or name it in --engines to check "
+                       "its numerics)",
     "megakernel-stages": "timing ablation: under the CPU Triton interpreter it measures the interpreter, not "
                          "fusion (run on a GPU, or name it in --engines)",
     "megakernel-noprefetch": "timing ablation: the L2 prefetch it removes does not exist in the CPU Triton "

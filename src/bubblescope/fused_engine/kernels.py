@@ -95,8 +95,8 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
         if pid == 0:
             for k0 in range(0, H, BLOCK_K):
                 tl.store(x_ptr + k0 + cols, tl.load(src + k0 + cols, mask=k0 + cols < H), mask=k0 + cols < H)
-    acc_lo = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
-    acc_hi = tl.zeros([BLOCK_R, BLOCK_K], tl.float32)
+    lo = tl.zeros([BLOCK_R], tl.float32)
+    hi = tl.zeros([BLOCK_R], tl.float32)
     for k0 in range(0, H, BLOCK_K):
         mk = k0 + cols < H
         if k0 > 0:
@@ -106,10 +106,8 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
         xv = tl.load(src + k0 + cols, mask=mk, other=0.0).to(tl.float32)
         nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
         hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
-        acc_lo += w_lo.to(tl.float32) * hv[None, :]
-        acc_hi += w_hi.to(tl.float32) * hv[None, :]
-    lo = _sum(acc_lo, 1)
-    hi = _sum(acc_hi, 1)
+        lo += _sum(w_lo.to(tl.float32) * hv[None, :], 1)
+        hi += _sum(w_hi.to(tl.float32) * hv[None, :], 1)
     if HAS_BIAS:
         lo += tl.load(b_ptr + row_lo, mask=mj, other=0.0).to(tl.float32)
         hi += tl.load(b_ptr + row_hi, mask=mj, other=0.0).to(tl.float32)
@@ -271,15 +269,15 @@ def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, N: tl.constexpr, K: tl.constexpr
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mk = k0 + cols < K
         if k0 > 0:
             w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + (k0 + cols)[None, :],
                         mask=mr[:, None] & mk[None, :], other=0.0)
         a = tl.load(a_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * a[None, :]
-    y = _sum(acc, 1).to(ACT).to(tl.float32)
+        acc += _sum(w.to(tl.float32) * a[None, :], 1)
+    y = acc.to(ACT).to(tl.float32)
     x = tl.load(x_ptr + rows, mask=mr, other=0.0).to(tl.float32)
     tl.store(x_ptr + rows, (x + y).to(ACT), mask=mr)
 
@@ -304,8 +302,8 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, eps, I: tl.constexpr
         xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
         ss += xv * xv
     inv = tl.rsqrt(_sum(ss, 0) / H + eps)
-    acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    gate = tl.zeros([BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
         mk = k0 + cols < H
         if k0 > 0:
@@ -316,10 +314,10 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, eps, I: tl.constexpr
         xv = tl.load(x_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
         nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
         hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
-        acc_g += wg.to(tl.float32) * hv[None, :]
-        acc_u += wu.to(tl.float32) * hv[None, :]
-    gate = _sum(acc_g, 1).to(ACT).to(tl.float32)
-    up = _sum(acc_u, 1).to(ACT).to(tl.float32)
+        gate += _sum(wg.to(tl.float32) * hv[None, :], 1)
+        up += _sum(wu.to(tl.float32) * hv[None, :], 1)
+    gate = gate.to(ACT).to(tl.float32)
+    up = up.to(ACT).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
     tl.store(out_ptr + rows, (act * up).to(ACT), mask=mr)
 
@@ -345,7 +343,7 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr
         xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
         ss += xv * xv
     inv = tl.rsqrt(_sum(ss, 0) / H + eps)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
         mk = k0 + cols < H
         if k0 > 0:
@@ -354,8 +352,8 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr
         xv = tl.load(x_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
         nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
         hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
-        acc += w.to(tl.float32) * hv[None, :]
-    y = _sum(acc, 1).to(ACT).to(tl.float32)
+        acc += _sum(w.to(tl.float32) * hv[None, :], 1)
+    y = acc.to(ACT).to(tl.float32)
     tl.store(logits_ptr + rows, y, mask=mr)
     y = tl.where(mr, y, float("-inf"))
     best = _max(y, 0)
