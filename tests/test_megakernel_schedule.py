@@ -140,14 +140,15 @@ def test_params_validation():
         MegakernelParams(rows_qkv=7).validate()
     with pytest.raises(BubblescopeError, match="multiple of 16"):
         build_schedule(TINY["qwen3-qknorm"], MegakernelParams(rows_qkv=8), 1)
-    for bad in ("later", "oproj"):  # oproj: the O-proj tasks combining the splits, removed in session 11
+    for bad in ("later", "oproj"):  # oproj: the O-proj tasks combining the splits, no longer a form
         with pytest.raises(BubblescopeError, match="attn_reduce must be fused or stage"):
             MegakernelParams(attn_reduce=bad).validate()
     with pytest.raises(BubblescopeError, match="prefetch_next names unknown opcode.*FOO"):
         MegakernelParams(prefetch_next="OPROJ,foo").validate()
     with pytest.raises(BubblescopeError, match="weight_eviction"):
         MegakernelParams(weight_eviction="evict_never").validate()
-    # the Triton kernel's weight loads: auto is no hint (even either way, NOTES' second session); a choice stands
+    # the Triton kernel's weight loads: auto is no hint (even either way,
+    # benchmarks/results/h200-2026-11-29-b/megakernel_check_round4.json); a choice stands
     from bubblescope.megakernel_engine.schedule import resolve_tiling
     from bubblescope.megakernel_engine.triton_kernel.host import kernel_constexprs
     cfg = TINY["gqa-tied-llama3"]

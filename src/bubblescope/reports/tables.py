@@ -178,7 +178,7 @@ def kernel_tiling(c: dict) -> str:
     """One line naming a megakernel's implementation and the tile shapes chosen for the model (from
     ``compile.gluon`` / ``compile.tiling`` of results.json), e.g. ``gluon: BR 32 · ring 12 · split_k 2 ·
     block_s 64 · splits 16`` (with ``slot_boxes`` and the matvec, ``matvec mma`` or ``matvec bits``, where the
-    document has them: from session 13 they follow the model too); "—" for engines without them."""
+    document has them: newer documents choose them per model too); "—" for engines without them."""
     g, t = c.get("gluon") or {}, c.get("tiling") or {}
     if g:
         parts = [f"{k} {g[k]}" for k in ("BR", "BK", "ring", "slot_boxes", "split_k", "rows_od", "block_s",
