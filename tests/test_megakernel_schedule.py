@@ -120,7 +120,7 @@ def test_llama_1b_schedule_invariants(attn_reduce):
         assert (cover == 1).all(), op
     n_attn = sum(t.op == OP_ATTN and t.layer == 0 for t in tasks)
     assert n_attn == cfg.num_key_value_heads * sch.tiling.kv_splits
-    # QKV tiles balance over the grid (the DESIGN.md probe's 768 tiles on 528 programs did not).
+    # QKV tiles balance over the grid (the docs/design.md probe's 768 tiles on 528 programs did not).
     assert sch.tasks_per_opcode()["QKV"] == 512 * cfg.num_hidden_layers
 
 
@@ -461,7 +461,7 @@ def test_kernel_compiles_for_sm90_and_default_keeps_four_programs_per_sm():
     run = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     default, timeline, qwen3 = json.loads(run.stdout.strip().splitlines()[-1])
-    assert default["fit"] >= 4, default  # residency of the default config on an H200 (DESIGN.md: 4/SM)
+    assert default["fit"] >= 4, default  # residency of the default config on an H200 (docs/design.md: 4/SM)
     assert default["registers"] <= 128 and timeline["registers"] <= 128  # the maxnreg cap holds
     assert default["cooperative"] is True
     assert timeline["registers"] and qwen3["registers"]

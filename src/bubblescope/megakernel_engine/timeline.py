@@ -5,7 +5,7 @@ program picked the task up (``start``), when its dependency counter was satisfie
 had signalled completion (``end``) — from ``%globaltimer`` on the GPU (one clock for all SMs), from the
 host's monotonic clock under the interpreter. The instruction table says which task each slot held.
 
-Definitions (DESIGN.md, "intrakernel_wait_ratio"): a task's ``wait_us = ready − start`` (spinning on
+Definitions (docs/design.md, "intrakernel_wait_ratio"): a task's ``wait_us = ready − start`` (spinning on
 dependencies, including its prefetch issue), its busy time ``end − ready``; ``wait_ratio = Σ wait /
 Σ (end − start)`` over all tasks: the fraction of program-time spent waiting on dependencies. Program
 time between tasks (reading the next instruction) is not in any task.

@@ -31,7 +31,7 @@ TIMELINE_COLUMNS = (
     ("sync\nshare", ("timeline", "sync_share"), "pct"),
     ("token\nagreement", ("correctness", "token_agreement"), "pct"),
 )
-# The sync share (DESIGN.md's sync_share, the same words in every report) is host time blocked in
+# The sync share (docs/design.md's sync_share, the same words in every report) is host time blocked in
 # cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
 SYNC_NOTE = ("sync share: fraction of the step wall time the host spends blocked in a synchronize call; high "
              "when the GPU is busy and the host has nothing else to do, which costs nothing by itself")

@@ -1,7 +1,7 @@
 """The Gluon megakernel (Hopper, sm_90): one persistent CTA per SM, a 1-warp TMA producer and NW consumer warps.
 
 Why Gluon: plain Triton owns shared memory, so its weight tiles live in registers, few bytes are in flight per
-SM and every task's loads start after its dependency wait (``../DESIGN.md``: 50 % of the H200's peak on the
+SM and every task's loads start after its dependency wait (``docs/design.md``: 50 % of the H200's peak on the
 Llama-3.2-1B matvec chain). Here the weight stream is explicit:
 
 * **producer** (worker partition, 1 warp): walks the CTA's queue of the instruction table (the same table as
