@@ -32,7 +32,7 @@ _ALLOWED = re.compile("|".join(f"(?:{p})" for p, _ in ALLOWED))
 # Where the project describes itself. benchmarks/results holds raw records (JSON, logs, CSV), read as data; its
 # index README.md is prose and is searched.
 TREES = ("src", "tests", "docs", "benchmarks")
-FILES = ("pyproject.toml", "Makefile")
+FILES = ("README.md", "pyproject.toml", "Makefile")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".j2", ".txt", ".cfg", ".ini", ".yml", ".yaml"}
 SKIP_DIRS = {"__pycache__", "data", ".pytest_cache"}
 RECORDS = ROOT / "benchmarks" / "results"
