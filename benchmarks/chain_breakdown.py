@@ -75,7 +75,7 @@ def layer_chain(df: pd.DataFrame) -> pd.DataFrame:
 
 def task_bytes(model: str, params: dict | None = None) -> dict[str, int]:
     """Weight bytes of one task per opcode for ``model``'s Gluon tiling under ``params`` (MegakernelParams fields;
-    default: this checkout's defaults, which must be the frame's: Qwen2.5-0.5B's tiles were 16 rows before session 13)
+    default: this checkout's defaults, which must be the frame's: older frames of Qwen2.5-0.5B ran 16-row tiles)
     and 16-bit weights (``schedule.task_weight_bytes``'s rule)."""
     from bubblescope.megakernel_engine.gluon.host import gluon_tiling
     from bubblescope.megakernel_engine.schedule import MegakernelParams, task_weight_bytes

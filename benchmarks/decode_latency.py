@@ -26,7 +26,7 @@ from pathlib import Path
 
 
 def _commit() -> str | None:
-    """``$BUBBLESCOPE_COMMIT`` when set (a copied tree's .git may be stale: the device session sets it),
+    """``$BUBBLESCOPE_COMMIT`` when set (a copied tree's .git may be stale: benchmarks/run.py sets it),
     else ``git rev-parse``."""
     if os.environ.get("BUBBLESCOPE_COMMIT"):
         return os.environ["BUBBLESCOPE_COMMIT"]
@@ -35,6 +35,19 @@ def _commit() -> str | None:
                               cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
     except Exception:
         return None
+
+
+def skip_reason(name: str, device) -> str | None:
+    """Why engine ``name`` (``ENGINE`` or ``ENGINE@stepwise``) is not timed on ``device`` (a ``torch.device``):
+    not in the engine registry, or ruled out there whatever the model (``engines.unavailable_before_load``: a
+    package it needs, a GPU it needs). None when it may run; building it can still rule it out (recorded as
+    skipped too, with the reason ``EngineUnavailable`` gives)."""
+    from bubblescope.engines import ENGINES, unavailable_before_load
+
+    base = name.partition("@")[0]
+    if base not in ENGINES:
+        return f"not in the engine registry (known: {', '.join(ENGINES)})"
+    return unavailable_before_load(base, device)
 
 
 def _percentile(xs, q):
@@ -93,7 +106,8 @@ def _write_json(doc: dict, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``benchmarks/run.py`` reads it to see which options this version has)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama-3.2-1b")
     ap.add_argument("--engines", help="engine names; ENGINE@stepwise times ENGINE with generate()'s launch-ahead off",
@@ -108,10 +122,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-seconds", type=float, default=400)
     ap.add_argument("--out", default="benchmarks/results/decode_latency.json")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch
 
+    from bubblescope.errors import EngineUnavailable
     from bubblescope.models import dummy_weights, get_preset, parse_dtype
     from bubblescope.profiler.hardware import device_info, measure_copy_bandwidth
     from bubblescope.profiler.traffic import bandwidth, step_traffic
@@ -146,9 +165,17 @@ def main(argv=None) -> int:
             if time.time() > deadline:
                 entry["engines"][name] = {"status": "skipped", "reason": "time budget (--max-seconds) spent"}
                 continue
+            if why := skip_reason(name, w.device):
+                entry["engines"][name] = {"status": "skipped", "reason": why}
+                print(f"{model} {name}: skipped: {why}", flush=True)
+                continue
             lc = longs if name in args.long_context_engines.split(",") else []
             try:
                 r = bench_engine(name, w, prompt, args.gen_len, args.runs, args.warmup, max_seq, lc, deadline)
+            except EngineUnavailable as e:  # this model or device rules it out: a skip with the reason
+                entry["engines"][name] = {"status": "skipped", "reason": str(e)}
+                print(f"{model} {name}: skipped: {e}", flush=True)
+                continue
             except Exception as e:  # record and continue: one engine must not sink the run
                 entry["engines"][name] = {"status": "failed", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
                 print(f"{model} {name}: FAILED {e}", file=sys.stderr)

@@ -1,6 +1,6 @@
-"""Probe: can an SM park weight bytes in L2 ahead of its ring, and keep them there? (H200, issue 10)
+"""Probe: can an SM park weight bytes in L2 ahead of its ring, and keep them there? (H200)
 
-Every L2 prefetch past the megakernel's ring lost (NOTES rounds 8, 9, 12, r34, r40). Two explanations fit the frames:
+Every L2 prefetch past the megakernel's ring lost (benchmarks/NOTES.md, "L2"). Two explanations fit the frames:
 the prefetch instructions stall the warp that issues them (so the producer's ring loads go out late), or the lines
 are evicted by the weight stream before the ring asks for them (so the bytes are read twice). This probe separates
 them on a bare kernel, one CTA per SM, every CTA on its own region:
@@ -152,11 +152,11 @@ def run_case(n_sm: int, p_kb: int, s_kb: int, mode: str, hint: int, wait_us: flo
 
 
 def cases(which: str = "v1"):
-    """The grid. v1 (session 14's first call): references (cold, hot), then each prefetch mode against the streamed
+    """The grid. v1: references (cold, hot), then each prefetch mode against the streamed
     bytes between and the wait. v2: demand loads (``touch``) instead of prefetches, and smaller prefetches, against
     the streamed bytes between, with and without evict_first on the stream (its ``touch`` rows re-read A from the
     SM's L1: the reads were not yet ``.cg``). v3: A's reads ``.cg``: references, demand loads and prefetches against
-    the stream. v4 (prepared in session 14, not run): whether lines read with an L2 evict_last policy survive a
+    the stream. v4: whether lines read with an L2 evict_last policy survive a
     stream read without a hint (the ring's TMA loads carry none in Triton 3.6), beside plain reads."""
     if which == "v4":  # evict_last lines may outlive the flush: their rows come last, then cold rows to show it
         for mode in ("none", "touch", "touch_last"):

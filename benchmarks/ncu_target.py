@@ -1,9 +1,9 @@
-"""The process Nsight Compute profiles for ``session12.sh icache``: a Gluon megakernel on a preset's random bf16
+"""The process Nsight Compute profiles for ``benchmarks/run.py --suite counters``: a Gluon megakernel on a preset's random bf16
 weights, a 4-token prefill then greedy decode steps, with the ``MegakernelParams`` fields given as JSON.
 
     ncu ... python3 benchmarks/ncu_target.py llama-3.2-1b '{"attn_new_row": "block"}' [steps]
 
-Kept to the engine API that every session's source has (``build_engine``, ``prefill``, ``decode_greedy``), so the
+Kept to the engine API every version of the source has (``build_engine``, ``prefill``, ``decode_greedy``), so the
 same script can run against an older commit's ``src`` (``PYTHONPATH``) for a contrast.
 """
 from __future__ import annotations

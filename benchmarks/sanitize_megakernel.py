@@ -23,7 +23,7 @@ def main() -> int:
         for dtype in (torch.float32, torch.bfloat16):
             w = dummy_weights(get_preset("tiny-llama"), "cuda", dtype, seed=0)
             early = MegakernelParams(attn_operands="early")  # (the tensor-core attention's layout: bf16 only)
-            # session 10's switches (Gluon only): the first block's older rows before the wait with the combine's
+            # the attention's split switches (Gluon only): the first block's older rows before the wait with the combine's
             # reductions in lanes
             lanes = MegakernelParams(kv_splits=4, attn_min_chunk=1, attn_combine="lanes", attn_new_row="row")
             for variant, params in (("fused", None), ("stages", None), ("fused", busy), ("stages", busy),
@@ -52,7 +52,7 @@ def main() -> int:
             toks = generate(eng, list(range(3, 75)), 6, eos_ids=()).tokens  # 72 positions: 37 per split
             eng.synchronize_and_check()
             print("gluon", cfg.name, eng.compile_info()["gluon"]["attn_layout"], operands, toks, flush=True)
-        # session 12's tensor-core matvec (mv_widen=mma): ldmatrix from the swizzled ring, the last down slot a
+        # the tensor-core matvec (mv_widen=mma): ldmatrix from the swizzled ring, the last down slot a
         # quarter past K (intermediate 1408), the vocabulary ending inside an LM-head tile
         cfg = ModelConfig(name="tiny-mv-mma", hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
                           num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1000,
@@ -62,7 +62,7 @@ def main() -> int:
         toks = generate(eng, [1, 2, 3, 4], 6, eos_ids=()).tokens
         eng.synchronize_and_check()
         print("gluon", cfg.name, eng.compile_info()["gluon"]["mv_widen"], toks, flush=True)
-        # the weight stream's TMA loads with and without the L2 evict_first policy (the default since session 15:
+        # the weight stream's TMA loads with and without the L2 evict_first policy (the default:
         # a PTX rewrite, gluon/ptx.py), on a model whose vocabulary ends inside an LM-head tile and whose hidden 384
         # is 1.5 column chunks; run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees each tensor's own
         # bounds

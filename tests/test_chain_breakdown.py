@@ -90,8 +90,8 @@ def test_layer_chain_spans_and_the_first_gate_up_staging():
 
 
 def test_task_bytes_follow_the_params():
-    """Qwen2.5-0.5B (hidden 896, q 896, intermediate 4864): 32-row tiles by default since session 13 (its tensor-core
-    matvec), 16 rows where max_rows asks for them, as its frames before session 13 ran."""
+    """Qwen2.5-0.5B (hidden 896, q 896, intermediate 4864): 32-row tiles by default (its tensor-core
+    matvec), 16 rows where max_rows asks for them, as its older frames ran."""
     cb = _load()
     h, i = 896, 4864
     assert cb.task_bytes("qwen2.5-0.5b")["QKV"] == 32 * h * 2 and cb.task_bytes("qwen2.5-0.5b")["DOWN"] == 16 * i * 2

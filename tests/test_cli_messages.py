@@ -108,7 +108,7 @@ def test_a_gpu_index_beyond_the_machine_is_one_line_naming_device(tmp_path, monk
 # --- 3. one name for the sync metric ---------------------------------------------------------------------------
 
 def test_every_report_calls_sync_share_the_sync_share():
-    """The headline table said "sync wait" and the trace view "sync share" for DESIGN.md's sync_share."""
+    """The headline table said "sync wait" and the trace view "sync share" for docs/design.md's sync_share."""
     from bubblescope.profiler.tracesummary import summarize_traces
     from bubblescope.reports.html import render_html
     from bubblescope.reports.terminal import render_results

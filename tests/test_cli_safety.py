@@ -1,4 +1,4 @@
-"""Issue 11: listing commands stay light, report never overwrites its input, generate streams its text."""
+"""Listing commands stay light, report never overwrites its input, generate streams its text."""
 
 from __future__ import annotations
 
@@ -191,9 +191,8 @@ def test_diagnose_trace_reads_the_trace_files_of_a_folder_and_skips_the_rest(tmp
 
 
 def test_a_truncated_trace_in_a_folder_is_an_error_not_a_note(tmp_path):
-    """A bad-input tester's finding: a rank trace cut in half inside a folder was skipped with a note and exit 0,
-    while the same file named directly was an error with exit 2. Now it is reported as an error (exit 2) and the
-    readable trace beside it is still summarized."""
+    """A rank trace cut in half inside a folder is an error (exit 2), as the same file named directly is (not a
+    note with exit 0), and the readable trace beside it is still summarized."""
     import gzip
 
     from typer.testing import CliRunner
@@ -255,9 +254,9 @@ def test_diagnose_trace_on_a_diagnose_model_output_folder_reads_its_traces_subfo
 
 
 def test_a_failed_publish_leaves_the_previous_run_whole(tmp_path, monkeypatch):
-    """A bad-input tester's finding: when an entry of the previous run could not be moved aside (a read-only
-    traces/), the folder held the new results.json beside the old traces/ and a staging folder was left. Now the
-    moves made are undone: OUT holds the previous run exactly, no staging folder stays, and the error names OUT."""
+    """When an entry of the previous run cannot be moved aside (a read-only traces/), the moves made are undone:
+    OUT holds the previous run exactly (not the new results.json beside the old traces/), no staging folder stays,
+    and the error names OUT."""
     import os
 
     from bubblescope.errors import BubblescopeError
@@ -291,8 +290,8 @@ def test_a_failed_publish_leaves_the_previous_run_whole(tmp_path, monkeypatch):
 
 
 def test_logit_agreement_records_non_finite_differences_as_null():
-    """A bad-input tester's finding: a model with one NaN weight crashed `diagnose model` after the whole measurement
-    (results.json refused max_abs_logit_diff NaN). Hand-computed: rows (1, 2) and (3, 1) against (1, 0) and (0, 4)
+    """A model with one NaN weight must not crash `diagnose model` after the whole measurement (results.json
+    refuses a max_abs_logit_diff of NaN). Hand-computed: rows (1, 2) and (3, 1) against (1, 0) and (0, 4)
     differ by (0, 2) and (3, −3): max |Δ| 3, relative errors 2/1 and √18/4, argmax agreement 0 of 2; with a NaN
     logit the two differences are null and the numbers stay JSON-safe."""
     import math

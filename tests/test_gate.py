@@ -192,7 +192,7 @@ def test_report_with_a_bad_format_writes_no_html(tmp_path):
     (("workload", "gen_len"), 32, "gen_len: 128 vs baseline 32"),
 ])
 def test_baseline_of_another_model_device_or_workload_is_refused(tmp_path, path, value, shown):
-    """Issue 11 #1: an H200 llama-3.2-1b run gated against a CPU stories260K baseline passed. The two must
+    """An H200 llama-3.2-1b run gated against a CPU stories260K baseline must not pass: the two must
     agree on model, dtype, device name and workload, or the gate exits 2 unless --allow-mismatch."""
     import json
 
@@ -221,7 +221,7 @@ def test_baseline_of_another_model_device_or_workload_is_refused(tmp_path, path,
     ("--max-bubble-ratio", "20", "did you mean 0.2 for 20 %?"),
 ])
 def test_a_limit_given_in_percent_gets_a_hint(tmp_path, option, value, hint):
-    """Issue 11: a gate limit given in percent (35 for 0.35) is an error with the fraction suggested."""
+    """A gate limit given in percent (35 for 0.35) is an error with the fraction suggested."""
     import json
 
     (tmp_path / "r.json").write_text(json.dumps(g.healthy_doc()))

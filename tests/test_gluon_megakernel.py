@@ -132,7 +132,7 @@ def test_gluon_matvec_follows_the_model():
     assert auto_matvec(qwen25, MegakernelParams(max_rows=16), 132, 2) == ("bits", 1)
     assert auto_matvec(qwen25, MegakernelParams(max_rows=16, split_k=1), 132, 2) == ("bits", 1)
     assert auto_matvec(qwen25, MegakernelParams(slot_boxes=1, num_warps=8), 132, 2) == ("bits", 1)
-    t16 = gluon_tiling(qwen25, MegakernelParams(max_rows=16), 132)  # as before session 13: 16 rows on the CUDA cores
+    t16 = gluon_tiling(qwen25, MegakernelParams(max_rows=16), 132)  # 16 rows on the CUDA cores
     assert (t16.rows_qkv, t16.rows_o) == (16, 8)
     p16 = gluon_params(qwen25, MegakernelParams(max_rows=16))
     assert gluon_constexprs(qwen25, t16, p16, 512, torch.bfloat16, True)["MV_BITS"]
@@ -444,7 +444,7 @@ def test_gluon_tile_choice_per_model_is_recorded():
     # auto: the first block's older rows before the wait and the combine in lanes, except with q/k-norm (above)
     for name in ("llama-3.2-1b", "qwen2.5-0.5b"):
         assert (out[name]["attn_new_row"], out[name]["attn_combine"]) == ("row", "lanes"), out[name]
-    # the gate at 0 on every model since session 18 (r50), with q/k-norm or without
+    # the gate at 0 on every model, with q/k-norm or without (h200-2026-12-02-s18/gluon_check_r50_*.json)
     assert out["llama-3.2-1b"]["attn_gate"] == 0 and out["qwen2.5-0.5b"]["attn_gate"] == 0
     assert out["llama-3.2-1b"]["attn_layout"] == "mma" and out["qwen2.5-0.5b"]["attn_layout"] == "mma"
     # 7 query heads per kv head: padded to 16 rows on the tensor cores, so the block follows head_dim only

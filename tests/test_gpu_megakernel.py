@@ -74,9 +74,9 @@ def test_gluon_argmax_agreement_256_random_tokens(model):
     Where the bf16 reference itself agrees with the fp32 model on fewer than 99 % of the steps, 99 % against it
     asks the impossible of any other bf16 summation order: on Llama-3.1-8B's random weights (32 layers, 128,256
     tokens) the reference agrees with fp32 on 94.1 % of the steps, and each of the megakernel's 17 flips sat at an
-    fp32 top-1/top-2 margin (0.007–0.069) below both engines' own largest logit error (~0.10) (H200, session 6,
-    ``gluon_check.py --model llama-3.1-8b --sections llama``). There the bar is the reference's own agreement
-    with fp32 less 2 points, and on every step whose fp32 margin exceeds twice the reference's largest logit
+    fp32 top-1/top-2 margin (0.007–0.069) below both engines' own largest logit error (~0.10) (H200,
+    ``benchmarks/results/h200-2026-12-01-s6/check_gluon_check_8b_argmax.json``). There the bar is the reference's own
+    agreement with fp32 less 2 points, and on every step whose fp32 margin exceeds twice the reference's largest logit
     error (rounding of that size cannot flip it) the two must agree on >= 99 %."""
     from bubblescope.megakernel_engine import MegakernelEngine
 
@@ -137,10 +137,9 @@ def test_gluon_qwen3_fp32_tiny_matches_reference_tightly():
 def test_gluon_other_forms_match_reference_tightly(kw):
     """Non-default forms on a tiny Qwen2 fp32 model whose column chunks (128 fp32) are odd in number (hidden 384:
     3; intermediate 640: 5, paired by split_k): the matvec's ring loop without its read ahead, and with two boxes
-    per slot (a slot's second box lies past K and meets TMA's zeros), with no cap on the slots in flight (the
-    default until session 15), with the RMSNorm weights loaded after the sum of squares (the default until session
-    14), and with the weight stream's TMA loads without an L2 policy (the default until session 15; now evict_first,
-    the PTX rewrite of gluon/ptx.py)."""
+    per slot (a slot's second box lies past K and meets TMA's zeros), with no cap on the slots in flight, with
+    the RMSNorm weights loaded after the sum of squares, and with the weight stream's TMA loads without an L2 policy
+    (the default is evict_first, the PTX rewrite of gluon/ptx.py)."""
     from bubblescope.megakernel_engine import MegakernelEngine
     from bubblescope.megakernel_engine.schedule import MegakernelParams
     from bubblescope.models import ModelConfig

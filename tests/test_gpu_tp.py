@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 def test_tp2_nccl_eager_and_cudagraph_match_tp1(tmp_path):
     # The ranks run under torchrun in a subprocess with a deadline, as `diagnose model --tp` runs them: a hung
-    # collective is a failure with each rank's stack (faulthandler), never a hung test session. (An earlier
-    # version used torch.multiprocessing.spawn inside pytest and hung on the H200 pair, 2026-12-01.)
+    # collective is a failure with each rank's stack (faulthandler), never a hung test run. (torch.multiprocessing.spawn
+    # inside pytest hung on an H200 pair.)
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1] / "src"), str(Path(__file__).resolve().parents[1]),
          os.environ.get("PYTHONPATH", "")])}

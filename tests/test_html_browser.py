@@ -1,4 +1,4 @@
-"""Issue 11: the HTML report in a real headless browser (Chromium from the system packages)."""
+"""The HTML report in a real headless browser (Chromium from the system packages)."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def test_llama_1b_schedule_invariants(attn_reduce):
         assert (cover == 1).all(), op
     n_attn = sum(t.op == OP_ATTN and t.layer == 0 for t in tasks)
     assert n_attn == cfg.num_key_value_heads * sch.tiling.kv_splits
-    # QKV tiles balance over the grid (the DESIGN.md probe's 768 tiles on 528 programs did not).
+    # QKV tiles balance over the grid (the docs/design.md probe's 768 tiles on 528 programs did not).
     assert sch.tasks_per_opcode()["QKV"] == 512 * cfg.num_hidden_layers
 
 
@@ -140,14 +140,15 @@ def test_params_validation():
         MegakernelParams(rows_qkv=7).validate()
     with pytest.raises(BubblescopeError, match="multiple of 16"):
         build_schedule(TINY["qwen3-qknorm"], MegakernelParams(rows_qkv=8), 1)
-    for bad in ("later", "oproj"):  # oproj: the O-proj tasks combining the splits, removed in session 11
+    for bad in ("later", "oproj"):  # oproj: the O-proj tasks combining the splits, no longer a form
         with pytest.raises(BubblescopeError, match="attn_reduce must be fused or stage"):
             MegakernelParams(attn_reduce=bad).validate()
     with pytest.raises(BubblescopeError, match="prefetch_next names unknown opcode.*FOO"):
         MegakernelParams(prefetch_next="OPROJ,foo").validate()
     with pytest.raises(BubblescopeError, match="weight_eviction"):
         MegakernelParams(weight_eviction="evict_never").validate()
-    # the Triton kernel's weight loads: auto is no hint (even either way, NOTES' second session); a choice stands
+    # the Triton kernel's weight loads: auto is no hint (even either way,
+    # benchmarks/results/h200-2026-11-29-b/megakernel_check_round4.json); a choice stands
     from bubblescope.megakernel_engine.schedule import resolve_tiling
     from bubblescope.megakernel_engine.triton_kernel.host import kernel_constexprs
     cfg = TINY["gqa-tied-llama3"]
@@ -460,7 +461,7 @@ def test_kernel_compiles_for_sm90_and_default_keeps_four_programs_per_sm():
     run = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     default, timeline, qwen3 = json.loads(run.stdout.strip().splitlines()[-1])
-    assert default["fit"] >= 4, default  # residency of the default config on an H200 (DESIGN.md: 4/SM)
+    assert default["fit"] >= 4, default  # residency of the default config on an H200 (docs/design.md: 4/SM)
     assert default["registers"] <= 128 and timeline["registers"] <= 128  # the maxnreg cap holds
     assert default["cooperative"] is True
     assert timeline["registers"] and qwen3["registers"]

@@ -1,4 +1,4 @@
-"""Configs, presets, loaders and tokenizers, including every bad input issue #2 names."""
+"""Configs, presets, loaders and tokenizers, including bad inputs of each kind."""
 
 from __future__ import annotations
 
@@ -330,7 +330,7 @@ def test_integer_weights_are_refused(tmp_path):
     (["generate", "tiny-llama", "--seed", str(10**23)], "error: --seed: must fit in 64 bits"),
     (["generate", "tiny-llama", "--prompt", "\udcff\udcfe"], "error: --prompt: not valid UTF-8 text"),
     (["diagnose", "model", "tiny-llama", "--engines", ",,"], "error: --engines: no engine names in ',,'"),
-    # issue 11 #2: top-p 0 keeps no token (was a 46-line traceback); a non-UTF-8 --out broke trace export.
+    # top-p 0 keeps no token (an error, not a traceback); a non-UTF-8 --out must not break trace export.
     (["generate", "tiny-llama", "--temperature", "1", "--top-p", "0"], "error: --top-p: must be in (0, 1]"),
     (["diagnose", "model", "tiny-llama", "--engines", "reference", "--out", "{tmp}/\udcff"],
      "error: --out: path '{tmp}/?' is not valid UTF-8"),

@@ -4,7 +4,7 @@ findings that read them.
 ``tests/data/ncu_handwritten.csv`` is HAND-WRITTEN after ncu's ``--csv --print-units base`` format (long
 format, every field quoted, the column names ncu uses, ``==PROF==`` lines and the application's own output
 before the header, thousands grouped with commas, ``n/a`` for a metric with no value). Launch 0 of
-``megakernel`` carries the counters recorded on the H200 in issue 13 (DRAM 48.8 % of peak, L2 hit 35 %,
+``megakernel`` carries counters recorded on the H200 (DRAM 48.8 % of peak, L2 hit 35 %,
 warps active 24.9 %, 2.52 GB read, 1.07 ms); launch 1 and the argmax kernel are made up to exercise
 aggregation. ``tests/data/ncu_h200_megakernel.csv`` is a CSV RECORDED on the H200 (2026-12-01, the Gluon
 megakernel on llama-3.2-1b, the command in ``benchmarks/results/h200-2026-12-01-s4/ncu_megakernel.cmd``): its

@@ -1,4 +1,4 @@
-"""Issue 11: reports a performance engineer reads at a glance — verdict, units, 80 columns, megakernel view."""
+"""Reports a performance engineer reads at a glance — verdict, units, 80 columns, megakernel view."""
 
 from __future__ import annotations
 

@@ -182,7 +182,7 @@ def test_chromium_loads_every_image_and_screenshots(tmp_path, healthy_html):
 
 
 def test_html_names_each_megakernels_kernel_and_tile_shapes():
-    """The tile shapes chosen per model (issue 14) are on the page: the Gluon choice from ``compile.gluon``, the
+    """The tile shapes chosen per model are on the page: the Gluon choice from ``compile.gluon``, the
     Triton rows from ``compile.tiling``."""
     from bubblescope.reports.tables import kernel_tiling
 

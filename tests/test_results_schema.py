@@ -14,7 +14,7 @@ from . import resultsgen as g
 from bubblescope.errors import BubblescopeError
 from bubblescope.reports.results import SCHEMA, Results, load_results, ordered, validate_results, write_results
 
-# Required keys, typed from the schema in the task brief (issue #4), not read from the code.
+# Required keys, typed from docs/results-schema.md, not read from the code.
 REQUIRED = (
     [k for k in "schema created command versions device model workload engines findings".split()]
     + ["versions.bubblescope"]

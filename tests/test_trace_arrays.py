@@ -1,4 +1,4 @@
-"""The numpy side of trace reading and summaries: the grouping helpers against pandas, the interval
+"""The numpy side of trace reading and summaries: the grouping functions against pandas, the interval
 split against a hand-computed timeline, and the column form (TraceArrays) against the pandas form
 (Trace) of the same files: same frames, same summary."""
 

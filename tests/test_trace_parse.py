@@ -223,7 +223,7 @@ def test_bad_numbers_are_excluded_or_nulled(tmp_path):
     ]
     text = json.dumps(tg.document(events)).replace('"NAN_HERE"', "NaN")
     tr = load_trace(tg.write(tmp_path / "big.json", text))
-    # Changed by issue 12: a numeric string ("1") is a number (see test_numeric_strings_are_numbers);
+    # A numeric string ("1") is a number (see test_numeric_strings_are_numbers);
     # text that is no number still excludes the event.
     assert tr.gpu["name"].tolist() == ["k", "k2"]
     assert tr.gpu["correlation"].isna().tolist() == [True, False]

@@ -130,7 +130,7 @@ def test_a100_alexnet():
 
 
 def test_a100_alexnet_streams_overlap_warning():
-    """Changed by issue 12: the summary now names the time streams 7 and 20 run at once (a warning; no
+    """The summary names the time streams 7 and 20 run at once (a warning; no
     number changes). Expected from the raw events: per-stream unions summed minus the device union."""
     events = [e for e in _events("a100_alexnet.json.gz") if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
 

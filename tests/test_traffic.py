@@ -33,7 +33,7 @@ def test_llama_3_2_1b_bf16_context_128_by_hand():
     assert t["total_bytes"] == 2_471_632_896 + 4_194_304 + 32_768
     assert t["embedding_bytes"] == 2048 * 2
     assert t["lm_head_bytes"] == 128256 * 2048 * 2
-    assert 2.47e9 < t["total_bytes"] < 2.48e9  # DESIGN.md: "2.47 GB"
+    assert 2.47e9 < t["total_bytes"] < 2.48e9  # docs/design.md: "2.47 GB"
 
 
 def test_qwen3_0_6b_head_dim_differs_from_hidden_over_heads():
@@ -119,7 +119,7 @@ def test_bandwidth_and_floor():
     assert b["util_copy"] == pytest.approx(0.8)
     assert bandwidth(1000, 1.0) == {"effective_GBps": pytest.approx(1e-3), "util_peak": None, "util_copy": None}
     assert bandwidth(1000, None, 1.0, 1.0) == {"effective_GBps": None, "util_peak": None, "util_copy": None}
-    # DESIGN.md: Llama-3.2-1B's 2.47 GB floors at 0.51 ms (NVML peak 4.81 TB/s) and 0.58 ms (copy 4.26 TB/s).
+    # docs/design.md: Llama-3.2-1B's 2.47 GB floors at 0.51 ms (NVML peak 4.81 TB/s) and 0.58 ms (copy 4.26 TB/s).
     assert floor_ms(2.47e9, 4814.0) == pytest.approx(0.513, abs=1e-3)
     assert floor_ms(2.47e9, 4260.0) == pytest.approx(0.580, abs=1e-3)
     assert floor_ms(1, None) is None

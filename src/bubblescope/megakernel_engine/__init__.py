@@ -1,4 +1,4 @@
-"""Persistent megakernels: one launch per decode step (see DESIGN.md, "Megakernel").
+"""Persistent megakernels: one launch per decode step (see docs/design.md, "Megakernel").
 
 Two kernel implementations, one room each, over one shared host side:
 

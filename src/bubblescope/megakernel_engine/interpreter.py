@@ -55,7 +55,7 @@ class ScheduleInterpreter:
         self._tickets: dict[int, int] = {}
         self.position = 0
 
-    # ---- helpers (same roundings as triton_kernel/ops.py) ----------------------------------------------------------------
+    # ---- building blocks (same roundings as triton_kernel/ops.py) ----------------------------------------------------
     def _rnd(self, v: torch.Tensor) -> torch.Tensor:
         return v.to(self.act).float()
 

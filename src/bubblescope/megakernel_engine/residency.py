@@ -114,7 +114,8 @@ def cubin_text_bytes(cubin: bytes) -> dict:
     each ``.text.<kernel>`` section, ``{kernel: bytes}`` (SASS instructions are 16 bytes each on sm_70+).
 
     Why: a megakernel runs every task type's code within one layer, so its hot code is the whole kernel, and its
-    size is weighed against the SM's instruction cache (session 11, NOTES). Read from the ELF64 section headers
+    size is weighed against the SM's instruction cache (instruction fetch stalls measured in
+    ``benchmarks/results/h200-2026-12-02-s12/ncu_default.csv``). Read from the ELF64 section headers
     (System V gABI: ``e_shoff`` at byte 0x28, ``e_shentsize`` / ``e_shnum`` / ``e_shstrndx`` at 0x3A–0x3F; a 64-byte
     section header holds ``sh_name`` at 0 and ``sh_size`` at 32); ``cuobjdump -elf`` lists the same sizes.
 

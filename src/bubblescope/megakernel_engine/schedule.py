@@ -80,8 +80,8 @@ LAYER_STAGES = (OP_QKV, OP_ATTN, OP_ATTN_REDUCE, OP_OPROJ, OP_GATEUP, OP_DOWN)
  F_PFNEXT) = range(14)
 NFIELDS = 14
 KV_SPLITS_CAP = 64  # automatic kv_splits: clamp(grid // kv-head groups, 1, this)
-DEFAULT_MIN_CHUNK = 32  # fewest positions per attention split where attn_min_chunk is None, both kernels (Gluon,
-# H200 round 6: 32 0.904 ms against 16 0.926 on Llama-3.2-1B)
+DEFAULT_MIN_CHUNK = 32  # fewest positions per attention split where attn_min_chunk is None, both kernels (Gluon on
+# the H200: 32 0.904 ms against 16 0.926 on Llama-3.2-1B, benchmarks/results/h200-2026-12-01/sweep_round6_128.json)
 
 
 def next_pow2(n: int) -> int:
@@ -135,17 +135,17 @@ class MegakernelParams:
             kernel under Triton 3.6, whose PTX form the rewrite below knows; none on the Triton kernel), ``""``
             (none), ``"evict_first"`` (each weight line is read once per step, so it may leave L2 first) or
             ``"evict_last"`` (the Triton kernel's only; the Gluon kernel refuses it by name). The Triton kernel:
-            even either way (NOTES' second session). On the Gluon kernel ``evict_first`` gives the weight stream's
-            TMA loads that L2 policy, so the stream should stop evicting what is read again (the KV cache, the
-            activations, the RMSNorm weights; not measured directly). Gluon 3.6's TMA load takes no policy, so the
-            kernel's PTX is rewritten (``gluon/ptx.py``). Measured on the H200 (session 15, ``gluon_check.py --sweep
-            r44``, interleaved rounds, stepwise ms, none / ``evict_first``): Llama-3.2-1B 0.907, 0.906 / 0.898,
-            0.878; at context 4096 0.998, 1.030 / 0.979, 1.007; Llama-3.1-8B 3.873, 3.917 / 3.828, 3.887;
-            Qwen2.5-0.5B 0.651, 0.653 / 0.648, 0.650; Qwen3-0.6B 0.755, 0.787 / 0.758, 0.773. The 1B's frames (one
-            capture each): a layer 37.6 → 36.8 µs, gate-up and down 24.5 → 24.0, the QKV → O-proj stretch 12.9 →
-            13.0. (``benchmarks/l2_probe.py``, session 14, one CTA per SM: 17 MB of lines read by loads survived
-            34 MB of later traffic read ``evict_first``; half to most of them did not survive it read without the
-            hint.)
+            even either way (``benchmarks/results/h200-2026-11-29-b/megakernel_check_round4.json``). On the Gluon kernel
+            ``evict_first`` gives the weight stream's TMA loads that L2 policy, so the stream should stop evicting what
+            is read again (the KV cache, the activations, the RMSNorm weights; not measured directly). Gluon 3.6's TMA
+            load takes no policy, so the kernel's PTX is rewritten (``gluon/ptx.py``). Measured on the H200
+            (``benchmarks/results/h200-2026-12-02-s15/gluon_check_r44_*.json``, interleaved rounds, stepwise ms, none /
+            ``evict_first``): Llama-3.2-1B 0.907, 0.906 / 0.898, 0.878; at context 4096 0.998, 1.030 / 0.979, 1.007;
+            Llama-3.1-8B 3.873, 3.917 / 3.828, 3.887; Qwen2.5-0.5B 0.651, 0.653 / 0.648, 0.650; Qwen3-0.6B 0.755, 0.787
+            / 0.758, 0.773. The 1B's frames (one capture each): a layer 37.6 → 36.8 µs, gate-up and down 24.5 → 24.0,
+            the QKV → O-proj stretch 12.9 → 13.0. (``benchmarks/l2_probe.py``, ``h200-2026-12-02-s14/l2_probe_v3.json``,
+            one CTA per SM: 17 MB of lines read by loads survived 34 MB of later traffic read ``evict_first``; half to
+            most of them did not survive it read without the hint.)
         spin_sleep_ns: ``nanosleep`` between spins on a counter (0: busy spin).
         split_k: Gluon kernel only: column halves per ring slot of an O-proj / down tile. 2: a slot holds two
             ``[BR/2, BK]`` boxes (columns 2c and 2c+1) of BR/2 rows, so those stages have twice as many tasks
@@ -159,11 +159,13 @@ class MegakernelParams:
         wait_prefetch_ops: comma-separated opcode names whose dependency waits issue ``wait_prefetch``
             (default ``OPROJ``: the wait on the attention chain, the longest of a layer).
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
-            round 9 measured it slower, the prefetches queue beside the ring's loads) or ``line``
+            measured slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads). Both lose, and ``l2_ahead``
-            too (rounds 8, 9, r34). Why, measured on the H200 in session 14 (``benchmarks/l2_probe.py``, one CTA
-            per SM): L2 keeps prefetched lines only up to ~64 KB per SM; at 128 KB per SM none of the per-line
-            prefetches hit and about half of the bulk ones did, while lines read by loads stayed.
+            too (``h200-2026-12-01/sweep_round8_128.json``, ``h200-2026-12-01-s4/gluon_check_r9.json``,
+            ``h200-2026-12-02-s12/gluon_check_r34_*.json``). Why, measured on the H200 (``benchmarks/l2_probe.py``,
+            ``h200-2026-12-02-s14/l2_probe*.json``, one CTA per SM): L2 keeps prefetched lines only up to ~64 KB per SM;
+            at 128 KB per SM none of the per-line prefetches hit and about half of the bulk ones did, while lines read
+            by loads stayed.
         inflight: Gluon kernel only: ring slots the producer keeps requested and not yet landed (None, the
             default: ``max(2, gluon.host.INFLIGHT_BYTES // slot bytes)``, 64 KB per SM: 4 slots of one 16 KB bf16
             box, 2 of two; 0: no cap, the whole ring; a value at or above the ring's slots is no cap either, e.g.
@@ -171,35 +173,35 @@ class MegakernelParams:
             while the consumers wait, so the buffer for a dependency wait stays the ring; the cap was to shorten the
             HBM queue (Little's law: ~25 MB in flight over all SMs at ~4 TB/s is ~6 µs for any load) that each
             layer's chain tiles wait behind: the QKV matvec ends 3.9 µs after its last tile's request
-            (``chain_breakdown.py --model``). Measured on the H200 (session 13, ``gluon_check.py --sweep r41``,
+            (``chain_breakdown.py --model``). Measured on the H200 (``h200-2026-12-02-s13/gluon_check_r41_*.json``,
             interleaved rounds, stepwise ms): Llama-3.2-1B 0.790 / 0.791 at 4 against 0.800 / 0.803 (3: 0.799 /
             0.799, 6: 0.801 / 0.801), Llama-3.1-8B 3.863 / 3.871 against 3.882 / 3.894, Qwen2.5-0.5B even; the 1B's
             QKV matvec then ends 3.2 µs after its last request, so that latency is mostly the SM's own share of the
-            stream. Again with the weight stream read evict_first (session 15, ``--sweep r45``): Llama-3.2-1B 0.766
-            / 0.764 at 4 against 0.778 / 0.782 (6: 0.768 / 0.770), Llama-3.1-8B 3.738 / 3.746 against 3.765 /
-            3.762, Qwen2.5-0.5B (6 slots of 32 KB) even at 4 (0.646 / 0.655 against 0.647 / 0.648; r41 at 2: 0.654 /
-            0.655 against 0.657 / 0.660, within its noise). So the default since session 15 caps the bytes in
-            flight, 64 KB per SM: 1-2 % on the 1B at context 128, ~0.5 % on the 8B. Session 16 (``--sweep r46``,
-            stepwise ms, cap / none): Qwen3-0.6B 0.722, 0.721 / 0.727, 0.722; Llama-3.2-3B 1.845, 1.831 / 1.848,
-            1.867: even to slightly faster (Qwen3-1.7B and the 1B at 4096 not measured with it). (The L2
-            prefetches past the ring all lost: ``l2_ahead``, ``wait_prefetch``, and session 12's producer burst at the
-            first gate-up tile, removed after r40.)
+            stream. Again with the weight stream read evict_first (``h200-2026-12-02-s15/gluon_check_r45_*.json``):
+            Llama-3.2-1B 0.766 / 0.764 at 4 against 0.778 / 0.782 (6: 0.768 / 0.770), Llama-3.1-8B 3.738 / 3.746 against
+            3.765 / 3.762, Qwen2.5-0.5B (6 slots of 32 KB) even at 4 (0.646 / 0.655 against 0.647 / 0.648; at 2 slots:
+            0.654 / 0.655 against 0.657 / 0.660, within its noise). So the default caps the bytes in flight, 64 KB per
+            SM: 1-2 % on the 1B at context 128, ~0.5 % on the 8B. Checked on more models
+            (``h200-2026-12-02-s16/gluon_check_r46_*.json``, stepwise ms, cap / none): Qwen3-0.6B 0.722, 0.721 / 0.727,
+            0.722; Llama-3.2-3B 1.845, 1.831 / 1.848, 1.867: even to slightly faster (Qwen3-1.7B and the 1B at 4096 not
+            measured with it). (The L2 prefetches past the ring all lost: ``l2_ahead``, ``wait_prefetch``, and a
+            producer burst at the first gate-up tile, ``h200-2026-12-02-s13/gluon_check_r40_*.json``.)
         norm_load: Gluon kernel only: when the consumer loads the RMSNorm weights of a vector it stages (QKV,
-            gate-up, LM head): ``after`` the sum of squares (as since session 3; its cross-warp reduction's barriers
+            gate-up, LM head): ``after`` the sum of squares (its cross-warp reduction's barriers
             keep the load from being issued earlier, so the weights are a second round trip after the dependency
             wait), ``beside`` the vector's load, or ``beside`` and asked of L2 (``prefetch.global.L2``, one line per
             thread) before the dependency wait (``prefetch``); the same arithmetic each way. Measured on the H200
-            (session 13, one step's frames, medians over layers): the 1B's gate-up staging 2.13 → 1.60 µs and QKV
-            staging 0.98 → 0.83 with ``prefetch``; Qwen2.5-0.5B's 1.06 → 0.51 and 0.75 → 0.51, Qwen3-0.6B's 0.77 →
-            0.61 and 0.90 → 0.64 with ``beside``; the step even within the sweep's noise (``--sweep r42``: 1B 0.830
-            / 0.828 with ``prefetch`` against 0.831 / 0.835, Llama-3.1-8B even). The default since session 14
-            (``--sweep r42`` again, stepwise ms, ``after`` / ``beside`` / ``prefetch``): Llama-3.2-1B 0.910, 0.905 /
-            0.891, 0.893 / 0.883, 0.883; Qwen2.5-0.5B 0.722, 0.733 / 0.712, 0.721 / 0.717, 0.712; Qwen3-0.6B 0.755,
-            0.758 / 0.752, 0.752 / 0.743, 0.744.
+            (``h200-2026-12-02-s13/chain_nl*_4b1a19a.json``, one step's frames, medians over layers): the 1B's gate-up
+            staging 2.13 → 1.60 µs and QKV staging 0.98 → 0.83 with ``prefetch``; Qwen2.5-0.5B's 1.06 → 0.51 and 0.75 →
+            0.51, Qwen3-0.6B's 0.77 → 0.61 and 0.90 → 0.64 with ``beside``; the step even within the sweep's noise
+            (``gluon_check_r42_*``: 1B 0.830 / 0.828 with ``prefetch`` against 0.831 / 0.835, Llama-3.1-8B even). The
+            default (``h200-2026-12-02-s14/gluon_check_r42_*.json``, stepwise ms, ``after`` / ``beside`` /
+            ``prefetch``): Llama-3.2-1B 0.910, 0.905 / 0.891, 0.893 / 0.883, 0.883; Qwen2.5-0.5B 0.722, 0.733 / 0.712,
+            0.721 / 0.717, 0.712; Qwen3-0.6B 0.755, 0.758 / 0.752, 0.752 / 0.743, 0.744.
         lm_pick: Gluon kernel only: where the on-device greedy pick's ``atomic_max`` runs: ``task`` (one per
             LM-head task: 4,008 per step on Llama-3.2-1B, 9,496 on Qwen2.5-0.5B, all on one address) or ``cta``
             (each CTA keeps its best key over its LM-head tasks and issues one: 132; the default). The same pick
-            either way; measured on the H200 (session 6, ``gluon_check.py --sweep r15``, interleaved rounds,
+            either way; measured on the H200 (``h200-2026-12-01-s6/gluon_check_r15.json``, interleaved rounds,
             Llama-3.2-1B): 0.945 / 0.934 ms against 0.956 / 0.964 per task, LM-head span 123.6 against 129.2 µs.
         attn_layout: Gluon kernel only: ``blocks`` (a block's positions across all warps, reduced through shared
             memory), ``warps`` (each warp owns a slice of every block and keeps its own online softmax; one
@@ -209,55 +211,55 @@ class MegakernelParams:
             ``gluon.host.resolve_attn_layout``).
         sig_gate: Gluon kernel only: after the tiles of a task that signals (a stage's last task on the CTA), the
             producer issues at most ``sig_gate`` more tiles until the consumer has signalled, so the signal's
-            release does not queue behind this SM's weight loads in flight (-1: off). Measured on the H200 (session
-            6, ``gluon_check.py --sweep r17``, interleaved rounds): Llama-3.2-1B 0.952 / 0.957 ms at 2 and 0.945 at
-            4 against 0.979 / 0.982 off, 0.997 / 0.995 at 0; Qwen3-0.6B 0.862 / 0.858 at 2 against 0.873 / 0.875
-            off. The signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48.
-            3 is the default since session 7 (``--sweep r21``): Llama-3.2-1B 0.935 against 0.950 / 0.960 at 2,
-            Qwen3-0.6B 0.812 against 0.821 / 0.823, Qwen2.5-0.5B 0.849 against 0.852 / 0.850, Llama-3.1-8B 4.066
-            against 4.082 / 4.113 (r18, r19 and r20 gave the 1B the same order).
+            release does not queue behind this SM's weight loads in flight (-1: off). Measured on the H200
+            (``h200-2026-12-01-s6/gluon_check_r17*.json``, interleaved rounds): Llama-3.2-1B 0.952 / 0.957 ms at 2 and
+            0.945 at 4 against 0.979 / 0.982 off, 0.997 / 0.995 at 0; Qwen3-0.6B 0.862 / 0.858 at 2 against 0.873 /
+            0.875 off. The signalling tasks' epilogues: QKV 1.54 → 0.83 µs, O-proj 1.50 → 0.61, down 2.24 → 0.48. 3 is
+            the default (``h200-2026-12-01-s7/gluon_check_r21_*.json``): Llama-3.2-1B 0.935 against 0.950 / 0.960 at 2,
+            Qwen3-0.6B 0.812 against 0.821 / 0.823, Qwen2.5-0.5B 0.849 against 0.852 / 0.850, Llama-3.1-8B 4.066 against
+            4.082 / 4.113 (``gluon_check_r18*``, ``gluon_check_r19*`` and ``gluon_check_r20*`` gave the 1B the same
+            order).
         attn_gate: Gluon kernel only: after a (non-empty) attention task in the CTA's queue, the producer issues at
             most ``attn_gate`` more tiles until the consumer has finished that attention task, so the attention's
-            loads and stores do not queue behind this SM's weight loads in flight (-1: off; None: 0 on every model
-            since session 18, before it only on models with q/k-norm; see ``gluon.host.resolve_attn_gate``).
+            loads and stores do not queue behind this SM's weight loads in flight (-1: off; None: 0 on every model;
+            see ``gluon.host.resolve_attn_gate``).
         mv_widen: Gluon kernel only, bf16 weights: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion) or ``bits`` (a bf16 pair read as one int32, split by a shift and a mask: one instruction
             per weight); ``auto`` (the default): ``mma`` for thin models, else ``bits`` (``gluon.host.auto_matvec``,
-            which gives the measurements). Measured on the H200 (session 7, ``gluon_check.py --sweep r19``, interleaved
-            rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``. ``mma`` (16-bit weights):
-            the tensor cores, ``mma.sync`` m16n8k16 with the weight tile as the A operand (``ldmatrix`` from a
-            128-byte-swizzled ring: each box arrives as ``BK / 64`` TMA boxes of 64 columns, which the warps share
-            out) and the staged vector broadcast over the 8 columns of B, float32 accumulators summed across the
-            warps once per task; far fewer instructions per weight than a widening and an FMA each
-            (``gluon.matvec.mv_mma``; it always reads a slot ahead, whatever ``mv_ahead``). Needs 16-bit weights,
-            256-column boxes, at least 16 rows per matvec and a 64-column box per consumer warp in each slot
-            (refused by name otherwise: ``gluon.host.mv_mma_unsupported``). Measured on the H200 (session 12, ``gluon_check.py
-            --sweep r36`` to ``r38``, interleaved rounds, stepwise ms): correct (the 1B's 256 argmaxes equal the
-            bf16 reference's), but even on Llama-3.2-1B (0.810 / 0.815 against 0.808 / 0.812), Qwen3-0.6B and
-            Llama-3.1-8B: a task's matvec waits for its tiles, not for its FMAs; Qwen2.5-0.5B at 32 rows 0.747 /
-            0.758 against 0.761 / 0.766 (the default's 16 rows), with ``slot_boxes=2`` 0.713 / 0.724: the
-            automatic choice for thin models since session 13.
+            which gives the measurements). Measured on the H200 (``h200-2026-12-01-s7/gluon_check_r19.json``,
+            interleaved rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``. ``mma`` (16-bit
+            weights): the tensor cores, ``mma.sync`` m16n8k16 with the weight tile as the A operand (``ldmatrix`` from a
+            128-byte-swizzled ring: each box arrives as ``BK / 64`` TMA boxes of 64 columns, which the warps share out)
+            and the staged vector broadcast over the 8 columns of B, float32 accumulators summed across the warps once
+            per task; far fewer instructions per weight than a widening and an FMA each (``gluon.matvec.mv_mma``; it
+            always reads a slot ahead, whatever ``mv_ahead``). Needs 16-bit weights, 256-column boxes, at least 16 rows
+            per matvec and a 64-column box per consumer warp in each slot (refused by name otherwise:
+            ``gluon.host.mv_mma_unsupported``). Measured on the H200 (``h200-2026-12-02-s12/gluon_check_r36*`` to
+            ``gluon_check_r38*``, interleaved rounds, stepwise ms): correct (the 1B's 256 argmaxes equal the bf16
+            reference's), but even on Llama-3.2-1B (0.810 / 0.815 against 0.808 / 0.812), Qwen3-0.6B and Llama-3.1-8B: a
+            task's matvec waits for its tiles, not for its FMAs; Qwen2.5-0.5B at 32 rows 0.747 / 0.758 against 0.761 /
+            0.766 (the default's 16 rows), with ``slot_boxes=2`` 0.713 / 0.724: the automatic choice for thin models.
         attn_operands: Gluon kernel, ``attn_layout=mma`` only: ``early`` (the first K/V block becomes the
             tensor cores' B operands before the attention task's dependency wait, the row written in this step
             patched in after it by a load in the operand layout, and q loaded straight into the A operand layout:
             no shared-memory conversion between the wait and the first ``mma``) or ``late`` (q and the first block
-            converted after the wait, as in session 8; the default). Measured on the H200 (session 9,
-            ``gluon_check.py --sweep r25``, interleaved rounds, stepwise ms): Llama-3.2-1B 0.896 / 0.894 / 0.896
-            against 0.881 / 0.880 / 0.888 at context 128, 1.032 / 1.017 / 1.030 against 1.039 / 1.051 / 1.045 at
+            converted after the wait; the default). Measured on the H200
+            (``h200-2026-12-01-s9/gluon_check_r25_*.json``, interleaved rounds, stepwise ms): Llama-3.2-1B 0.896 / 0.894
+            / 0.896 against 0.881 / 0.880 / 0.888 at context 128, 1.032 / 1.017 / 1.030 against 1.039 / 1.051 / 1.045 at
             4096; Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.1-8B even or worse at 128.
         mv_ahead: Gluon kernel only: weight boxes the consumer's matvec reads into registers ahead of their products:
             0 (read a slot, release it, multiply: the release's proxy fence waits for the reads, so each slot pays
             its shared-memory latency before its products) or 1 (box b + 1 read before box b's products, after
             box b's slot is released when b is its last box: the reads are in flight during the FMAs; one more box
-            of registers; the default). Measured on the H200 (session 10, ``gluon_check.py --sweep r30`` and
-            ``r31``, interleaved rounds, stepwise ms): Qwen3-0.6B 0.779 / 0.784 / 0.782 against 0.797 / 0.797 /
-            0.800 (r31: 0.895 / 0.897 against 0.909 / 0.914), Qwen2.5-0.5B 0.756 / 0.766 / 0.761 against 0.779 /
-            0.798 / 0.779, Llama-3.1-8B 3.919 / 3.926 / 3.921 against 3.929 / 3.946 / 3.949, Llama-3.2-1B even
-            (0.857 / 0.857 / 0.856 against 0.856 / 0.858 / 0.857); the 1B's QKV matvec 1.89 → 1.79 µs.
+            of registers; the default). Measured on the H200 (``h200-2026-12-02-s10/gluon_check_r30_*.json`` and
+            ``gluon_check_r31_*``, interleaved rounds, stepwise ms): Qwen3-0.6B 0.779 / 0.784 / 0.782 against 0.797 /
+            0.797 / 0.800 (``gluon_check_r31_*``: 0.895 / 0.897 against 0.909 / 0.914), Qwen2.5-0.5B 0.756 / 0.766 /
+            0.761 against 0.779 / 0.798 / 0.779, Llama-3.1-8B 3.919 / 3.926 / 3.921 against 3.929 / 3.946 / 3.949,
+            Llama-3.2-1B even (0.857 / 0.857 / 0.856 against 0.856 / 0.858 / 0.857); the 1B's QKV matvec 1.89 → 1.79 µs.
         slot_boxes: Gluon kernel only: TMA boxes per weight-ring slot, 1 or 2. With 2 a slot holds two consecutive
             column chunks of a task (32 KB of bf16) and the ring has half as many slots (the same bytes in flight),
             so the consumer's release of a slot (a proxy fence and two barriers of its warps, Triton 3.6) is paid
-            once per two boxes. Measured on the H200 (session 10, ``gluon_check.py --sweep r31``): the 1B's QKV
+            once per two boxes. Measured on the H200 (``h200-2026-12-02-s10/gluon_check_r31_*.json``): the 1B's QKV
             matvec 1.89 → 1.70 µs with ``mv_ahead``, but its staging 0.99 → 1.41 and the hop to attention 0.5 →
             1.4; the step even or slower (1B 0.827 / 0.839 against 0.828 / 0.830; Qwen3-0.6B 0.918 / 0.917 against
             0.909 / 0.914; with ``mv_ahead`` 0.848 / 0.847 and 0.932 / 0.929), so 1 stays the default on the

@@ -5,7 +5,7 @@ program picked the task up (``start``), when its dependency counter was satisfie
 had signalled completion (``end``) — from ``%globaltimer`` on the GPU (one clock for all SMs), from the
 host's monotonic clock under the interpreter. The instruction table says which task each slot held.
 
-Definitions (DESIGN.md, "intrakernel_wait_ratio"): a task's ``wait_us = ready − start`` (spinning on
+Definitions (docs/design.md, "intrakernel_wait_ratio"): a task's ``wait_us = ready − start`` (spinning on
 dependencies, including its prefetch issue), its busy time ``end − ready``; ``wait_ratio = Σ wait /
 Σ (end − start)`` over all tasks: the fraction of program-time spent waiting on dependencies. Program
 time between tasks (reading the next instruction) is not in any task.
@@ -200,8 +200,9 @@ def stream_feed(df: pd.DataFrame, task_bytes: dict[str, int], slot_bytes: int = 
 
     A producer reissues a ring slot only once its consumer has freed it, so while the consumers wait on the
     dependency chain the stream idles: on Llama-3.2-1B it was fed at 1.7 TB/s over the chain against ~4.0 over the
-    rest of the layer (benchmarks/NOTES.md: the twelfth session's levers, the fourteenth session's question; this
-    is ``benchmarks/chain_breakdown.py``'s analysis, moved into the product). Rule: each weight task's bytes are spread
+    rest of the layer (``benchmarks/chain_breakdown.py`` on the frames of
+    ``benchmarks/results/h200-2026-12-02-s14/chain_lt8_llama-3.2-1b_default_df52673.json``; this is that script's
+    analysis, moved into the product). Rule: each weight task's bytes are spread
     evenly over its ring slots of ``slot_bytes`` (``max(1, ceil(bytes / slot_bytes))`` of them), issued at evenly
     spaced times from its
     ``load_start_us`` to its ``load_end_us`` (``np.linspace``), and a slot counts in the window ``[lo, hi)`` that
@@ -334,7 +335,8 @@ def attn_critical(df: pd.DataFrame) -> dict | None:
     and whatever the CTA ran before it), ``q_us`` (ready → q in registers, with the K/V block loaded after the wait
     when it holds the new position), ``blocks_us`` (→ math done), ``ticket_us`` (→ ticket drawn) and ``combine_us``
     (→ end: the combine and the signal); ``total_us`` is the sum: the attention's share of the layer's chain.
-    Session 10 found its ``combine_us`` the largest part on Llama-3.2-1B (2.9 of 6.7 µs, NOTES.md). None without
+    Its ``combine_us`` was the largest part on Llama-3.2-1B (2.9 of 6.7 µs,
+    ``benchmarks/results/h200-2026-12-02-s10/timeline_llama-3.2-1b.json``). None without
     those stamps."""
     cols = ATTN_COLUMNS + ATTN_PHASE_COLUMNS
     if not set(cols) <= set(df.columns):

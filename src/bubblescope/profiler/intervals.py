@@ -98,7 +98,7 @@ def interval_stats(
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(sorted distinct group keys, {each of ``STATS``: float64 array per key}) of intervals [start, end]
     (µs): busy_us the length of their union, span_us last end − first start, and the idle gaps between
-    union pieces split (DESIGN.md, after Holistic Trace Analysis' idle-time breakdown) into host-wait
+    union pieces split (docs/design.md, after Holistic Trace Analysis' idle-time breakdown) into host-wait
     (the next activity's launch call, ``launch_ts``, started at or after the previous end; NaN: never),
     kernel-wait (otherwise, gap below ``threshold_us``) and other."""
     import numpy as np

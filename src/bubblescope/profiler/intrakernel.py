@@ -8,7 +8,7 @@ Input: one step's task frame (``megakernel_engine.timeline.decode_timeline`` col
 
 Bandwidth estimate: a task's bytes (:func:`opcode_bytes`: the weights of its (layer, opcode) divided evenly
 among that pair's tasks; attention reads the KV cache) are spread uniformly over the whole task, start to end,
-because the kernel issues weight loads before it waits on the dependency (DESIGN.md, "Megakernel"). Where the
+because the kernel issues weight loads before it waits on the dependency (docs/design.md, "Megakernel"). Where the
 frame has the Gluon producer's stamps (``load_start_us``: its first TMA issue for the task, often long before
 the consumer starts it, while the ring fills during an earlier wait), the task's bytes are spread from that
 issue to the task's end instead: spreading them over the consumer's window alone put the estimate above the

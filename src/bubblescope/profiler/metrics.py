@@ -1,6 +1,6 @@
 """Device timeline metrics of a parsed :class:`~bubblescope.profiler.trace.Trace`: pure functions, no printing.
 
-Definitions follow DESIGN.md ("Metric definitions"): busy_us is the length of the union of a
+Definitions follow docs/design.md ("Metric definitions"): busy_us is the length of the union of a
 device's activity intervals over all streams, span_us is last end − first start, bubble_ratio =
 1 − busy/span. Idle gaps between busy intervals are split as in Holistic Trace Analysis' idle-time
 breakdown, with the threshold in µs: host-wait when the next activity's launch call started at or

@@ -1,7 +1,7 @@
 """Analytic HBM traffic of one batch-size-1 decode step, and the bandwidth numbers built on it.
 
 At batch size 1 a decode step is a chain of matrix-vector products: every weight is read once and does
-one multiply-add, so bytes moved, not FLOPs, set the floor. The rule (DESIGN.md, ``bytes_per_step``;
+one multiply-add, so bytes moved, not FLOPs, set the floor. The rule (docs/design.md, ``bytes_per_step``;
 gpt-fast's ``_get_model_size`` counts the same way, leaving the embedding table out):
 
 - the embedding: one row, ``hidden_size`` elements (only the current token's row is gathered);
@@ -64,7 +64,7 @@ def _rows(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None) -> li
 
 
 def step_traffic(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None = None) -> dict:
-    """Bytes one decode step must move between HBM and the SMs (``bytes_per_step``, DESIGN.md).
+    """Bytes one decode step must move between HBM and the SMs (``bytes_per_step``, docs/design.md).
 
     ``weight_bytes`` = (hidden_size [embedding row] + layers × per-layer weights + hidden_size [final
     norm] + vocab_size × hidden_size [LM head]) × dtype_bytes; ``kv_read_bytes`` = 2 × layers ×
@@ -122,7 +122,7 @@ def _check_rate(name: str, value) -> None:
 
 def bandwidth(bytes_per_step: int, step_ms: float | None, peak_GBps: float | None = None,
               copy_GBps: float | None = None) -> dict:
-    """``effective_bandwidth`` and its utilization against the two ceilings (DESIGN.md).
+    """``effective_bandwidth`` and its utilization against the two ceilings (docs/design.md).
 
     ``effective_GBps`` = bytes_per_step / (step_ms × 10^-3 s) / 10^9; ``util_peak`` = effective / NVML
     peak and ``util_copy`` = effective / measured copy bandwidth, both fractions (0.78 means 78 %).

@@ -103,7 +103,7 @@ def ladder_figure(engines: list[dict], device: dict):
     """The ablation ladder: ms/token p50 per engine, with the bandwidth floors as vertical lines.
 
     Floors are ``bytes_per_step / bandwidth`` at the NVML peak and at the measured copy bandwidth,
-    drawn when both are known (DESIGN.md, "effective_bandwidth"). Returns None without any p50.
+    drawn when both are known (docs/design.md, "effective_bandwidth"). Returns None without any p50.
     """
     rows = [e for e in ordered(engines) if dig(e, "latency", "token_ms_p50") is not None]
     if not rows:

@@ -89,7 +89,7 @@ _ENGINE = {
     "latency?": _LATENCY, "bandwidth?": _BANDWIDTH, "timeline?": _TIMELINE, "intrakernel?": _INTRAKERNEL,
     "compile?": _COMPILE, "correctness?": _CORRECTNESS, "sweep?": [_SWEEP_ROW], "trace_path?": "str",
 }
-# "good" is what results written before issue 11 used for near-bandwidth-limit (now "info"): still readable.
+# "good" is what older results documents used for near-bandwidth-limit (now "info"): still readable.
 _FINDING = {"rule": "str", "severity": ("info", "warn", "problem", "good"), "engine?": "str", "title": "str",
             "evidence": "dict[real]", "advice": "str"}
 _DOCUMENT = {

@@ -31,7 +31,7 @@ TIMELINE_COLUMNS = (
     ("sync\nshare", ("timeline", "sync_share"), "pct"),
     ("token\nagreement", ("correctness", "token_agreement"), "pct"),
 )
-# The sync share (DESIGN.md's sync_share, the same words in every report) is host time blocked in
+# The sync share (docs/design.md's sync_share, the same words in every report) is host time blocked in
 # cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
 SYNC_NOTE = ("sync share: fraction of the step wall time the host spends blocked in a synchronize call; high "
              "when the GPU is busy and the host has nothing else to do, which costs nothing by itself")
@@ -178,7 +178,7 @@ def kernel_tiling(c: dict) -> str:
     """One line naming a megakernel's implementation and the tile shapes chosen for the model (from
     ``compile.gluon`` / ``compile.tiling`` of results.json), e.g. ``gluon: BR 32 · ring 12 · split_k 2 ·
     block_s 64 · splits 16`` (with ``slot_boxes`` and the matvec, ``matvec mma`` or ``matvec bits``, where the
-    document has them: from session 13 they follow the model too); "—" for engines without them."""
+    document has them: newer documents choose them per model too); "—" for engines without them."""
     g, t = c.get("gluon") or {}, c.get("tiling") or {}
     if g:
         parts = [f"{k} {g[k]}" for k in ("BR", "BK", "ring", "slot_boxes", "split_k", "rows_od", "block_s",

@@ -175,7 +175,8 @@ def _first_block_and_wait(kc_ptr, vc_ptr, offs, mk, s_lo, pos, wait_ptr, target,
     after it otherwise; with ``NEW_ROW`` (``attn_new_row=row``; ``base`` the (layer, kv head) cache offset, ``D``
     head_dim) its rows before ``pos`` are loaded before the wait in every case and only row ``pos`` after it (one
     D-element row that overlaps q's L2 round trip, in place of the block's older rows from HBM: the splits holding
-    the new position took 1.4 µs from the wait to q in registers against 0.35 for the others, session 10).
+    the new position took 1.4 µs from the wait to q in registers against 0.35 for the others,
+    ``benchmarks/results/h200-2026-12-02-s10/chain_default_134e7a0.json``).
     Returns (k, v, the last counter value seen or ``target``, the ns stamp of the wait met or 0 without TIMELINE)."""
     if NEW_ROW:
         row0 = base + pos.to(gl.int64) * D  # the element offset of row pos
@@ -215,9 +216,9 @@ def _wait(pos, wait_ptr, target, do_wait, spin_cap, TIMELINE: gl.constexpr):
 # ATTN_WARPS (no q/k-norm; where gluon.host.resolve_attn_layout picks it: fp32 weights): the same task with each warp
 # owning BLOCK_S / NW positions of a block, layout (GP, NW, SW, D). The online softmax runs per warp (max, Σp and
 # Σp·v reduce over lanes only), and the warps' (m, l, acc) are combined once after the last block, where the block
-# layout reduces over positions across all warps (through shared memory) three times per block. On the H200
-# (session 6) it left one block's math as it was (2.8 → 2.9 µs on Llama-3.2-1B) but took 4096 context from
-# 1.18 to 1.09 ms (gluon_check, stepwise).
+# layout reduces over positions across all warps (through shared memory) three times per block. On the H200 it
+# left one block's math as it was (2.8 → 2.9 µs on Llama-3.2-1B) but took 4096 context from 1.18 to 1.09 ms
+# (gluon_check, stepwise; benchmarks/results/h200-2026-12-01-s6/gluon_check_r16*.json).
 @gluon.jit
 def attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, target, do_wait, spin_cap,
                      counters_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: gl.constexpr,
@@ -297,13 +298,14 @@ def attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr,
     return seen, t_ready, t_math, t_ticket, t_q, t_loop
 
 
-# ATTN_MMA (bf16 / fp16; prepared in session 7, not yet run on a GPU): the same task on the tensor
+# ATTN_MMA (bf16 / fp16): the same task on the tensor
 # cores. The kv head's G query heads padded to MR = 16 rows are the A operand of ``mma.sync`` m16n8k16
 # (``mma_v2``); a block's scores S = q·Kᵀ (MR, BLOCK_S) and its P·V (MR, D) are two chains of a few MMAs per warp,
 # warps splitting the n columns (positions, then D). The online softmax runs on S in the MMA layout: its row max
 # and sum reduce across the warps (shared memory), and P is rounded to ACT for the second MMA (as flash-attention
-# kernels do; the other layouts keep P in float32). Session 7's stamps put the warp layout's loop over one block
-# at ~1.7 µs (~960 instructions per thread, 128 shuffles) and its cross-warp combine at 1.2 µs (Llama-3.2-1B).
+# kernels do; the other layouts keep P in float32). Phase stamps put the warp layout's loop over one block
+# at ~1.7 µs (~960 instructions per thread, 128 shuffles) and its cross-warp combine at 1.2 µs (Llama-3.2-1B,
+# benchmarks/results/h200-2026-12-01-s7/attn_timeline_llama-3.2-1b.json).
 # EARLY (attn_operands=early): the first block's K and V become the B operands BEFORE the dependency wait, and q is
 # loaded straight into the A operand layout, so the chain after the wait has no shared-memory conversion before
 # the first mma. The one row written in this step (position pos, in the newest split's block) is left out of the

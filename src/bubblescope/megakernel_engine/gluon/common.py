@@ -1,4 +1,4 @@
-"""Device helpers shared by the Gluon kernel's partitions (``kernel.py``) and its attention tasks
+"""Device functions shared by the Gluon kernel's partitions (``kernel.py``) and its attention tasks
 (``attention.py``): the global clock and a stamp after a tensor is computed, bounded acquire spins, rounding to the
 activation dtype, the number of non-empty attention splits."""
 
@@ -28,7 +28,8 @@ def stamp_after(x, TIMELINE: gl.constexpr):
 @gluon.jit
 def spin(cnt_ptr, target, spin_cap):
     """Acquire-spin until ``*cnt_ptr >= target`` or ``spin_cap`` polls; returns the last value seen. (Polling with
-    ``ld.acquire.gpu`` loads instead of atomics measured the same on the H200, round 11 in NOTES.md.)"""
+    ``ld.acquire.gpu`` loads instead of atomics measured the same on the H200:
+    benchmarks/results/h200-2026-12-01-s4/gluon_check_r11.json.)"""
     seen = gl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
     n = 0
     while (seen < target) & (n < spin_cap):

@@ -24,9 +24,12 @@ TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns 
 # BR 16 / NS 20 1.076 ms, BR 16 / NS 24 0.975, BR 32 / NS 12 0.949; attention chunk 16 0.953 against 32 1.076.
 DEFAULT_ROWS = 32           # BR: rows per tile / task (a 16 KB TMA box of bf16)
 DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in flight per SM
-DEFAULT_BLOCK_S = 64        # positions per attention block (round 6: 0.909 against 0.926 at 128, 1.19 / 1.31 at 4096)
-# bytes a producer keeps requested and not landed (MegakernelParams.inflight = None): H200 sweeps r41 (session 13)
-# and r45 (session 15): 4 slots of 16 KB 1-2 % faster on Llama-3.2-1B, ~0.5 % on Llama-3.1-8B; 2 slots of 32 KB
+# positions per attention block: 0.909 ms against 0.926 at 32 (context 128), 1.19 / 1.31 at 4096
+# (benchmarks/results/h200-2026-12-01/sweep_round6_*.json)
+DEFAULT_BLOCK_S = 64
+# bytes a producer keeps requested and not landed (MegakernelParams.inflight = None): H200 sweeps
+# benchmarks/results/h200-2026-12-02-s13/gluon_check_r41_*.json and h200-2026-12-02-s15/gluon_check_r45_*.json:
+# 4 slots of 16 KB 1-2 % faster on Llama-3.2-1B, ~0.5 % on Llama-3.1-8B; 2 slots of 32 KB
 # (Qwen2.5-0.5B) even within the noise; at least 2 slots whatever their size
 INFLIGHT_BYTES = 64 * 1024
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
@@ -87,14 +90,15 @@ def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int
     pair was measured with the tensor-core attention; Qwen2.5-0.5B's ``warps`` layout beside the tensor-core matvec
     spills 64 bytes, offline sm_90 compile.)
 
-    Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms at context 128): Qwen2.5-0.5B, the
-    thin preset, 0.713 / 0.724 against the 16-row default's 0.761 / 0.766 (session 12, r38q) and 0.657 / 0.656
-    against 0.700 / 0.704 (session 13, r39q; 32 rows with two boxes on the CUDA cores 0.706 / 0.703, so the gain
-    is the tensor cores'); its argmaxes 255 / 256 equal to the bf16 reference's (the one other is the step where
-    the reference itself disagrees with fp32), logit error against fp32 0.0211 (the reference's 0.0213). On the
-    32-row presets the pair is even or slower (session 13, r39: Llama-3.2-1B 0.820 / 0.816 against 0.809 / 0.812,
-    Qwen3-0.6B 0.760 / 0.762 against 0.748 / 0.749), so they keep ``bits`` and one box; ``mma`` by name with one
-    or two boxes is even on the 1B (r38: 0.810 / 0.815 against 0.814 / 0.815)."""
+    Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms at context 128): Qwen2.5-0.5B, the thin
+    preset, 0.713 / 0.724 against the 16-row default's 0.761 / 0.766 (``h200-2026-12-02-s12/gluon_check_r38q_*.json``)
+    and 0.657 / 0.656 against 0.700 / 0.704 (``h200-2026-12-02-s13/gluon_check_r39q_*.json``; 32 rows with two boxes on
+    the CUDA cores 0.706 / 0.703, so the gain is the tensor cores'); its argmaxes 255 / 256 equal to the bf16
+    reference's (the one other is the step where the reference itself disagrees with fp32), logit error against fp32
+    0.0211 (the reference's 0.0213). On the 32-row presets the pair is even or slower
+    (``h200-2026-12-02-s13/gluon_check_r39_*.json``: Llama-3.2-1B 0.820 / 0.816 against 0.809 / 0.812, Qwen3-0.6B 0.760
+    / 0.762 against 0.748 / 0.749), so they keep ``bits`` and one box; ``mma`` by name with one or two boxes is even on
+    the 1B (``gluon_check_r38_*``: 0.810 / 0.815 against 0.814 / 0.815)."""
     widen = params.mv_widen
     if widen == "auto":
         thin = auto_rows(cfg, sms) < DEFAULT_ROWS and layout == "mma"
@@ -126,7 +130,8 @@ def auto_rows(cfg: ModelConfig, sms: int) -> int:
 
     Measured on the H200 (benchmarks/results/h200-2026-12-01-s5, ``gluon_check.py --sweep rows``, interleaved
     rounds): Qwen2.5-0.5B (36 QKV tasks at 32 rows) 0.904 ms at 16 rows against 1.004 at 32; Qwen3-0.6B (128)
-    0.880 against 0.860; Llama-3.2-1B (96) 0.996 against 0.906 (``tune --knob max_rows``, session 4)."""
+    0.880 against 0.860; Llama-3.2-1B (96) 0.996 against 0.906 (``tune --knob max_rows``,
+    benchmarks/results/h200-2026-12-01-s4/tune_rows.log)."""
     qkv_tasks = -(-(cfg.q_size + 2 * cfg.kv_size) // DEFAULT_ROWS)
     return 16 if 2 * qkv_tasks < sms else DEFAULT_ROWS
 
@@ -174,13 +179,14 @@ def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int, block_s: int,
     without q/k-norm and at most 4 query heads per kv head, else ``blocks``. An explicit ``mma`` is returned as
     asked; :func:`gluon_constexprs` refuses it where it cannot run.
 
-    Measured on the H200 (session 8, ``gluon_check.py --sweep r23``, interleaved rounds, stepwise ms,
-    benchmarks/results/h200-2026-12-01-s8): ``mma`` against the then default, Llama-3.2-1B 0.867 / 0.864 against
-    0.890 / 0.894 (``warps``), at 4096 tokens of context 1.024 / 1.005 against 1.066 / 1.046; Qwen2.5-0.5B 0.768 /
-    0.777 against 0.856 / 0.859 (``blocks``); Qwen3-0.6B 0.807 / 0.796 against 0.847 / 0.845 (``blocks``);
-    Llama-3.1-8B 4.051 / 4.052 against 4.128 / 4.157 (``warps``). Session 6: ``warps`` against ``blocks`` on
-    Llama-3.2-1B at 4096 1.094 / 1.068 against 1.182 / 1.160; Qwen2.5-0.5B (7 query heads per kv head) spilled
-    8 bytes with ``warps``, hence its group limit. ``warps`` has no q/k-norm path (Qwen3).
+    Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms,
+    benchmarks/results/h200-2026-12-01-s8/gluon_check_r23_*.json): ``mma`` against the then default, Llama-3.2-1B 0.867
+    / 0.864 against 0.890 / 0.894 (``warps``), at 4096 tokens of context 1.024 / 1.005 against 1.066 / 1.046;
+    Qwen2.5-0.5B 0.768 / 0.777 against 0.856 / 0.859 (``blocks``); Qwen3-0.6B 0.807 / 0.796 against 0.847 / 0.845
+    (``blocks``); Llama-3.1-8B 4.051 / 4.052 against 4.128 / 4.157 (``warps``). ``warps`` against ``blocks`` on
+    Llama-3.2-1B at 4096 1.094 / 1.068 against 1.182 / 1.160 (``h200-2026-12-01-s6/gluon_check_r16*.json``);
+    Qwen2.5-0.5B (7 query heads per kv head) spilled 8 bytes with ``warps``, hence its group limit. ``warps`` has no
+    q/k-norm path (Qwen3).
 
     Raises:
         BubblescopeError: ``warps`` asked for a model with q/k-norm.
@@ -202,11 +208,12 @@ def resolve_block_s(cfg: ModelConfig, layout: str, params: MegakernelParams, blo
     values in flight), which moves only models with more than 4 query heads per kv head (Qwen2.5-0.5B: 32 → 64).
     (The fewest positions per split, ``attn_min_chunk``, is ``schedule.DEFAULT_MIN_CHUNK`` on both kernels.)
 
-    Measured on the H200 (session 9, ``gluon_check.py --sweep r28 --timed 256``, interleaved, stepwise ms,
-    benchmarks/results/h200-2026-12-01-s9), Qwen2.5-0.5B (7 query heads per kv head, head_dim 64), 64-position
-    blocks against 32: 0.779 / 0.793 against 0.778 / 0.769 at context 128, 0.900 / 0.898 against 0.954 / 0.962
-    at 4096. Not taken: one split up to 256 positions with 128-position blocks (r27 over 160 timed positions
-    0.727–0.735 against 0.772–0.787, but r28 over 256: 0.831 / 0.825, where contexts past 256 split again).
+    Measured on the H200 (``gluon_check.py --timed 256``, interleaved, stepwise ms,
+    benchmarks/results/h200-2026-12-01-s9/gluon_check_r28_*.json), Qwen2.5-0.5B (7 query heads per kv head, head_dim
+    64), 64-position blocks against 32: 0.779 / 0.793 against 0.778 / 0.769 at context 128, 0.900 / 0.898 against 0.954
+    / 0.962 at 4096. Not taken: one split up to 256 positions with 128-position blocks (``gluon_check_r27_*`` over 160
+    timed positions 0.727–0.735 against 0.772–0.787, but ``gluon_check_r28_*`` over 256: 0.831 / 0.825, where contexts
+    past 256 split again).
     """
     if params.block_s is None and layout == "mma":
         return max(16, min(DEFAULT_BLOCK_S, 4096 // cfg.head_dim))
@@ -220,15 +227,15 @@ def resolve_attn_gate(cfg: ModelConfig, gate: int | None) -> int:
     Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms, the p50 of each config's 160 timed steps
     and round; files under benchmarks/results/):
 
-    * session 18, ``--sweep r50`` (``h200-2026-12-02-s18``), default (then off without q/k-norm) / gate 0 / gate 2,
+    * ``h200-2026-12-02-s18/gluon_check_r50_*.json``, off without q/k-norm / gate 0 / gate 2,
       two configs each: Llama-3.2-1B 0.774, 0.781 / 0.766, 0.765 / 0.781, 0.785; the 1B at context 4096 0.879,
       0.879 / 0.874, 0.875 / 0.872, 0.872; Llama-3.1-8B 3.776, 3.774 / 3.738, 3.751 / 3.745, 3.735; Llama-3.2-3B
       1.832, 1.835 / 1.862, 1.830 / 1.846, 1.842 (its rounds bimodal, 1.82–1.84 or 1.89–1.98, in every config); Qwen2.5-0.5B
       0.638, 0.638 / 0.636, 0.636 / 0.639, 0.637. Gate 0 gains 1–2 % on the 1B at 128, ~0.5 % at 4096, ~0.8 % on the 8B, and is even on the others.
-    * session 7 (``--sweep r20`` / ``r21``, ``h200-2026-12-01-s7``), with ``sig_gate`` 3, the gate at 0 against
-      without it: Qwen3-0.6B 0.805 / 0.803 against 0.812 (in r20 the gate alone 0.889 / 0.885 against 0.914 /
-      0.908); then even on the 1B and the 8B and worse on Qwen2.5-0.5B (0.868 against 0.849), on a kernel without
-      the weight stream's evict_first policy and the in-flight cap, so the gate stayed for q/k-norm models only.
+    * ``h200-2026-12-01-s7/gluon_check_r20*.json`` and ``gluon_check_r21_*.json``, with ``sig_gate`` 3, the gate at
+      0 against without it: Qwen3-0.6B 0.805 / 0.803 against 0.812 (the gate alone 0.889 / 0.885 against 0.914 /
+      0.908); even on the 1B and the 8B and worse on Qwen2.5-0.5B (0.868 against 0.849), on a kernel without
+      the weight stream's evict_first policy and the in-flight cap, which the measurement above has.
     """
     if gate is not None:
         return gate
@@ -240,12 +247,12 @@ def resolve_attn_split(cfg: ModelConfig, new_row: str, combine: str) -> tuple[st
     ``auto``, which picks ``row`` and ``lanes`` for models without q/k-norm and ``block`` and ``warps`` for those
     with it (Qwen3, whose attention task also norms and rotates q and k behind the attention gate).
 
-    Measured on the H200 (session 11, ``gluon_check.py --sweep r32``, interleaved rounds, stepwise ms,
-    benchmarks/results/h200-2026-12-02-s11), ``row`` + ``lanes`` against ``block`` + ``warps``: Llama-3.2-1B
-    0.809 / 0.810 against 0.833 / 0.834 (``lanes`` alone 0.814 / 0.815, ``row`` alone 0.830 / 0.833);
-    Qwen2.5-0.5B 0.698 / 0.702 against 0.772 / 0.772; Llama-3.1-8B 4.024 against 4.105 / 4.060 (one round of
-    each: the second ran out of GPU memory); Qwen3-0.6B 0.765 / 0.762 against 0.751 / 0.751 (worse; ``row`` alone
-    0.755 / 0.754, ``lanes`` alone 0.755 / 0.755).
+    Measured on the H200 (``gluon_check.py``, interleaved rounds, stepwise ms,
+    benchmarks/results/h200-2026-12-02-s11/gluon_check_r32_*.json), ``row`` + ``lanes`` against ``block`` + ``warps``:
+    Llama-3.2-1B 0.809 / 0.810 against 0.833 / 0.834 (``lanes`` alone 0.814 / 0.815, ``row`` alone 0.830 / 0.833);
+    Qwen2.5-0.5B 0.698 / 0.702 against 0.772 / 0.772; Llama-3.1-8B 4.024 against 4.105 / 4.060 (one round of each: the
+    second ran out of GPU memory); Qwen3-0.6B 0.765 / 0.762 against 0.751 / 0.751 (worse; ``row`` alone 0.755 / 0.754,
+    ``lanes`` alone 0.755 / 0.755).
     """
     auto = not cfg.qk_norm
     return (new_row if new_row != "auto" else "row" if auto else "block",
@@ -291,10 +298,10 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
 
 def resolve_eviction(choice: str, triton_version: str | None = None) -> str:
     """The weight stream's L2 policy for ``weight_eviction=choice``: ``auto`` is ``evict_first`` under Triton 3.6
-    (the PTX form ``gluon/ptx.py`` rewrites; measured on the H200 in session 15: 1-3 % faster on Llama-3.2-1B and
-    Llama-3.1-8B, even on the Qwen presets; see ``MegakernelParams.weight_eviction``) and ``""`` under another
-    Triton, whose TMA loads the rewrite may not know; other choices are returned as given. ``triton_version``
-    defaults to the installed one."""
+    (the PTX form ``gluon/ptx.py`` rewrites; measured on the H200, ``h200-2026-12-02-s15/gluon_check_r44_*.json``:
+    1-3 % faster on Llama-3.2-1B and Llama-3.1-8B, even on the Qwen presets; see ``MegakernelParams.weight_eviction``)
+    and ``""`` under another Triton, whose TMA loads the rewrite may not know; other choices are returned as given.
+    ``triton_version`` defaults to the installed one."""
     if choice != "auto":
         return choice
     if triton_version is None:

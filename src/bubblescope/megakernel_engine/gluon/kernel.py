@@ -1,7 +1,7 @@
 """The Gluon megakernel (Hopper, sm_90): one persistent CTA per SM, a 1-warp TMA producer and NW consumer warps.
 
 Why Gluon: plain Triton owns shared memory, so its weight tiles live in registers, few bytes are in flight per
-SM and every task's loads start after its dependency wait (``../DESIGN.md``: 50 % of the H200's peak on the
+SM and every task's loads start after its dependency wait (``docs/design.md``: 50 % of the H200's peak on the
 Llama-3.2-1B matvec chain). Here the weight stream is explicit:
 
 * **producer** (worker partition, 1 warp): walks the CTA's queue of the instruction table (the same table as
@@ -650,8 +650,8 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
     pc = -1
     # SIG_GATE >= 0: after the tiles of a weight task that signals (a stage's last task on this CTA), at most
     # SIG_GATE more tiles are issued before the consumer has signalled: the signal's release waits for the
-    # CTA's stores, and those queue behind this SM's weight loads in flight (session 6 phase stamps: a signalling
-    # gate-up task's epilogue 3.7 µs, 0.22 µs without the signal)
+    # CTA's stores, and those queue behind this SM's weight loads in flight (phase stamps: a signalling gate-up
+    # task's epilogue 3.7 µs, 0.22 µs without the signal; benchmarks/results/h200-2026-12-01-s6/phases_*.json)
     # ATTN_GATE >= 0: the same after an attention task that runs, until the consumer has finished it (its loads,
     # tickets and stores are the layer's chain, and would queue behind the tiles issued meanwhile)
     pend = 0   # a gated task is passed (a signalling weight task's tiles all issued), its end not yet waited for

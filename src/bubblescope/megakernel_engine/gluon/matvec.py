@@ -50,8 +50,8 @@ def stage_vector(src_ptr, nw_ptr, xs, eps, NORM: gl.constexpr, K: gl.constexpr, 
 # bf16 weights, ``BITS``: the widening to float32 in one instruction per weight. A bf16 pair read as one int32
 # holds the even column in its low half and the odd one in its high half, and ``v << 16`` and ``v & 0xFFFF0000``,
 # read as float32, are exactly those two values (bf16 is float32's upper half). Triton 3.6 widens each bf16 with
-# a PRMT and an IMAD (the 1B kernel's SASS, NOTES.md session 6: ~148 widening and address instructions beside the
-# 64 FFMAs of a 16 KB slot).
+# a PRMT and an IMAD (the 1B kernel's SASS: ~148 widening and address instructions beside the 64 FFMAs of a 16 KB
+# slot; benchmarks/NOTES.md, "The consumer's matvec").
 @gluon.jit
 def _lo(v):
     return (v << 16).to(gl.float32, bitcast=True)
@@ -96,7 +96,8 @@ def _rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
 # multiply-accumulate, the slot released after its last box is read (the proxy fence, then the arrive that Triton 3.6
 # lowers to one thread between two barriers of the consumer warps). The fence waits for the slot's shared-memory
 # reads, so each slot pays its read latency before its last box's products (the 1B's QKV tile: 8 slots in 1.86 µs
-# with the tiles already in the ring, NOTES.md session 10); SB = 2 pays the release once per two boxes.
+# with the tiles already in the ring, benchmarks/results/h200-2026-12-02-s10/chain_default_134e7a0.json); SB = 2
+# pays the release once per two boxes.
 # AHEAD = 1 reads box b + 1 into registers before box b's products (after releasing box b's slot when b is its last
 # box), so the reads are in flight during the FMAs and complete by the next release (two boxes of registers).
 @gluon.jit
@@ -137,7 +138,7 @@ def _products(acc_a, acc_b, wa, wb, xs, c, BK: gl.constexpr, LA: gl.constexpr, B
 
 
 # The boxes of a slot are unrolled (static j): a runtime first / last-box test would put a barrier of the consumer
-# warps around each test (PTX of session 10), more than the release that SB = 2 saves.
+# warps around each test (in the compiled PTX), more than the release that SB = 2 saves.
 @gluon.jit
 def _ring_mv(bufs, full, empty, xs, it, NBOX: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
              VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, BITS: gl.constexpr, TWO: gl.constexpr,
@@ -145,7 +146,8 @@ def _ring_mv(bufs, full, empty, xs, it, NBOX: gl.constexpr, NS: gl.constexpr, R:
     """The (R, KW) float32 product accumulators of a task's NBOX boxes (cdiv(NBOX, SB) ring slots; boxes past the
     last are TMA's zeros) against the staged chunks (two, one per row half, with TWO; the second is 0 without), and
     the ring position after them. Products accumulate in a register tile and are reduced across lanes once per task:
-    a cross-lane reduction per slot cost as much as the loads (H200 round 1: 3.4 TB/s while streaming)."""
+    a cross-lane reduction per slot cost as much as the loads (H200: 3.4 TB/s while streaming,
+    benchmarks/results/h200-2026-12-01/gluon_check_round1.json)."""
     KW: gl.constexpr = BK // 2 if BITS else BK
     LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
     WT: gl.constexpr = gl.int32 if BITS else bufs.dtype

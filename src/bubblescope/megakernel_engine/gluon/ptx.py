@@ -2,11 +2,11 @@
 
 Why: the weight stream reads every byte once, yet its TMA loads allocate in L2 with normal priority, so each step
 evicts everything else there (the KV cache, the activations, the RMSNorm weights) and any weight lines asked of L2
-ahead of the ring. ``benchmarks/l2_probe.py`` (H200, session 14) measured 17 MB of lines read by loads surviving 34
-MB of later traffic read ``evict_first`` (re-read in 2.3–2.6 µs, as fast as just read) and half to most of them gone
-after the same traffic without the hint (4.9–6.4 µs; 7.4 cold). Gluon 3.6's ``tma.async_copy_global_to_shared``
-takes no cache policy, so with ``MegakernelParams.weight_eviction = "evict_first"`` the kernel marks its PTX
-(:data:`MARKER`, a comment) and :func:`tma_l2_evict_first` rewrites each
+ahead of the ring. ``benchmarks/l2_probe.py`` (H200, ``benchmarks/results/h200-2026-12-02-s14/l2_probe_v3.json``)
+measured 17 MB of lines read by loads surviving 34 MB of later traffic read ``evict_first`` (re-read in 2.3–2.6 µs, as
+fast as just read) and half to most of them gone after the same traffic without the hint (4.9–6.4 µs; 7.4 cold). Gluon
+3.6's ``tma.async_copy_global_to_shared`` takes no cache policy, so with ``MegakernelParams.weight_eviction =
+"evict_first"`` the kernel marks its PTX (:data:`MARKER`, a comment) and :func:`tma_l2_evict_first` rewrites each
 ``cp.async.bulk.tensor`` global → shared load to carry ``.L2::cache_hint`` with a ``createpolicy.fractional
 .L2::evict_first`` policy (PTX ISA 8.0, sm_90), through Triton's ``knobs.runtime.add_stages_inspection_hook``
 (``launcher.rewriting``).

@@ -22,7 +22,7 @@ Memory layout of the launch's inputs (all int32 unless said):
   number of stuck tasks; ``err[15]``: the step's greedy token.
 * ``timeline`` int64 (P, T, 3): per task start / dependencies-satisfied / done timestamps in ns.
 
-Synchronisation (Triton idioms measured on the H200, see DESIGN.md): the producer runs
+Synchronisation (Triton idioms measured on the H200, see docs/design.md): the producer runs
 ``tl.debug_barrier()`` (all its threads' stores issued) then ``atomic_add(cnt, 1, sem="release",
 scope="gpu")``; the consumer spins on ``atomic_add(cnt, 0, sem="acquire", scope="gpu")`` then
 ``tl.debug_barrier()``, and loads data written by other programs with ``cache_modifier=".cg"`` (L1 is not

@@ -13,9 +13,9 @@ Interpreter mode (``TRITON_INTERPRET=1``). ``triton.jit`` decides at decoration 
 whether a function is compiled or interpreted, and Triton's own library functions (``tl.sum``…) are
 decorated when triton is first imported, so the mode is fixed per process at triton's first import; this
 module reads it once (``INTERPRET``). Under the interpreter every call of an ``@triton.jit`` function
-re-patches the whole ``triton.language`` module (~3 ms per call), so here device helpers are plain Python
+re-patches the whole ``triton.language`` module (~3 ms per call), so here device functions are plain Python
 functions (``_device``) and reductions call ``tl.reduce`` with Triton's own combine functions, which the
-interpreter maps to numpy directly. Compiled, ``_device`` is ``triton.jit`` and helpers are inlined.
+interpreter maps to numpy directly. Compiled, ``_device`` is ``triton.jit`` and they are inlined.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
 def _device(fn):
-    """A device helper: ``triton.jit`` when compiling, the plain function under the interpreter."""
+    """A device function: ``triton.jit`` when compiling, the plain function under the interpreter."""
     return fn if INTERPRET else triton.jit(fn)
 
 
