@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-k", default="512,1024,2048")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--pdl", default="0,1")
+    ap.add_argument("--fused-reduce", default="0,1")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     deadline = time.time() + args.max_seconds
     info = device_info("cuda:0")
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
-    grid = list(itertools.product(ints(args.block_n), ints(args.block_k), ints(args.warps), ints(args.pdl)))
+    grid = list(itertools.product(ints(args.block_n), ints(args.block_k), ints(args.warps), ints(args.pdl),
+                                  ints(args.fused_reduce)))
     doc = {"benchmark": "fused_sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("BUBBLESCOPE_COMMIT"), "device": info.get("name"),
            "nvml_peak_GBps": info.get("nvml_peak_GBps"), "versions": {"torch": torch.__version__,
@@ -59,17 +61,18 @@ def main(argv=None) -> int:
         max_seq = args.prompt_len + args.steps * args.rounds + 64
         traffic = step_traffic(cfg, 2, args.prompt_len + args.steps * args.rounds // 2)
         engines, rows = {}, {}
-        for bn, bk, nw, pdl in grid:
-            key = f"n{bn}_k{bk}_w{nw}_pdl{pdl}"
+        for bn, bk, nw, pdl, fr in grid:
+            key = f"n{bn}_k{bk}_w{nw}_pdl{pdl}_fr{fr}"
             try:
                 eng = FusedEngine(w, max_seq_len=max_seq, pdl=bool(pdl),
-                                  params=FusedParams(block_n=bn, block_k=bk, num_warps=nw))
+                                  params=FusedParams(block_n=bn, block_k=bk, num_warps=nw, fused_reduce=bool(fr)))
                 eng.prefill(prompt)
                 eng.decode_greedy(int(prompt[-1]))          # compiles and captures
                 engines[key] = eng
-                rows[key] = {"block_n": bn, "block_k": bk, "num_warps": nw, "pdl": bool(pdl), "ms": []}
+                rows[key] = {"block_n": bn, "block_k": bk, "num_warps": nw, "pdl": bool(pdl), "fused_reduce": bool(fr),
+                             "ms": []}
             except Exception as e:  # a config that does not compile or fit is recorded, not fatal
-                rows[key] = {"block_n": bn, "block_k": bk, "num_warps": nw, "pdl": bool(pdl),
+                rows[key] = {"block_n": bn, "block_k": bk, "num_warps": nw, "pdl": bool(pdl), "fused_reduce": bool(fr),
                              "error": f"{type(e).__name__}: {str(e)[:200]}"}
             if time.time() > deadline:
                 break
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
         doc["models"][model] = {"bytes_per_step": traffic["total_bytes"], "configs": rows}
         best = sorted((r for r in rows.values() if "ms_p50" in r), key=lambda r: r["ms_p50"])
         for r in best[:8]:
-            print(f"{model} n{r['block_n']} k{r['block_k']} w{r['num_warps']} pdl{int(r['pdl'])}: "
+            print(f"{model} n{r['block_n']} k{r['block_k']} w{r['num_warps']} pdl{int(r['pdl'])} "
+                  f"fr{int(r['fused_reduce'])}: "
                   f"{r['ms_p50']:.4f} ms  {100 * (r['util_peak'] or 0):.1f}% peak  same={r['tokens_equal_first_config']}",
                   flush=True)
         for r in rows.values():

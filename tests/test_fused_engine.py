@@ -98,8 +98,9 @@ def test_qk_norm_kernel_matches_numpy():
     np.testing.assert_allclose(_np(kc[:, pos]), want_k, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("pos,nsplit,block_s", [(0, 3, 4), (12, 3, 4), (29, 4, 8), (5, 1, 16)])
-def test_split_attention_and_reduce_match_numpy_softmax_with_gqa(pos, nsplit, block_s):
+def test_split_attention_and_reduce_match_numpy_softmax_with_gqa(pos, nsplit, block_s, fused):
     # 6 query heads on 2 kv heads (G = 3, padded to 4 lanes), D = 10 (padded to 16); some splits empty at pos 0
     K = _kernels()
     g = torch.Generator().manual_seed(3 + pos)
@@ -108,11 +109,16 @@ def test_split_attention_and_reduce_match_numpy_softmax_with_gqa(pos, nsplit, bl
     kc, vc = torch.randn(NKV, S, D, generator=g), torch.randn(NKV, S, D, generator=g)
     pm, pl = torch.zeros(NH * nsplit), torch.zeros(NH * nsplit)
     pacc, o = torch.zeros(NH * nsplit * D), torch.zeros(NH * D)
-    posb = torch.tensor([pos], dtype=torch.int32)
-    K.attn_split_kernel[(NKV, nsplit)](q, kc, vc, posb, pm, pl, pacc, 1 / np.sqrt(D), G=3, D=D, S=S, NSPLIT=nsplit,
-                                       G_P=4, D_P=16, BLOCK_S=block_s, USE_PDL=False)
-    K.attn_reduce_kernel[(NH,)](pm, pl, pacc, o, D=D, NSPLIT=nsplit, NSPLIT_P=max(2, 1 << (nsplit - 1).bit_length()),
-                                D_P=16, ACT=__import__("triton").language.float32, USE_PDL=False)
+    posb, tickets = torch.tensor([pos], dtype=torch.int32), torch.zeros(NKV, dtype=torch.int32)
+    act, nsplit_p = __import__("triton").language.float32, max(2, 1 << (nsplit - 1).bit_length())
+    K.attn_split_kernel[(NKV, nsplit)](q, kc, vc, posb, pm, pl, pacc, o, tickets, 1 / np.sqrt(D), G=3, D=D, S=S,
+                                       NSPLIT=nsplit, G_P=4, D_P=16, BLOCK_S=block_s, NSPLIT_P=nsplit_p,
+                                       FUSED_REDUCE=fused, ACT=act, USE_PDL=False)
+    if fused:   # the last program of each kv head combined, and rewound its ticket counter for the next layer
+        assert not tickets.any()
+    else:
+        K.attn_reduce_kernel[(NH,)](pm, pl, pacc, o, D=D, NSPLIT=nsplit, NSPLIT_P=nsplit_p, D_P=16, ACT=act,
+                                    USE_PDL=False)
     for h in range(NH):
         kk, vv = _np(kc[h // 3, :pos + 1]), _np(vc[h // 3, :pos + 1])
         sc = kk @ _np(q[h * D:(h + 1) * D]) / np.sqrt(D)
@@ -163,17 +169,18 @@ def test_lmhead_and_argmax_pick_the_first_maximum(tie_at):
 
 
 # ---- the engine ------------------------------------------------------------------------------------------------
-def _fused(w, **kw):
+def _fused(w, fused_reduce=False, **kw):
     from bubblescope.fused_engine import FusedEngine, FusedParams
-    return FusedEngine(w, max_seq_len=32, params=FusedParams(block_n=8, block_k=16, block_s=2, splits=3), **kw)
+    return FusedEngine(w, max_seq_len=32, params=FusedParams(block_n=8, block_k=16, block_s=2, splits=3,
+                                                              fused_reduce=fused_reduce), **kw)
 
 
-@pytest.mark.parametrize("name", list(TINY))
-def test_tiny_configs_match_the_reference_engine(name):
+@pytest.mark.parametrize("name,fused_reduce", [(n, n == "qwen3-qknorm") for n in TINY] + [("gqa-tied-llama3", True)])
+def test_tiny_configs_match_the_reference_engine(name, fused_reduce):
     # several programs per kernel, K chunks, 3 attention splits of 2-position blocks (some empty at short contexts)
     w = dummy_weights(TINY[name], seed=0)
     want = teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED)
-    got = teacher_forced_logits(_fused(w), PROMPT, FORCED)
+    got = teacher_forced_logits(_fused(w, fused_reduce), PROMPT, FORCED)
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 

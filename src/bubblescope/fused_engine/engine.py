@@ -45,12 +45,14 @@ class FusedParams:
     """Tile sizes of the fused kernels. ``block_n``: matrix rows per program (``qkv`` counts row *pairs*);
     ``block_k``: columns per load (capped at the next power of two of the row length); ``num_warps``; ``block_s``:
     KV positions per attention block; ``splits``: attention splits per kv head (0: enough to give every SM one
-    program at long contexts). Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
+    program at long contexts); ``fused_reduce``: the attention splits combined by the kv head's last program (an
+    atomic ticket) instead of a separate launch. Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
     4–8 rows, 1,024–2,048 columns and 4 warps streamed fastest (``benchmarks/NOTES.md``, PDL)."""
 
     def __init__(self, block_n: int = 8, block_k: int = 1024, num_warps: int = 4, block_s: int = 16,
-                 splits: int = 0):
+                 splits: int = 0, fused_reduce: bool = False):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
+        self.fused_reduce = fused_reduce
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -115,7 +117,7 @@ class FusedEngine:
                        part_l=z(nh * self.splits, dtype=f32), part_acc=z(nh * self.splits * d, dtype=f32),
                        logits=z(cfg.vocab_size, dtype=f32), part_val=z(n_part, dtype=f32),
                        part_idx=z(n_part, dtype=i32), tok=z(1, dtype=i32), tok_out=z(1, dtype=i32),
-                       pos=z(1, dtype=i32))
+                       pos=z(1, dtype=i32), tickets=z(cfg.num_key_value_heads, dtype=i32))
         self._n_part = n_part
         if dev.type == "cuda":
             self._tok_hosts = [torch.zeros(1, dtype=i32, pin_memory=True) for _ in range(AHEAD_MAX + 1)]
@@ -153,11 +155,15 @@ class FusedEngine:
                              (b["q"], b["kraw"], kc, b["pos"], layer.q_norm, layer.k_norm, m.cos, m.sin, eps),
                              dict(NH=NH, D=D, S=S, HALF_P=_pow2(half), ACT=act, **common)))
             plan.append((K.attn_split_kernel, (NKV, self.splits),
-                         (b["q"], kc, vc, b["pos"], b["part_m"], b["part_l"], b["part_acc"], 1.0 / math.sqrt(D)),
+                         (b["q"], kc, vc, b["pos"], b["part_m"], b["part_l"], b["part_acc"], b["o"], b["tickets"],
+                          1.0 / math.sqrt(D)),
                          dict(G=NH // NKV, D=D, S=S, NSPLIT=self.splits, G_P=_pow2(NH // NKV), D_P=_pow2(D),
-                              BLOCK_S=p.block_s, **common)))
-            plan.append((K.attn_reduce_kernel, (NH,), (b["part_m"], b["part_l"], b["part_acc"], b["o"]),
-                         dict(D=D, NSPLIT=self.splits, NSPLIT_P=_pow2(self.splits), D_P=_pow2(D), ACT=act, **common)))
+                              BLOCK_S=p.block_s, NSPLIT_P=_pow2(self.splits), FUSED_REDUCE=p.fused_reduce, ACT=act,
+                              **common)))
+            if not p.fused_reduce:
+                plan.append((K.attn_reduce_kernel, (NH,), (b["part_m"], b["part_l"], b["part_acc"], b["o"]),
+                             dict(D=D, NSPLIT=self.splits, NSPLIT_P=_pow2(self.splits), D_P=_pow2(D), ACT=act,
+                                  **common)))
             plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),), (layer.o_proj, b["o"], b["x"]),
                          dict(N=H, K=cfg.q_size, BLOCK_N=rows(H), BLOCK_K=bk(cfg.q_size), ACT=act, **common)))
             plan.append((K.gateup_kernel, (triton.cdiv(I, rows(I)),),
@@ -331,4 +337,5 @@ class FusedEngine:
         p = self.params
         return {"kernels_per_step": self.kernels_per_step(), "cuda_graph": self.graph_mode, "pdl": self.pdl,
                 "attention_splits": self.splits, "block_n": p.block_n, "block_k": p.block_k,
-                "num_warps": p.num_warps, "block_s": p.block_s}
+                "num_warps": p.num_warps, "block_s": p.block_s,
+                "fused_reduce": p.fused_reduce}

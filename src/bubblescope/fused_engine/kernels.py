@@ -185,11 +185,14 @@ def qk_norm_kernel(q_ptr, kraw_ptr, kc_ptr, pos_ptr, qn_ptr, kn_ptr, cos_ptr, si
 # BLOCK_S blocks; program (g, s) runs the online softmax (Milakov & Gimelshein 2018) of the G = NH / NKV query
 # heads of kv head g over slice s:  m = max score, l = Σ e^{score − m}, acc = Σ e^{score − m} v  (unnormalised),
 # scores = q·k / sqrt(D) as scaled_dot_product_attention's default scale. An empty slice stores m = −inf, l = 0.
-# part_m, part_l: (NH, NSPLIT) float32; part_acc: (NH, NSPLIT, D) float32.
+# part_m, part_l: (NH, NSPLIT) float32; part_acc: (NH, NSPLIT, D) float32. With FUSED_REDUCE, each program takes a
+# ticket (an acq_rel atomic on cnt[kv head]) after its stores, and the one holding the last ticket combines the
+# kv head's splits as attn_reduce does and rewinds the counter: one launch per layer fewer.
 @triton.jit
-def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, scale,
+def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr, cnt_ptr, scale,
                       G: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr,
-                      G_P: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr):
+                      G_P: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT_P: tl.constexpr,
+                      FUSED_REDUCE: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     g = tl.arange(0, G_P)
@@ -230,6 +233,23 @@ def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, pa
     tl.store(part_m_ptr + heads * NSPLIT + sp, m, mask=mg)
     tl.store(part_l_ptr + heads * NSPLIT + sp, l, mask=mg)
     tl.store(part_acc_ptr + (heads[:, None] * NSPLIT + sp) * D + d[None, :], acc, mask=mg[:, None] & md[None, :])
+    if FUSED_REDUCE:  # the kv head's last program to finish combines the splits (no attn_reduce launch)
+        tl.debug_barrier()   # every thread's partials are issued before the release
+        ticket = tl.atomic_add(cnt_ptr + kvh, 1, sem="acq_rel", scope="gpu")
+        if ticket == NSPLIT - 1:
+            tl.atomic_xchg(cnt_ptr + kvh, 0, sem="relaxed", scope="gpu")   # ready for the next layer
+            tl.debug_barrier()
+            s_all = tl.arange(0, NSPLIT_P)
+            m2 = mg[:, None] & (s_all < NSPLIT)[None, :]
+            idx = heads[:, None] * NSPLIT + s_all[None, :]                                # (G_P, NSPLIT_P)
+            ms_ = tl.load(part_m_ptr + idx, mask=m2, other=float("-inf"), cache_modifier=".cg")
+            top = tl.where(mg, _max(ms_, 1), 0.0)
+            wts = tl.exp(ms_ - top[:, None])
+            den = _sum(wts * tl.load(part_l_ptr + idx, mask=m2, other=0.0, cache_modifier=".cg"), 1)
+            acc3 = tl.load(part_acc_ptr + idx[:, :, None] * D + d[None, None, :], mask=m2[:, :, None] & md[None, None, :],
+                           other=0.0, cache_modifier=".cg")                               # (G_P, NSPLIT_P, D_P)
+            o = _sum(wts[:, :, None] * acc3, 1) / tl.where(mg, den, 1.0)[:, None]
+            tl.store(o_ptr + heads[:, None] * D + d[None, :], o.to(ACT), mask=mg[:, None] & md[None, :])
 
 
 # attn_reduce grid: NH. o[head] = Σ_s w_s acc_s / Σ_s w_s l_s with w_s = e^{m_s − max_s m_s}; slice 0 is never
