@@ -157,6 +157,9 @@ def plan(suite: str, models: list[str], out: Path, limit: float, extra: list[str
             argv = [tool, "--tool", check, "--print-limit", "20", *_script("sanitize_megakernel.py", "gluon", *extra)]
             cases.append(Case(f"sanitizer_{check}", argv if tool else None, limit,
                               skip=None if tool else "compute-sanitizer not found on PATH"))
+            argv = [tool, "--tool", check, "--print-limit", "20", *_script("sanitize_fused.py")]
+            cases.append(Case(f"sanitizer_fused_{check}", argv if tool else None, limit,
+                              skip=None if tool else "compute-sanitizer not found on PATH"))
     elif suite == "sweep":
         for m in models:
             for c in contexts:

@@ -59,8 +59,8 @@ def test_the_other_suites_plan_their_scripts(tmp_path):
     assert run.plan("trace-parse", ["m"], tmp_path, 600, [])[0].argv[1].endswith("trace_parse.py")
     sweep = run.plan("sweep", ["llama-3.2-1b"], tmp_path, 200, [], "gates", (128, 4096))
     assert [c.name for c in sweep] == ["gluon_check_gates_llama-3.2-1b-128", "gluon_check_gates_llama-3.2-1b-4096"]
-    assert {c.name for c in run.plan("sanitize", ["m"], tmp_path, 200, [])} == {"sanitizer_memcheck",
-                                                                                 "sanitizer_racecheck"}
+    assert {c.name for c in run.plan("sanitize", ["m"], tmp_path, 200, [])} == {
+        "sanitizer_memcheck", "sanitizer_racecheck", "sanitizer_fused_memcheck", "sanitizer_fused_racecheck"}
 
 
 def _case(name, code, limit=30.0):
