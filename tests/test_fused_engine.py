@@ -62,8 +62,10 @@ def test_qkv_rope_kernel_matches_numpy(qk_norm):
     kc, vc = torch.zeros(NKV, S, D), torch.zeros(NKV, S, D)
     posb, tok = torch.tensor([pos], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     npairs = (NH + 2 * NKV) * D // 2
-    K.qkv_rope_kernel[(-(-npairs // 4),)](x, x, tok, posb, nw, w, b, cos, sin, q, kraw, kc, vc, eps, H=H, NH=NH,
+    ss = (x * x).sum().reshape(1)                          # Σx², as the kernels that write x accumulate it
+    K.qkv_rope_kernel[(-(-npairs // 4),)](x, x, tok, posb, nw, w, b, cos, sin, q, kraw, kc, vc, ss, eps, H=H, NH=NH,
                                           NKV=NKV, D=D, S=S, EMBED=False, HAS_BIAS=True, QK_NORM=qk_norm,
+                                          STATS_IN=qk_norm,
                                           BLOCK_R=4, BLOCK_K=16, ACT=__import__("triton").language.float32,
                                           USE_PDL=False)
     y = _np(w) @ _rms(_np(x), _np(nw), eps) + _np(b)
@@ -126,18 +128,24 @@ def test_split_attention_and_reduce_match_numpy_softmax_with_gqa(pos, nsplit, bl
         np.testing.assert_allclose(_np(o[h * D:(h + 1) * D]), p @ vv / p.sum(), rtol=1e-5, atol=1e-5)
 
 
-def test_matvec_residual_and_gateup_match_numpy():
+@pytest.mark.parametrize("stats", [False, True])
+def test_matvec_residual_and_gateup_match_numpy(stats):
     K = _kernels()
     tl = __import__("triton").language
     g = torch.Generator().manual_seed(4)
     N, Kd, H, eps = 13, 37, 21, 1e-5                      # rows and columns masked in every program
     w, a, x = torch.randn(N, Kd, generator=g), torch.randn(Kd, generator=g), torch.randn(N, generator=g)
-    x0 = x.clone()
-    K.matvec_residual_kernel[(4,)](w, a, x, N=N, K=Kd, BLOCK_N=4, BLOCK_K=16, ACT=tl.float32, USE_PDL=False)
-    np.testing.assert_allclose(_np(x), _np(x0) + _np(w) @ _np(a), rtol=1e-5, atol=1e-5)
+    x0, ss = x.clone(), torch.full((1,), 0.25)
+    K.matvec_residual_kernel[(4,)](w, a, x, ss, N=N, K=Kd, BLOCK_N=4, BLOCK_K=16, STATS_OUT=stats, ACT=tl.float32,
+                                   USE_PDL=False)
+    want = _np(x0) + _np(w) @ _np(a)
+    np.testing.assert_allclose(_np(x), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(ss), 0.25 + (want * want).sum() if stats else 0.25, rtol=1e-5)
     xs, nw = torch.randn(H, generator=g), torch.rand(H, generator=g) + 0.5
     wg, wu, out = torch.randn(N, H, generator=g), torch.randn(N, H, generator=g), torch.zeros(N)
-    K.gateup_kernel[(2,)](xs, nw, wg, wu, out, eps, I=N, H=H, BLOCK_N=8, BLOCK_K=8, ACT=tl.float32, USE_PDL=False)
+    ss = (xs * xs).sum().reshape(1) if stats else torch.full((1,), float("nan"))   # unread without STATS_IN
+    K.gateup_kernel[(2,)](xs, nw, wg, wu, out, ss, eps, I=N, H=H, BLOCK_N=8, BLOCK_K=8, STATS_IN=stats,
+                          ACT=tl.float32, USE_PDL=False)
     h = _rms(_np(xs), _np(nw), eps)
     gate, up = _np(wg) @ h, _np(wu) @ h
     np.testing.assert_allclose(_np(out), gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)
@@ -158,9 +166,11 @@ def test_lmhead_and_argmax_pick_the_first_maximum(tie_at):
     w = torch.outer(target, h) / h.dot(h)                    # w @ h == target
     logits, pv, pi = torch.zeros(V), torch.zeros(6), torch.zeros(6, dtype=torch.int32)
     tok, tok_out, pos = (torch.zeros(1, dtype=torch.int32) for _ in range(3))
-    K.lmhead_kernel[(6,)](x, nw, w, logits, pv, pi, eps, V=V, H=H, BLOCK_N=8, BLOCK_K=16, ACT=tl.float32,
-                          USE_PDL=False)
-    K.argmax_kernel[(1,)](pv, pi, tok, tok_out, pos, P=6, BLOCK=4, USE_PDL=False)
+    ss = torch.tensor([7.0, 1.0, 2.0])
+    K.lmhead_kernel[(6,)](x, nw, w, logits, pv, pi, ss, eps, V=V, H=H, BLOCK_N=8, BLOCK_K=16, STATS_IN=False,
+                          ACT=tl.float32, USE_PDL=False)
+    K.argmax_kernel[(1,)](pv, pi, tok, tok_out, pos, ss, P=6, NSS=3, NSS_P=4, BLOCK=4, USE_PDL=False)
+    assert not ss.any()                                    # the Σx² slots start the next step at 0
     want = _np(w) @ _rms(_np(x), 1.0, eps)
     assert (want < 0).all()
     np.testing.assert_allclose(_np(logits), want, rtol=1e-5, atol=1e-5)
@@ -169,18 +179,20 @@ def test_lmhead_and_argmax_pick_the_first_maximum(tie_at):
 
 
 # ---- the engine ------------------------------------------------------------------------------------------------
-def _fused(w, fused_reduce=False, **kw):
+def _fused(w, fused_reduce=False, norm_stats="reload", **kw):
     from bubblescope.fused_engine import FusedEngine, FusedParams
     return FusedEngine(w, max_seq_len=32, params=FusedParams(block_n=8, block_k=16, block_s=2, splits=3,
-                                                              fused_reduce=fused_reduce), **kw)
+                                                              fused_reduce=fused_reduce, norm_stats=norm_stats), **kw)
 
 
-@pytest.mark.parametrize("name,fused_reduce", [(n, n == "qwen3-qknorm") for n in TINY] + [("gqa-tied-llama3", True)])
-def test_tiny_configs_match_the_reference_engine(name, fused_reduce):
+@pytest.mark.parametrize("name,fused_reduce,norm_stats", [(n, n == "qwen3-qknorm", "atomic" if n == "qwen2-bias"
+                                                           else "reload") for n in TINY]
+                         + [("gqa-tied-llama3", True, "atomic")])
+def test_tiny_configs_match_the_reference_engine(name, fused_reduce, norm_stats):
     # several programs per kernel, K chunks, 3 attention splits of 2-position blocks (some empty at short contexts)
     w = dummy_weights(TINY[name], seed=0)
     want = teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED)
-    got = teacher_forced_logits(_fused(w, fused_reduce), PROMPT, FORCED)
+    got = teacher_forced_logits(_fused(w, fused_reduce, norm_stats), PROMPT, FORCED)
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 

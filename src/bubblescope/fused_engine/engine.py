@@ -46,13 +46,14 @@ class FusedParams:
     ``block_k``: columns per load (capped at the next power of two of the row length); ``num_warps``; ``block_s``:
     KV positions per attention block; ``splits``: attention splits per kv head (0: enough to give every SM one
     program at long contexts); ``fused_reduce``: the attention splits combined by the kv head's last program (an
-    atomic ticket) instead of a separate launch. Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
+    atomic ticket) instead of a separate launch; ``norm_stats``: ``reload`` (each RMSNorm reads x twice: Σx², then
+    the normed chunks) or ``atomic`` (the kernels that write x add its Σx² into a float32 slot). Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
     4–8 rows, 1,024–2,048 columns and 4 warps streamed fastest (``benchmarks/NOTES.md``, PDL)."""
 
-    def __init__(self, block_n: int = 8, block_k: int = 1024, num_warps: int = 4, block_s: int = 16,
-                 splits: int = 0, fused_reduce: bool = False):
+    def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
+                 splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload"):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
-        self.fused_reduce = fused_reduce
+        self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -117,7 +118,8 @@ class FusedEngine:
                        part_l=z(nh * self.splits, dtype=f32), part_acc=z(nh * self.splits * d, dtype=f32),
                        logits=z(cfg.vocab_size, dtype=f32), part_val=z(n_part, dtype=f32),
                        part_idx=z(n_part, dtype=i32), tok=z(1, dtype=i32), tok_out=z(1, dtype=i32),
-                       pos=z(1, dtype=i32), tickets=z(cfg.num_key_value_heads, dtype=i32))
+                       pos=z(1, dtype=i32), tickets=z(cfg.num_key_value_heads, dtype=i32),
+                       ss=z(2 * cfg.num_hidden_layers, dtype=f32))   # Σx² of x after each O-proj and down
         self._n_part = n_part
         if dev.type == "cuda":
             self._tok_hosts = [torch.zeros(1, dtype=i32, pin_memory=True) for _ in range(AHEAD_MAX + 1)]
@@ -138,6 +140,8 @@ class FusedEngine:
         pair_rows = min(max(1, p.block_n // 2), _pow2((NH + 2 * NKV) * half))
         self._stacked = []  # the stacked q|k|v weights (a copy: the kernel streams them as one matrix)
         common = dict(USE_PDL=self.pdl)
+        stats = p.norm_stats == "atomic"
+        ss = lambda i: b["ss"][i:]  # noqa: E731  (slot 2l: x after layer l's O-proj; 2l + 1: after its down)
         plan = []
         for li, layer in enumerate(m.layers):
             qk_norm = layer.has_qk_norm
@@ -147,9 +151,9 @@ class FusedEngine:
             self._stacked.append((w_qkv, b_qkv))
             plan.append((K.qkv_rope_kernel, (triton.cdiv((NH + 2 * NKV) * half, pair_rows),),
                          (b["x"], m.embed_tokens, b["tok"], b["pos"], layer.input_layernorm, w_qkv, b_qkv, m.cos,
-                          m.sin, b["q"], b["kraw"], kc, vc, eps),
+                          m.sin, b["q"], b["kraw"], kc, vc, ss(max(0, 2 * li - 1)), eps),
                          dict(H=H, NH=NH, NKV=NKV, D=D, S=S, EMBED=li == 0, HAS_BIAS=layer.has_bias, QK_NORM=qk_norm,
-                              BLOCK_R=pair_rows, BLOCK_K=bk(H), ACT=act, **common)))
+                              STATS_IN=stats and li > 0, BLOCK_R=pair_rows, BLOCK_K=bk(H), ACT=act, **common)))
             if qk_norm:
                 plan.append((K.qk_norm_kernel, (NH + NKV,),
                              (b["q"], b["kraw"], kc, b["pos"], layer.q_norm, layer.k_norm, m.cos, m.sin, eps),
@@ -164,18 +168,25 @@ class FusedEngine:
                 plan.append((K.attn_reduce_kernel, (NH,), (b["part_m"], b["part_l"], b["part_acc"], b["o"]),
                              dict(D=D, NSPLIT=self.splits, NSPLIT_P=_pow2(self.splits), D_P=_pow2(D), ACT=act,
                                   **common)))
-            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),), (layer.o_proj, b["o"], b["x"]),
-                         dict(N=H, K=cfg.q_size, BLOCK_N=rows(H), BLOCK_K=bk(cfg.q_size), ACT=act, **common)))
+            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),),
+                         (layer.o_proj, b["o"], b["x"], ss(2 * li)),
+                         dict(N=H, K=cfg.q_size, BLOCK_N=rows(H), BLOCK_K=bk(cfg.q_size), STATS_OUT=stats, ACT=act,
+                              **common)))
             plan.append((K.gateup_kernel, (triton.cdiv(I, rows(I)),),
-                         (b["x"], layer.post_attention_layernorm, layer.gate_proj, layer.up_proj, b["act"], eps),
-                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), ACT=act, **common)))
-            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),), (layer.down_proj, b["act"], b["x"]),
-                         dict(N=H, K=I, BLOCK_N=rows(H), BLOCK_K=bk(I), ACT=act, **common)))
+                         (b["x"], layer.post_attention_layernorm, layer.gate_proj, layer.up_proj, b["act"],
+                          ss(2 * li), eps),
+                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common)))
+            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),),
+                         (layer.down_proj, b["act"], b["x"], ss(2 * li + 1)),
+                         dict(N=H, K=I, BLOCK_N=rows(H), BLOCK_K=bk(I), STATS_OUT=stats, ACT=act, **common)))
+        nss = 2 * cfg.num_hidden_layers
         plan.append((K.lmhead_kernel, (self._n_part,),
-                     (b["x"], m.norm, m.lm_head, b["logits"], b["part_val"], b["part_idx"], eps),
-                     dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), ACT=act, **common)))
-        plan.append((K.argmax_kernel, (1,), (b["part_val"], b["part_idx"], b["tok"], b["tok_out"], b["pos"]),
-                     dict(P=self._n_part, BLOCK=min(1024, _pow2(self._n_part)), **common)))
+                     (b["x"], m.norm, m.lm_head, b["logits"], b["part_val"], b["part_idx"], ss(nss - 1), eps),
+                     dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common)))
+        plan.append((K.argmax_kernel, (1,),
+                     (b["part_val"], b["part_idx"], b["tok"], b["tok_out"], b["pos"], b["ss"]),
+                     dict(P=self._n_part, NSS=nss, NSS_P=_pow2(nss), BLOCK=min(1024, _pow2(self._n_part)),
+                          **common)))
         return plan
 
     def kernels_per_step(self) -> int:
@@ -194,6 +205,7 @@ class FusedEngine:
         """Empty the KV cache (zeroed) and rewind the position; queued greedy steps are dropped."""
         self.model.reset_cache()
         self._b["pos"].zero_()
+        self._b["ss"].zero_()
         self.position = 0
         self._wanted.clear()
 
@@ -338,4 +350,4 @@ class FusedEngine:
         return {"kernels_per_step": self.kernels_per_step(), "cuda_graph": self.graph_mode, "pdl": self.pdl,
                 "attention_splits": self.splits, "block_n": p.block_n, "block_k": p.block_k,
                 "num_warps": p.num_warps, "block_s": p.block_s,
-                "fused_reduce": p.fused_reduce}
+                "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats}

@@ -61,9 +61,9 @@ else:
 # With QK_NORM (Qwen3) q and k stay unrotated (q in q_buf, k in kraw) for qk_norm_kernel, which needs whole heads.
 @triton.jit
 def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, q_ptr, kraw_ptr,
-                    kc_ptr, vc_ptr, eps,
+                    kc_ptr, vc_ptr, ss_ptr, eps,
                     H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
-                    EMBED: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+                    EMBED: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, STATS_IN: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
     HALF: tl.constexpr = D // 2
     NPAIRS: tl.constexpr = (NH + 2 * NKV) * HALF
@@ -86,11 +86,14 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
         src = emb_ptr + tl.load(tok_ptr).to(tl.int64) * H
     else:
         src = x_ptr
-    ss = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        xv = tl.load(src + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
-        ss += xv * xv
-    inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    if STATS_IN:  # Σx² accumulated by the programs that wrote x: one load instead of a pass over x
+        inv = tl.rsqrt(tl.load(ss_ptr) / H + eps)
+    else:
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            xv = tl.load(src + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
+            ss += xv * xv
+        inv = tl.rsqrt(_sum(ss, 0) / H + eps)
     if EMBED:  # the embedding row becomes the residual stream x (program 0 writes it once)
         if pid == 0:
             for k0 in range(0, H, BLOCK_K):
@@ -277,10 +280,12 @@ def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
 
 # ---- oproj / down: x += W · a ----------------------------------------------------------------------------------
 # Grid: cdiv(N, BLOCK_N). W (N, K) row-major, a (K,), x (N,) the residual stream, updated in place: each program
-# reads and writes only its own rows of x, and a is the previous kernel's output.
+# reads and writes only its own rows of x, and a is the previous kernel's output. With STATS_OUT each program adds
+# its rows' Σx² (of x as stored, rounded to ACT) into ss, so the next RMSNorm needs one load, not a pass over x
+# (STATS_IN of the consumer); float32 atomics make the sum's order, and so its last bit, vary between runs.
 @triton.jit
-def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, N: tl.constexpr, K: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < N
     cols = tl.arange(0, BLOCK_K)
@@ -299,14 +304,19 @@ def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, N: tl.constexpr, K: tl.constexpr
         acc += _sum(w.to(tl.float32) * a[None, :], 1)
     y = acc.to(ACT).to(tl.float32)
     x = tl.load(x_ptr + rows, mask=mr, other=0.0).to(tl.float32)
-    tl.store(x_ptr + rows, (x + y).to(ACT), mask=mr)
+    xn = (x + y).to(ACT)
+    tl.store(x_ptr + rows, xn, mask=mr)
+    if STATS_OUT:  # this program's share of Σx² for the next RMSNorm (ss zeroed by the previous step's argmax)
+        xf = tl.where(mr, xn.to(tl.float32), 0.0)
+        tl.atomic_add(ss_ptr, _sum(xf * xf, 0), sem="relaxed", scope="gpu")
 
 
 # ---- gateup: a = SiLU(W_gate · h) ⊙ (W_up · h), h = RMSNorm(x) · post_attention_layernorm --------------------------
 # Grid: cdiv(I, BLOCK_N); program r owns rows r·BLOCK_N + [0, BLOCK_N) of both W_gate and W_up (I, H).
 @triton.jit
-def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, eps, I: tl.constexpr, H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.constexpr, H: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr, ACT: tl.constexpr,
+                  USE_PDL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < I
     cols = tl.arange(0, BLOCK_K)
@@ -317,11 +327,14 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, eps, I: tl.constexpr
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    ss = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
-        ss += xv * xv
-    inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    if STATS_IN:  # Σx² accumulated by the programs that wrote x: one load instead of a pass over x
+        inv = tl.rsqrt(tl.load(ss_ptr) / H + eps)
+    else:
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
+            ss += xv * xv
+        inv = tl.rsqrt(_sum(ss, 0) / H + eps)
     gate = tl.zeros([BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -346,9 +359,9 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, eps, I: tl.constexpr
 # lmhead grid: cdiv(V, BLOCK_N). logits[r] = W_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's
 # bf16 logits, stored in float32; each program also stores its rows' max and first argmax (torch.argmax's rule).
 @triton.jit
-def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr, eps, V: tl.constexpr,
-                  H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr,
-                  USE_PDL: tl.constexpr):
+def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr, ss_ptr, eps, V: tl.constexpr,
+                  H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr,
+                  ACT: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < V
@@ -358,11 +371,14 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    ss = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
-        ss += xv * xv
-    inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    if STATS_IN:  # Σx² accumulated by the programs that wrote x: one load instead of a pass over x
+        inv = tl.rsqrt(tl.load(ss_ptr) / H + eps)
+    else:
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
+            ss += xv * xv
+        inv = tl.rsqrt(_sum(ss, 0) / H + eps)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
         mk = k0 + cols < H
@@ -383,10 +399,11 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr
 
 
 # argmax grid: 1. The greedy token over the lmhead programs' partials (ties: the lower index, as torch.argmax),
-# written to tok (the next step's input) and tok_out (the host's copy); then pos += 1 ends the step.
+# written to tok (the next step's input) and tok_out (the host's copy); then pos += 1 and the Σx² slots (ss, NSS of
+# them) zeroed end the step.
 @triton.jit
-def argmax_kernel(part_val_ptr, part_idx_ptr, tok_ptr, tok_out_ptr, pos_ptr, P: tl.constexpr,
-                  BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def argmax_kernel(part_val_ptr, part_idx_ptr, tok_ptr, tok_out_ptr, pos_ptr, ss_ptr, P: tl.constexpr,
+                  NSS: tl.constexpr, NSS_P: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -405,3 +422,5 @@ def argmax_kernel(part_val_ptr, part_idx_ptr, tok_ptr, tok_out_ptr, pos_ptr, P: 
     tl.store(tok_ptr, tok)
     tl.store(tok_out_ptr, tok)
     tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+    zs = tl.arange(0, NSS_P)
+    tl.store(ss_ptr + zs, tl.zeros([NSS_P], tl.float32), mask=zs < NSS)   # the next step's Σx² start at 0
