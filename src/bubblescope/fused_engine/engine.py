@@ -194,11 +194,11 @@ class FusedEngine:
         return len(self._plan)
 
     def _launch_all(self) -> None:
-        extra = dict(num_warps=self.params.num_warps)
-        if self.pdl:
-            extra["launch_pdl"] = True
-        for kernel, grid, args, cx in self._plan:
-            kernel[grid](*args, **cx, **extra)
+        # The step's first kernel waits for everything before it (no PDL edge to the previous step): the kernels read
+        # pos, which the previous step's last kernel wrote, before their gdc_wait.
+        for k, (kernel, grid, args, cx) in enumerate(self._plan):
+            extra = dict(launch_pdl=True) if self.pdl and k > 0 else {}
+            kernel[grid](*args, **cx, num_warps=self.params.num_warps, **extra)
 
     # ---- Decoder protocol --------------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -78,10 +78,13 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
     m0 = mj[:, None] & (cols[None, :] < H)
     w_lo = tl.load(w_ptr + row_lo[:, None].to(tl.int64) * H + cols[None, :], mask=m0, other=0.0)  # weights: before
     w_hi = tl.load(w_ptr + row_hi[:, None].to(tl.int64) * H + cols[None, :], mask=m0, other=0.0)  # the wait
+    pos = tl.load(pos_ptr)          # written by the previous step's last kernel: complete, also before the wait
+    if not QK_NORM:
+        c = tl.load(cos_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
+        s = tl.load(sin_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pos = tl.load(pos_ptr)
     if EMBED:
         src = emb_ptr + tl.load(tok_ptr).to(tl.int64) * H
     else:
@@ -126,8 +129,6 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
         tl.store(kraw_ptr + raw, out_lo, mask=mj & is_k)
         tl.store(kraw_ptr + raw + HALF, out_hi, mask=mj & is_k)
     else:
-        c = tl.load(cos_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
-        s = tl.load(sin_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
         rot_lo = ((lo * c).to(ACT).to(tl.float32) - (hi * s).to(ACT).to(tl.float32)).to(ACT)
         rot_hi = ((hi * c).to(ACT).to(tl.float32) + (lo * s).to(ACT).to(tl.float32)).to(ACT)
         out_lo = tl.where(is_v, lo.to(ACT), rot_lo)
@@ -203,33 +204,46 @@ def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, pa
     mg = g < G
     md = d < D
     heads = kvh * G + g                                                   # (G_P,) query heads of this kv head
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    # Before the wait: pos (the previous step's last kernel wrote it) and the split's first K/V block without the new
+    # row — cached rows older than pos were written by earlier steps; only row pos and q come from the kernels
+    # just before this one.
     n = tl.load(pos_ptr) + 1
     per = tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_S) * BLOCK_S
     start = sp * per
     end = tl.minimum(start + per, n)
+    base = kvh.to(tl.int64) * S * D
+    sv0 = start + tl.arange(0, BLOCK_S)
+    off0 = base + sv0[:, None] * D + d[None, :]
+    m_old = ((sv0 < end) & (sv0 < n - 1))[:, None] & md[None, :]
+    k_old = tl.load(kc_ptr + off0, mask=m_old, other=0.0)
+    v_old = tl.load(vc_ptr + off0, mask=m_old, other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
     q = q.to(tl.float32) * scale                                         # (G_P, D_P)
     m = tl.full([G_P], float("-inf"), tl.float32)
     l = tl.zeros([G_P], tl.float32)
     acc = tl.zeros([G_P, D_P], tl.float32)
-    base = kvh.to(tl.int64) * S * D
     s0 = start
     while s0 < end:  # (a while loop: the interpreter cannot range() over a run-time bound)
         sv = s0 + tl.arange(0, BLOCK_S)
         ms = sv < end
         kv_off = base + sv[:, None] * D + d[None, :]
-        mkv = ms[:, None] & md[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)          # (BLOCK_S, D_P)
+        if s0 == start:   # the prefetched block, plus the new row if it falls here
+            m_new_row = (ms & (sv == n - 1))[:, None] & md[None, :]
+            k = k_old.to(tl.float32) + tl.load(kc_ptr + kv_off, mask=m_new_row, other=0.0).to(tl.float32)
+            v = v_old.to(tl.float32) + tl.load(vc_ptr + kv_off, mask=m_new_row, other=0.0).to(tl.float32)
+        else:
+            mkv = ms[:, None] & md[None, :]
+            k = tl.load(kc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)      # (BLOCK_S, D_P)
+            v = tl.load(vc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)
         sc = _sum(q[:, None, :] * k[None, :, :], 2)                                # (G_P, BLOCK_S)
         sc = tl.where(ms[None, :], sc, float("-inf"))
         m_new = tl.maximum(m, _max(sc, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(sc - m_new[:, None])
         l = l * alpha + _sum(p, 1)
-        v = tl.load(vc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + _sum(p[:, :, None] * v[None, :, :], 1)
         m = m_new
         s0 += BLOCK_S
