@@ -402,6 +402,74 @@ def diagnose_trace(
         raise BubblescopeError(errors[-1])
 
 
+@app.command(context_settings={"allow_interspersed_args": False})
+@user_errors
+def profile(
+    command: Optional[List[str]] = typer.Argument(None, metavar="-- COMMAND [ARGS]...",
+                                                  help="The program, unchanged: `python SCRIPT.py [args]`, "
+                                                  "`python -m MODULE [args]` or `SCRIPT.py [args]`."),
+    skip: int = typer.Option(10, "--skip", help="Steps run before the window (warm-up, prefill, compilation)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Steps in the window (default 20)."),
+    seconds: Optional[float] = typer.Option(None, "--seconds", help="Or the window's length in seconds: it ends at "
+                                            "the first step that starts after it."),
+    out: str = typer.Option("bubblescope-profile", help="Directory for profile.json, profile.html and "
+                            "profile.trace.json.gz (replaced together; other files left alone)."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model decoded (preset, HF directory or "
+                                        "config.json): bytes per step, GB/s and the floor, as diagnose trace."),
+    bytes_per_step: Optional[int] = typer.Option(None, "--bytes-per-step", help="Bytes moved per step, without "
+                                                 "--model."),
+    peak_gbps: Optional[float] = typer.Option(None, "--peak-gbps", help="The GPU's peak bandwidth, GB/s."),
+    context: Optional[int] = typer.Option(None, "--context", help="KV-cache length of the steps, tokens."),
+    idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
+                                            help="Gaps shorter than this (µs) count as kernel-wait."),
+    wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
+):
+    """Run a Python program under torch.profiler, unchanged, and report a window of its decode steps.
+
+    Steps are counted by light hooks (outermost nn.Module calls, torch.compile'd function calls, CUDA-graph
+    replays): after --skip steps, --steps steps (or --seconds) are recorded, then as many are timed without the
+    profiler to state its cost. The program's output and exit status are its own; the report is diagnose
+    trace's, of the recorded window.
+    """
+    from .diagnosis import command_line
+    from .profile_command import parse_program
+    from .profile_program import profile_program
+
+    if skip < 0:
+        raise BubblescopeError(f"--skip: must be 0 or more, got {skip}")
+    if steps is not None and seconds is not None:
+        raise BubblescopeError("--steps and --seconds: give one of them, not both")
+    if steps is not None and steps < 1:
+        raise BubblescopeError(f"--steps: must be 1 or more, got {steps}")
+    if seconds is not None and not 0 < seconds < float("inf"):
+        raise BubblescopeError(f"--seconds: must be a positive number of seconds, got {seconds:g}")
+    if bytes_per_step is not None and bytes_per_step <= 0:
+        raise BubblescopeError(f"--bytes-per-step: must be a positive number of bytes, got {bytes_per_step}")
+    if peak_gbps is not None and not 0 < peak_gbps < float("inf"):
+        raise BubblescopeError(f"--peak-gbps: must be a positive GB/s, got {peak_gbps:g}")
+    from .profiler.metrics import check_threshold
+    check_threshold(idle_threshold_us)  # before the program runs, not after
+    program = parse_program(list(command or []))
+    analysis = {"model": model, "bytes_per_step": bytes_per_step, "peak_gbps": peak_gbps, "context": context}
+    outcome = profile_program(program, _out(out, "bubblescope-profile"), skip,
+                              steps if steps is not None or seconds is not None else 20, seconds,
+                              idle_threshold_us, analysis, command=command_line())
+    for note in outcome.notes:
+        typer.echo(f"note: {note}", err=True)
+    if outcome.summary is not None:
+        from rich.console import Console
+
+        from .reports.trace_terminal import render_trace_findings, render_trace_summary
+        console = Console()
+        render_trace_summary(outcome.summary, console, wide=wide)
+        render_trace_findings(outcome.summary["findings"], console)
+    if outcome.written:
+        typer.echo(f"wrote {', '.join(map(str, outcome.written))}", err=True)
+    if outcome.error is not None:
+        typer.echo(f"error: {outcome.error}", err=True)
+    raise typer.Exit(outcome.exit_code)
+
+
 @app.command()
 @user_errors
 def report(

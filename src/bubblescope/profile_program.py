@@ -1,0 +1,308 @@
+"""``bubblescope profile``: run a Python program under torch.profiler, unchanged, and report its window.
+
+:func:`run_program` starts the program through :mod:`bubblescope.profile_runner` in its own interpreter, with
+stdin, stdout and stderr its own, and returns what the runner recorded (its state file) and the exit status.
+:func:`profile_section` turns that into the ``profile`` part of the report (pure); the trace itself is read by
+the same code as ``diagnose trace`` (:func:`analyse_window`). :func:`write_outputs` writes the three files of a
+run into ``--out`` as one: ``profile.json`` (the ``bubblescope.trace/1`` summary of ``diagnose trace --format
+json``, its findings, and the ``profile`` section), ``profile.html`` and ``profile.trace.json.gz``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BubblescopeError
+from .profile_command import Program
+from .wording import count
+
+RUNNER = Path(__file__).with_name("profile_runner.py")
+OUT_FILES = ("profile.json", "profile.html", "profile.trace.json.gz")
+TRACE_NAME = "profile.trace.json.gz"
+RAW_TRACE = "window.trace.json"
+STATE = "state.json"
+COUNTED = "nn.Module calls, torch.compile'd function calls or CUDA-graph replays made outside any other"
+
+
+def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: int | None,
+                seconds: float | None) -> tuple[int, dict]:
+    """Run ``program`` under the runner, writing into the folder ``stage``; ``(exit status, runner state)``.
+
+    The program inherits this process's stdin, stdout, stderr and environment. A first Ctrl-C reaches the
+    program too (one process group) and is waited out, so the runner can close its window and write what it
+    recorded; a second one kills the program.
+
+    Returns:
+        The exit status (negative: killed by that signal) and the runner's state dict (keys of
+        :meth:`~bubblescope.profile_runner.Recorder.write_state`), or ``{"status": "no-state"}`` when the
+        program ended before the runner could write one (``os._exit``, a signal).
+
+    Raises:
+        BubblescopeError: the interpreter cannot be started.
+    """
+    stage = Path(stage)
+    config = {"skip": skip, "steps": steps, "seconds": seconds, "trace": str(stage / RAW_TRACE),
+              "state": str(stage / STATE)}
+    (stage / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    argv = [program.interpreter, *program.flags, str(RUNNER), str(stage / "config.json"), *program.target]
+    try:
+        proc = subprocess.Popen(argv)
+    except OSError as exc:
+        raise BubblescopeError(f"COMMAND {program.interpreter}: cannot be started "
+                               f"({exc.strerror or type(exc).__name__})") from None
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.kill()
+            code = proc.wait()
+    try:
+        state = json.loads((stage / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        state = {"status": "no-state"}
+    return code, state
+
+
+def step_ms(boundaries_ns: list[int]) -> list[float]:
+    """Step times in ms from step boundaries in ns (n + 1 boundaries give n steps)."""
+    return [(b - a) / 1e6 for a, b in zip(boundaries_ns, boundaries_ns[1:])]
+
+
+def profile_section(state: dict, exit_code: int, program: Program, file_summary: dict | None) -> dict:
+    """The ``profile`` section of ``profile.json``. Pure: reads only its arguments.
+
+    Keys: ``command`` (argv of the program), ``exit_code``, ``status`` (``complete``: the window ran its
+    steps; ``cut``: the program ended inside it; ``not-reached``: it ended first), ``steps_counted`` (steps
+    the hooks counted in the whole run: :data:`COUNTED`, the highest tally of one callee), ``calls``
+    (``{callee: outermost calls}``), ``skip``, ``steps_requested``, ``seconds_requested``, ``first_step`` (the
+    window's first step, counted from 0), ``tokens_generated`` (steps the hooks counted in the window),
+    ``steps_found`` (decode steps the trace analysis found in the window; null where it found none),
+    ``step_source`` (how it found them: the step marker's name, or its own word), ``step_ms_p50_profiled``,
+    ``step_ms_p50_unprofiled`` (median host time between step starts, ms, in the window and over as many steps
+    after it without the profiler), ``reference_steps``, ``profiler_overhead_pct`` (the profiler's cost per
+    step, %: the two medians' ratio − 1; null when a side has no step, with ``overhead_reason``) and
+    ``error`` (the runner's own error, e.g. the profiler failed to start; else null).
+    """
+    window, reference = step_ms(state.get("window_ns") or []), step_ms(state.get("reference_ns") or [])
+    p50 = (lambda xs: round(statistics.median(xs), 6) if xs else None)
+    prof, ref = p50(window), p50(reference)
+    overhead = round((prof / ref - 1.0) * 100.0, 3) if prof is not None and ref else None
+    reason = None
+    if overhead is None:
+        reason = ("no profiled step" if not window else
+                  "the program ended before a step ran without the profiler after the window")
+    first = state.get("first_step")
+    if state.get("trace") is None or first is None:
+        status = "not-reached"
+    elif state.get("closed_by") == "program-end":
+        status = "cut"
+    else:
+        status = "complete"
+    found, source = None, None
+    if file_summary is not None and "error" not in file_summary:
+        rows = file_summary.get("step_rows") or []
+        found = len(rows) if rows else None
+        source = file_summary.get("step_source") or file_summary.get("step_marker")
+    return {"command": list(program.target), "interpreter": program.interpreter, "exit_code": exit_code,
+            "status": status, "steps_counted": state.get("steps_counted", 0), "calls": state.get("calls") or {},
+            "skip": state.get("skip"), "steps_requested": state.get("steps"),
+            "seconds_requested": state.get("seconds"), "first_step": first, "tokens_generated": len(window),
+            "steps_found": found, "step_source": source, "step_ms_p50_profiled": prof,
+            "step_ms_p50_unprofiled": ref, "reference_steps": len(reference),
+            "profiler_overhead_pct": overhead, "overhead_reason": reason, "error": state.get("error")}
+
+
+def outcome_lines(section: dict, label: str) -> list[str]:
+    """One-line notes on how the run went (for stderr and the report's notes): the window against what was
+    asked, the profiler's cost, the step counts of the hooks and of the trace. Pure."""
+    lines = []
+    asked = (count(section["steps_requested"], "step") if section["steps_requested"] is not None
+             else f"{section['seconds_requested']:g} s")
+    window = count(section["tokens_generated"], "step")
+    if section["status"] == "cut":
+        lines.append(f"{label}: ended inside the window ({window} of {asked} recorded, from step "
+                     f"{section['first_step']}); the report covers them")
+    else:
+        lines.append(f"window: {window} from step {section['first_step']} (after --skip {section['skip']}), "
+                     f"of {section['steps_counted']} counted in the run")
+    if section["profiler_overhead_pct"] is not None:
+        lines.append(f"profiler cost: {section['profiler_overhead_pct']:+.1f} % per step (median "
+                     f"{section['step_ms_p50_profiled']:.3f} ms profiled vs {section['step_ms_p50_unprofiled']:.3f} "
+                     f"ms over {count(section['reference_steps'], 'step')} without it)")
+    else:
+        lines.append(f"profiler cost: unknown ({section['overhead_reason']})")
+    found = section["steps_found"]
+    if found is None:
+        lines.append(f"steps found in the trace: none (the hooks counted {window})")
+    else:
+        lines.append(f"steps found in the trace: {found} ({section['step_source'] or 'found'}); the hooks "
+                     f"counted {window}")
+    if section.get("error"):
+        lines.append(f"profiler: {section['error']}")
+    return lines
+
+
+def not_reached_message(section: dict, state: dict, label: str) -> str:
+    """The one-line error of a run whose window never started (or whose runner never reported). Pure."""
+    if state.get("status") == "setup-failed":
+        return f"COMMAND {label}: {state.get('message')}"
+    if state.get("status") == "no-state":
+        return f"COMMAND {label}: ended (exit status {section['exit_code']}) before profile could record anything"
+    n = section["steps_counted"]
+    if section.get("error"):
+        return f"COMMAND {label}: the profiler could not start ({section['error']}); nothing recorded"
+    if n == 0:
+        return (f"COMMAND {label}: made no step profile can count ({COUNTED}); nothing recorded, no output "
+                "written")
+    return (f"COMMAND {label}: ended after {count(n, 'step')}, before the window (it starts after --skip "
+            f"{section['skip']}); nothing recorded: lower --skip")
+
+
+def compress_trace(raw: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """gzip ``raw`` (Kineto's plain JSON) into ``dest``, then remove ``raw``.
+
+    Raises:
+        BubblescopeError: the copy failed (disk full); ``dest`` is not left half-written by this call's caller,
+            which writes into a staging folder.
+    """
+    try:
+        with open(raw, "rb") as src, gzip.open(dest, "wb", compresslevel=6) as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        os.remove(raw)
+    except OSError as exc:
+        raise BubblescopeError(f"{dest}: cannot write the trace ({exc.strerror or type(exc).__name__})") from None
+
+
+def check_analysis(analysis: dict | None) -> dict:
+    """The model and bandwidth options of ``diagnose trace`` that were given (``model``, ``bytes_per_step``,
+    ``peak_gbps``, ``context``; None values dropped), checked before the program runs.
+
+    Raises:
+        BubblescopeError: an option the trace analysis of this version does not take (refused rather than
+            ignored, so a report never reads as if it had used it).
+    """
+    import inspect
+
+    from .profiler.ranksummary import summarize_rank_traces
+
+    given = {k: v for k, v in (analysis or {}).items() if v is not None}
+    accepted = inspect.signature(summarize_rank_traces).parameters
+    for k in given:
+        if k not in accepted:
+            raise BubblescopeError(f"--{k.replace('_', '-')}: the trace analysis of this version does not take "
+                                   "it yet; leave it out")
+    return given
+
+
+def analyse_window(trace_path: str | os.PathLike, idle_threshold_us: float, analysis: dict | None = None) -> dict:
+    """The ``diagnose trace`` summary (``bubblescope.trace/1`` of
+    :func:`~bubblescope.profiler.ranksummary.summarize_rank_traces`, with ``findings``) of the window's trace,
+    with ``analysis`` (:func:`check_analysis`) passed on to it.
+
+    Raises:
+        BubblescopeError: the trace cannot be read, or an option is refused.
+    """
+    from .profiler.ranksummary import summarize_rank_traces
+    from .reports.trace_findings import find_trace
+
+    summary = summarize_rank_traces([str(trace_path)], threshold_us=idle_threshold_us, **check_analysis(analysis))
+    return {**summary, "findings": find_trace(summary)}
+
+
+def relocated(summary: dict, old: str, new: str) -> dict:
+    """``summary`` with the trace path ``old`` (in the staging folder) named ``new`` (where it is published), in
+    its files and findings. Pure: returns a new dict."""
+    files = [{**f, "path": new} if f.get("path") == old else f for f in summary.get("files", [])]
+    findings = [{**f, "file": new} if f.get("file") == old else f for f in summary.get("findings", [])]
+    return {**summary, "files": files, "findings": findings}
+
+
+def exit_status(code: int) -> int:
+    """A child's status as a shell reports it: a signal N (``-N`` from :mod:`subprocess`) is 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+@dataclass
+class ProfileOutcome:
+    """What :func:`profile_program` did.
+
+    Attributes:
+        exit_code: what ``bubblescope profile`` exits with: the program's status (a signal N as 128 + N), or 2
+            where the program succeeded but nothing could be reported.
+        summary: the analysed window (``bubblescope.trace/1`` with ``findings`` and ``profile``), or None.
+        notes: one-line notes on the run (:func:`outcome_lines`), the program's failure first.
+        error: the one-line message when no report was made, else None.
+        written: the files published into ``--out``.
+    """
+
+    exit_code: int
+    summary: dict | None
+    notes: list[str]
+    error: str | None
+    written: list[Path]
+
+
+def profile_program(program: Program, out: str | os.PathLike, skip: int, steps: int | None, seconds: float | None,
+                    idle_threshold_us: float, analysis: dict | None = None, command: str | None = None
+                    ) -> ProfileOutcome:
+    """Run ``program`` (:func:`run_program`), analyse its window as ``diagnose trace`` does and publish
+    ``profile.json``, ``profile.html`` and ``profile.trace.json.gz`` into ``out`` together (a staging folder and
+    renames, :class:`~bubblescope.outdir.RunFolder`): ``out`` keeps the previous run's files whole whatever fails.
+
+    A program that fails, or ends inside the window, still has what was recorded reported, with a note; one that
+    ends before the window leaves ``out`` as it was. Where the trace is written but cannot be analysed, the trace
+    alone is published.
+
+    Raises:
+        BubblescopeError: ``out`` cannot be created or written, a refused analysis option (both before the
+            program runs), or the outputs cannot be written (nothing published then).
+    """
+    from .outdir import RunFolder
+    from .reports.trace_html import write_trace_html
+
+    analysis = check_analysis(analysis)
+    out = Path(out)
+    final = str(out / TRACE_NAME)
+    with RunFolder(out, owned=OUT_FILES) as folder:
+        stage = folder.stage
+        code, state = run_program(program, stage, skip, steps, seconds)
+        status = exit_status(code)
+        section = profile_section(state, status, program, None)
+        failed = [f"{program.label}: exited with status {status}"] if status else []
+        if section["status"] == "not-reached":
+            return ProfileOutcome(status or 2, None, failed, not_reached_message(section, state, program.label), [])
+        compress_trace(stage / RAW_TRACE, stage / TRACE_NAME)
+        for name in (STATE, "config.json"):
+            (stage / name).unlink(missing_ok=True)
+        try:
+            summary = analyse_window(stage / TRACE_NAME, idle_threshold_us, analysis)
+        except BubblescopeError as exc:
+            folder.publish()
+            return ProfileOutcome(status or 2, None, failed, f"{exc}; the trace is kept as {final}", [Path(final)])
+        section = profile_section(state, status, program, summary["files"][0])
+        summary = relocated(summary, str(stage / TRACE_NAME), final)
+        notes = failed + outcome_lines(section, program.label)
+        summary = {**summary, "profile": section}
+        from .reports.results import atomic_write_text
+
+        atomic_write_text(stage / "profile.json", profile_document(summary))
+        write_trace_html(summary, summary["findings"], stage / "profile.html", command=command, notes=notes)
+        folder.publish()
+    return ProfileOutcome(status, summary, notes, None, [out / name for name in OUT_FILES])
+
+
+def profile_document(summary: dict) -> str:
+    """The text of ``profile.json``: ``summary`` (with its findings and ``profile`` section), as
+    :func:`~bubblescope.reports.json_out.summary_json` writes a trace summary."""
+    from .reports.json_out import summary_json
+
+    return summary_json(summary)
