@@ -431,7 +431,6 @@ def profile(
     profiler to state its cost. The program's output and exit status are its own; the report is diagnose
     trace's, of the recorded window.
     """
-    from .diagnosis import command_line
     from .profile_command import parse_program
     from .profile_program import profile_program
 
@@ -453,7 +452,7 @@ def profile(
     analysis = {"model": model, "bytes_per_step": bytes_per_step, "peak_gbps": peak_gbps, "context": context}
     outcome = profile_program(program, _out(out, "bubblescope-profile"), skip,
                               steps if steps is not None or seconds is not None else 20, seconds,
-                              idle_threshold_us, analysis, command=command_line())
+                              idle_threshold_us, analysis, command=" ".join(["bubblescope"] + sys.argv[1:]))
     for note in outcome.notes:
         typer.echo(f"note: {note}", err=True)
     if outcome.summary is not None:

@@ -262,8 +262,13 @@ def _cuda_used() -> bool:
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
-def install(rec: Recorder) -> None:
-    """Count outermost calls of modules, ``torch.compile``d functions and CUDA-graph replays into ``rec``."""
+def install(rec: Recorder):
+    """Count outermost calls of modules, ``torch.compile``d functions and CUDA-graph replays into ``rec``.
+
+    Returns:
+        A function that puts back what was replaced (``torch.nn.Module.__call__``,
+        ``torch.cuda.CUDAGraph.replay``, ``torch.compile``); the runner never needs it, a test does.
+    """
     import functools
 
     import torch
@@ -281,6 +286,11 @@ def install(rec: Recorder) -> None:
                 rec.leave()
         return call
 
+    saved = (torch.nn.Module.__call__, torch.cuda.CUDAGraph.replay, torch.compile)
+
+    def restore() -> None:
+        torch.nn.Module.__call__, torch.cuda.CUDAGraph.replay, torch.compile = saved
+
     torch.nn.Module.__call__ = counted(torch.nn.Module.__call__,
                                        lambda args: f"module {type(args[0]).__qualname__}")
     torch.cuda.CUDAGraph.replay = counted(torch.cuda.CUDAGraph.replay, lambda args: "CUDAGraph.replay")
@@ -288,15 +298,16 @@ def install(rec: Recorder) -> None:
 
     @functools.wraps(compile_)
     def compile_counted(model=None, **kwargs):
-        out = compile_(model, **kwargs) if model is not None else compile_(**kwargs)
         if model is None:  # @torch.compile(mode=...): a decorator to apply
             return lambda fn: compile_counted(fn, **kwargs)
+        out = compile_(model, **kwargs)
         if isinstance(model, torch.nn.Module) or not callable(out):  # modules are counted by Module.__call__
             return out
         name = getattr(model, "__qualname__", None) or type(model).__qualname__
         return counted(out, lambda args: f"compiled {name}")
 
     torch.compile = compile_counted
+    return restore
 
 
 def _target(spec: list[str]) -> tuple[str, str]:
