@@ -43,6 +43,7 @@ from .arraysummary import breakdown, device_table, find_steps, overlap_note, ste
 from .steps import DEFAULT_STEP_MARKER
 from .timeline import CPU_ONLY, check_skip_steps, no_gpu_reason, step_figures
 from .heap import parse_heap
+from .capture import CONTEXT_KEY
 from .cpuops import read_cpu_ops
 from .gpus import device_properties
 from .graphs import graph_summary
@@ -56,8 +57,6 @@ if TYPE_CHECKING:
 SCHEMA = "bubblescope.trace/1"
 # Tried in order when no marker is given: ours, then torch.profiler's schedule steps.
 AUTO_STEP_MARKERS = (DEFAULT_STEP_MARKER, "ProfilerStep")
-# Top-level trace key where bubblescope's own capture records the KV positions its first marked step reads.
-CONTEXT_KEY = "bubblescope_first_context"
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
