@@ -16,6 +16,7 @@ import pytest
 from bubblescope.errors import BubblescopeError
 from bubblescope.profile_command import parse_program
 from bubblescope.profile_program import OUT_FILES, profile_program
+from bubblescope.reports.trace_gate import load_gate_document
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,17 +64,36 @@ def _trace_ops(path: Path, name: str) -> int:
 def test_profile_records_the_window_of_a_markerless_decode(tmp_path, capfd):
     script, out = _script(tmp_path), tmp_path / "out"
     outcome = profile_program(parse_program([sys.executable, str(script), "30"]), out, skip=3, steps=8,
-                              seconds=None, idle_threshold_us=5.0)
+                              seconds=None, idle_threshold_us=5.0, analysis={"bytes_per_step": 10**6})
     assert outcome.exit_code == 0 and outcome.error is None
     assert capfd.readouterr().out.strip() == "generated 30 tokens"  # the program's own output
     section = json.loads((out / "profile.json").read_text())["profile"]
     assert section["status"] == "complete" and section["steps_counted"] == 30
-    assert section["first_step"] == 3 and section["tokens_generated"] == 8 and section["reference_steps"] == 8
+    assert section["first_step"] == 4 and section["tokens_generated"] == 8 and section["reference_steps"] == 8
     assert section["calls"] == {"module Tiny": 30}
     assert section["profiler_overhead_pct"] is not None
-    # the trace holds exactly the 8 window steps: 4 aten::linear each, from the script above
-    assert _trace_ops(out / "profile.trace.json.gz", "aten::linear") == 4 * 8
+    # the trace holds the profiler's warm-up step and the 8 window steps: 4 aten::linear each (the script above)
+    assert _trace_ops(out / "profile.trace.json.gz", "aten::linear") == 4 * 9
+    # found without markers, from the trace alone: the window's step count ± 1
+    assert abs(section["steps_found"] - 8) <= 1
     assert sorted(p.name for p in out.iterdir()) == sorted(OUT_FILES)
+    # profile.json is the trace result gate reads: its step time and bytes give its GB/s
+    doc = load_gate_document(out / "profile.json")
+    row = doc["files"][0]
+    assert row["steps"] == section["steps_found"] and row["bytes_per_step"] == 10**6
+    assert row["effective_GBps"] == pytest.approx(10**6 / (row["step_ms_p50"] * 1e-3) / 1e9, rel=1e-6)
+    assert doc["device"]["name"] == "CPU" and row["util_peak"] is None  # no peak for a CPU
+
+
+def test_a_config_that_cannot_be_read_is_refused_before_the_program_runs(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    ran = tmp_path / "ran"
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(ran)!r}, 'w').close()\n")
+    r = _cli("--model", str(bad), "--", sys.executable, str(script))
+    assert r.returncode == 2 and r.stderr.startswith(f"error: --model: ") and r.stderr.count("\n") == 1
+    assert not ran.exists()
 
 
 def test_a_program_that_fails_inside_the_window_keeps_what_was_recorded(tmp_path, capfd):
@@ -85,7 +105,8 @@ def test_a_program_that_fails_inside_the_window_keeps_what_was_recorded(tmp_path
     assert outcome.exit_code == 1 and outcome.error is None
     assert outcome.notes[0] == f"{script}: exited with status 1"
     section = outcome.summary["profile"]
-    assert section["status"] == "cut" and section["tokens_generated"] == 4 and section["exit_code"] == 1
+    # steps 0-1 skipped, 2 the profiler's warm-up, 3-5 recorded, then token 6 raises
+    assert section["status"] == "cut" and section["tokens_generated"] == 3 and section["exit_code"] == 1
     assert _trace_ops(out / "profile.trace.json.gz", "aten::linear") == 4 * 4
     assert json.loads((out / "profile.json").read_text())["profile"]["status"] == "cut"
 
@@ -131,7 +152,10 @@ def _cli(*args, cwd=ROOT):
     (["--steps", "0", "--", "python", "x.py"], "error: --steps: must be 1 or more, got 0"),
     (["--steps", "2", "--seconds", "1", "--", "python", "x.py"], "error: --steps and --seconds: give one of them"),
     (["--seconds", "nan", "--", "python", "x.py"], "error: --seconds: must be a positive number of seconds"),
-    (["--bytes-per-step", "0", "--", "python", "x.py"], "error: --bytes-per-step: must be a positive number"),
+    (["--bytes-per-step", "0", "--", "python", "x.py"], "error: --bytes-per-step: must be a whole number of bytes > 0"),
+    (["--model", "no-such-model", "--", "python", "x.py"], "error: --model: unknown model 'no-such-model'"),
+    (["--peak-gbps", "3350", "--", "python", "x.py"], "error: --peak-gbps: the peak is compared with each step's"),
+    (["--skip", "-1", "--", "python", "x.py"], "error: --skip: must be 0 or more, got -1"),
     (["--", "ls", "-l"], "error: COMMAND ls: not a Python program"),
     (["--", "no_such_script.py"], "error: COMMAND no_such_script.py: no such file"),
     ([], "error: COMMAND: missing; give the program after `--`"),

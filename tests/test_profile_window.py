@@ -33,22 +33,30 @@ def _feed(window: StepWindow, times_ms: list[float]) -> list[str | None]:
     return actions
 
 
-def test_window_skips_then_records_steps_then_times_as_many_without_the_profiler():
+def test_window_skips_then_warms_up_then_records_steps_then_times_as_many_without_the_profiler():
     w = StepWindow(skip=2, steps=3)
-    # steps begin every 10 ms; step 5 (the one that stops the profiler and writes the trace) is not timed
-    actions = _feed(w, [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
-    assert actions[:6] == [None, None, "start", None, None, "stop"]
+    # steps begin every 10 ms; step 2 is the profiler's warm-up, steps 3-5 the window; step 6, which stops the
+    # profiler and writes the trace, is not timed; steps 7-9 are the reference
+    actions = _feed(w, [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110])
+    assert actions[:7] == [None, None, "start", None, None, None, "stop"]
     assert w.first_step == 2 and w.window_steps() == 3
-    assert w.window_ns == [20 * MS, 30 * MS, 40 * MS, 50 * MS]
-    assert w.reference_ns == [60 * MS, 70 * MS, 80 * MS, 90 * MS]  # 3 steps, then done
+    assert w.window_ns == [30 * MS, 40 * MS, 50 * MS, 60 * MS]
+    assert w.reference_ns == [70 * MS, 80 * MS, 90 * MS, 100 * MS]  # 3 steps, then done
     assert w.phase == "done"
 
 
 def test_window_of_seconds_ends_at_the_first_step_after_it():
     w = StepWindow(skip=0, seconds=0.025)
-    actions = _feed(w, [0, 10, 20, 30, 40])
-    assert actions == ["start", None, None, "stop", None]  # 30 ms is the first start at or past 25 ms
-    assert w.window_steps() == 3 and w.window_ns[-1] == 30 * MS
+    actions = _feed(w, [0, 10, 20, 30, 40, 50])
+    assert actions == ["start", None, None, None, "stop", None]  # 40 ms: the first start 25 ms or more after 10
+    assert w.window_steps() == 3 and w.window_ns == [10 * MS, 20 * MS, 30 * MS, 40 * MS]
+
+
+def test_a_program_ending_in_the_warm_up_step_has_an_empty_window():
+    w = StepWindow(skip=1, steps=3)
+    _feed(w, [0, 10])
+    w.stopping(15 * MS)
+    assert w.window_steps() == 0 and w.window_ns == []
 
 
 def test_window_needs_steps_or_seconds():
@@ -155,9 +163,11 @@ def _program():
 
 
 def test_profile_section_from_the_runner_state():
-    summary_file = {"path": "p", "step_marker": None, "step_rows": [{"step": i} for i in range(5)]}
+    summary_file = {"path": "p", "step_marker": None, "steps": {"steps": 5},
+                    "step_detection": {"steps": 6, "description": "steps: 6, from a repeating 7-op sequence"}}
     s = profile_section(_state(), 0, _program(), summary_file)
     assert s["status"] == "complete" and s["tokens_generated"] == 4 and s["steps_found"] == 5
+    assert s["first_step"] == 4 and s["step_source"] == "steps: 6, from a repeating 7-op sequence"
     assert s["step_ms_p50_profiled"] == 2.0 and s["step_ms_p50_unprofiled"] == 1.0
     assert s["profiler_overhead_pct"] == 100.0 and s["reference_steps"] == 4
     assert s["command"] == [__file__, "8"] and s["interpreter"] == sys.executable
@@ -165,7 +175,7 @@ def test_profile_section_from_the_runner_state():
                           _program(), None)
     assert cut["status"] == "cut" and cut["tokens_generated"] == 2 and cut["profiler_overhead_pct"] is None
     assert cut["overhead_reason"].startswith("the program ended before")
-    assert any("ended inside the window (2 steps of 4 steps recorded" in line
+    assert any("ended inside the window (2 steps of 4 steps recorded, from step 4)" in line
                for line in outcome_lines(cut, "tiny.py"))
     never = profile_section(_state(trace=None, first_step=None, window_ns=[], reference_ns=[], steps_counted=2),
                             0, _program(), None)

@@ -444,11 +444,17 @@ def profile(
     out: str = typer.Option("bubblescope-profile", help="Directory for profile.json, profile.html and "
                             "profile.trace.json.gz (replaced together; other files left alone)."),
     model: Optional[str] = typer.Option(None, "--model", help="The model decoded (preset, HF directory or "
-                                        "config.json): bytes per step, GB/s and the floor, as diagnose trace."),
-    bytes_per_step: Optional[int] = typer.Option(None, "--bytes-per-step", help="Bytes moved per step, without "
-                                                 "--model."),
-    peak_gbps: Optional[float] = typer.Option(None, "--peak-gbps", help="The GPU's peak bandwidth, GB/s."),
-    context: Optional[int] = typer.Option(None, "--context", help="KV-cache length of the steps, tokens."),
+                                        "config.json): bytes per step, GB/s, % of peak and the floor, as "
+                                        "diagnose trace."),
+    bytes_per_step: Optional[int] = typer.Option(None, "--bytes-per-step", help="Bytes a decode step moves, "
+                                                 "when there is no model to name."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's weight and KV-cache dtype (default "
+                                        "bfloat16)."),
+    context: Optional[int] = typer.Option(None, "--context", help="KV positions the window's first step reads "
+                                          "(prompt + the steps before it; each later step one more); default: "
+                                          "weights only."),
+    peak_gbps: Optional[float] = typer.Option(None, "--peak-gbps", help="Peak memory bandwidth, GB/s (default: "
+                                              "the GPU in the datasheet table, else NVML)."),
     idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
                                             help="Gaps shorter than this (µs) count as kernel-wait."),
     wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
@@ -461,7 +467,7 @@ def profile(
     trace's, of the recorded window.
     """
     from .profile_command import parse_program
-    from .profile_program import profile_program
+    from .profile_program import check_analysis, profile_program
 
     if skip < 0:
         raise BubblescopeError(f"--skip: must be 0 or more, got {skip}")
@@ -471,16 +477,14 @@ def profile(
         raise BubblescopeError(f"--steps: must be 1 or more, got {steps}")
     if seconds is not None and not 0 < seconds < float("inf"):
         raise BubblescopeError(f"--seconds: must be a positive number of seconds, got {seconds:g}")
-    if bytes_per_step is not None and bytes_per_step <= 0:
-        raise BubblescopeError(f"--bytes-per-step: must be a positive number of bytes, got {bytes_per_step}")
-    if peak_gbps is not None and not 0 < peak_gbps < float("inf"):
-        raise BubblescopeError(f"--peak-gbps: must be a positive GB/s, got {peak_gbps:g}")
     from .profiler.metrics import check_threshold
     check_threshold(idle_threshold_us)  # before the program runs, not after
+    analysis = check_analysis({"model": model, "bytes_per_step": bytes_per_step, "dtype": dtype, "context": context,
+                               "peak_gbps": peak_gbps})
     program = parse_program(list(command or []))
-    analysis = {"model": model, "bytes_per_step": bytes_per_step, "peak_gbps": peak_gbps, "context": context}
-    outcome = profile_program(program, _out(out, "bubblescope-profile"), skip,
-                              steps if steps is not None or seconds is not None else 20, seconds,
+    if steps is None and seconds is None:
+        steps = 20
+    outcome = profile_program(program, _out(out, "bubblescope-profile"), skip, steps, seconds,
                               idle_threshold_us, analysis, command=" ".join(["bubblescope"] + sys.argv[1:]))
     for note in outcome.notes:
         typer.echo(f"note: {note}", err=True)

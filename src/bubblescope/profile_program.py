@@ -28,6 +28,7 @@ OUT_FILES = ("profile.json", "profile.html", "profile.trace.json.gz")
 TRACE_NAME = "profile.trace.json.gz"
 RAW_TRACE = "window.trace.json"
 STATE = "state.json"
+WARMUP_STEPS = 1  # profiled steps before the window: the profiler's own warm-up (profile_runner.StepWindow)
 COUNTED = "nn.Module calls, torch.compile'd function calls or CUDA-graph replays made outside any other"
 
 
@@ -84,9 +85,12 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
     steps; ``cut``: the program ended inside it; ``not-reached``: it ended first), ``steps_counted`` (steps
     the hooks counted in the whole run: :data:`COUNTED`, the highest tally of one callee), ``calls``
     (``{callee: outermost calls}``), ``skip``, ``steps_requested``, ``seconds_requested``, ``first_step`` (the
-    window's first step, counted from 0), ``tokens_generated`` (steps the hooks counted in the window),
-    ``steps_found`` (decode steps the trace analysis found in the window; null where it found none),
-    ``step_source`` (how it found them: the step marker's name, or its own word), ``step_ms_p50_profiled``,
+    window's first step, counted from 0; the step before it is the profiler's warm-up, in the trace but left out
+    of the step figures), ``tokens_generated`` (steps the hooks counted in the window),
+    ``steps_found`` (decode steps the trace analysis found in the window, from markers or, as in a program
+    without any, from what repeats once per token, the profiler's warm-up step left out; null where it found
+    none), ``step_source`` (the analysis'
+    words on how it found them, or why none), ``step_ms_p50_profiled``,
     ``step_ms_p50_unprofiled`` (median host time between step starts, ms, in the window and over as many steps
     after it without the profiler), ``reference_steps``, ``profiler_overhead_pct`` (the profiler's cost per
     step, %: the two medians' ratio − 1; null when a side has no step, with ``overhead_reason``) and
@@ -100,7 +104,8 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
     if overhead is None:
         reason = ("no profiled step" if not window else
                   "the program ended before a step ran without the profiler after the window")
-    first = state.get("first_step")
+    first = state.get("first_step")  # the profiler's warm-up step; the window follows it
+    first = None if first is None else first + WARMUP_STEPS
     if state.get("trace") is None or first is None:
         status = "not-reached"
     elif state.get("closed_by") == "program-end":
@@ -109,9 +114,9 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
         status = "complete"
     found, source = None, None
     if file_summary is not None and "error" not in file_summary:
-        rows = file_summary.get("step_rows") or []
-        found = len(rows) if rows else None
-        source = file_summary.get("step_source") or file_summary.get("step_marker")
+        detection = file_summary.get("step_detection") or {}
+        found = (file_summary.get("steps") or {}).get("steps") or None  # after the profiler's warm-up step
+        source = detection.get("description") or detection.get("reason")
     return {"command": list(program.target), "interpreter": program.interpreter, "exit_code": exit_code,
             "status": status, "steps_counted": state.get("steps_counted", 0), "calls": state.get("calls") or {},
             "skip": state.get("skip"), "steps_requested": state.get("steps"),
@@ -132,8 +137,8 @@ def outcome_lines(section: dict, label: str) -> list[str]:
         lines.append(f"{label}: ended inside the window ({window} of {asked} recorded, from step "
                      f"{section['first_step']}); the report covers them")
     else:
-        lines.append(f"window: {window} from step {section['first_step']} (after --skip {section['skip']}), "
-                     f"of {section['steps_counted']} counted in the run")
+        lines.append(f"window: {window} from step {section['first_step']} (after --skip {section['skip']} and "
+                     f"the profiler's warm-up step), of {section['steps_counted']} counted in the run")
     if section["profiler_overhead_pct"] is not None:
         lines.append(f"profiler cost: {section['profiler_overhead_pct']:+.1f} % per step (median "
                      f"{section['step_ms_p50_profiled']:.3f} ms profiled vs {section['step_ms_p50_unprofiled']:.3f} "
@@ -142,10 +147,10 @@ def outcome_lines(section: dict, label: str) -> list[str]:
         lines.append(f"profiler cost: unknown ({section['overhead_reason']})")
     found = section["steps_found"]
     if found is None:
-        lines.append(f"steps found in the trace: none (the hooks counted {window})")
-    else:
-        lines.append(f"steps found in the trace: {found} ({section['step_source'] or 'found'}); the hooks "
+        lines.append(f"steps found in the trace: none ({section['step_source'] or 'no analysis'}); the hooks "
                      f"counted {window}")
+    else:
+        lines.append(f"steps found in the trace: {found}; the hooks counted {window}")
     if section.get("error"):
         lines.append(f"profiler: {section['error']}")
     return lines
@@ -184,38 +189,41 @@ def compress_trace(raw: str | os.PathLike, dest: str | os.PathLike) -> None:
 
 def check_analysis(analysis: dict | None) -> dict:
     """The model and bandwidth options of ``diagnose trace`` that were given (``model``, ``bytes_per_step``,
-    ``peak_gbps``, ``context``; None values dropped), checked before the program runs.
+    ``dtype``, ``context``, ``peak_gbps``; None values dropped), checked as ``diagnose trace`` checks them, before
+    the program runs.
 
     Raises:
-        BubblescopeError: an option the trace analysis of this version does not take (refused rather than
-            ignored, so a report never reads as if it had used it).
+        BubblescopeError: what :mod:`~bubblescope.tracediagnose` refuses (an unknown model, a config that cannot
+            be read, bytes ≤ 0, a peak ≤ 0, a context without a model), naming the option.
     """
-    import inspect
-
-    from .profiler.ranksummary import summarize_rank_traces
+    from .tracediagnose import check_context, check_peak, resolve_step_bytes
 
     given = {k: v for k, v in (analysis or {}).items() if v is not None}
-    accepted = inspect.signature(summarize_rank_traces).parameters
-    for k in given:
-        if k not in accepted:
-            raise BubblescopeError(f"--{k.replace('_', '-')}: the trace analysis of this version does not take "
-                                   "it yet; leave it out")
+    step_bytes = resolve_step_bytes(given.get("model"), given.get("bytes_per_step"), given.get("dtype"))
+    check_context(given.get("context"), step_bytes)
+    if check_peak(given.get("peak_gbps")) is not None and step_bytes is None:
+        raise BubblescopeError("--peak-gbps: the peak is compared with each step's bytes; give --model or "
+                               "--bytes-per-step too")
     return given
 
 
 def analyse_window(trace_path: str | os.PathLike, idle_threshold_us: float, analysis: dict | None = None) -> dict:
-    """The ``diagnose trace`` summary (``bubblescope.trace/1`` of
-    :func:`~bubblescope.profiler.ranksummary.summarize_rank_traces`, with ``findings``) of the window's trace,
-    with ``analysis`` (:func:`check_analysis`) passed on to it.
+    """The ``diagnose trace`` summary of the window's trace: ``bubblescope.trace/1`` with each step's bandwidth
+    against the floor when a model or byte count is given, and ``findings``
+    (:func:`~bubblescope.tracediagnose.diagnose_trace_files`, with ``analysis`` of :func:`check_analysis`).
 
     Raises:
-        BubblescopeError: the trace cannot be read, or an option is refused.
+        BubblescopeError: the trace cannot be read, a bad option or context.
     """
-    from .profiler.ranksummary import summarize_rank_traces
-    from .reports.trace_findings import find_trace
+    from .tracediagnose import diagnose_trace_files
 
-    summary = summarize_rank_traces([str(trace_path)], threshold_us=idle_threshold_us, **check_analysis(analysis))
-    return {**summary, "findings": find_trace(summary)}
+    # The trace's first step is the profiler's warm-up step (profile_runner.StepWindow): left out of the figures.
+    summary = diagnose_trace_files([str(trace_path)], threshold_us=idle_threshold_us, skip_steps=WARMUP_STEPS,
+                                   **check_analysis(analysis))
+    errors = [f["error"] for f in summary["files"] if "error" in f]
+    if errors:
+        raise BubblescopeError(errors[0])
+    return summary
 
 
 def relocated(summary: dict, old: str, new: str) -> dict:
@@ -291,18 +299,19 @@ def profile_program(program: Program, out: str | os.PathLike, skip: int, steps: 
         section = profile_section(state, status, program, summary["files"][0])
         summary = relocated(summary, str(stage / TRACE_NAME), final)
         notes = failed + outcome_lines(section, program.label)
-        summary = {**summary, "profile": section}
-        from .reports.results import atomic_write_text
+        from .reports.trace_result import write_trace_result
 
-        atomic_write_text(stage / "profile.json", profile_document(summary))
+        write_trace_result(profile_document(summary, section, command or ""), stage / "profile.json")
         write_trace_html(summary, summary["findings"], stage / "profile.html", command=command, notes=notes)
+        summary = {**summary, "profile": section}
         folder.publish()
     return ProfileOutcome(status, summary, notes, None, [out / name for name in OUT_FILES])
 
 
-def profile_document(summary: dict) -> str:
-    """The text of ``profile.json``: ``summary`` (with its findings and ``profile`` section), as
-    :func:`~bubblescope.reports.json_out.summary_json` writes a trace summary."""
-    from .reports.json_out import summary_json
+def profile_document(summary: dict, section: dict, command: str = "") -> dict:
+    """The ``profile.json`` document: the ``bubblescope.trace-result/1`` result of ``diagnose trace --json``
+    (:func:`~bubblescope.reports.trace_result.trace_result`, which ``bubblescope gate`` reads) of the window,
+    with the ``profile`` section (:func:`profile_section`) added. Pure."""
+    from .reports.trace_result import trace_result
 
-    return summary_json(summary)
+    return {**trace_result(summary, summary.get("findings") or [], command=command), "profile": section}

@@ -46,10 +46,13 @@ SETUP_FAILED = 2
 class StepWindow:
     """Which steps are profiled: a pure state machine fed with step boundaries (no torch, no clock of its own).
 
-    Phases: ``skip`` (steps 0 .. skip-1, unprofiled) → ``window`` (profiled) → ``reference`` (as many steps
-    timed unprofiled) → ``done``. :meth:`boundary` is called when step ``k`` begins (k = 0, 1, ...), with the
-    time in ns, and answers ``"start"`` (start the profiler, then call :meth:`started`), ``"stop"`` (call
-    :meth:`stopping` first, then stop and export, then :meth:`stopped`) or None.
+    Phases: ``skip`` (steps 0 .. skip-1, unprofiled) → ``warm`` (step ``skip``: profiled, the profiler's own
+    warm-up) → ``window`` (profiled) → ``reference`` (as many steps timed unprofiled) → ``done``. Tracing costs
+    more in its first step (a first step 8× the median was seen on CPU), which is why ``torch.profiler.schedule``
+    has a ``warmup`` phase; here that step stays in the trace, as its first step, and the report leaves it out
+    of the step figures. :meth:`boundary` is called when step ``k`` begins (k = 0, 1, ...), with the time in ns,
+    and answers ``"start"`` (start the profiler, then call :meth:`started`), ``"stop"`` (call :meth:`stopping`
+    first, then stop and export, then :meth:`stopped`) or None.
 
     Args:
         skip: steps left out before the window (warm-up, prefill, compilation), ≥ 0.
@@ -57,8 +60,8 @@ class StepWindow:
         seconds: the window's length in s, > 0: it ends at the first step boundary at or after it.
 
     Attributes:
-        window_ns: step boundaries of the window, ns: its first step's start (after the profiler started),
-            each next step's start, and the end of its last step (before the profiler stopped).
+        window_ns: step boundaries of the window, ns: its first step's start (the end of the profiler's warm-up
+            step), each next step's start, and the end of its last step (before the profiler stopped).
         reference_ns: step boundaries of the unprofiled steps timed after the window, ns (the step in which the
             profiler stopped and the trace was written is left out).
     """
@@ -84,6 +87,10 @@ class StepWindow:
                 self.first_step = k
                 return "start"
             return None
+        if self.phase == "warm":
+            self.phase = "window"
+            self.window_ns = [now_ns]
+            return None
         if self.phase == "window":
             n = len(self.window_ns)  # steps begun in the window so far
             full = (n >= self.steps if self.steps is not None
@@ -103,13 +110,14 @@ class StepWindow:
         return None
 
     def started(self, now_ns: int) -> None:
-        """The profiler runs from ``now_ns`` on: the window's first step starts here."""
-        self.phase = "window"
-        self.window_ns = [now_ns]
+        """The profiler runs from ``now_ns`` on: its warm-up step starts here."""
+        self.phase = "warm"
+        self.window_ns = []
 
     def stopping(self, now_ns: int) -> None:
         """The window's last step ended at ``now_ns`` (the profiler is about to stop)."""
-        self.window_ns.append(now_ns)
+        if self.window_ns:  # else the program ended in the warm-up step: no window step
+            self.window_ns.append(now_ns)
 
     def stopped(self) -> None:
         """The profiler has stopped and the trace is written: the reference steps follow."""
