@@ -164,10 +164,14 @@ def _program():
 
 def test_profile_section_from_the_runner_state():
     summary_file = {"path": "p", "step_marker": None, "steps": {"steps": 5},
-                    "step_detection": {"steps": 6, "description": "steps: 6, from a repeating 7-op sequence"}}
+                    "step_detection": {"steps": 6, "description": "steps: 6, from a repeating 7-op sequence"},
+                    "bandwidth": {"peak_GBps": 4.0, "summary": {"bytes_per_step": 2_000_000}}}
     s = profile_section(_state(), 0, _program(), summary_file)
     assert s["status"] == "complete" and s["tokens_generated"] == 4 and s["steps_found"] == 5
     assert s["first_step"] == 4 and s["step_source"] == "steps: 6, from a repeating 7-op sequence"
+    # 2 MB in the unprofiled median step of 1 ms: 2 GB/s, half of a 4 GB/s peak
+    assert s["effective_GBps_unprofiled"] == 2.0 and s["util_peak_unprofiled"] == 0.5
+    assert "without the profiler: 2.0 GB/s, 50.0% of peak" in " ".join(outcome_lines(s, "x.py"))
     assert s["step_ms_p50_profiled"] == 2.0 and s["step_ms_p50_unprofiled"] == 1.0
     assert s["profiler_overhead_pct"] == 100.0 and s["reference_steps"] == 4
     assert s["command"] == [__file__, "8"] and s["interpreter"] == sys.executable
@@ -237,3 +241,25 @@ def test_a_directory_and_a_file_that_is_not_python_are_refused(tmp_path):
         parse_program([str(tmp_path / "notes.txt")])
     with pytest.raises(BubblescopeError, match="is a directory"):
         parse_program([sys.executable, str(tmp_path)])
+
+
+def test_graph_replays_count_as_steps_only_when_outermost(tmp_path, monkeypatch):
+    # a stand-in for the replay of a captured graph (none can be captured without a GPU), put in before the hooks
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: None)
+    rec = _recorder(tmp_path)
+    restore = install(rec)
+    try:
+        graph = object.__new__(torch.cuda.CUDAGraph)
+        for _ in range(3):  # a loop replaying its captured step: one step per replay
+            torch.cuda.CUDAGraph.replay(graph)
+
+        class Replayer(torch.nn.Module):  # cudagraph trees replay inside the compiled module's call
+            def forward(self):
+                torch.cuda.CUDAGraph.replay(graph)
+
+        Replayer()()
+    finally:
+        restore()
+    assert rec.counts == {"CUDAGraph.replay": 3, "module test_graph_replays_count_as_steps_only_when_outermost."
+                                                "<locals>.Replayer": 1}
+    assert rec.steps == 3 and rec.graph_replays == 4

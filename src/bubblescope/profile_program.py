@@ -84,8 +84,9 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
     Keys: ``command`` (argv of the program), ``exit_code``, ``status`` (``complete``: the window ran its
     steps; ``cut``: the program ended inside it; ``not-reached``: it ended first), ``steps_counted`` (steps
     the hooks counted in the whole run: :data:`COUNTED`, the highest tally of one callee), ``calls``
-    (``{callee: outermost calls}``), ``skip``, ``steps_requested``, ``seconds_requested``, ``first_step`` (the
-    window's first step, counted from 0; the step before it is the profiler's warm-up, in the trace but left out
+    (``{callee: outermost calls}``), ``graph_replays`` (every ``torch.cuda.CUDAGraph.replay`` of the run, those
+    inside a compiled call too: CUDA graphs were in use), ``skip``, ``steps_requested``, ``seconds_requested``,
+    ``first_step`` (the window's first step, counted from 0; the step before it is the profiler's warm-up, in the trace but left out
     of the step figures), ``tokens_generated`` (steps the hooks counted in the window),
     ``steps_found`` (decode steps the trace analysis found in the window, from markers or, as in a program
     without any, from what repeats once per token, the profiler's warm-up step left out; null where it found
@@ -93,8 +94,12 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
     words on how it found them, or why none), ``step_ms_p50_profiled``,
     ``step_ms_p50_unprofiled`` (median host time between step starts, ms, in the window and over as many steps
     after it without the profiler), ``reference_steps``, ``profiler_overhead_pct`` (the profiler's cost per
-    step, %: the two medians' ratio − 1; null when a side has no step, with ``overhead_reason``) and
-    ``error`` (the runner's own error, e.g. the profiler failed to start; else null).
+    step, %: the two medians' ratio − 1; null when a side has no step, with ``overhead_reason``),
+    ``effective_GBps_unprofiled`` and ``util_peak_unprofiled`` (the trace's median bytes per step over the
+    unprofiled median step time, GB/s, and over the peak: the bandwidth without the profiler's cost, where the
+    host time between step starts is the token's, as in a loop that takes each token to the host; null without
+    bytes, peak or unprofiled steps) and ``error`` (the runner's own error, e.g. the profiler failed to start;
+    else null).
     """
     window, reference = step_ms(state.get("window_ns") or []), step_ms(state.get("reference_ns") or [])
     p50 = (lambda xs: round(statistics.median(xs), 6) if xs else None)
@@ -112,18 +117,26 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
         status = "cut"
     else:
         status = "complete"
-    found, source = None, None
+    found, source, unprofiled_gbps, unprofiled_util = None, None, None, None
+    bw = (file_summary or {}).get("bandwidth") or {}
+    nbytes, peak = (bw.get("summary") or {}).get("bytes_per_step"), bw.get("peak_GBps")
+    if nbytes and ref:
+        unprofiled_gbps = round(nbytes / (ref * 1e-3) / 1e9, 3)  # bytes / s / 10^9
+        unprofiled_util = round(unprofiled_gbps / peak, 6) if peak else None
     if file_summary is not None and "error" not in file_summary:
         detection = file_summary.get("step_detection") or {}
         found = (file_summary.get("steps") or {}).get("steps") or None  # after the profiler's warm-up step
         source = detection.get("description") or detection.get("reason")
     return {"command": list(program.target), "interpreter": program.interpreter, "exit_code": exit_code,
             "status": status, "steps_counted": state.get("steps_counted", 0), "calls": state.get("calls") or {},
+            "graph_replays": state.get("graph_replays", 0),
             "skip": state.get("skip"), "steps_requested": state.get("steps"),
             "seconds_requested": state.get("seconds"), "first_step": first, "tokens_generated": len(window),
             "steps_found": found, "step_source": source, "step_ms_p50_profiled": prof,
             "step_ms_p50_unprofiled": ref, "reference_steps": len(reference),
-            "profiler_overhead_pct": overhead, "overhead_reason": reason, "error": state.get("error")}
+            "profiler_overhead_pct": overhead, "overhead_reason": reason,
+            "effective_GBps_unprofiled": unprofiled_gbps, "util_peak_unprofiled": unprofiled_util,
+            "error": state.get("error")}
 
 
 def outcome_lines(section: dict, label: str) -> list[str]:
@@ -145,6 +158,11 @@ def outcome_lines(section: dict, label: str) -> list[str]:
                      f"ms over {count(section['reference_steps'], 'step')} without it)")
     else:
         lines.append(f"profiler cost: unknown ({section['overhead_reason']})")
+    if section.get("effective_GBps_unprofiled") is not None:
+        util = section.get("util_peak_unprofiled")
+        lines.append(f"without the profiler: {section['effective_GBps_unprofiled']:,.1f} GB/s"
+                     + (f", {util:.1%} of peak" if util is not None else "")
+                     + " (the trace's bytes per step over the unprofiled median step time)")
     found = section["steps_found"]
     if found is None:
         lines.append(f"steps found in the trace: none ({section['step_source'] or 'no analysis'}); the hooks "

@@ -182,6 +182,7 @@ class Recorder:
         self.counts: dict[str, int] = {}
         self.steps = 0  # the highest tally: steps begun
         self.depth = 0
+        self.graph_replays = 0  # every CUDA-graph replay, counted as a step or not
         self.pid = os.getpid()
         self.prof = None
         self.trace_written = False
@@ -258,6 +259,7 @@ class Recorder:
         _atomic_json(self.config["state"], {
             "schema": STATE_SCHEMA, "status": status, "exit_code": exit_code, "message": message,
             "error": self.error, "steps_counted": self.steps, "calls": dict(self.counts),
+            "graph_replays": self.graph_replays,
             "skip": w.skip, "steps": w.steps, "seconds": w.seconds, "first_step": w.first_step,
             "window_steps": w.window_steps(), "window_ns": list(w.window_ns),
             "reference_ns": list(w.reference_ns), "closed_by": self.closed_by,
@@ -301,7 +303,14 @@ def install(rec: Recorder):
 
     torch.nn.Module.__call__ = counted(torch.nn.Module.__call__,
                                        lambda args: f"module {type(args[0]).__qualname__}")
-    torch.cuda.CUDAGraph.replay = counted(torch.cuda.CUDAGraph.replay, lambda args: "CUDAGraph.replay")
+    replay = counted(torch.cuda.CUDAGraph.replay, lambda args: "CUDAGraph.replay")
+
+    @functools.wraps(replay)
+    def replay_counted(*args, **kwargs):
+        rec.graph_replays += 1  # nested ones too (inside a compiled call): they show the graphs are in use
+        return replay(*args, **kwargs)
+
+    torch.cuda.CUDAGraph.replay = replay_counted
     compile_ = torch.compile
 
     @functools.wraps(compile_)
