@@ -186,6 +186,10 @@ def test_profile_section_from_the_runner_state():
     assert never["status"] == "not-reached"
     assert not_reached_message(never, {}, "tiny.py") == ("COMMAND tiny.py: ended after 2 steps, before the window "
                                                          "(it starts after --skip 3); nothing recorded: lower --skip")
+    killed = {**_state(trace=None, window_ns=[0, MS]), "status": "window"}
+    assert not_reached_message(profile_section(killed, 137, _program(), None), killed, "x.py") == (
+        "COMMAND x.py: ended inside the window without exiting normally (os._exit or a signal, exit status 137): "
+        "the profiler's trace was never written")
     none = profile_section(_state(trace=None, first_step=None, steps_counted=0), 0, _program(), None)
     assert "made no step profile can count" in not_reached_message(none, {}, "tiny.py")
 

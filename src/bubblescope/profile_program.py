@@ -48,7 +48,7 @@ def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: in
     Raises:
         BubblescopeError: the interpreter cannot be started.
     """
-    stage = Path(stage)
+    stage = Path(stage).absolute()  # the program may change its working directory
     config = {"skip": skip, "steps": steps, "seconds": seconds, "trace": str(stage / RAW_TRACE),
               "state": str(stage / STATE)}
     (stage / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -181,6 +181,9 @@ def not_reached_message(section: dict, state: dict, label: str) -> str:
     if state.get("status") == "no-state":
         return f"COMMAND {label}: ended (exit status {section['exit_code']}) before profile could record anything"
     n = section["steps_counted"]
+    if state.get("status") in ("window", "reference") and not state.get("trace"):
+        return (f"COMMAND {label}: ended inside the window without exiting normally (os._exit or a signal, exit "
+                f"status {section['exit_code']}): the profiler's trace was never written")
     if section.get("error"):
         return f"COMMAND {label}: the profiler could not start ({section['error']}); nothing recorded"
     if n == 0:
