@@ -226,14 +226,14 @@ def bandwidth_section(entry: dict, step_bytes: StepBytes, context: int | None = 
 def add_bandwidth(summary: dict, step_bytes: StepBytes | None, context: int | None = None,
                   peak_gbps: float | None = None, nvml: bool = True) -> dict:
     """``summary`` (``bubblescope.trace/1``) with a ``bandwidth`` section in each readable file entry
-    (:func:`bandwidth_section`; None without ``step_bytes``), in place; returned for chaining.
+    (:func:`bandwidth_section`), in place; returned for chaining. Without ``step_bytes`` nothing is added.
 
     Raises:
         BubblescopeError: as :func:`bandwidth_section`.
     """
     for f in summary.get("files") or []:
-        if "error" not in f:
-            f["bandwidth"] = bandwidth_section(f, step_bytes, context, peak_gbps, nvml) if step_bytes else None
+        if "error" not in f and step_bytes is not None:
+            f["bandwidth"] = bandwidth_section(f, step_bytes, context, peak_gbps, nvml)
     return summary
 
 

@@ -144,10 +144,13 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
 
 
 def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(starts, ends, matching) of the segments cut ``d`` units before each occurrence ``p`` of the anchor, for
-    the ``d`` in [0, length) that makes the most segments the common sequence, then puts the boundary after
-    the longest median host gap: the anchor need not be a step's first unit (a loop whose every
-    once-per-token call comes after its layers), and a step cut mid-way loses one step at each end."""
+    """(starts, ends, matching) of the segments cut ``d`` units before each occurrence ``p`` of the anchor.
+
+    The anchor need not be a step's first unit (a loop whose once-per-token calls come after its layers), so
+    every ``d`` in [0, length) is tried: the boundary goes after the longest median host gap (where a token
+    ends: sampling, a sync) when that gap is at least twice the one of the ``d`` that makes the most segments
+    the common sequence and loses at most one of them; else that ``d`` (a trace cut mid-step loses a step at
+    each end otherwise)."""
     import numpy as np
 
     n = len(gap_before)
@@ -155,7 +158,7 @@ def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tu
     if length > _MAX_SHIFTS:  # a very long step: try only the boundaries after the longest gaps
         typical = np.array([np.median(gap_before[np.clip(p - d, 0, n - 1)]) for d in range(length)])
         shifts = np.sort(np.argsort(-typical, kind="stable")[:_MAX_SHIFTS])
-    best = None
+    tried = []
     for d in shifts.tolist():
         starts = p[p >= d] - d
         if not len(starts):
@@ -164,10 +167,11 @@ def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tu
         sig = _segment_hash(h, starts, ends)
         uniq, counts = np.unique(sig, return_counts=True)
         matching = sig == uniq[counts.argmax()]
-        key = (int(counts.max()), float(np.median(gap_before[starts[matching]])), -d)
-        if best is None or key > best[0]:
-            best = (key, starts, ends, matching)
-    return best[1], best[2], best[3]
+        tried.append((int(counts.max()), float(np.median(gap_before[starts[matching]])), -d, starts, ends, matching))
+    most = max(tried, key=lambda t: t[:3])
+    gap = max((t for t in tried if t[0] >= most[0] - 1), key=lambda t: t[1:3])
+    pick = gap if gap[1] > 0 and gap[1] >= 2 * most[1] else most
+    return pick[3], pick[4], pick[5]
 
 
 def confidence(steps: int, matching: int, coverage: float) -> str:
