@@ -96,6 +96,17 @@ def test_a_config_that_cannot_be_read_is_refused_before_the_program_runs(tmp_pat
     assert not ran.exists()
 
 
+def test_a_whole_program_profiled_finds_its_step_count_within_one(tmp_path):
+    # --skip 0 and a window longer than the program: step 0 is the profiler's warm-up, the 11 others are recorded
+    script, out = _script(tmp_path), tmp_path / "out"
+    outcome = profile_program(parse_program([sys.executable, str(script), "12"]), out, skip=0, steps=1000,
+                              seconds=None, idle_threshold_us=5.0)
+    section = outcome.summary["profile"]
+    assert outcome.exit_code == 0 and section["status"] == "cut" and section["steps_counted"] == 12
+    assert section["tokens_generated"] == 11 and abs(section["steps_found"] - 12) <= 1
+    assert _trace_ops(out / "profile.trace.json.gz", "aten::linear") == 4 * 12
+
+
 def test_a_program_that_fails_inside_the_window_keeps_what_was_recorded(tmp_path, capfd):
     script, out = _script(tmp_path), tmp_path / "out"
     outcome = profile_program(parse_program([sys.executable, str(script), "30", "6"]), out, skip=2, steps=10,
