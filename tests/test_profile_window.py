@@ -12,7 +12,8 @@ import torch
 
 from bubblescope.errors import BubblescopeError
 from bubblescope.profile_command import parse_program
-from bubblescope.profile_program import exit_status, not_reached_message, outcome_lines, profile_section, relocated
+from bubblescope.profile_program import exit_status, profile_section, relocated
+from bubblescope.reports.profile_report import not_reached_message, outcome_lines
 from bubblescope.profile_runner import Recorder, StepWindow, install, overhead_pct
 
 MS = 1_000_000  # ns

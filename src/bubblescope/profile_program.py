@@ -3,9 +3,10 @@
 :func:`run_program` starts the program through :mod:`bubblescope.profile_runner` in its own interpreter, with
 stdin, stdout and stderr its own, and returns what the runner recorded (its state file) and the exit status.
 :func:`profile_section` turns that into the ``profile`` part of the report (pure); the trace itself is read by
-the same code as ``diagnose trace`` (:func:`analyse_window`). :func:`write_outputs` writes the three files of a
-run into ``--out`` as one: ``profile.json`` (the ``bubblescope.trace/1`` summary of ``diagnose trace --format
-json``, its findings, and the ``profile`` section), ``profile.html`` and ``profile.trace.json.gz``.
+the same code as ``diagnose trace`` (:func:`analyse_window`). :func:`profile_program` does all of it and writes
+the three files of a run into ``--out`` as one: ``profile.json`` (the ``bubblescope.trace-result/1`` document of
+``diagnose trace --json``, which ``gate`` reads, with the ``profile`` section), ``profile.html`` and
+``profile.trace.json.gz``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 
 from .errors import BubblescopeError
 from .profile_command import Program
-from .wording import count
 
 RUNNER = Path(__file__).with_name("profile_runner.py")
 OUT_FILES = ("profile.json", "profile.html", "profile.trace.json.gz")
@@ -29,7 +29,6 @@ TRACE_NAME = "profile.trace.json.gz"
 RAW_TRACE = "window.trace.json"
 STATE = "state.json"
 WARMUP_STEPS = 1  # profiled steps before the window: the profiler's own warm-up (profile_runner.StepWindow)
-COUNTED = "nn.Module calls, torch.compile'd function calls or CUDA-graph replays made outside any other"
 
 
 def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: int | None,
@@ -51,7 +50,11 @@ def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: in
     stage = Path(stage).absolute()  # the program may change its working directory
     config = {"skip": skip, "steps": steps, "seconds": seconds, "trace": str(stage / RAW_TRACE),
               "state": str(stage / STATE)}
-    (stage / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    try:
+        (stage / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    except OSError as exc:  # a full disk: said before the program runs
+        raise BubblescopeError(f"--out {stage.parent}: cannot write there ({exc.strerror or type(exc).__name__})") \
+            from None
     argv = [program.interpreter, *program.flags, str(RUNNER), str(stage / "config.json"), *program.target]
     try:
         proc = subprocess.Popen(argv)
@@ -83,7 +86,8 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
 
     Keys: ``command`` (argv of the program), ``exit_code``, ``status`` (``complete``: the window ran its
     steps; ``cut``: the program ended inside it; ``not-reached``: it ended first), ``steps_counted`` (steps
-    the hooks counted in the whole run: :data:`COUNTED`, the highest tally of one callee), ``calls``
+    the hooks counted in the whole run: outermost ``nn.Module`` calls, ``torch.compile``d function calls or
+    CUDA-graph replays, the highest tally of one callee), ``calls``
     (``{callee: outermost calls}``), ``graph_replays`` (every ``torch.cuda.CUDAGraph.replay`` of the run, those
     inside a compiled call too: CUDA graphs were in use), ``skip``, ``steps_requested``, ``seconds_requested``,
     ``first_step`` (the window's first step, counted from 0; the step before it is the profiler's warm-up, in the trace but left out
@@ -137,60 +141,6 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
             "profiler_overhead_pct": overhead, "overhead_reason": reason,
             "effective_GBps_unprofiled": unprofiled_gbps, "util_peak_unprofiled": unprofiled_util,
             "error": state.get("error")}
-
-
-def outcome_lines(section: dict, label: str) -> list[str]:
-    """One-line notes on how the run went (for stderr and the report's notes): the window against what was
-    asked, the profiler's cost, the step counts of the hooks and of the trace. Pure."""
-    lines = []
-    asked = (count(section["steps_requested"], "step") if section["steps_requested"] is not None
-             else f"{section['seconds_requested']:g} s")
-    window = count(section["tokens_generated"], "step")
-    if section["status"] == "cut":
-        lines.append(f"{label}: ended inside the window ({window} of {asked} recorded, from step "
-                     f"{section['first_step']}); the report covers them")
-    else:
-        lines.append(f"window: {window} from step {section['first_step']} (after --skip {section['skip']} and "
-                     f"the profiler's warm-up step), of {section['steps_counted']} counted in the run")
-    if section["profiler_overhead_pct"] is not None:
-        lines.append(f"profiler cost: {section['profiler_overhead_pct']:+.1f} % per step (median "
-                     f"{section['step_ms_p50_profiled']:.3f} ms profiled vs {section['step_ms_p50_unprofiled']:.3f} "
-                     f"ms over {count(section['reference_steps'], 'step')} without it)")
-    else:
-        lines.append(f"profiler cost: unknown ({section['overhead_reason']})")
-    if section.get("effective_GBps_unprofiled") is not None:
-        util = section.get("util_peak_unprofiled")
-        lines.append(f"without the profiler: {section['effective_GBps_unprofiled']:,.1f} GB/s"
-                     + (f", {util:.1%} of peak" if util is not None else "")
-                     + " (the trace's bytes per step over the unprofiled median step time)")
-    found = section["steps_found"]
-    if found is None:
-        lines.append(f"steps found in the trace: none ({section['step_source'] or 'no analysis'}); the hooks "
-                     f"counted {window}")
-    else:
-        lines.append(f"steps found in the trace: {found}; the hooks counted {window}")
-    if section.get("error"):
-        lines.append(f"profiler: {section['error']}")
-    return lines
-
-
-def not_reached_message(section: dict, state: dict, label: str) -> str:
-    """The one-line error of a run whose window never started (or whose runner never reported). Pure."""
-    if state.get("status") == "setup-failed":
-        return f"COMMAND {label}: {state.get('message')}"
-    if state.get("status") == "no-state":
-        return f"COMMAND {label}: ended (exit status {section['exit_code']}) before profile could record anything"
-    n = section["steps_counted"]
-    if state.get("status") in ("window", "reference") and not state.get("trace"):
-        return (f"COMMAND {label}: ended inside the window without exiting normally (os._exit or a signal, exit "
-                f"status {section['exit_code']}): the profiler's trace was never written")
-    if section.get("error"):
-        return f"COMMAND {label}: the profiler could not start ({section['error']}); nothing recorded"
-    if n == 0:
-        return (f"COMMAND {label}: made no step profile can count ({COUNTED}); nothing recorded, no output "
-                "written")
-    return (f"COMMAND {label}: ended after {count(n, 'step')}, before the window (it starts after --skip "
-            f"{section['skip']}); nothing recorded: lower --skip")
 
 
 def compress_trace(raw: str | os.PathLike, dest: str | os.PathLike) -> None:
@@ -268,7 +218,8 @@ class ProfileOutcome:
         exit_code: what ``bubblescope profile`` exits with: the program's status (a signal N as 128 + N), or 2
             where the program succeeded but nothing could be reported.
         summary: the analysed window (``bubblescope.trace/1`` with ``findings`` and ``profile``), or None.
-        notes: one-line notes on the run (:func:`outcome_lines`), the program's failure first.
+        notes: one-line notes on the run (:func:`~bubblescope.reports.profile_report.outcome_lines`), the
+            program's failure first.
         error: the one-line message when no report was made, else None.
         written: the files published into ``--out``.
     """
@@ -296,7 +247,9 @@ def profile_program(program: Program, out: str | os.PathLike, skip: int, steps: 
             program runs), or the outputs cannot be written (nothing published then).
     """
     from .outdir import RunFolder
+    from .reports.profile_report import not_reached_message, outcome_lines
     from .reports.trace_html import write_trace_html
+    from .reports.trace_result import write_trace_result
 
     analysis = check_analysis(analysis)
     out = Path(out)
@@ -320,8 +273,6 @@ def profile_program(program: Program, out: str | os.PathLike, skip: int, steps: 
         section = profile_section(state, status, program, summary["files"][0])
         summary = relocated(summary, str(stage / TRACE_NAME), final)
         notes = failed + outcome_lines(section, program.label)
-        from .reports.trace_result import write_trace_result
-
         write_trace_result(profile_document(summary, section, command or ""), stage / "profile.json")
         write_trace_html(summary, summary["findings"], stage / "profile.html", command=command, notes=notes)
         summary = {**summary, "profile": section}

@@ -228,9 +228,10 @@ class Recorder:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
             torch.cuda.synchronize()  # the window's kernels are its own, not the skipped steps' still in flight
-        self.prof = profile(activities=activities, record_shapes=False)
+        prof = profile(activities=activities, record_shapes=False)
         with self.quiet():
-            self.prof.start()
+            prof.start()  # raises while another profiler runs (one the program started itself)
+        self.prof = prof
         self.window.started(time.perf_counter_ns())
         self.write_state("window")
 
