@@ -20,8 +20,10 @@ markers), ``tokens_generated`` (steps the profile hooks counted in the same wind
 ones), ``profiler_overhead_pct``, ``util_profile_unprofiled_steps`` (the same bytes over the hooks' median step
 time without the profiler) and ``graph_replays``, plus the command and its log tail.
 
-    PYTHONPATH=src python3 benchmarks/profile_any_loop.py                   # every case, ~6-8 min on an H100
+    PYTHONPATH=src python3 benchmarks/profile_any_loop.py                   # every case (estimated 8-10 min)
+    # or in two commands of under 10 minutes each, the second adding its cases to the same file:
     PYTHONPATH=src python3 benchmarks/profile_any_loop.py --cases diagnose,hf
+    PYTHONPATH=src python3 benchmarks/profile_any_loop.py --cases compiled-graphs,compiled-eager
 
 Writes ``benchmarks/results/profile_any_loop.json`` (device, date, commit, versions, cases, trace_check).
 ``--smoke`` runs the same plumbing on a CPU in a few minutes (tiny models, the compiled loop eager, 24 tokens),
@@ -150,9 +152,9 @@ def run_case(name: str, work: Path, timeout: float, skip: int, steps: int, util_
     script, args, graphs, engine = SCRIPTS[name]
     args = [*args, *(extra or [])]
     out = work / name
-    # the window's first step (after --skip and the profiler's warm-up step) reads about prompt + that many
-    # positions: step s of either loop decodes position PROMPT + s - 1 (step 0 is the prefill)
-    context = PROMPT + skip + 1
+    # the trace's first step (step --skip of the run, the profiler's warm-up) reads about PROMPT + skip positions:
+    # step s of either loop decodes position PROMPT + s - 1 (step 0 is the prefill), reading PROMPT + s
+    context = PROMPT + skip
     argv = _bubblescope() + ["profile", "--model", MODEL, "--context", str(context), "--skip", str(skip),
                              "--steps", str(steps), "--out", str(out), "--", sys.executable, script,
                              "--prompt-len", str(PROMPT), "--new-tokens", str(NEW), *args]

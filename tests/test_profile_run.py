@@ -175,3 +175,27 @@ def test_cli_refuses_bad_input_in_one_line(args, message):
     r = _cli(*args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(message)
+
+
+@pytest.mark.slow  # transformers' import and a Llama forward per token: about 8 s on the 2-core machine
+def test_hf_generate_example_one_step_per_token(tmp_path):
+    pytest.importorskip("transformers")
+    program = parse_program([sys.executable, str(ROOT / "examples" / "hf_generate.py"), "--tiny", "--prompt-len",
+                             "8", "--new-tokens", "16"])
+    outcome = profile_program(program, tmp_path / "out", skip=2, steps=5, seconds=None, idle_threshold_us=5.0)
+    section = outcome.summary["profile"]
+    # generate() calls the model once per new token (the prefill makes the first): 16 outermost calls
+    assert section["calls"] == {"module LlamaForCausalLM": 16} and section["tokens_generated"] == 5
+    assert abs(section["steps_found"] - 5) <= 1
+
+
+def test_example_config_is_llama_3_2_1b():
+    import ast
+
+    from bubblescope.models.config import get_preset
+
+    tree = ast.parse((ROOT / "examples" / "hf_generate.py").read_text())
+    value = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "LLAMA_3_2_1B")
+    example, preset = ast.literal_eval(value), get_preset("llama-3.2-1b").to_hf_dict()
+    assert {k: preset[k] for k in example} == example  # diagnose model llama-3.2-1b measures the same model

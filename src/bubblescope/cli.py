@@ -435,8 +435,8 @@ def diagnose_trace(
 @user_errors
 def profile(
     command: Optional[List[str]] = typer.Argument(None, metavar="-- COMMAND [ARGS]...",
-                                                  help="The program, unchanged: `python SCRIPT.py [args]`, "
-                                                  "`python -m MODULE [args]` or `SCRIPT.py [args]`."),
+                                                  help="The program, unchanged: `python SCRIPT.py ARGS...`, "
+                                                  "`python -m MODULE ARGS...` or `SCRIPT.py ARGS...`."),
     skip: int = typer.Option(10, "--skip", help="Steps run before the window (warm-up, prefill, compilation)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps in the window (default 20)."),
     seconds: Optional[float] = typer.Option(None, "--seconds", help="Or the window's length in seconds: it ends at "
@@ -450,9 +450,9 @@ def profile(
                                                  "when there is no model to name."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's weight and KV-cache dtype (default "
                                         "bfloat16)."),
-    context: Optional[int] = typer.Option(None, "--context", help="KV positions the window's first step reads "
-                                          "(prompt + the steps before it; each later step one more); default: "
-                                          "weights only."),
+    context: Optional[int] = typer.Option(None, "--context", help="KV positions the trace's first step reads "
+                                          "(step --skip of the run: about prompt + --skip; each later step one "
+                                          "more); default: weights only."),
     peak_gbps: Optional[float] = typer.Option(None, "--peak-gbps", help="Peak memory bandwidth, GB/s (default: "
                                               "the GPU in the datasheet table, else NVML)."),
     idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
