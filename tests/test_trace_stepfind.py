@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bubblescope.profiler.stepfind import repeating_steps
+from bubblescope.profiler.periodic import repeating_steps
 from bubblescope.profiler.tracesummary import summarize_traces
 
 from . import tracegen as tg
