@@ -157,3 +157,44 @@ def test_a_config_that_cannot_be_read(tmp_path):
         td.resolve_step_bytes(model=str(tmp_path / "weights.bin"))
     with pytest.raises(BubblescopeError, match="directory has no config.json"):
         td.resolve_step_bytes(model=str(tmp_path))
+
+
+def _findings(entry):
+    from bubblescope.reports.trace_findings import find_trace
+
+    return find_trace({"files": [entry]})
+
+
+def test_near_bandwidth_limit_fires_from_80_percent_of_peak():
+    sb = td.resolve_step_bytes(bytes_per_step=4_000_000_000)
+    near = _entry([1.0, 1000.0, 1000.0])  # 4e9 bytes in 1 ms: 4000 GB/s, 83 % of the H200's 4800
+    near["bandwidth"] = td.bandwidth_section(near, sb)
+    (f,) = [x for x in _findings(near) if x["rule"] == "near-bandwidth-limit"]
+    assert f["severity"] == "info" and f["title"] == ("Near the bandwidth limit: the median step is 1.20× the "
+                                                      "floor, 83% of peak")
+    assert f["evidence"] == pytest.approx({"util_peak": 4000 / 4800, "effective_GBps": 4000, "step_wall_us": 1000,
+                                           "floor_us": 4e9 / 4800 / 1e3, "over_floor_x": 1.2})
+    far = _entry([1.0, 1050.0, 1050.0])  # 79.4 % of peak
+    far["bandwidth"] = td.bandwidth_section(far, sb)
+    assert not [x for x in _findings(far) if x["rule"] == "near-bandwidth-limit"]
+    unknown = _entry([1.0, 1000.0, 1000.0], name="Test GPU")  # no peak, no percentage, no finding
+    unknown["bandwidth"] = td.bandwidth_section(unknown, sb, nvml=False)
+    assert not [x for x in _findings(unknown) if x["rule"] == "near-bandwidth-limit"]
+
+
+def test_steps_uncertain_fires_only_for_low_confidence_found_steps():
+    from bubblescope.profiler.periodic import confidence
+
+    assert (confidence(12, 12, 0.95), confidence(5, 5, 1.0), confidence(10, 6, 0.6)) == ("high", "medium", "low")
+    entry = _entry([1.0, 1.0])
+    entry["steps"] = {"available": True}
+    entry["step_detection"] = {"method": "sequence", "confidence": "low", "steps": 10, "matching_steps": 6,
+                               "units_per_step": 40, "coverage": 0.6}
+    (f,) = [x for x in _findings(entry) if x["rule"] == "steps-uncertain"]
+    assert f["severity"] == "warn" and f["evidence"] == {"steps": 10, "matching_steps": 6, "units_per_step": 40,
+                                                         "coverage": 0.6}
+    assert f["title"] == "Steps found without markers with low confidence: 6 of 10 steps repeat the common sequence " \
+                         "exactly"
+    for method, conf in (("sequence", "medium"), ("marker", "high")):
+        entry["step_detection"].update(method=method, confidence=conf)
+        assert not [x for x in _findings(entry) if x["rule"] == "steps-uncertain"]
