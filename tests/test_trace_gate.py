@@ -157,3 +157,27 @@ def test_unknown_gpu_is_stated_not_an_error_and_an_unreadable_trace_writes_nothi
     r = _cli("diagnose", "trace", _trace(tmp_path), bad, "--bytes-per-step", 1_000_000, "--json", out)
     assert r.exit_code == 2 and f"note: --json {out}: not written, 1 trace could not be read" in r.stderr
     assert out.read_text() == "previous run"
+
+
+def test_a_captured_trace_records_its_context_and_the_bytes_follow_it(tmp_path):
+    from bubblescope.profiler.capture import capture_decode_trace
+    from bubblescope.tracediagnose import diagnose_trace_files
+
+    from .test_capture import CFG, ToyDecoder
+
+    config = tmp_path / "toy.json"
+    config.write_text(json.dumps(CFG.to_hf_dict()))
+    cap = capture_decode_trace(ToyDecoder(), [1, 2, 3], steps=4, warmup=2, out_path=tmp_path / "toy.json.gz")
+    (f,) = diagnose_trace_files([cap.trace_path], model=str(config), dtype="float32")["files"]
+    assert f["first_context"] == cap.start_position + 1 == 6  # 3 prompt + 2 warm-up positions, then its own
+    bw = f["bandwidth"]
+    assert bw["context_source"] == "trace" and [r["context"] for r in bw["rows"]] == [6, 7, 8, 9]
+    # the toy model by hand (fp32): one layer of norms 2·16, q and o 2·16·16, k and v 2·8·16, MLP 3·32·16, plus an
+    # embedding row, the final norm and the 40·16 LM head: 3,008 weights, 12,032 bytes; KV 2·8·4 = 64 bytes each
+    with gzip.open(cap.trace_path, "rt") as fh:
+        walls = [e["dur"] for e in sorted(json.load(fh)["traceEvents"], key=lambda e: e.get("ts", 0))
+                 if e.get("cat") == "user_annotation" and e["name"].startswith("bubblescope.decode_step#")]
+    for row, wall, context in zip(bw["rows"], walls, (6, 7, 8, 9)):
+        assert row["bytes"] == 12_032 + (context + 1) * 64
+        assert row["effective_GBps"] == pytest.approx(row["bytes"] / wall / 1e3, rel=1e-6)
+    assert bw["peak_GBps"] is None and bw["verdict"].endswith("no floor or % of peak (give --peak-gbps)")
