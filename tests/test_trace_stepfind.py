@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bubblescope.profiler.stepfind import repeating_steps
+from bubblescope.profiler.periodic import repeating_steps
 from bubblescope.profiler.tracesummary import summarize_traces
 
 from . import tracegen as tg
@@ -154,3 +154,27 @@ def test_a_cpu_only_decode_loop_finds_its_steps_from_the_operators(tmp_path):
     assert d["method"] == "cpu-ops" and abs(d["steps"] - tokens) <= 1, d
     assert "top-level CPU ops" in d["description"] and f["steps"]["reason"].startswith("no GPU activity")
     assert len(f["step_rows"]) == d["steps"] and all(r["wall_us"] > 0 for r in f["step_rows"])
+
+
+def test_reports_name_how_steps_were_found_the_floor_and_the_replays(tmp_path):
+    from rich.console import Console
+
+    from bubblescope.reports.trace_html import render_trace_html
+    from bubblescope.reports.trace_terminal import render_trace_summary
+    from bubblescope.tracediagnose import diagnose_trace_files
+
+    events, _ = tg.graph_loop_events(6, [("g_a<int>", 1, 4), ("g_b", 6, 3), ("g_c", 10, 2)])
+    path = tg.write(tmp_path / "g.json", tg.document(events, rank=None))
+    summary = diagnose_trace_files([path], bytes_per_step=1_000_000, peak_gbps=100.0)
+    findings = summary.pop("findings")
+    console = Console(record=True, width=100, color_system=None)
+    render_trace_summary(summary, console)
+    text = " ".join(console.export_text().split())
+    # steps of 44 µs (the last 24 µs: median 44); 1 MB at 100 GB/s: a 10-µs floor
+    verdict = "0.044 ms per step, 4.40× the floor of 0.010 ms (0.034 ms above it): 23% of the 100 GB/s peak"
+    for part in ("Decode steps (no marker: found from CUDA-graph launches)", "steps: 6, from CUDA-graph launches",
+                 f"Bandwidth: {verdict}", "CUDA-graph replays (device 0)", "replays (distinct graphs) │ 6 (1)"):
+        assert part in text, part
+    html = render_trace_html(summary, findings)
+    assert verdict in html and "CUDA-graph replays (device 0)" in html and "steps: 6, from CUDA-graph" in html
+    assert "g_a&lt;int&gt;" in html and "g_a<int>" not in html

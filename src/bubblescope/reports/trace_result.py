@@ -17,7 +17,6 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..errors import BubblescopeError
 
 SCHEMA = "bubblescope.trace-result/1"
 SCHEMA_PREFIX = "bubblescope.trace-result/"
