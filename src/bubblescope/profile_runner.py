@@ -32,7 +32,6 @@ if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == _HERE:
 
 import json  # noqa: E402  (after sys.path is cleaned)
 import runpy  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -123,20 +122,6 @@ class StepWindow:
         """The profiler has stopped and the trace is written: the reference steps follow."""
         self.phase = "reference"
         self._after_stop = True
-
-
-def overhead_pct(window_ns: list[int], reference_ns: list[int]) -> float | None:
-    """The profiler's cost per step, %: median step time in the window over median step time of the reference
-    steps, minus 1, × 100. None without a step on either side.
-
-    Args:
-        window_ns, reference_ns: step boundaries, ns (n + 1 boundaries give n steps), as :class:`StepWindow`.
-    """
-    prof = [b - a for a, b in zip(window_ns, window_ns[1:])]
-    ref = [b - a for a, b in zip(reference_ns, reference_ns[1:])]
-    if not prof or not ref or statistics.median(ref) <= 0:
-        return None
-    return (statistics.median(prof) / statistics.median(ref) - 1.0) * 100.0
 
 
 def _atomic_json(path: str, doc: dict) -> None:
