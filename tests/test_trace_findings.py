@@ -77,11 +77,11 @@ def gap_events(gap: float = 2) -> list[dict]:
 def idle_events(queued: bool = False) -> list[dict]:
     """No step marker: kernels of 10 µs at 0, 100, 200, each launched 5 µs before it starts (after the previous
     one ended: host-wait), or all three launched at -20, -18, -16 (``queued``: the gaps are "other" idle).
-    Busy 30 of a 210-µs span."""
+    Busy 30 of a 210-µs span. Three different kernels: nothing repeats, so no steps are found either."""
     at = (-20, -18, -16) if queued else (-5, 95, 195)
     ev = []
     for corr, (a, ts) in enumerate(zip(at, (0, 100, 200)), start=1):
-        ev += [tg.launch(a, 2, corr), tg.kernel("k", ts, 10, corr)]
+        ev += [tg.launch(a, 2, corr), tg.kernel(f"k{corr}", ts, 10, corr)]
     return tg.meta_events() + ev
 
 

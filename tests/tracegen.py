@@ -138,3 +138,72 @@ def decode_trace_events(marker: str = "bubblescope.decode_step") -> list[dict]:
     ]
     ev += flow(1, 95, 100) + flow(50, 150, 165, stream=9, cat="async_cpu_to_gpu")
     return meta_events() + ev
+
+
+def decode_loop_events(steps: int, names: list[str], kernel_us: float = 10.0, launch_us: float = 2.0,
+                       step_gap_us: float = 50.0, prefill: list[str] | None = None, start: float = 1000.0,
+                       first_corr: int = 1) -> tuple[list[dict], dict]:
+    """A decode loop without step markers: an optional prefill (one kernel launch per name in ``prefill``), then
+    ``steps`` steps, each launching the kernels ``names`` one by one.
+
+    Each launch call takes ``launch_us`` and its kernel starts when the call ends and runs ``kernel_us``; the
+    next launch starts when the kernel ends (the host waits: every gap is host-wait). After a step's last kernel
+    the host spends ``step_gap_us`` before the next step's first launch (sampling), so a step lasts
+    ``len(names) × (launch_us + kernel_us) + step_gap_us`` from its first launch to the next step's. Returns
+    ``(events, answers)``, answers: ``step_starts`` (first launch call of each step, µs), ``step_us`` (that
+    period), ``prefill_units``.
+    """
+    ev, t, corr, starts = [], float(start), first_corr, []
+    for name in prefill or []:
+        ev += [launch(t, launch_us, corr), kernel(name, t + launch_us, kernel_us, corr)]
+        t += launch_us + kernel_us
+        corr += 1
+    t += step_gap_us
+    for _ in range(steps):
+        starts.append(t)
+        for name in names:
+            ev += [launch(t, launch_us, corr), kernel(name, t + launch_us, kernel_us, corr)]
+            t += launch_us + kernel_us
+            corr += 1
+        t += step_gap_us
+    return meta_events() + ev, {"step_starts": starts, "step_us": len(names) * (launch_us + kernel_us) + step_gap_us,
+                                "prefill_units": len(prefill or [])}
+
+
+def graph_loop_events(steps: int, graph_kernels: list[tuple[str, float, float]], input_us: float = 3.0,
+                      start: float = 1000.0) -> tuple[list[dict], dict]:
+    """A CUDA-graph decode loop without markers: per step a ``copy_input`` kernel launch (1 µs call, kernel of
+    ``input_us`` right after it), a ``cudaGraphLaunch`` (5 µs call) whose replay runs ``graph_kernels``
+    (``(name, offset from the graph call's end, duration)``, µs) all with the graph launch's correlation, then a
+    ``cudaMemcpyAsync`` (2 µs) of the token whose 1-µs memcpy starts 1 µs after the replay's last kernel ends,
+    and a ``cudaStreamSynchronize`` until that copy ends. The next step starts 20 µs after the sync.
+    Returns ``(events, answers)``: ``step_starts``, ``replays`` ``[(first_start, last_end, busy_us)]``.
+    """
+    ev, t, corr, starts, replays = [], float(start), 1, [], []
+    for _ in range(steps):
+        starts.append(t)
+        ev += [launch(t, 1, corr), kernel("copy_input", t + 1, input_us, corr)]
+        corr += 1
+        g = t + 5
+        ev.append(api("cudaGraphLaunch", g, 5, corr))
+        spans = [(g + 5 + off, g + 5 + off + dur) for _, off, dur in graph_kernels]
+        ev += [kernel(name, a, b - a, corr) for (name, _, _), (a, b) in zip(graph_kernels, spans)]
+        busy = _union(spans)
+        replays.append((min(a for a, _ in spans), max(b for _, b in spans), busy))
+        corr += 1
+        last = max(b for _, b in spans)
+        ev += [api("cudaMemcpyAsync", g + 6, 2, corr), memcpy(last + 1, 1, corr, name="Memcpy DtoH (Device -> Pinned)")]
+        corr += 1
+        ev.append(api("cudaStreamSynchronize", g + 8, last + 2 - (g + 8), corr))
+        corr += 1
+        t = last + 2 + 20
+    return meta_events() + ev, {"step_starts": starts, "replays": replays}
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total

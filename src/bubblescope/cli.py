@@ -341,43 +341,72 @@ def diagnose_trace(
     html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML report here (the "
                                        "tables, a per-step busy/idle plot, the findings); not when a trace is "
                                        "unreadable."),
+    model: Optional[str] = typer.Option(None, "--model", help="The traced model (preset, HF directory or "
+                                        "config.json): bytes per step, GB/s, % of peak and the floor per step."),
+    bytes_per_step: Optional[int] = typer.Option(None, "--bytes-per-step", help="Bytes a decode step moves, "
+                                                 "when there is no model to name."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's weight and KV-cache dtype (default "
+                                        "bfloat16)."),
+    context: Optional[int] = typer.Option(None, "--context", help="KV positions the first step reads (each later "
+                                          "step one more); default: the trace's record, else weights only."),
+    peak_gbps: Optional[float] = typer.Option(None, "--peak-gbps", help="Peak memory bandwidth, GB/s (default: "
+                                              "the trace's GPU in the datasheet table, else NVML on the machine "
+                                              "that took it)."),
+    json_out: Optional[str] = typer.Option(None, "--json", parser=_as_typed, help="Also write the result for "
+                                           "`bubblescope gate` here (bubblescope.trace-result/1)."),
 ):
     """Bubble ratio, busy/span, idle breakdown, kernels and launches per step of existing traces.
 
-    With one trace per rank, also NCCL share, cross-rank skew and the slowest rank per step. Then findings: what
-    limits the traced decode (launches, host syncs, kernel boundaries, warm-up, NCCL, rank skew) and what to do.
+    Steps are the step marker's ranges, or, without any, found from what repeats once per token (CUDA-graph
+    launches, one kernel per step, a repeating kernel sequence). With --model or --bytes-per-step, each step's
+    bytes, GB/s, % of peak and distance from the floor. With one trace per rank, also NCCL share, cross-rank
+    skew and the slowest rank per step. Then findings: what limits the traced decode (launches, host syncs,
+    kernel boundaries, warm-up, NCCL, rank skew) and what to do.
     """
-    from .profiler.ranksummary import summarize_rank_traces, unmerged_ranks_note
+    from .profiler.ranksummary import unmerged_ranks_note
     from .profiler.tracesummary import file_errors
     from .reports.progress import trace_progress
-    from .reports.trace_findings import find_trace
     from .trace_inputs import refuse_input, trace_files
+    from .tracediagnose import check_context, check_peak, diagnose_trace_files, resolve_step_bytes
 
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     html_path = _file(html, "--html", "the HTML file to write", write=True)  # before any trace is read
+    json_path = _file(json_out, "--json", "the result file to write", write=True)
+    check_context(context, resolve_step_bytes(model, bytes_per_step, dtype))  # bad options before any reading
+    check_peak(peak_gbps)
     for p in paths:  # Path("") is ".", whose trace files would be read in its place
         if not p.strip():
             raise BubblescopeError("PATHS: an empty path; name a trace file or a directory of traces")
     files, skipped = trace_files([Path(p) for p in paths])  # any name the OS takes (not _path: QA finding)
     refuse_input(html_path, files, "--html")
+    refuse_input(json_path, files, "--json")
+    if html_path is not None and json_path is not None and html_path.resolve() == json_path.resolve():
+        raise BubblescopeError(f"--json {json_path}: is the --html file too; choose another path")
     notes = list(skipped)
     for note in skipped:
         typer.echo(f"note: {note}", err=True)
     with trace_progress() as progress:
-        summary = summarize_rank_traces([str(p) for p in files], step_marker=step_marker,
-                                        threshold_us=idle_threshold_us, skip_steps=skip_steps, force=ranks,
-                                        keep_going=True, progress=progress)
+        summary = diagnose_trace_files([str(p) for p in files], step_marker=step_marker,
+                                       threshold_us=idle_threshold_us, skip_steps=skip_steps, ranks=ranks,
+                                       model=model, bytes_per_step=bytes_per_step, dtype=dtype, context=context,
+                                       peak_gbps=peak_gbps, progress=progress)
+    findings = summary.pop("findings")
     note = unmerged_ranks_note(summary) if not ranks else None
     if note:
         notes.append(note)
         typer.echo(f"note: {note}", err=True)
     errors = file_errors(summary)
-    findings = find_trace(summary)
-    if html_path is not None and errors:  # a report of part of the input would read as the whole: none at all
-        typer.echo(f"note: --html {html_path}: not written, {count(len(errors), 'trace')} could not be read",
-                   err=True)
-    elif html_path is not None:
+    for path, option in ((html_path, "--html"), (json_path, "--json")):
+        if path is not None and errors:  # a report of part of the input would read as the whole: none at all
+            typer.echo(f"note: {option} {path}: not written, {count(len(errors), 'trace')} could not be read",
+                       err=True)
+    if json_path is not None and not errors:
+        from .reports.trace_result import trace_result, write_trace_result
+        write_trace_result(trace_result(summary, findings, command=" ".join(["bubblescope"] + sys.argv[1:])),
+                           json_path, "--json")
+        typer.echo(f"wrote {json_path}", err=True)
+    if html_path is not None and not errors:
         from .reports.trace_html import write_trace_html
         write_trace_html(summary, findings, html_path, "--html", command=" ".join(["bubblescope"] + sys.argv[1:]),
                          notes=notes)
@@ -400,6 +429,77 @@ def diagnose_trace(
         for message in errors[:-1]:
             typer.echo(f"error: {message}", err=True)
         raise BubblescopeError(errors[-1])
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+@user_errors
+def profile(
+    command: Optional[List[str]] = typer.Argument(None, metavar="-- COMMAND [ARGS]...",
+                                                  help="The program, unchanged: `python SCRIPT.py ARGS...`, "
+                                                  "`python -m MODULE ARGS...` or `SCRIPT.py ARGS...`."),
+    skip: int = typer.Option(10, "--skip", help="Steps run before the window (warm-up, prefill, compilation)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Steps in the window (default 20)."),
+    seconds: Optional[float] = typer.Option(None, "--seconds", help="Or the window's length in seconds: it ends at "
+                                            "the first step that starts after it."),
+    out: str = typer.Option("bubblescope-profile", help="Directory for profile.json, profile.html and "
+                            "profile.trace.json.gz (replaced together; other files left alone)."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model decoded (preset, HF directory or "
+                                        "config.json): bytes per step, GB/s, % of peak and the floor, as "
+                                        "diagnose trace."),
+    bytes_per_step: Optional[int] = typer.Option(None, "--bytes-per-step", help="Bytes a decode step moves, "
+                                                 "when there is no model to name."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="The model's weight and KV-cache dtype (default "
+                                        "bfloat16)."),
+    context: Optional[int] = typer.Option(None, "--context", help="KV positions the trace's first step reads "
+                                          "(step --skip of the run: about prompt + --skip; each later step one "
+                                          "more); default: weights only."),
+    peak_gbps: Optional[float] = typer.Option(None, "--peak-gbps", help="Peak memory bandwidth, GB/s (default: "
+                                              "the GPU in the datasheet table, else NVML)."),
+    idle_threshold_us: float = typer.Option(5.0, "--idle-threshold-us",
+                                            help="Gaps shorter than this (µs) count as kernel-wait."),
+    wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
+):
+    """Run a Python program under torch.profiler, unchanged, and report a window of its decode steps.
+
+    Steps are counted by light hooks (outermost nn.Module calls, torch.compile'd function calls, CUDA-graph
+    replays): after --skip steps, --steps steps (or --seconds) are recorded, then as many are timed without the
+    profiler to state its cost. The program's output and exit status are its own; the report is diagnose
+    trace's, of the recorded window.
+    """
+    from .profile_command import parse_program
+    from .profile_program import check_analysis, profile_program
+
+    if skip < 0:
+        raise BubblescopeError(f"--skip: must be 0 or more, got {skip}")
+    if steps is not None and seconds is not None:
+        raise BubblescopeError("--steps and --seconds: give one of them, not both")
+    if steps is not None and steps < 1:
+        raise BubblescopeError(f"--steps: must be 1 or more, got {steps}")
+    if seconds is not None and not 0 < seconds < float("inf"):
+        raise BubblescopeError(f"--seconds: must be a positive number of seconds, got {seconds:g}")
+    from .profiler.metrics import check_threshold
+    check_threshold(idle_threshold_us)  # before the program runs, not after
+    analysis = check_analysis({"model": model, "bytes_per_step": bytes_per_step, "dtype": dtype, "context": context,
+                               "peak_gbps": peak_gbps})
+    program = parse_program(list(command or []))
+    if steps is None and seconds is None:
+        steps = 20
+    outcome = profile_program(program, _out(out, "bubblescope-profile"), skip, steps, seconds,
+                              idle_threshold_us, analysis, command=" ".join(["bubblescope"] + sys.argv[1:]))
+    for note in outcome.notes:
+        typer.echo(f"note: {note}", err=True)
+    if outcome.summary is not None:
+        from rich.console import Console
+
+        from .reports.trace_terminal import render_trace_findings, render_trace_summary
+        console = Console()
+        render_trace_summary(outcome.summary, console, wide=wide)
+        render_trace_findings(outcome.summary["findings"], console)
+    if outcome.written:
+        typer.echo(f"wrote {', '.join(map(str, outcome.written))}", err=True)
+    if outcome.error is not None:
+        typer.echo(f"error: {outcome.error}", err=True)
+    raise typer.Exit(outcome.exit_code)
 
 
 @app.command()
@@ -451,19 +551,23 @@ def gate(
     allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help="Compare against a baseline of another "
                                         "model, dtype, device or workload anyway."),
 ):
-    """CI gate: exit 0 when every check holds, 1 when one fails, 2 on unusable input."""
+    """CI gate: exit 0 when every check holds, 1 when one fails, 2 on unusable input.
+
+    RESULTS.json is a `diagnose model` results.json or a `diagnose trace --json` / `profile` result (then every
+    trace file is checked; --max-token-p99-ms holds its p99 ms per step).
+    """
     from rich.console import Console
 
-    from .reports.gate import render_gate, run_gate
-    from .reports.results import load_results
+    from .reports.gate import render_gate
+    from .reports.trace_gate import load_gate_document, run_any_gate
 
     results_path = _file(results_path, "RESULTS.json", "the results.json to check", required=True)
     baseline = _file(baseline, "--baseline", "an older results.json")
-    doc = load_results(results_path).doc
-    base = load_results(baseline).doc if baseline is not None else None
-    rep = run_gate(doc, engine=engine, min_bandwidth_util=min_bandwidth_util, max_bubble_ratio=max_bubble_ratio,
-                   max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression,
-                   allow_mismatch=allow_mismatch)
+    doc = load_gate_document(results_path)
+    base = load_gate_document(baseline) if baseline is not None else None
+    rep = run_any_gate(doc, engine=engine, min_bandwidth_util=min_bandwidth_util, max_bubble_ratio=max_bubble_ratio,
+                       max_token_p99_ms=max_token_p99_ms, baseline=base, max_regression=max_regression,
+                       allow_mismatch=allow_mismatch)
     render_gate(rep, Console())
     raise typer.Exit(rep.exit_code)
 

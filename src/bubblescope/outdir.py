@@ -80,13 +80,17 @@ class RunFolder:
     """Context manager: ``with RunFolder(out) as stage: ...write under stage...; publish()``.
 
     Leaving the block without :meth:`publish` (an exception, KeyboardInterrupt) deletes the staging folder.
+    ``owned``: the names a run of this kind writes into ``OUT`` (default :data:`OWNED`, ``diagnose``'s; ``bubblescope
+    profile`` owns its own ``profile.*`` files, so the two kinds of run can share a folder without removing each
+    other's).
 
     Raises:
         BubblescopeError: ``out`` cannot be created or written (a file, under a file, no permission).
     """
 
-    def __init__(self, out: str | os.PathLike):
+    def __init__(self, out: str | os.PathLike, owned: tuple[str, ...] = OWNED):
         self.out = Path(out)
+        self.owned = owned
         if self.out.exists() and not self.out.is_dir():
             raise BubblescopeError(f"--out {self.out}: cannot create the output directory (Not a directory)")
         try:
@@ -107,7 +111,8 @@ class RunFolder:
             shutil.rmtree(self.stage, ignore_errors=True)
 
     def publish(self) -> None:
-        """Replace ``OUT``'s results.json, report.html and traces/ by the staged ones (absent ones removed).
+        """Replace ``OUT``'s run entries (``owned``: results.json, report.html, traces/ ...) by the staged ones
+        (absent ones removed).
 
         All or nothing: if a move fails (e.g. an entry of the previous run cannot be moved), the moves already made
         are undone in reverse order, so ``OUT`` keeps the previous run whole, and the staging folder is removed.
@@ -116,11 +121,12 @@ class RunFolder:
             BubblescopeError: a move failed (names ``OUT`` and the entry), or ``OUT/traces/`` holds an entry no
                 run writes (:func:`foreign_trace`); nothing is moved then.
         """
-        _refuse_foreign(self.out, "the previous run is left as it was")  # put there while the run measured
+        if "traces" in self.owned:  # put there while the run measured
+            _refuse_foreign(self.out, "the previous run is left as it was")
         trash = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
         done: list[tuple[Path, Path]] = []  # (from, to) of each move made, to undo
         try:
-            for name in OWNED:
+            for name in self.owned:
                 if (self.out / name).exists() or (self.out / name).is_symlink():
                     os.replace(self.out / name, trash / name)
                     done.append((self.out / name, trash / name))

@@ -22,6 +22,9 @@ from ..errors import BubblescopeError
 from .kineto_log import quiet_start_stop
 
 STEP_MARKER = "bubblescope.decode_step"
+# Top-level trace key holding the KV positions the first marked step reads (start_position + 1: the cache and
+# the new token), so `diagnose trace --model` knows each step's context without --context.
+CONTEXT_KEY = "bubblescope_first_context"
 CPU_ONLY_NOTE = "CPU-only capture: GPU metrics unavailable"
 
 
@@ -146,6 +149,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
             tokens.append(tok)
         if gpu:
             torch.cuda.synchronize(decoder.device)
+        prof.add_metadata_json(CONTEXT_KEY, str(start_position + 1))
 
     fd, raw = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)
     os.close(fd)

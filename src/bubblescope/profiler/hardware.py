@@ -134,6 +134,36 @@ def _nvml_fields(cuda_index: int, uuid, notes: list[str]) -> dict:
             nv.nvmlShutdown()
 
 
+def local_gpus() -> tuple[list[dict], str | None]:
+    """This machine's GPUs as NVML sees them, without torch: ``([{"name", "memory_bytes", "nvml_peak_GBps"}],
+    None)``, or ``([], why not)`` when NVML is missing or fails. ``nvml_peak_GBps`` is :func:`nvml_peak_GBps`
+    of the device's bus width and max memory clock (None where NVML refuses a query)."""
+    notes: list[str] = []
+    nv = _import_pynvml(notes)
+    if nv is None:
+        return [], notes[0]
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as e:
+        return [], f"NVML unavailable ({e})"
+    try:
+        out = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            memory = _nvml_query(nv, notes, "memory", nv.nvmlDeviceGetMemoryInfo, handle)
+            bus = _nvml_query(nv, notes, "memory bus width", nv.nvmlDeviceGetMemoryBusWidth, handle)
+            clock = _nvml_query(nv, notes, "max memory clock", nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM)
+            out.append({"name": _nvml_query(nv, notes, "name", nv.nvmlDeviceGetName, handle),
+                        "memory_bytes": getattr(memory, "total", None),
+                        "nvml_peak_GBps": nvml_peak_GBps(bus, clock) if bus and clock else None})
+        return out, None
+    except nv.NVMLError as e:
+        return [], f"NVML: {e}"
+    finally:
+        with suppress(nv.NVMLError):
+            nv.nvmlShutdown()
+
+
 def device_info(device="cuda:0") -> dict:
     """Describe a device: identity, sizes, NVML peak bandwidth and software versions.
 

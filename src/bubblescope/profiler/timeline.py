@@ -76,6 +76,7 @@ def step_figures(
     step_marker: str = DEFAULT_STEP_MARKER,
     skip_steps: int = 0,
     threshold_us: float = DEFAULT_IDLE_THRESHOLD_US,
+    steps: dict | None = None,
 ) -> tuple[dict, list[dict]]:
     """``(timeline_summary(...), step rows)``: the summary of :func:`timeline_summary`, computed once, and one
     JSON-ready row per marked step, the warm-up ones included (``warmup`` True for the first ``skip_steps``)::
@@ -84,8 +85,10 @@ def step_figures(
          (union and extent of the step's GPU activities on the summary's device), "bubble_ratio": float | None
          (1 - busy / span), "kernels", "launches": int}
 
-    Times in µs; None where a step launched no GPU work. No rows when no step is marked. Raises
-    BubblescopeError for a bad threshold or skip count, as :func:`timeline_summary`.
+    Times in µs; None where a step launched no GPU work. No rows when no step is marked. ``steps``: step ranges
+    found otherwise (:func:`~.stepfind.find_decode_steps`, in the form of :func:`~.arraysummary.find_steps`) in
+    place of ``step_marker``'s. Raises BubblescopeError for a bad threshold or skip count, as
+    :func:`timeline_summary`.
     """
     import numpy as np
 
@@ -115,7 +118,7 @@ def step_figures(
         "categories": [],
         "max_registers_per_thread": None,
     }
-    steps = az.find_steps(arrays, step_marker)
+    steps = az.find_steps(arrays, step_marker) if steps is None else steps
     if not len(steps["step"]):
         out["reason"] = f"no step marker {step_marker!r} in trace"
         return out, []

@@ -4,6 +4,8 @@ Schema ``bubblescope.trace/1``::
 
     {"schema": "bubblescope.trace/1",
      "files": [{"path": str, "rank": int | None, "step_marker": str | None,
+                "step_detection": <stepfind detection dict: method ("marker", "cuda-graph", "megakernel",
+                                   "sequence", "cpu-ops" or None), steps, confidence, description, reason, ...>,
                 "devices": [{"device": int, "kernels", "memcpys", "memsets", "streams": int,
                              "busy_us", "span_us": float, "bubble_ratio": float | None,
                              "idle": {"idle_us", "host_wait_us", "kernel_wait_us", "other_us",
@@ -14,11 +16,18 @@ Schema ``bubblescope.trace/1``::
                 "steps": <timeline.timeline_summary dict> | None,
                 "step_rows": [<timeline.step_figures row: step, warmup, wall_us, busy_us, span_us,
                                bubble_ratio, kernels, launches>],
+                "graphs": <graphs.graph_summary dict> | None,      # CUDA-graph replays, when launched
+                "device_properties": {"name", "total_memory_bytes", "sm_count", "compute_capability"} | None,
+                "host_name": str | None, "first_context": int | None,
                 "warnings": [str]}
                | {"path": str, "error": str}]}   # a file that could not be read (keep_going)
 
-Device figures cover the whole trace; ``steps`` covers the decode steps found by the step marker (the medians
-over the measured steps), ``step_rows`` each of them, the warm-up steps included (flagged), in step order.
+Device figures cover the whole trace; ``steps`` covers the decode steps (the medians over the measured steps),
+``step_rows`` each of them, the warm-up steps included (flagged), in step order. Steps are the step marker's
+ranges; in a trace without any, they are found from what repeats once per token (:mod:`.stepfind`), and
+``step_detection`` says how and with what confidence (``step_marker`` stays None). ``device_properties`` is
+the trace's ``deviceProperties`` entry of the step device, ``host_name`` Kineto's, ``first_context`` the KV
+positions of the first marked step where bubblescope's capture recorded them (:data:`CONTEXT_KEY`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,11 @@ from .arraysummary import breakdown, device_table, find_steps, overlap_note, ste
 from .steps import DEFAULT_STEP_MARKER
 from .timeline import CPU_ONLY, check_skip_steps, no_gpu_reason, step_figures
 from .heap import parse_heap
+from .capture import CONTEXT_KEY
+from .cpuops import read_cpu_ops
+from .gpus import device_properties
+from .graphs import graph_summary
+from .stepfind import find_decode_steps, marker_detection
 from .tracearrays import TraceArrays, read_trace_arrays
 from .tracechecks import overlap_notes, skew_note
 
@@ -145,8 +159,22 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
     summary, step_rows = None, []
     if marker is None:
         tried = (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS
-        warnings.append(f"no step marker ({' or '.join(map(repr, tried))}) in trace: whole-trace figures only")
+        ops = read_cpu_ops(arrays.path) if cpu_only else None  # a CPU-only run's steps are in its operators
+        steps, detection = find_decode_steps(arrays, ops)
+        if steps is None:
+            warnings.append(f"no step marker ({' or '.join(map(repr, tried))}) in trace and "
+                            f"{detection['reason']}: whole-trace figures only")
+        else:
+            summary, step_rows = step_figures(arrays, DEFAULT_STEP_MARKER, skip_steps, threshold_us, steps=steps)
+            if summary["reason"] == CPU_ONLY and cpu_only:
+                summary["reason"] = cpu_only
+            if summary["reason"] and summary["reason"] != cpu_only:
+                warnings.append(f"steps: {summary['reason']}")
+            left = left_out_note(arrays, steps, summary["device"])
+            if left:
+                warnings.append(left)
     else:
+        detection = marker_detection(marker, len(steps["step"]))
         # Without any CUDA call in the trace there is no launch to match, by thread or by time.
         by_time = int((~steps["thread"]).sum()) if len(arrays.runtime["pid"]) else 0
         if by_time:
@@ -174,11 +202,30 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         "path": arrays.path,
         "rank": arrays.rank,
         "step_marker": marker,
+        "step_detection": detection,
         "devices": devices,
         "steps": summary,
         "step_rows": step_rows,
+        "graphs": graph_summary(arrays, summary["device"] if summary else None),
+        "device_properties": device_properties(arrays.metadata, summary["device"] if summary else None),
+        "host_name": _text(arrays.metadata.get("host_name")),
+        "first_context": _first_context(arrays.metadata),
         "warnings": warnings,
     }
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _first_context(metadata: dict) -> int | None:
+    """The KV positions the first marked step reads, where the trace records it (:data:`CONTEXT_KEY`, written
+    by :func:`~.capture.capture_decode_trace`); None otherwise."""
+    value = metadata.get(CONTEXT_KEY)
+    if isinstance(value, str):  # torch.profiler's add_metadata writes strings
+        value = value.strip()
+        value = int(value) if value.isdigit() else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def summarize_traces(

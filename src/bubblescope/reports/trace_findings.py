@@ -23,7 +23,7 @@ from .findings import SEVERITIES, THRESHOLDS, make_finding, merged_thresholds
 from ..wording import count
 
 _SHARED = ("launch_bound_min_bubble_ratio", "launch_bound_min_kernels_per_step",
-           "bubble_bound_min_bubble_ratio", "bubble_bound_max_launches_per_step")
+           "bubble_bound_min_bubble_ratio", "bubble_bound_max_launches_per_step", "near_limit_min_util_peak")
 
 TRACE_THRESHOLDS: Mapping[str, float] = MappingProxyType({
     **{k: THRESHOLDS[k] for k in _SHARED},
@@ -242,8 +242,36 @@ def _rank_skew(r: dict, t: Mapping[str, float]) -> list[dict]:
         "the GPUs: uneven shards, or a slower GPU (clocks, heat, another process: nvidia-smi -q -d PERFORMANCE).")]
 
 
+def _near_floor(f: dict, t: Mapping[str, float]) -> list[dict]:
+    s = (f.get("bandwidth") or {}).get("summary") or {}
+    util = s.get("util_peak")
+    if util is None or util < t["near_limit_min_util_peak"]:
+        return []
+    return [_file_finding(
+        f, "near-bandwidth-limit", "info",
+        f"Near the bandwidth limit: the median step is {s['over_floor_x']:.2f}× the floor, {util:.0%} of peak",
+        {"util_peak": util, "effective_GBps": s.get("effective_GBps"), "step_wall_us": s.get("step_us_p50"),
+         "floor_us": s.get("floor_us"), "over_floor_x": s.get("over_floor_x")},
+        "Decode here is done: only fewer bytes per token (quantized weights, a smaller KV cache) will make it "
+        "faster; removing the remaining bubbles gains at most the distance to the floor.")]
+
+
+def _steps_uncertain(f: dict, t: Mapping[str, float]) -> list[dict]:
+    d = f.get("step_detection") or {}
+    if d.get("method") in (None, "marker") or d.get("confidence") != "low" or not f.get("steps"):
+        return []
+    return [_file_finding(
+        f, "steps-uncertain", "warn",
+        f"Steps found without markers with low confidence: {d.get('matching_steps')} of "
+        f"{count(d.get('steps'), 'step')} repeat the common sequence exactly",
+        {"steps": d.get("steps"), "matching_steps": d.get("matching_steps"), "units_per_step": d.get("units_per_step"),
+         "coverage": d.get("coverage")},
+        "The step figures rest on a guessed period: mark each decode step with torch.profiler.record_function("
+        '"bubblescope.decode_step") (or profile with torch.profiler.schedule) for steps that are known.')]
+
+
 FILE_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (
-    _launch_bound, _bubble_bound, _host_sync, _kernel_gaps, _host_idle, _warmup)
+    _launch_bound, _bubble_bound, _host_sync, _kernel_gaps, _host_idle, _warmup, _near_floor, _steps_uncertain)
 RANK_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (_nccl_heavy, _rank_skew)
 
 

@@ -53,13 +53,29 @@ def _file(f: dict) -> dict:
         "idle_title": tt.idle_title(devices), "idle_headers": list(tt.IDLE_HEADERS),
         "idle_rows": tt.idle_rows(devices),
         "steps": tt.step_metric_rows(steps) if steps else None,
+        "steps_title": tt.steps_title(f),
         "steps_reason": (steps or {}).get("reason"),
+        "detection": (f.get("step_detection") or {}).get("description"),
+        "bandwidth": _bandwidth(f.get("bandwidth")),
+        "graphs": tt.graph_rows(f["graphs"]) if f.get("graphs") else None,
+        "graphs_device": (f.get("graphs") or {}).get("device"),
         "step_headers": _headers(tt.STEP_ROW_HEADERS), "step_rows": tt.step_table_rows(rows[:STEP_ROWS_SHOWN]),
         "step_rows_total": len(rows),
         "plot": png_uri(step_busy_figure(rows)),
         "breakdowns": _breakdowns(f),
         "warnings": f.get("warnings") or [],
     }
+
+
+def _bandwidth(bw: dict | None) -> dict | None:
+    """The bandwidth section's verdict, figures and per-step rows (the first :data:`STEP_ROWS_SHOWN`)."""
+    if not bw:
+        return None
+    rows = bw.get("rows") or []
+    return {"verdict": bw.get("verdict"), "reason": bw.get("reason"),
+            "rows": tt.bandwidth_rows(bw) if bw.get("summary") else [],
+            "step_headers": _headers(tt.BANDWIDTH_STEP_HEADERS),
+            "step_rows": tt.bandwidth_step_rows(bw, STEP_ROWS_SHOWN), "step_rows_total": len(rows)}
 
 
 def _ranks(section: dict | None) -> dict | None:

@@ -134,3 +134,79 @@ def rank_work_rows(section: dict, limit: int | None = None) -> list[list[str]]:
     return [[str(s["step"]), rank_cell(s, "slowest_rank"), us(s.get("compute_skew_us")),
              f"{fmt(s.get('nccl_share_min'), 'pct')}–{fmt(s.get('nccl_share_max'), 'pct')}"]
             for s in section["per_step"][:limit]]
+
+
+def steps_title(f: dict) -> str:
+    """The decode-step table's title: the marker, or how the steps were found without one."""
+    detection = f.get("step_detection") or {}
+    if f.get("step_marker"):
+        return f"Decode steps (marker {f['step_marker']!r})"
+    method = detection.get("method")
+    return f"Decode steps (no marker: found from {METHOD_WORDS.get(method, method)})"
+
+
+METHOD_WORDS = {"cuda-graph": "CUDA-graph launches", "megakernel": "one kernel per step",
+                "sequence": "a repeating kernel sequence", "cpu-ops": "a repeating CPU-op sequence"}
+
+
+def graph_rows(graphs: dict) -> list[tuple[str, str]]:
+    """``(label, value)`` rows of a file's CUDA-graph replays (:func:`~bubblescope.profiler.graphs.graph_summary`)."""
+    share = graphs.get("gap_inside_share")
+    return [
+        ("replays (distinct graphs)", f"{fmt(graphs.get('replays'), 'count')} ({fmt(graphs.get('graphs'), 'count')})"),
+        ("kernels per replay (median)", fmt(graphs.get("kernels_per_replay"), "count")),
+        ("share of the device's kernels in replays", fmt(graphs.get("kernel_share"), "pct")),
+        ("GPU busy / span per replay (median)",
+         f"{us(graphs.get('busy_us_per_replay'))} / {us(graphs.get('span_us_per_replay'))}"),
+        ("gaps inside a replay (median; share of span)",
+         f"{us(graphs.get('gap_inside_us_per_replay'))} ({fmt(share, 'pct')})"),
+        ("gap between replays p50 / max", f"{us(graphs.get('gap_between_us_p50'))} / "
+                                          f"{us(graphs.get('gap_between_us_max'))}"),
+    ]
+
+
+def _bytes_label(bw: dict) -> str:
+    rows = bw.get("rows") or []
+    contexts = [r["context"] for r in rows if r.get("context") is not None]
+    if bw.get("kv") == "weights+kv" and contexts:
+        where = "the trace's record" if bw.get("context_source") == "trace" else "--context"
+        return f"weights + KV cache at context {min(contexts)}–{max(contexts)} (from {where})"
+    if bw.get("kv") == "weights":
+        return "weights only: the context is unknown (give --context)"
+    return "as given (--bytes-per-step)"
+
+
+def bandwidth_rows(bw: dict) -> list[tuple[str, str]]:
+    """``(label, value)`` rows of a file's bandwidth section (``tracediagnose.bandwidth_section``): what a step
+    moves, the peak and its source, and the median step against the floor."""
+    s = bw.get("summary") or {}
+    model = f"{bw['model']} in {bw['dtype']}" if bw.get("model") else "—"
+    peak = (f"{bw['peak_GBps']:,.0f} GB/s, {bw.get('peak_source')}" if bw.get("peak_GBps") is not None
+            else f"unknown ({bw.get('peak_reason')})")
+    nbytes = s.get("bytes_per_step")
+    above, times = s.get("over_floor_us"), s.get("over_floor_x")
+    return [
+        ("model", model),
+        ("bytes per step (median)", f"{nbytes / 1e9:,.4f} GB" if nbytes is not None else MISSING),
+        ("bytes counted", _bytes_label(bw)),
+        ("peak bandwidth", peak),
+        ("step time (median of measured steps)", us(s.get("step_us_p50"))),
+        ("effective bandwidth", f"{s['effective_GBps']:,.1f} GB/s" if s.get("effective_GBps") is not None
+         else MISSING),
+        ("% of peak (best step)", f"{fmt(s.get('util_peak'), 'pct')} ({fmt(s.get('best_util_peak'), 'pct')})"),
+        ("floor: bytes ÷ peak", us(s.get("floor_us"))),
+        ("above the floor", f"{us(above)} ({times:.2f}×)" if above is not None and times is not None else MISSING),
+    ]
+
+
+BANDWIDTH_STEP_HEADERS = ("step", "warm-up", "context", "bytes", "wall", "GB/s", "% of\npeak", "floor",
+                          "above\nfloor")
+
+
+def bandwidth_step_rows(bw: dict, limit: int | None = None) -> list[list[str]]:
+    """One row of :data:`BANDWIDTH_STEP_HEADERS` per step of a bandwidth section (the first ``limit``)."""
+    return [[str(r.get("step")), "yes" if r.get("warmup") else "", fmt(r.get("context"), "count"),
+             f"{r['bytes'] / 1e9:,.4f} GB", us(r.get("wall_us")),
+             f"{r['effective_GBps']:,.1f}" if r.get("effective_GBps") is not None else MISSING,
+             fmt(r.get("util_peak"), "pct"), us(r.get("floor_us")), us(r.get("over_floor_us"))]
+            for r in (bw.get("rows") or [])[:limit]]

@@ -47,14 +47,25 @@ def _devices(devices: list[dict]) -> list[Table]:
     return [activity, idle]
 
 
-def _steps(steps: dict, marker: str | None) -> Table:
-    # The marker is user input ("[/]" would be rich markup): a Text title prints it literally.
-    table = Table(title=Text(f"Decode steps (marker {marker!r})"), title_justify="left", show_header=False)
+def _rows_table(title: str, rows: list[tuple[str, str]], justify: str = "right") -> Table:
+    # Titles and values may hold user input or names from traces ("[/]" would be rich markup): Text prints them
+    # literally.
+    table = Table(title=Text(title), title_justify="left", show_header=False)
     table.add_column("metric")
-    table.add_column("value", justify="right")
-    for label, value in tt.step_metric_rows(steps):
-        table.add_row(escape(label), value)
+    table.add_column("value", justify=justify, overflow="fold")
+    for label, value in rows:
+        table.add_row(escape(label), Text(value))
     return table
+
+
+def _bandwidth(bw: dict, console: Console) -> None:
+    """The verdict (the distance from the floor first), then what it is computed from."""
+    if bw.get("verdict"):
+        console.print(Text.assemble(("Bandwidth: ", "bold"), bw["verdict"]))
+    elif bw.get("reason"):
+        console.print(Text(f"Bandwidth: {bw['reason']}"))
+        return
+    console.print(_rows_table("Bandwidth against the floor (median measured step)", tt.bandwidth_rows(bw), "left"))
 
 
 def _breakdown(title: str, rows: list[dict], with_name: bool, width: int, wide: bool = False) -> Table:
@@ -94,8 +105,16 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
         else:  # there was GPU activity, all of it invalid: not a CPU-only run
             console.print(Text(no_gpu[0].upper() + no_gpu[1:] + "."))
         steps = f.get("steps")
+        detection = f.get("step_detection") or {}
         if steps is not None:
-            console.print(_steps(steps, f.get("step_marker")))
+            console.print(_rows_table(tt.steps_title(f), tt.step_metric_rows(steps)))
+            if detection.get("method") not in (None, "marker"):
+                console.print(Text(detection.get("description") or ""))
+        if f.get("bandwidth"):
+            _bandwidth(f["bandwidth"], console)
+        if f.get("graphs"):
+            console.print(_rows_table(f"CUDA-graph replays (device {f['graphs'].get('device')})",
+                                      tt.graph_rows(f["graphs"])))
         if steps is not None and steps.get("available"):
             console.print(
                 _breakdown(

@@ -1,0 +1,164 @@
+"""The period of a sequence that repeats once per decode step: the step-finding core of :mod:`.stepfind`.
+
+Pure numpy on a sequence of unit codes (kernels or operators in issue order). Cut at each occurrence of a
+unit, the sequence falls into segments; for the unit that occurs once per step, most segments are the same
+sequence, compared by a position-weighted hash of their units (so order counts). The unit that cuts the most
+units into identical segments gives the period; the boundary is then shifted to where the host pauses between
+tokens (:func:`repeating_steps`). Segments from the first to the last identical one are the steps; those before
+are prefill and warm-up (a first period that differs). Fewer than :data:`MIN_STEPS` repeats, or repeats that
+cover less than :data:`MIN_COVERAGE` of the units, are no period: no steps are made up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..wording import count
+from .intervals import unique_ints
+
+if TYPE_CHECKING:
+    import numpy as np
+
+MIN_STEPS = 3  # fewer repeats cannot tell a period from a coincidence
+MIN_COVERAGE = 0.5  # the steps must hold at least this share of the units, or the "period" is a detail
+_MAX_SHIFTS = 4096  # step boundaries tried per anchor (all of them for steps of up to this many units)
+_HASH_SEED = 0x5EED_0D1E
+
+
+def _prefix_hashes(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Prefix sums (uint64, wrapping) of two random values per distinct token, the second also weighted by
+    position, from which :func:`_segment_hash` gets any segment's hash in O(1)."""
+    import numpy as np
+
+    _, code = unique_ints(tokens)
+    rng = np.random.default_rng(_HASH_SEED)
+    r1 = rng.integers(1, 1 << 63, size=int(code.max()) + 1, dtype=np.uint64)
+    r2 = rng.integers(1, 1 << 63, size=int(code.max()) + 1, dtype=np.uint64)
+    a, b = r1[code], r2[code]
+    zero = np.zeros(1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return (np.concatenate([zero, np.cumsum(a, dtype=np.uint64)]),
+                np.concatenate([zero, np.cumsum(b, dtype=np.uint64)]),
+                np.concatenate([zero, np.cumsum(b * np.arange(len(tokens), dtype=np.uint64), dtype=np.uint64)]))
+
+
+def _segment_hash(h: tuple, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Hash (uint64) of each segment [start, end) of the tokens: the sum of its tokens' first values, the sum of
+    their second values weighted by position within the segment, and its length, mixed. Equal sequences hash
+    equal; different ones collide with probability about 2^-64."""
+    import numpy as np
+
+    a, b, c = h
+    s, e = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    su = s.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        h1 = a[e] - a[s]
+        h2 = (c[e] - c[s]) - su * (b[e] - b[s])
+        length = (e - s).astype(np.uint64)
+        return h1 ^ (h2 * np.uint64(0x9E3779B97F4A7C15)) ^ (length * np.uint64(0xC2B2AE3D27D4EB4F))
+
+
+def _not_found(reason: str, n: int) -> dict:
+    return {"found": False, "reason": reason, "units": n}
+
+
+def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int = MIN_STEPS,
+                    min_coverage: float = MIN_COVERAGE) -> dict:
+    """Steps of a unit sequence that repeats once per step (the algorithm of the module doc).
+
+    Args:
+        tokens: (n,) int64, one code per unit in issue order (equal codes: the same kernel or operator).
+        gap_before: (n,) float64 µs, host time between the previous unit's end and this unit's start (the
+            step boundary is put where it is longest).
+        min_steps: fewest identical segments that make a period.
+        min_coverage: least share of the units the steps must hold.
+
+    Returns:
+        ``{"found": True, "starts", "ends": int64 arrays (unit index of each step's first unit, and one past
+        its last), "matching": bool array (the step is the common sequence exactly), "length": units in the
+        common sequence, "anchor": the token of each step's first unit, "prefix": units before the first step,
+        "suffix": units after the last, "coverage": share of the units in steps as long as the common
+        sequence, "units": n, "reason": None}``,
+        or ``{"found": False, "reason": str, "units": n}``.
+    """
+    import numpy as np
+
+    tokens = np.asarray(tokens)
+    n = len(tokens)
+    if n < min_steps:
+        return _not_found(f"only {count(n, 'unit')}: too few to repeat {min_steps} times", n)
+    gap_before = np.asarray(gap_before, dtype=float)
+    h = _prefix_hashes(tokens)
+    values, code = unique_ints(tokens)
+    order = np.argsort(code, kind="stable")  # positions grouped by token, ascending within each
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(code, minlength=len(values)))])
+    candidates = []
+    for c in np.flatnonzero(np.diff(bounds) >= min_steps).tolist():
+        p = order[bounds[c]:bounds[c + 1]]
+        sig = _segment_hash(h, p[:-1], p[1:])
+        uniq, counts = np.unique(sig, return_counts=True)
+        common = uniq[counts.argmax()]
+        same = sig == common
+        length = int(p[1:][same][0] - p[:-1][same][0])
+        tail = p[-1] + length <= n and _segment_hash(h, p[-1:], p[-1:] + length)[0] == common
+        repeats = int(counts.max()) + int(tail)
+        if repeats < min_steps:
+            continue
+        gap = float(np.median(gap_before[p[:-1][same]]))
+        candidates.append((repeats * length, length, repeats, gap, c, common))
+    if not candidates:
+        return _not_found(f"no sequence of units repeats {min_steps} times or more", n)
+    _, length, _, _, c, _ = max(candidates, key=lambda t: (t[0], -t[1], t[3]))
+    starts, ends, matching = _aligned(h, order[bounds[c]:bounds[c + 1]], length, gap_before)
+    first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
+    starts, ends, matching = starts[first:last + 1], ends[first:last + 1], matching[first:last + 1]
+    # steps of the common length (the same calls, maybe other kernels: a context that changes the attention
+    # kernel) must hold most units; a short motif repeating inside one long pass is not a step
+    regular = (ends - starts) == length
+    coverage = float((ends - starts)[regular].sum() / n)
+    if coverage < min_coverage:
+        return _not_found(f"the most repeated sequence ({count(length, 'unit')}, {int(matching.sum())} times) "
+                          f"covers only {coverage:.0%} of the {n} units", n)
+    return {"found": True, "starts": starts.astype(np.int64), "ends": ends.astype(np.int64), "matching": matching,
+            "length": length, "anchor": values[c], "prefix": int(starts[0]), "suffix": int(n - ends[-1]),
+            "coverage": coverage, "units": n, "reason": None}
+
+
+def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(starts, ends, matching) of the segments cut ``d`` units before each occurrence ``p`` of the anchor.
+
+    The anchor need not be a step's first unit (a loop whose once-per-token calls come after its layers), so
+    every ``d`` in [0, length) is tried: the boundary goes after the longest median host gap (where a token
+    ends: sampling, a sync) when that gap is at least twice the one of the ``d`` that makes the most segments
+    the common sequence and loses at most one of them; else that ``d`` (a trace cut mid-step loses a step at
+    each end otherwise)."""
+    import numpy as np
+
+    n = len(gap_before)
+    shifts = np.arange(length)
+    if length > _MAX_SHIFTS:  # a very long step: try only the boundaries after the longest gaps
+        typical = np.array([np.median(gap_before[np.clip(p - d, 0, n - 1)]) for d in range(length)])
+        shifts = np.sort(np.argsort(-typical, kind="stable")[:_MAX_SHIFTS])
+    tried = []
+    for d in shifts.tolist():
+        starts = p[p >= d] - d
+        if not len(starts):
+            continue
+        ends = np.append(starts[1:], min(int(starts[-1]) + length, n))
+        sig = _segment_hash(h, starts, ends)
+        uniq, counts = np.unique(sig, return_counts=True)
+        matching = sig == uniq[counts.argmax()]
+        tried.append((int(counts.max()), float(np.median(gap_before[starts[matching]])), -d, starts, ends, matching))
+    most = max(tried, key=lambda t: t[:3])
+    gap = max((t for t in tried if t[0] >= most[0] - 1), key=lambda t: t[1:3])
+    pick = gap if gap[1] > 0 and gap[1] >= 2 * most[1] else most
+    return pick[3], pick[4], pick[5]
+
+
+def confidence(steps: int, matching: int, coverage: float) -> str:
+    """``high`` (8 steps or more, 90 % of them the common sequence exactly, 80 % of the units in steps),
+    ``medium`` (70 % exact, half the units) or ``low``: how much the step count can be trusted."""
+    share = matching / steps if steps else 0.0
+    if steps >= 8 and share >= 0.9 and coverage >= 0.8:
+        return "high"
+    return "medium" if share >= 0.7 and coverage >= 0.5 else "low"

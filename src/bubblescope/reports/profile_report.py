@@ -1,0 +1,65 @@
+"""What ``bubblescope profile`` says of a run, in one-line notes: the window, the profiler's cost, the steps found.
+
+Pure functions of the ``profile`` section (:func:`bubblescope.profile_program.profile_section`) and the runner's
+state; the CLI prints them on stderr and the HTML report lists them.
+"""
+
+from __future__ import annotations
+
+from ..wording import count
+
+COUNTED = "nn.Module calls, torch.compile'd function calls or CUDA-graph replays made outside any other"
+
+
+def outcome_lines(section: dict, label: str) -> list[str]:
+    """One-line notes on how the run went (for stderr and the report's notes): the window against what was
+    asked, the profiler's cost, the step counts of the hooks and of the trace. Pure."""
+    lines = []
+    asked = (count(section["steps_requested"], "step") if section["steps_requested"] is not None
+             else f"{section['seconds_requested']:g} s")
+    window = count(section["tokens_generated"], "step")
+    if section["status"] == "cut":
+        lines.append(f"{label}: ended inside the window ({window} of {asked} recorded, from step "
+                     f"{section['first_step']}); the report covers them")
+    else:
+        lines.append(f"window: {window} from step {section['first_step']} (after --skip {section['skip']} and "
+                     f"the profiler's warm-up step), of {section['steps_counted']} counted in the run")
+    if section["profiler_overhead_pct"] is not None:
+        lines.append(f"profiler cost: {section['profiler_overhead_pct']:+.1f} % per step (median "
+                     f"{section['step_ms_p50_profiled']:.3f} ms profiled vs {section['step_ms_p50_unprofiled']:.3f} "
+                     f"ms over {count(section['reference_steps'], 'step')} without it)")
+    else:
+        lines.append(f"profiler cost: unknown ({section['overhead_reason']})")
+    if section.get("effective_GBps_unprofiled") is not None:
+        util = section.get("util_peak_unprofiled")
+        lines.append(f"without the profiler: {section['effective_GBps_unprofiled']:,.1f} GB/s"
+                     + (f", {util:.1%} of peak" if util is not None else "")
+                     + " (the trace's bytes per step over the unprofiled median step time)")
+    found = section["steps_found"]
+    if found is None:
+        lines.append(f"steps found in the trace: none ({section['step_source'] or 'no analysis'}); the hooks "
+                     f"counted {window}")
+    else:
+        lines.append(f"steps found in the trace: {found}; the hooks counted {window}")
+    if section.get("error"):
+        lines.append(f"profiler: {section['error']}")
+    return lines
+
+
+def not_reached_message(section: dict, state: dict, label: str) -> str:
+    """The one-line error of a run whose window never started (or whose runner never reported). Pure."""
+    if state.get("status") == "setup-failed":
+        return f"COMMAND {label}: {state.get('message')}"
+    if state.get("status") == "no-state":
+        return f"COMMAND {label}: ended (exit status {section['exit_code']}) before profile could record anything"
+    n = section["steps_counted"]
+    if state.get("status") in ("window", "reference") and not state.get("trace"):
+        return (f"COMMAND {label}: ended inside the window without exiting normally (os._exit or a signal, exit "
+                f"status {section['exit_code']}): the profiler's trace was never written")
+    if section.get("error"):
+        return f"COMMAND {label}: the profiler failed ({section['error']}); nothing recorded"
+    if n == 0:
+        return (f"COMMAND {label}: made no step profile can count ({COUNTED}); nothing recorded, no output "
+                "written")
+    return (f"COMMAND {label}: ended after {count(n, 'step')}, before the window (it starts after --skip "
+            f"{section['skip']}); nothing recorded: lower --skip")

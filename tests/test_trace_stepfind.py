@@ -1,0 +1,180 @@
+"""Decode steps in traces without markers, and kernels inside CUDA-graph replays: hand-built traces whose
+steps, times and graph figures are computed by hand in ``tracegen``'s docstrings and here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bubblescope.profiler.periodic import repeating_steps
+from bubblescope.profiler.tracesummary import summarize_traces
+
+from . import tracegen as tg
+
+
+def _summary(tmp_path, events, name="t.json", **kw):
+    return summarize_traces([tg.write(tmp_path / name, tg.document(events, rank=None))], **kw)["files"][0]
+
+
+def _found(tokens, gaps=None):
+    tokens = np.asarray(tokens)
+    return repeating_steps(tokens, np.zeros(len(tokens)) if gaps is None else np.asarray(gaps, dtype=float))
+
+
+def test_a_period_whose_once_per_step_unit_is_not_first_still_gives_every_step():
+    # the loop's once-per-token units (5, 6) come after its layers (1, 2, 1): cutting at them would lose a step at
+    # each end; 0 and 9 before the loop are its set-up
+    found = _found([0, 9] + [1, 2, 1, 5, 6] * 4)
+    assert found["found"] and found["length"] == 5
+    assert found["starts"].tolist() == [2, 7, 12, 17] and found["ends"].tolist() == [7, 12, 17, 22]
+    assert found["prefix"] == 2 and found["suffix"] == 0 and found["matching"].all()
+
+
+def test_an_irregular_step_is_counted_and_flagged():
+    tokens = [1, 2, 3] * 5 + [1, 2, 7, 3] + [1, 2, 3] * 5  # one step launched an extra kernel
+    found = _found(tokens)
+    assert len(found["starts"]) == 11 and found["matching"].tolist() == [True] * 5 + [False] + [True] * 5
+    assert found["ends"][5] - found["starts"][5] == 4
+
+
+def test_no_steps_from_too_few_repeats_or_a_motif_inside_one_pass():
+    assert not _found([1, 2, 3, 1, 2, 3])["found"]  # two passes: not enough to call it a period
+    one_pass = list(range(100, 130)) + [5, 6, 7] * 3 + list(range(200, 230))  # a 3-kernel motif in one pass
+    found = _found(one_pass)
+    assert not found["found"] and "covers only 13%" in found["reason"]
+
+
+def test_the_boundary_goes_after_the_longest_host_gap():
+    tokens = [1, 2, 3, 4] * 6
+    gaps = [10.0, 1.0, 1.0, 1.0] * 6  # the host pauses before each 1: that is where a token ends
+    gaps_before_3 = [1.0, 1.0, 10.0, 1.0] * 6
+    assert _found(tokens, gaps)["starts"].tolist() == [0, 4, 8, 12, 16, 20]
+    assert _found(tokens, gaps_before_3)["starts"][0] == 2
+
+
+def test_markerless_eager_loop_with_a_different_prefill(tmp_path):
+    names = ["embed", "gemv_qkv", "attn_decode", "gemv_o", "argmax"]
+    events, want = tg.decode_loop_events(12, names, prefill=["gemm_qkv_prefill", "attn_prefill", "gemm_o_prefill"])
+    f = _summary(tmp_path, events)
+    d = f["step_detection"]
+    assert f["step_marker"] is None and d["method"] == "sequence" and d["steps"] == 12
+    assert d["units_per_step"] == 5 and d["prefix_units"] == 3 and d["matching_steps"] == 12
+    assert d["confidence"] == "high"
+    assert d["description"].startswith("steps: 12, from a repeating 5-kernel sequence; confidence high")
+    assert "3 launches before the first step left out" in d["description"]
+    rows = f["step_rows"]
+    # start to start: 5 × (2 + 10) + 50 = 110 µs; the last step ends with its last kernel (5 × 12 = 60 µs)
+    assert [r["wall_us"] for r in rows] == [want["step_us"]] * 11 + [60.0]
+    assert [r["kernels"] for r in rows] == [5] * 12 and [r["launches"] for r in rows] == [5] * 12
+    assert [r["busy_us"] for r in rows] == [50.0] * 12
+    steps = f["steps"]
+    assert steps["steps"] == 12 and steps["kernels_per_step"] == 5
+    # decode window: first kernel of step 0 to the end of the last one, busy 12 × 50 of it
+    span = want["step_starts"][-1] + 60 - (want["step_starts"][0] + 2)
+    assert steps["bubble_ratio"] == pytest.approx(1 - 600 / span)
+    assert f["graphs"] is None
+
+
+def test_skip_steps_applies_to_found_steps(tmp_path):
+    events, _ = tg.decode_loop_events(10, ["a", "b", "c"])
+    f = _summary(tmp_path, events, skip_steps=2)
+    assert [r["warmup"] for r in f["step_rows"]] == [True, True] + [False] * 8 and f["steps"]["steps"] == 8
+
+
+def test_graph_launch_steps_and_their_replays(tmp_path):
+    events, want = tg.graph_loop_events(6, [("g_a", 1, 4), ("g_b", 6, 3), ("g_c", 10, 2)])
+    f = _summary(tmp_path, events)
+    d = f["step_detection"]
+    assert d["method"] == "cuda-graph" and d["steps"] == 6 and d["graph_launches_per_step"] == 1
+    assert d["units_per_step"] == 3  # copy_input, the graph launch, the token's copy (the sync launches nothing)
+    assert "from CUDA-graph launches (1 graph launch and 2 other calls per step)" in d["description"]
+    rows = f["step_rows"]
+    assert [r["kernels"] for r in rows] == [4] * 6 and [r["launches"] for r in rows] == [2] * 6
+    # steps start 44 µs apart (graph call at +5, replay to +22, copy to +24, 20 µs on the host)
+    assert [r["wall_us"] for r in rows[:-1]] == [44.0] * 5 and rows[-1]["wall_us"] == 24.0
+    g = f["graphs"]
+    assert g["replays"] == 6 and g["graphs"] == 1 and g["kernels_per_replay"] == 3
+    assert g["kernel_share"] == pytest.approx(18 / 24)  # the 6 copy_input kernels run outside the graph
+    assert g["busy_us_per_replay"] == 9 and g["span_us_per_replay"] == 11 and g["gap_inside_us_per_replay"] == 2
+    assert g["gap_inside_share"] == pytest.approx(2 / 11)
+    firsts, lasts = [r[0] for r in want["replays"]], [r[1] for r in want["replays"]]
+    assert g["gap_between_us_p50"] == g["gap_between_us_max"] == pytest.approx(firsts[1] - lasts[0]) == 33
+    assert g["by_graph"] == [{"first_kernel": "g_a", "kernels": 3, "replays": 6, "busy_us_per_replay": 9.0,
+                              "gap_inside_us_per_replay": 2.0}]
+
+
+def test_graph_replays_are_attributed_in_a_marked_trace_too(tmp_path):
+    f = _summary(tmp_path, tg.decode_trace_events())  # step 1 replays g1..g3 from one cudaGraphLaunch
+    assert f["step_marker"] == "bubblescope.decode_step" and f["step_detection"]["method"] == "marker"
+    g = f["graphs"]
+    # kernels [165,170], [171,175], [180,185]: busy 14 of a 20-µs span
+    assert g["replays"] == 1 and g["kernels_per_replay"] == 3 and g["busy_us_per_replay"] == 14
+    assert g["gap_inside_us_per_replay"] == 6 and g["gap_between_us_p50"] is None
+
+
+def test_one_kernel_per_step_is_named_a_megakernel(tmp_path):
+    ev, t = tg.meta_events(), 0.0
+    for i in range(10):  # both launched at once, then the host waits for the token (a sync) and samples 25 µs
+        ev += [tg.launch(t, 2, 3 * i + 1), tg.kernel("decode_megakernel", t + 2, 500, 3 * i + 1),
+               tg.launch(t + 3, 2, 3 * i + 2), tg.kernel("argmax_small", t + 502, 3, 3 * i + 2),
+               tg.api("cudaStreamSynchronize", t + 6, 499, 3 * i + 3)]
+        t += 530
+    f = _summary(tmp_path, ev)
+    d = f["step_detection"]
+    assert d["method"] == "megakernel" and d["megakernel"] == "decode_megakernel" and d["steps"] == 10
+    assert "one kernel per step (decode_megakernel, 99% of the step's GPU time)" in d["description"]
+    assert [r["wall_us"] for r in f["step_rows"][:-1]] == [530.0] * 9
+
+
+def test_no_repeating_structure_invents_no_steps(tmp_path):
+    events, _ = tg.decode_loop_events(1, [f"kernel_{i}" for i in range(30)])
+    f = _summary(tmp_path, events)
+    assert f["steps"] is None and f["step_rows"] == [] and f["step_detection"]["method"] is None
+    assert f["step_detection"]["description"].startswith("steps: none found (no repeating structure in the 30 "
+                                                         "launches")
+    assert any("whole-trace figures only" in w and "no repeating structure" in w for w in f["warnings"])
+
+
+def test_a_cpu_only_decode_loop_finds_its_steps_from_the_operators(tmp_path):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    x, tokens = torch.randn(1, 32), 17
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        layers(torch.randn(6, 32))  # the prefill: the same operators on 6 rows
+        for _ in range(tokens):
+            tok = int(layers(x).argmax())
+            x = torch.randn(1, 32) + tok
+    path = tmp_path / "cpu.json"
+    prof.export_chrome_trace(str(path))
+    f = summarize_traces([path])["files"][0]
+    d = f["step_detection"]
+    assert d["method"] == "cpu-ops" and abs(d["steps"] - tokens) <= 1, d
+    assert "top-level CPU ops" in d["description"] and f["steps"]["reason"].startswith("no GPU activity")
+    assert len(f["step_rows"]) == d["steps"] and all(r["wall_us"] > 0 for r in f["step_rows"])
+
+
+def test_reports_name_how_steps_were_found_the_floor_and_the_replays(tmp_path):
+    from rich.console import Console
+
+    from bubblescope.reports.trace_html import render_trace_html
+    from bubblescope.reports.trace_terminal import render_trace_summary
+    from bubblescope.tracediagnose import diagnose_trace_files
+
+    events, _ = tg.graph_loop_events(6, [("g_a<int>", 1, 4), ("g_b", 6, 3), ("g_c", 10, 2)])
+    path = tg.write(tmp_path / "g.json", tg.document(events, rank=None))
+    summary = diagnose_trace_files([path], bytes_per_step=1_000_000, peak_gbps=100.0)
+    findings = summary.pop("findings")
+    console = Console(record=True, width=100, color_system=None)
+    render_trace_summary(summary, console)
+    text = " ".join(console.export_text().split())
+    # steps of 44 µs (the last 24 µs: median 44); 1 MB at 100 GB/s: a 10-µs floor
+    verdict = "0.044 ms per step, 4.40× the floor of 0.010 ms (0.034 ms above it): 23% of the 100 GB/s peak"
+    for part in ("Decode steps (no marker: found from CUDA-graph launches)", "steps: 6, from CUDA-graph launches",
+                 f"Bandwidth: {verdict}", "CUDA-graph replays (device 0)", "replays (distinct graphs) │ 6 (1)"):
+        assert part in text, part
+    html = render_trace_html(summary, findings)
+    assert verdict in html and "CUDA-graph replays (device 0)" in html and "steps: 6, from CUDA-graph" in html
+    assert "g_a&lt;int&gt;" in html and "g_a<int>" not in html
