@@ -295,18 +295,6 @@ class Results:
         have = ", ".join(str(e.get("name")) for e in self.engines) or "none"
         raise BubblescopeError(f"engine {name!r}: not in the results (engines: {have})")
 
-    def require_engines(self, what: str) -> "Results":
-        """``self`` when the document holds at least one engine entry (ok, skipped or failed: each has a line
-        to report); else the "no data" error, as ``gate`` and ``diagnose trace`` give it (exit 2 in the CLI).
-        Findings of a document without engines are stale (no engine to attach them to) and never shown.
-
-        Raises:
-            BubblescopeError: ``engines`` is empty; the message names ``what`` (the file).
-        """
-        if not self.engines:
-            raise BubblescopeError(f"{what}: the results hold no engine (empty 'engines'): nothing to report")
-        return self
-
     def to_json(self) -> str:
         """The document as indented JSON text.
 
