@@ -514,6 +514,8 @@ def tune(
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
                    device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)
+    for note in doc["notes"]:  # values given twice, measured once
+        typer.echo(f"note: {note}", err=True)
     if not any(r["status"] == "ok" for r in doc["rows"]):  # nothing measured: an error, and --out as it was
         from .reports.tune_report import not_run
         for value, status, reason in not_run(doc):
