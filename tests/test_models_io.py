@@ -460,20 +460,15 @@ def _tiny_llama2c(path):
     return path
 
 
-@pytest.mark.parametrize("name", ["tok4096.bin", "tokens.bin", "tok10.bin", "tokenizer.bin"])
-def test_a_file_beside_a_llama2c_bin_does_not_fail_a_prompt_ids_run(tmp_path, name):
-    """Any tok*.bin beside the weights was loaded as the tokenizer, and a broken or unrelated one failed even a
-    --prompt-ids run, which needs no tokenizer. Only tok{vocab_size}.bin and tokenizer.bin are looked for now,
-    and one of those that fails to load is a warning."""
+@pytest.mark.parametrize("name", ["tok4096.bin", "tokens.bin"])
+def test_another_file_beside_a_llama2c_bin_does_not_fail_a_prompt_ids_run(tmp_path, name):
+    """Any tok*.bin beside the weights was loaded as the tokenizer, and an unrelated one failed even a
+    --prompt-ids run, which needs no tokenizer. Only tok{vocab_size}.bin and tokenizer.bin are looked for."""
     from bubblescope.models import load_model
     model = _tiny_llama2c(tmp_path / "m.bin")
     (tmp_path / name).write_bytes(b"\x01\x02\x03")
     loaded = load_model(str(model))
-    assert loaded.tokenizer is None
-    found = name in ("tok10.bin", "tokenizer.bin")
-    assert loaded.warnings == ([f"tokenizer: {tmp_path / name} beside the model not loaded ({tmp_path / name}: not "
-                                "a llama2.c tokenizer file (truncated at byte 0)); pass --tokenizer for --prompt"]
-                               if found else [])
+    assert loaded.tokenizer is None and loaded.warnings == []
     r = _cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "1")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     r = _cli("generate", str(model), "--prompt", "hi")
@@ -481,3 +476,80 @@ def test_a_file_beside_a_llama2c_bin_does_not_fail_a_prompt_ids_run(tmp_path, na
         "error: --prompt: this model has no tokenizer; pass --tokenizer or use --prompt-ids"), r.stderr
     with pytest.raises(BubblescopeError, match="truncated at byte 0"):  # named explicitly: its error is the run's
         load_model(str(model), tokenizer=str(tmp_path / name))
+
+
+def _llama2c_tokenizer_bytes(pieces: list[bytes]) -> bytes:
+    """A llama2.c tokenizer file as its exporter writes it: int32 max_token_length, then per token float32
+    score, int32 length, the bytes."""
+    out = struct.pack("<i", max(map(len, pieces)))
+    for i, piece in enumerate(pieces):
+        out += struct.pack("<fi", -float(i), len(piece)) + piece
+    return out
+
+
+@pytest.mark.parametrize("name, cut", [("tok10.bin", "header"), ("tokenizer.bin", "inside a token"),
+                                       ("tok10.bin", "between tokens")])
+def test_a_cut_short_llama2c_tokenizer_beside_the_model_is_refused(tmp_path, name, cut):
+    """A tokenizer file cut short (an interrupted download) was taken as "not loaded", a warning, and the run
+    went on; it is a damaged input and is refused in one line, found beside the model or named. Cut between two
+    tokens, only the count the model expects tells (the format stores none)."""
+    from bubblescope.models import load_model
+    model = _tiny_llama2c(tmp_path / "m.bin")
+    # 4 header bytes, then <unk> 8 + 5, <s> 8 + 3, </s> 8 + 4 and seven one-letter tokens 8 + 1 each: 103 bytes
+    whole = _llama2c_tokenizer_bytes([b"<unk>", b"<s>", b"</s>", *(bytes([97 + i]) for i in range(7))])
+    assert len(whole) == 103
+    (tmp_path / name).write_bytes(whole)
+    assert load_model(str(model)).tokenizer.vocab_size == 10  # the whole file loads
+    # the last token's record starts at 94; its one byte of text would be byte 102
+    cut_at = {"header": 3, "inside a token": 102, "between tokens": 94}[cut]
+    (tmp_path / name).write_bytes(whole[:cut_at])
+    expected = {"header": "not a llama2.c tokenizer file (truncated at byte 0)",
+                "inside a token": "not a llama2.c tokenizer file (truncated at byte 102)",
+                "between tokens": "holds 9 tokens, the model expects 10 (a truncated file, or another model's "
+                                  "tokenizer)"}[cut]
+    with pytest.raises(BubblescopeError) as info:
+        load_model(str(model))
+    assert str(info.value) == f"{tmp_path / name}: {expected}"
+    if cut == "between tokens":  # once through the CLI (a child process): even a --prompt-ids run stops
+        r = _cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "1")
+        assert r.returncode == 2 and r.stderr.strip() == f"error: {info.value}" and r.stdout == ""
+
+
+def _tokenizer_json(path):
+    from tokenizers import Tokenizer, models
+    Tokenizer(models.BPE(vocab={"<unk>": 0, "a": 1, "b": 2, "ab": 3}, merges=[("a", "b")], unk_token="<unk>")) \
+        .save(str(path))
+    return path.read_text()
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.95])
+def test_a_cut_short_tokenizer_json_is_refused(tmp_path, keep):
+    """tokenizer.json cut short anywhere (here after 10 %, 50 %, 95 % of its text) is refused as such, also when
+    found beside a checkpoint, where a tokenizer that merely fails to load is a warning."""
+    from bubblescope.models import load_model
+    from bubblescope.models.tokenizer import TokenizerCutShort
+
+    text = _tokenizer_json(tmp_path / "whole.json")
+    assert HFTokenizer(tmp_path / "whole.json").vocab_size == 4
+    short = text[:int(len(text) * keep)]
+    ckpt = tmp_path / "ckpt"
+    save_hf_checkpoint(dummy_weights(get_preset("tiny-llama"), "cpu", torch.float32, 0), ckpt)
+    (ckpt / "tokenizer.json").write_text(short)
+    message = (f"{ckpt / 'tokenizer.json'}: cut short: its JSON ends after {len(short.encode())} bytes inside a value "
+               "(a truncated tokenizer.json; download or copy it again)")
+    with pytest.raises(TokenizerCutShort) as info:
+        load_model(str(ckpt))
+    assert str(info.value) == message
+
+
+def test_a_tokenizer_json_that_is_whole_but_not_a_tokenizer_stays_a_warning(tmp_path):
+    """A whole JSON file the tokenizers library refuses is not cut short: beside a checkpoint it is a warning,
+    as before (a --prompt-ids run needs no tokenizer)."""
+    from bubblescope.models import load_model
+
+    ckpt = tmp_path / "ckpt"
+    save_hf_checkpoint(dummy_weights(get_preset("tiny-llama"), "cpu", torch.float32, 0), ckpt)
+    (ckpt / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"}}')
+    loaded = load_model(str(ckpt))
+    assert loaded.tokenizer is None and len(loaded.warnings) == 1
+    assert loaded.warnings[0].startswith(f"tokenizer: {ckpt / 'tokenizer.json'} beside the model not loaded (")
