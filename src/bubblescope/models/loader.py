@@ -162,7 +162,7 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
             # Found by its name only: a run given --prompt-ids needs no tokenizer, so a broken one beside the weights
             # must not fail it; a --prompt run then stops at "this model has no tokenizer" after this line.
             warnings.append(f"tokenizer: {tok_path} beside the model not loaded ({e}); pass --tokenizer for --prompt")
-    warnings += nonfinite_weights(weights)
+    warnings += weights.notes + nonfinite_weights(weights)
     if checkpoint is not None and (note := ignored_model(model, checkpoint, weights.config)):
         warnings.insert(0, note)
     return LoadedModel(weights, tok, source, str(path) if path else None, warnings)
