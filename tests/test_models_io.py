@@ -553,3 +553,62 @@ def test_a_tokenizer_json_that_is_whole_but_not_a_tokenizer_stays_a_warning(tmp_
     loaded = load_model(str(ckpt))
     assert loaded.tokenizer is None and len(loaded.warnings) == 1
     assert loaded.warnings[0].startswith(f"tokenizer: {ckpt / 'tokenizer.json'} beside the model not loaded (")
+
+
+def _checkpoint(tmp_path):
+    """tiny-llama (eos_token_id 2 in its config.json) saved as a Hugging Face folder."""
+    ckpt = tmp_path / "ckpt"
+    save_hf_checkpoint(dummy_weights(get_preset("tiny-llama"), "cpu", torch.float32, 0), ckpt)
+    assert json.loads((ckpt / "config.json").read_text())["eos_token_id"] == 2
+    return ckpt
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_generation_config_eos_is_where_generation_stops(tmp_path, as_list):
+    """transformers' generate stops at its generation_config's eos_token_id (generation_config.json, loaded by
+    from_pretrained), not config.json's; ours read only config.json's. The first greedy token of the prompt is
+    made the eos here (alone, or in a list): generation stops right after it, where config.json's eos (2) would
+    let it run on."""
+    from bubblescope.generation import generate
+    from bubblescope.models import load_model
+    from bubblescope.reference_engine import ReferenceEngine
+
+    ckpt = _checkpoint(tmp_path)
+    weights = load_model(str(ckpt)).weights
+    first = generate(ReferenceEngine(weights, max_seq_len=16), [1, 5, 9], 1, eos_ids=()).tokens[0]
+    assert first != 2
+    eos = [first + 1 if first + 1 != 2 else first + 2, first] if as_list else first
+    (ckpt / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": eos}))
+    transformers = pytest.importorskip("transformers")
+    assert transformers.GenerationConfig.from_pretrained(ckpt).eos_token_id == eos  # what its generate stops at
+    loaded = load_model(str(ckpt))
+    assert loaded.config.eos_token_id == tuple(eos if as_list else [eos])
+    res = generate(ReferenceEngine(loaded.weights, max_seq_len=16), [1, 5, 9], 6)
+    assert res.tokens == [first] and res.stopped_at_eos
+
+
+def test_generation_config_without_eos_keeps_config_json_eos(tmp_path):
+    from bubblescope.models import load_model
+
+    ckpt = _checkpoint(tmp_path)
+    assert load_model(str(ckpt)).config.eos_token_id == (2,)  # no generation_config.json
+    (ckpt / "generation_config.json").write_text(json.dumps({"do_sample": False, "eos_token_id": None}))
+    assert load_model(str(ckpt)).config.eos_token_id == (2,)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[1, 2]", "expected a JSON object"),
+    ('{"eos_token_id": "2"}', 'eos_token_id must be a token id or a list of them, got "2"'),
+    ('{"eos_token_id": [2, -1]}', "eos_token_id must be a token id or a list of them, got [2, -1]"),
+    ('{"eos_token_id": 999999}', "eos_token_id 999999 is outside the vocabulary (vocab_size 1024: token ids 0 to "
+                                 "1023)"),
+    ('{"eos_token_id": 2', "not valid JSON (JSONDecodeError: Expecting ',' delimiter: line 1 column 19 (char 18))"),
+])
+def test_a_bad_generation_config_is_refused_naming_it(tmp_path, text, why):
+    from bubblescope.models import load_model
+
+    ckpt = _checkpoint(tmp_path)
+    (ckpt / "generation_config.json").write_text(text)
+    with pytest.raises(BubblescopeError) as info:
+        load_model(str(ckpt))
+    assert str(info.value) == f"{ckpt / 'generation_config.json'}: {why}"
