@@ -1,0 +1,132 @@
+"""Odd trace inputs of kinds seen in other people's traces, each built here by hand with its answer worked out
+in the comments: ROCm's hip* API calls, ranges and calls written twice or nested in themselves, absolute
+timestamps with nanosecond digits, and torch's legacy autograd-profiler export. Each trace is read by the
+msgspec batch decoder and, switched off, by the per-event standard-library path, which must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bubblescope.profiler import tracebatch
+from bubblescope.profiler.steps import step_metrics
+from bubblescope.profiler.trace import cuda_api_name, load_trace
+
+from . import tracegen as tg
+
+
+@pytest.fixture(params=["batch", "per-event"])
+def reader(request, monkeypatch):
+    if request.param == "per-event":
+        monkeypatch.setattr(tracebatch, "add_batch", lambda cols, text: False)
+    return request.param
+
+
+# --- ROCm ---------------------------------------------------------------------------------------------------------
+
+def test_hip_names_are_their_cuda_counterparts():
+    assert cuda_api_name("hipLaunchKernel") == "cudaLaunchKernel"
+    assert cuda_api_name("hipExtLaunchKernel") == "cudaLaunchKernel"
+    assert cuda_api_name("hipModuleLaunchKernel") == "cuLaunchKernel"
+    assert cuda_api_name("hipGraphLaunch") == "cudaGraphLaunch"
+    assert cuda_api_name("hipStreamSynchronize") == "cudaStreamSynchronize"
+    assert cuda_api_name("hipMemcpyAsync") == "cudaMemcpyAsync"
+    assert cuda_api_name("hipLaunchKernel_spt") == "cudaLaunchKernel"
+    assert cuda_api_name("cudaLaunchKernel_v7000") == "cudaLaunchKernel"  # CUDA names as before
+
+
+def _rocm_step_events(names: dict[str, str]) -> list[dict]:
+    """Two ProfilerStep ranges of a ROCm trace (Kineto's roctracer writes hip* calls as cuda_runtime).
+
+    Step 0 [0, 100): a launch (corr 1, k1 [20, 30]), a module launch (corr 2, k2 [30, 35]), an ext launch
+    (corr 3, k3 [40, 42]), a memcpy call (corr 4, 1 KiB copy [45, 46]), a stream sync [50, 60) of 10 µs.
+    Step 1 [100, 200): one graph launch (corr 5) replaying g1 [120, 125] and g2 [126, 130], a device sync
+    [140, 160) of 20 µs. Launches: 3 and 1; kernels: 3 and 2; sync µs: 10 and 20.
+    """
+    n = names
+    return [
+        tg.annotation("ProfilerStep#0", 0, 100), tg.annotation("ProfilerStep#1", 100, 100),
+        tg.api(n["launch"], 10, 2, 1), tg.kernel("k1", 20, 10, 1),
+        tg.api(n["module"], 12, 2, 2), tg.kernel("k2", 30, 5, 2),
+        tg.api(n["ext"], 14, 2, 3), tg.kernel("k3", 40, 2, 3),
+        tg.api(n["copy"], 16, 2, 4), tg.memcpy(45, 1, 4),
+        tg.api(n["stream_sync"], 50, 10, 6),
+        tg.api(n["graph"], 110, 5, 5), tg.kernel("g1", 120, 5, 5), tg.kernel("g2", 126, 4, 5),
+        tg.api(n["device_sync"], 140, 20, 7),
+    ]
+
+
+HIP = {"launch": "hipLaunchKernel", "module": "hipModuleLaunchKernel", "ext": "hipExtLaunchKernel",
+       "copy": "hipMemcpyAsync", "stream_sync": "hipStreamSynchronize", "graph": "hipGraphLaunch",
+       "device_sync": "hipDeviceSynchronize"}
+
+
+def test_hip_launch_and_sync_calls_count_as_cuda_ones(tmp_path, reader):
+    """hipLaunchKernel & co. were no launch and hipStreamSynchronize no sync: 0 launches per step and no sync
+    time on an AMD GPU's trace."""
+    metrics = step_metrics(load_trace(tg.write(tmp_path / "rocm.json", tg.document(_rocm_step_events(HIP)))),
+                           "ProfilerStep")
+    assert metrics["launches"].tolist() == [3, 1]
+    assert metrics["kernels"].tolist() == [3, 2]
+    assert metrics["sync_us"].tolist() == [10.0, 20.0]
+    assert metrics["launch_us"].tolist() == [6.0, 5.0]  # 2 µs per launch call in step 0, the 5 µs graph launch
+
+
+def test_calls_that_only_look_like_launches_do_not_count(tmp_path, reader):
+    """The same trace with made-up hip names (no such HIP API): nothing is a launch or a sync."""
+    made_up = {k: f"hipNot{v[3:]}" for k, v in HIP.items()}
+    metrics = step_metrics(load_trace(tg.write(tmp_path / "x.json", tg.document(_rocm_step_events(made_up)))),
+                           "ProfilerStep")
+    assert metrics["launches"].tolist() == [0, 0] and metrics["sync_us"].tolist() == [0.0, 0.0]
+
+
+# --- written twice, nested in itself -----------------------------------------------------------------------------
+
+def _steps_events() -> list[dict]:
+    """Three steps of one launch and one kernel each: ProfilerStep#s [100 s, 100 s + 50), launch at +10
+    (corr s + 1, 2 µs), kernel [+20, +30)."""
+    ev = []
+    for s in range(3):
+        t = 100 * s
+        ev += [tg.annotation(f"ProfilerStep#{s}", t, 50), tg.launch(t + 10, 2, s + 1),
+               tg.kernel("k", t + 20, 10, s + 1)]
+    return ev
+
+
+def test_a_step_range_nested_in_itself_is_one_step(tmp_path, reader):
+    """ProfilerStep#1 [100, 150) holds another ProfilerStep#1 [105, 140) (a schedule's range re-entered, a user
+    record_function of the same name): it was counted as two steps, the inner one taking the launch. Now: three
+    steps of one launch each, and a warning."""
+    events = _steps_events() + [tg.annotation("ProfilerStep#1", 105, 35)]
+    tr = load_trace(tg.write(tmp_path / "n.json", tg.document(events)))
+    metrics = step_metrics(tr, "ProfilerStep")
+    assert metrics["name"].tolist() == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    assert metrics["wall_us"].tolist() == [50.0, 50.0, 50.0] and metrics["launches"].tolist() == [1, 1, 1]
+    assert "1 range (record_function) nested inside another of the same name on the same thread: counted once " \
+           "(the outer one kept)" in tr.warnings
+
+
+def test_ranges_and_calls_written_twice_count_once(tmp_path, reader):
+    """Every event of step 1 written twice (same name, ts, dur, pid, tid): step 1 was two steps and its launch
+    two launches. Counted once each, with a note per kind; the kernel's repeat is merged as before."""
+    events = _steps_events()
+    events += [e for e in events[3:6]]  # ProfilerStep#1, its launch and its kernel again
+    tr = load_trace(tg.write(tmp_path / "d.json", tg.document(events)))
+    metrics = step_metrics(tr, "ProfilerStep")
+    assert len(metrics) == 3 and metrics["launches"].tolist() == [1, 1, 1] and metrics["kernels"].tolist() == [1, 1, 1]
+    assert "1 range (record_function) repeated exactly (same thread, name, start and duration): counted once" \
+        in tr.warnings
+    assert "1 CPU API call repeated exactly (same thread, name, correlation id, start and duration): counted once" \
+        in tr.warnings
+    assert "1 GPU activity repeated exactly (same device, stream, name, start and duration): counted once" \
+        in tr.warnings
+
+
+def test_different_ranges_and_calls_are_all_kept(tmp_path, reader):
+    """Must not fire: ranges of other names nested (ProfilerStep#1 in a user range "decode"), a range of the same
+    name on another thread, and two launches at one time on two threads are all kept, without a note."""
+    events = _steps_events() + [tg.annotation("decode", 90, 70), tg.annotation("ProfilerStep#1", 100, 50, tid=2),
+                                tg.launch(110, 2, 9, tid=2)]
+    tr = load_trace(tg.write(tmp_path / "k.json", tg.document(events)))
+    assert len(tr.annotations) == 5 and len(tr.runtime) == 4
+    assert not [w for w in tr.warnings if "counted once" in w]
