@@ -130,3 +130,53 @@ def test_different_ranges_and_calls_are_all_kept(tmp_path, reader):
     tr = load_trace(tg.write(tmp_path / "k.json", tg.document(events)))
     assert len(tr.annotations) == 5 and len(tr.runtime) == 4
     assert not [w for w in tr.warnings if "counted once" in w]
+
+
+# --- torch's legacy autograd-profiler export ---------------------------------------------------------------------
+
+def _legacy_export(with_gpu: bool = True) -> str:
+    """What ``torch.autograd.profiler.profile(use_cuda=True)``'s ``export_chrome_trace`` wrote (torch 1.x): a bare
+    array; operators without a category on pid "CPU functions"; per kernel a flow start on the operator, a flow end
+    and the kernel itself (no category) on pid "CUDA functions" with tid the device. Written as its format strings
+    write it. Kernels: k1 [110, 130) and k2 [140, 150) on device 0 (busy 30 of a 40 µs span: bubble ratio 0.25),
+    k3 [200, 205) on device 1."""
+    ops = [("aten::mm", 100, 25, [("k1", 110, 20, 0)]), ("aten::add", 130, 12, [("k2", 140, 10, 0)]),
+           ("aten::copy_", 190, 10, [("k3", 200, 5, 1)])]
+    out, next_id = [], 0
+    for name, ts, dur, kernels in ops:
+        out.append(f'{{"name": "{name}", "ph": "X", "ts": {ts}, "dur": {dur}, "tid": 1, "pid": "CPU functions", '
+                   '"args": {}}, ')
+        for kname, kts, kdur, device in kernels if with_gpu else []:
+            out.append(f'{{"name": "{name}", "ph": "s", "ts": {ts}, "tid": 1, "pid": "CPU functions", "id": '
+                       f'{next_id}, "cat": "cpu_to_cuda", "args": {{}}}}, ')
+            out.append(f'{{"name": "{kname}", "ph": "f", "ts": {kts}, "tid": {device}, "pid": "CUDA functions", '
+                       f'"id": {next_id}, "cat": "cpu_to_cuda", "args": {{}}}}, ')
+            out.append(f'{{"name": "{kname}", "ph": "X", "ts": {kts}, "dur": {kdur}, "tid": {device}, "pid": '
+                       '"CUDA functions", "args": {}}, ')
+            next_id += 1
+    text = "[" + "".join(out)
+    return text[:-2] + "]"  # as the exporter: the last ", " cut
+
+
+def test_a_legacy_autograd_export_with_kernels_is_not_cpu_only(tmp_path, reader):
+    """Its kernels have no category, so the trace read as "no GPU activity (CPU-only run)"."""
+    from bubblescope.profiler.tracesummary import summarize_traces
+
+    s = summarize_traces([tg.write(tmp_path / "legacy.json", _legacy_export())])["files"][0]
+    devices = {d["device"]: d for d in s["devices"]}
+    assert sorted(devices) == [0, 1]
+    assert (devices[0]["kernels"], devices[0]["busy_us"], devices[0]["span_us"]) == (2, 30.0, 40.0)
+    assert devices[0]["bubble_ratio"] == 0.25
+    assert (devices[1]["kernels"], devices[1]["busy_us"]) == (1, 5.0)
+    assert not [w for w in s["warnings"] if "CPU-only" in w]
+    assert "3 kernels of a legacy autograd-profiler export (pid 'CUDA functions', no category) read as GPU kernels " \
+           "of device tid, stream unknown; that format records no launch calls, so launch and per-step figures " \
+           "are unavailable (a torch.profiler trace has them)" in s["warnings"]
+
+
+def test_a_legacy_autograd_export_of_a_cpu_run_stays_cpu_only(tmp_path, reader):
+    from bubblescope.profiler.tracesummary import summarize_traces
+
+    s = summarize_traces([tg.write(tmp_path / "cpu.json", _legacy_export(with_gpu=False))])["files"][0]
+    assert s["devices"] == [] and "no GPU activity in trace (CPU-only run)" in s["warnings"]
+    assert not [w for w in s["warnings"] if "legacy" in w]

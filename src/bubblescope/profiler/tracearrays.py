@@ -35,7 +35,7 @@ _TEXT_COLUMNS = {"gpu": ("name", "kind", "category"), "runtime": ("name", "categ
 
 
 # The plural words of the parser's count phrases (tracecolumns' ``odd``), for a count of exactly one.
-_SINGULAR = {"events": "event", "entries": "entry", "their": "its"}
+_SINGULAR = {"events": "event", "entries": "entry", "their": "its", "kernels": "kernel"}
 
 
 def _one(phrase: str) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
-from .tracecolumns import _NA, _X_TABLES, FLOW_PHASES, PHASES, UNKNOWN_PHASE
+from .tracecolumns import _NA, _X_TABLES, FLOW_PHASES, LEGACY_GPU_PID, LEGACY_KERNELS, PHASES, UNKNOWN_PHASE
 
 if TYPE_CHECKING:
     from .tracecolumns import _Columns
@@ -84,11 +84,11 @@ def _decoding(lean: bool, flows: bool) -> tuple[Any, type, Any]:
     return msgspec.json.Decoder(list[event]), args, args()
 
 
-# Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step); 0 for an
-# event kept nowhere, -1 for one of an unknown phase (counted).
+# Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step, 10 maybe a
+# legacy export's kernel: no category); 0 for an event kept nowhere, -1 for one of an unknown phase (counted).
 _KINDS = ("kernel", "memcpy", "memset")
 _X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
-_X_CODE.update({"cpu_op": 6, "Operator": 6})
+_X_CODE.update({"cpu_op": 6, "Operator": 6, None: 10})
 _PH_CODE = {**{p: 7 for p in FLOW_PHASES}, "B": 8, "E": 9}
 
 
@@ -178,6 +178,13 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
     maybe = np.flatnonzero(codes == 6)
     if len(maybe) and ("ProfilerStep#" if type(doc) is str else b"ProfilerStep#") in doc:  # old torch's steps
         codes[maybe[_steps([events[i].name for i in maybe.tolist()])]] = 5
+    maybe = np.flatnonzero(codes == 10)
+    legacy = np.zeros(0, dtype=np.int64)
+    if len(maybe):  # a legacy autograd-profiler export's kernels (tracecolumns.LEGACY_GPU_PID): kernels
+        legacy = maybe[np.fromiter((events[i].pid == LEGACY_GPU_PID for i in maybe.tolist()), dtype=bool,
+                                   count=len(maybe))]
+        codes[maybe] = 0
+        codes[legacy] = 1
     gpu = np.flatnonzero((codes >= 1) & (codes <= 3))
     gpu_excluded = 0
     if len(gpu):
@@ -187,11 +194,20 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
         if kinds is None:  # some rows were dropped: take the kinds of the kept ones
             kinds = [_X_TABLES[e.cat] for e in sub]
         args = _args(sub, kind, empty)
+        device = _either([a.device for a in args], [e.pid for e in sub])
+        stream = _either([a.stream for a in args], [e.tid for e in sub])
+        if len(legacy):  # device = tid, stream unknown, unless args say otherwise (as the per-event path reads them)
+            for j, e in enumerate(sub):
+                if e.cat is None and e.pid == LEGACY_GPU_PID:
+                    odd[LEGACY_KERNELS] += 1
+                    a = args[j]
+                    device[j] = e.tid if a.device is _UNSET else a.device
+                    stream[j] = _NA if a.stream is _UNSET else a.stream
         tables["gpu"] = gpu = {
             "name": [e.name for e in sub],
             "kind": kinds,
-            "device": _either([a.device for a in args], [e.pid for e in sub]),
-            "stream": _either([a.stream for a in args], [e.tid for e in sub]),
+            "device": device,
+            "stream": stream,
             "ts_us": ts,
             "dur_us": dur,
             "correlation": [a.correlation for a in args],

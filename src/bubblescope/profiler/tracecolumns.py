@@ -27,6 +27,14 @@ GPU_KINDS = {
     "Memset": "memset",
 }
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "Runtime", "cuda_driver", "Driver"})
+# torch's legacy autograd profiler (torch.autograd.profiler ``EventList.export_chrome_trace``, torch 1.x with
+# use_cuda=True) writes complete events without a category: operators on pid "CPU functions" (tid the thread),
+# kernels on pid "CUDA functions" with tid the device index, linked to their operator only by flow events. Its
+# kernels are GPU kernels (device = tid, stream unknown); it records no launch call.
+LEGACY_GPU_PID = "CUDA functions"
+LEGACY_KERNELS = ("kernels of a legacy autograd-profiler export (pid 'CUDA functions', no category) read as GPU "
+                  "kernels of device tid, stream unknown; that format records no launch calls, so launch and "
+                  "per-step figures are unavailable (a torch.profiler trace has them)")
 FLOW_PHASES = frozenset({"s", "t", "f"})
 # Every phase of the Trace Event Format (duration B/E, complete X, instant i/I, counter C, async b/n/e and the
 # deprecated S/T/p/F, flow s/t/f, sample P, object N/O/D, metadata M, memory dump V/v, mark R, clock sync c,
@@ -169,10 +177,14 @@ class _Columns:
         except TypeError:  # a list or object as category: no table of ours
             table = None
         name = ev.get("name")
+        legacy = False
         if table is None:
-            if cat not in ("cpu_op", "Operator") or not str(name).startswith("ProfilerStep#"):
+            if cat is None and ev.get("pid") == LEGACY_GPU_PID:
+                table, legacy = "kernel", True
+            elif cat not in ("cpu_op", "Operator") or not str(name).startswith("ProfilerStep#"):
                 return
-            table = "annotation"  # old torch wrote ProfilerStep#N as a CPU op
+            else:
+                table = "annotation"  # old torch wrote ProfilerStep#N as a CPU op
         ts, dur = ev.get("ts"), ev.get("dur")
         if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
             self.odd["complete events without a finite numeric ts/dur excluded"] += 1
@@ -192,6 +204,9 @@ class _Columns:
         elif table == "annotation":
             self._pend("annotations", (name, ev.get("pid", _NA), ev.get("tid", _NA), ts, dur))
         else:
+            if legacy:
+                self.odd[LEGACY_KERNELS] += 1
+                args = {"device": ev.get("tid", _NA), "stream": _NA, **args}
             row = (
                 name,
                 table,
