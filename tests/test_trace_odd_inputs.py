@@ -180,3 +180,64 @@ def test_a_legacy_autograd_export_of_a_cpu_run_stays_cpu_only(tmp_path, reader):
     s = summarize_traces([tg.write(tmp_path / "cpu.json", _legacy_export(with_gpu=False))])["files"][0]
     assert s["devices"] == [] and "no GPU activity in trace (CPU-only run)" in s["warnings"]
     assert not [w for w in s["warnings"] if "legacy" in w]
+
+
+# --- absolute timestamps with ns digits --------------------------------------------------------------------------
+
+BASE_US = 1733456789012345  # µs since the epoch (2024-12-06): float64's spacing there is 0.25 µs
+
+
+def _abs(us: int, ns: int) -> str:
+    """BASE_US + us µs + ns ns as Kineto writes it: µs with three decimals."""
+    return f"{BASE_US + us}.{ns:03d}"
+
+
+def _ns_trace(pairs: bool = False) -> str:
+    """Two kernels on one stream, 1 ns apart, launched inside one step; times written by hand (json.dumps would
+    round them through float first). Kernel a [+10.001, +11.001) µs (1.000 µs), b [+11.002, +12.003) (1.001 µs):
+    span 2.002 µs, busy 2.001, idle 0.001 (1 ns); launch delays 3.001 and 3.502 µs (launches at +7.000 and
+    +7.500). With ``pairs`` the step is a B/E pair [+0.000, +50.123)."""
+    step = ('{"ph": "B", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": %s}, '
+            '{"ph": "E", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": %s}'
+            % (_abs(0, 0), _abs(50, 123)) if pairs else
+            '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": %s, '
+            '"dur": 50.123}' % _abs(0, 0))
+    events = [
+        step,
+        '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": %s, "dur": 1.5, '
+        '"args": {"correlation": 1}}' % _abs(7, 0),
+        '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": %s, "dur": 1.5, '
+        '"args": {"correlation": 2}}' % _abs(7, 500),
+        '{"ph": "X", "cat": "kernel", "name": "a", "pid": 0, "tid": 7, "ts": %s, "dur": 1.000, '
+        '"args": {"device": 0, "stream": 7, "correlation": 1}}' % _abs(10, 1),
+        '{"ph": "X", "cat": "kernel", "name": "b", "pid": 0, "tid": 7, "ts": %s, "dur": 1.001, '
+        '"args": {"device": 0, "stream": 7, "correlation": 2}}' % _abs(11, 2),
+    ]
+    return '{"traceEvents": [' + ", ".join(events) + "]}"
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["complete", "begin-end"])
+def test_absolute_ns_timestamps_keep_their_ns(tmp_path, reader, pairs):
+    """Read as float64 µs, 1733456789012345.678 keeps 0.25 µs steps: the 1 ns gap vanished and a 1.001 µs kernel
+    started 0.25 µs off. The ts are read from their text, rebased onto the trace's first whole µs."""
+    from bubblescope.profiler.steps import launch_delays
+    from bubblescope.profiler.tracesummary import summarize_traces
+
+    path = tg.write(tmp_path / "abs.json", _ns_trace(pairs))
+    tr = load_trace(path)
+    assert tr.gpu["ts_us"].tolist() == pytest.approx([10.001, 11.002], abs=1e-9)
+    assert tr.gpu["end_us"].tolist() == pytest.approx([11.001, 12.003], abs=1e-9)
+    assert launch_delays(tr)["delay_us"].tolist() == pytest.approx([3.001, 3.502], abs=1e-9)
+    metrics = step_metrics(tr, "ProfilerStep")
+    assert metrics["wall_us"].tolist() == pytest.approx([50.123], abs=1e-9)
+    device = summarize_traces([path])["files"][0]["devices"][0]
+    assert device["span_us"] == pytest.approx(2.002, abs=1e-9) and device["busy_us"] == pytest.approx(2.001, abs=1e-9)
+    assert device["idle"]["idle_us"] == pytest.approx(0.001, abs=1e-9)
+
+
+def test_relative_timestamps_are_read_as_before(tmp_path, reader):
+    """Must not change: Kineto's usual relative µs (below 2^43) keep their float values, no rebase."""
+    text = ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "a", "pid": 0, "tid": 7, "ts": 5415637207958.532, '
+            '"dur": 1.5, "args": {"device": 0, "stream": 7}}]}')
+    tr = load_trace(tg.write(tmp_path / "rel.json", text))
+    assert tr.gpu["ts_us"].tolist() == [5415637207958.532] and tr.gpu["end_us"].tolist() == [5415637207960.032]
