@@ -10,7 +10,10 @@ files have their windows decoded by worker processes, one per core, with the sam
 
 Units: every ``ts``/``dur`` of the Chrome trace format is in microseconds whatever
 ``displayTimeUnit`` says (that key only sets the viewer's display unit, see the Trace Event Format
-spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written.
+spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written, except
+where float64 would lose their digits: integer ``ts`` beyond 2^53 µs, and float ``ts`` beyond 2^43 µs
+(absolute µs with ns decimals), are kept exact and counted from the trace's first µs
+(:func:`~.traceframes.rebase_times`; the origin is ``TraceArrays.origin_us``).
 
 Reading is split over modules: :mod:`.tracefile` reads and inflates the file in a thread,
 :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes runs of events with msgspec,
