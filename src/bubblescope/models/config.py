@@ -391,10 +391,8 @@ class ModelConfig:
             raise BubblescopeError(f"{p}: expected a JSON object")
         from .config_name import config_name
         name = config_name(p, d)
-        if p.name == "config.json" and (eos := _generation_eos(p.parent / "generation_config.json", d)) is not None:
-            d = {**d, "eos_token_id": eos}
         try:
-            return cls.from_hf_dict(d, name=name)
+            cfg = cls.from_hf_dict(d, name=name)  # config.json's own eos_token_id checked too
         except BubblescopeError as e:
             # The messages name the model (the folder); the user needs the file to fix.
             msg = str(e)
@@ -403,6 +401,9 @@ class ModelConfig:
                     msg = msg[len(prefix):]
                     break
             raise BubblescopeError(f"{p}: {msg}") from None
+        if p.name == "config.json" and (eos := _generation_eos(p.parent / "generation_config.json", d)) is not None:
+            cfg = cfg.replace(eos_token_id=tuple(eos) if isinstance(eos, list) else eos)
+        return cfg
 
 
 def _generation_eos(path: Path, config: dict) -> int | list[int] | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -299,7 +299,7 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
             file_head.shape == file_emb.shape and torch.equal(file_head, file_emb.to(file_head.dtype))):
         # transformers (5.x, PreTrainedModel.tie_weights) does not tie two different tensors: it keeps both and warns
         # "both are present in the checkpoints with different values, so we will NOT tie them". So do we.
-        cfg = replace(cfg, tie_word_embeddings=False)
+        cfg = cfg.replace(tie_word_embeddings=False)
         notes.append(f"weights: config.json ties the embeddings (tie_word_embeddings: true) but {ckpt} holds an "
                      "lm_head.weight that differs from model.embed_tokens.weight: both are used untied, as "
                      "transformers does; set tie_word_embeddings to false to silence this")
