@@ -21,11 +21,11 @@ import msgspec
 
 from .tracecolumns import (
     _NA,
-    _NS_EXACT_US,
     _X_TABLES,
     FLOW_PHASES,
     LEGACY_GPU_PID,
     LEGACY_KERNELS,
+    NS_EXACT_US,
     PHASES,
     UNKNOWN_PHASE,
     long_float,
@@ -100,7 +100,7 @@ def _decoding(lean: bool, flows: bool, exact: bool = False) -> tuple[Any, type, 
 
 
 class _NeedExact(Exception):
-    """A batch holds float ``ts`` beyond float64's ns (:data:`~.tracecolumns._NS_EXACT_US`): decode it again,
+    """A batch holds float ``ts`` beyond float64's ns (:data:`~.tracecolumns.NS_EXACT_US`): decode it again,
     exactly."""
 
 
@@ -162,7 +162,7 @@ def _complete(cols: _Columns, sub: list[_Event], odd: dict, exact: bool) -> tupl
 
     ts = cols._times([e.ts for e in sub])
     if not exact and ts.dtype == np.float64:
-        big = np.abs(ts) >= _NS_EXACT_US
+        big = np.abs(ts) >= NS_EXACT_US
         if big.any() and (np.isfinite(ts[big]) & (ts[big] != np.floor(ts[big]))).any():
             raise _NeedExact
     dur = cols._floats([e.dur for e in sub])
@@ -300,7 +300,7 @@ def _add_array(cols: _Columns, doc: str | bytes, exact: bool) -> bool:
     pairs = np.flatnonzero(codes >= 8)
     if len(pairs) and not exact:  # a B/E time beyond float64's ns is read again from its text, as X times are
         ts = [events[i].ts for i in pairs.tolist()]
-        if any(type(t) is float and abs(t) >= _NS_EXACT_US and not t.is_integer() for t in ts):
+        if any(type(t) is float and abs(t) >= NS_EXACT_US and not t.is_integer() for t in ts):
             raise _NeedExact
     # Everything is typed and checked: keep it, after the event dicts the fallback path holds.
     cols.flush()

@@ -51,7 +51,7 @@ _EXACT_US = 1 << 53
 # Beyond 2^43 µs (~8.8e12: Kineto's absolute epoch times are ~1.7e15) float64's spacing exceeds 1 ns, so the three
 # decimals of ns that Kineto writes after the µs are lost. Such ts are read from their text, exactly, as int64 ns
 # (numpy timedelta64[ns] columns) and rebased onto the trace's first µs before they become floats (traceframes).
-_NS_EXACT_US = 1 << 43
+NS_EXACT_US = 1 << 43
 _LONG_NUMBER = 16  # characters: a number written this long may hold more digits than float64 keeps
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Where an int column's values come from, as the warnings name it (others: pid, tid, or args.<column>); a GPU
@@ -341,7 +341,7 @@ class _Columns:
     @classmethod
     def _times(cls, values: list) -> Any:
         """Timestamps: int64 when every value is an integer within int64, timedelta64[ns] (exact ns) when some
-        value written as text (a long float, a string) lies beyond float64's ns (:data:`_NS_EXACT_US`), both kept
+        value written as text (a long float, a string) lies beyond float64's ns (:data:`NS_EXACT_US`), both kept
         exact until the trace's origin is known (:func:`.traceframes.rebase_times`); else float64 as
         :meth:`_floats`."""
         import numpy as np
@@ -358,7 +358,7 @@ class _Columns:
         if arr is not None and arr.ndim == 1 and arr.dtype.kind in "if":  # numbers only: nothing more exact to read
             return arr.astype(np.float64, copy=False)
         floats = cls._floats(values)
-        big = np.isfinite(floats) & (np.abs(floats) >= _NS_EXACT_US)
+        big = np.isfinite(floats) & (np.abs(floats) >= NS_EXACT_US)
         if not big.any():
             return floats
         ns = [exact_ns(v) for v in values]
