@@ -123,6 +123,46 @@ def test_tied_checkpoint_storing_lm_head_and_inv_freq_still_loads_and_agrees(tmp
     assert weights.lm_head is weights.embed_tokens
 
 
+def test_tied_config_with_a_differing_lm_head_keeps_it_untied_and_warns_as_transformers_does(tmp_path, caplog):
+    """tie_word_embeddings: true, and the checkpoint's lm_head.weight differs from the embedding: the loader used
+    the embedding as the head. transformers keeps both untied and warns ("both are present in the checkpoints with
+    different values, so we will NOT tie them"); logits agree with its load, and the loader warns likewise."""
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    from bubblescope.models import load_model
+    path = _save(tmp_path, "tied", "LlamaConfig", tie_word_embeddings=True)
+    sd = load_file(path / "model.safetensors")
+    sd["lm_head.weight"] = 0.2 * torch.randn(sd["model.embed_tokens.weight"].shape, generator=torch.Generator()
+                                             .manual_seed(1))
+    save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        weights = _assert_agrees_with_transformers(path)  # transformers' own load: the differing head kept
+    assert "will NOT tie them" in caplog.text  # transformers warns (its logger)
+    assert torch.equal(weights.lm_head, sd["lm_head.weight"])
+    assert torch.equal(weights.embed_tokens, sd["model.embed_tokens.weight"])
+    assert not weights.config.tie_word_embeddings
+    assert weights.config.num_parameters() == sum(t.numel() for t in sd.values())  # the head counted: two tensors
+    note = (f"weights: config.json ties the embeddings (tie_word_embeddings: true) but {path} holds an lm_head.weight "
+            "that differs from model.embed_tokens.weight: both are used untied, as transformers does; set "
+            "tie_word_embeddings to false to silence this")
+    assert load_model(str(path)).warnings == [note]
+
+
+def test_tied_config_with_an_equal_lm_head_stays_tied_without_a_note(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from bubblescope.models import load_model
+    path = _save(tmp_path, "tied", "LlamaConfig", tie_word_embeddings=True)
+    sd = load_file(path / "model.safetensors")
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
+    loaded = load_model(str(path))
+    assert loaded.weights.lm_head is loaded.weights.embed_tokens and loaded.config.tie_word_embeddings
+    assert loaded.warnings == []
+
+
 # --- 2. Qwen sliding window --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("config_cls, model_type", [("Qwen2Config", "qwen2"), ("Qwen3Config", "qwen3")])

@@ -227,3 +227,31 @@ def test_a_limit_given_in_percent_gets_a_hint(tmp_path, option, value, hint):
     (tmp_path / "r.json").write_text(json.dumps(g.healthy_doc()))
     r = _run_cli("gate", tmp_path / "r.json", option, value)
     assert r.exit_code == 2 and hint in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("num_hidden_layers", 2, "num_hidden_layers: 16 vs baseline 2"),
+    ("hidden_size", 1024, "hidden_size: 2048 vs baseline 1024"),
+])
+def test_a_baseline_of_another_architecture_is_not_comparable(key, value, shown):
+    """Two runs of one model name (a checkpoint folder called "model", say) with 16 and 2 layers are two
+    workloads: the slower one is not a regression of the other, so the gate refuses (exit 2) rather than fail."""
+    base = g.healthy_doc()
+    base["model"]["config"][key] = value
+    with pytest.raises(BubblescopeError, match="baseline is not comparable") as info:
+        run_gate(g.healthy_doc(), baseline=base, max_regression=0.05)
+    assert shown in str(info.value)
+
+
+def test_a_baseline_of_another_size_is_not_comparable_without_a_config():
+    """Where a document records no config (it may be null), the parameter count still tells the models apart;
+    with both the same, the regression checks run (here they hold: the same numbers)."""
+    base, new = g.healthy_doc(), g.healthy_doc()
+    base["model"]["config"] = new["model"]["config"] = None
+    assert run_gate(new, baseline=base, max_regression=0.05).exit_code == 0
+    base["model"]["config"] = {"hidden_size": 2048, "num_hidden_layers": 2}  # one config recorded: not compared
+    assert run_gate(new, baseline=base, max_regression=0.05).exit_code == 0
+    base["model"]["parameters"] = new["model"]["parameters"] // 8
+    with pytest.raises(BubblescopeError, match="baseline is not comparable") as info:
+        run_gate(new, baseline=base, max_regression=0.05)
+    assert f"parameters: {new['model']['parameters']} vs baseline {base['model']['parameters']}" in str(info.value)

@@ -460,20 +460,15 @@ def _tiny_llama2c(path):
     return path
 
 
-@pytest.mark.parametrize("name", ["tok4096.bin", "tokens.bin", "tok10.bin", "tokenizer.bin"])
-def test_a_file_beside_a_llama2c_bin_does_not_fail_a_prompt_ids_run(tmp_path, name):
-    """Any tok*.bin beside the weights was loaded as the tokenizer, and a broken or unrelated one failed even a
-    --prompt-ids run, which needs no tokenizer. Only tok{vocab_size}.bin and tokenizer.bin are looked for now,
-    and one of those that fails to load is a warning."""
+@pytest.mark.parametrize("name", ["tok4096.bin", "tokens.bin"])
+def test_another_file_beside_a_llama2c_bin_does_not_fail_a_prompt_ids_run(tmp_path, name):
+    """Any tok*.bin beside the weights was loaded as the tokenizer, and an unrelated one failed even a
+    --prompt-ids run, which needs no tokenizer. Only tok{vocab_size}.bin and tokenizer.bin are looked for."""
     from bubblescope.models import load_model
     model = _tiny_llama2c(tmp_path / "m.bin")
     (tmp_path / name).write_bytes(b"\x01\x02\x03")
     loaded = load_model(str(model))
-    assert loaded.tokenizer is None
-    found = name in ("tok10.bin", "tokenizer.bin")
-    assert loaded.warnings == ([f"tokenizer: {tmp_path / name} beside the model not loaded ({tmp_path / name}: not "
-                                "a llama2.c tokenizer file (truncated at byte 0)); pass --tokenizer for --prompt"]
-                               if found else [])
+    assert loaded.tokenizer is None and loaded.warnings == []
     r = _cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "1")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     r = _cli("generate", str(model), "--prompt", "hi")
@@ -481,3 +476,139 @@ def test_a_file_beside_a_llama2c_bin_does_not_fail_a_prompt_ids_run(tmp_path, na
         "error: --prompt: this model has no tokenizer; pass --tokenizer or use --prompt-ids"), r.stderr
     with pytest.raises(BubblescopeError, match="truncated at byte 0"):  # named explicitly: its error is the run's
         load_model(str(model), tokenizer=str(tmp_path / name))
+
+
+def _llama2c_tokenizer_bytes(pieces: list[bytes]) -> bytes:
+    """A llama2.c tokenizer file as its exporter writes it: int32 max_token_length, then per token float32
+    score, int32 length, the bytes."""
+    out = struct.pack("<i", max(map(len, pieces)))
+    for i, piece in enumerate(pieces):
+        out += struct.pack("<fi", -float(i), len(piece)) + piece
+    return out
+
+
+@pytest.mark.parametrize("name, cut", [("tok10.bin", "header"), ("tokenizer.bin", "inside a token"),
+                                       ("tok10.bin", "between tokens")])
+def test_a_cut_short_llama2c_tokenizer_beside_the_model_is_refused(tmp_path, name, cut):
+    """A tokenizer file cut short (an interrupted download) was taken as "not loaded", a warning, and the run
+    went on; it is a damaged input and is refused in one line, found beside the model or named. Cut between two
+    tokens, only the count the model expects tells (the format stores none)."""
+    from bubblescope.models import load_model
+    model = _tiny_llama2c(tmp_path / "m.bin")
+    # 4 header bytes, then <unk> 8 + 5, <s> 8 + 3, </s> 8 + 4 and seven one-letter tokens 8 + 1 each: 103 bytes
+    whole = _llama2c_tokenizer_bytes([b"<unk>", b"<s>", b"</s>", *(bytes([97 + i]) for i in range(7))])
+    assert len(whole) == 103
+    (tmp_path / name).write_bytes(whole)
+    assert load_model(str(model)).tokenizer.vocab_size == 10  # the whole file loads
+    # the last token's record starts at 94; its one byte of text would be byte 102
+    cut_at = {"header": 3, "inside a token": 102, "between tokens": 94}[cut]
+    (tmp_path / name).write_bytes(whole[:cut_at])
+    expected = {"header": "not a llama2.c tokenizer file (truncated at byte 0)",
+                "inside a token": "not a llama2.c tokenizer file (truncated at byte 102)",
+                "between tokens": "holds 9 tokens, the model expects 10 (a truncated file, or another model's "
+                                  "tokenizer)"}[cut]
+    with pytest.raises(BubblescopeError) as info:
+        load_model(str(model))
+    assert str(info.value) == f"{tmp_path / name}: {expected}"
+    if cut == "between tokens":  # once through the CLI (a child process): even a --prompt-ids run stops
+        r = _cli("generate", str(model), "--prompt-ids", "1,2", "--max-new-tokens", "1")
+        assert r.returncode == 2 and r.stderr.strip() == f"error: {info.value}" and r.stdout == ""
+
+
+def _tokenizer_json(path):
+    from tokenizers import Tokenizer, models
+    Tokenizer(models.BPE(vocab={"<unk>": 0, "a": 1, "b": 2, "ab": 3}, merges=[("a", "b")], unk_token="<unk>")) \
+        .save(str(path))
+    return path.read_text()
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.95])
+def test_a_cut_short_tokenizer_json_is_refused(tmp_path, keep):
+    """tokenizer.json cut short anywhere (here after 10 %, 50 %, 95 % of its text) is refused as such, also when
+    found beside a checkpoint, where a tokenizer that merely fails to load is a warning."""
+    from bubblescope.models import load_model
+    from bubblescope.models.tokenizer import TokenizerCutShort
+
+    text = _tokenizer_json(tmp_path / "whole.json")
+    assert HFTokenizer(tmp_path / "whole.json").vocab_size == 4
+    short = text[:int(len(text) * keep)]
+    ckpt = tmp_path / "ckpt"
+    save_hf_checkpoint(dummy_weights(get_preset("tiny-llama"), "cpu", torch.float32, 0), ckpt)
+    (ckpt / "tokenizer.json").write_text(short)
+    message = (f"{ckpt / 'tokenizer.json'}: cut short: its JSON ends after {len(short.encode())} bytes inside a value "
+               "(a truncated tokenizer.json; download or copy it again)")
+    with pytest.raises(TokenizerCutShort) as info:
+        load_model(str(ckpt))
+    assert str(info.value) == message
+
+
+def test_a_tokenizer_json_that_is_whole_but_not_a_tokenizer_stays_a_warning(tmp_path):
+    """A whole JSON file the tokenizers library refuses is not cut short: beside a checkpoint it is a warning,
+    as before (a --prompt-ids run needs no tokenizer)."""
+    from bubblescope.models import load_model
+
+    ckpt = tmp_path / "ckpt"
+    save_hf_checkpoint(dummy_weights(get_preset("tiny-llama"), "cpu", torch.float32, 0), ckpt)
+    (ckpt / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"}}')
+    loaded = load_model(str(ckpt))
+    assert loaded.tokenizer is None and len(loaded.warnings) == 1
+    assert loaded.warnings[0].startswith(f"tokenizer: {ckpt / 'tokenizer.json'} beside the model not loaded (")
+
+
+def _checkpoint(tmp_path):
+    """tiny-llama (eos_token_id 2 in its config.json) saved as a Hugging Face folder."""
+    ckpt = tmp_path / "ckpt"
+    save_hf_checkpoint(dummy_weights(get_preset("tiny-llama"), "cpu", torch.float32, 0), ckpt)
+    assert json.loads((ckpt / "config.json").read_text())["eos_token_id"] == 2
+    return ckpt
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_generation_config_eos_is_where_generation_stops(tmp_path, as_list):
+    """transformers' generate stops at its generation_config's eos_token_id (generation_config.json, loaded by
+    from_pretrained), not config.json's; ours read only config.json's. The first greedy token of the prompt is
+    made the eos here (alone, or in a list): generation stops right after it, where config.json's eos (2) would
+    let it run on."""
+    from bubblescope.generation import generate
+    from bubblescope.models import load_model
+    from bubblescope.reference_engine import ReferenceEngine
+
+    ckpt = _checkpoint(tmp_path)
+    weights = load_model(str(ckpt)).weights
+    first = generate(ReferenceEngine(weights, max_seq_len=16), [1, 5, 9], 1, eos_ids=()).tokens[0]
+    assert first != 2
+    eos = [first + 1 if first + 1 != 2 else first + 2, first] if as_list else first
+    (ckpt / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": eos}))
+    transformers = pytest.importorskip("transformers")
+    assert transformers.GenerationConfig.from_pretrained(ckpt).eos_token_id == eos  # what its generate stops at
+    loaded = load_model(str(ckpt))
+    assert loaded.config.eos_token_id == tuple(eos if as_list else [eos])
+    res = generate(ReferenceEngine(loaded.weights, max_seq_len=16), [1, 5, 9], 6)
+    assert res.tokens == [first] and res.stopped_at_eos
+
+
+def test_generation_config_without_eos_keeps_config_json_eos(tmp_path):
+    from bubblescope.models import load_model
+
+    ckpt = _checkpoint(tmp_path)
+    assert load_model(str(ckpt)).config.eos_token_id == (2,)  # no generation_config.json
+    (ckpt / "generation_config.json").write_text(json.dumps({"do_sample": False, "eos_token_id": None}))
+    assert load_model(str(ckpt)).config.eos_token_id == (2,)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[1, 2]", "expected a JSON object"),
+    ('{"eos_token_id": "2"}', 'eos_token_id must be a token id or a list of them, got "2"'),
+    ('{"eos_token_id": [2, -1]}', "eos_token_id must be a token id or a list of them, got [2, -1]"),
+    ('{"eos_token_id": 999999}', "eos_token_id 999999 is outside the vocabulary (vocab_size 1024: token ids 0 to "
+                                 "1023)"),
+    ('{"eos_token_id": 2', "not valid JSON (JSONDecodeError: Expecting ',' delimiter: line 1 column 19 (char 18))"),
+])
+def test_a_bad_generation_config_is_refused_naming_it(tmp_path, text, why):
+    from bubblescope.models import load_model
+
+    ckpt = _checkpoint(tmp_path)
+    (ckpt / "generation_config.json").write_text(text)
+    with pytest.raises(BubblescopeError) as info:
+        load_model(str(ckpt))
+    assert str(info.value) == f"{ckpt / 'generation_config.json'}: {why}"

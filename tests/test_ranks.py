@@ -300,3 +300,52 @@ def test_the_rank_tables_fit_80_columns_at_their_widest():
                                                                           "100.0 %–100.0 %"]]
     assert "median skew over steps: start 9,999.99 s, end 9,999.99 s, compute 9,999.99 s" in lines
     assert "median NCCL share of a rank's step: 100.0 %" in lines
+
+
+def _numbered_rank(tmp_path, rank: int, numbers: list[int], offset: float, world: int = 2):
+    """Rank ``rank``'s trace of steps ProfilerStep#N, N in ``numbers``: step N is [100 (N - 4), + 100), its
+    launch at +5 and one gemv kernel [+10 + offset, +40 + offset) on device ``rank``."""
+    ev = []
+    for n in numbers:
+        t = 100 * (n - 4)
+        ev += [tg.annotation(f"ProfilerStep#{n}", t, 100), tg.launch(t + 5, 1, n),
+               tg.kernel("gemv", t + 10 + offset, 30, n, device=rank)]
+    doc = tg.document(tg.meta_events() + ev, distributedInfo={"backend": "nccl", "rank": rank, "world_size": world})
+    return tg.write(tmp_path / f"r{rank}.json", doc)
+
+
+def test_ranks_are_matched_by_step_number_not_position(tmp_path):
+    """Rank 0's profiler recorded ProfilerStep#4 to #6, rank 1's #5 to #7 (it started a step later). Matched by
+    position, rank 0's #4 (kernel at 10) met rank 1's #5 (kernel at 112): a skew of 102 µs, a whole step wrong.
+    By number, #5 meets #5 and #6 meets #6: start skews of 2 µs (110 vs 112, 210 vs 212), and a warning says so."""
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+
+    paths = [_numbered_rank(tmp_path, 0, [4, 5, 6], 0), _numbered_rank(tmp_path, 1, [5, 6, 7], 2)]
+    section = summarize_rank_traces(paths, step_marker="ProfilerStep")["ranks"]
+    assert [s["start_skew_us"] for s in section["per_step"]] == [2.0, 2.0]
+    rows = sorted((r["step"], r["rank"], r["number"], r["start_us"]) for r in section["rank_steps"])
+    assert rows == [(0, 0, 5, 110.0), (0, 1, 5, 112.0), (1, 0, 6, 210.0), (1, 1, 6, 212.0)]
+    assert section["warnings"] == [
+        "the ranks' traces hold different steps (rank 0: #4 to #6, rank 1: #5 to #7); steps were matched by their "
+        "number (ProfilerStep#N), not their position: compared 2 steps present on every rank, #5 to #6"]
+
+
+def test_ranks_holding_the_same_steps_need_no_note(tmp_path):
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+
+    paths = [_numbered_rank(tmp_path, 0, [4, 5, 6], 0), _numbered_rank(tmp_path, 1, [4, 5, 6], 3)]
+    section = summarize_rank_traces(paths, step_marker="ProfilerStep")["ranks"]
+    assert [s["start_skew_us"] for s in section["per_step"]] == [3.0, 3.0, 3.0]
+    assert section["warnings"] == [] and section["missing_ranks"] is None
+
+
+def test_a_rank_missing_from_the_set_is_named(tmp_path):
+    """Ranks 0, 1 and 3 of a world size 4: the merge went on as if the job had three ranks, saying nothing."""
+    from bubblescope.profiler.ranksummary import summarize_rank_traces
+
+    paths = [_numbered_rank(tmp_path, r, [4, 5], r, world=4) for r in (0, 1, 3)]
+    section = summarize_rank_traces(paths, step_marker="ProfilerStep")["ranks"]
+    assert section["missing_ranks"] == [2]
+    assert section["warnings"] == ["ranks 0, 1, 3 of world size 4 given: rank 2 missing; the cross-rank figures "
+                                   "(skews, slowest rank) cover only the ranks given"]
+    assert [s["start_skew_us"] for s in section["per_step"]] == [3.0, 3.0]  # ranks 0 and 3: 10 vs 13

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 from bubblescope.errors import BubblescopeError  # noqa: E402
 from bubblescope.tuned import best_per_context, engine_params, load_tuning, tuned_document  # noqa: E402
-from bubblescope.tuning import knobs, parse_value, tune  # noqa: E402
+from bubblescope.tuning import knobs, parse_value, tune, unique_values  # noqa: E402
 
 from .conftest import STORIES, needs_stories  # noqa: E402
 
@@ -381,3 +381,25 @@ def test_the_cpu_note_is_said_only_when_a_value_ran():
         assert ran_on_cpu(doc) is said
         assert ("megakernel ran under Triton's interpreter" in console.export_text()) is said
         assert ("megakernel ran under Triton's interpreter" in render_tune_html(doc)) is said
+
+
+def test_values_given_twice_are_measured_once_with_a_note():
+    """`--values 3,3` measured 3 twice: two rows of one value, and noise between them could name either "best".
+    Values that parse to the same value (3 and 0x3) repeat too; unparsable texts repeat when they are the same."""
+    spec = {k["name"]: k for k in knobs("megakernel")}
+    assert unique_values(spec["block_k"], ["3", "5", "3"]) == (["3", "5"], ["--values: 3 given twice: measured once"])
+    assert unique_values(spec["block_k"], ["3", "0x3", "x", "x", "x"]) == (["3", "x"], [
+        "--values: 3 and 0x3 are one value of block_k: measured once, as 3",
+        "--values: x given 3 times: measured once"])
+    assert unique_values(spec["block_k"], ["3", "5", "x"]) == (["3", "5", "x"], [])
+
+
+def test_tune_with_a_value_given_twice_measures_it_once(tmp_path):
+    """Through the CLI: one row for `--values 0,0` (an invalid value, so nothing is built), and the note."""
+    run = ["tune", "tiny-llama", "--knob", "kv_splits", "--values", "0,0", "--contexts", "4", "--steps", "1"]
+    r = _cli(*run, "--out", tmp_path / "t")
+    assert r.exit_code == 2 and r.output.splitlines() == [
+        "note: --values: 0 given twice: measured once",
+        "note: kv_splits=0: invalid: megakernel params: kv_splits must be a positive integer, got 0",
+        f"error: --values: no value of kv_splits ran ok (1 value tried, why above); --out {tmp_path / 't'} left as "
+        "it was"]

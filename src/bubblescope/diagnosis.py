@@ -22,7 +22,7 @@ import torch
 
 from . import __version__
 from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton, unavailable_before_load
-from .errors import BubblescopeError, EngineUnavailable, KernelStuck
+from .errors import BubblescopeError, EngineUnavailable, KernelStuck, OutputNotWritten
 from .generation import SamplingParams, generate, random_ids, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
 from .outdir import RunFolder, check_out_dir
@@ -214,6 +214,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
             the model is loaded), a bad tuned file); every engine skipped (nothing written then, see
             :func:`nothing_ran`; before the model is loaded when the device alone rules every engine out,
             :func:`~bubblescope.engines.unavailable_before_load`).
+        OutputNotWritten: a trace, results.json or report.html could not be written (disk full, over the file
+            size limit): the run stops there, whichever engine was measuring, and ``out`` keeps the previous run.
     """
     from .tuned import load_tuning
     from .profiler.hardware import device_info, measure_copy_bandwidth
@@ -354,6 +356,8 @@ def _run_engines(names: list[str], skips: dict[str, str], ctx: dict, progress: b
                 _measure(name, entry, ctx, oracle, bar)
             except EngineUnavailable as e:
                 entry.update(status="skipped", reason=str(e))
+            except OutputNotWritten:  # the disk, not the engine: the run stops, the previous one stays
+                raise
             except (KernelStuck, RuntimeError, BubblescopeError, ValueError, AssertionError) as e:
                 entry.update(status="failed", reason=_one_line(e))
             doc["engines"].append(entry)

@@ -22,6 +22,26 @@ class EngineUnavailable(BubblescopeError):
     """
 
 
+class OutputNotWritten(BubblescopeError):
+    """An output file could not be written: the disk is full (ENOSPC), the file is over the size limit (EFBIG,
+    ``ulimit -f``), or another I/O error. It is never one engine's failure: the command stops (exit code 2), no
+    temporary file is left, and the previous outputs stay as they were.
+
+    ``path`` is the file that failed and ``reason`` the OS error's text (``File too large``), so that a caller
+    that staged the file elsewhere can name it where the user will look for it.
+    """
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.path = None if path is None else os.fspath(path)
+        self.reason = reason
+
+
+def os_reason(exc: OSError) -> str:
+    """The OS error's own words (``File too large``, ``No space left on device``), or its type's name."""
+    return exc.strerror or (os.strerror(exc.errno) if exc.errno else type(exc).__name__)
+
+
 class KernelStuck(RuntimeError):
     """A megakernel task waited past its spin cap (a dependency that never arrived).
 

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import BubblescopeError
+from .errors import BubblescopeError, OutputNotWritten, os_reason
 
 OWNED = ("results.json", "report.html", "traces", "tp.json", "ranks_timeline.png")
 PREFIX = ".bubblescope-partial-"
@@ -56,6 +56,29 @@ def _refuse_foreign(out: Path, then: str) -> None:
                                f"{out / 'traces'} whole; {then}")
 
 
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it and ``os.replace``: the file is whole or
+    absent, and no temporary is left.
+
+    Raises:
+        OutputNotWritten: the write failed (disk full, over the file size limit), with the OS error.
+    """
+    path = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; run outputs are meant to be shared
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise OutputNotWritten(f"{path}: cannot write ({os_reason(exc)})", path, os_reason(exc)) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
 def check_out_dir(out: str | os.PathLike) -> None:
     """Refuse, before a run starts, an ``out`` that :class:`RunFolder` could not create or write into.
 
@@ -79,7 +102,9 @@ def check_out_dir(out: str | os.PathLike) -> None:
 class RunFolder:
     """Context manager: ``with RunFolder(out) as stage: ...write under stage...; publish()``.
 
-    Leaving the block without :meth:`publish` (an exception, KeyboardInterrupt) deletes the staging folder.
+    Leaving the block without :meth:`publish` (an exception, KeyboardInterrupt) deletes the staging folder; an
+    :class:`~bubblescope.errors.OutputNotWritten` raised inside (a full disk) comes out worded for ``OUT``: the
+    file as the run would have named it there, the OS error, and that the previous run was left as it was.
     ``owned``: the names a run of this kind writes into ``OUT`` (default :data:`OWNED`, ``diagnose``'s; ``bubblescope
     profile`` owns its own ``profile.*`` files, so the two kinds of run can share a folder without removing each
     other's).
@@ -106,9 +131,23 @@ class RunFolder:
     def __enter__(self) -> "RunFolder":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, exc, tb) -> None:
         if not self.published:
             shutil.rmtree(self.stage, ignore_errors=True)
+            if isinstance(exc, OutputNotWritten):
+                raise self._unwritten(exc) from None
+
+    def _unwritten(self, exc: OutputNotWritten) -> OutputNotWritten:
+        """``exc`` worded for ``OUT``: the file named where the run would have put it (not in the staging folder,
+        which is gone), the OS error, and that the previous run is left as it was."""
+        where = Path(exc.path) if exc.path else None
+        try:
+            name = where.relative_to(self.stage) if where is not None else None
+        except ValueError:  # a file outside the staging folder: named as it is
+            name = where
+        what = f"cannot write {name}" if name is not None else "cannot write the run's files"
+        return OutputNotWritten(f"--out {self.out}: {what} ({exc.reason or exc}); the previous run is left as it "
+                                "was", self.out / name if name is not None else None, exc.reason)
 
     def publish(self) -> None:
         """Replace ``OUT``'s run entries (``owned``: results.json, report.html, traces/ ...) by the staged ones

@@ -19,11 +19,11 @@ or interrupted run leaves ``out`` as it was. The library call works inside any t
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import json
 import os
 import statistics
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,11 +36,10 @@ BACKENDS = {None: None, "cpu": "gloo", "cuda": "nccl"}  # --device -> process-gr
 PROFILER_SKEW_STEPS = 1  # profiled steps left out of the cross-rank comparison (see tp_diagnose)
 
 def _atomic_json(path: Path, doc: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, indent=2, allow_nan=False)
-    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; results files are meant to be shared
-    os.replace(tmp, path)
+    """``doc`` as indented JSON at ``path``, whole or not at all (OutputNotWritten on a full disk)."""
+    from .outdir import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(doc, indent=2, allow_nan=False).encode())
 
 
 def _comm(section: dict | None, traffic: dict, peak_GBps: float | None) -> dict:
@@ -73,11 +72,11 @@ def _timeline_png(traces: list, path: Path) -> str | None:
     fig = rank_timeline_figure(rank_activities(traces, rank_steps(traces, STEP_MARKER)))
     if fig is None:
         return None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fig.savefig(fh, format="png")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    from .outdir import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    atomic_write_bytes(path, buf.getvalue())
     return path.name
 
 

@@ -99,6 +99,31 @@ def parse_value(knob: dict, text: str):
     return s
 
 
+def unique_values(knob: dict, values: list[str]) -> tuple[list[str], list[str]]:
+    """(``values`` with repeats left out, the first of each kept in order; one note per repeated value).
+
+    Values repeat when they parse to the same value (:func:`parse_value`: ``3`` and ``0x3``, ``on`` and
+    ``true``), or, where they do not parse, when their text is the same: measuring one value twice would only
+    make two rows of the same thing and let noise pick a "best" between them.
+    """
+    groups: dict[tuple, list[str]] = {}
+    for text in values:
+        try:
+            key = ("value", parse_value(knob, text))
+        except ValueError:
+            key = ("text", text.strip())
+        groups.setdefault(key, []).append(text)
+    notes = []
+    for texts in groups.values():
+        if len(texts) > 1:
+            same = len(set(texts)) == 1
+            twice = "twice" if len(texts) == 2 else f"{len(texts)} times"
+            notes.append(f"--values: {texts[0]} given {twice}: measured once" if same else
+                         f"--values: {', '.join(texts[:-1])} and {texts[-1]} are one value of {knob['name']}: "
+                         f"measured once, as {texts[0]}")
+    return [texts[0] for texts in groups.values()], notes
+
+
 def _knob(engine: str, name: str) -> dict:
     table = {k["name"]: k for k in knobs(engine)}
     if name not in table:
@@ -134,7 +159,8 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     Returns:
         ``{"schema", "created", "command", "engine", "knob", "family", "values", "contexts", "steps",
         "device": {type, name, nvml_peak_GBps}, "model": {name, source, dtype}, "base_params", "rows",
-        "best"}``; a row is ``{"value", "text", "status": ok|invalid|failed, "reason", "compile",
+        "notes", "best"}``; ``values`` without repeats and ``notes`` saying which were left out
+        (:func:`unique_values`); a row is ``{"value", "text", "status": ok|invalid|failed, "reason", "compile",
         "points": [{context, token_ms_p50, token_ms_p99, effective_GBps, util_peak,
         intrakernel_wait_ratio, timeline_reason, token_agreement}]}``; ``best`` lists per context the ok
         value with the lowest p50 (``tuned.best_per_context``).
@@ -152,6 +178,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     spec = _knob(engine, knob)
     if not values:
         raise BubblescopeError("--values: no values given")
+    values, notes = unique_values(spec, values)
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise BubblescopeError(f"--out {out}: exists and is not a directory")
     for target in ([Path(out) / "tune.json", Path(out) / "tune.html"] if out is not None else []):
@@ -198,7 +225,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
            "model": {"name": cfg.name, "source": loaded.source, "dtype": str(tdtype).replace("torch.", ""),
                      "config_sha256": cfg.config_sha256()},
            "base_params": {k: v for k, v in dataclasses.asdict(base_params).items() if k != knob},
-           "rows": rows}
+           "rows": rows, "notes": notes}
     doc["best"] = best_per_context(doc)
     return doc
 

@@ -367,8 +367,14 @@ class ModelConfig:
     def from_hf_config(cls, path: str | Path) -> "ModelConfig":
         """Read a ``config.json`` (or a directory holding one).
 
+        A ``generation_config.json`` beside a ``config.json`` gives the ``eos_token_id`` generation stops at, over
+        config.json's, as transformers' ``generate`` takes it from the model's ``generation_config`` (loaded from
+        that file by ``from_pretrained``); where the file has no ``eos_token_id`` (or null), config.json's holds.
+
         Raises:
-            BubblescopeError: the path is missing, holds no config.json, is not JSON, or is unsupported.
+            BubblescopeError: the path is missing, holds no config.json, is not JSON, or is unsupported; a
+                generation_config.json that is not a JSON object, or whose eos_token_id is not a token id or a
+                list of them inside the vocabulary.
         """
         p = Path(path)
         if p.is_dir():
@@ -386,7 +392,7 @@ class ModelConfig:
         from .config_name import config_name
         name = config_name(p, d)
         try:
-            return cls.from_hf_dict(d, name=name)
+            cfg = cls.from_hf_dict(d, name=name)  # config.json's own eos_token_id checked too
         except BubblescopeError as e:
             # The messages name the model (the folder); the user needs the file to fix.
             msg = str(e)
@@ -395,6 +401,41 @@ class ModelConfig:
                     msg = msg[len(prefix):]
                     break
             raise BubblescopeError(f"{p}: {msg}") from None
+        if p.name == "config.json" and (eos := _generation_eos(p.parent / "generation_config.json", d)) is not None:
+            cfg = cfg.replace(eos_token_id=tuple(eos) if isinstance(eos, list) else eos)
+        return cfg
+
+
+def _generation_eos(path: Path, config: dict) -> int | list[int] | None:
+    """The ``eos_token_id`` of the ``generation_config.json`` at ``path`` (an int or a list of ints, as written),
+    or None when there is no such file or it sets none.
+
+    Raises:
+        BubblescopeError: the file is not a JSON object, or its eos_token_id is not a token id (an integer >= 0)
+            or a list of them, or lies outside config.json's vocabulary (``vocab_size``); the message names the file.
+    """
+    if not path.is_file():
+        return None
+    try:
+        g = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise BubblescopeError(f"{path}: not valid JSON ({e.__class__.__name__}: {e})") from None
+    except OSError as e:
+        raise BubblescopeError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+    if not isinstance(g, dict):
+        raise BubblescopeError(f"{path}: expected a JSON object")
+    eos = g.get("eos_token_id")
+    if eos is None:
+        return None
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(_token_id(e) for e in ids):
+        raise BubblescopeError(f"{path}: eos_token_id must be a token id or a list of them, got {json.dumps(eos)}")
+    vocab = config.get("vocab_size")
+    bad = [e for e in ids if _token_id(vocab) and e >= vocab]
+    if bad:
+        raise BubblescopeError(f"{path}: eos_token_id {bad[0]} is outside the vocabulary (vocab_size {vocab}: token "
+                               f"ids 0 to {vocab - 1})")
+    return eos
 
 
 def _check_dtype_fields(name: str, d: dict) -> None:

@@ -11,7 +11,7 @@ import torch
 from ..errors import BubblescopeError
 from ..wording import first_few
 from .config import PRESETS, ModelConfig, get_preset
-from .tokenizer import load_tokenizer
+from .tokenizer import TokenizerCutShort, load_tokenizer
 from .weights import ModelWeights, dummy_weights, load_hf_checkpoint, load_llama2c
 
 # Where a preset's real file may live: (preset, relative path) — searched under BUBBLESCOPE_MODELS (a
@@ -121,12 +121,14 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     * any other file: a llama2.c ``.bin``.
     A tokenizer beside the weights (``tokenizer.json``, ``tok{vocab_size}.bin`` such as ``tok512.bin``,
     ``tokenizer.bin``: :func:`_tokenizer_beside`) is found by itself; one that fails to load only adds a warning
-    (a ``--prompt-ids`` run needs none), while an explicit ``tokenizer`` that fails is an error.
+    (a ``--prompt-ids`` run needs none), unless the file is cut short (:class:`~.tokenizer.TokenizerCutShort`: a
+    damaged download is refused, not worked around), while an explicit ``tokenizer`` that fails is an error.
     ``checkpoint`` replaces MODEL's weights (and so its config); when MODEL names something else (a preset of
     other shapes, another path), the returned warnings say that MODEL was ignored (:func:`ignored_model`).
 
     Raises:
-        BubblescopeError: unknown preset, missing path, unsupported config, malformed weights; an empty MODEL,
+        BubblescopeError: unknown preset, missing path, unsupported config, malformed weights, a tokenizer file
+            cut short (named or found beside the weights); an empty MODEL,
             ``checkpoint`` or ``tokenizer``, or a ``tokenizer`` that is not a file (both before anything is loaded).
     """
     dev = device if isinstance(device, torch.device) else resolve_device(device)
@@ -155,12 +157,12 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
             tok = load_tokenizer(tok_path, vocab_size=weights.config.vocab_size if tok_path.suffix != ".json" else None,
                                  bos_token_id=weights.config.bos_token_id)
         except BubblescopeError as e:
-            if tokenizer:  # asked for by name: its error is the run's
+            if tokenizer or isinstance(e, TokenizerCutShort):  # asked for by name, or a damaged file: the run's error
                 raise
             # Found by its name only: a run given --prompt-ids needs no tokenizer, so a broken one beside the weights
             # must not fail it; a --prompt run then stops at "this model has no tokenizer" after this line.
             warnings.append(f"tokenizer: {tok_path} beside the model not loaded ({e}); pass --tokenizer for --prompt")
-    warnings += nonfinite_weights(weights)
+    warnings += weights.notes + nonfinite_weights(weights)
     if checkpoint is not None and (note := ignored_model(model, checkpoint, weights.config)):
         warnings.insert(0, note)
     return LoadedModel(weights, tok, source, str(path) if path else None, warnings)

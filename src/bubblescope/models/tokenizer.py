@@ -12,12 +12,43 @@ from ..errors import BubblescopeError
 from ..wording import count
 
 
+class TokenizerCutShort(BubblescopeError):
+    """The tokenizer file ends before its data does (an interrupted download or copy): the file is damaged,
+    whoever found it, so it is refused even where a tokenizer that merely fails to load is only a warning."""
+
+
+def _check_json_whole(path: Path) -> None:
+    """Raise :class:`TokenizerCutShort` when ``path``'s JSON text ends inside its value (the decoder's error
+    lies at the end of the text: an unclosed object, array or string); other JSON errors are left to the
+    tokenizers library to report."""
+    import json
+
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return  # unreadable: Tokenizer.from_file says why
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
+            raise TokenizerCutShort(f"{path}: cut short: its JSON ends after {len(text.encode())} bytes inside a "
+                                    "value (a truncated tokenizer.json; download or copy it again)") from None
+    except RecursionError:
+        return
+
+
 class HFTokenizer:
-    """A ``tokenizer.json`` loaded with ``tokenizers.Tokenizer.from_file``."""
+    """A ``tokenizer.json`` loaded with ``tokenizers.Tokenizer.from_file``.
+
+    Raises:
+        TokenizerCutShort: the file's JSON ends inside a value (truncated).
+        BubblescopeError: the file cannot be read or is no tokenizer the library knows.
+    """
 
     def __init__(self, path: str | Path, bos_token_id: int | None = None):
         from tokenizers import Tokenizer
 
+        _check_json_whole(Path(path))
         try:
             self._tok = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises plain Exception subclasses from Rust
@@ -43,6 +74,14 @@ class Llama2cTokenizer:
     UTF-8 code point to its piece or, if absent, to byte-fallback ids ``<0xXX>`` = byte + 3, then repeatedly
     merge the adjacent pair whose concatenation is a piece with the highest score (first such pair on ties).
     Ids 0, 1, 2 are ``<unk>``, BOS and EOS.
+
+    The file has no token count: a file cut short between two tokens is told only against ``vocab_size``
+    (the model's), which ``load_model`` always passes.
+
+    Raises:
+        TokenizerCutShort: the file ends inside its header or a token, or after fewer than ``vocab_size``
+            tokens.
+        BubblescopeError: no such file.
     """
 
     BOS, EOS = 1, 2
@@ -66,9 +105,10 @@ class Llama2cTokenizer:
                 scores.append(score)
                 off += n
         except struct.error:
-            raise BubblescopeError(f"{p}: not a llama2.c tokenizer file (truncated at byte {off})") from None
+            raise TokenizerCutShort(f"{p}: not a llama2.c tokenizer file (truncated at byte {off})") from None
         if vocab_size is not None and len(pieces) != vocab_size:
-            raise BubblescopeError(f"{p}: holds {count(len(pieces), 'token')}, the model expects {vocab_size}")
+            raise TokenizerCutShort(f"{p}: holds {count(len(pieces), 'token')}, the model expects {vocab_size} "
+                                    "(a truncated file, or another model's tokenizer)")
         self.pieces = pieces
         self.scores = scores
         self.vocab_size = len(pieces)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -79,13 +79,17 @@ _HF_LAYER_NAMES = {
 
 @dataclass
 class ModelWeights:
-    """All weights of a model. ``lm_head`` is the same tensor object as ``embed_tokens`` when tied."""
+    """All weights of a model. ``lm_head`` is the same tensor object as ``embed_tokens`` when tied.
+
+    ``notes``: what the loader did that the user should know (one line each), e.g. a tied config whose
+    checkpoint holds a different ``lm_head.weight``."""
 
     config: ModelConfig
     embed_tokens: torch.Tensor  # (V, H)
     layers: list[LayerWeights]
     norm: torch.Tensor          # (H,)
     lm_head: torch.Tensor       # (V, H)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def device(self) -> torch.device:
@@ -115,7 +119,7 @@ class ModelWeights:
         emb = mv(self.embed_tokens)
         head = emb if self.lm_head is self.embed_tokens else mv(self.lm_head)
         layers = [LayerWeights(**{f.name: mv(getattr(l, f.name)) for f in fields(l)}) for l in self.layers]
-        return ModelWeights(self.config, emb, layers, mv(self.norm), head)
+        return ModelWeights(self.config, emb, layers, mv(self.norm), head, list(self.notes))
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Hugging Face parameter names -> tensors (e.g. for ``LlamaForCausalLM.load_state_dict``)."""
@@ -232,7 +236,11 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
             safetensors files (named, with both files; with or without an index), a bare base model (tensor
             names without the ``model.`` prefix), or tensors the model would not use (the first few named:
             nothing in the checkpoint is dropped silently; only ``rotary_emb.inv_freq`` buffers and a tied
-            model's ``lm_head.weight`` are ignored).
+            model's ``lm_head.weight`` equal to its embedding are ignored).
+
+    A tied config (``tie_word_embeddings: true``) whose checkpoint holds an ``lm_head.weight`` that differs from
+    the embedding loads both untied (the returned config says ``tie_word_embeddings=False``), as transformers
+    does, with a line in ``notes`` saying so.
     """
     from safetensors import safe_open
     from safetensors import SafetensorError
@@ -285,6 +293,16 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         layers.append(LayerWeights(**{name: take(f"model.layers.{i}.{_HF_LAYER_NAMES[name]}", shape)
                                       for name, shape in _expected_layer_shapes(cfg).items()}))
     emb = take("model.embed_tokens.weight", (v, h))
+    notes = []
+    file_head, file_emb = tensors.get("lm_head.weight"), tensors["model.embed_tokens.weight"]
+    if cfg.tie_word_embeddings and file_head is not None and not (
+            file_head.shape == file_emb.shape and torch.equal(file_head, file_emb.to(file_head.dtype))):
+        # transformers (5.x, PreTrainedModel.tie_weights) does not tie two different tensors: it keeps both and warns
+        # "both are present in the checkpoints with different values, so we will NOT tie them". So do we.
+        cfg = cfg.replace(tie_word_embeddings=False)
+        notes.append(f"weights: config.json ties the embeddings (tie_word_embeddings: true) but {ckpt} holds an "
+                     "lm_head.weight that differs from model.embed_tokens.weight: both are used untied, as "
+                     "transformers does; set tie_word_embeddings to false to silence this")
     head = emb if cfg.tie_word_embeddings else take("lm_head.weight", (v, h))
     norm = take("model.norm.weight", (h,))
     unused = [k for k in tensors if k not in used and not k.endswith("rotary_emb.inv_freq")
@@ -292,7 +310,7 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     if unused:  # e.g. o_proj biases: refused rather than dropped, which left logits wrong
         raise BubblescopeError(f"{ckpt}: checkpoint holds {count(len(unused), 'tensor')} that model_type "
                                f"{cfg.model_type} with this config.json does not use: {first_few(unused)}")
-    return ModelWeights(cfg, emb, layers, norm, head)
+    return ModelWeights(cfg, emb, layers, norm, head, notes)
 
 
 def save_hf_checkpoint(weights: ModelWeights, path: str | Path) -> None:

@@ -18,7 +18,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BubblescopeError
+from ..errors import BubblescopeError, OutputNotWritten, os_reason
 from .kineto_log import quiet_start_stop
 
 STEP_MARKER = "bubblescope.decode_step"
@@ -59,11 +59,14 @@ def _check_count(name: str, value, low: int) -> None:
 def _atomic_write(path: Path, write) -> None:
     """Create ``path`` whole or not at all: ``write(binary file)`` fills a temp file in the same
     directory (gzip-compressed if ``path`` ends in ``.gz``), then ``os.replace`` puts it in place.
-    BubblescopeError when the directory is not writable or ``path`` is a directory (nothing is written)."""
+    BubblescopeError when the directory is not writable or ``path`` is a directory (nothing is written);
+    OutputNotWritten (with the OS error) when the write itself fails (disk full, over the file size limit).
+    No temporary file is left either way."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise BubblescopeError(f"{path}: cannot write the trace here ({exc.strerror})") from None
+        raise OutputNotWritten(f"{path}: cannot write the trace here ({os_reason(exc)})", path, os_reason(exc)) \
+            from None
     try:
         with os.fdopen(fd, "wb") as raw:
             if path.name.endswith(".gz"):
@@ -73,11 +76,35 @@ def _atomic_write(path: Path, write) -> None:
                 write(raw)
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a trace is meant to be shared like any other file
         os.replace(tmp, path)
-    except OSError as exc:  # disk full, or the destination is a directory
-        raise BubblescopeError(f"{path}: cannot write the trace ({exc.strerror or type(exc).__name__})") from None
+    except OSError as exc:  # disk full, over the file size limit, or the destination is a directory
+        raise OutputNotWritten(f"{path}: cannot write the trace ({os_reason(exc)})", path, os_reason(exc)) \
+            from None
     finally:
         with suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def export_failure(raw: str) -> str | None:
+    """Why Kineto could not write its trace to ``raw``, or None when it did.
+
+    Kineto (``export_chrome_trace``) writes ``<raw>.tmp`` and renames it over ``raw`` at the end; a failed write
+    is only logged ("Failed to write to log file!"), never raised, and leaves the ``.tmp`` behind with ``raw``
+    empty. The OS error is found again by writing one more byte to that leftover (EFBIG over the file size
+    limit, ENOSPC on a full disk). The leftover is removed."""
+    leftover = raw + ".tmp"
+    if not os.path.exists(leftover):
+        return None if os.path.getsize(raw) > 0 else "the profiler wrote nothing"
+    try:
+        with open(leftover, "ab") as fh:
+            fh.write(b" ")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        return os_reason(exc)
+    finally:
+        with suppress(FileNotFoundError):
+            os.remove(leftover)
+    return "the profiler could not write it"
 
 
 def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
@@ -104,6 +131,8 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
         BubblescopeError: an empty prompt, ``steps`` < 1, ``warmup`` < 0, a marker that is empty or holds
             ``#``, an ``out_path`` not ending in ``.json.gz``, or prompt + warmup + steps beyond
             ``decoder.config.max_position_embeddings``.
+        OutputNotWritten: the trace could not be written (disk full, over the file size limit; the OS error in
+            the message); nothing is left at ``out_path``.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -151,10 +180,16 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
             torch.cuda.synchronize(decoder.device)
         prof.add_metadata_json(CONTEXT_KEY, str(start_position + 1))
 
-    fd, raw = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)
+    try:
+        fd, raw = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)
+    except OSError as exc:
+        raise OutputNotWritten(f"{path}: cannot write the trace here ({os_reason(exc)})", path, os_reason(exc)) \
+            from None
     os.close(fd)
     try:
         prof.export_chrome_trace(raw)
+        if (why := export_failure(raw)) is not None:
+            raise OutputNotWritten(f"{path}: cannot write the trace ({why})", path, why)
 
         def copy(out) -> None:
             with open(raw, "rb") as src:
@@ -181,6 +216,7 @@ def append_trace_events(trace_path: str | os.PathLike, events: list[dict]) -> No
     Raises:
         BubblescopeError: the file is missing, not (gzip) JSON or not a trace, or an event is not a dict
             with ``ph`` and ``name``.
+        OutputNotWritten: the new file could not be written (the old one is left as it was).
     """
     path = Path(trace_path)
     if not path.is_file():

@@ -8,7 +8,10 @@ device kernel ``ncclKernel_*`` / ``ncclDevKernel_*``), compute_us (union of the 
 nccl_share = nccl_us / span_us (the share of the step's GPU extent spent inside communication kernels,
 waiting for the other ranks included).
 
-Across ranks (:func:`cross_rank_steps`), steps are matched by their index after ``skip_steps``: start_skew_us
+Across ranks (:func:`cross_rank_steps`), steps are matched by their number when every step range is named
+``<marker>#<N>`` with N unique on its rank (``ProfilerStep#N``, ``bubblescope.decode_step#N``): two ranks whose
+traces start at different steps (a profiler started a step later on one) compare step N with step N, not the
+first step of each; otherwise by their position after ``skip_steps``. start_skew_us
 and end_skew_us are max − min over ranks of the step's GPU start and end; the slowest rank is the one with
 the most compute_us (in a tensor-parallel step the others wait for it inside their all-reduces, so its NCCL
 time is the shortest). Skews compare timestamps of different processes: exact on one host (Kineto stamps
@@ -17,6 +20,7 @@ with the host clock), off by the clock offset between nodes otherwise.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ..errors import BubblescopeError
@@ -30,7 +34,14 @@ if TYPE_CHECKING:
 
 NCCL_PATTERN = "nccl"
 STEP_COLUMNS = ["rank", "step", "device", "start_us", "end_us", "span_us", "busy_us", "compute_us", "nccl_us",
-                "nccl_share", "kernels", "nccl_kernels", "wall_us"]
+                "nccl_share", "kernels", "nccl_kernels", "wall_us", "index", "number"]
+_STEP_NUMBER = re.compile(r"#(\d+)$")
+
+
+def step_number(name: str) -> int | None:
+    """N of a step range named ``<marker>#N`` (``ProfilerStep#12`` -> 12), else None."""
+    m = _STEP_NUMBER.search(str(name))
+    return int(m.group(1)) if m else None
 
 
 def is_nccl(names: pd.Series) -> pd.Series:
@@ -71,6 +82,8 @@ def one_rank_steps(trace: Trace, rank: int, step_marker: str = DEFAULT_STEP_MARK
                    threshold_us: float = DEFAULT_IDLE_THRESHOLD_US) -> pd.DataFrame:
     """Per decode step of one rank's trace: the columns of ``STEP_COLUMNS`` (times in trace µs).
 
+    ``step`` and ``index`` are the step's position in the trace (as :func:`~bubblescope.profiler.steps.find_steps`
+    numbers them, 0..), ``number`` the N of its name ``<marker>#N`` (:func:`step_number`; NaN without one).
     ``start_us``/``end_us`` are the first start / last end of the step's GPU activities on the main device
     (the one :func:`~bubblescope.profiler.steps.step_metrics` reports); ``wall_us`` is the CPU step range.
     NaN where a step launched no GPU work.
@@ -105,13 +118,18 @@ def one_rank_steps(trace: Trace, rank: int, step_marker: str = DEFAULT_STEP_MARK
     out["nccl_kernels"] = kernels[is_nccl(kernels["name"]).to_numpy(dtype=bool)].groupby("step").size() \
         .reindex(idx, fill_value=0).to_numpy().astype(np.int64)
     out["wall_us"] = table["wall_us"].to_numpy()
+    out["index"] = out["step"]
+    out["number"] = np.array([step_number(n) for n in table["name"]], dtype=float)  # NaN: no number
     return out[STEP_COLUMNS]
 
 
 def rank_steps(traces: list[Trace], step_marker: str = DEFAULT_STEP_MARKER, skip_steps: int = 0,
                threshold_us: float = DEFAULT_IDLE_THRESHOLD_US) -> pd.DataFrame:
-    """:func:`one_rank_steps` of every trace, warm-up steps (the first ``skip_steps``) dropped, steps
-    renumbered from 0 and cut to the number every rank has. Sorted by (step, rank).
+    """:func:`one_rank_steps` of every trace, warm-up steps (the first ``skip_steps`` of each rank) dropped, and
+    the steps every rank has matched up (:func:`matched_by`): by ``number`` when every step of every rank has a
+    unique one (the steps whose number every rank has, in number order), else by position (the first as many as
+    every rank has). ``step`` is the matched step, renumbered from 0; ``index`` stays the step's position in its
+    own trace. Sorted by (step, rank).
 
     Raises:
         BubblescopeError: duplicate ranks (:func:`rank_ids`) or a bad threshold.
@@ -122,11 +140,25 @@ def rank_steps(traces: list[Trace], step_marker: str = DEFAULT_STEP_MARKER, skip
     frames = []
     for rank, trace in zip(rank_ids(traces), traces):
         f = one_rank_steps(trace, rank, step_marker, threshold_us)
-        f = f[f["step"] >= skip_steps].assign(step=lambda d: d["step"] - skip_steps)
-        frames.append(f)
-    common = min(len(f) for f in frames)
-    out = pd.concat([f[f["step"] < common] for f in frames], ignore_index=True)
+        frames.append(f[f["index"] >= skip_steps])
+    if matched_by(frames) == "number":
+        common = sorted(set.intersection(*(set(f["number"].astype(int)) for f in frames)))
+        at = {n: i for i, n in enumerate(common)}
+        frames = [f[f["number"].isin(common)].assign(step=lambda d: d["number"].astype(int).map(at)) for f in frames]
+    else:
+        common = min(len(f) for f in frames)
+        frames = [f.iloc[:common].assign(step=lambda d: d["index"] - skip_steps) for f in frames]
+    out = pd.concat(frames, ignore_index=True)
     return out.sort_values(["step", "rank"], kind="stable", ignore_index=True)
+
+
+def matched_by(frames: list[pd.DataFrame]) -> str:
+    """``"number"`` when every step of every frame (:func:`one_rank_steps`) has a number and no rank repeats
+    one, else ``"position"``: how :func:`rank_steps` matches the ranks' steps."""
+    for f in frames:
+        if f["number"].isna().any() or not f["number"].is_unique:
+            return "position"
+    return "number"
 
 
 def cross_rank_steps(steps: pd.DataFrame) -> pd.DataFrame:
@@ -203,7 +235,7 @@ def rank_summary(traces: list[Trace], steps: pd.DataFrame,
 
 
 def rank_activities(traces: list[Trace], steps: pd.DataFrame, step_marker: str = DEFAULT_STEP_MARKER,
-                    skip_steps: int = 0, max_steps: int = 3) -> pd.DataFrame:
+                    max_steps: int = 3) -> pd.DataFrame:
     """The GPU activities of the first ``max_steps`` compared steps of every rank, on one time axis, for the
     ranks' timeline plot: rank, step (as in ``steps``, the output of :func:`rank_steps`), name, nccl (bool),
     start_us, end_us (µs from the earliest start of those steps over all ranks), sorted by (rank, start_us)."""
@@ -218,7 +250,9 @@ def rank_activities(traces: list[Trace], steps: pd.DataFrame, step_marker: str =
         mine = shown[shown["rank"] == rank]
         if mine.empty:
             continue
-        step = assign_steps(trace, step_marker) - skip_steps
+        # the steps of this trace (by their position in it) -> the compared step they are
+        compared = steps[steps["rank"] == rank]
+        step = assign_steps(trace, step_marker).map(dict(zip(compared["index"].tolist(), compared["step"].tolist())))
         keep = (step.isin(mine["step"].tolist()) & (trace.gpu["device"] == mine["device"].iloc[0])) \
             .to_numpy(dtype=bool, na_value=False)
         g = trace.gpu[keep]

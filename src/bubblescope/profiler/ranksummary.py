@@ -3,18 +3,20 @@
 The result is the ``bubblescope.trace/1`` dict of :func:`~bubblescope.profiler.tracesummary.summarize_traces`
 with one more key, ``ranks`` (None when the files are not one trace per rank of one job)::
 
-    {"ranks": {"world_size": int, "step_marker": str, "skip_steps": int, "steps": int,
+    {"ranks": {"world_size": int, "missing_ranks": [int] | None, "step_marker": str, "skip_steps": int,
+               "steps": int,
                "per_rank": [{rank, path, device, steps, kernels, busy_us, span_us, bubble_ratio, nccl_us,
                              nccl_share, compute_us_per_step, nccl_us_per_step, slowest_steps}],
                "per_step": [{step, ranks, start_skew_us, end_skew_us, first_start_rank, last_start_rank,
                              last_end_rank, slowest_rank, slowest_compute_us, fastest_compute_us,
                              compute_skew_us, span_us, nccl_share_max, nccl_share_min}],
                "rank_steps": [{rank, step, device, start_us, end_us, span_us, busy_us, compute_us, nccl_us,
-                               nccl_share, kernels, nccl_kernels, wall_us}],
+                               nccl_share, kernels, nccl_kernels, wall_us, index, number}],
                "median": {start_skew_us, end_skew_us, compute_skew_us, nccl_share},
                "warnings": [str]}}
 
-Definitions are :mod:`.ranks`'s. Each file is parsed once. Times (``start_us``/``end_us``) are the files' µs, or,
+Definitions are :mod:`.ranks`'s; ``world_size`` counts the traces given, ``missing_ranks`` lists the ranks of the
+job (``distributedInfo.world_size``) that none of them is for (:func:`missing_ranks`). Each file is parsed once. Times (``start_us``/``end_us``) are the files' µs, or,
 where a file's integer ``ts`` exceed 2^53 µs, µs from the smallest origin of the ranks' rebased times
 (:func:`~.tracearrays.common_origin`).
 """
@@ -25,6 +27,7 @@ import os
 from collections.abc import Iterable
 
 from ..errors import BubblescopeError
+from ..wording import count, plural
 from . import metrics
 from .timeline import check_skip_steps
 from .trace import Trace
@@ -47,7 +50,8 @@ def _records(frame) -> list[dict]:
     out = []
     for row in frame.to_dict("records"):
         out.append({k: (None if v is None or (isinstance(v, float) and not np.isfinite(v)) else
-                        int(v) if isinstance(v, (np.integer, bool, np.bool_)) or k.endswith("rank") and v == v
+                        int(v) if isinstance(v, (np.integer, bool, np.bool_)) or (k.endswith("rank") or k == "number")
+                        and v == v
                         else float(v) if isinstance(v, (float, np.floating)) else v) for k, v in row.items()})
     return out
 
@@ -61,20 +65,74 @@ def multirank_section(traces: list[Trace], step_marker: str, skip_steps: int = 0
     """
     from . import ranks  # pandas: only for a multi-rank job
 
-    steps = ranks.rank_steps(traces, step_marker, check_skip_steps(skip_steps), threshold_us)
+    skip_steps = check_skip_steps(skip_steps)
+    steps = ranks.rank_steps(traces, step_marker, skip_steps, threshold_us)
     per_step = ranks.cross_rank_steps(steps)
     per_rank = ranks.rank_summary(traces, steps, threshold_us)
-    warnings = []
-    counts = {t.path: len(ranks.one_rank_steps(t, 0, step_marker, threshold_us)) for t in traces}
-    if len(set(counts.values())) > 1:
-        warnings.append(f"ranks recorded different numbers of steps ({', '.join(map(str, counts.values()))}); "
-                        f"compared the first {int(steps['step'].max()) + 1 if len(steps) else 0} after warm-up")
+    own = [ranks.one_rank_steps(t, r, step_marker, threshold_us) for r, t in zip(ranks.rank_ids(traces), traces)]
+    warnings = _matching_notes(own, steps, step_marker, skip_steps)
+    missing, note = missing_ranks(traces)
+    if note:
+        warnings.insert(0, note)
     median = {c: metrics.json_float(per_step[c].median()) if len(per_step) else None
               for c in ("start_skew_us", "end_skew_us", "compute_skew_us")}
     median["nccl_share"] = metrics.json_float(steps["nccl_share"].median()) if len(steps) else None
-    return {"world_size": len(traces), "step_marker": step_marker, "skip_steps": skip_steps,
+    return {"world_size": len(traces), "missing_ranks": missing, "step_marker": step_marker, "skip_steps": skip_steps,
             "steps": int(len(per_step)), "per_rank": _records(per_rank), "per_step": _records(per_step),
             "rank_steps": _records(steps), "median": median, "warnings": warnings}
+
+
+def _matching_notes(own: list, steps, marker: str, skip_steps: int) -> list[str]:
+    """Warnings on how the ranks' steps were matched (:func:`~.ranks.rank_steps`), given each rank's own steps
+    (:func:`~.ranks.one_rank_steps`): by number, when the ranks start or end at different step numbers (which
+    steps were compared); by position, when the ranks recorded different numbers of steps."""
+    from . import ranks
+
+    kept = [f[f["index"] >= skip_steps] for f in own]
+    compared = int(steps["step"].max()) + 1 if len(steps) else 0
+    if ranks.matched_by(kept) == "number":
+        spans = {int(f["rank"].iloc[0]): (int(f["number"].min()), int(f["number"].max())) for f in kept if len(f)}
+        if len(set(spans.values())) <= 1:
+            return []
+        each = ", ".join(f"rank {r}: #{a} to #{b}" for r, (a, b) in sorted(spans.items()))
+        numbers = steps["number"].dropna().astype(int)
+        which = f"#{numbers.min()} to #{numbers.max()}" if len(numbers) else "none"
+        return [f"the ranks' traces hold different steps ({each}{' after warm-up' if skip_steps else ''}); "
+                f"steps were matched by their number ({marker}#N), not their position: compared "
+                f"{count(compared, 'step')} present on every rank, {which}"]
+    lengths = [len(f) for f in own]
+    if len(set(lengths)) > 1:
+        return [f"ranks recorded different numbers of steps ({', '.join(map(str, lengths))}); compared the first "
+                f"{compared} after warm-up by position (the step names carry no #N to match them by)"]
+    return []
+
+
+def missing_ranks(traces: list) -> tuple[list[int] | None, str | None]:
+    """(ranks of the job that no trace is for, one warning line), from ``distributedInfo.world_size``: e.g.
+    ranks 0, 1 and 3 given of a world size 4 -> ([2], "... rank 2 missing ..."). (None, None) when the traces
+    do not agree on a world size or hold every rank; ([], line) when ranks are taken by position (no
+    distributedInfo rank) and fewer traces than the world size are given."""
+    from .trace import parse_rank
+
+    sizes = {parse_rank((t.metadata.get("distributedInfo") or {}).get("world_size"))
+             if isinstance(t.metadata.get("distributedInfo"), dict) else None for t in traces}
+    if len(sizes) != 1 or None in sizes:
+        return None, None
+    world = sizes.pop()
+    given = [t.rank for t in traces]
+    if None in given:
+        if world <= len(traces):
+            return None, None
+        return [], (f"{count(len(traces), 'trace')} of a job of world size {world}: {world - len(traces)} "
+                    f"{plural(world - len(traces), 'rank is', 'ranks are')} missing; the cross-rank figures cover "
+                    "only the traces given")
+    missing = sorted(set(range(world)) - set(given))
+    if not missing:
+        return None, None
+    listed = ", ".join(map(str, sorted(given)))
+    gone = ", ".join(map(str, missing))
+    return missing, (f"ranks {listed} of world size {world} given: {plural(len(missing), 'rank', 'ranks')} {gone} "
+                     f"missing; the cross-rank figures (skews, slowest rank) cover only the ranks given")
 
 
 def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str | None = None,

@@ -10,7 +10,10 @@ files have their windows decoded by worker processes, one per core, with the sam
 
 Units: every ``ts``/``dur`` of the Chrome trace format is in microseconds whatever
 ``displayTimeUnit`` says (that key only sets the viewer's display unit, see the Trace Event Format
-spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written.
+spec); ``baseTimeNanoseconds`` is kept in ``metadata`` but not added, so times stay as written, except
+where float64 would lose their digits: integer ``ts`` beyond 2^53 µs, and float ``ts`` beyond 2^43 µs
+(absolute µs with ns decimals), are kept exact and counted from the trace's first µs
+(:func:`~.traceframes.rebase_times`; the origin is ``TraceArrays.origin_us``).
 
 Reading is split over modules: :mod:`.tracefile` reads and inflates the file in a thread,
 :mod:`.tracejson` streams the JSON text, :mod:`.tracebatch` decodes runs of events with msgspec,
@@ -37,7 +40,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # The API calls that put a kernel (or a whole CUDA graph) on a stream; Triton launches through the
-# driver's cuLaunchKernel. Names are compared without CUPTI's version/stream suffixes (_v11060, _ptsz).
+# driver's cuLaunchKernel. Names are compared without CUPTI's version/stream suffixes (_v11060, _ptsz), and HIP
+# calls as their CUDA counterparts (cuda_api_name).
 LAUNCH_APIS = frozenset(
     {
         "cudaLaunchKernel",
@@ -47,6 +51,7 @@ LAUNCH_APIS = frozenset(
         "cudaGraphLaunch",
         "cuGraphLaunch",
         "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernelMultiDevice",
         "cuLaunchCooperativeKernel",
     }
 )
@@ -60,12 +65,38 @@ SYNC_APIS = frozenset(
         "cuEventSynchronize",
     }
 )
-_API_SUFFIX = re.compile(r"(?:_v\d+|_ptsz|_ptds)+$")
+_API_SUFFIX = re.compile(r"(?:_v\d+|_ptsz|_ptds|_spt)+$")
+# ROCm's HIP API (what Kineto records through roctracer / rocprofiler on AMD GPUs, in the same cuda_runtime
+# category) mirrors CUDA's: a hip* runtime call is the cuda* call of the same name (hipLaunchKernel,
+# hipGraphLaunch, hipStreamSynchronize, hipMemcpyAsync, ...), and these, named otherwise, are the CUDA calls
+# they stand for (HIP's module API is CUDA's driver API; hipExt* add events or flags to a plain launch).
+_HIP_NAMES = {
+    "hipModuleLaunchKernel": "cuLaunchKernel",
+    "hipExtModuleLaunchKernel": "cuLaunchKernel",
+    "hipHccModuleLaunchKernel": "cuLaunchKernel",
+    "hipModuleLaunchCooperativeKernel": "cuLaunchCooperativeKernel",
+    "hipExtLaunchKernel": "cudaLaunchKernel",
+    "hipLaunchKernelExC": "cudaLaunchKernelExC",
+    "hipExtLaunchMultiKernelMultiDevice": "cudaLaunchCooperativeKernelMultiDevice",
+    "hipLaunchCooperativeKernelMultiDevice": "cudaLaunchCooperativeKernelMultiDevice",
+    "hipCtxSynchronize": "cuCtxSynchronize",
+}
 
 
 def api_base_name(name: str) -> str:
     """``cudaLaunchKernelExC_v11060`` -> ``cudaLaunchKernelExC`` (CUPTI callback names carry versions)."""
     return _API_SUFFIX.sub("", name)
+
+
+def cuda_api_name(name: str) -> str:
+    """The CUDA call a runtime/driver API call is, by name: :func:`api_base_name`, with a HIP call (ROCm) named as
+    its CUDA counterpart (``hipLaunchKernel`` -> ``cudaLaunchKernel``, ``hipModuleLaunchKernel`` ->
+    ``cuLaunchKernel``, ``hipMemcpyAsync`` -> ``cudaMemcpyAsync``); what :data:`LAUNCH_APIS` and
+    :data:`SYNC_APIS` are matched against."""
+    base = api_base_name(name)
+    if not base.startswith("hip"):
+        return base
+    return _HIP_NAMES.get(base) or "cuda" + base[3:]
 
 
 @dataclass(frozen=True)

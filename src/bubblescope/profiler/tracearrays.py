@@ -35,7 +35,7 @@ _TEXT_COLUMNS = {"gpu": ("name", "kind", "category"), "runtime": ("name", "categ
 
 
 # The plural words of the parser's count phrases (tracecolumns' ``odd``), for a count of exactly one.
-_SINGULAR = {"events": "event", "entries": "entry", "their": "its"}
+_SINGULAR = {"events": "event", "entries": "entry", "their": "its", "kernels": "kernel"}
 
 
 def _one(phrase: str) -> str:
@@ -177,15 +177,16 @@ def categories_of(name: np.ndarray, kind: np.ndarray, texts: np.ndarray) -> tupl
 
 
 def api_flags(name: np.ndarray, texts: np.ndarray) -> dict[str, np.ndarray]:
-    """``is_launch`` and ``is_sync`` per CPU call of name codes (see ``trace.LAUNCH_APIS``/``SYNC_APIS``)."""
+    """``is_launch`` and ``is_sync`` per CPU call of name codes (see ``trace.LAUNCH_APIS``/``SYNC_APIS``; a HIP
+    call counts as its CUDA counterpart, ``trace.cuda_api_name``)."""
     import numpy as np
 
-    from .trace import LAUNCH_APIS, SYNC_APIS, api_base_name
+    from .trace import LAUNCH_APIS, SYNC_APIS, cuda_api_name
 
     launch = np.zeros(len(texts), dtype=bool)
     sync = np.zeros(len(texts), dtype=bool)
     for code in np.unique(name).tolist():
-        base = api_base_name(texts[code])
+        base = cuda_api_name(texts[code])
         launch[code], sync[code] = base in LAUNCH_APIS, base in SYNC_APIS
     return {"is_launch": launch[name], "is_sync": sync[name]}
 
@@ -273,15 +274,17 @@ def read_trace_arrays(
 def _finish(path: str, cols: _Columns, meta: dict) -> TraceArrays:
     """The parsed columns cleaned, merged, classified and warned about (see :func:`read_trace_arrays`)."""
     from .trace import parse_rank
-    from .tracechecks import drop_repeated
+    from .tracechecks import drop_repeated, drop_repeated_calls, drop_repeated_ranges
 
     texts, tables = cols.arrays()
     # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
     # annotations by ts_us (stable: the file's order among equal times)
     gpu, merged = drop_repeated(tables["gpu"])
     gpu["category"], texts = categories_of(gpu["name"], gpu["kind"], texts)  # once here, not per metric
-    runtime = tables["runtime"]
+    runtime, repeated_calls = drop_repeated_calls(tables["runtime"])
     runtime.update(api_flags(runtime["name"], texts))
+    annotations, repeated_ranges = drop_repeated_ranges(tables["annotations"])
+    merged += repeated_calls + repeated_ranges
 
     warnings = [f"{n} {what if n != 1 else _one(what)}" for what, n in cols.odd.items()]
     warnings += [f"{count(n, 'integer')} in {col} beyond int64 or not {plural(n, 'an integer', 'integers')}, set to "
@@ -292,7 +295,7 @@ def _finish(path: str, cols: _Columns, meta: dict) -> TraceArrays:
     rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None
     rank = parse_rank(rank_raw)
     arrays = TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
-                         annotations=tables["annotations"], flows=tables["flows"], warnings=warnings,
+                         annotations=annotations, flows=tables["flows"], warnings=warnings,
                          event_count=cols.events, gpu_excluded=cols.gpu_excluded,
                          origin_us=cols.origin_us)
     unlinked = int((launch_rows(arrays) < 0).sum())  # computed once, kept for the summaries

@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
-from .tracecolumns import _NA, _X_TABLES, FLOW_PHASES, PHASES, UNKNOWN_PHASE
+from .tracecolumns import (
+    _NA,
+    _X_TABLES,
+    FLOW_PHASES,
+    LEGACY_GPU_PID,
+    LEGACY_KERNELS,
+    NS_EXACT_US,
+    PHASES,
+    UNKNOWN_PHASE,
+    long_float,
+)
 
 if TYPE_CHECKING:
     from .tracecolumns import _Columns
@@ -77,18 +87,28 @@ class _LeanFlowEvent(_LeanEvent, gc=False):
 
 
 @functools.cache
-def _decoding(lean: bool, flows: bool) -> tuple[Any, type, Any]:
-    """(decoder of a list of events, args type, args of an event without them) for the columns kept."""
+def _decoding(lean: bool, flows: bool, exact: bool = False) -> tuple[Any, type, Any]:
+    """(decoder of a list of events, args type, args of an event without them) for the columns kept. ``exact``:
+    ``ts`` is decoded untyped with :func:`~.tracecolumns.long_float` as the float hook, so a long float literal
+    stays text, to be read as exact ns (:meth:`~.tracecolumns._Columns._times`)."""
     event = (_LeanFlowEvent if flows else _LeanEvent) if lean else (_FlowEvent if flows else _Event)
     args = _LeanArgs if lean else _Args
-    return msgspec.json.Decoder(list[event]), args, args()
+    if not exact:
+        return msgspec.json.Decoder(list[event]), args, args()
+    exact_event = msgspec.defstruct(f"_Exact{event.__name__}", [("ts", Any, None)], bases=(event,), gc=False)
+    return msgspec.json.Decoder(list[exact_event], float_hook=long_float), args, args()
 
 
-# Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step); 0 for an
-# event kept nowhere, -1 for one of an unknown phase (counted).
+class _NeedExact(Exception):
+    """A batch holds float ``ts`` beyond float64's ns (:data:`~.tracecolumns.NS_EXACT_US`): decode it again,
+    exactly."""
+
+
+# Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step, 10 maybe a
+# legacy export's kernel: no category); 0 for an event kept nowhere, -1 for one of an unknown phase (counted).
 _KINDS = ("kernel", "memcpy", "memset")
 _X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
-_X_CODE.update({"cpu_op": 6, "Operator": 6})
+_X_CODE.update({"cpu_op": 6, "Operator": 6, None: 10})
 _PH_CODE = {**{p: 7 for p in FLOW_PHASES}, "B": 8, "E": 9}
 
 
@@ -133,15 +153,22 @@ def _either(first: list, second: list) -> list:
     return [b if a is _UNSET else a for a, b in zip(first, second)]
 
 
-def _complete(cols: _Columns, sub: list[_Event], odd: dict) -> tuple[list[_Event], Any, Any]:
+def _complete(cols: _Columns, sub: list[_Event], odd: dict, exact: bool) -> tuple[list[_Event], Any, Any]:
     """Drop complete events without usable times (counted as the per-event path counts them);
-    return (kept events, ts, dur): dur float64, ts int64 when all integers (see ``_Columns._times``) else float64."""
+    return (kept events, ts, dur): dur float64, ts int64 when all integers, timedelta64[ns] when read exactly,
+    else float64 (see ``_Columns._times``). Raises :class:`_NeedExact` when not ``exact`` and a float ts lies
+    beyond float64's ns (its text must be read again)."""
     import numpy as np
 
     ts = cols._times([e.ts for e in sub])
+    if not exact and ts.dtype == np.float64:
+        big = np.abs(ts) >= NS_EXACT_US
+        if big.any() and (np.isfinite(ts[big]) & (ts[big] != np.floor(ts[big]))).any():
+            raise _NeedExact
     dur = cols._floats([e.dur for e in sub])
-    finite = np.isfinite(ts) & np.isfinite(dur)
-    zero = finite & (ts == 0) & (dur == 0)
+    finite_ts, zero_ts = cols.time_checks(ts)
+    finite = finite_ts & np.isfinite(dur)
+    zero = finite & zero_ts & (dur == 0)
     if not finite.all() or zero.any():
         if not finite.all():
             odd["complete events without a finite numeric ts/dur excluded"] += int((~finite).sum())
@@ -161,9 +188,19 @@ def add_batch(cols: _Columns, text: str) -> bool:
 
 def add_array(cols: _Columns, doc: str | bytes) -> bool:
     """:func:`add_batch` of a whole JSON array of events, as text or UTF-8 bytes (a worker process's input)."""
+    if cols.exact_times:  # an earlier batch needed it: so will this one (one trace, one clock)
+        return _add_array(cols, doc, exact=True)
+    try:
+        return _add_array(cols, doc, exact=False)
+    except _NeedExact:  # nothing was kept: read it again with ts as written
+        cols.exact_times = True
+        return _add_array(cols, doc, exact=True)
+
+
+def _add_array(cols: _Columns, doc: str | bytes, exact: bool) -> bool:
     import numpy as np
 
-    decoder, kind, empty = _decoding(cols.lean, cols.keep_flows)
+    decoder, kind, empty = _decoding(cols.lean, cols.keep_flows, exact)
     try:
         events = decoder.decode(doc)
         code = _CODES.__getitem__  # a list comprehension reads slots faster than an attrgetter would
@@ -178,20 +215,36 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
     maybe = np.flatnonzero(codes == 6)
     if len(maybe) and ("ProfilerStep#" if type(doc) is str else b"ProfilerStep#") in doc:  # old torch's steps
         codes[maybe[_steps([events[i].name for i in maybe.tolist()])]] = 5
+    maybe = np.flatnonzero(codes == 10)
+    legacy = np.zeros(0, dtype=np.int64)
+    if len(maybe):  # a legacy autograd-profiler export's kernels (tracecolumns.LEGACY_GPU_PID): kernels
+        legacy = maybe[np.fromiter((events[i].pid == LEGACY_GPU_PID for i in maybe.tolist()), dtype=bool,
+                                   count=len(maybe))]
+        codes[maybe] = 0
+        codes[legacy] = 1
     gpu = np.flatnonzero((codes >= 1) & (codes <= 3))
     gpu_excluded = 0
     if len(gpu):
-        sub, ts, dur = _complete(cols, [events[i] for i in gpu.tolist()], odd)
+        sub, ts, dur = _complete(cols, [events[i] for i in gpu.tolist()], odd, exact)
         gpu_excluded = len(gpu) - len(sub)
         kinds = [_KINDS[c - 1] for c in codes[gpu].tolist()] if len(sub) == len(gpu) else None
         if kinds is None:  # some rows were dropped: take the kinds of the kept ones
             kinds = [_X_TABLES[e.cat] for e in sub]
         args = _args(sub, kind, empty)
+        device = _either([a.device for a in args], [e.pid for e in sub])
+        stream = _either([a.stream for a in args], [e.tid for e in sub])
+        if len(legacy):  # device = tid, stream unknown, unless args say otherwise (as the per-event path reads them)
+            for j, e in enumerate(sub):
+                if e.cat is None and e.pid == LEGACY_GPU_PID:
+                    odd[LEGACY_KERNELS] += 1
+                    a = args[j]
+                    device[j] = e.tid if a.device is _UNSET else a.device
+                    stream[j] = _NA if a.stream is _UNSET else a.stream
         tables["gpu"] = gpu = {
             "name": [e.name for e in sub],
             "kind": kinds,
-            "device": _either([a.device for a in args], [e.pid for e in sub]),
-            "stream": _either([a.stream for a in args], [e.tid for e in sub]),
+            "device": device,
+            "stream": stream,
             "ts_us": ts,
             "dur_us": dur,
             "correlation": [a.correlation for a in args],
@@ -209,7 +262,7 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
             })
     runtime = np.flatnonzero(codes == 4)
     if len(runtime):
-        sub, ts, dur = _complete(cols, [events[i] for i in runtime.tolist()], odd)
+        sub, ts, dur = _complete(cols, [events[i] for i in runtime.tolist()], odd, exact)
         args = _args(sub, kind, empty)
         tables["runtime"] = {
             "name": [e.name for e in sub],
@@ -225,7 +278,7 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
                                                        [a.external_id_lower for a in args])
     annotations = np.flatnonzero(codes == 5)
     if len(annotations):
-        sub, ts, dur = _complete(cols, [events[i] for i in annotations.tolist()], odd)
+        sub, ts, dur = _complete(cols, [events[i] for i in annotations.tolist()], odd, exact)
         tables["annotations"] = {
             "name": [e.name for e in sub],
             "pid": [e.pid for e in sub],
@@ -245,6 +298,10 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
             "cat": [e.cat for e in sub],
         }
     pairs = np.flatnonzero(codes >= 8)
+    if len(pairs) and not exact:  # a B/E time beyond float64's ns is read again from its text, as X times are
+        ts = [events[i].ts for i in pairs.tolist()]
+        if any(type(t) is float and abs(t) >= NS_EXACT_US and not t.is_integer() for t in ts):
+            raise _NeedExact
     # Everything is typed and checked: keep it, after the event dicts the fallback path holds.
     cols.flush()
     cols.events += len(events)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 # Chrome-trace category -> activity kind. Old Kineto wrote the capitalised names.
@@ -27,6 +28,14 @@ GPU_KINDS = {
     "Memset": "memset",
 }
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "Runtime", "cuda_driver", "Driver"})
+# torch's legacy autograd profiler (torch.autograd.profiler ``EventList.export_chrome_trace``, torch 1.x with
+# use_cuda=True) writes complete events without a category: operators on pid "CPU functions" (tid the thread),
+# kernels on pid "CUDA functions" with tid the device index, linked to their operator only by flow events. Its
+# kernels are GPU kernels (device = tid, stream unknown); it records no launch call.
+LEGACY_GPU_PID = "CUDA functions"
+LEGACY_KERNELS = ("kernels of a legacy autograd-profiler export (pid 'CUDA functions', no category) read as GPU "
+                  "kernels of device tid, stream unknown; that format records no launch calls, so launch and "
+                  "per-step figures are unavailable (a torch.profiler trace has them)")
 FLOW_PHASES = frozenset({"s", "t", "f"})
 # Every phase of the Trace Event Format (duration B/E, complete X, instant i/I, counter C, async b/n/e and the
 # deprecated S/T/p/F, flow s/t/f, sample P, object N/O/D, metadata M, memory dump V/v, mark R, clock sync c,
@@ -39,6 +48,11 @@ _MAX_TIME_US = float(1 << 63)
 # Beyond 2^53 µs (~285 years after 1970 in µs; ns written as µs reach ~1.7e18) float64 cannot hold every integer
 # µs: integer ts are then rebased onto the trace's smallest one before they become floats (traceframes).
 _EXACT_US = 1 << 53
+# Beyond 2^43 µs (~8.8e12: Kineto's absolute epoch times are ~1.7e15) float64's spacing exceeds 1 ns, so the three
+# decimals of ns that Kineto writes after the µs are lost. Such ts are read from their text, exactly, as int64 ns
+# (numpy timedelta64[ns] columns) and rebased onto the trace's first µs before they become floats (traceframes).
+NS_EXACT_US = 1 << 43
+_LONG_NUMBER = 16  # characters: a number written this long may hold more digits than float64 keeps
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Where an int column's values come from, as the warnings name it (others: pid, tid, or args.<column>); a GPU
 # activity's device and stream fall back on its pid and tid when args has none.
@@ -59,12 +73,40 @@ def _float(value: Any) -> float:
             return float(value)
         except OverflowError:
             return math.nan
-    if type(value) is str:
+    if type(value) is str or type(value) is Decimal:
         try:
             return float(value)
         except (ValueError, OverflowError):
             return math.nan
     return math.nan
+
+
+def long_float(text: str) -> float | str:
+    """A JSON float literal as float, or as its text when it is long enough to hold more digits than float64
+    keeps (``1733456789012345.678``: µs since the epoch with ns); the JSON decoders' float hook, so that such a
+    ``ts`` can be read exactly (:func:`exact_ns`). Strings are what the Trace Event Format allows for numbers."""
+    return float(text) if len(text) < _LONG_NUMBER else text
+
+
+def exact_ns(value: Any) -> int | None:
+    """A time in µs (an int, a float, a numeric string or a Decimal) as an exact integer of ns (rounded half to
+    even below 1 ns); None when it is no finite number."""
+    if type(value) is int:
+        return value * 1000
+    if type(value) is str:  # the common form, µs with up to 3 decimals, without Decimal's cost
+        whole, dot, frac = value.strip().partition(".")
+        digits = whole[1:] if whole[:1] in "+-" else whole
+        if digits.isdigit() and digits.isascii() and (not dot or (len(frac) <= 3 and frac.isdigit()
+                                                                  and frac.isascii())):
+            ns = int(frac.ljust(3, "0")) if frac else 0
+            return int(whole) * 1000 + (-ns if whole.startswith("-") else ns)
+    try:
+        d = Decimal(repr(value)) if type(value) is float else Decimal(value.strip() if type(value) is str else value)
+    except (InvalidOperation, TypeError, ValueError):
+        return None
+    if not d.is_finite():
+        return None
+    return int(d.scaleb(3).to_integral_value())
 
 
 def _int(value: Any) -> int | None:
@@ -106,7 +148,8 @@ _INT_COLUMNS = frozenset({"device", "stream", "correlation", "external_id", "pid
 _FLOAT_COLUMNS = frozenset({"ts_us", "dur_us", *_GPU_COLUMNS[10:]})
 # Complete-event category -> the table it goes to (a GPU kind, "runtime" or "annotation").
 _X_TABLES = {**GPU_KINDS, **{c: "runtime" for c in RUNTIME_CATEGORIES}, "user_annotation": "annotation"}
-_NUMBER = (int, float, str)  # str: a numeric string, parsed with the column (non-numeric: excluded then)
+# str: a numeric string, parsed with the column (non-numeric: excluded then); Decimal: an exact time (tracepairs)
+_NUMBER = (int, float, str, Decimal)
 _EMPTY: dict = {}
 _PLAIN_NUMBERS = frozenset({int, float, type(None)})
 TABLE_COLUMNS = {"gpu": _GPU_COLUMNS, "runtime": _RUNTIME_COLUMNS, "annotations": _ANNOTATION_COLUMNS,
@@ -141,6 +184,7 @@ class _Columns:
         self.bad_text = 0
         self.events = 0
         self.origin_us = 0  # what was subtracted from every ts (µs, exact; traceframes.rebase_times)
+        self.exact_times = False  # batches decode ts from their text (ts beyond float64's ns seen; tracebatch)
         self.gpu_excluded = 0  # GPU activities (kernel, memcpy, memset) dropped for unusable times, of all reasons
 
     # ---- the per-event fallback -----------------------------------------------------------
@@ -169,10 +213,14 @@ class _Columns:
         except TypeError:  # a list or object as category: no table of ours
             table = None
         name = ev.get("name")
+        legacy = False
         if table is None:
-            if cat not in ("cpu_op", "Operator") or not str(name).startswith("ProfilerStep#"):
+            if cat is None and ev.get("pid") == LEGACY_GPU_PID:
+                table, legacy = "kernel", True
+            elif cat not in ("cpu_op", "Operator") or not str(name).startswith("ProfilerStep#"):
                 return
-            table = "annotation"  # old torch wrote ProfilerStep#N as a CPU op
+            else:
+                table = "annotation"  # old torch wrote ProfilerStep#N as a CPU op
         ts, dur = ev.get("ts"), ev.get("dur")
         if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
             self.odd["complete events without a finite numeric ts/dur excluded"] += 1
@@ -192,6 +240,9 @@ class _Columns:
         elif table == "annotation":
             self._pend("annotations", (name, ev.get("pid", _NA), ev.get("tid", _NA), ts, dur))
         else:
+            if legacy:
+                self.odd[LEGACY_KERNELS] += 1
+                args = {"device": ev.get("tid", _NA), "stream": _NA, **args}
             row = (
                 name,
                 table,
@@ -289,19 +340,42 @@ class _Columns:
 
     @classmethod
     def _times(cls, values: list) -> Any:
-        """Timestamps: int64 when every value is an integer within int64 (kept exact until the trace's origin is
-        known, :func:`.traceframes.rebase_times`), else float64 as :meth:`_floats`."""
+        """Timestamps: int64 when every value is an integer within int64, timedelta64[ns] (exact ns) when some
+        value written as text (a long float, a string) lies beyond float64's ns (:data:`NS_EXACT_US`), both kept
+        exact until the trace's origin is known (:func:`.traceframes.rebase_times`); else float64 as
+        :meth:`_floats`."""
         import numpy as np
 
         if isinstance(values, np.ndarray):
-            return values if values.dtype == np.int64 else values.astype(np.float64, copy=False)
+            return values if values.dtype == np.int64 or values.dtype.kind == "m" \
+                else values.astype(np.float64, copy=False)
         try:
             arr = np.array(values) if len(values) else None
         except (TypeError, ValueError, OverflowError):
             arr = None
         if arr is not None and arr.ndim == 1 and arr.dtype == np.int64:
             return arr
-        return cls._floats(values)
+        if arr is not None and arr.ndim == 1 and arr.dtype.kind in "if":  # numbers only: nothing more exact to read
+            return arr.astype(np.float64, copy=False)
+        floats = cls._floats(values)
+        big = np.isfinite(floats) & (np.abs(floats) >= NS_EXACT_US)
+        if not big.any():
+            return floats
+        ns = [exact_ns(v) for v in values]
+        limit = 1 << 63
+        if any(n is not None and not -limit < n < limit for n in ns):  # beyond int64 ns: float64 (rounded)
+            return floats
+        out = np.array([_NA if n is None else n for n in ns], dtype=np.int64).view("m8[ns]")  # _NA is NaT
+        return out
+
+    @staticmethod
+    def time_checks(ts: Any) -> tuple[Any, Any]:
+        """(finite, zero) masks of a :meth:`_times` column (float64, int64 or timedelta64[ns])."""
+        import numpy as np
+
+        if ts.dtype.kind == "m":
+            return ~np.isnat(ts), ts.view(np.int64) == 0
+        return np.isfinite(ts), ts == 0
 
     @staticmethod
     def _floats(values: list) -> Any:

@@ -128,32 +128,44 @@ ROUNDED = "events with a non-integer ts beyond 2^53 µs kept, their times rounde
 def rebase_times(cols: _Columns) -> int:
     """Turn every table's ``ts_us`` chunks into float64 and return the trace's time origin (µs, an exact int).
 
-    The origin is 0 (times as in the file) unless integer timestamps exceed 2^53 µs, where float64 loses whole
-    µs (spacing 256 µs at 1.7e18): then it is the smallest integer ts, subtracted as an exact integer before the
-    conversion, so times, durations and gaps stay exact. Float timestamps beyond 2^53 µs were rounded when parsed;
-    they are shifted by the same origin and marked (a ``rounded`` mask in their chunk), to be counted in ``cols.odd``
-    (:data:`ROUNDED`) by :func:`table_arrays` when the row is kept: a ts beyond 2^63 µs or not finite is excluded
-    there, and said once, as excluded."""
+    The origin is 0 (times as in the file) unless times were kept exact beyond what float64 holds: integer
+    timestamps beyond 2^53 µs, where float64 loses whole µs (spacing 256 µs at 1.7e18), or times read as exact ns
+    (timedelta64[ns] chunks: float ts beyond 2^43 µs, whose ns digits float64 loses, such as Kineto's absolute
+    ``1733456789012345.678``). Then it is the smallest such time's whole µs, subtracted exactly before the
+    conversion, so times, durations and gaps stay exact (to the ns). Float timestamps beyond 2^53 µs were rounded
+    when parsed; they are shifted by the same origin and marked (a ``rounded`` mask in their chunk), to be counted
+    in ``cols.odd`` (:data:`ROUNDED`) by :func:`table_arrays` when the row is kept: a ts beyond 2^63 µs or not
+    finite is excluded there, and said once, as excluded."""
     import numpy as np
 
-    ints = [c["ts_us"] for chunks in cols.chunks.values() for c in chunks if c["ts_us"].dtype == np.int64
-            and len(c["ts_us"])]
+    chunks = [c for table in cols.chunks.values() for c in table if len(c["ts_us"])]
+    ints = [c["ts_us"] for c in chunks if c["ts_us"].dtype == np.int64]
+    nss = [c["ts_us"].view(np.int64) for c in chunks if c["ts_us"].dtype.kind == "m"]
+    nss = [v[v != _NA] for v in nss]
+    nss = [v for v in nss if len(v)]
     origin = 0
     if ints:
         low, high = min(int(a.min()) for a in ints), max(int(a.max()) for a in ints)
         if max(-low, high) > _EXACT_US and high - low < 1 << 62:  # no int64 overflow in ts - origin
             origin = low
-    for chunks in cols.chunks.values():
-        for c in chunks:
-            ts = c["ts_us"]
-            if ts.dtype == np.int64:
-                c["ts_us"] = (ts - origin if origin else ts).astype(np.float64)
-            else:  # finite and within 2^63 µs: beyond, table_arrays excludes the row (and says so) instead
-                rounded = np.isfinite(ts) & (np.abs(ts) > _EXACT_US) & (np.abs(ts) <= _MAX_TIME_US)
-                if rounded.any():
-                    c["rounded"] = rounded
-                if origin:
-                    c["ts_us"] = ts - float(origin)
+    if nss:  # whole µs of the smallest exact time (ns floored to µs), ints' included
+        low_ns = min(int(v.min()) for v in nss)
+        origin = min(low_ns // 1000, min(int(a.min()) for a in ints)) if ints else low_ns // 1000
+    for c in chunks:
+        ts = c["ts_us"]
+        if ts.dtype == np.int64:
+            c["ts_us"] = (ts - origin if origin else ts).astype(np.float64)
+        elif ts.dtype.kind == "m":  # exact ns: µs from the origin, NaT (absent) as NaN
+            ns = ts.view(np.int64)
+            out = (ns - origin * 1000).astype(np.float64) / 1000.0
+            out[ns == _NA] = np.nan
+            c["ts_us"] = out
+        else:  # finite and within 2^63 µs: beyond, table_arrays excludes the row (and says so) instead
+            rounded = np.isfinite(ts) & (np.abs(ts) > _EXACT_US) & (np.abs(ts) <= _MAX_TIME_US)
+            if rounded.any():
+                c["rounded"] = rounded
+            if origin:
+                c["ts_us"] = ts - float(origin)
     return origin
 
 

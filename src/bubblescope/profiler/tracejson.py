@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .tracecolumns import long_float
+
 if TYPE_CHECKING:
     from .tracecolumns import _Columns
     from .tracefile import _Reader
@@ -41,7 +43,8 @@ class _Text:
         self.pos = 0
         self.offset = 0  # characters dropped from the front of buf so far
         self.eof = False
-        self.scanner = json.scanner.make_scanner(json.JSONDecoder())
+        # long float literals stay text (tracecolumns.long_float), so that a ts beyond float64's ns is read exactly
+        self.scanner = json.scanner.make_scanner(json.JSONDecoder(parse_float=long_float))
 
     def fill(self) -> bool:
         if self.eof:
@@ -74,9 +77,10 @@ class _Text:
             try:
                 obj, end = self.scanner(self.buf, self.pos)
                 # A number followed by nothing but number characters up to the window's end may
-                # continue in the next chunk ("-1" of "-1.5"); objects and strings end unambiguously.
+                # continue in the next chunk ("-1" of "-1.5"; a long float comes as str); objects end unambiguously.
                 if self.eof or (
-                    end < len(self.buf) and (type(obj) not in (int, float) or not _NUMBER_TAIL.fullmatch(self.buf, end))
+                    end < len(self.buf)
+                    and (type(obj) not in (int, float, str) or not _NUMBER_TAIL.fullmatch(self.buf, end))
                 ):
                     self.pos = end
                     return obj

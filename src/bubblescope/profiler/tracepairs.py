@@ -11,9 +11,29 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
-from .tracecolumns import _float
+from .tracecolumns import _float, exact_ns
+
+
+def _time(ts: Any) -> Any:
+    """A B/E ``ts`` kept as exact as written: an int within int64 as is, a numeric string (a long float literal
+    comes as one, see ``tracecolumns.long_float``) as a Decimal, a float as is; NaN when no finite number."""
+    if type(ts) is int and -(1 << 63) <= ts < 1 << 63:  # integers stay exact (huge ts, see traceframes)
+        return ts
+    if type(ts) is str:
+        ns = exact_ns(ts)
+        return math.nan if ns is None else Decimal(ns).scaleb(-3)
+    return _float(ts)
+
+
+def _minus(end: Any, begin: Any) -> Any:
+    """end − begin, exact where either is a Decimal (a float taken by its shortest repr)."""
+    if type(end) is Decimal or type(begin) is Decimal:
+        as_dec = lambda v: v if type(v) is Decimal else Decimal(repr(v)) if type(v) is float else Decimal(v)  # noqa: E731
+        return as_dec(end) - as_dec(begin)
+    return end - begin
 
 
 def _thread(ev: dict) -> tuple:
@@ -26,14 +46,13 @@ def _thread(ev: dict) -> tuple:
 
 
 def pair_durations(events: list[dict], odd: Counter) -> list[dict]:
-    """Complete-event dicts (ts, dur in µs: ints when both ends are, else floats) of the ``B``/``E`` pairs among
+    """Complete-event dicts (ts, dur in µs: ints when both ends are, Decimals where one was written as text, else
+    floats) of the ``B``/``E`` pairs among
     ``events`` (decoded event dicts in file order). Unpaired or timeless events are counted in ``odd`` (the
     reader's warning counter) under a one-line description."""
     threads: dict[tuple, list[tuple[float, int, dict]]] = {}
     for i, ev in enumerate(events):
-        ts = ev.get("ts")
-        if type(ts) is not int or not -(1 << 63) <= ts < 1 << 63:  # integers stay exact (huge ts, see traceframes)
-            ts = _float(ts)
+        ts = _time(ev.get("ts"))
         if not math.isfinite(ts):
             odd["'B'/'E' events without a finite numeric ts ignored"] += 1
             continue
@@ -63,7 +82,7 @@ def pair_durations(events: list[dict], odd: Counter) -> list[dict]:
                 cat=begin.get("cat", ev.get("cat")),
                 name=begin.get("name", ev.get("name")),
                 ts=begin_ts,
-                dur=ts - begin_ts,
+                dur=_minus(ts, begin_ts),
                 args=args if isinstance(args, dict) else {},
             )
             out.append(x)

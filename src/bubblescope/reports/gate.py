@@ -83,16 +83,28 @@ def _limit(name: str, value: float | None, upper: float | None = None) -> None:
                                f"{percent_hint(name, value) if not bad else ''}")
 
 
-# What must match between a run and its baseline for a regression check to mean anything.
-COMPARABLE = (("model", ("model", "name")), ("dtype", ("model", "dtype")), ("device", ("device", "name")),
+# What must match between a run and its baseline for a regression check to mean anything: the model by name,
+# by its architecture (the config.json fields that set the bytes and the kernels: two runs both named "model"
+# of 2 and 16 layers are two workloads) and by its size, the dtype, the device and the workload.
+ARCHITECTURE = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+COMPARABLE = (("model", ("model", "name")),
+              *((key, ("model", "config", key)) for key in ARCHITECTURE),
+              ("parameters", ("model", "parameters")), ("weight_bytes", ("model", "weight_bytes")),
+              ("dtype", ("model", "dtype")), ("device", ("device", "name")),
               ("prompt_len", ("workload", "prompt_len")), ("gen_len", ("workload", "gen_len")))
 
 
 def baseline_mismatches(doc: dict, baseline: dict) -> list[str]:
-    """``"model: llama-3.2-1b vs stories260k"`` for each of model name, dtype, device name, prompt and
-    generation length that differs between a results document and its baseline (empty when comparable)."""
+    """``"model: llama-3.2-1b vs baseline stories260k"`` for each of :data:`COMPARABLE` that differs between a
+    results document and its baseline: model name, architecture (``model.config``'s :data:`ARCHITECTURE`
+    fields, compared where both documents record a config: it may be null), parameter count and weight bytes
+    (null where not recorded), dtype, device name, prompt and generation length. Empty when comparable."""
     out = []
     for label, path in COMPARABLE:
+        if path[:2] == ("model", "config") and (dig(doc, "model", "config") is None
+                                                or dig(baseline, "model", "config") is None):
+            continue
         new, old = dig(doc, *path), dig(baseline, *path)
         if new != old:
             out.append(f"{label}: {new} vs baseline {old}")
@@ -141,8 +153,9 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
         BubblescopeError: a document is invalid, the engine is unknown or not ok (here or in the
             baseline), a limit is negative or not finite, a fraction limit is above 1 (the message
             suggests the fraction when it looks like a percentage), ``baseline`` and ``max_regression`` are not
-            given together, no check is requested at all, or the baseline ran another model, dtype,
-            device (name) or workload (prompt/generation length) and ``allow_mismatch`` is False.
+            given together, no check is requested at all, or the baseline is not comparable
+            (:func:`baseline_mismatches`: another model, architecture, size, dtype, device (name) or workload)
+            and ``allow_mismatch`` is False.
     """
     # Fractions, not percentages: a limit of 35 meant as 35 % would make every run fail (or pass).
     _limit("min_bandwidth_util", min_bandwidth_util, upper=1)

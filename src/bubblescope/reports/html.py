@@ -147,7 +147,7 @@ def _context(doc: dict) -> dict:
         "not_run": tables.not_run(doc),
         "findings": [{"severity": f.get("severity"), "subject": f.get("engine") or tables.MISSING,
                       "title": f.get("title"), "evidence": tables.evidence_text(f.get("evidence")),
-                      "advice": f.get("advice")} for f in doc.get("findings") or []],
+                      "advice": f.get("advice")} for f in (doc.get("findings") or [] if engines else [])],
         "timeline_reasons": [(e["name"], dig(e, "timeline", "reason") or "no step timeline recorded")
                              for e in ok if not dig(e, "timeline", "step_timeline")],
         "plots": {"timeline": png_uri(plots.step_timeline_figure(ok)),

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import BubblescopeError
+from ..errors import BubblescopeError, OutputNotWritten, os_reason
 
 SCHEMA = "bubblescope.results/1"
 
@@ -295,18 +295,6 @@ class Results:
         have = ", ".join(str(e.get("name")) for e in self.engines) or "none"
         raise BubblescopeError(f"engine {name!r}: not in the results (engines: {have})")
 
-    def require_engines(self, what: str) -> "Results":
-        """``self`` when the document holds at least one engine entry (ok, skipped or failed: each has a line
-        to report); else the "no data" error, as ``gate`` and ``diagnose trace`` give it (exit 2 in the CLI).
-        Findings of a document without engines are stale (no engine to attach them to) and never shown.
-
-        Raises:
-            BubblescopeError: ``engines`` is empty; the message names ``what`` (the file).
-        """
-        if not self.engines:
-            raise BubblescopeError(f"{what}: the results hold no engine (empty 'engines'): nothing to report")
-        return self
-
     def to_json(self) -> str:
         """The document as indented JSON text.
 
@@ -418,10 +406,12 @@ def atomic_write_texts(files: list[tuple[str | os.PathLike, str, str | None]]) -
     """Write several ``(path, text, option)`` as :func:`atomic_write_text` writes one: every text goes to a
     temporary file next to its path first, and only when all are written are they renamed into place, so a file
     that cannot be written leaves the others as they were (a rename failing midway, after the staging, is not
-    undone).
+    undone). No temporary file is left, whatever fails.
 
     Raises:
-        BubblescopeError: as :func:`atomic_write_text`, naming the file that could not be written.
+        BubblescopeError: as :func:`atomic_write_text`, naming the file that could not be written; a failed
+            write itself (disk full, over the file size limit) is an :class:`~bubblescope.errors.OutputNotWritten`
+            carrying the OS error.
     """
     staged: list[tuple[str, Path, str]] = []
     try:
@@ -432,20 +422,23 @@ def atomic_write_texts(files: list[tuple[str | os.PathLike, str, str | None]]) -
             try:
                 fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             except OSError as exc:
-                raise BubblescopeError(f"{where}: cannot write here ({exc.strerror})") from None
+                raise OutputNotWritten(f"{where}: cannot write here ({os_reason(exc)})", path, os_reason(exc)) \
+                    from None
             staged.append((tmp, path, where))
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(text)
                 # mkstemp creates the file 0600; a report is meant to be shared like any other file.
                 os.chmod(tmp, 0o644)
-            except OSError as exc:  # disk full
-                raise BubblescopeError(f"{where}: cannot write here ({exc.strerror or type(exc).__name__})") from None
+            except OSError as exc:  # disk full (ENOSPC), over the file size limit (EFBIG)
+                raise OutputNotWritten(f"{where}: cannot write here ({os_reason(exc)})", path, os_reason(exc)) \
+                    from None
         for tmp, path, where in staged:
             try:
                 os.replace(tmp, path)
             except OSError as exc:  # the destination turned out unwritable
-                raise BubblescopeError(f"{where}: cannot write here ({exc.strerror or type(exc).__name__})") from None
+                raise OutputNotWritten(f"{where}: cannot write here ({os_reason(exc)})", path, os_reason(exc)) \
+                    from None
     finally:
         for tmp, _, _ in staged:
             Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,161 @@
+"""Outputs on a full disk: a write that fails (EFBIG over ``ulimit -f``, as ENOSPC on a full disk) stops the
+command with exit code 2 and the OS error in one line, leaves no temporary file, and keeps the previous outputs
+byte for byte.
+
+The limit is set with ``RLIMIT_FSIZE`` in a child process that ignores SIGXFSZ, so that a write past it raises
+EFBIG ("File too large") instead of killing the process, as the kernel does when the signal is ignored
+(``setrlimit(2)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import resultsgen as g
+from .conftest import ROOT
+
+pytestmark = pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE (POSIX)")
+
+EFBIG = os.strerror(27)  # "File too large"
+
+
+def _cap(limit: int):
+    """A ``preexec_fn``: files capped at ``limit`` bytes, SIGXFSZ ignored so that the write raises EFBIG."""
+    def cap():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return cap
+
+
+def _python(code: str, limit: int, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -c CODE`` with files capped at ``limit`` bytes."""
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                          preexec_fn=_cap(limit), capture_output=True, text=True, timeout=60)
+
+
+def _limited(args: list[str], limit: int, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m bubblescope ARGS`` with files capped at ``limit`` bytes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "bubblescope", *args], cwd=cwd, env=env, preexec_fn=_cap(limit),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones included) by relative path, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.slow  # a whole diagnose run (torch, the model, the profiler) in a child process
+def test_diagnose_that_cannot_write_its_trace_keeps_the_previous_run(tmp_path):
+    """The trace (tens of kB) is over a 4 kB limit: the run stops (it used to go on, mark the engine failed,
+    publish a run without it and exit 0, leaving Kineto's half-written temporary in traces/)."""
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    previous = {"results.json": b'{"previous": "run"}\n', "report.html": b"<p>previous</p>\n",
+                "traces/reference.json.gz": b"previous trace bytes"}
+    for name, data in previous.items():
+        (out / name).write_bytes(data)
+    r = _limited(["diagnose", "model", "tiny-llama", "--engines", "reference", "--device", "cpu", "--prompt-len", "4",
+                  "--gen-len", "2", "--runs", "1", "--warmup", "0", "--profile-steps", "1", "--out", "out"],
+                 4096, tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert _error_line(r.stderr) == (f"error: --out out: cannot write traces/reference.json.gz ({EFBIG}); the "
+                                     "previous run is left as it was")
+    assert "Traceback" not in r.stderr
+    assert _snapshot(out) == previous  # nothing added (no staging folder, no temporary), nothing changed
+
+
+def test_report_html_that_cannot_be_written_keeps_the_old_page(tmp_path):
+    doc = g.healthy_doc()
+    doc["engines"], doc["findings"] = [], []  # a valid document whose page renders without plots: a quick test
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    (tmp_path / "page.html").write_bytes(b"<p>old page</p>")
+    before = _snapshot(tmp_path)
+    r = _limited(["report", "results.json", "--html", "page.html"], 2048, tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert _error_line(r.stderr) == f"error: --html page.html: cannot write here ({EFBIG})"
+    assert _snapshot(tmp_path) == before
+
+
+def test_trace_html_that_cannot_be_written_leaves_no_temporary(tmp_path):
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+               "args": {"device": 0, "stream": 7}}]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    before = _snapshot(tmp_path)
+    r = _limited(["diagnose", "trace", "t.json", "--html", "t.html"], 2048, tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert _error_line(r.stderr) == f"error: --html t.html: cannot write here ({EFBIG})"
+    assert _snapshot(tmp_path) == before
+
+
+def test_tune_outputs_that_cannot_be_written_leave_out_as_it_was(tmp_path):
+    """``tune`` writes tune.json, tune.html and --save through one staged write (its measuring is tested in
+    test_tuning.py): over the limit, the old files stay, no temporary is left, and the error is one line."""
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / "tune.json").write_bytes(b'{"old": 1}')
+    (out / "tune.html").write_bytes(b"<p>old</p>")
+    before = _snapshot(tmp_path)
+    code = ("import json, sys\n"
+            "from bubblescope.errors import BubblescopeError\n"
+            "from bubblescope.reports.results import atomic_write_texts\n"
+            "try:\n"
+            "    atomic_write_texts([('t/tune.json', 'x' * 100000, None), ('t/tune.html', 'y', None)])\n"
+            "except BubblescopeError as e:\n"
+            "    print(type(e).__name__, e, e.reason, sep='|')\n")
+
+    r = _python(code, 4096, tmp_path)
+    assert r.stdout.strip() == f"OutputNotWritten|t/tune.json: cannot write here ({EFBIG})|{EFBIG}", r.stderr
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_profiler_export_that_failed_is_found_with_its_os_error(tmp_path):
+    """Kineto logs a failed write ("Failed to write to log file!") and returns normally, leaving ``<raw>.tmp``
+    behind and ``raw`` empty; the failure is found by that leftover, and its OS error by one more byte."""
+    (tmp_path / "raw.json").write_bytes(b"")
+    (tmp_path / "raw.json.tmp").write_bytes(b"x" * 4096)  # at the limit, as Kineto leaves it
+    code = ("from bubblescope.profiler.capture import export_failure\n"
+            "print(export_failure('raw.json'))\n")
+    r = _python(code, 4096, tmp_path)
+    assert r.stdout.strip() == EFBIG, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.json"]  # the leftover removed
+
+
+def test_a_profiler_export_that_worked_is_not_a_failure(tmp_path):
+    from bubblescope.profiler.capture import export_failure
+
+    (tmp_path / "raw.json").write_bytes(b'{"traceEvents": []}')
+    assert export_failure(str(tmp_path / "raw.json")) is None
+    (tmp_path / "empty.json").write_bytes(b"")
+    assert export_failure(str(tmp_path / "empty.json")) == "the profiler wrote nothing"
+
+
+def test_run_folder_names_the_unwritten_file_under_out_and_removes_the_stage(tmp_path):
+    from bubblescope.errors import OutputNotWritten
+    from bubblescope.outdir import RunFolder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_bytes(b"old")
+    with pytest.raises(OutputNotWritten) as info:
+        with RunFolder(out) as folder:
+            (folder.stage / "traces").mkdir()
+            (folder.stage / "traces" / "a.json.gz").write_bytes(b"half")
+            raise OutputNotWritten("inner", folder.stage / "traces" / "a.json.gz", "No space left on device")
+    assert str(info.value) == (f"--out {out}: cannot write traces/a.json.gz (No space left on device); the previous "
+                               "run is left as it was")
+    assert _snapshot(out) == {"results.json": b"old"}
