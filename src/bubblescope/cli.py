@@ -259,8 +259,10 @@ def diagnose_model(
                                           "(default: llama-3.2-1b on a GPU, stories260k or tiny-llama on CPU)."),
     checkpoint: Optional[str] = typer.Option(None, help="Weights to load instead of MODEL's (HF directory or "
                                              "llama2.c .bin)."),
-    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all; see `bubblescope "
-                                          "engines`); auto: the megakernel where it runs, else the reference."),
+    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all but "
+                                          "megakernel-gluon and megakernel-triton, the kernels megakernel picks "
+                                          "between; see `bubblescope engines`); auto: the megakernel where it "
+                                          "runs, else the reference."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens (default: 128 on a GPU, "
                                              "16 on CPU)."),
     gen_len: Optional[int] = typer.Option(None, "--gen-len", help="Tokens generated per timed run (default: 128 "

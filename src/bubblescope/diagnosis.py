@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton, unavailable_before_load
+from .engines import build_engine, default_engines, get_engine_spec, prepare_triton, unavailable_before_load
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck
 from .generation import SamplingParams, generate, random_ids, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
@@ -220,8 +220,9 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
-    # Default: every registered engine; those that cannot run here are listed as skipped with the reason.
-    names = list(dict.fromkeys(engines)) if engines else list(ENGINES)  # a name given twice runs once
+    # Default: every registered engine but the kernels `megakernel` already stands for (engines.BY_NAME_ONLY);
+    # those that cannot run here are listed as skipped with the reason.
+    names = list(dict.fromkeys(engines)) if engines else default_engines()  # a name given twice runs once
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
         if n != "auto":
