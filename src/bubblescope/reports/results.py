@@ -25,8 +25,8 @@ SCHEMA = "bubblescope.results/1"
 
 # The ablation ladder, from plain eager PyTorch to the fused kernel; reports list engines in this
 # order so each step's gain reads left to right. Unknown engine names follow, in document order.
-ENGINE_ORDER = ("reference", "reference-cudagraph", "reference-compile", "hf",
-                "megakernel-stages", "megakernel-noprefetch", "megakernel")
+ENGINE_ORDER = ("reference", "reference-cudagraph", "reference-compile", "reference-fused", "reference-fused-pdl",
+                "hf", "megakernel-stages", "megakernel-noprefetch", "megakernel")
 
 # ---- the schema as data -------------------------------------------------------------------------
 # A key ending in "?" may be null; in "??", also absent (a key added after documents were written).

@@ -5,6 +5,7 @@ Pure functions of a results document returning strings; null (not measured) show
 
 from __future__ import annotations
 
+from .ladder import IN_KERNEL, bubble_ratio
 from .results import dig, ordered
 from ..wording import count
 
@@ -26,7 +27,7 @@ TIMELINE_COLUMNS = (
     ("Engine", ("name",), "text"),
     ("kernels\n/step", ("timeline", "kernels_per_step"), "count"),
     ("launches\n/step", ("timeline", "launches_per_step"), "count"),
-    ("bubble\nratio", ("timeline", "bubble_ratio"), "ratio"),
+    ("bubble\nratio", bubble_ratio, "bubble"),
     ("launch\nshare", ("timeline", "launch_share"), "pct"),
     ("sync\nshare", ("timeline", "sync_share"), "pct"),
     ("token\nagreement", ("correctness", "token_agreement"), "pct"),
@@ -35,12 +36,18 @@ TIMELINE_COLUMNS = (
 # cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
 SYNC_NOTE = ("sync share: fraction of the step wall time the host spends blocked in a synchronize call; high "
              "when the GPU is busy and the host has nothing else to do, which costs nothing by itself")
+# One bubble ratio everywhere (ladder.bubble_ratio); the marked values are a one-kernel step's in-kernel wait.
+BUBBLE_MARK = "*"
+BUBBLE_NOTE = ("bubble ratio: the share of each decode step the GPU idles (1 − GPU busy / span of the decode "
+               f"window); marked {BUBBLE_MARK}: a step of one kernel, whose bubble is its programs' wait on "
+               "dependencies, from the megakernel's own clock (program-time waiting / program-time)")
 HEADLINE = LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + TIMELINE_COLUMNS[1:]
 
 def fmt(value, kind: str = "num") -> str:
     """Format one value for display: ``ms`` (3 decimals), ``rate`` (1), ``gbps`` (0; 2 significant
     digits below 10), ``pct``
-    (a fraction as a percentage, 1 decimal), ``ratio`` (3), ``count`` (integer or 1 decimal),
+    (a fraction as a percentage, 1 decimal), ``ratio`` (3), ``bubble`` (a ``(ratio, source)`` pair of
+    :func:`~.ladder.bubble_ratio`: 3 decimals, marked when in-kernel), ``count`` (integer or 1 decimal),
     ``bytes`` (GB/MB/kB, decimal units), ``text``, ``num`` (6 significant digits). None gives "—"."""
     if value is None:
         return MISSING
@@ -56,6 +63,9 @@ def fmt(value, kind: str = "num") -> str:
         return f"{value * 100:.1f} %"
     if kind == "ratio":
         return f"{value:.3f}"
+    if kind == "bubble":  # (ratio, source) of ladder.bubble_ratio
+        ratio, source = value
+        return MISSING if ratio is None else f"{ratio:.3f}" + (BUBBLE_MARK if source == IN_KERNEL else "")
     if kind == "count":
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
     if kind == "bytes":
@@ -67,8 +77,10 @@ def fmt(value, kind: str = "num") -> str:
 
 
 def headline_rows(doc: dict, columns=HEADLINE) -> list[list[str]]:
-    """One row of formatted cells (``columns``, default :data:`HEADLINE`) per engine, in ladder order."""
-    return [[fmt(dig(eng, *path), kind) for _, path, kind in columns] for eng in ordered(doc.get("engines") or [])]
+    """One row of formatted cells (``columns``, default :data:`HEADLINE`) per engine, in ladder order; a column's
+    path is a key path into the engine entry, or a function of the entry (the bubble ratio)."""
+    return [[fmt(path(eng) if callable(path) else dig(eng, *path), kind) for _, path, kind in columns]
+            for eng in ordered(doc.get("engines") or [])]
 
 
 def not_run(doc: dict) -> list[tuple[str, str, str]]:
