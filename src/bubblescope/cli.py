@@ -413,7 +413,8 @@ def report(
                                        "RESULTS.json)."),
     fmt: str = typer.Option("text", "--format", help="text (rich) or json."),
 ):
-    """Re-render a results.json (terminal and/or HTML) without measuring anything."""
+    """Re-render a results.json (terminal and/or HTML) without measuring anything; the findings and the ladder
+    are derived again from its numbers."""
     from .reports.results import load_results
 
     if fmt not in ("text", "json"):  # before anything is written
@@ -422,7 +423,10 @@ def report(
     html = _file(html, "--html", "the HTML file to write", write=True)
     if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
         raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
+    from .reports.findings import rederive
+
     results = load_results(results_path).require_engines(str(results_path))
+    rederive(results.doc)  # findings and ladder from the document's numbers, by this version's rules
     if html is not None:
         from .reports.html import write_html
         write_html(results, html, "--html")

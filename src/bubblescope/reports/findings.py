@@ -497,3 +497,14 @@ def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]
     for doc_rule in DOC_RULES:
         out.extend(doc_rule(doc, t))
     return out
+
+
+def rederive(doc: dict) -> dict:
+    """``doc`` (a results document, changed in place and returned) with its ``findings`` and ``ladder`` derived
+    again from its numbers by this version's rules (:func:`find`, :func:`.ladder.ladder`), so that re-rendering a
+    document written by an older version never shows findings that disagree with the tables next to them."""
+    from .ladder import ladder
+
+    doc["findings"] = find(doc)
+    doc["ladder"] = ladder(doc)
+    return doc

@@ -24,12 +24,12 @@ from .results import dig
 # (engine, label, what the rung removes compared with the rung below it). The megakernel rung is also filled by
 # the implementation named on the command line when `megakernel` itself did not run.
 RUNGS: tuple[tuple[str, str, str], ...] = (
-    ("reference", "eager", "baseline: one launch per op from Python"),
+    ("reference", "eager", "baseline (a launch per op)"),
     ("reference-cudagraph", "CUDA graph", "Python/launch overhead"),
-    ("reference-compile", "compile", "per-op traffic (inductor fusion)"),
-    ("reference-fused", "fused", "per-op traffic (hand-fused kernels)"),
+    ("reference-compile", "compile", "per-op traffic (inductor)"),
+    ("reference-fused", "fused", "per-op traffic (hand-fused)"),
     ("reference-fused-pdl", "fused + PDL", "inter-kernel drain and fill"),
-    ("megakernel-noprefetch", "megakernel without prefetch", "kernel boundaries (one persistent kernel)"),
+    ("megakernel-noprefetch", "megakernel without prefetch", "kernel boundaries (one kernel)"),
     ("megakernel", "megakernel", "in-kernel dependency wait"),
 )
 _MEGAKERNEL_STAND_INS = ("megakernel-gluon", "megakernel-triton")
@@ -141,7 +141,7 @@ def fidelity_matched(kl: float | None, nll: float | None, ref_kl: float | None, 
 
 def _row(engine: str, label: str, mechanism: str, eng: dict | None) -> dict:
     status = eng.get("status") if eng else "not run"
-    reason = eng.get("reason") if eng else "not in this run's engines (name it in --engines)"
+    reason = eng.get("reason") if eng else "not in this run (name it in --engines)"
     ratio, source = bubble_ratio(eng) if eng and status == "ok" else (None, None)
     c = (eng or {}).get("correctness") or {}
     ok = status == "ok"
