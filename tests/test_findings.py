@@ -351,3 +351,27 @@ def test_the_megakernels_lead_needs_both_engines_on_a_gpu():
     doc = g.healthy_doc()
     doc["device"]["type"] = "cpu"  # the interpreter's megakernel times say nothing about the kernel
     assert LEAD not in [f["rule"] for f in find(doc)]
+
+
+def test_report_derives_the_findings_again_from_the_numbers(tmp_path):
+    """A results.json written by an older version carries a bubble-bound finding on the megakernel from the host
+    gaps between its steps; `report` shows the findings its tables support, not the stale ones."""
+    from typer.testing import CliRunner
+
+    from bubblescope.cli import app
+    from bubblescope.reports.results import write_results
+
+    doc = g.healthy_doc()
+    g.engine(doc, "megakernel")["timeline"]["bubble_ratio"] = 0.273
+    doc["findings"] = [{"rule": "bubble-bound", "severity": "warn", "engine": "megakernel",
+                        "title": "Bubble-bound: 1 launch(es) per step, yet the GPU is idle 27% of it",
+                        "evidence": {"bubble_ratio": 0.273}, "advice": "Fuse neighbouring kernels."}]
+    path = write_results(doc, tmp_path / "results.json")
+    r = CliRunner().invoke(app, ["report", str(path), "--format", "json"])
+    assert r.exit_code == 0
+    import json
+    out = json.loads(r.stdout)
+    assert [f["rule"] for f in out["findings"]] == [LEAD]
+    assert [row["engine"] for row in out["ladder"]][-1] == "megakernel"
+    r = CliRunner().invoke(app, ["report", str(path)], env={"COLUMNS": "100"})
+    assert r.exit_code == 0 and "Bubble-bound" not in r.stdout and "1.38x the best op-by-op engine" in r.stdout

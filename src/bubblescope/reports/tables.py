@@ -344,6 +344,6 @@ def counters_workload_line(doc: dict) -> str | None:
     if not cw:
         return None
     w = doc.get("workload") or {}
-    return (f"counters read on `bubblescope generate` with a {_count(cw.get('prompt_len'), 'token')} prompt, one "
+    return (f"counters read on `bubblescope generate` with a {fmt(cw.get('prompt_len'), 'count')}-token prompt, one "
             f"decode step's launches after {_count(cw.get('skipped_steps'), 'step')}: not the workload of the tables "
             f"above (prompt {_count(w.get('prompt_len'), 'token')}, {_count(w.get('gen_len'), 'new token')})")
