@@ -375,3 +375,20 @@ def test_report_derives_the_findings_again_from_the_numbers(tmp_path):
     assert [row["engine"] for row in out["ladder"]][-1] == "megakernel"
     r = CliRunner().invoke(app, ["report", str(path)], env={"COLUMNS": "100"})
     assert r.exit_code == 0 and "Bubble-bound" not in r.stdout and "1.38x the best op-by-op engine" in r.stdout
+
+
+def test_a_rung_slower_than_the_one_below_is_explained_with_both_rungs_numbers():
+    doc = g.healthy_doc()
+    _rung(doc, "reference-fused", 1.0, bubble=0.05, kernels=97)
+    pdl = _rung(doc, "reference-fused-pdl", 1.03, bubble=0.03, kernels=97)  # 30 µs slower: 3 % of 1,000 µs
+    f = _only(find(doc), "rung-slower")
+    assert f["engine"] == "reference-fused-pdl" and f["severity"] == "warn"
+    assert f["title"] == ("reference-fused-pdl is 30.0 µs per token slower than the rung below it, reference-fused "
+                          "(1.030 vs 1.000 ms/token): removing inter-kernel drain and fill did not pay here (bubble "
+                          "ratio 0.030 vs 0.050, 47% vs 47% of NVML peak)")
+    assert f["evidence"]["step_us"] == -30.0 and f["evidence"]["below_token_ms_p50"] == 1.0
+    pdl["latency"].update(token_ms_p50=1.01, token_ms_p90=1.01, token_ms_p99=1.01)  # 10 µs: within the spread
+    assert "rung-slower" not in [x["rule"] for x in find(doc)]
+    pdl["latency"].update(token_ms_p50=1.03, token_ms_p90=1.03, token_ms_p99=1.03)
+    doc["device"]["type"] = "cpu"  # CPU runs time the interpreter: no ladder finding
+    assert "rung-slower" not in [x["rule"] for x in find(doc)]

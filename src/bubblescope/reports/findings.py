@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from .ladder import (IN_KERNEL, best_op_by_op, bubble_ratio, bubble_us, megakernel_rung, request_times,
+from .ladder import (IN_KERNEL, best_op_by_op, bubble_ratio, bubble_us, ladder, megakernel_rung, request_times,
                      step_us)
 from .results import dig, ordered
 from ..wording import count
@@ -52,6 +52,9 @@ THRESHOLDS: Mapping[str, float] = MappingProxyType({
     # context-growth: across the sweep, ms/token grows this factor faster than bytes per step (memory-bound decode
     # time follows its bytes).
     "context_growth_max_excess": 1.25,
+    # rung-slower: a rung of the ablation ladder is slower than the rung below it by more than this share of the
+    # lower rung's p50 (run-to-run spread of a GPU decode step is about 1 %).
+    "rung_slower_min_share": 0.02,
     # hardware counters (ncu, `diagnose model --counters`), in percent as ncu reports them.
     "counters_low_occupancy_max_warps_active_pct": 30.0,
     "counters_low_occupancy_min_registers": 128,
@@ -459,11 +462,45 @@ def _megakernel_lead(doc: dict, t: Mapping[str, float]) -> list[dict]:
                      "the megakernel).")]
 
 
+def _rung_slower(doc: dict, t: Mapping[str, float]) -> list[dict]:
+    """Each rung of the ladder (:func:`.ladder.ladder`) slower than the rung below it, on a GPU: the mechanism
+    it removes did not pay here, said with both rungs' numbers."""
+    if dig(doc, "device", "type") != "cuda":
+        return []
+    rows = {r["engine"]: r for r in ladder(doc)}
+    by_name = {e.get("name"): e for e in doc.get("engines") or []}
+    out = []
+    for row in rows.values():
+        below = rows.get(row["below"])
+        if row["step_us"] is None or below is None:
+            continue
+        if -row["step_us"] < t["rung_slower_min_share"] * below["token_ms_p50"] * 1e3:
+            continue  # faster, or slower within the run-to-run spread
+        if row["engine"].startswith("megakernel") and below["engine"].startswith("reference"):
+            continue  # a megakernel behind an op-by-op rung: megakernel-vs-op-by-op says so
+        both = (row, below)
+        peak = [f"{r['util_peak']:.0%}" if r["util_peak"] is not None else "—" for r in both]
+        bub = [f"{r['bubble_ratio']:.3f}" if r["bubble_ratio"] is not None else "—" for r in both]
+        out.append(_finding(
+            "rung-slower", "warn", by_name.get(row["engine"], {"name": row["engine"]}),
+            f"{row['engine']} is {-row['step_us']:,.1f} µs per token slower than the rung below it, {below['engine']} "
+            f"({row['token_ms_p50']:.3f} vs {below['token_ms_p50']:.3f} ms/token): removing {row['removes']} did not "
+            f"pay here (bubble ratio {bub[0]} vs {bub[1]}, {peak[0]} vs {peak[1]} of NVML peak)",
+            {"token_ms_p50": row["token_ms_p50"], "below_token_ms_p50": below["token_ms_p50"],
+             "step_us": _round(row["step_us"]), "bubble_ratio": row["bubble_ratio"],
+             "below_bubble_ratio": below["bubble_ratio"], "util_peak": row["util_peak"],
+             "below_util_peak": below["util_peak"]},
+            "Where the bubble ratio fell but the step grew, the rung's kernels stream more slowly than the ones they "
+            "replace (compare their % of peak and the top kernels); where the bubbles did not fall, its mechanism did "
+            "not take effect (a graph not replayed, PDL not honoured by the driver, a prefetch that waits anyway)."))
+    return out
+
+
 RULES: tuple[Callable[[dict, dict, Mapping[str, float]], dict | None], ...] = (
     _launch_bound, _bubble_bound, _gpu_idle, _near_limit, _prefill_dominated, _kv_bound, _fused_slow,
     _divergence, _unstable, _context_growth, _counters_occupancy, _counters_memory, _communication_bound)
 # Rules of the whole document, run after the engines' (findings about one engine against another).
-DOC_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (_megakernel_lead,)
+DOC_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (_megakernel_lead, _rung_slower)
 
 
 def merged_thresholds(defaults: Mapping[str, float], overrides: Mapping[str, float] | None, what: str) -> dict:
@@ -503,8 +540,6 @@ def rederive(doc: dict) -> dict:
     """``doc`` (a results document, changed in place and returned) with its ``findings`` and ``ladder`` derived
     again from its numbers by this version's rules (:func:`find`, :func:`.ladder.ladder`), so that re-rendering a
     document written by an older version never shows findings that disagree with the tables next to them."""
-    from .ladder import ladder
-
     doc["findings"] = find(doc)
     doc["ladder"] = ladder(doc)
     return doc
