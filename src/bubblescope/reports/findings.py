@@ -1,84 +1,32 @@
 """Findings: rules that read a results document and say what limits each engine.
 
-Each rule is a small function of one ``ok`` engine (and the document) returning a finding or None; the
-document-level rules (:data:`DOC_RULES`, the megakernel against the best op-by-op engine) return a list.
+Each rule is a small function of one ``ok`` engine (and the document) returning a finding or None
+(:data:`RULES`, with the counters' of :mod:`.counter_findings`); the document-level rules of
+:mod:`.ladder_findings` (the megakernel against the best op-by-op engine, a rung slower than the one below it)
+return a list.
 A rule stays silent when any input it needs is null. Evidence numbers are copied from the document
 (or derived from it, e.g. a ratio, rounded to 4 decimals), so a reader can check them in the JSON. The
 figures are those the tables show: the one bubble ratio of :func:`.ladder.bubble_ratio` (a one-kernel step's
 in-kernel wait, else the GPU's idle share), the request times of :func:`.ladder.request_times`.
-Thresholds live in one table, :data:`THRESHOLDS`; ``find(doc, thresholds={...})`` overrides entries.
+Thresholds live in one table, :data:`~.finding_base.THRESHOLDS` (re-exported here with the severities, the
+finding shape and the ceiling test); ``find(doc, thresholds={...})`` overrides entries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 
-from .ladder import (IN_KERNEL, best_op_by_op, bubble_ratio, bubble_us, ladder, megakernel_rung, request_times,
-                     step_us)
+from .counter_findings import COUNTER_RULES
+from .finding_base import (SEVERITIES, THRESHOLDS, at_ceiling, make_finding, merged_thresholds,  # noqa: F401
+                           round4 as _round)
+from .finding_base import engine_finding as _finding
+from .ladder import IN_KERNEL, bubble_ratio, bubble_us, ladder, request_times, step_us
+from .ladder_findings import DOC_RULES
 from .results import dig, ordered
 from ..wording import count
 
-THRESHOLDS: Mapping[str, float] = MappingProxyType({
-    # launch-bound: the GPU idles most of the step and there are many kernels to launch.
-    "launch_bound_min_bubble_ratio": 0.5,
-    "launch_bound_min_kernels_per_step": 100,
-    # bubble-bound: launches are already amortised (a CUDA graph or a megakernel), yet the GPU idles.
-    "bubble_bound_min_bubble_ratio": 0.2,
-    "bubble_bound_max_launches_per_step": 2,
-    # gpu-idle: the GPU idles most of the step (launch-bound's ratio) across fewer kernels than launch-bound
-    # needs and more launches than bubble-bound allows: the host, not the launch count, holds the GPU. It
-    # uses launch-bound's ratio and counts.
-    # near the bandwidth limit ("done"): judged against the copy bandwidth measured on the same GPU, not asserted
-    # from the NVML peak: a plain chain of the 1B's matvecs in one CUDA graph with PDL streamed 85 % of NVML
-    # peak on an H100 where the megakernel streamed 81 %, so 80 % of peak is not the ceiling. Within 5 % of the
-    # measured device-to-device copy (read + write, profiler.hardware.measure_copy_bandwidth) is.
-    "near_limit_min_util_copy": 0.95,
-    # KV-bound: at the longest swept context the KV cache is this share of bytes per step, and
-    # latency there is this factor above the shortest context's.
-    "kv_bound_min_kv_share": 0.25,
-    "kv_bound_min_latency_growth": 1.10,
-    # fused path slower than expected: a megakernel below half of peak with spills or poor residency.
-    # Spills count 4-byte words of local memory per thread (Triton's n_spills). The H200 default reports 2;
-    # from 8 words (32 bytes) on they are worth a look.
-    "fused_slow_max_util_peak": 0.5,
-    "fused_slow_min_spills": 8,
-    "fused_slow_min_programs_per_sm": 2,
-    "fused_slow_max_registers": 200,
-    # numerical divergence: any greedy token differing from the reference.
-    "divergence_min_token_agreement": 1.0,
-    # unstable: a heavy tail (p99 far above p50).
-    "unstable_max_p99_over_p50": 1.5,
-    # context-growth: across the sweep, ms/token grows this factor faster than bytes per step (memory-bound decode
-    # time follows its bytes).
-    "context_growth_max_excess": 1.25,
-    # rung-slower: a rung of the ablation ladder is slower than the rung below it by more than this share of the
-    # lower rung's p50 (run-to-run spread of a GPU decode step is about 1 %).
-    "rung_slower_min_share": 0.02,
-    # hardware counters (ncu, `diagnose model --counters`), in percent as ncu reports them.
-    "counters_low_occupancy_max_warps_active_pct": 30.0,
-    "counters_low_occupancy_min_registers": 128,
-    "counters_l2_streaming_max_hit_rate_pct": 50.0,
-})
-
-
-# What a severity tells the reader (shown under the findings in the terminal and HTML reports).
-SEVERITIES: Mapping[str, str] = MappingProxyType({
-    "problem": "limits this engine now (half of the step or more lost, or wrong results): act on it first",
-    "warn": "costs time or makes the numbers less trustworthy: worth a look",
-    "info": "context for reading the numbers; nothing to fix",
-})
-
-
-def make_finding(rule: str, severity: str, subject: dict, title: str, evidence: dict, advice: str) -> dict:
-    """A finding: ``rule``, ``severity``, the keys of ``subject`` (``engine`` here; ``file`` and ``rank`` for a
-    trace), ``title``, ``evidence`` with its None values left out, ``advice``."""
-    return {"rule": rule, "severity": severity, **subject, "title": title,
-            "evidence": {k: v for k, v in evidence.items() if v is not None}, "advice": advice}
-
-
-def _finding(rule: str, severity: str, engine: dict, title: str, evidence: dict, advice: str) -> dict:
-    return make_finding(rule, severity, {"engine": engine.get("name")}, title, evidence, advice)
+__all__ = ["SEVERITIES", "THRESHOLDS", "RULES", "at_ceiling", "find", "in_kernel_advice", "make_finding",
+           "merged_thresholds", "rederive"]
 
 
 def _step_words(eng: dict) -> str:
@@ -104,14 +52,6 @@ def _launch_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
          "launch_share": dig(eng, "timeline", "launch_share"), "bubble_us": _round(bubble_us(eng))},
         "Replay the decode step as a CUDA graph (engine reference-cudagraph) or fuse kernels "
         "(reference-compile, reference-fused, megakernel) so launches stop gating the GPU.")
-
-
-def at_ceiling(eng: dict, t: Mapping[str, float] = THRESHOLDS) -> bool:
-    """Whether ``eng`` streams at the measured ceiling: ``bandwidth.util_copy`` (effective GB/s / the copy
-    bandwidth measured on the same GPU) at least ``near_limit_min_util_copy``. False when no copy was measured:
-    "done" is judged against a measurement, never asserted from the NVML peak."""
-    util = dig(eng, "bandwidth", "util_copy")
-    return util is not None and util >= t["near_limit_min_util_copy"]
 
 
 def in_kernel_advice(eng: dict) -> str:
@@ -216,10 +156,6 @@ def _prefill_dominated(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | N
          "tpot_p50_ms": r["tpot_p50_ms"], "gen_len": gen, "prompt_len": dig(doc, "workload", "prompt_len")},
         "Decode optimizations will not show end to end for this request: optimize prefill first, or measure "
         "the request you serve (--prompt-len, --gen-len).")
-
-
-def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def _sweep_points(eng: dict) -> list[dict]:
@@ -353,61 +289,6 @@ def _context_growth(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None
         "over more SMs, one pass over the cache) and at allocator or recompilation events in the trace.")
 
 
-def _top_counters(eng: dict, doc: dict) -> dict | None:
-    """The longest profiled kernel of ``eng`` in the document's ncu ``counters`` section, or None."""
-    for e in (doc.get("counters") or {}).get("engines") or []:
-        if e.get("engine") == eng.get("name") and e.get("available") and e.get("kernels"):
-            return e["kernels"][0]
-    return None
-
-
-def _counters_occupancy(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
-    k = _top_counters(eng, doc)
-    m = (k or {}).get("metrics") or {}
-    active, regs = m.get("sm__warps_active.avg.pct_of_peak_sustained_active"), m.get("launch__registers_per_thread")
-    if active is None or regs is None or active > t["counters_low_occupancy_max_warps_active_pct"] \
-            or regs < t["counters_low_occupancy_min_registers"]:
-        return None
-    if (eng.get("compile") or {}).get("implementation") == "gluon":
-        # One CTA per SM by design: a TMA producer warp keeps the bytes in flight, not the warp count (the
-        # H200 record of 2026-12-01: 12.5 % of warps active at 65 % of DRAM peak), so occupancy is not the lever.
-        return None
-    return _finding(
-        "counters-low-occupancy", "warn", eng,
-        f"Low occupancy from {regs:.0f} registers: {active:.1f} % of warps active in the top kernel (ncu)",
-        {"sm__warps_active.avg.pct_of_peak_sustained_active": active, "launch__registers_per_thread": regs,
-         "launch__occupancy_limit_registers": m.get("launch__occupancy_limit_registers"),
-         "dram__throughput.avg.pct_of_peak_sustained_elapsed":
-             m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed")},
-        "Few warps in flight cannot keep enough loads outstanding to saturate HBM: cut registers per thread "
-        "(smaller tiles, a register cap) or move the loads to an asynchronous copy engine (TMA, cp.async).")
-
-
-def _counters_memory(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
-    k = _top_counters(eng, doc)
-    m = (k or {}).get("metrics") or {}
-    dram, hit = m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"), m.get("lts__t_sector_hit_rate.pct")
-    if dram is None:
-        return None
-    stalls = k.get("stalls") or {}
-    top = next(iter(stalls.items()), None)
-    stream = hit is not None and hit <= t["counters_l2_streaming_max_hit_rate_pct"]
-    title = f"DRAM throughput {dram:.1f} % of peak in the top kernel (ncu)"
-    if hit is not None:
-        title += (f"; L2 hit rate {hit:.0f} %: weights stream from HBM, as expected at batch 1" if stream
-                  else f"; L2 hit rate {hit:.0f} %")
-    if top:
-        title += f"; warps mostly stalled on {top[0]} ({top[1]:.1f} %)"
-    return _finding(
-        "counters-memory", "info", eng, title,
-        {"dram__throughput.avg.pct_of_peak_sustained_elapsed": dram, "lts__t_sector_hit_rate.pct": hit,
-         "dram__bytes_read.sum": m.get("dram__bytes_read.sum"), "duration_us": k.get("duration_us"),
-         **({f"stall_{top[0]}_pct": top[1]} if top else {})},
-        "long_scoreboard stalls wait on global loads (more bytes in flight help); membar, barrier and sleeping "
-        "stalls are the synchronisation between tasks; a high L2 hit rate with low DRAM throughput means the "
-        "working set fits in L2 and the bandwidth numbers overstate HBM traffic.")
-
-
 def _communication_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     # Only tensor-parallel runs carry "tp" (bubblescope.tpdiagnose); its numbers come from profiler.traffic.bound_by.
     tp = eng.get("tp") or {}
@@ -424,92 +305,9 @@ def _communication_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict |
         "one-shot all-reduce for small messages), or overlap communication with the next layer's weight loads")
 
 
-def _megakernel_lead(doc: dict, t: Mapping[str, float]) -> list[dict]:
-    """The megakernel rung against the strongest op-by-op rung (the fastest ``reference*`` engine), on a GPU: how
-    far ahead it is, and how many of the eager reference's bubble µs the op-by-op engine already removes; said
-    plainly when the megakernel is not ahead. CPU runs time the Triton interpreter, so they say nothing here."""
-    if dig(doc, "device", "type") != "cuda":
-        return []
-    ok = [e for e in doc.get("engines") or [] if e.get("status") == "ok"]
-    mk, best = megakernel_rung(ok), best_op_by_op(ok)
-    mk_ms, best_ms = dig(mk, "latency", "token_ms_p50"), dig(best, "latency", "token_ms_p50")
-    if mk_ms is None or best_ms is None:
-        return []
-    eager = next((e for e in ok if e.get("name") == "reference"), None)
-    m, n_left = bubble_us(eager) if eager else None, bubble_us(best)
-    removed = m - n_left if m is not None and n_left is not None and best is not eager else None
-    evidence = {"megakernel_token_ms_p50": mk_ms, "best_op_by_op_token_ms_p50": best_ms,
-                "speedup_over_best_op_by_op": round(best_ms / mk_ms, 4), "step_saved_us": _round((best_ms - mk_ms) * 1e3),
-                "eager_bubble_us": _round(m) if removed is not None else None,
-                "best_op_by_op_bubble_us": _round(n_left), "bubbles_removed_us": _round(removed)}
-    if mk_ms < best_ms:
-        title = (f"The megakernel is {best_ms / mk_ms:.2f}x the best op-by-op engine ({best['name']}): {mk_ms:.3f} "
-                 f"vs {best_ms:.3f} ms/token, {(best_ms - mk_ms) * 1e3:,.1f} µs per token")
-        if removed is not None:
-            title += (f"; {best['name']} already removes {removed:,.0f} of the {m:,.0f} µs of bubbles per step of the "
-                      "eager reference")
-        return [_finding("megakernel-vs-op-by-op", "info", mk, title, evidence,
-                         "The megakernel's lead is what fusion, CUDA graphs and programmatic dependent launch do not "
-                         "remove: read it against the ladder's rungs before crediting the megakernel with all of "
-                         "the eager reference's bubbles.")]
-    title = (f"The megakernel is not ahead: {best['name']} (op-by-op) runs {best_ms:.3f} ms/token, the megakernel "
-             f"{mk_ms:.3f} ms/token ({mk_ms / best_ms:.2f}x its time)")
-    if removed is not None:
-        title += f"; {best['name']} removes {removed:,.0f} of the eager reference's {m:,.0f} µs of bubbles per step"
-    return [_finding("megakernel-vs-op-by-op", "warn", mk, title, evidence,
-                     f"Here fused kernels in CUDA graphs ({best['name']}) reach what the megakernel does: ship "
-                     "the op-by-op engine, or find what the megakernel still waits on (its in-kernel wait, Inside "
-                     "the megakernel).")]
-
-
-def _rung_slower(doc: dict, t: Mapping[str, float]) -> list[dict]:
-    """Each rung of the ladder (:func:`.ladder.ladder`) slower than the rung below it, on a GPU: the mechanism
-    it removes did not pay here, said with both rungs' numbers."""
-    if dig(doc, "device", "type") != "cuda":
-        return []
-    rows = {r["engine"]: r for r in ladder(doc)}
-    by_name = {e.get("name"): e for e in doc.get("engines") or []}
-    out = []
-    for row in rows.values():
-        below = rows.get(row["below"])
-        if row["step_us"] is None or below is None:
-            continue
-        if -row["step_us"] < t["rung_slower_min_share"] * below["token_ms_p50"] * 1e3:
-            continue  # faster, or slower within the run-to-run spread
-        if row["engine"].startswith("megakernel") and below["engine"].startswith("reference"):
-            continue  # a megakernel behind an op-by-op rung: megakernel-vs-op-by-op says so
-        both = (row, below)
-        peak = [f"{r['util_peak']:.0%}" if r["util_peak"] is not None else "—" for r in both]
-        bub = [f"{r['bubble_ratio']:.3f}" if r["bubble_ratio"] is not None else "—" for r in both]
-        out.append(_finding(
-            "rung-slower", "warn", by_name.get(row["engine"], {"name": row["engine"]}),
-            f"{row['engine']} is {-row['step_us']:,.1f} µs per token slower than the rung below it, {below['engine']} "
-            f"({row['token_ms_p50']:.3f} vs {below['token_ms_p50']:.3f} ms/token): removing {row['removes']} did not "
-            f"pay here (bubble ratio {bub[0]} vs {bub[1]}, {peak[0]} vs {peak[1]} of NVML peak)",
-            {"token_ms_p50": row["token_ms_p50"], "below_token_ms_p50": below["token_ms_p50"],
-             "step_us": _round(row["step_us"]), "bubble_ratio": row["bubble_ratio"],
-             "below_bubble_ratio": below["bubble_ratio"], "util_peak": row["util_peak"],
-             "below_util_peak": below["util_peak"]},
-            "Where the bubble ratio fell but the step grew, the rung's kernels stream more slowly than the ones they "
-            "replace (compare their % of peak and the top kernels); where the bubbles did not fall, its mechanism did "
-            "not take effect (a graph not replayed, PDL not honoured by the driver, a prefetch that waits anyway)."))
-    return out
-
-
 RULES: tuple[Callable[[dict, dict, Mapping[str, float]], dict | None], ...] = (
     _launch_bound, _bubble_bound, _gpu_idle, _near_limit, _prefill_dominated, _kv_bound, _fused_slow,
-    _divergence, _unstable, _context_growth, _counters_occupancy, _counters_memory, _communication_bound)
-# Rules of the whole document, run after the engines' (findings about one engine against another).
-DOC_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (_megakernel_lead, _rung_slower)
-
-
-def merged_thresholds(defaults: Mapping[str, float], overrides: Mapping[str, float] | None, what: str) -> dict:
-    """``defaults`` with ``overrides`` applied. Raises KeyError naming the overrides ``defaults`` does not have
-    (``unknown {what} thresholds: ...``)."""
-    unknown = set(overrides or {}) - set(defaults)
-    if unknown:
-        raise KeyError(f"unknown {what} thresholds: {', '.join(sorted(unknown))}")
-    return {**defaults, **(overrides or {})}
+    _divergence, _unstable, _context_growth, *COUNTER_RULES, _communication_bound)
 
 
 def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]:
