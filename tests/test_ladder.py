@@ -242,3 +242,29 @@ def test_counters_say_they_ran_another_workload():
     assert "not the workload of the tables above" in " ".join(console.export_text().split())
     del doc["counters"]["workload"]
     assert tables.counters_workload_line(doc) is None
+
+
+def test_without_room_for_the_fp32_run_fidelity_is_null_with_the_reason(monkeypatch):
+    from bubblescope import fidelity as fid
+    from bubblescope.errors import EngineUnavailable
+    from bubblescope.models import dummy_weights, get_preset
+
+    def no_room(*args, **kwargs):
+        raise EngineUnavailable("the float32 copy of the weights does not fit in the device's memory")
+
+    monkeypatch.setattr(fid, "fp32_logits", no_room)
+    w16 = dummy_weights(get_preset("tiny-llama"), "cpu", torch.bfloat16, seed=0)
+    oracle = fid.fp32_oracle(w16, [1, 2], [3], 8, torch.zeros(2, 4))
+    assert oracle == {"fp32": None, "ref_fidelity": None,
+                      "fp32_reason": "the float32 copy of the weights does not fit in the device's memory"}
+    assert fid.fidelity_entry(torch.zeros(2, 4), [3], oracle) == {
+        "kl_vs_fp32": None, "nll": None, "nll_fp32": None, "ref_kl_vs_fp32": None, "ref_nll": None,
+        "fidelity_matched": None}
+    # float32 weights are their own fp32 run: nothing to copy, the reference's KL is 0
+    w32 = w16.to(dtype=torch.float32)
+    logits = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    oracle = fid.fp32_oracle(w32, [1], [0], 8, logits)
+    assert oracle["fp32"] is logits and oracle["ref_fidelity"]["kl_vs_fp32"] == 0.0
+    entry = fid.fidelity_entry(logits, [0], oracle)
+    assert entry["fidelity_matched"] is True and entry["nll"] == entry["ref_nll"] == pytest.approx(
+        math.log(1 + math.e))  # -log softmax([0, 1])[0]

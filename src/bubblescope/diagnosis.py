@@ -430,17 +430,10 @@ def _oracle(ctx: dict) -> dict:
         forced = generate(ref, ctx["prompt"], steps + 1, eos_ids=()).tokens[:steps]
     logits = teacher_forced_logits(ref, ctx["prompt"], forced)
     del ref
-    from .fidelity import fidelity, fp32_logits
-    weights = ctx["loaded"].weights
-    oracle = {"forced": forced, "logits": logits, "fp32": None, "fp32_reason": None, "ref_fidelity": None}
-    try:  # the same tokens through the reference in float32: the bar of each engine's KL and NLL
-        fp32 = logits if weights.dtype == torch.float32 else fp32_logits(weights, ctx["prompt"], forced,
-                                                                         ctx["max_seq"])
-    except EngineUnavailable as e:
-        oracle["fp32_reason"] = str(e)
-        return oracle
-    oracle.update(fp32=fp32, ref_fidelity=fidelity(logits, fp32, forced))
-    return oracle
+    from .fidelity import fp32_oracle
+    # the same tokens through the reference in float32: the bar of each engine's KL and NLL
+    return {"forced": forced, "logits": logits,
+            **fp32_oracle(ctx["loaded"].weights, ctx["prompt"], forced, ctx["max_seq"], logits)}
 
 
 def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) -> None:
@@ -482,8 +475,9 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     bar.update(f"{name}: correctness")
     got = teacher_forced_logits(engine, prompt, oracle["forced"])
     ref = oracle["logits"]
+    from .fidelity import fidelity_entry
     entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), **logit_agreement(got, ref),
-                            **fidelity_entry(got, oracle)}
+                            **fidelity_entry(got, oracle["forced"], oracle)}
 
     bar.update(f"{name}: profiling")
     _profile(name, engine, entry, ctx)
@@ -536,22 +530,6 @@ def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
         entry["intrakernel"]["activity"] = _activity(df, engine, ctx)
         append_trace_events(cap.trace_path, chrome_events(df, ts_offset_us=intra.ts_offset_us))
     entry["trace_path"] = str(path.relative_to(out)) if ctx["write"] else None
-
-
-def fidelity_entry(got, oracle: dict) -> dict:
-    """An engine's numerical fidelity for its ``correctness`` entry: ``kl_vs_fp32``, ``nll``, ``nll_fp32``
-    (:func:`bubblescope.fidelity.fidelity` of its teacher-forced logits ``got`` against the oracle's fp32 ones),
-    the run-dtype reference's own ``ref_kl_vs_fp32`` and ``ref_nll``, and ``fidelity_matched``
-    (:func:`bubblescope.reports.ladder.fidelity_matched`); all None where the fp32 run could not be made."""
-    from .fidelity import fidelity
-    from .reports.ladder import fidelity_matched
-
-    keys = ("kl_vs_fp32", "nll", "nll_fp32", "ref_kl_vs_fp32", "ref_nll", "fidelity_matched")
-    if oracle.get("fp32") is None:
-        return dict.fromkeys(keys)
-    fid, ref = fidelity(got, oracle["fp32"], oracle["forced"]), oracle["ref_fidelity"]
-    return {**fid, "ref_kl_vs_fp32": ref["kl_vs_fp32"], "ref_nll": ref["nll"],
-            "fidelity_matched": fidelity_matched(fid["kl_vs_fp32"], fid["nll"], ref["kl_vs_fp32"], ref["nll"])}
 
 
 def logit_agreement(got, ref) -> dict:

@@ -71,3 +71,30 @@ def fidelity(logits: torch.Tensor, logits_fp32: torch.Tensor, targets: list[int]
 
     # KL is >= 0; a float64 sum of equal distributions may land a hair below
     return {"kl_vs_fp32": None if finite(kl) is None else max(kl, 0.0), "nll": finite(nll), "nll_fp32": finite(nll32)}
+
+
+def fp32_oracle(weights, prompt: list[int], forced: list[int], max_seq_len: int, logits: torch.Tensor) -> dict:
+    """The fp32 bar of a run: ``{"fp32"``: the fp32 reference's teacher-forced logits (:func:`fp32_logits`; the
+    run-dtype reference's ``logits`` themselves when the weights are float32 already), ``"ref_fidelity"``: those
+    ``logits``' own :func:`fidelity` against it, ``"fp32_reason"``: why there is none (both others None then)``}``.
+    """
+    try:
+        fp32 = logits if weights.dtype == torch.float32 else fp32_logits(weights, prompt, forced, max_seq_len)
+    except EngineUnavailable as e:
+        return {"fp32": None, "ref_fidelity": None, "fp32_reason": str(e)}
+    return {"fp32": fp32, "ref_fidelity": fidelity(logits, fp32, forced), "fp32_reason": None}
+
+
+def fidelity_entry(got: torch.Tensor, forced: list[int], oracle: dict) -> dict:
+    """An engine's numerical fidelity for its results ``correctness`` entry: ``kl_vs_fp32``, ``nll``, ``nll_fp32``
+    (:func:`fidelity` of its teacher-forced logits ``got`` on the ``forced`` tokens against the oracle's fp32
+    ones, :func:`fp32_oracle`), the run-dtype reference's own ``ref_kl_vs_fp32`` and ``ref_nll``, and
+    ``fidelity_matched`` (:func:`bubblescope.reports.ladder.fidelity_matched`); all None without an fp32 run."""
+    from .reports.ladder import fidelity_matched
+
+    keys = ("kl_vs_fp32", "nll", "nll_fp32", "ref_kl_vs_fp32", "ref_nll", "fidelity_matched")
+    if oracle.get("fp32") is None:
+        return dict.fromkeys(keys)
+    fid, ref = fidelity(got, oracle["fp32"], forced), oracle["ref_fidelity"]
+    return {**fid, "ref_kl_vs_fp32": ref["kl_vs_fp32"], "ref_nll": ref["nll"],
+            "fidelity_matched": fidelity_matched(fid["kl_vs_fp32"], fid["nll"], ref["kl_vs_fp32"], ref["nll"])}
