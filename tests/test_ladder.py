@@ -268,3 +268,12 @@ def test_without_room_for_the_fp32_run_fidelity_is_null_with_the_reason(monkeypa
     entry = fid.fidelity_entry(logits, [0], oracle)
     assert entry["fidelity_matched"] is True and entry["nll"] == entry["ref_nll"] == pytest.approx(
         math.log(1 + math.e))  # -log softmax([0, 1])[0]
+
+
+def test_a_cpu_run_says_its_megakernel_rungs_time_the_interpreter():
+    doc = g.healthy_doc()
+    assert tables.ladder_note(doc) == tables.LADDER_NOTE
+    doc["device"]["type"] = "cpu"
+    assert tables.ladder_note(doc).endswith("on this CPU run the megakernel rungs time the Triton interpreter, not "
+                                            "the kernel")
+    assert tables.steps_note(g.null_metrics_doc()) is None  # no GPU timeline: no per-step figures to qualify

@@ -46,8 +46,9 @@ def generate_argv(model: str, engine: str, device: str, dtype: str, seed: int, c
 
 def collect_counters(doc: dict, model: str, device: str, dtype: str, seed: int = 0, checkpoint: str | None = None,
                      tuning: str | None = None, run=run_ncu, progress=None) -> dict:
-    """The ``counters`` section: ``{"tool": "ncu", "available", "reason", "metrics_source", "workload": {"prompt_len",
-    "new_tokens", "skipped_steps"} (what the profiled ``generate`` ran: not the document's workload), "engines": [{"engine",
+    """The ``counters`` section: ``{"tool": "ncu", "available", "reason", "metrics_source", "workload":
+    {"prompt_len", "new_tokens", "skipped_steps"} (what the profiled ``generate`` ran: not the document's
+    workload), "engines": [{"engine",
     "available", "reason", "command", "kernel_regex", "launch_skip", "launch_count", "kernels": [{"name",
     "launches", "duration_us", "metrics": {ncu metric: value}, "units", "stalls": {reason: %}}]}]}``.
 

@@ -318,7 +318,8 @@ def find(doc: dict, thresholds: Mapping[str, float] | None = None) -> list[dict]
         thresholds: overrides for entries of :data:`THRESHOLDS` (same names).
 
     Returns:
-        Findings in engine ladder order, then rule order (:data:`RULES`), then those of :data:`DOC_RULES`: dicts with ``rule``, ``severity``
+        Findings in engine ladder order, then rule order (:data:`RULES`), then those of
+        :data:`~.ladder_findings.DOC_RULES`: dicts with ``rule``, ``severity``
         (:data:`SEVERITIES`), ``engine``, ``title``, ``evidence`` ({name: number}, null inputs
         left out) and one line of ``advice`` — the ``findings`` entries of the schema.
 

@@ -140,7 +140,7 @@ def _ladder(doc: dict) -> dict:
     return {"headers": [_header(h) for h, _, _ in columns], "numeric": [kind != "text" for _, _, kind in columns],
             "rows": [(r["status"] == "ok", cells) for r, cells in rows],
             "ran": any(r["token_ms_p50"] is not None for r, _ in rows), "not_run": tables.rungs_not_run(rows),
-            "note": tables.LADDER_NOTE, "fidelity_note": tables.fidelity_note(doc)}
+            "note": tables.ladder_note(doc), "fidelity_note": tables.fidelity_note(doc)}
 
 
 def _context(doc: dict) -> dict:

@@ -28,7 +28,8 @@ def _megakernel_lead(doc: dict, t: Mapping[str, float]) -> list[dict]:
     m, n_left = bubble_us(eager) if eager else None, bubble_us(best)
     removed = m - n_left if m is not None and n_left is not None and best is not eager else None
     evidence = {"megakernel_token_ms_p50": mk_ms, "best_op_by_op_token_ms_p50": best_ms,
-                "speedup_over_best_op_by_op": round(best_ms / mk_ms, 4), "step_saved_us": _round((best_ms - mk_ms) * 1e3),
+                "speedup_over_best_op_by_op": round(best_ms / mk_ms, 4),
+                "step_saved_us": _round((best_ms - mk_ms) * 1e3),
                 "eager_bubble_us": _round(m) if removed is not None else None,
                 "best_op_by_op_bubble_us": _round(n_left), "bubbles_removed_us": _round(removed)}
     if mk_ms < best_ms:

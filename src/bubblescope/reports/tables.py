@@ -292,6 +292,14 @@ def ladder_rows(doc: dict, columns=LADDER_COLUMNS) -> list[tuple[dict, list[str]
     return out
 
 
+def ladder_note(doc: dict) -> str:
+    """:data:`LADDER_NOTE`, and on a CPU run that the megakernel rungs time the Triton interpreter."""
+    cpu = dig(doc, "device", "type") != "cuda"
+    mk = any(r["engine"].startswith("megakernel") and r["token_ms_p50"] is not None for r in ladder(doc))
+    return LADDER_NOTE + ("; on this CPU run the megakernel rungs time the Triton interpreter, not the kernel"
+                          if cpu and mk else "")
+
+
 def rungs_not_run(rows: list[tuple[dict, list[str]]]) -> list[str]:
     """``"engine — why"`` for each rung of :func:`ladder_rows` that did not run: its status (skipped, failed) and
     reason, or why it is not in the document."""
@@ -318,9 +326,9 @@ def fidelity_note(doc: dict) -> str | None:
 
 def steps_note(doc: dict) -> str | None:
     """How many profiled decode steps the per-step figures are medians of, and how many warm-up steps were left
-    out of every figure (``timeline.steps``, ``timeline.warmup_steps``); None when no engine has a timeline."""
+    out of every figure (``timeline.steps``, ``timeline.warmup_steps``); None when no engine has a GPU timeline."""
     tl = [e["timeline"] for e in doc.get("engines") or [] if e.get("status") == "ok" and e.get("timeline")
-          and e["timeline"].get("steps")]
+          and e["timeline"].get("available") and e["timeline"].get("steps")]
     if not tl:
         return None
     steps, dropped = max(t["steps"] for t in tl), max((t.get("warmup_steps") or 0) for t in tl)

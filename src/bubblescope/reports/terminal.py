@@ -38,8 +38,9 @@ def _ladder(doc: dict, console: Console) -> None:
     rows = tables.ladder_rows(doc)
     if not any(row["token_ms_p50"] is not None for row, _ in rows):
         return  # nothing timed: no rung to compare
-    for title, columns, note in (("Ablation ladder: eager → CUDA graph → compile → fused → fused + PDL → "
-                                  "megakernel without prefetch → megakernel", tables.LADDER_COLUMNS, tables.LADDER_NOTE),
+    speed = ("Ablation ladder: eager → CUDA graph → compile → fused → fused + PDL → megakernel without prefetch → "
+             "megakernel")
+    for title, columns, note in ((speed, tables.LADDER_COLUMNS, tables.ladder_note(doc)),
                                  ("What each rung removes, and its numerical fidelity (teacher-forced, against "
                                   "an fp32 run)",
                                   tables.FIDELITY_COLUMNS, tables.fidelity_note(doc))):
