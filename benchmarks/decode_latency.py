@@ -106,13 +106,51 @@ def _write_json(doc: dict, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def _cell(value, spec: str, missing: str) -> str:
+    """``value`` formatted with ``spec``, or ``missing`` (a dash and why) where it was not measured: a table cell
+    never reads ``nan``."""
+    return missing if value is None else format(value, spec)
+
+
+def markdown_table(doc: dict) -> str:
+    """The markdown table of a decode_latency JSON document ``doc`` (one row per model and engine).
+
+    The ratio to reference-compile and the greedy agreement with reference exist only when those engines ran
+    ok in the same model's run; otherwise the cell says which engine was missing, not ``nan``.
+    """
+    dev = doc["device"]
+    lines = [f"Decode latency, {dev['name']}, {doc['date']}, commit {doc['commit']}, torch "
+             f"{doc['versions']['torch']}, triton {doc['versions']['triton']}; NVML peak "
+             f"{_cell(dev.get('nvml_peak_GBps'), '.0f', '—')} GB/s, measured copy "
+             f"{_cell(doc.get('copy_GBps'), '.0f', '—')} GB/s.", "",
+             "| model | engine | p50 ms | p99 ms | tok/s | GB/s | % peak | % copy | × ref-compile | greedy = ref |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for model, e in doc["models"].items():
+        engines = e["engines"]
+        ran = {name for name, r in engines.items() if r.get("status") == "ok"}
+        no_compile = "— (reference-compile not run)" if "reference-compile" not in ran else "—"
+        no_ref = "— (reference not run)" if "reference" not in ran else "—"
+        for name, r in engines.items():
+            if r.get("status") != "ok":
+                lines.append(f"| {model} | {name} | {r.get('status')}: {(r.get('reason') or '')[:60]} |||||||")
+                continue
+            util = {k: None if r.get(k) is None else 100 * r[k] for k in ("util_peak", "util_copy")}
+            lines.append(
+                f"| {model} | {name} | {r['token_ms_p50']:.3f} | {r['token_ms_p99']:.3f} | "
+                f"{1000 / r['token_ms_mean']:.0f} | {_cell(r.get('effective_GBps'), '.0f', '—')} | "
+                f"{_cell(util['util_peak'], '.1f', '—')} | {_cell(util['util_copy'], '.1f', '—')} | "
+                f"{_cell(r.get('speedup_vs_reference_compile'), '.2f', no_compile)} | "
+                f"{_cell(r.get('greedy_agreement_vs_reference'), '.3f', no_ref)} |")
+    return "\n".join(lines) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``benchmarks/run.py`` reads it to see which options this version has)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama-3.2-1b")
     ap.add_argument("--engines", help="engine names; ENGINE@stepwise times ENGINE with generate()'s launch-ahead off",
-                    default="reference,reference-cudagraph,reference-compile,megakernel-stages,"
-                                         "megakernel-noprefetch,megakernel")
+                    default="reference,reference-cudagraph,reference-compile,reference-fused,reference-fused-pdl,"
+                            "megakernel-noprefetch,megakernel")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3)
@@ -208,22 +246,9 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     out = Path(args.out)
     _write_json(doc, out)
-    md = [f"Decode latency, {doc['device']['name']}, {doc['date']}, commit {doc['commit']}, torch "
-          f"{doc['versions']['torch']}, triton {doc['versions']['triton']}; NVML peak "
-          f"{doc['device']['nvml_peak_GBps']:.0f} GB/s, measured copy {doc['copy_GBps']:.0f} GB/s.", "",
-          "| model | engine | p50 ms | p99 ms | tok/s | GB/s | % peak | % copy | × ref-compile | greedy = ref |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
-    for model, e in doc["models"].items():
-        for name, r in e["engines"].items():
-            if r.get("status") != "ok":
-                md.append(f"| {model} | {name} | {r.get('status')}: {r.get('reason', '')[:60]} |||||||")
-                continue
-            md.append(f"| {model} | {name} | {r['token_ms_p50']:.3f} | {r['token_ms_p99']:.3f} | "
-                      f"{1000 / r['token_ms_mean']:.0f} | {r['effective_GBps']:.0f} | {100 * r['util_peak']:.1f} | "
-                      f"{100 * r['util_copy']:.1f} | {r['speedup_vs_reference_compile'] or float('nan'):.2f} | "
-                      f"{r.get('greedy_agreement_vs_reference', float('nan')):.3f} |")
-    out.with_suffix(".md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    md = markdown_table(doc)
+    out.with_suffix(".md").write_text(md)
+    print(md, end="")
     return 0
 
 

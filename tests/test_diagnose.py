@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
+import torch
+
 import bubblescope
 from bubblescope.reports.results import validate_results
 
@@ -23,6 +26,16 @@ def test_library_call_works_twice_and_fills_a_valid_document(tmp_path):
         assert validate_results(doc) == []
         (eng,) = doc["engines"]
         assert eng["status"] == "ok" and eng["correctness"]["token_agreement"] == 1.0
+        # a float32 run is its own fp32 reference: KL 0, the same NLL, matched
+        c = eng["correctness"]
+        assert c["kl_vs_fp32"] == 0.0 and c["nll"] == c["nll_fp32"] == c["ref_nll"] and c["fidelity_matched"] is True
+        # the first profiled step is left out and counted; the 2 asked for remain
+        assert eng["timeline"]["warmup_steps"] == 1 and eng["timeline"]["steps"] == 2
+        # one run: its generation time is its TTFT plus its decode steps
+        lat = eng["latency"]
+        assert lat["e2e_ms"] == pytest.approx(lat["ttft_ms"] + sum(lat["token_ms_samples"]), abs=1e-3)
+        assert doc["device"]["threads"]["torch_threads"] == torch.get_num_threads()
+        assert doc["ladder"][0]["engine"] == "reference" and doc["ladder"][0]["token_ms_p50"] == lat["token_ms_p50"]
         assert eng["timeline"]["available"] is False and eng["timeline"]["launches_per_step"] is None
         assert len(eng["latency"]["token_ms_samples"]) == 3          # 4 tokens: 1 from prefill + 3 decode steps
         assert doc["device"]["type"] == "cpu" and doc["model"]["source"] == "dummy"

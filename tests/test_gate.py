@@ -16,7 +16,7 @@ def test_all_checks_hold():
     assert report.engine == "megakernel" and report.exit_code == 0
     assert [(c.name, c.measured, c.limit, c.passed) for c in report.checks] == [
         ("min_bandwidth_util", 0.6453, 0.6, True),
-        ("max_bubble_ratio", 0.04, 0.1, True),
+        ("max_bubble_ratio", 0.05, 0.1, True),  # one kernel per step: its in-kernel wait, as the reports show
         ("max_token_p99_ms", 0.83, 1.0, True)]
 
 
@@ -29,6 +29,7 @@ def test_a_failing_check_exits_1():
 
 def test_a_missing_metric_fails_closed():
     doc = g.healthy_doc()
+    g.engine(doc, "megakernel")["intrakernel"]["wait_ratio"] = None
     g.engine(doc, "megakernel")["timeline"]["bubble_ratio"] = None
     report = run_gate(doc, max_bubble_ratio=0.5)
     (check,) = report.checks

@@ -41,10 +41,14 @@ def test_terminal_report_shows_the_document_numbers():
     doc["findings"] = [g.a_finding()]
     text = _terminal_text(doc)
     assert "GPU: NVIDIA H200" in text and "NVML peak 4814 GB/s" in text and "measured copy 4260 GB/s" in text
-    mk = next(line for line in text.splitlines() if line.strip().startswith("megakernel "))
-    assert mk.split() == ["megakernel", "0.800", "0.830", "1250.0", "10.000", "3107", "64.5", "%", "72.9", "%"]
-    ref = [line for line in text.splitlines() if line.strip().startswith("reference-cudagraph ")]
-    assert ref[1].split() == ["reference-cudagraph", "180", "1", "0.060", "1.2", "%", "85.0", "%", "100.0", "%"]
+    mk = [line.split() for line in text.splitlines() if line.strip().startswith("megakernel ")]
+    assert mk[0] == ["megakernel", "0.800", "0.830", "1250.0", "3107", "64.5", "%", "72.9", "%"]
+    # one request: TTFT 10 ms; the end to end not recorded, so TTFT + 127 steps × 0.8 ms = 111.6 ms, marked "~"
+    assert mk[1] == ["megakernel", "10.000", "~101.6", "~111.6"]
+    ref = [line.split() for line in text.splitlines() if line.strip().startswith("reference-cudagraph ")]
+    assert ref[2] == ["reference-cudagraph", "180", "1", "0.060", "1.2", "%", "85.0", "%", "100.0", "%"]
+    # the ladder: the megakernel saves 1,100 − 800 µs per token against the graphed reference below it
+    assert mk[3] == ["megakernel", "0.800", "64.5", "%", "1", "0.050*", "+300.0"]
     assert "hf: skipped — transformers is not installed" in text
     assert "reference-compile: failed — torch.compile raised InductorError" in text
     assert "bubble ratio 62.0 %, kernels per step 412" in text and "Use CUDA graphs." in text
@@ -54,7 +58,8 @@ def test_terminal_report_without_a_gpu_says_so_and_prints_dashes():
     text = _terminal_text(g.null_metrics_doc())
     assert "CPU only — GPU metrics unavailable" in text
     mk = [line.split() for line in text.splitlines() if line.strip().startswith("megakernel ")]
-    assert mk[0] == ["megakernel"] + ["—"] * 7 and mk[1] == ["megakernel"] + ["—"] * 6
+    assert mk[0] == ["megakernel"] + ["—"] * 6 and mk[1] == ["megakernel"] + ["—"] * 3
+    assert mk[2] == ["megakernel"] + ["—"] * 6
     assert "Findings: none" in text
 
 
@@ -70,10 +75,11 @@ def test_loaded_results_render_the_same_numbers(tmp_path):
     mk = g.engine(doc, "megakernel")
     mk["latency"].update(token_ms_p50=0.7712, token_ms_p90=0.7801, token_ms_p99=0.7934, tok_per_s=1296.68)
     mk["bandwidth"].update(effective_GBps=3222.6, util_peak=0.66938, util_copy=0.75648)
-    mk["timeline"]["bubble_ratio"] = 0.0123
+    mk["intrakernel"]["wait_ratio"] = 0.0123  # one kernel per step: the bubble ratio shown is its in-kernel wait
+    mk["timeline"]["bubble_ratio"] = 0.2  # the host's gaps between steps: shown nowhere
     path = write_results(doc, tmp_path / "r.json")
     loaded = load_results(path)
-    expected = ["0.771", "0.793", "1296.7", "3223", "66.9 %", "75.6 %", "0.012"]
+    expected = ["0.771", "0.793", "1296.7", "3223", "66.9 %", "75.6 %", "0.012*"]
     text = _terminal_text(loaded)
     page = render_html(loaded)
     for cell in expected:

@@ -194,7 +194,8 @@ def test_unknown_threshold_is_refused():
 
 def test_thresholds_can_be_overridden(tmp_path):
     s = summarize_rank_traces([tg.write(tmp_path / "t.json", tg.document(launch_bound_events(99), rank=None))])
-    assert find_trace(s) == []
+    # 99 kernels idle 79 % of the window: below launch-bound's count, so the GPU's idle time is gpu-idle's
+    assert _rules(find_trace(s)) == ["gpu-idle"]
     assert _rules(find_trace(s, {"launch_bound_min_kernels_per_step": 99})) == ["launch-bound"]
 
 
@@ -252,3 +253,39 @@ def test_real_a100_trace_without_steps_gets_host_idle():
     dev = s["files"][0]["devices"][0]
     assert found[0]["evidence"]["bubble_ratio"] == dev["bubble_ratio"] > 0.99
     assert found[0]["evidence"]["host_wait_share"] == dev["idle"]["host_wait_share"]
+
+
+def host_idle_step_events(pause_us: float = 13e6) -> list[dict]:
+    """4 steps; in each, 5 launches (2 µs) at s+10+20k queue 5 kernels of 10 µs at s+15+20k. Step 2 pauses the
+    host ``pause_us`` (13 s) before its last launch, as a host-side sleep or data load would. Steps start at 0,
+    1000, 2000 and 3000 + the pause. Busy 50 µs per step; the decode window [15, 3000 + pause + 105) is idle
+    all but 200 µs of it."""
+    ev, corr = [], 0
+    starts = (0, 1000, 2000, 3000 + pause_us)
+    for i, s in enumerate(starts):
+        wall = 1000 + (pause_us if i == 2 else 0)
+        _step(ev, i, s, wall)
+        for k in range(5):
+            at = s + 10 + 20 * k + (pause_us if i == 2 and k == 4 else 0)
+            corr += 1
+            ev += [tg.launch(at, 2, corr), tg.kernel("k", at + 5, 10, corr)]
+    return tg.meta_events() + ev
+
+
+def test_gpu_idle_for_the_host_in_one_step_is_a_finding(tmp_path):
+    """13 s of host idle inside one step of 5 kernels: too few kernels for launch-bound, too many launches for
+    bubble-bound, no synchronize call for host-sync; "Findings: none" was wrong."""
+    found, _ = _find(tmp_path, host_idle_step_events())
+    assert _rules(found) == ["gpu-idle"]
+    (f,) = found
+    window = 3000 + 13e6 + 105 - 15
+    assert f["evidence"]["bubble_ratio"] == pytest.approx(1 - 200 / window)
+    assert f["evidence"]["kernels_per_step"] == 5 and f["evidence"]["slowest_step"] == 2
+    assert f["evidence"]["slowest_step_wall_us"] == pytest.approx(1000 + 13e6)
+    assert f["title"].startswith("GPU idle 100% of the decode window across 5 kernels per step")
+    assert "waiting for the host" in f["title"]
+
+
+def test_gpu_idle_silent_while_the_gpu_is_mostly_busy(tmp_path):
+    busy, _ = _find(tmp_path, gap_events())  # 25 % of the window idle across 50 kernels: kernel gaps only
+    assert _rules(busy) == ["kernel-gaps"]

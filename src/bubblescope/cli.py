@@ -259,8 +259,10 @@ def diagnose_model(
                                           "(default: llama-3.2-1b on a GPU, stories260k or tiny-llama on CPU)."),
     checkpoint: Optional[str] = typer.Option(None, help="Weights to load instead of MODEL's (HF directory or "
                                              "llama2.c .bin)."),
-    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all; see `bubblescope "
-                                          "engines`); auto: the megakernel where it runs, else the reference."),
+    engines: Optional[str] = typer.Option(None, help="Comma-separated engine names (default: all but "
+                                          "megakernel-gluon and megakernel-triton, the kernels megakernel picks "
+                                          "between; see `bubblescope engines`); auto: the megakernel where it "
+                                          "runs, else the reference."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens (default: 128 on a GPU, "
                                              "16 on CPU)."),
     gen_len: Optional[int] = typer.Option(None, "--gen-len", help="Tokens generated per timed run (default: 128 "
@@ -511,7 +513,8 @@ def report(
                                        "RESULTS.json)."),
     fmt: str = typer.Option("text", "--format", help="text (rich) or json."),
 ):
-    """Re-render a results.json (terminal and/or HTML) without measuring anything."""
+    """Re-render a results.json (terminal and/or HTML) without measuring anything; the findings and the ladder
+    are derived again from its numbers."""
     from .reports.results import load_results
 
     if fmt not in ("text", "json"):  # before anything is written
@@ -520,8 +523,11 @@ def report(
     html = _file(html, "--html", "the HTML file to write", write=True)
     if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
         raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
+    from .reports.findings import rederive
+
     # An empty engine list is a valid document (the schema allows it): rendered as such, never refused.
     results = load_results(results_path)
+    rederive(results.doc)  # findings and ladder from the document's numbers, by this version's rules
     if html is not None:
         from .reports.html import write_html
         write_html(results, html, "--html")

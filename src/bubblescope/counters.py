@@ -46,14 +46,19 @@ def generate_argv(model: str, engine: str, device: str, dtype: str, seed: int, c
 
 def collect_counters(doc: dict, model: str, device: str, dtype: str, seed: int = 0, checkpoint: str | None = None,
                      tuning: str | None = None, run=run_ncu, progress=None) -> dict:
-    """The ``counters`` section: ``{"tool": "ncu", "available", "reason", "metrics_source", "engines": [{"engine",
+    """The ``counters`` section: ``{"tool": "ncu", "available", "reason", "metrics_source", "workload":
+    {"prompt_len", "new_tokens", "skipped_steps"} (what the profiled ``generate`` ran: not the document's
+    workload), "engines": [{"engine",
     "available", "reason", "command", "kernel_regex", "launch_skip", "launch_count", "kernels": [{"name",
     "launches", "duration_us", "metrics": {ncu metric: value}, "units", "stalls": {reason: %}}]}]}``.
 
     ``available`` is False with the reason on a CPU, without ncu, or when no engine's counters could be read;
     the run goes on either way.
     """
-    section = {"tool": "ncu", "available": False, "reason": None, "engines": []}
+    # the counters' own workload, not the document's: the reports say so beside them
+    section = {"tool": "ncu", "available": False, "reason": None, "engines": [],
+               "workload": {"prompt_len": len(PROMPT_IDS.split(",")), "new_tokens": NEW_TOKENS,
+                            "skipped_steps": SKIP_STEPS}}
     if doc["device"]["type"] != "cuda":
         section["reason"] = "CPU run: hardware counters need an NVIDIA GPU and Nsight Compute"
         return section

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .engines import ENGINES, build_engine, get_engine_spec, prepare_triton, unavailable_before_load
+from .engines import build_engine, default_engines, get_engine_spec, prepare_triton, unavailable_before_load
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck, OutputNotWritten
 from .generation import SamplingParams, generate, random_ids, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
@@ -30,6 +30,9 @@ from .outdir import RunFolder, check_out_dir
 GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
 SWEEP_STEPS = 16           # decode steps timed at each context of the sweep
 CORRECTNESS_STEPS = 64     # teacher-forced steps compared against the reference engine
+# Profiled decode steps left out of every figure: the first carries the profiler's own start (CUPTI's first
+# activity buffers, libraries loaded on first use), on top of the unprofiled warm-up steps before the trace.
+PROFILE_WARMUP_STEPS = 1
 
 
 def _percentile(xs: list[float], q: float) -> float | None:
@@ -37,12 +40,16 @@ def _percentile(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: list[float]) -> dict:
-    """Token latency summary (ms): mean, p50, p90, p99 of per-token host wall times, TTFT median,
-    tokens/s = 1000 / mean, and the decode share of total generation time (median over runs)."""
+def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: list[float],
+                  e2e_ms: list[float] | None = None) -> dict:
+    """Token latency summary (ms): mean, p50, p90, p99 of per-token host wall times (the TPOT: time per output
+    token after the first), TTFT median, tokens/s = 1000 / mean, the decode share of total generation time
+    (median over runs), and ``e2e_ms``: the median over runs of each generation's measured time (TTFT plus its
+    decode steps; None without ``e2e_ms``)."""
     mean = statistics.fmean(token_ms) if token_ms else None
     return {
         "ttft_ms": statistics.median(ttft_ms) if ttft_ms else None,
+        "e2e_ms": statistics.median(e2e_ms) if e2e_ms else None,
         "token_ms_mean": mean,
         "token_ms_p50": _percentile(token_ms, 50),
         "token_ms_p90": _percentile(token_ms, 90),
@@ -178,6 +185,14 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
+def _threads() -> dict:
+    """The CPU threads this run had: torch's intra-op threads, ``$OMP_NUM_THREADS`` as set (None: unset) and the
+    machine's cores (for the findings' thread advice, which must not ask for what is set already)."""
+    import os
+    return {"torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_count": os.cpu_count()}
+
+
 def _versions(dev_info: dict) -> dict:
     try:
         import transformers
@@ -225,8 +240,9 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     dev = resolve_device(device)
     prepare_triton(dev)
     on_gpu = dev.type == "cuda"
-    # Default: every registered engine; those that cannot run here are listed as skipped with the reason.
-    names = list(dict.fromkeys(engines)) if engines else list(ENGINES)  # a name given twice runs once
+    # Default: every registered engine but the kernels `megakernel` already stands for (engines.BY_NAME_ONLY);
+    # those that cannot run here are listed as skipped with the reason.
+    names = list(dict.fromkeys(engines)) if engines else default_engines()  # a name given twice runs once
     skips = CPU_DEFAULT_SKIPS if not on_gpu and not engines else {}
     for n in names:
         if n != "auto":
@@ -251,6 +267,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
     names, auto = _resolve_auto(names, loaded.weights)
+    # the trace's warm-up steps (3 unprofiled, PROFILE_WARMUP_STEPS profiled) fit in the generated length
     max_seq = check_positions(cfg, prompt_len, gen_len, profile_steps, sweep)
 
     out = Path(out)
@@ -280,7 +297,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                    "l2_bytes": info.get("l2_bytes"), "nvml_peak_GBps": info.get("nvml_peak_GBps"),
                    "copy_GBps": copy.get("copy_GBps"), "max_sm_clock_MHz": info.get("max_sm_clock_MHz"),
                    "max_mem_clock_MHz": info.get("max_mem_clock_MHz"),
-                   "bus_width_bits": info.get("bus_width_bits"), "notes": notes},
+                   "bus_width_bits": info.get("bus_width_bits"), "notes": notes, "threads": _threads()},
         "model": {"name": cfg.name if loaded.source != "dummy" or model.lower() != cfg.name else model,
                   "source": loaded.source, "path": loaded.path, "parameters": cfg.num_parameters(),
                   "weight_bytes": loaded.weights.nbytes(), "dtype": str(tdtype).replace("torch.", ""),
@@ -332,6 +349,7 @@ def _run_engines(names: list[str], skips: dict[str, str], ctx: dict, progress: b
     return the :class:`Results`. ``auto``: what ``--engines auto`` chose (its failure adds the reference as the
     fallback); ``counters_args``: (model, checkpoint, tuning) to read hardware counters afterwards, or None."""
     from .reports.findings import find
+    from .reports.ladder import ladder
     from .reports.results import Results
 
     doc, dev = ctx["doc"], ctx["loaded"].weights.device
@@ -353,6 +371,8 @@ def _run_engines(names: list[str], skips: dict[str, str], ctx: dict, progress: b
                     raise EngineUnavailable(skips[name])
                 if oracle is None:
                     oracle = _oracle(ctx)
+                    if oracle["fp32_reason"]:
+                        notes.append(f"numerical fidelity against fp32 not measured: {oracle['fp32_reason']}")
                 _measure(name, entry, ctx, oracle, bar)
             except EngineUnavailable as e:
                 entry.update(status="skipped", reason=str(e))
@@ -374,6 +394,7 @@ def _run_engines(names: list[str], skips: dict[str, str], ctx: dict, progress: b
                      "bandwidth and intra-kernel timeline measure the interpreter, not the kernel; only their "
                      "correctness numbers carry over to a GPU")
     doc["findings"] = find(doc)
+    doc["ladder"] = ladder(doc)
     return Results(doc)
 
 
@@ -399,7 +420,9 @@ def _with_fallback(names: list[str], auto: dict | None, entries: list[dict]):
 
 
 def _oracle(ctx: dict) -> dict:
-    """The tokens every engine is teacher-forced with, and the reference engine's logits (float32, CPU).
+    """The tokens every engine is teacher-forced with, the reference engine's logits (float32, CPU), the fp32
+    reference's on the same tokens (``fp32``; None with ``fp32_reason`` when it could not run) and the run-dtype
+    reference's own fidelity against it (``ref_fidelity``, :func:`bubblescope.fidelity.fidelity`).
 
     Real weights: the reference's own greedy continuation (realistic text). Dummy weights: seeded random
     ids, because random tied embeddings make greedy decoding repeat one token, which every engine would
@@ -414,7 +437,10 @@ def _oracle(ctx: dict) -> dict:
         forced = generate(ref, ctx["prompt"], steps + 1, eos_ids=()).tokens[:steps]
     logits = teacher_forced_logits(ref, ctx["prompt"], forced)
     del ref
-    return {"forced": forced, "logits": logits}
+    from .fidelity import fp32_oracle
+    # the same tokens through the reference in float32: the bar of each engine's KL and NLL
+    return {"forced": forced, "logits": logits,
+            **fp32_oracle(ctx["loaded"].weights, ctx["prompt"], forced, ctx["max_seq"], logits)}
 
 
 def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) -> None:
@@ -432,7 +458,7 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     bar.update(f"{name}: warm-up")
     for _ in range(ctx["warmup"]):
         generate(engine, prompt, ctx["gen_len"], eos_ids=())
-    token_ms, ttft, shares = [], [], []
+    token_ms, ttft, shares, e2e = [], [], [], []
     for r in range(ctx["runs"]):
         bar.update(f"{name}: timed run {r + 1}/{ctx['runs']}")
         _sync(dev)
@@ -440,7 +466,8 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
         token_ms += res.token_ms
         ttft.append(res.ttft_ms)
         shares.append(res.decode_share)
-    entry["latency"] = latency_stats(token_ms, ttft, [s for s in shares if s is not None])
+        e2e.append(res.total_ms)
+    entry["latency"] = latency_stats(token_ms, ttft, [s for s in shares if s is not None], e2e)
 
     dtype_bytes = loaded.weights.dtype.itemsize
     mean_ctx = len(prompt) + ctx["gen_len"] // 2
@@ -455,7 +482,9 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     bar.update(f"{name}: correctness")
     got = teacher_forced_logits(engine, prompt, oracle["forced"])
     ref = oracle["logits"]
-    entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), **logit_agreement(got, ref)}
+    from .fidelity import fidelity_entry
+    entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), **logit_agreement(got, ref),
+                            **fidelity_entry(got, oracle["forced"], oracle)}
 
     bar.update(f"{name}: profiling")
     _profile(name, engine, entry, ctx)
@@ -479,11 +508,15 @@ def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
     steps = ctx["profile_steps"]
     timeline_ctx = engine.timeline() if hasattr(engine, "timeline") else nullcontext(None)
     with timeline_ctx as intra:
-        cap = capture_decode_trace(engine, torch.tensor(ctx["prompt"]), steps=steps, warmup=3, out_path=path)
+        cap = capture_decode_trace(engine, torch.tensor(ctx["prompt"]), steps=steps + PROFILE_WARMUP_STEPS,
+                                   warmup=3, out_path=path)
     trace = load_trace(cap.trace_path)
-    summary = timeline_summary(trace)
+    # the first profiled step is left out of every figure (PROFILE_WARMUP_STEPS); the summary says how many
+    summary = timeline_summary(trace, skip_steps=PROFILE_WARMUP_STEPS)
+    summary["warmup_steps"] = PROFILE_WARMUP_STEPS
     if summary.get("available") and summary.get("steps"):
-        summary["step_timeline"] = step_timeline(trace, step_index=min(summary["steps"] - 1, steps // 2))
+        summary["step_timeline"] = step_timeline(
+            trace, step_index=PROFILE_WARMUP_STEPS + min(summary["steps"] - 1, steps // 2))
     else:
         summary["step_timeline"] = None
     if not cap.gpu:

@@ -143,6 +143,17 @@ def prepare_triton(device: torch.device) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# Engines run only when named: each is one of the kernels ``megakernel`` already picks between (the Gluon kernel
+# on Hopper, the Triton kernel elsewhere), so a default run would time the same kernel twice.
+BY_NAME_ONLY = frozenset({"megakernel-gluon", "megakernel-triton"})
+
+
+def default_engines() -> list[str]:
+    """The engines ``diagnose model`` runs when none are named, in registry order: every registered engine but
+    :data:`BY_NAME_ONLY` (those that cannot run on the machine are then reported as skipped, with the reason)."""
+    return [name for name in ENGINES if name not in BY_NAME_ONLY]
+
+
 def get_engine_spec(name: str, option: str = "--engine") -> EngineSpec:
     """The registry entry for ``name`` (not ``auto``, which :func:`build_engine` resolves).
 

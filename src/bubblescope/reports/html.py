@@ -128,6 +128,21 @@ def _details(engines: list[dict]) -> list[list[str]]:
     return rows
 
 
+def _header(h: str) -> str:
+    return h.replace("\n/", "/").replace("\n", " ")
+
+
+def _ladder(doc: dict) -> dict:
+    """The ladder table: every rung with its speed, what it removes and its fidelity; the rungs that did not run;
+    the notes that say how to read it."""
+    columns = tables.LADDER_COLUMNS + tables.FIDELITY_COLUMNS[1:]
+    rows = tables.ladder_rows(doc, columns)
+    return {"headers": [_header(h) for h, _, _ in columns], "numeric": [kind != "text" for _, _, kind in columns],
+            "rows": [(r["status"] == "ok", cells) for r, cells in rows],
+            "ran": any(r["token_ms_p50"] is not None for r, _ in rows), "not_run": tables.rungs_not_run(rows),
+            "note": tables.ladder_note(doc), "fidelity_note": tables.fidelity_note(doc)}
+
+
 def _context(doc: dict) -> dict:
     from . import plots
 
@@ -142,8 +157,10 @@ def _context(doc: dict) -> dict:
         "title": f"bubblescope — {dig(doc, 'model', 'name')}",
         "device_line": tables.device_line(doc), "model_line": tables.model_line(doc),
         "workload_line": tables.workload_line(doc), "command": doc.get("command"), "created": doc.get("created"),
-        "headers": [h.replace("\n/", "/").replace("\n", " ") for h, _, _ in tables.HEADLINE],
+        "headers": [_header(h) for h, _, _ in tables.HEADLINE],
         "rows": tables.headline_rows(doc),
+        "latency_note": tables.LATENCY_NOTE, "bubble_note": tables.BUBBLE_NOTE, "steps_note": tables.steps_note(doc),
+        "ladder": _ladder(doc),
         "not_run": tables.not_run(doc),
         "findings": [{"severity": f.get("severity"), "subject": f.get("engine") or tables.MISSING,
                       "title": f.get("title"), "evidence": tables.evidence_text(f.get("evidence")),
@@ -159,7 +176,8 @@ def _context(doc: dict) -> dict:
         "intrakernel": _intrakernel(ok, device),
         "details": _details(ok),
         "versions": sorted((doc.get("versions") or {}).items()),
-        "device": [(k, tables.fmt(v)) for k, v in device.items() if k != "notes"],
+        "device": [(k, tables.threads_text(v) if k == "threads" else tables.fmt(v))
+                   for k, v in device.items() if k != "notes"],
         "notes": device.get("notes") or [],
         "traces": [(e["name"], e["trace_path"]) for e in engines if e.get("trace_path")],
     }

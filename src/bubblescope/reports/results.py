@@ -25,8 +25,8 @@ SCHEMA = "bubblescope.results/1"
 
 # The ablation ladder, from plain eager PyTorch to the fused kernel; reports list engines in this
 # order so each step's gain reads left to right. Unknown engine names follow, in document order.
-ENGINE_ORDER = ("reference", "reference-cudagraph", "reference-compile", "hf",
-                "megakernel-stages", "megakernel-noprefetch", "megakernel")
+ENGINE_ORDER = ("reference", "reference-cudagraph", "reference-compile", "reference-fused", "reference-fused-pdl",
+                "hf", "megakernel-stages", "megakernel-noprefetch", "megakernel")
 
 # ---- the schema as data -------------------------------------------------------------------------
 # A key ending in "?" may be null; in "??", also absent (a key added after documents were written).
@@ -44,14 +44,14 @@ _KINDS = {
     "dict": "an object",
 }
 
-_LATENCY = {"ttft_ms?": "pos", "token_ms_mean?": "pos", "token_ms_p50?": "pos", "token_ms_p90?": "pos",
+_LATENCY = {"ttft_ms?": "pos", "e2e_ms??": "pos", "token_ms_mean?": "pos", "token_ms_p50?": "pos", "token_ms_p90?": "pos",
             "token_ms_p99?": "pos", "tok_per_s?": "pos", "decode_share?": "frac",
             "token_ms_samples?": "list[pos]", "ttft_ms_samples?": "list[pos]"}
 _BANDWIDTH = {"bytes_per_step?": "pos", "kv_bytes_per_step?": "num", "effective_GBps?": "pos",
               "util_peak?": "num", "util_copy?": "num"}
 _SHARE_ROW = {"category": "str", "count": "int", "total_us": "num", "share": "frac"}
 _TIMELINE = {
-    "available": "bool", "reason?": "str", "steps?": "int", "device?": "label",
+    "available": "bool", "reason?": "str", "steps?": "int", "warmup_steps??": "int", "device?": "label",
     "kernels_per_step?": "num", "launches_per_step?": "num", "launches_per_s?": "num",
     "bubble_ratio?": "frac", "bubble_ratio_steps?": "list[frac]", "launch_share?": "frac",
     "sync_share?": "frac", "gpu_busy_us_per_step?": "num", "step_wall_us?": "pos",
@@ -81,7 +81,9 @@ _INTRAKERNEL = {
 _COMPILE = {"registers?": "int", "spills?": "int", "shared_bytes?": "int", "num_warps?": "int", "text_bytes??": "int",
             "programs_per_sm?": "int", "grid?": "int"}
 _CORRECTNESS = {"reference?": "str", "steps?": "int", "token_agreement?": "frac",
-                "max_abs_logit_diff?": "num", "rel_logit_err?": "num"}
+                "max_abs_logit_diff?": "num", "rel_logit_err?": "num",
+                "kl_vs_fp32??": "num", "nll??": "num", "nll_fp32??": "num", "ref_kl_vs_fp32??": "num",
+                "ref_nll??": "num", "fidelity_matched??": "bool"}
 _SWEEP_ROW = {"context": "int", "token_ms_p50?": "pos", "bytes_per_step?": "pos", "kv_bytes_per_step?": "num",
               "effective_GBps?": "pos", "util_peak?": "num"}
 _ENGINE = {
@@ -92,19 +94,26 @@ _ENGINE = {
 # "good" is what older results documents used for near-bandwidth-limit (now "info"): still readable.
 _FINDING = {"rule": "str", "severity": ("info", "warn", "problem", "good"), "engine?": "str", "title": "str",
             "evidence": "dict[real]", "advice": "str"}
+# reports.ladder.ladder: derived from the engines, written with them (absent in documents written before it)
+_LADDER_ROW = {"engine": "str", "rung": "str", "removes": "str", "status": ("ok", "skipped", "failed", "not run"),
+               "reason?": "str", "token_ms_p50?": "pos", "util_peak?": "num", "kernels_per_step?": "num",
+               "bubble_ratio?": "frac", "bubble_source?": "str", "bubble_us?": "num", "below?": "str",
+               "step_us?": "real", "kl_vs_fp32?": "num", "nll?": "num", "fidelity_matched?": "bool"}
 _DOCUMENT = {
     "schema": "str", "created": "str", "command": "str",
     "versions": {"bubblescope": "str", "python?": "str", "torch?": "str", "triton?": "str",
                  "transformers?": "str", "cuda?": "str", "driver?": "str"},
     "device": {"type": ("cuda", "cpu"), "name": "str", "sm_count?": "int", "l2_bytes?": "int",
                "nvml_peak_GBps?": "pos", "copy_GBps?": "pos", "max_sm_clock_MHz?": "pos",
-               "max_mem_clock_MHz?": "pos", "bus_width_bits?": "int", "notes": "list[str]"},
+               "max_mem_clock_MHz?": "pos", "bus_width_bits?": "int", "notes": "list[str]",
+               "threads??": {"torch_threads?": "int", "omp_num_threads?": "str", "cpu_count?": "int"}},
     "model": {"name": "str", "source": ("dummy", "hf", "llama2c"), "path?": "str", "parameters?": "int",
               "weight_bytes?": "int", "dtype": "str", "config?": "dict"},
     "workload": {"prompt_len": "int", "gen_len": "int", "runs": "int", "warmup": "int",
                  "context_sweep": "list[int]", "seed?": "int"},
     "engines": [_ENGINE],
     "findings": [_FINDING],
+    "ladder??": [_LADDER_ROW],
 }
 
 

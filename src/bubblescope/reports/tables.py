@@ -5,6 +5,7 @@ Pure functions of a results document returning strings; null (not measured) show
 
 from __future__ import annotations
 
+from .ladder import FIDELITY_TOLERANCE, IN_KERNEL, bubble_ratio, ladder, request_times
 from .results import dig, ordered
 from ..wording import count
 
@@ -14,10 +15,9 @@ MISSING = "—"
 # fractions as percentages, counts without a needless ".0". Headers break with "\n" in the terminal.
 LATENCY_COLUMNS = (
     ("Engine", ("name",), "text"),
-    ("p50\nms/tok", ("latency", "token_ms_p50"), "ms"),
-    ("p99\nms/tok", ("latency", "token_ms_p99"), "ms"),
+    ("TPOT\np50 ms", ("latency", "token_ms_p50"), "ms"),
+    ("TPOT\np99 ms", ("latency", "token_ms_p99"), "ms"),
     ("tok/s", ("latency", "tok_per_s"), "rate"),
-    ("TTFT\nms", ("latency", "ttft_ms"), "ms"),
     ("GB/s", ("bandwidth", "effective_GBps"), "gbps"),
     ("%\npeak", ("bandwidth", "util_peak"), "pct"),
     ("%\ncopy", ("bandwidth", "util_copy"), "pct"),
@@ -26,7 +26,7 @@ TIMELINE_COLUMNS = (
     ("Engine", ("name",), "text"),
     ("kernels\n/step", ("timeline", "kernels_per_step"), "count"),
     ("launches\n/step", ("timeline", "launches_per_step"), "count"),
-    ("bubble\nratio", ("timeline", "bubble_ratio"), "ratio"),
+    ("bubble\nratio", lambda eng, doc: bubble_ratio(eng), "bubble"),
     ("launch\nshare", ("timeline", "launch_share"), "pct"),
     ("sync\nshare", ("timeline", "sync_share"), "pct"),
     ("token\nagreement", ("correctness", "token_agreement"), "pct"),
@@ -35,12 +35,31 @@ TIMELINE_COLUMNS = (
 # cudaStreamSynchronize & co.: high when the host waits on a busy GPU.
 SYNC_NOTE = ("sync share: fraction of the step wall time the host spends blocked in a synchronize call; high "
              "when the GPU is busy and the host has nothing else to do, which costs nothing by itself")
-HEADLINE = LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + TIMELINE_COLUMNS[1:]
+# One bubble ratio everywhere (ladder.bubble_ratio); the marked values are a one-kernel step's in-kernel wait.
+BUBBLE_MARK = "*"
+BUBBLE_NOTE = ("bubble ratio: the share of each decode step the GPU idles (1 − GPU busy / span of the decode "
+               f"window); marked {BUBBLE_MARK}: a step of one kernel, whose bubble is its programs' wait on "
+               "dependencies, from the megakernel's own clock (program-time waiting / program-time)")
+# One request of the workload (ladder.request_times): time to the first token, the decode steps after it, and
+# the whole request; "~" marks TTFT + (n − 1) × TPOT p50 in documents that did not record the measured time.
+REQUEST_COLUMNS = (
+    ("Engine", ("name",), "text"),
+    ("TTFT\nms", ("latency", "ttft_ms"), "ms"),
+    ("decode\nms", lambda eng, doc: request_times(eng, doc), "decode"),
+    ("end to end\nms", lambda eng, doc: request_times(eng, doc), "e2e"),
+)
+LATENCY_NOTE = ("TPOT: time per output token after the first (host wall time, token on the host), p50 and p99 over "
+                "every decode step of the timed runs; TTFT: time to the first token (prefill and its sampling); "
+                "end to end: the measured generation time of one request (median over the timed runs), or ~ TTFT + "
+                "(n − 1) × TPOT p50 where it was not recorded")
+HEADLINE = (LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + REQUEST_COLUMNS[1:]
+            + TIMELINE_COLUMNS[1:])
 
 def fmt(value, kind: str = "num") -> str:
     """Format one value for display: ``ms`` (3 decimals), ``rate`` (1), ``gbps`` (0; 2 significant
     digits below 10), ``pct``
-    (a fraction as a percentage, 1 decimal), ``ratio`` (3), ``count`` (integer or 1 decimal),
+    (a fraction as a percentage, 1 decimal), ``ratio`` (3), ``bubble`` (a ``(ratio, source)`` pair of
+    :func:`~.ladder.bubble_ratio`: 3 decimals, marked when in-kernel), ``count`` (integer or 1 decimal),
     ``bytes`` (GB/MB/kB, decimal units), ``text``, ``num`` (6 significant digits). None gives "—"."""
     if value is None:
         return MISSING
@@ -56,6 +75,20 @@ def fmt(value, kind: str = "num") -> str:
         return f"{value * 100:.1f} %"
     if kind == "ratio":
         return f"{value:.3f}"
+    if kind == "sci":  # small positive quantities over decades (a KL divergence in nats)
+        return f"{value:.3g}"
+    if kind == "nll":
+        return f"{value:.4f}"
+    if kind == "yesno":
+        return "yes" if value else "no"
+    if kind == "delta_us":
+        return f"{value:+,.1f}"
+    if kind in ("e2e", "decode"):  # ladder.request_times: the measured time, or the estimate marked "~"
+        ms = value["e2e_ms" if kind == "e2e" else "decode_ms"]
+        return MISSING if ms is None else ("" if value["e2e_measured"] else "~") + fmt(ms, "rate")
+    if kind == "bubble":  # (ratio, source) of ladder.bubble_ratio
+        ratio, source = value
+        return MISSING if ratio is None else f"{ratio:.3f}" + (BUBBLE_MARK if source == IN_KERNEL else "")
     if kind == "count":
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
     if kind == "bytes":
@@ -67,8 +100,11 @@ def fmt(value, kind: str = "num") -> str:
 
 
 def headline_rows(doc: dict, columns=HEADLINE) -> list[list[str]]:
-    """One row of formatted cells (``columns``, default :data:`HEADLINE`) per engine, in ladder order."""
-    return [[fmt(dig(eng, *path), kind) for _, path, kind in columns] for eng in ordered(doc.get("engines") or [])]
+    """One row of formatted cells (``columns``, default :data:`HEADLINE`) per engine, in ladder order; a column's
+    path is a key path into the engine entry, or a function of the entry and the document (the bubble ratio, the
+    end-to-end time)."""
+    return [[fmt(path(eng, doc) if callable(path) else dig(eng, *path), kind) for _, path, kind in columns]
+            for eng in ordered(doc.get("engines") or [])]
 
 
 def not_run(doc: dict) -> list[tuple[str, str, str]]:
@@ -77,11 +113,25 @@ def not_run(doc: dict) -> list[tuple[str, str, str]]:
             for e in ordered(doc.get("engines") or []) if e.get("status") != "ok"]
 
 
+def threads_text(threads: dict | None) -> str | None:
+    """The CPU threads a run had (``device.threads``) in words: ``torch 2 threads, OMP_NUM_THREADS unset, 2
+    cores``; None when not recorded."""
+    if not threads:
+        return None
+    omp = threads.get("omp_num_threads")
+    parts = [f"torch {_count(threads.get('torch_threads'), 'thread')}",
+             f"OMP_NUM_THREADS={omp}" if omp is not None else "OMP_NUM_THREADS unset",
+             f"{_count(threads.get('cpu_count'), 'core')}"]
+    return ", ".join(parts)
+
+
 def device_line(doc: dict) -> str:
-    """Which device the numbers come from, said plainly, with its bandwidth ceilings."""
+    """Which device the numbers come from, said plainly, with its bandwidth ceilings (on a CPU, its threads)."""
     dev = doc.get("device") or {}
     if dev.get("type") != "cuda":
-        return f"CPU only — GPU metrics unavailable ({dev.get('name') or 'unknown CPU'})"
+        threads = threads_text(dev.get("threads"))
+        return (f"CPU only — GPU metrics unavailable ({dev.get('name') or 'unknown CPU'}"
+                + (f"; {threads})" if threads else ")"))
     parts = [f"{dev.get('sm_count')} SMs" if dev.get("sm_count") is not None else None,
              f"L2 {fmt(dev.get('l2_bytes'), 'bytes')}" if dev.get("l2_bytes") is not None else None,
              f"NVML peak {fmt(dev.get('nvml_peak_GBps'), 'gbps')} GB/s",
@@ -207,3 +257,101 @@ def stream_feed_line(ik: dict | None) -> str | None:
 
     return (f"{tbps(med.get('chain_GBps'))} TB/s over the attention chain ({fmt(med.get('chain_us'), 'rate')} µs per "
             f"layer), {tbps(med.get('mlp_GBps'))} TB/s over the MLP ({fmt(med.get('mlp_us'), 'rate')} µs)")
+
+
+# The ablation ladder (ladder.ladder rows): (header, row key, format). The step is µs saved per token against the
+# rung below that ran (negative: this rung is slower).
+LADDER_COLUMNS = (
+    ("Engine", "engine", "text"),
+    ("p50\nms/tok", "token_ms_p50", "ms"),
+    ("%\npeak", "util_peak", "pct"),
+    ("kernels\n/step", "kernels_per_step", "count"),
+    ("bubble\nratio", ("bubble_ratio", "bubble_source"), "bubble"),
+    ("saves\nµs/tok", "step_us", "delta_us"),
+)
+# What each rung removes and what it costs in accuracy (the terminal's second ladder table; the HTML's one table
+# has both).
+FIDELITY_COLUMNS = (
+    ("Engine", "engine", "text"),
+    ("removes (vs the rung below)", "removes", "text"),
+    ("KL vs fp32\nnats", "kl_vs_fp32", "sci"),
+    ("NLL\nnats/tok", "nll", "nll"),
+    ("matched", "fidelity_matched", "yesno"),
+)
+LADDER_NOTE = ("Each rung removes one mechanism from the rung below it: saves = the rung below's p50 minus this "
+               "one's, in µs per token (negative: this rung is slower)")
+
+
+def ladder_rows(doc: dict, columns=LADDER_COLUMNS) -> list[tuple[dict, list[str]]]:
+    """``(ladder row, formatted cells)`` per rung of :func:`~.ladder.ladder`, eager first."""
+    out = []
+    for row in ladder(doc):
+        cells = [fmt(tuple(row[k] for k in key) if isinstance(key, tuple) else row[key], kind)
+                 for _, key, kind in columns]
+        out.append((row, cells))
+    return out
+
+
+def ladder_note(doc: dict) -> str:
+    """:data:`LADDER_NOTE`, and on a CPU run that the megakernel rungs time the Triton interpreter."""
+    cpu = dig(doc, "device", "type") != "cuda"
+    mk = any(r["engine"].startswith("megakernel") and r["token_ms_p50"] is not None for r in ladder(doc))
+    return LADDER_NOTE + ("; on this CPU run the megakernel rungs time the Triton interpreter, not the kernel"
+                          if cpu and mk else "")
+
+
+def rungs_not_run(rows: list[tuple[dict, list[str]]]) -> list[str]:
+    """``"engine — why"`` for each rung of :func:`ladder_rows` that did not run: its status (skipped, failed) and
+    reason, or why it is not in the document."""
+    return [f"{r['engine']} — " + (r["reason"] or MISSING if r["status"] == "not run"
+                                   else f"{r['status']}: {r['reason'] or MISSING}")
+            for r, _ in rows if r["status"] != "ok"]
+
+
+def fidelity_note(doc: dict) -> str | None:
+    """The bar the fidelity columns are read against: the run-dtype reference's own KL and NLL (from any engine's
+    ``correctness``) and the tolerance of "matched"; None when no engine has them."""
+    c = next((e["correctness"] for e in doc.get("engines") or [] if e.get("status") == "ok"
+              and (e.get("correctness") or {}).get("ref_nll") is not None), None)
+    if c is None:
+        return None
+    t = FIDELITY_TOLERANCE
+    dtype = dig(doc, "model", "dtype") or "run-dtype"
+    return (f"fidelity: on the same teacher-forced tokens, each engine against the reference engine run in float32; "
+            f"the {dtype} reference's own KL {fmt(c.get('ref_kl_vs_fp32'), 'sci')} nats and NLL "
+            f"{fmt(c.get('ref_nll'), 'nll')} nats/token (fp32 NLL {fmt(c.get('nll_fp32'), 'nll')}); matched = KL at "
+            f"most {t['kl_rel']:g}× the reference's + {t['kl_abs']:g} nats and NLL at most the reference's + "
+            f"{t['nll_abs']:g} nats/token")
+
+
+def steps_note(doc: dict) -> str | None:
+    """How many profiled decode steps the per-step figures are medians of, and how many warm-up steps were left
+    out of every figure (``timeline.steps``, ``timeline.warmup_steps``); None when no engine has a GPU timeline."""
+    tl = [e["timeline"] for e in doc.get("engines") or [] if e.get("status") == "ok" and e.get("timeline")
+          and e["timeline"].get("available") and e["timeline"].get("steps")]
+    if not tl:
+        return None
+    steps, dropped = max(t["steps"] for t in tl), max((t.get("warmup_steps") or 0) for t in tl)
+    if "warmup_steps" not in tl[0]:
+        return f"per-step figures: medians over {count(steps, 'profiled decode step')}"
+    return (f"per-step figures: medians over {count(steps, 'profiled decode step')}; "
+            f"{count(dropped, 'warm-up step')} left out of every figure")
+
+
+def request_title(doc: dict) -> str:
+    """The title of the request table: the workload's prompt and new tokens."""
+    w = doc.get("workload") or {}
+    return (f"One request: prompt {_count(w.get('prompt_len'), 'token')}, {_count(w.get('gen_len'), 'new token')} "
+            "(ms; ~ = TTFT + (n − 1) × TPOT p50, not recorded)")
+
+
+def counters_workload_line(doc: dict) -> str | None:
+    """The workload the hardware counters were read on (``counters.workload``), against the tables' own; None
+    when the document has no counters or no record of their workload."""
+    cw = (doc.get("counters") or {}).get("workload")
+    if not cw:
+        return None
+    w = doc.get("workload") or {}
+    return (f"counters read on `bubblescope generate` with a {fmt(cw.get('prompt_len'), 'count')}-token prompt, one "
+            f"decode step's launches after {_count(cw.get('skipped_steps'), 'step')}: not the workload of the tables "
+            f"above (prompt {_count(w.get('prompt_len'), 'token')}, {_count(w.get('gen_len'), 'new token')})")

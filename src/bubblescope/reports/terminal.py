@@ -33,6 +33,33 @@ def _engine_table(doc: dict, title: str, columns) -> Group:
     return Group(Text(title, style="table.title"), table)
 
 
+def _ladder(doc: dict, console: Console) -> None:
+    """The ablation ladder (speed per rung, then numerical fidelity per rung), with the rungs that did not run."""
+    rows = tables.ladder_rows(doc)
+    if not any(row["token_ms_p50"] is not None for row, _ in rows):
+        return  # nothing timed: no rung to compare
+    speed = ("Ablation ladder: eager → CUDA graph → compile → fused → fused + PDL → megakernel without prefetch → "
+             "megakernel")
+    for title, columns, note in ((speed, tables.LADDER_COLUMNS, tables.ladder_note(doc)),
+                                 ("What each rung removes, and its numerical fidelity (teacher-forced, against "
+                                  "an fp32 run)",
+                                  tables.FIDELITY_COLUMNS, tables.fidelity_note(doc))):
+        table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+        for i, (header, _, kind) in enumerate(columns):
+            # numbers and names never wrap; the mechanism words may
+            table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=kind != "text" or i == 0,
+                             min_width=max(len(r["engine"]) for r, _ in rows) if i == 0 else None,
+                             ratio=1 if kind == "text" and i > 0 else None)
+        for row, cells in tables.ladder_rows(doc, columns):
+            table.add_row(*map(Text, cells), style=None if row["status"] == "ok" else "dim")
+        console.print(Group(Text(title, style="table.title"), table))
+        if note:
+            console.print(Text(note, style="dim"))
+    missing = tables.rungs_not_run(rows)
+    if missing:
+        console.print(Text("Rungs not run: " + "; ".join(missing), style="dim"))
+
+
 def findings_group(findings: list[dict], subject, legend: list[tuple[str, str]]) -> Group:
     """One block per finding (severity, ``subject(finding)``, title; evidence; action), then the severity
     ``legend``, wrapped by word: a five-column table at 80 columns split numbers and names mid-word."""
@@ -87,8 +114,14 @@ def render_results(results: Results | dict, console: Console) -> None:
         console.print(Text(f"note: {note}", style="dim"))
     console.print(_engine_table(doc, "Latency (ms per token) and bandwidth; — = not measured, dim = not run",
                                 tables.LATENCY_COLUMNS))
-    console.print(_engine_table(doc, "Launches, bubbles and correctness", tables.TIMELINE_COLUMNS))
+    console.print(_engine_table(doc, tables.request_title(doc), tables.REQUEST_COLUMNS))
+    console.print(Text(tables.LATENCY_NOTE, style="dim"))
+    steps = tables.steps_note(doc)
+    console.print(_engine_table(doc, "Launches, bubbles and correctness" + (f" ({steps})" if steps else ""),
+                                tables.TIMELINE_COLUMNS))
+    console.print(Text(tables.BUBBLE_NOTE, style="dim"))
     console.print(Text(tables.SYNC_NOTE, style="dim"))
+    _ladder(doc, console)
     tiles = [(e["name"], tables.kernel_tiling(e.get("compile") or {})) for e in doc["engines"]]
     tiles = [(name, line) for name, line in tiles if line != "—"]
     if tiles:  # the tile shapes and matvec chosen for this model (they follow its config)
@@ -108,6 +141,8 @@ def render_results(results: Results | dict, console: Console) -> None:
             console.print(Text(f"  {name}: {status} — {reason}"))
     if doc.get("counters") is not None:
         console.print(_counters(doc["counters"]))
+        if line := tables.counters_workload_line(doc):
+            console.print(Text(line, style="dim"))
     if doc.get("findings"):
         console.print(findings_group(doc["findings"], lambda f: f.get("engine"), severity_legend()))
     else:

@@ -20,6 +20,7 @@ from statistics import median
 from types import MappingProxyType
 
 from .findings import SEVERITIES, THRESHOLDS, make_finding, merged_thresholds
+from .tables import us as us_words
 from ..wording import count
 
 _SHARED = ("launch_bound_min_bubble_ratio", "launch_bound_min_kernels_per_step",
@@ -105,6 +106,38 @@ def _bubble_bound(f: dict, t: Mapping[str, float]) -> list[dict]:
         "Launch overhead is gone (a CUDA graph or a megakernel); the gaps are between kernels inside the step or "
         "between steps: fuse neighbouring kernels, and keep the host's per-token work (sampling, .item(), copies "
         "to the CPU) off the critical path so the next replay is queued before this one ends.")]
+
+
+def _gpu_idle(f: dict, t: Mapping[str, float]) -> list[dict]:
+    # The gap between launch-bound (100 kernels or more) and bubble-bound (2 launches or fewer): a GPU idle most
+    # of the decode window across a few kernels is held by the host, whatever its launch count.
+    s = _measured(f) or {}
+    bubble, kernels, launches = s.get("bubble_ratio"), s.get("kernels_per_step"), s.get("launches_per_step")
+    if bubble is None or kernels is None or bubble < t["launch_bound_min_bubble_ratio"]:
+        return []
+    if kernels >= t["launch_bound_min_kernels_per_step"]:
+        return []  # launch-bound's case (or bubble-bound's, with its launches amortised)
+    if launches is not None and launches <= t["bubble_bound_max_launches_per_step"]:
+        return []  # bubble-bound's case
+    if _host_sync(f, t):
+        return []  # host-sync names the cause: each step waits for the GPU to drain
+    idle = s.get("idle") or {}
+    host, gaps = idle.get("host_wait_us"), idle.get("kernel_wait_us")
+    rows = [r for r in f.get("step_rows") or [] if not r.get("warmup") and r.get("wall_us") is not None]
+    slowest = max(rows, key=lambda r: r["wall_us"], default=None)
+    parts = [f"{us_words(v)} {what}" for v, what in ((host, "waiting for the host"), (gaps, "in gaps between kernels"))
+             if v is not None]
+    return [_file_finding(
+        f, "gpu-idle", "problem",
+        f"GPU idle {bubble:.0%} of the decode window across {count(kernels, 'kernel', fmt='.0f')} per step"
+        + (f": {', '.join(parts)} per step (mean)" if parts else ""),
+        {"bubble_ratio": bubble, "kernels_per_step": kernels, "launches_per_step": launches,
+         "host_wait_per_step_us": host, "kernel_wait_per_step_us": gaps,
+         "slowest_step": slowest["step"] if slowest else None,
+         "slowest_step_wall_us": slowest["wall_us"] if slowest else None},
+        "The GPU waits for the host, not for its launches: look at the slowest step's CPU side (Python work, a "
+        "sleep, data loading, .item() or other copies to the CPU) and keep it off the decode loop; with the host "
+        f"out of the way, {_GRAPHS}.")]
 
 
 def _host_sync(f: dict, t: Mapping[str, float]) -> list[dict]:
@@ -271,7 +304,8 @@ def _steps_uncertain(f: dict, t: Mapping[str, float]) -> list[dict]:
 
 
 FILE_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (
-    _launch_bound, _bubble_bound, _host_sync, _kernel_gaps, _host_idle, _warmup, _near_floor, _steps_uncertain)
+    _launch_bound, _bubble_bound, _gpu_idle, _host_sync, _kernel_gaps, _host_idle, _warmup, _near_floor,
+    _steps_uncertain)
 RANK_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (_nccl_heavy, _rank_skew)
 
 

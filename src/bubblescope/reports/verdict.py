@@ -1,23 +1,26 @@
 """The verdict: what limits the fastest engine and the baseline, in one or two sentences, and one action.
 
+The baseline is the strongest op-by-op rung (:func:`.ladder.best_op_by_op`: the fastest ``reference*`` engine),
+what a user without a megakernel can run today; the eager reference's own figure is in the ladder.
+
 A pure function of a results document (like the findings, it reads only the document), shown first in the
 terminal and HTML reports. Bottleneck clauses, first that applies:
 
 * megakernel with an intra-kernel timeline: the share of program-time spent waiting on dependencies and
   the opcode that waits most (``intrakernel.by_opcode``);
-* a GPU timeline with the GPU idle at least 20 % of the step (``bubble_ratio``): idle share and kernels
-  per step — the launch/bubble regime;
+* a GPU timeline with the GPU idle at least 20 % of the step (the one bubble ratio,
+  :func:`.ladder.bubble_ratio`): idle share and kernels per step — the launch/bubble regime;
 * a bandwidth figure: the share of NVML peak it streams — the memory-bound regime;
 * else the latency only (a CPU run has no GPU timeline).
 """
 
 from __future__ import annotations
 
-from .findings import SEVERITIES
+from .findings import SEVERITIES, THRESHOLDS, at_ceiling, in_kernel_advice
+from .ladder import GPU_IDLE, best_op_by_op, bubble_ratio, is_op_by_op
 from .results import dig, ordered
 from ..wording import count
 
-BASELINE = "reference"
 IDLE_MIN = 0.2  # below this share of idle GPU time, bubbles are not what limits an engine
 
 
@@ -35,13 +38,14 @@ def bottleneck(eng: dict, doc: dict) -> str:
         total = sum(r.get("wait_us") or 0 for r in by)
         most = f", mostly {top['opcode']} ({top['wait_us'] / total:.0%} of the waiting)" if total > 0 else ""
         return f"{wait:.0%} of program-time waiting on dependencies{most}" + (f"; {stream}" if stream else "")
-    bubble, kernels = dig(eng, "timeline", "bubble_ratio"), dig(eng, "timeline", "kernels_per_step")
-    if bubble is not None and bubble >= IDLE_MIN:
+    bubble, source = bubble_ratio(eng)
+    kernels = dig(eng, "timeline", "kernels_per_step")
+    if bubble is not None and source == GPU_IDLE and bubble >= IDLE_MIN:
         between = f" between {count(kernels, 'kernel', fmt='.0f')}" if kernels is not None else ""
         return f"GPU idle {bubble:.0%} of each step{between}" + (f"; {stream}" if stream else "")
     if stream:
         return ("memory-bound, " if util >= 0.6 else "") + stream + (
-            f", GPU idle {bubble:.0%} of the step" if bubble is not None else "")
+            f", GPU idle {bubble:.0%} of the step" if bubble is not None and source == GPU_IDLE else "")
     if dig(doc, "device", "type") != "cuda":
         return "measured on the CPU: no GPU timeline or bandwidth to say more"
     return "no timeline or bandwidth measured"
@@ -59,17 +63,11 @@ def _action(best: dict, findings: list[dict]) -> str:
     if own:
         return own[0]["advice"]
     util = dig(best, "bandwidth", "util_peak")
-    if util is not None and util >= 0.8:
-        return "Decode is at the bandwidth limit: only fewer bytes per token (quantized weights, a smaller KV " \
-               "cache) will make it faster."
+    if at_ceiling(best, THRESHOLDS):  # judged against the copy bandwidth measured on this GPU, as near-limit does
+        return (f"Decode is at the measured bandwidth ceiling ({best['bandwidth']['util_copy']:.0%} of the copy "
+                "bandwidth): only fewer bytes per token (quantized weights, a smaller KV cache) will make it faster.")
     if (dig(best, "intrakernel", "wait_ratio") or 0) >= IDLE_MIN and util is not None:
-        if dig(best, "compile", "implementation") == "gluon":  # its weight loads never wait already
-            return ("Shorten the dependency chain the most-waiting opcode sits on: fewer dependent memory round "
-                    "trips in the stages before it (the chain table's spans; its hops are the signal and poll), "
-                    "finer-grained edges (per head, per chunk), so the weight ring does not run full during the "
-                    "wait.")
-        return ("Hide the waits: issue the next task's weight loads before waiting on its dependency counter and "
-                "use finer-grained dependencies (per head, per chunk) on the opcode that waits most.")
+        return in_kernel_advice(best)
     if util is not None:
         return "Keep more bytes in flight per SM (bigger tiles, more programs per SM, loads issued ahead)."
     return "Run on a GPU for the timeline and bandwidth numbers that say where the time goes."
@@ -83,20 +81,20 @@ def verdict(doc: dict) -> dict | None:
     if best is None:
         return None
     p50 = best["latency"]["token_ms_p50"]
-    base = next((e for e in ok if e["name"] == BASELINE and e is not best), None)
-    if base is None:  # else the best op-by-op engine that ran (what users run today), else the slowest engine
-        rest = [e for e in ok if e is not best and dig(e, "latency", "token_ms_p50") is not None]
-        refs = [e for e in rest if str(e["name"]).startswith("reference")]
-        base = (min(refs, key=lambda e: e["latency"]["token_ms_p50"]) if refs else
-                max(rest, key=lambda e: e["latency"]["token_ms_p50"]) if rest else None)
+    rest = [e for e in ok if e is not best and dig(e, "latency", "token_ms_p50") is not None]
+    # The baseline is the strongest op-by-op engine (what users without a megakernel run); when an op-by-op engine
+    # is itself the fastest, it is compared with the fastest of the others (a megakernel), else the slowest.
+    base = best_op_by_op(rest) if not is_op_by_op(best) else None
+    if base is None:
+        others = [e for e in rest if not is_op_by_op(e)] or rest
+        base = min(others, key=lambda e: e["latency"]["token_ms_p50"]) if others else None
     base_p50 = dig(base, "latency", "token_ms_p50") if base else None
-    speed = f", {base_p50 / p50:.1f}x faster than {base['name']}" if base_p50 else ""
+    speed = f", {base_p50 / p50:.2f}x faster than {base['name']}" if base_p50 else ""
     text = f"Fastest: {best['name']} at {_ms(p50)}{speed}: {bottleneck(best, doc)}."
     if base is not None:
         b = f" at {_ms(base_p50)}" if base_p50 else ""
-        # When the eager reference is itself the fastest, the engine it is compared with is no baseline.
-        label = "Baseline" if best["name"] != BASELINE and str(base["name"]).startswith("reference") \
-            else "Compared with"
+        # When an op-by-op engine is itself the fastest, the engine it is compared with is no baseline.
+        label = "Baseline (best op-by-op)" if not is_op_by_op(best) and is_op_by_op(base) else "Compared with"
         text += f" {label} {base['name']}{b}: {bottleneck(base, doc)}."
     return {"text": text, "action": _action(best, doc.get("findings") or []), "best": best["name"],
             "baseline": base["name"] if base else None}
