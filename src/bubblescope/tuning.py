@@ -191,7 +191,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     reference = _reference_checker(loaded.weights, max_seq)
     rows = []
     for text in values:
-        build = functools.partial(build_engine, prefill=prefill)
+        build = functools.partial(build_engine, prefill=prefill) if prefill else build_engine
         row = _row(text, spec, engine, base_params, loaded, max_seq, prompts, steps, peak, reference, build)
         rows.append(row)
         if on_row:

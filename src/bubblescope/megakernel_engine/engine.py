@@ -11,6 +11,10 @@ counters — the fusion ablation; ``noprefetch`` (``megakernel-noprefetch``): ``
 ahead of a task's dependency (Gluon: the producer waits for the task's inputs; Triton: no L2 prefetch) — the
 pipelining ablation.
 
+Prefill (``prefill``): ``batched`` (default) runs the prompt through batched GEMMs and attention in torch over the
+packed weights (``prefill.py``) and writes its K/V into the kernel's cache, then decoding continues in the kernel;
+``stepwise`` runs one decode launch per prompt token (the ablation).
+
 On a CPU device the Triton kernel runs under Triton's interpreter with one program over the topological
 instruction list (see ``triton_kernel.host.load_kernel`` for the TRITON_INTERPRET side effect); slow, but
 anyone can watch it decode.
