@@ -60,6 +60,7 @@ def _assert_same_prefill(batched, stepwise, ids: list[int], tol: float = 1e-5) -
         _close(got, getattr(stepwise, name), tol)
         assert not got[:, :, len(ids):].any()  # nothing written past the prompt
     _close(lb, ls, 10 * tol)
+    assert torch.equal(batched.last_logits().cpu(), lb)  # the logits decoding starts from are the returned ones
     assert batched.position == stepwise.position == len(ids)
     assert batched.greedy_token().item() == stepwise.greedy_token().item() == int(ls.argmax())
 
@@ -238,7 +239,7 @@ def test_sweep_point_records_the_time_to_first_token():
     assert validate_results(doc) == ["workload.prefill: expected one of 'batched', 'stepwise', got \"chunked\""]
 
 
-# ---- GPU ---------------------------------------------------------------------------------------------------------------
+# ---- GPU ------------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_stories
 def test_gpu_stories260k_fp32_greedy_200_tokens_after_batched_prefill_equal_stepwise():
@@ -306,3 +307,44 @@ def test_gpu_qwen3_bf16_cache_after_batched_prefill_is_the_kernels():
     for name in ("k_cache", "v_cache"):
         a, b = getattr(batched, name).float(), getattr(stepwise, name).float()
         assert ((a - b).norm() / b.norm()).item() < 1e-2, name
+
+
+# ---- the benchmark script -----------------------------------------------------------------------------------------
+def test_prefill_benchmark_writes_ttft_per_length_and_engine(interpreter, tmp_path):
+    """``benchmarks/prefill.py``'s document on CPU (tiny model, fp32): the layout the benchmarks driver reads, raw
+    samples kept, the first tokens the reference engine's, the ratio the two medians' quotient."""
+    import importlib.util
+    import json
+
+    from .conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("prefill_bench", ROOT / "benchmarks" / "prefill.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "prefill.json"
+    assert bench.main(["--device", "cpu", "--dtype", "float32", "--models", "stories260k", "--lengths", "1,6",
+                       "--stepwise-lengths", "", "--engines", "reference,megakernel,no-such-engine", "--runs", "2",
+                       "--warmup", "0", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "prefill" and {"device", "date", "commit", "versions"} <= set(doc)
+    lengths = doc["models"]["stories260k"]["prompt_lengths"]
+    assert set(lengths) == {"1", "6"}
+    w = dummy_weights(get_preset("stories260k"), seed=0)
+    gen = torch.Generator().manual_seed(0)
+    from bubblescope.reference_engine import ReferenceEngine
+    ref = ReferenceEngine(w, max_seq_len=16)
+    for n in (1, 6):
+        prompt = torch.randint(3, 512, (n,), generator=gen)  # the script's prompts: one generator, in length order
+        engines = lengths[str(n)]["engines"]
+        assert engines["no-such-engine"]["status"] == "skipped"
+        for name in ("reference", "megakernel"):
+            r = engines[name]
+            assert r["status"] == "ok" and len(r["ttft_ms_samples"]) == r["runs"] == 2, name
+            assert r["ttft_ms"] == pytest.approx(sum(r["ttft_ms_samples"]) / 2, rel=1e-3)  # the median of two
+            assert r["first_token"] == int(ref.prefill(prompt).argmax()), (n, name)
+        assert "megakernel-stepwise-prefill" not in engines  # --stepwise-lengths '': none (one launch per token)
+        case = lengths[str(n)]
+        assert case["best_reference"]["engine"] == "reference"
+        assert case["megakernel_vs_best_reference"] == pytest.approx(
+            engines["megakernel"]["ttft_ms"] / engines["reference"]["ttft_ms"])
+    assert "| stories260k | 6 | megakernel / reference |" in out.with_suffix(".md").read_text()

@@ -309,8 +309,9 @@ def diagnose_model(
 
         raise typer.Exit(launch_tp(tp, **tp_options(
             engines=engines, context_sweep=context_sweep, device=device, tuning=tuning, counters=counters,
-            prefill=prefill, model=model, checkpoint=checkpoint, prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup,
-            profile_steps=profile_steps, dtype=dtype, out=str(out), seed=seed, command=command_line(), format=fmt)))
+            prefill=prefill, model=model, checkpoint=checkpoint, prompt_len=prompt_len, gen_len=gen_len, runs=runs,
+            warmup=warmup, profile_steps=profile_steps, dtype=dtype, out=str(out), seed=seed, command=command_line(),
+            format=fmt)))
     names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
     if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)
         raise BubblescopeError(f"--engines: no engine names in {engines!r}; see `bubblescope engines`")

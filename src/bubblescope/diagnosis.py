@@ -552,7 +552,8 @@ def _sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, see
     p50 = _percentile(res.token_ms, 50)
     traffic = step_traffic(cfg, dtype_bytes, context + SWEEP_STEPS // 2)
     bw = bandwidth(traffic["total_bytes"], p50, dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
-    return {"context": context, "token_ms_p50": p50, "ttft_ms": res.ttft_ms, "bytes_per_step": traffic["total_bytes"],
+    return {"context": context, "token_ms_p50": p50, "ttft_ms": res.ttft_ms,
+            "bytes_per_step": traffic["total_bytes"],
             "kv_bytes_per_step": traffic["kv_read_bytes"] + traffic["kv_write_bytes"],
             "effective_GBps": bw["effective_GBps"], "util_peak": bw["util_peak"]}
 
