@@ -194,6 +194,8 @@ def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None
             ``stepwise`` for an engine without the choice (:func:`check_prefill`).
         EngineUnavailable: the engine cannot run on this machine or this model.
     """
+    if name != "auto":
+        get_engine_spec(name)  # an unknown name is said as such, before its options are judged
     check_prefill(prefill, name)
     if name == "auto":
         from .fallback import build_auto
