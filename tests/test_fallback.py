@@ -28,7 +28,8 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU test: the
 
 
 def _stuck_at(engine, call: int) -> None:
-    """Make the megakernel's ``call``-th kernel step (0-based, prefill steps included) really get stuck: one of
+    """Make the megakernel's ``call``-th kernel step (0-based; a stepwise prefill's steps included, a batched
+    prefill runs none) really get stuck: one of
     its DOWN tasks then needs one increment more than GATEUP ever makes, as in test_megakernel's stuck test."""
     from bubblescope.megakernel_engine.schedule import F_NEED, F_OP, OP_DOWN
     table = engine._tables[0][1]
@@ -43,9 +44,9 @@ def _stuck_at(engine, call: int) -> None:
     engine._step = step_with_fault
 
 
-def _fallback(weights, max_seq, stuck_call):
+def _fallback(weights, max_seq, stuck_call, prefill="batched"):
     from bubblescope.megakernel_engine import MegakernelEngine
-    mk = MegakernelEngine(weights, max_seq_len=max_seq)
+    mk = MegakernelEngine(weights, max_seq_len=max_seq, prefill=prefill)
     _stuck_at(mk, stuck_call)
     return FallbackDecoder(mk, lambda: ReferenceEngine(weights, max_seq_len=max_seq))
 
@@ -53,9 +54,9 @@ def _fallback(weights, max_seq, stuck_call):
 @needs_stories
 def test_stuck_megakernel_mid_generation_continues_on_reference_without_losing_a_token():
     w = load_llama2c(STORIES)
-    prompt = [1, 403, 407, 261]  # 4 prompt tokens: prefill is kernel steps 0-3
+    prompt = [1, 403, 407, 261]  # 4 prompt tokens, prefilled in one batch: no kernel step
     want = generate(ReferenceEngine(w, max_seq_len=64), prompt, 40, eos_ids=()).tokens
-    dec = _fallback(w, 64, stuck_call=4 + 20)  # the 21st decode step gets stuck
+    dec = _fallback(w, 64, stuck_call=20)  # the 21st decode step (at position 4 + 20) gets stuck
     got = generate(dec, prompt, 40, eos_ids=())
     assert got.tokens == want
     assert len(got.fallbacks) == 1
@@ -72,8 +73,8 @@ def test_stuck_in_prefill_and_sampled_decode_replays_on_reference():
     w = dummy_weights(cfg, seed=3)
     params = SamplingParams(temperature=0.8, top_k=20, seed=5)
     want = generate(ReferenceEngine(w, max_seq_len=32), [3, 4, 5], 12, params, eos_ids=()).tokens
-    for call in (1, 7):  # in the prefill, then in the 5th decode step
-        dec = _fallback(w, 32, stuck_call=call)
+    for call in (1, 7):  # in the prefill (token by token: kernel steps 0-2), then in the 5th decode step
+        dec = _fallback(w, 32, stuck_call=call, prefill="stepwise")
         got = generate(dec, [3, 4, 5], 12, params, eos_ids=())
         assert got.tokens == want, call
         assert [f["position"] for f in got.fallbacks] == [0 if call < 3 else call]

@@ -148,13 +148,15 @@ def test_unmeetable_dependency_raises_kernel_stuck_naming_the_task():
     table = e._tables[0][1]
     slot = next(i for i in range(table.shape[1]) if table[0, i, F_OP] == OP_DOWN and table[0, i, F_LAYER] == 1)
     table[0, slot, F_NEED] += 1  # one increment more than the GATEUP stage ever makes
+    e.prefill(torch.tensor([3]))  # batched in torch: no kernel step yet
     with pytest.raises(KernelStuck, match=r"DOWN layer 1 tile 0 .*program 0.*layer 1 GATEUP"):
-        e.prefill(torch.tensor([3]))
+        e.decode(4)
     with pytest.raises(KernelStuck):  # the engine stays failed until reset
         e.decode(4)
     table[0, slot, F_NEED] -= 1
     e.reset()
     e.prefill(torch.tensor([3]))
+    e.decode(4)
 
 
 def test_timeline_decodes_and_exports():
@@ -221,7 +223,9 @@ def test_generate_keeps_one_step_ahead_and_undoes_it_at_eos():
     assert mk.position == len(PROMPT) + stop  # the launched-ahead step was undone
     after = mk.decode(eos).clone()
     fresh = MegakernelEngine(w, MID, max_seq_len=64)
-    fresh.prefill(torch.tensor(PROMPT + full[:stop]))
+    fresh.prefill(torch.tensor(PROMPT))
+    for tok in full[:stop]:  # the same history through the same steps (the prompt batched, the rest decoded)
+        fresh.decode(tok)
     assert torch.equal(after, fresh.decode(eos))
     # without EOS every launched step is read: nothing left queued, position = prompt + tokens - 1
     mk2 = MegakernelEngine(w, MID, max_seq_len=64)

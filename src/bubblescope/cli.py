@@ -16,6 +16,9 @@ from .errors import BubblescopeError, path_error
 from .wording import count
 
 TUNED_FILE = "a tuned file from `bubblescope tune --save`"
+PREFILL_HELP = ("Megakernel engines' prefill: batched (default: the prompt through batched GEMMs and attention, its "
+                "K/V written into the kernel's cache, then decode in the kernel) or stepwise (one decode launch per "
+                "prompt token, the ablation). Other engines always prefill in one forward.")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profile and diagnose batch-size-1 LLM decode: bubbles, launches, bandwidth.")
@@ -155,11 +158,12 @@ def generate(
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)."),
     tuning: Optional[str] = typer.Option(None, parser=_as_typed, help="Tuned file from `bubblescope tune --save`: "
                                          "the megakernel takes the entry for prompt + new tokens."),
+    prefill: Optional[str] = typer.Option(None, help=PREFILL_HELP),
 ):
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     import torch
 
-    from .engines import build_engine, prepare_triton, unavailable_before_load
+    from .engines import build_engine, check_prefill, prepare_triton, unavailable_before_load
     from .generation import SamplingParams, TextStream
     from .generation import generate as run
     from .models import load_model, parse_dtype, resolve_device
@@ -190,6 +194,7 @@ def generate(
         raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
     if why := unavailable_before_load(name, dev):  # said before the model loads, naming the option that chose it
         raise BubblescopeError(f"--mode {mode}: {why}" if name != engine else f"--engine {engine}: {why}")
+    check_prefill(prefill, name)
     loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
     cfg, tok = loaded.config, loaded.tokenizer
     for warning in loaded.warnings + ([tuned.check_model(cfg)] if tuned is not None else []):
@@ -225,7 +230,7 @@ def generate(
     mk_params, picked = engine_params(tuned, name, max_seq, dev.type)
     if picked:
         typer.echo(describe_pick(picked, name), err=True)
-    dec = build_engine(name, loaded.weights, max_seq, params=mk_params)
+    dec = build_engine(name, loaded.weights, max_seq, params=mk_params, prefill=prefill)
     from .fallback import describe
     for line in describe(dec):
         typer.echo(line, err=True)
@@ -284,6 +289,7 @@ def diagnose_model(
                                   "kernels with Nsight Compute (ncu), in a subprocess."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks: runs the reference engine on N local "
                            "processes through torchrun and writes tp.json plus one trace per rank."),
+    prefill: Optional[str] = typer.Option(None, help=PREFILL_HELP),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
@@ -305,15 +311,16 @@ def diagnose_model(
 
         raise typer.Exit(launch_tp(tp, **tp_options(
             engines=engines, context_sweep=context_sweep, device=device, tuning=tuning, counters=counters,
-            model=model, checkpoint=checkpoint, prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup,
-            profile_steps=profile_steps, dtype=dtype, out=str(out), seed=seed, command=command_line(), format=fmt)))
+            prefill=prefill, model=model, checkpoint=checkpoint, prompt_len=prompt_len, gen_len=gen_len, runs=runs,
+            warmup=warmup, profile_steps=profile_steps, dtype=dtype, out=str(out), seed=seed, command=command_line(),
+            format=fmt)))
     names = [e.strip() for e in engines.split(",") if e.strip()] if engines is not None else None
     if names == []:  # "--engines ''" or ",,": not the same as leaving the option out (every engine)
         raise BubblescopeError(f"--engines: no engine names in {engines!r}; see `bubblescope engines`")
     results = diagnose(model, checkpoint=checkpoint, engines=names, prompt_len=prompt_len, gen_len=gen_len,
                        runs=runs, warmup=warmup, context_sweep=sweep, dtype=dtype, device=device, out=out,
                        profile_steps=profile_steps, seed=seed, progress=fmt == "text", command=command_line(),
-                       tuning=tuning, counters=counters)
+                       tuning=tuning, counters=counters, prefill=prefill)
     if fmt == "json":
         sys.stdout.write(results.to_json())
     else:
@@ -599,6 +606,7 @@ def tune(
                                        "(for --tuning)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
     list_knobs: bool = typer.Option(False, "--list", help="List each tunable engine's knobs and exit."),
+    prefill: Optional[str] = typer.Option(None, help=PREFILL_HELP),
 ):
     """One-knob tuning curve: latency, % of peak, wait ratio and compiled resources per value and context."""
     import json
@@ -623,7 +631,8 @@ def tune(
     save = _file(save, "--save", "the tuned file to write", write=True)  # before minutes of measuring
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
-                   device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out)
+                   device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out,
+                   prefill=prefill)
     for note in doc["notes"]:  # values given twice, measured once
         typer.echo(f"note: {note}", err=True)
     if not any(r["status"] == "ok" for r in doc["rows"]):  # nothing measured: an error, and --out as it was

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from . import __version__
-from .engines import build_engine, default_engines, get_engine_spec, prepare_triton, unavailable_before_load
+from .engines import (build_engine, check_prefill, default_engines, get_engine_spec, prepare_triton, takes_prefill,
+                      unavailable_before_load)
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck, OutputNotWritten
 from .generation import SamplingParams, generate, random_ids, teacher_forced_logits
 from .models import find_model_file, load_model, parse_dtype, resolve_device
@@ -209,7 +210,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
              context_sweep: list[int] | None = None, dtype: str | None = None, device: str | None = None,
              out: str | Path = "bubblescope-out", profile_steps: int = 8, seed: int = 0,
              progress: bool = False, command: str | None = None, write: bool = True, tuning: str | None = None,
-             counters: bool = False):
+             counters: bool = False, prefill: str | None = None):
     """Measure ``model`` on each engine and return a :class:`~bubblescope.reports.results.Results`.
 
     Defaults: on a GPU, ``llama-3.2-1b`` with dummy bfloat16 weights, prompt 128, 128 new tokens, context
@@ -222,13 +223,16 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     megakernel engines take the entry for prompt + generated length, recorded in their entry's ``tuning``.
     ``counters``: also read each ok engine's hardware counters with Nsight Compute
     (``counters.collect_counters``) into the document's ``counters`` section, which says why when it cannot.
+    ``prefill``: the megakernel engines' prefill, ``batched`` (None: the default) or ``stepwise`` (one decode
+    launch per prompt token, the ablation); recorded as ``workload.prefill``; other engines prefill in one forward.
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
             that does not fit the model, an ``out`` that cannot be a directory or written into (refused before
             the model is loaded), a bad tuned file); every engine skipped (nothing written then, see
             :func:`nothing_ran`; before the model is loaded when the device alone rules every engine out,
-            :func:`~bubblescope.engines.unavailable_before_load`).
+            :func:`~bubblescope.engines.unavailable_before_load`); an unknown ``prefill``, or ``stepwise`` when no
+            engine asked for has a prefill choice.
         OutputNotWritten: a trace, results.json or report.html could not be written (disk full, over the file
             size limit): the run stops there, whichever engine was measuring, and ``out`` keeps the previous run.
     """
@@ -247,6 +251,10 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     for n in names:
         if n != "auto":
             get_engine_spec(n, "--engines")
+    check_prefill(prefill)
+    if prefill == "stepwise" and not any(takes_prefill(n) for n in names):  # it would change nothing measured
+        raise BubblescopeError(f"--prefill stepwise: none of the engines ({', '.join(names)}) has a prefill choice; "
+                               "token-by-token prefill is the megakernel engines' ablation")
     prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
     gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
     sweep = sorted(set(context_sweep)) if context_sweep is not None else ([128, 1024, 4096] if on_gpu else [])
@@ -303,7 +311,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                   "weight_bytes": loaded.weights.nbytes(), "dtype": str(tdtype).replace("torch.", ""),
                   "config": cfg.to_hf_dict()},
         "workload": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup": warmup,
-                     "context_sweep": sweep, "seed": seed},
+                     "context_sweep": sweep, "seed": seed, "prefill": prefill or "batched"},
         "engines": [],
         "findings": [],
     }
@@ -314,7 +322,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     with (RunFolder(out) if write else nullcontext()) as stage:
         ctx = dict(doc=doc, loaded=loaded, prompt=prompt, gen_len=gen_len, runs=runs, warmup=warmup, sweep=sweep,
                    max_seq=max_seq, out=stage.stage if write else out, profile_steps=profile_steps, write=write,
-                   seed=seed, tuning=tuned)
+                   seed=seed, tuning=tuned, prefill=prefill)
         counters_args = (model, checkpoint, tuning) if counters else None
         results = _run_engines(names, skips, ctx, progress, auto, counters_args)
         # nothing measured: nothing published, so the previous run's results stay (the staging folder goes
@@ -454,7 +462,8 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
     params, entry["tuning"] = engine_params(ctx["tuning"], name, len(prompt) + ctx["gen_len"], dev.type)
     if entry["tuning"]:
         doc["device"]["notes"].append(describe_pick(entry["tuning"], name))
-    engine = build_engine(name, loaded.weights, ctx["max_seq"], params=params)
+    engine = build_engine(name, loaded.weights, ctx["max_seq"], params=params,
+                          prefill=ctx["prefill"] if takes_prefill(name) else None)
     bar.update(f"{name}: warm-up")
     for _ in range(ctx["warmup"]):
         generate(engine, prompt, ctx["gen_len"], eos_ids=())
@@ -573,7 +582,8 @@ def _tmpdir() -> str:
 
 
 def _sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, seed: int) -> dict:
-    """Median decode-step time (ms, host wall, token on the host) at ``context`` positions of KV cache."""
+    """Median decode-step time (ms, host wall, token on the host) at ``context`` positions of KV cache, and
+    ``ttft_ms``: the time to first token of that generation (the prefill of a ``context``-token prompt, ms)."""
     from .profiler.traffic import bandwidth, step_traffic
 
     gen = torch.Generator().manual_seed(seed + context)
@@ -582,7 +592,8 @@ def _sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, see
     p50 = _percentile(res.token_ms, 50)
     traffic = step_traffic(cfg, dtype_bytes, context + SWEEP_STEPS // 2)
     bw = bandwidth(traffic["total_bytes"], p50, dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
-    return {"context": context, "token_ms_p50": p50, "bytes_per_step": traffic["total_bytes"],
+    return {"context": context, "token_ms_p50": p50, "ttft_ms": res.ttft_ms,
+            "bytes_per_step": traffic["total_bytes"],
             "kv_bytes_per_step": traffic["kv_read_bytes"] + traffic["kv_write_bytes"],
             "effective_GBps": bw["effective_GBps"], "util_peak": bw["util_peak"]}
 

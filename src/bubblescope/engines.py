@@ -21,16 +21,20 @@ if TYPE_CHECKING:  # listing engines must not import torch (seconds); building o
 
 TRITON_MISSING = "the megakernel needs Triton, which is not installed"
 TRANSFORMERS_MISSING = "engine hf needs transformers, which is not installed"
+PREFILL_MODES = ("batched", "stepwise")  # megakernel_engine.prefill.PREFILL_MODES, without importing torch
 
 
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
     description: str
-    build: Callable[..., object]   # (weights, max_seq_len, params=None) -> Decoder
+    build: Callable[..., object]   # (weights, max_seq_len, params=None[, prefill=None]) -> Decoder
     # (device) -> why the engine cannot run on that device whatever the model, or None; the same words as
     # ``build`` raises then
     unavailable: Callable[..., str | None] = lambda device: None
+    # ``build`` takes ``prefill=`` (batched | stepwise): the megakernel engines, whose token-by-token prefill is
+    # an ablation; every other engine prefills the prompt in one batched forward
+    prefill: bool = False
 
 
 def _missing(module: str, reason: str):
@@ -88,12 +92,12 @@ def _no_params(name: str, params) -> None:
 
 
 def _megakernel(variant: str, impl: str, name: str):
-    def build(weights: ModelWeights, max_seq_len: int, params=None):
+    def build(weights: ModelWeights, max_seq_len: int, params=None, prefill: str | None = None):
         # Triton's presence was checked by the spec (find_spec, not an import: on CPU the engine must set
         # TRITON_INTERPRET before Triton's first import).
         from .megakernel_engine import MegakernelEngine
         return MegakernelEngine(weights, params=params, max_seq_len=max_seq_len, variant=variant, impl=impl,
-                                name=name)
+                                name=name, prefill=prefill or "batched")
     return build
 
 
@@ -118,16 +122,20 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
                _missing("transformers", TRANSFORMERS_MISSING)),
     EngineSpec("megakernel", "persistent megakernel, one launch per token: the Gluon kernel on Hopper (a TMA "
                "producer warp streams weights ahead of the compute warps), the Triton kernel elsewhere",
-               _megakernel("fused", "auto", "megakernel"), _needs_triton),
+               _megakernel("fused", "auto", "megakernel"), _needs_triton,
+               prefill=True),
     EngineSpec("megakernel-gluon", "the Gluon megakernel (sm_90): warp-specialized TMA weight ring",
-               _megakernel("fused", "gluon", "megakernel-gluon"), _gluon_unavailable),
+               _megakernel("fused", "gluon", "megakernel-gluon"), _gluon_unavailable,
+               prefill=True),
     EngineSpec("megakernel-triton", "the plain-Triton megakernel: register tiles, L2 prefetch before each wait",
-               _megakernel("fused", "triton", "megakernel-triton"), _needs_triton),
+               _megakernel("fused", "triton", "megakernel-triton"), _needs_triton,
+               prefill=True),
     EngineSpec("megakernel-stages", "the megakernel's task code, one launch per stage (fusion ablation)",
-               _megakernel("stages", "auto", "megakernel-stages"), _needs_triton),
+               _megakernel("stages", "auto", "megakernel-stages"), _needs_triton,
+               prefill=True),
     EngineSpec("megakernel-noprefetch", "the megakernel whose weight loads wait for each task's inputs "
                "(pipelining ablation)", _megakernel("noprefetch", "auto", "megakernel-noprefetch"),
-               _needs_triton),
+               _needs_triton, prefill=True),
 ]}
 
 
@@ -181,23 +189,54 @@ def unavailable_before_load(name: str, device: torch.device, option: str = "--en
     return get_engine_spec(name, option).unavailable(device)
 
 
-def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None):
+def takes_prefill(name: str) -> bool:
+    """Whether engine ``name`` has a prefill choice (``--prefill batched|stepwise``): the megakernel engines and
+    ``auto`` (which may stand for the megakernel). Unknown names: False."""
+    return name == "auto" or (name in ENGINES and ENGINES[name].prefill)
+
+
+def check_prefill(prefill: str | None, name: str | None = None) -> None:
+    """Refuse a ``--prefill`` value that is not a mode, or ``stepwise`` for engine ``name`` when it has no prefill
+    choice (it prefills the prompt in one batched forward: the token-by-token ablation does not exist there, and
+    ignoring it would mislabel the measurement). None and ``batched`` pass for every engine.
+
+    Raises:
+        BubblescopeError: ``--prefill: ...``, naming the mode or the engine.
+    """
+    if prefill is None:
+        return
+    if prefill not in PREFILL_MODES:
+        raise BubblescopeError(f"--prefill: unknown mode {prefill!r}; use one of {', '.join(PREFILL_MODES)}")
+    if prefill == "stepwise" and name is not None and not takes_prefill(name):
+        raise BubblescopeError(f"--prefill stepwise: engine {name} prefills the prompt in one batched forward; "
+                               "token-by-token prefill is the megakernel engines' ablation")
+
+
+def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None, prefill: str | None = None):
     """Build the named engine over ``weights`` with a KV cache of ``max_seq_len`` positions.
 
-    ``params``: ``MegakernelParams`` for a megakernel engine (None: its defaults). ``auto``
+    ``params``: ``MegakernelParams`` for a megakernel engine (None: its defaults). ``prefill``: ``batched`` or
+    ``stepwise`` for an engine that takes it (:func:`takes_prefill`; None: its default, batched); ``batched`` is
+    accepted and ignored by the others, which always prefill in one forward. ``auto``
     (:func:`bubblescope.fallback.build_auto`): the megakernel with a fallback to the reference where it runs
     on a GPU, else the reference; the choice is the decoder's ``auto_choice`` attribute.
 
     Raises:
-        BubblescopeError: unknown engine name, or ``params`` for an engine without any.
+        BubblescopeError: unknown engine name, ``params`` for an engine without any, an unknown prefill mode or
+            ``stepwise`` for an engine without the choice (:func:`check_prefill`).
         EngineUnavailable: the engine cannot run on this machine or this model.
     """
+    if name != "auto":
+        get_engine_spec(name)  # an unknown name is said as such, before its options are judged
+    check_prefill(prefill, name)
     if name == "auto":
         from .fallback import build_auto
-        dec, choice = build_auto(weights, max_seq_len, params=params)
+        dec, choice = build_auto(weights, max_seq_len, params=params, prefill=prefill)
         dec.auto_choice = choice
         return dec
     spec = get_engine_spec(name)
     if why := spec.unavailable(weights.device):  # the rule unavailable_before_load gives, applied here too
         raise EngineUnavailable(why)
+    if spec.prefill:
+        return spec.build(weights, max_seq_len, params=params, prefill=prefill)
     return spec.build(weights, max_seq_len, params=params)

@@ -52,13 +52,15 @@ def choose_auto(weights) -> tuple[str, str]:
     return PRIMARY, f"CUDA device and a model the megakernel supports ({weights.config.name})"
 
 
-def build_auto(weights, max_seq_len: int, params=None):
+def build_auto(weights, max_seq_len: int, params=None, prefill: str | None = None):
     """Build the engine ``auto`` picks, wrapped so that a failing megakernel falls back to the reference.
 
     Args:
         weights: :class:`~bubblescope.models.weights.ModelWeights`.
         max_seq_len: KV-cache positions of either engine.
         params: ``MegakernelParams`` for the megakernel (None: its defaults).
+        prefill: the megakernel's prefill mode, ``batched`` or ``stepwise`` (None: batched); the reference, which
+            prefills in one forward, does not take it.
 
     Returns:
         ``(decoder, choice)``: ``choice`` is ``{"engine": name, "reason": one line}``; ``decoder`` is a
@@ -72,7 +74,7 @@ def build_auto(weights, max_seq_len: int, params=None):
     name, reason = choose_auto(weights)
     if name == PRIMARY:
         try:
-            primary = build_engine(PRIMARY, weights, max_seq_len, params=params)
+            primary = build_engine(PRIMARY, weights, max_seq_len, params=params, prefill=prefill)
         except EngineUnavailable as e:  # e.g. a kernel that cannot keep one program per SM resident
             name, reason = BACKUP, f"the megakernel could not be built here ({_one_line(e)})"
         except BubblescopeError:  # bad input (invalid --tuning params): the user's to fix, not a fallback

@@ -41,7 +41,8 @@ def check_split(model: str | None, checkpoint: str | None, world_size: int) -> N
 
 
 def tp_options(engines: str | None = None, context_sweep: str | None = None, device: str | None = None,
-               tuning: str | os.PathLike | None = None, counters: bool = False, **kwargs) -> dict:
+               tuning: str | os.PathLike | None = None, counters: bool = False, prefill: str | None = None,
+               **kwargs) -> dict:
     """Map ``diagnose model``'s options onto :func:`tp_diagnose`'s keyword arguments (``kwargs`` pass through),
     refusing those the tensor-parallel run cannot honour rather than dropping them.
 
@@ -50,8 +51,8 @@ def tp_options(engines: str | None = None, context_sweep: str | None = None, dev
 
     Raises:
         BubblescopeError: one line naming the option: another engine, a context sweep, ``--tuning`` (it tunes
-            megakernel engines), ``--counters`` (Nsight Compute profiles one process), ``--device cuda:N`` or a
-            device this machine lacks.
+            megakernel engines), ``--counters`` (Nsight Compute profiles one process), ``--prefill stepwise`` (the
+            megakernel's ablation), ``--device cuda:N`` or a device this machine lacks.
     """
     from .models import resolve_device
 
@@ -67,6 +68,11 @@ def tp_options(engines: str | None = None, context_sweep: str | None = None, dev
     if counters:
         raise BubblescopeError("--counters: not supported with --tp (Nsight Compute profiles one process); run "
                                "without --tp to read hardware counters")
+    from .engines import check_prefill
+    check_prefill(prefill)  # an unknown mode
+    if prefill == "stepwise":
+        raise BubblescopeError("--prefill stepwise: not supported with --tp (token-by-token prefill is the megakernel "
+                               "engines' ablation; --tp runs the reference engine, which prefills in one forward)")
     device = None if device in (None, "auto") else device
     if device is not None:
         dev = resolve_device(device)  # a bad name, cpu:N or a missing GPU raise here

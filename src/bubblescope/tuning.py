@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import statistics
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = None, engine: str = "megakernel",
          checkpoint: str | None = None, device: str | None = None, dtype: str | None = None,
          steps: int | None = None, base: dict | None = None, seed: int = 0, command: str | None = None,
-         on_row=None, out: str | Path | None = None) -> dict:
+         on_row=None, out: str | Path | None = None, prefill: str | None = None) -> dict:
     """Measure ``engine`` on ``model`` once per value of ``knob``; returns the ``bubblescope.tune/1`` document.
 
     Args:
@@ -155,10 +156,12 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         out: a directory the results will be written to, checked before minutes of measuring.
         base: other parameter fields to hold fixed (default: the engine's defaults for the device).
         on_row: called with each finished row (progress).
+        prefill: the engine's prefill of each context's prompt, ``batched`` (None: the default) or ``stepwise``
+            (one decode launch per prompt token); recorded as ``prefill``. Decode steps are timed either way.
 
     Returns:
         ``{"schema", "created", "command", "engine", "knob", "family", "values", "contexts", "steps",
-        "device": {type, name, nvml_peak_GBps}, "model": {name, source, dtype}, "base_params", "rows",
+        "device": {type, name, nvml_peak_GBps}, "model": {name, source, dtype}, "base_params", "prefill", "rows",
         "notes", "best"}``; ``values`` without repeats and ``notes`` saying which were left out
         (:func:`unique_values`); a row is ``{"value", "text", "status": ok|invalid|failed, "reason", "compile",
         "points": [{context, token_ms_p50, token_ms_p99, effective_GBps, util_peak,
@@ -166,16 +169,17 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         value with the lowest p50 (``tuned.best_per_context``).
 
     Raises:
-        BubblescopeError: unknown engine, knob, model, dtype or device; an engine the device rules out (before
-            the model loads); no values; a context below 1 or beyond the model's positions.
+        BubblescopeError: unknown engine, knob, model, dtype, device or prefill mode; an engine the device rules
+            out (before the model loads); no values; a context below 1 or beyond the model's positions.
     """
-    from .engines import build_engine, prepare_triton, unavailable_before_load
+    from .engines import build_engine, check_prefill, prepare_triton, unavailable_before_load
     from .generation import random_ids
     from .models import load_model, parse_dtype, resolve_device
     from .profiler.hardware import device_info
     from .tuned import best_per_context
 
     spec = _knob(engine, knob)
+    check_prefill(prefill, engine)
     if not values:
         raise BubblescopeError("--values: no values given")
     values, notes = unique_values(spec, values)
@@ -214,7 +218,8 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     reference = _reference_checker(loaded.weights, max_seq)
     rows = []
     for text in values:
-        row = _row(text, spec, engine, base_params, loaded, max_seq, prompts, steps, peak, reference, build_engine)
+        build = functools.partial(build_engine, prefill=prefill) if prefill else build_engine
+        row = _row(text, spec, engine, base_params, loaded, max_seq, prompts, steps, peak, reference, build)
         rows.append(row)
         if on_row:
             on_row(row)
@@ -225,6 +230,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
            "model": {"name": cfg.name, "source": loaded.source, "dtype": str(tdtype).replace("torch.", ""),
                      "config_sha256": cfg.config_sha256()},
            "base_params": {k: v for k, v in dataclasses.asdict(base_params).items() if k != knob},
+           "prefill": prefill or "batched",
            "rows": rows, "notes": notes}
     doc["best"] = best_per_context(doc)
     return doc

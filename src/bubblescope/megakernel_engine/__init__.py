@@ -3,8 +3,9 @@
 Two kernel implementations, one room each, over one shared host side:
 
 * shared: ``schedule`` (task graph → instruction table), ``packing`` (kernel weight layout), ``residency``
-  (grid sizing), ``engine`` (the Decoder, implementation choice), ``timeline`` (intra-kernel timestamps),
-  ``interpreter`` (plain-PyTorch oracle of the same table);
+  (grid sizing), ``engine`` (the Decoder, implementation choice), ``prefill`` (the prompt in batched torch ops,
+  written into the kernel's KV cache), ``timeline`` (intra-kernel timestamps), ``interpreter`` (plain-PyTorch
+  oracle of the same table);
 * ``triton_kernel``: the plain-Triton kernel (any CUDA GPU, and the CPU interpreter);
 * ``gluon``: the Hopper kernel in Gluon (warp-specialized TMA weight ring), chosen on sm_90.
 

@@ -11,6 +11,10 @@ counters — the fusion ablation; ``noprefetch`` (``megakernel-noprefetch``): ``
 ahead of a task's dependency (Gluon: the producer waits for the task's inputs; Triton: no L2 prefetch) — the
 pipelining ablation.
 
+Prefill (``prefill``): ``batched`` (default) runs the prompt through batched GEMMs and attention in torch over the
+packed weights (``prefill.py``) and writes its K/V into the kernel's cache, then decoding continues in the kernel;
+``stepwise`` runs one decode launch per prompt token (the ablation).
+
 On a CPU device the Triton kernel runs under Triton's interpreter with one program over the topological
 instruction list (see ``triton_kernel.host.load_kernel`` for the TRITON_INTERPRET side effect); slow, but
 anyone can watch it decode.
@@ -35,6 +39,7 @@ from ..models.weights import ModelWeights
 from . import residency as R
 from .launcher import Launcher
 from .packing import pack_weights
+from .prefill import PREFILL_CHUNK, PREFILL_MODES, BatchedPrefill
 from .schedule import (OPCODE_NAMES, MegakernelParams, build_schedule, num_counters, resolve_tiling,
                        task_weight_bytes)
 from .timeline import IntraKernelTimeline, decode_timeline
@@ -103,19 +108,25 @@ class MegakernelEngine:
         variant: ``fused``, ``stages`` or ``noprefetch``.
         impl: ``auto``, ``gluon`` or ``triton`` (see the module docstring).
         name: the engine name reported (default: the variant's, e.g. ``megakernel``).
+        prefill: ``batched`` (the prompt through batched GEMMs and attention in torch, :mod:`.prefill`, its K/V
+            written into the kernel's cache) or ``stepwise`` (one decode launch per prompt token: the ablation).
+        prefill_chunk: most prompt positions a batched prefill runs through the layers at once.
 
     Raises:
-        BubblescopeError: unknown variant or implementation, or invalid params.
+        BubblescopeError: unknown variant, implementation or prefill mode, or invalid params.
         EngineUnavailable: unsupported device/dtype/shape, ``gluon`` asked for where it cannot run (the reason
             named), Triton in the wrong mode, or a kernel that cannot keep even one program per SM resident.
     """
 
     def __init__(self, weights: ModelWeights, params: MegakernelParams | None = None,
-                 max_seq_len: int | None = None, variant: str = "fused", impl: str = "auto", name: str | None = None):
+                 max_seq_len: int | None = None, variant: str = "fused", impl: str = "auto", name: str | None = None,
+                 prefill: str = "batched", prefill_chunk: int = PREFILL_CHUNK):
         if variant not in VARIANTS:
             raise BubblescopeError(f"megakernel: unknown variant {variant!r}; use one of {', '.join(VARIANTS)}")
         if impl not in IMPLS:
             raise BubblescopeError(f"megakernel: unknown implementation {impl!r}; use one of {', '.join(IMPLS)}")
+        if prefill not in PREFILL_MODES:
+            raise BubblescopeError(f"--prefill: unknown mode {prefill!r}; use one of {', '.join(PREFILL_MODES)}")
         check_supported(weights)
         cfg = self.config = weights.config
         self.device, self.dtype, self.variant = weights.device, weights.dtype, variant
@@ -142,11 +153,13 @@ class MegakernelEngine:
         grid = params.num_programs or self.limits.sms * params.programs_per_sm
         self.tiling = resolve_tiling(cfg, params, grid)
         self.packed = pack_weights(weights, self.tiling, self.max_seq_len)
+        self.prefill_mode = prefill
+        self._batched = BatchedPrefill(cfg, self.packed, self.tiling, prefill_chunk) if prefill == "batched" else None
         self._alloc()
         probe = build_schedule(cfg, params, 1, self.tiling)
         self._info = {"registers": None, "spills": None, "shared_bytes": None, "num_warps": params.num_warps,
                       "programs_per_sm": None, "grid": 1, "interpret": self.interpret, "variant": variant,
-                      "implementation": self.impl, "implementation_reason": self.impl_reason}
+                      "implementation": self.impl, "implementation_reason": self.impl_reason, "prefill": prefill}
         self._launchers = {params.timeline: self._launcher(params.timeline)}
         if not self.interpret:
             info = self._launchers[params.timeline].compile(*self._probe_args(probe))
@@ -261,12 +274,14 @@ class MegakernelEngine:
 
     @torch.inference_mode()
     def prefill(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Run the prompt (T,) one token per launch from position 0; returns float32 logits (V,) of its last
-        position (on GPU a static buffer the next call overwrites; on CPU a copy).
+        """Run the prompt (T,) from position 0; returns float32 logits (V,) of its last position (on GPU a static
+        buffer the next call overwrites; on CPU a copy). Decoding continues at position T.
 
-        Why a loop of decode steps: the megakernel owns its KV-cache layout (layer, kv head, position,
-        head_dim) and this package must not depend on the reference engine, so there is no batched prompt
-        path; T launches of the step kernel fill the cache exactly as decoding would.
+        ``batched`` (default): the whole prompt through batched GEMMs and attention in torch
+        (:class:`.prefill.BatchedPrefill`), its K/V written into the kernel's cache (L, n_kv, S, D); the logits
+        come from the same torch path (final norm + LM head of position T-1) and the greedy token the next
+        ``launch_greedy(None)`` reads is their argmax, as after a kernel step. ``stepwise``: T launches of the
+        decode kernel, which fill the cache exactly as decoding would (the ablation).
 
         Raises:
             BubblescopeError: empty prompt, a prompt longer than the KV cache, or a token id outside the vocabulary.
@@ -283,8 +298,19 @@ class MegakernelEngine:
             raise BubblescopeError(f"prompt: token id {lo if lo < 0 else hi} outside the vocabulary of "
                                    f"{self.config.vocab_size}")
         self.reset()
-        for tok in ids.tolist():
-            self._step(int(tok))
+        if self._batched is None:
+            for tok in ids.tolist():
+                self._step(int(tok))
+            return self._out()
+        self._logits.copy_(self._batched.run(ids, self.k_cache, self.v_cache))
+        # The state a kernel step leaves (position, epoch, input token, greedy token), on the device without a
+        # sync: position T; epoch 0 (no launch ran, the counters are still at 0 from reset); the argmax (first
+        # maximum, as the kernel's pick) as the token a launch_greedy(None) decodes next.
+        best = torch.argmax(self._logits).to(torch.int32).view(1)
+        self._state[0:1].fill_(t)
+        self._state[2:4].copy_(best.expand(2))
+        self._err[ERR_TOKEN:ERR_TOKEN + 1].copy_(best)
+        self.position = t
         return self._out()
 
     @torch.inference_mode()

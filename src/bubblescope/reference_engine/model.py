@@ -4,7 +4,8 @@ One ``forward(tokens, input_pos)`` serves prefill (T tokens) and decode (T = 1):
 written into the static cache at ``input_pos`` and attention runs over the whole cache under a mask, so
 the decode step has fixed shapes and no host sync (CUDA-graph capturable). Numerics follow transformers'
 ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``: RMSNorm in float32 then cast back,
-RoPE applied in the activation dtype with rotate_half, GQA by repeating KV heads.
+RoPE applied in the activation dtype with rotate_half, GQA by repeating KV heads (``bubblescope.torch_ops``, shared
+with the megakernel's batched prefill).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from ..models.config import ModelConfig, rope_inv_freq
 from ..models.weights import ModelWeights
+from ..torch_ops import apply_rope, repeat_kv, rms_norm
 
 
 class KVCache(nn.Module):
@@ -31,18 +33,6 @@ class KVCache(nn.Module):
         self.k_cache.index_copy_(2, input_pos, k)
         self.v_cache.index_copy_(2, input_pos, v)
         return self.k_cache, self.v_cache
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm (Zhang & Sennrich 2019) as transformers' LlamaRMSNorm: float32 statistics, cast back, scale."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Layer(nn.Module):
@@ -71,13 +61,11 @@ class Layer(nn.Module):
         q = q.transpose(0, 1).unsqueeze(0)                                         # (1, nh, T, D)
         k = k.transpose(0, 1).unsqueeze(0)                                         # (1, nkv, T, D)
         v = v.transpose(0, 1).unsqueeze(0)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         k_all, v_all = self.kv_cache.update(input_pos, k, v)                       # (1, nkv, S, D)
-        g = c.gqa_group
-        if g > 1:
-            k_all = k_all.repeat_interleave(g, dim=1)                              # (1, nh, S, D)
-            v_all = v_all.repeat_interleave(g, dim=1)
+        k_all = repeat_kv(k_all, c.gqa_group)                                      # (1, nh, S, D)
+        v_all = repeat_kv(v_all, c.gqa_group)
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)       # (1, nh, T, D)
         y = y.squeeze(0).transpose(0, 1).reshape(T, c.q_size)
         x = x + self.reduce(F.linear(y, self.o_proj))

@@ -84,8 +84,8 @@ _CORRECTNESS = {"reference?": "str", "steps?": "int", "token_agreement?": "frac"
                 "max_abs_logit_diff?": "num", "rel_logit_err?": "num",
                 "kl_vs_fp32??": "num", "nll??": "num", "nll_fp32??": "num", "ref_kl_vs_fp32??": "num",
                 "ref_nll??": "num", "fidelity_matched??": "bool"}
-_SWEEP_ROW = {"context": "int", "token_ms_p50?": "pos", "bytes_per_step?": "pos", "kv_bytes_per_step?": "num",
-              "effective_GBps?": "pos", "util_peak?": "num"}
+_SWEEP_ROW = {"context": "int", "token_ms_p50?": "pos", "ttft_ms??": "pos", "bytes_per_step?": "pos",
+              "kv_bytes_per_step?": "num", "effective_GBps?": "pos", "util_peak?": "num"}
 _ENGINE = {
     "name": "str", "description": "str", "status": ("ok", "skipped", "failed"), "reason?": "str",
     "latency?": _LATENCY, "bandwidth?": _BANDWIDTH, "timeline?": _TIMELINE, "intrakernel?": _INTRAKERNEL,
@@ -110,7 +110,7 @@ _DOCUMENT = {
     "model": {"name": "str", "source": ("dummy", "hf", "llama2c"), "path?": "str", "parameters?": "int",
               "weight_bytes?": "int", "dtype": "str", "config?": "dict"},
     "workload": {"prompt_len": "int", "gen_len": "int", "runs": "int", "warmup": "int",
-                 "context_sweep": "list[int]", "seed?": "int"},
+                 "context_sweep": "list[int]", "seed?": "int", "prefill??": ("batched", "stepwise")},
     "engines": [_ENGINE],
     "findings": [_FINDING],
     "ladder??": [_LADDER_ROW],

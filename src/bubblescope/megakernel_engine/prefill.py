@@ -1,0 +1,109 @@
+"""Batched prefill for the megakernel: the whole prompt through batched matrix multiplies and scaled-dot-product
+attention in torch, its keys and values written straight into the megakernel's KV cache; decoding then continues
+in the kernel.
+
+Why: one decode launch per prompt token streams every weight once per token, so a 128-token prompt costs 128 decode
+steps (117 ms against 16 ms for ``reference-compile`` on Llama-3.2-1B bf16, H100). A prompt is compute-bound work
+that batched GEMMs do well; published megakernels (Hazy's, Mirage MPK) also prefill with batched GEMMs and decode in
+the megakernel.
+
+What it reads and writes: the kernel's own packed weights (:mod:`.packing`; no second unpacked copy is kept):
+``wqkv``'s rows are in RoPE pair order and ``wgu`` interleaves gate and up blocks with zero padding, so the GEMM
+outputs are gathered back into natural order by fixed column indices (a copy of (T, Q + 2·KV) and (T, 2·I)
+activations, small next to the GEMMs). The KV cache is the kernel's, (L, n_kv, S, D) in the activation dtype, keys
+after q/k-norm (Qwen3) and RoPE, exactly what the kernel's QKV (or, with ``qk_norm_attn``, ATTN) task stores. The
+math is ``bubblescope.torch_ops``' (the reference engine's): RMSNorm statistics in float32, RoPE rotate_half in the
+activation dtype from the kernel's own cos/sin tables, GQA, Qwen2 biases, llama3 RoPE scaling (in the tables).
+
+Long prompts run in chunks of at most ``chunk`` positions: each chunk goes through every layer, attending to the
+keys the earlier chunks left in the cache and its own (prefix-causal), so memory is bounded by the chunk, not the
+prompt.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..models.config import ModelConfig
+from ..torch_ops import apply_rope, prefix_causal_attention, rms_norm
+from .packing import PackedWeights, gateup_rows, qk_permutation
+from .schedule import Tiling
+
+PREFILL_CHUNK = 2048  # positions per chunk: (T, 2·I) activations of an 8B model are 117 MB in bf16 at 2048
+PREFILL_MODES = ("batched", "stepwise")
+
+
+class BatchedPrefill:
+    """The prompt's forward pass over the megakernel's packed weights, writing its KV cache.
+
+    Args:
+        cfg: the model's config.
+        packed: the engine's packed weights (kept by reference, not copied).
+        tiling: the tiling they were packed with (the QKV pair blocks ``hb`` and gate/up blocks ``gb``).
+        chunk: most positions run through the layers at once (bounded memory).
+
+    Raises:
+        ValueError: ``chunk`` below 1.
+    """
+
+    def __init__(self, cfg: ModelConfig, packed: PackedWeights, tiling: Tiling, chunk: int = PREFILL_CHUNK):
+        if chunk < 1:
+            raise ValueError(f"prefill chunk must be at least 1 position, got {chunk}")
+        self.cfg, self.packed, self.chunk = cfg, packed, int(chunk)
+        dev = packed.wqkv.device
+        # packed = W[perm]: row r of the natural [q; k; v] stack is packed row argsort(perm)[r], and so is its
+        # column in the GEMM's output
+        perm = qk_permutation(cfg.q_size + 2 * cfg.kv_size, cfg.head_dim, tiling.hb)
+        self._qkv_cols = torch.argsort(perm).to(dev)                             # (Q + 2KV,)
+        g_rows, u_rows = gateup_rows(cfg.intermediate_size, tiling.gb)
+        self._gate_cols, self._up_cols = g_rows.to(dev), u_rows.to(dev)          # (I,) each
+
+    @torch.inference_mode()
+    def run(self, ids: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Prefill positions ``0 .. T-1`` with ``ids``.
+
+        Args:
+            ids: LongTensor (T,) on the weights' device, every id in ``[0, vocab_size)`` (checked by the caller).
+            k_cache, v_cache: (L, n_kv, S, D) activation dtype, ``S >= T``; positions ``[0, T)`` are overwritten.
+
+        Returns:
+            float32 (V,): logits of position T-1 (final RMSNorm + LM head of its hidden state, rounded to the
+            activation dtype as the kernel's LM-head tasks round them).
+        """
+        x = None
+        for s in range(0, ids.numel(), self.chunk):
+            x = self._chunk(ids[s:s + self.chunk], s, k_cache, v_cache)
+        p = self.packed
+        h = rms_norm(x[-1:], p.final_norm, self.cfg.rms_norm_eps)                # (1, H)
+        return F.linear(h, p.lm_head)[0].float()                                 # (V,)
+
+    def _chunk(self, ids: torch.Tensor, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Positions ``start .. start + T - 1`` through every layer; returns their last hidden states (T, H)."""
+        c, p = self.cfg, self.packed
+        t, end, d, eps = ids.numel(), start + ids.numel(), c.head_dim, c.rms_norm_eps
+        nh, nkv = c.num_attention_heads, c.num_key_value_heads
+        x = F.embedding(ids, p.embed)                                            # (T, H)
+        half_cos, half_sin = p.cos[start:end], p.sin[start:end]                  # (T, D/2) float32
+        cos = torch.cat((half_cos, half_cos), -1).to(x.dtype)                    # (T, D), cast at use as the kernel
+        sin = torch.cat((half_sin, half_sin), -1).to(x.dtype)
+        for layer in range(c.num_hidden_layers):
+            h = rms_norm(x, p.anorm[layer], eps)
+            bias = p.bqkv[layer] if p.bqkv is not None else None
+            qkv = F.linear(h, p.wqkv[layer], bias)[:, self._qkv_cols]            # (T, Q + 2KV), natural order
+            q = qkv[:, :c.q_size].view(t, nh, d)
+            k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, nkv, d)
+            v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, d)
+            if p.qknorm is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
+                q = rms_norm(q, p.qknorm[layer, 0], eps)
+                k = rms_norm(k, p.qknorm[layer, 1], eps)
+            q = apply_rope(q.transpose(0, 1), cos, sin)                           # (nh, T, D)
+            k_cache[layer, :, start:end] = apply_rope(k.transpose(0, 1), cos, sin)  # (nkv, T, D)
+            v_cache[layer, :, start:end] = v.transpose(0, 1)
+            y = prefix_causal_attention(q, k_cache[layer, :, :end], v_cache[layer, :, :end], c.gqa_group)
+            x = x + F.linear(y.transpose(0, 1).reshape(t, c.q_size), p.wo[layer])  # (T, H)
+            h = rms_norm(x, p.mnorm[layer], eps)
+            gu = F.linear(h, p.wgu[layer])                                       # (T, 2·I_pad), packed blocks
+            act = F.silu(gu[:, self._gate_cols]) * gu[:, self._up_cols]          # (T, I)
+            x = x + F.linear(act, p.wdown[layer])
+        return x
