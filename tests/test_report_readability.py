@@ -352,5 +352,6 @@ def test_a_long_engine_name_stays_on_one_line_of_the_latency_table():
     row = next(line for line in lines if line.startswith("megakernel-noprefetch  123.457"))
     assert row.split() == ["megakernel-noprefetch", "123.457", "234.567", "8.1", "1234.567", "3107", "64.5", "%",
                            "72.9", "%"]
-    assert sum(line.split()[:1] == ["megakernel-noprefetch"] for line in lines) == 2  # both tables, no "h" line
+    # the latency, timeline and sweep tables, no "h" line
+    assert sum(line.split()[:1] == ["megakernel-noprefetch"] for line in lines) == 3
     assert not any(line.strip() in ("h", "dagraph") for line in lines)
