@@ -60,25 +60,30 @@ def break_points(text: str, width: int) -> list[tuple[int, int]]:
 
 class Wrapped:
     """A rich renderable: ``text`` (a str or a styled :class:`~rich.text.Text`) wrapped at the console's width by
-    :func:`break_points`, continuation lines indented by ``hang`` spaces."""
+    :func:`break_points`, every line indented by ``indent`` spaces and continuation lines by ``hang`` more."""
 
-    def __init__(self, text: Text | str, hang: int = 0, style: str = "") -> None:
+    def __init__(self, text: Text | str, hang: int = 0, style: str = "", indent: int = 0) -> None:
         self.text = text if isinstance(text, Text) else Text(str(text), style=style)
-        self.hang = hang
+        self.hang, self.indent = hang, indent
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = options.max_width
+        width = max(1, options.max_width - self.indent)
         first = True
         for start, end in _lines(self.text.plain, width, self.hang):
             line = self.text[start:end]
-            if not first and self.hang:
-                line = Text(" " * self.hang) + line
+            pad = self.indent + (self.hang if not first else 0)
+            if pad:  # spaces before the line, none after it (rich's Padding fills lines to the full width)
+                line = Text(" " * pad) + line
             line.no_wrap, line.overflow, line.end = True, "crop", "\n"
             first = False
             yield line
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(min(len(self.text.plain), 1), min(len(self.text.plain), options.max_width))
+        # narrowest: the longest word (a number with its unit is one); widest: the text on one line
+        plain = glue_units(self.text.plain)
+        longest = max((len(w) for w in _WORD.findall(plain)), default=0) + self.indent + self.hang
+        widest = max((len(line) for line in plain.split("\n")), default=0) + self.indent
+        return Measurement(min(longest, options.max_width), min(widest, options.max_width))
 
 
 def _lines(plain: str, width: int, hang: int) -> list[tuple[int, int]]:

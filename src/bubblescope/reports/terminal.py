@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console, Group
-from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -46,8 +45,8 @@ def findings_group(findings: list[dict], subject, legend: list[tuple[str, str]])
         parts.append(Wrapped(Text.assemble((f"{sev.upper():7s}", _SEVERITY_STYLE.get(sev, "bold")), " ",
                                            (str(subject(f) or tables.MISSING), "bold"), ": ", str(f.get("title"))),
                              hang=8))
-        parts.append(Padding(Wrapped(f"evidence: {tables.evidence_text(f.get('evidence'))}", hang=2), (0, 0, 0, 2)))
-        parts.append(Padding(Wrapped(f"action: {f.get('advice')}", hang=2), (0, 0, 0, 2)))
+        parts.append(Wrapped(f"evidence: {tables.evidence_text(f.get('evidence'))}", hang=2, indent=2))
+        parts.append(Wrapped(f"action: {f.get('advice')}", hang=2, indent=2))
     parts.append(Wrapped(Text("severity: " + "; ".join(f"{k} = {v}" for k, v in legend), style="dim")))
     return Group(*parts)
 
@@ -102,18 +101,18 @@ def render_results(results: Results | dict, console: Console) -> None:
     if tiles:  # the tile shapes and matvec chosen for this model (they follow its config)
         console.print(Text("Kernels and tiles", style="bold"))
         for name, line in tiles:
-            console.print(Padding(Wrapped(f"{name}: {line}", hang=2), (0, 0, 0, 2)))
+            console.print(Wrapped(f"{name}: {line}", hang=2, indent=2))
     feeds = [(e["name"], tables.stream_feed_line(e.get("intrakernel"))) for e in doc["engines"]]
     feeds = [(name, line) for name, line in feeds if line]
     if feeds:  # where the HBM weight stream idles inside the megakernel (Gluon kernel only)
         console.print(Text("Weight stream fed (tiles issued, median over layers)", style="bold"))
         for name, line in feeds:
-            console.print(Padding(Wrapped(f"{name}: {line}", hang=2), (0, 0, 0, 2)))
+            console.print(Wrapped(f"{name}: {line}", hang=2, indent=2))
     skipped = tables.not_run(doc)
     if skipped:
         console.print(Text("Engines not run", style="bold"))
         for name, status, reason in skipped:
-            console.print(Padding(Wrapped(f"{name}: {status} — {reason}", hang=2), (0, 0, 0, 2)))
+            console.print(Wrapped(f"{name}: {status} — {reason}", hang=2, indent=2))
     if doc.get("counters") is not None:
         console.print(counters_renderable(doc["counters"]))
     if doc.get("findings"):

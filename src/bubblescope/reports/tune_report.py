@@ -9,11 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import tables
+from .layout import Wrapped
 from ..wording import count
 
 # Headers break over two lines so that all twelve columns fit an 80-column terminal.
 COLUMNS = ("value", "context", "p50\nms", "p99\nms", "%\npeak", "wait", "agree", "regs", "spills", "smem\nB",
            "progs\n/SM", "grid")
+
+
+def show_value(value) -> str:
+    """A parameter value as ``tune --list`` and the tune page print it: None (the kernel chooses) as ``auto``, an
+    empty string as ``""``."""
+    return "auto" if value is None else '""' if value == "" else str(value)
 
 
 def cliff(row: dict) -> str | None:
@@ -82,14 +89,38 @@ def render_tune(doc: dict, console) -> None:
     for value, status, reason in not_run(doc):
         console.print(f"{doc['knob']}={value}: {status}: {reason}", markup=False, highlight=False, soft_wrap=True)
     for b in doc["best"]:
-        console.print(f"best at context {b['context']}: {doc['knob']}={b['text']} "
-                      f"({tables.fmt(b['token_ms_p50'], 'ms')} ms/token p50)", soft_wrap=True)
+        console.print(Wrapped(best_line(doc, b), hang=2))
     for r in doc["rows"]:
         if cliff(r):
             console.print(f"cliff: {doc['knob']}={r['text']}: {cliff(r)}", soft_wrap=True)
     if ran_on_cpu(doc):
         console.print("CPU run: the megakernel ran under Triton's interpreter; its timings measure the interpreter, "
                       "and % of peak, registers and residency need a GPU")
+
+
+def best_line(doc: dict, b: dict) -> str:
+    """What one entry of ``doc["best"]`` (:func:`~bubblescope.tuned.best_per_context`) allows to be said: "best"
+    only when the lowest p50's lead over the next value exceeds the noise of its own samples; "within noise" when it
+    does not; "lowest p50" when the noise or a second value is not known."""
+    knob, ms = doc["knob"], tables.fmt(b["token_ms_p50"], "ms")
+    head = f"context {b['context']}: {knob}={b['text']} ({ms} ms/token p50)"
+    lead, noise, nxt = b.get("lead_ms"), b.get("noise_ms"), b.get("runner_up")
+    if nxt is None:
+        return f"lowest p50 at {head}: the only value that ran, nothing to rank it against"
+    gap = f"{tables.fmt(lead, 'ms')} ms ahead of {knob}={nxt}"
+    if noise is None:
+        return f"lowest p50 at {head}, {gap}; its samples' spread was not recorded, so no value is called best"
+    spread = f"the spread of its own samples (IQR {tables.fmt(noise, 'ms')} ms)"
+    if b.get("within_noise"):
+        return f"within noise at {head}: {gap}, no more than {spread}; no value is best"
+    return f"best at {head}: {gap}, more than {spread}"
+
+
+def best_verdict(b: dict) -> str:
+    """One word or two for the tune page's table: "best", "within noise" or "lowest p50" (see :func:`best_line`)."""
+    if b.get("runner_up") is None or b.get("noise_ms") is None:
+        return "lowest p50"
+    return "within noise" if b.get("within_noise") else "best"
 
 
 def tune_figure(doc: dict):
@@ -131,10 +162,13 @@ def render_tune_html(doc: dict) -> str:
     return render_template(
         "tune.html.j2", title=title(doc), command=doc["command"], created=doc["created"], headers=COLUMNS,
         rows=rows(doc), not_run=not_run(doc),
-        plot=png_uri(tune_figure(doc)), best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"))
-                                              for b in doc["best"]],
+        plot=png_uri(tune_figure(doc)),
+        best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"), b.get("runner_up") or tables.MISSING,
+               tables.fmt(b.get("lead_ms"), "ms"), tables.fmt(b.get("noise_ms"), "ms"), best_verdict(b),
+               best_line(doc, b)) for b in doc["best"]],
         cliffs=[(r["text"], cliff(r)) for r in doc["rows"] if cliff(r)], knob=doc["knob"],
-        base=sorted((k, str(v)) for k, v in doc["base_params"].items()), cpu=ran_on_cpu(doc))
+        base=sorted((k, show_value(v)) for k, v in doc["base_params"].items()), cpu=ran_on_cpu(doc),
+        device_type=doc["device"].get("type"))
 
 
 def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = None) -> None:
