@@ -32,12 +32,14 @@ class Captured:
 
 
 def _source(filename: str) -> str:
-    """The top-level package a warning came from (``…/site-packages/torch/profiler/x.py`` → ``torch``)."""
+    """The installed package a warning was raised in (``…/site-packages/torch/profiler/x.py`` → ``torch``), or ""
+    when it was raised elsewhere: a warning from a library's C++ code (torch's ``TORCH_WARN``) carries the file of
+    the Python line that called it, which names the caller, not the library."""
     parts = PurePath(filename).parts
-    for marker in ("site-packages", "dist-packages", "src"):
+    for marker in ("site-packages", "dist-packages"):
         if marker in parts and parts.index(marker) + 1 < len(parts):
             return PurePath(parts[parts.index(marker) + 1]).stem
-    return PurePath(filename).stem or "python"
+    return ""
 
 
 def _first_line(text) -> str:
@@ -72,23 +74,25 @@ def library_warnings(into: list[Captured] | None = None):
         logger.handlers = [handler]
         logger.propagate = False
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings():  # restores the filters and showwarning on exit
             warnings.simplefilter("always")  # counted here, said once by notes()
             for hidden in HIDDEN:  # what Python does not show by default stays unshown
                 warnings.simplefilter("ignore", hidden)
-            try:
-                yield into
-            finally:
-                into.extend(Captured(_source(w.filename), w.category.__name__, _first_line(w.message))
-                            for w in caught)
+
+            def keep(message, category, filename, lineno, file=None, line=None):  # in order with the log records
+                into.append(Captured(_source(filename), category.__name__, _first_line(message)))
+            warnings.showwarning = keep
+            yield into
     finally:
         for logger, handlers, propagate in saved:
             logger.handlers, logger.propagate = handlers, propagate
 
 
 def notes(captured: list[Captured]) -> list[str]:
-    """One line per distinct warning, in the order first seen: ``torch UserWarning: <first line> (3 times)``."""
+    """One line per distinct warning, in the order first seen: ``torch UserWarning: <first line> (3 times)``, the
+    source left out where it is not known (:func:`_source`), a logger's records as ``transformers warning: ...``."""
     counts: dict[Captured, int] = {}
     for c in captured:
         counts[c] = counts.get(c, 0) + 1
-    return [f"{c.source} {c.kind}: {c.message}" + (f" ({n} times)" if n > 1 else "") for c, n in counts.items()]
+    return [f"{c.source + ' ' if c.source else ''}{c.kind}: {c.message}" + (f" ({n} times)" if n > 1 else "")
+            for c, n in counts.items()]

@@ -75,25 +75,36 @@ def provenance(section: dict | None) -> str | None:
     skipped = f", after skipping {'/'.join(f'{s:,}' for s in skips)} launches" if skips else ""
     return (f"Counters come from a separate run: Nsight Compute (ncu) profiled `bubblescope generate` of each engine"
             f"{' (' + workload + ')' if workload else ''}{skipped}, not the timed runs above; each kernel is "
-            "replayed once per counter pass.")
+            "replayed once per counter pass. Top stall: the warp-stall reason with the largest share of active warps.")
 
 
 def counters_renderable(section: dict):
-    """The counters section for a rich console: the reason when unavailable, else the caption and a table whose
-    kernel names fold (they are long) while numbers and stall names never wrap; fits 80 columns."""
+    """The counters section for a rich console: the reason when unavailable, else a table with one heading row per
+    engine and under it its kernels (names shortened, :func:`~.kernel_names.short_kernel_name`, and folded; their
+    top stall on a line of their own), the numbers in columns that never wrap; then where the counters come from.
+    Fits 80 columns."""
+    from .kernel_names import short_kernel_name
+
     if not section.get("available"):
         return Wrapped(f"Hardware counters (ncu): unavailable — {section.get('reason')}", hang=2)
     table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
-    headers = ("engine / kernel", "time", "DRAM\n% peak", "L2\nhit", "warps\nactive", "regs", "top stall")
+    headers = ("engine / kernel / top stall", "time", "DRAM\n% peak", "L2\nhit", "warps\nactive",
+               "regs")
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i in (0, len(headers) - 1) else "right", no_wrap=i != 0,
-                         overflow="fold", ratio=1 if i == 0 else None, min_width=12 if i == 0 else None)
+        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i != 0, overflow="fold",
+                         ratio=1 if i == 0 else None)
+    engine = None
     for row in counter_rows(section):
-        engine, kernel, _launches, time, *metrics, stall = row
+        name, kernel, _launches, time, *metrics, stall = row
+        if name != engine:
+            engine = name
+            if not kernel.startswith("unavailable: "):
+                table.add_row(Text(name, style="bold"))
         if kernel.startswith("unavailable: "):
-            table.add_row(Text(f"{engine}: {kernel}"), *[""] * (len(headers) - 1), style="dim")
+            table.add_row(Wrapped(Text(f"{name}: {kernel}", style="dim"), hang=2))
             continue
-        table.add_row(Text(f"{engine} · {kernel}"), time, *metrics, stall)
+        cell = Text.assemble(f"  {short_kernel_name(kernel)}", ("\n    top stall: " + stall) if stall != MISSING else "")
+        table.add_row(cell, time, *metrics)
     parts = [Text("Hardware counters (ncu), top kernels", style="bold"), table]
     line = provenance(section)
     if line:

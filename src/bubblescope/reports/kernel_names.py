@@ -59,22 +59,26 @@ def demangle(name: str) -> str:
         free(ptr)
 
 
-def _cut(text: str, open_: str, close: str, mark: str) -> str:
-    """``text`` with the contents of each outermost ``open_ … close`` pair replaced by ``mark`` (empty pairs kept
-    empty); an unbalanced name is returned as it is."""
-    out, depth, start = [], 0, 0
+def _cut(text: str) -> str:
+    """``text`` with the contents of each outermost ``<…>`` and ``(…)`` replaced by "…" (empty pairs kept empty).
+    Inside parentheses a ``<`` or ``>`` is a comparison (``b<(x>1)>``), not a bracket; a name whose brackets do not
+    balance is returned as it is."""
+    out, stack, start = [], [], 0
     for i, ch in enumerate(text):
-        if ch == open_:
-            if depth == 0:
+        if ch in "<(" and not (ch == "<" and stack and stack[-1] == "("):
+            if not stack:
                 out.append(text[start:i + 1])
                 start = i + 1
-            depth += 1
-        elif ch == close and depth:
-            depth -= 1
-            if depth == 0:
-                out.append(mark if i > start else "")
+            stack.append(ch)
+        elif stack and ((ch == ">" and stack[-1] == "<") or (ch == ")" and stack[-1] == "(")):
+            stack.pop()
+            if not stack:
+                out.append("…" if i > start else "")
                 start = i
-    if depth:
+        elif ch in ">)" and stack:
+            if ch == ")":  # a ")" closing nothing open inside a template: unbalanced
+                return text
+    if stack:
         return text
     out.append(text[start:])
     return "".join(out)
@@ -91,7 +95,7 @@ def short_kernel_name(name: str, width: int = SHORT_WIDTH) -> str:
     if "::" in head or "<" in head:  # C++: not "Memcpy DtoD (Device -> Device)", whose parentheses are words
         ops = _OPERATOR.findall(text)  # "operator()" and "operator<<" hold brackets that are not a template's
         text = _OPERATOR.sub("\0", text)
-        text = _cut(_cut(text, "<", ">", "…"), "(", ")", "…")
+        text = _cut(text)
         for op in ops:
             text = text.replace("\0", op, 1)
     return text if len(text) <= width else text[: width - 1] + "…"
