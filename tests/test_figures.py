@@ -221,6 +221,8 @@ def test_kernel_names_are_shortened_with_the_full_name_as_a_title(no_png):
     assert short_kernel_name("triton_poi_fused_add_0") == "triton_poi_fused_add_0"
     assert short_kernel_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD (Device -> Device)"
     assert short_kernel_name("void f<int, 4>()") == "f<…>()"
+    assert short_kernel_name("void at::native::(anonymous namespace)::max_pool_forward_nchw<float>(int, float*)") \
+        == "at::native::(anonymous namespace)::max_pool_forward_nchw<…>(…)"
     assert short_kernel_name("a::b<(x>1)>") == "a::b<…>" and short_kernel_name("k<") == "k<"  # unbalanced: as is
     assert short_kernel_name("x" * 100) == "x" * 79 + "…"
     doc = g.healthy_doc()

@@ -16,7 +16,8 @@ import functools
 import re
 
 SHORT_WIDTH = 80  # characters of a shortened name at most
-_OPERATOR = re.compile(r"operator(?:\(\)|\[\]|<<=?|>>=?|<=>|<=?|>=?|->\*?)")
+# Brackets that are part of a name, not a template or parameter list: operators, and the anonymous namespace.
+_OPERATOR = re.compile(r"operator(?:\(\)|\[\]|<<=?|>>=?|<=>|<=?|>=?|->\*?)|\(anonymous namespace\)")
 
 
 @functools.cache
@@ -93,7 +94,7 @@ def short_kernel_name(name: str, width: int = SHORT_WIDTH) -> str:
         text = text[len("void "):]
     head = text.split("(", 1)[0]
     if "::" in head or "<" in head:  # C++: not "Memcpy DtoD (Device -> Device)", whose parentheses are words
-        ops = _OPERATOR.findall(text)  # "operator()" and "operator<<" hold brackets that are not a template's
+        ops = _OPERATOR.findall(text)  # "operator()", "operator<<", "(anonymous namespace)": kept as they are
         text = _OPERATOR.sub("\0", text)
         text = _cut(text)
         for op in ops:
