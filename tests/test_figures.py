@@ -13,7 +13,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from . import resultsgen as g
-from bubblescope.reports import palette, plots
+from bubblescope.reports import megakernel_plots, palette, plots
 from bubblescope.reports.html import render_html
 from bubblescope.reports.kernel_names import demangle, short_kernel_name
 
@@ -150,10 +150,10 @@ def test_bandwidth_above_the_peak_is_said_in_words():
     """By hand: bins at 1,000, 5,000 and 6,000 GB/s against a 4,800 GB/s peak: 2 of 3 bins above it, at most
     6,000 GB/s = 1.25x the peak. At or below the peak, or without a peak, nothing is said."""
     act = {"GBps": [1000.0, 5000.0, 6000.0]}
-    line = plots.bandwidth_over_peak(act, 4800.0)
+    line = megakernel_plots.bandwidth_over_peak(act, 4800.0)
     assert line.startswith("The estimate exceeds the NVML peak in 2 of 3 bins (at most 6,000 GB/s, 1.25x the peak)")
-    assert plots.bandwidth_over_peak({"GBps": [1000.0, 4800.0]}, 4800.0) is None
-    assert plots.bandwidth_over_peak(act, None) is None and plots.bandwidth_over_peak(None, 4800.0) is None
+    assert megakernel_plots.bandwidth_over_peak({"GBps": [1000.0, 4800.0]}, 4800.0) is None
+    assert megakernel_plots.bandwidth_over_peak(act, None) is None and megakernel_plots.bandwidth_over_peak(None, 4800.0) is None
 
 
 def _mk_with_activity(peak_scale: float) -> dict:
@@ -169,17 +169,17 @@ def _mk_with_activity(peak_scale: float) -> dict:
 
 def test_panel_b_and_the_page_say_when_the_estimate_passes_the_peak(no_png):
     over = _mk_with_activity(1.0)
-    fig = plots.intrakernel_figure(g.engine(over, "megakernel"), over["device"])
+    fig = megakernel_plots.intrakernel_figure(g.engine(over, "megakernel"), over["device"])
     assert "The estimate exceeds the NVML peak" in fig.axes[1].get_title(loc="left")
     assert "(b): The estimate exceeds the NVML peak in" in render_html(over)
     under = _mk_with_activity(1e-6)
-    fig = plots.intrakernel_figure(g.engine(under, "megakernel"), under["device"])
+    fig = megakernel_plots.intrakernel_figure(g.engine(under, "megakernel"), under["device"])
     assert "exceeds" not in fig.axes[1].get_title(loc="left") and "exceeds the NVML peak" not in render_html(under)
 
 
 def test_the_gantt_has_axes_units_and_a_legend():
     doc = _mk_with_activity(1e-6)
-    fig = plots.intrakernel_figure(g.engine(doc, "megakernel"), doc["device"])
+    fig = megakernel_plots.intrakernel_figure(g.engine(doc, "megakernel"), doc["device"])
     gantt = fig.axes[-1]
     assert gantt.get_ylabel() == "program" and gantt.get_xlabel() == "µs since the step's first task"
     labels = [t.get_text() for t in gantt.get_legend().get_texts()]
@@ -239,3 +239,16 @@ def test_demangling_agrees_with_cxxfilt():
         pytest.skip("no libstdc++ demangler loadable here")
     assert got == expected and short_kernel_name(mangled) == "at::native::vectorized_elementwise_kernel<…>(…)"
     assert demangle("_Znot a symbol") == "_Znot a symbol" and demangle("plain") == "plain"
+
+
+def test_the_tune_curve_ticks_at_the_values_tried():
+    """block_k 64, 256, 1024 on a log-2 axis read 2^6, 2^8, 2^10; the ticks are now the values themselves."""
+    from bubblescope.reports.tune_report import tune_figure
+
+    def row(v, ms):
+        return {"value": v, "text": str(v), "status": "ok", "reason": None, "compile": None,
+                "points": [{"context": 128, "token_ms_p50": ms}]}
+    doc = {"knob": "block_k", "contexts": [128], "rows": [row(64, 1.3), row(256, 1.2), row(1024, 1.25)]}
+    ax = tune_figure(doc).axes[0]
+    _drawn(ax.figure)
+    assert ax.get_xscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["64", "256", "1,024"]

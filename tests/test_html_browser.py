@@ -12,7 +12,7 @@ import pytest
 from . import resultsgen as g
 from bubblescope.reports.findings import find
 from bubblescope.reports.html import render_html
-from bubblescope.reports.plots import chosen_programs
+from bubblescope.reports.megakernel_plots import chosen_programs
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium)")

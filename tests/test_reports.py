@@ -13,7 +13,7 @@ from rich.console import Console
 from . import resultsgen as g
 from bubblescope.errors import BubblescopeError
 from bubblescope.reports import html as html_mod
-from bubblescope.reports import plots
+from bubblescope.reports import megakernel_plots, plots
 from bubblescope.reports.html import render_html, screenshot_html, write_html
 from bubblescope.reports.results import load_results, write_results
 from bubblescope.reports.terminal import render_results
@@ -132,7 +132,7 @@ def test_plots_return_none_without_data():
     assert plots.categories_figure(ok) is None
     assert plots.latency_figure(ok) is None
     assert plots.sweep_figure(ok, doc["device"]) is None
-    assert plots.intrakernel_figure(ok[0]) is None
+    assert megakernel_plots.intrakernel_figure(ok[0]) is None
     full = g.healthy_doc()
     fig = plots.step_timeline_figure(full["engines"])
     # each step on its own scale, its span in the title: the CUDA-graph step's launch at 0 µs, its 12 kernels from

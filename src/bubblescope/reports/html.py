@@ -28,7 +28,7 @@ _CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-qui
 
 def png_uri(fig) -> str | None:
     """A matplotlib Figure as a ``data:image/png;base64,...`` URI (the report stays one file); None for None."""
-    from .plots import figure_png
+    from .figure_base import figure_png
 
     if fig is None:
         return None
@@ -62,7 +62,7 @@ def _kernel_tables(engines: list[dict]) -> list[dict]:
 
 
 def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
-    from .plots import bandwidth_over_peak, chosen_programs, intrakernel_figure
+    from .megakernel_plots import bandwidth_over_peak, chosen_programs, intrakernel_figure
 
     out = []
     for eng in engines:

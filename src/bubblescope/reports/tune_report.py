@@ -126,14 +126,14 @@ def best_verdict(b: dict) -> str:
 def tune_figure(doc: dict):
     """p50 ms/token against the knob's value, one line per context; cliff values circled in red. None when
     no value ran ok. Non-numeric values are placed at equal steps in the given order."""
-    from .plots import _label, _new_figure
+    from .figure_base import label, new_figure, ticks_at
 
     ok = [r for r in doc["rows"] if r["status"] == "ok" and r["points"]]
     if not ok:
         return None
     numeric = all(isinstance(r["value"], (int, float)) and not isinstance(r["value"], bool) for r in ok)
     xs = {r["text"]: (r["value"] if numeric else i) for i, r in enumerate(ok)}
-    fig, (ax,) = _new_figure(4.0)
+    fig, (ax,) = new_figure(4.0)
     for c in doc["contexts"]:
         pts = [(xs[r["text"]], p["token_ms_p50"], r) for r in ok for p in r["points"]
                if p["context"] == c and p["token_ms_p50"] is not None]
@@ -147,9 +147,11 @@ def tune_figure(doc: dict):
                        label="spills / lost residency" if c == doc["contexts"][0] else None)
     if numeric and len(xs) > 2 and min(xs.values()) > 0 and max(xs.values()) / min(xs.values()) >= 8:
         ax.set_xscale("log", base=2)
-    if not numeric:
-        ax.set_xticks(list(xs.values()), [_label(t) for t in xs])
-    ax.set_xlabel(_label(doc["knob"]))
+    if numeric:  # ticks at the values tried, as plain numbers (a log-2 axis would read 2^8, 2^10)
+        ticks_at(ax, "x", list(xs.values()))
+    else:
+        ax.set_xticks(list(xs.values()), [label(t) for t in xs])
+    ax.set_xlabel(label(doc["knob"]))
     ax.set_ylabel("p50 ms/token")
     ax.legend(fontsize=8)
     return fig
