@@ -514,17 +514,13 @@ def tune(
     from .tuning import tune as run_tune
 
     if list_knobs:
-        import textwrap
-
         from .models import resolve_device
-        from .reports.tune_report import show_value
+        from .reports.tune_report import knob_list_lines
 
         dev = resolve_device(device)  # the defaults tune holds there, as its page lists them
-        for cls, engs in implementations().items():
-            typer.echo(textwrap.fill(f"{', '.join(engs)} ({cls}); defaults on {dev.type}, as `tune` holds them "
-                                     "there:", width=100, subsequent_indent="    ", break_on_hyphens=False))
-            for k in knobs(engs[0], dev.type):
-                typer.echo(f"  {k['name']:18s} {k['type']:12s} default {show_value(k['default']):8s} {k['family']}")
+        groups = {cls: (engs, knobs(engs[0], dev.type)) for cls, engs in implementations().items()}
+        for line in knob_list_lines(groups, dev.type):
+            typer.echo(line)
         return
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")

@@ -23,6 +23,22 @@ def show_value(value) -> str:
     return "auto" if value is None else '""' if value == "" else str(value)
 
 
+def knob_list_lines(groups: dict, device_type: str, width: int = 100) -> list[str]:
+    """The lines of ``tune --list``: per parameter class (``{class name: (engines, knobs)}``, knobs as
+    ``tuning.knobs`` gives them for ``device_type``) a heading naming its engines, wrapped at ``width``, then one
+    line per knob with its type, the default tune holds on that device (:func:`show_value`, as the tune page shows
+    it) and its family."""
+    import textwrap
+
+    lines = []
+    for cls, (engines, knobs) in groups.items():
+        lines += textwrap.wrap(f"{', '.join(engines)} ({cls}); defaults on {device_type}, as `tune` holds them there:",
+                               width=width, subsequent_indent="    ", break_on_hyphens=False)
+        lines += [f"  {k['name']:18s} {k['type']:12s} default {show_value(k['default']):8s} {k['family']}"
+                  for k in knobs]
+    return lines
+
+
 def cliff(row: dict) -> str | None:
     """Why a row sits on a performance cliff, or None: spills (local memory traffic per thread), or fewer
     resident programs per SM than requested (the grid shrinks)."""
