@@ -177,3 +177,28 @@ def a_finding() -> dict:
     """One hand-written finding entry, schema-valid."""
     return {"rule": "launch-bound", "severity": "warn", "engine": "reference", "title": "Launch-bound",
             "evidence": {"bubble_ratio": 0.62, "kernels_per_step": 412}, "advice": "Use CUDA graphs."}
+
+
+def counters_section() -> dict:
+    """A hand-written ``counters`` section: the megakernel's one kernel read by ncu (H200-like values typed in by
+    hand), the CUDA-graph engine's two top kernels, and an engine whose counters could not be read."""
+    cmd = ["ncu", "--csv", "-m", "bubblescope", "generate", "llama-3.2-1b", "--prompt-ids", "1,2,3,4",
+           "--max-new-tokens", "32"]
+    metrics = {"dram__throughput.avg.pct_of_peak_sustained_elapsed": 64.7, "lts__t_sector_hit_rate.pct": 2.44,
+               "sm__warps_active.avg.pct_of_peak_sustained_active": 12.5, "launch__registers_per_thread": 255.0,
+               "dram__bytes_read.sum": 2_473_532_160.0}
+    return {"tool": "ncu", "available": True, "reason": None, "engines": [
+        {"engine": "megakernel", "available": True, "reason": None, "command": cmd, "kernel_regex": "megakernel",
+         "launch_skip": 16, "launch_count": 1,
+         "kernels": [{"name": "megakernel_persistent", "launches": 1, "duration_us": 795.52, "metrics": metrics,
+                      "units": {}, "stalls": {"barrier": 48.53, "long_scoreboard": 21.57, "wait": 8.19}}]},
+        {"engine": "reference-cudagraph", "available": True, "reason": None, "command": cmd, "kernel_regex": None,
+         "launch_skip": 2880, "launch_count": 180,
+         "kernels": [{"name": KERNEL_CPP, "launches": 112, "duration_us": 7200.0,
+                      "metrics": {**metrics, "dram__throughput.avg.pct_of_peak_sustained_elapsed": 71.25,
+                                  "launch__registers_per_thread": 40.0},
+                      "units": {}, "stalls": {"long_scoreboard": 61.0, "no_instruction": 3.5}},
+                     {"name": "rms_norm_kernel", "launches": 33, "duration_us": 400.0, "metrics": {}, "units": {},
+                      "stalls": {}}]},
+        {"engine": "hf", "available": False, "reason": "ERR_NVGPUCTRPERM: no permission to read counters",
+         "command": cmd, "kernel_regex": None, "launch_skip": 0, "launch_count": 1, "kernels": []}]}

@@ -24,7 +24,7 @@ def test_a_failing_check_exits_1():
     report = run_gate(Results(g.healthy_doc()), min_bandwidth_util=0.7, max_token_p99_ms=0.82)
     assert report.exit_code == 1
     assert [(c.name, c.passed) for c in report.checks] == [("min_bandwidth_util", False), ("max_token_p99_ms", False)]
-    assert report.checks[0].detail == "util_peak 0.6453, limit 0.7: fails"
+    assert report.checks[0].detail == "util_peak 64.5 %, limit 70.0 %: fails"
 
 
 def test_a_missing_metric_fails_closed():
@@ -143,7 +143,7 @@ def test_render_gate_fits_80_columns():
     rows = [ln.rstrip() for ln in lines if ln.startswith(("│", "┃", "┏", "┡", "└"))]
     assert rows and all(ln[-1] in "│┃┓┩┘" for ln in rows), "\n".join(rows)
     assert max(len(ln.rstrip()) for ln in lines) <= 80
-    assert "allowed regression 5%)" in " ".join(ln.strip("│ ") for ln in rows)
+    assert "baseline 0.800 ms, allowed regression 5%" in " ".join(ln.strip("│ ") for ln in rows)
 
 
 def _run_cli(*args):

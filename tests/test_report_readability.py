@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from . import resultsgen as g
-from bubblescope.reports import plots
+from bubblescope.reports import megakernel_plots, plots
 from bubblescope.reports.findings import find
 from bubblescope.reports.html import render_html
 from bubblescope.reports.tables import evidence_text
@@ -149,10 +149,10 @@ def test_megakernel_view_draws_a_few_programs_at_full_resolution():
     """528 programs drawn into ~620 px showed one row in 23; now (c) holds at most GANTT_PROGRAMS rows, one per
     chosen program, among them the one that waits most (p % 7 == 6) and least (p % 7 == 0)."""
     doc = _mk_doc(528)
-    fig = plots.intrakernel_figure(g.engine(doc, "megakernel"), doc["device"])
+    fig = megakernel_plots.intrakernel_figure(g.engine(doc, "megakernel"), doc["device"])
     gantt = fig.axes[-1]
     labels = [t.get_text() for t in gantt.get_yticklabels()]
-    assert 3 <= len(labels) <= plots.GANTT_PROGRAMS
+    assert 3 <= len(labels) <= megakernel_plots.GANTT_PROGRAMS
     assert "program 524" in labels and "program 0" in labels  # 524 % 7 == 6: last of those waiting most
     assert gantt.get_xlabel() == "µs since the step's first task"
     area = fig.axes[0]
@@ -164,7 +164,7 @@ def test_megakernel_view_draws_a_few_programs_at_full_resolution():
 def test_megakernel_view_with_one_program_has_a_labelled_row():
     """On CPU (one program) the y-axis read −0.5…0.5 with no name; now it is the row 'program 0'."""
     doc = _mk_doc(1)
-    fig = plots.intrakernel_figure(g.engine(doc, "megakernel"), doc["device"])
+    fig = megakernel_plots.intrakernel_figure(g.engine(doc, "megakernel"), doc["device"])
     assert [t.get_text() for t in fig.axes[-1].get_yticklabels()] == ["program 0"]
 
 
@@ -175,7 +175,7 @@ def test_megakernel_view_draws_the_estimated_bandwidth_against_the_peak():
     mk = g.engine(doc, "megakernel")
     mk["intrakernel"]["activity"] = activity_profile(mk["intrakernel"]["tasks"], bins=40,
                                                      bytes_by_opcode={"QKV": 4000, "OPROJ": 2000, "DOWN": 3200})
-    fig = plots.intrakernel_figure(mk, doc["device"])
+    fig = megakernel_plots.intrakernel_figure(mk, doc["device"])
     bw = fig.axes[1]
     assert bw.get_ylabel() == "GB/s"
     peak = [line for line in bw.get_lines() if line.get_linestyle() == "--"]

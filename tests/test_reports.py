@@ -14,7 +14,7 @@ from rich.console import Console
 from . import resultsgen as g
 from bubblescope.errors import BubblescopeError
 from bubblescope.reports import html as html_mod
-from bubblescope.reports import plots
+from bubblescope.reports import megakernel_plots, plots
 from bubblescope.reports.html import render_html, screenshot_html, write_html
 from bubblescope.reports.results import load_results, write_results
 from bubblescope.reports.terminal import render_results
@@ -139,10 +139,15 @@ def test_plots_return_none_without_data():
     assert plots.categories_figure(ok) is None
     assert plots.latency_figure(ok) is None
     assert plots.sweep_figure(ok, doc["device"]) is None
-    assert plots.intrakernel_figure(ok[0]) is None
+    assert megakernel_plots.intrakernel_figure(ok[0]) is None
     full = g.healthy_doc()
     fig = plots.step_timeline_figure(full["engines"])
-    assert [ax.get_title(loc="left") for ax in fig.axes] == ["reference-cudagraph", "megakernel"]
+    # each step on its own scale, its span in the title: the CUDA-graph step's launch at 0 µs, its 12 kernels from
+    # 2 µs, 4 × (30 + 4 + 12 µs + 3 gaps of 1.5 µs) less the last gap = 202.5 µs; the megakernel's 8 + 768 µs
+    assert [ax.get_title(loc="left") for ax in fig.axes] == [
+        "reference-cudagraph: one step, 202.5 µs from first to last event (own scale)",
+        "megakernel: one step, 776.0 µs from first to last event (own scale)"]
+    assert [ax.get_xlim()[1] for ax in fig.axes] == pytest.approx([202.5 * 1.01, 776.0 * 1.01])
 
 
 def test_write_html_is_atomic_and_reports_bad_paths(tmp_path):

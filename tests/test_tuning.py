@@ -4,6 +4,7 @@ file, and ``--tuning`` picking the entry for the sequence length."""
 from __future__ import annotations
 
 import hashlib
+from html import unescape
 import json
 import math
 import os
@@ -42,7 +43,8 @@ def test_knob_list_and_value_parsing():
     with pytest.raises(ValueError, match="block_k takes an integer, got 'big'"):
         parse_value(names["block_k"], "big")
     r = _cli("tune", "--list")
-    assert r.exit_code == 0 and "megakernel, megakernel-gluon, megakernel-triton, megakernel-stages, megakernel-noprefetch (MegakernelParams):" in r.output
+    assert r.exit_code == 0 and ("megakernel, megakernel-gluon, megakernel-triton, megakernel-stages, "
+                                 "megakernel-noprefetch (MegakernelParams); defaults on ") in " ".join(r.output.split())
     r = _cli("tune", "tiny-llama", "--knob", "warp_size", "--values", "1")
     assert r.exit_code == 2 and "error: --knob: megakernel has no knob 'warp_size'" in r.output
     r = _cli("tune", "tiny-llama", "--engine", "reference", "--knob", "block_k", "--values", "1")
@@ -74,6 +76,14 @@ def test_tune_two_knobs_on_tiny_llama_with_invalid_values_as_rows(tmp_path):
     assert [row["status"] for row in doc2["rows"]] == ["ok", "ok", "invalid"]
     html = (out / "tune.html").read_text()
     assert "data:image/png;base64," in html and "kv_splits must be a positive integer" in html
+    # `tune --list` printed the class defaults (max_rows 8) while this CPU page held max_rows=512: now both show
+    # what tune holds on the device, None as "auto"
+    listed = dict(re.findall(r"^  (\w+)\s+.*?default (\S+)", _cli("tune", "--list", "--device", "cpu").output, re.M))
+    page = {k: unescape(v) for k, v in re.findall(r"<tr><td>(\w+)</td><td>([^<]*)</td></tr>", html)}
+    assert page["max_rows"] == listed["max_rows"] == "512" and page["rows_qkv"] == listed["rows_qkv"] == "auto"
+    assert {k: v for k, v in page.items() if k in listed} == {k: listed[k] for k in page if k in listed}
+    assert all(len(p["token_ms_samples"]) == 2 for row in doc2["rows"] if row["status"] == "ok"
+               for p in row["points"])  # every timed step kept: the noise "best" is judged against
     # best = the lowest recorded p50 per context; the tuned ranges split at the geometric mean of 4 and 8.
     for b in doc2["best"]:
         p50s = {row["value"]: p["token_ms_p50"] for row in doc2["rows"] if row["status"] == "ok"
@@ -257,7 +267,9 @@ def test_cliffs_are_named_and_circled():
            "command": "bubblescope tune", "created": "now", "base_params": {"num_warps": 4},
            "rows": [row(256, 0, 4, 1.2), row(512, 6, 4, 1.3), row(2048, 0, 2, 1.9)]}
     doc["best"] = best_per_context(doc)
-    assert doc["best"] == [{"context": 128, "value": 256, "text": "256", "token_ms_p50": 1.2}]
+    # no samples in this document: the lead over 512 (0.1 ms) cannot be weighed against a noise
+    assert doc["best"] == [{"context": 128, "value": 256, "text": "256", "token_ms_p50": 1.2, "runner_up": "512",
+                            "lead_ms": pytest.approx(0.1), "noise_ms": None, "within_noise": None}]
     assert [cliff(r) for r in doc["rows"]] == [None, "6 spilled words", "2 of 4 programs per SM resident"]
     fig = tune_figure(doc)
     circled = [c for c in fig.axes[0].collections if c.get_label() == "spills / lost residency"]
@@ -403,3 +415,47 @@ def test_tune_with_a_value_given_twice_measures_it_once(tmp_path):
         "note: kv_splits=0: invalid: megakernel params: kv_splits must be a positive integer, got 0",
         f"error: --values: no value of kv_splits ran ok (1 value tried, why above); --out {tmp_path / 't'} left as "
         "it was"]
+
+
+def _noise_doc(second_p50: float) -> dict:
+    """Two values at context 128: "256" with per-token samples 1.0, 1.1, 1.2, 1.3 ms (p50 1.15) and "512" at
+    ``second_p50``. By hand, the samples' quartiles (linear interpolation) are 1.075 and 1.225: noise 0.15 ms."""
+    def row(v, p50, samples):
+        return {"value": v, "text": str(v), "status": "ok", "reason": None, "compile": None,
+                "points": [{"context": 128, "token_ms_p50": p50, "token_ms_p99": p50, "util_peak": None,
+                            "intrakernel_wait_ratio": None, "token_agreement": 1.0, "token_ms_samples": samples}]}
+    doc = {"engine": "megakernel", "knob": "block_k", "family": "tile columns", "contexts": [128], "steps": 4,
+           "model": {"name": "m", "dtype": "float32"}, "device": {"type": "cpu", "name": "x", "nvml_peak_GBps": None},
+           "command": "c", "created": "t", "base_params": {"max_rows": 512, "kv_splits": None},
+           "rows": [row(256, 1.15, [1.0, 1.1, 1.2, 1.3]), row(512, second_p50, [second_p50] * 4)]}
+    doc["best"] = best_per_context(doc)
+    return doc
+
+
+def test_a_value_is_best_only_when_its_lead_exceeds_the_noise():
+    from rich.console import Console
+
+    from bubblescope.reports.tune_report import render_tune, render_tune_html
+
+    close = _noise_doc(1.25)  # lead 0.10 ms, noise 0.15 ms
+    (b,) = close["best"]
+    assert (b["text"], b["runner_up"], b["within_noise"]) == ("256", "512", True)
+    assert b["lead_ms"] == pytest.approx(0.10) and b["noise_ms"] == pytest.approx(0.15)
+    console = Console(record=True, width=100)
+    render_tune(close, console)
+    text = " ".join(console.export_text().split())
+    assert "within noise at context 128: block_k=256 (1.150 ms/token p50): 0.100 ms ahead of block_k=512" in text
+    assert "no value is best" in text and "best at" not in text
+    far = _noise_doc(1.40)  # lead 0.25 ms > 0.15 ms
+    assert far["best"][0]["within_noise"] is False
+    console = Console(record=True, width=100)
+    render_tune(far, console)
+    assert "best at context 128: block_k=256 (1.150 ms/token p50): 0.250 ms ahead of block_k=512, more than " \
+           "the spread of its own samples (IQR 0.150 ms)" in " ".join(console.export_text().split())
+    assert "<td>within noise</td>" in render_tune_html(close) and "<td>best</td>" in render_tune_html(far)
+    # samples not recorded (a document written before they were): "lowest p50", never "best"
+    for r in far["rows"]:
+        del r["points"][0]["token_ms_samples"]
+    (b,) = best_per_context(far)
+    assert b["within_noise"] is None and b["noise_ms"] is None
+    assert "<td>lowest p50</td>" in render_tune_html({**far, "best": [b]})

@@ -44,21 +44,39 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _say_warnings(captured) -> None:
+    from .libwarnings import notes
+    for line in notes(captured):
+        typer.echo(f"note: library warning: {line}", err=True)
+
+
 def user_errors(fn):
     """Turn BubblescopeError, and an OSError about a path the user named (:func:`~.errors.path_error`: too long,
     no permission, not a directory, a symlink loop), into a one-line message and exit code 2 (never a
-    traceback)."""
+    traceback). Warnings of the libraries the command drives are held back while it runs
+    (:func:`~.libwarnings.library_warnings`) and said once each, as notes on stderr, before any error line."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from .libwarnings import library_warnings
+
+        captured: list = []
         try:
-            return fn(*args, **kwargs)
+            with library_warnings(captured):
+                result = fn(*args, **kwargs)
         except BubblescopeError as e:
+            _say_warnings(captured)
             _fail(str(e))
         except OSError as e:
             message = path_error(e)
+            _say_warnings(captured)
             if message is None:
                 raise
             _fail(message)
+        except BaseException:
+            _say_warnings(captured)
+            raise
+        _say_warnings(captured)
+        return result
     return wrapper
 
 
@@ -615,10 +633,13 @@ def tune(
     from .tuning import tune as run_tune
 
     if list_knobs:
-        for cls, engs in implementations().items():
-            typer.echo(f"{', '.join(engs)} ({cls}):")
-            for k in knobs(engs[0]):
-                typer.echo(f"  {k['name']:18s} {k['type']:12s} default {k['default']!s:8s} {k['family']}")
+        from .models import resolve_device
+        from .reports.tune_report import knob_list_lines
+
+        dev = resolve_device(device)  # the defaults tune holds there, as its page lists them
+        groups = {cls: (engs, knobs(engs[0], dev.type)) for cls, engs in implementations().items()}
+        for line in knob_list_lines(groups, dev.type):
+            typer.echo(line)
         return
     if fmt not in ("text", "json"):
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
@@ -663,8 +684,8 @@ def presets():
 def list_engines():
     """List the engines diagnose can measure."""
     from .engines import ENGINES
-    for spec in ENGINES.values():
-        typer.echo(f"{spec.name:22s} {spec.description}")
+    from .reports.listing import listing_console, render_listing
+    render_listing([(spec.name, spec.description) for spec in ENGINES.values()], listing_console())
 
 
 def main() -> None:

@@ -20,16 +20,41 @@ from .errors import BubblescopeError
 SCHEMA = "bubblescope.tuned/1"
 
 
+def spread_ms(samples) -> float | None:
+    """The noise of one measured value: the interquartile range (p75 − p25, numpy's linear interpolation) of its
+    repeated per-token samples, ms; None with fewer than 2 samples (nothing to say how much it varies)."""
+    import numpy as np
+
+    xs = [x for x in samples or [] if x is not None]
+    if len(xs) < 2:
+        return None
+    p25, p75 = np.percentile(xs, [25, 75])
+    return float(p75 - p25)
+
+
 def best_per_context(doc: dict) -> list[dict]:
-    """Per context of a tune document: the ok row with the lowest p50 ms/token, as ``{"context", "value",
-    "text", "token_ms_p50"}``; a context where no value ran ok is left out."""
+    """Per context of a tune document: the ok row with the lowest p50 ms/token, as ``{"context", "value", "text",
+    "token_ms_p50", "runner_up", "lead_ms", "noise_ms", "within_noise"}``; a context where no value ran ok is left
+    out.
+
+    ``runner_up`` is the next value's text (None when one value ran), ``lead_ms`` its p50 minus the lowest, and
+    ``noise_ms`` the leader's :func:`spread_ms` (of its ``token_ms_samples``). ``within_noise`` is True when the lead
+    does not exceed that noise (the two cannot be told apart: no value is best), False when it does, None when
+    either is unknown (one value, or no samples recorded)."""
     best = []
     for c in doc["contexts"]:
-        cands = [(p["token_ms_p50"], row) for row in doc["rows"] if row["status"] == "ok"
-                 for p in row["points"] if p["context"] == c and p["token_ms_p50"] is not None]
-        if cands:
-            ms, row = min(cands, key=lambda t: t[0])
-            best.append({"context": c, "value": row["value"], "text": row["text"], "token_ms_p50": ms})
+        cands = sorted(((p["token_ms_p50"], i, row, p) for i, row in enumerate(doc["rows"]) if row["status"] == "ok"
+                        for p in row["points"] if p["context"] == c and p["token_ms_p50"] is not None),
+                       key=lambda t: (t[0], t[1]))
+        if not cands:
+            continue
+        ms, _, row, point = cands[0]
+        nxt = next((t for t in cands[1:] if t[2]["text"] != row["text"]), None)
+        lead = nxt[0] - ms if nxt else None
+        noise = spread_ms(point.get("token_ms_samples"))
+        best.append({"context": c, "value": row["value"], "text": row["text"], "token_ms_p50": ms,
+                     "runner_up": nxt[2]["text"] if nxt else None, "lead_ms": lead, "noise_ms": noise,
+                     "within_noise": None if lead is None or noise is None else lead <= noise})
     return best
 
 

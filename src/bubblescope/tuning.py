@@ -64,15 +64,29 @@ def implementations() -> dict[str, list[str]]:
     return groups
 
 
-def knobs(engine: str = "megakernel") -> list[dict]:
-    """The knobs of ``engine``: ``[{"name", "type", "default", "family"}]`` from its parameter dataclass
-    (``type`` as annotated, e.g. ``"int | None"``; a None default means "chosen automatically").
+def base_params(engine: str, device_type: str = "cuda"):
+    """The parameters ``tune`` holds fixed on a ``device_type`` ("cuda" or "cpu") unless told otherwise: the class
+    defaults on a GPU, the interpreter's ``CPU_PARAMS`` on a CPU (small tiles keep it to seconds).
 
     Raises:
         BubblescopeError: ``engine`` has no parameters to tune.
     """
     cls = _params_class(engine)
-    return [{"name": f.name, "type": str(f.type), "default": f.default, "family": FAMILY.get(f.name, "other")}
+    from .megakernel_engine import CPU_PARAMS
+    return cls() if device_type == "cuda" else CPU_PARAMS
+
+
+def knobs(engine: str = "megakernel", device_type: str = "cuda") -> list[dict]:
+    """The knobs of ``engine``: ``[{"name", "type", "default", "family"}]`` from its parameter dataclass
+    (``type`` as annotated, e.g. ``"int | None"``; a None default means "chosen automatically"); ``default`` is the
+    value :func:`tune` holds on a ``device_type`` device (:func:`base_params`).
+
+    Raises:
+        BubblescopeError: ``engine`` has no parameters to tune.
+    """
+    cls = _params_class(engine)
+    base = base_params(engine, device_type)
+    return [{"name": f.name, "type": str(f.type), "default": getattr(base, f.name), "family": FAMILY.get(f.name, "other")}
             for f in dataclasses.fields(cls) if f.name not in NOT_KNOBS]
 
 
@@ -164,9 +178,10 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         "device": {type, name, nvml_peak_GBps}, "model": {name, source, dtype}, "base_params", "prefill", "rows",
         "notes", "best"}``; ``values`` without repeats and ``notes`` saying which were left out
         (:func:`unique_values`); a row is ``{"value", "text", "status": ok|invalid|failed, "reason", "compile",
-        "points": [{context, token_ms_p50, token_ms_p99, effective_GBps, util_peak,
-        intrakernel_wait_ratio, timeline_reason, token_agreement}]}``; ``best`` lists per context the ok
-        value with the lowest p50 (``tuned.best_per_context``).
+        "points": [{context, token_ms_p50, token_ms_p99, token_ms_mean, token_ms_samples (every timed step, ms),
+        effective_GBps, util_peak, intrakernel_wait_ratio, timeline_reason, token_agreement}]}``; ``best`` lists per
+        context the ok value with the lowest p50, its lead over the next and the noise of its samples
+        (``tuned.best_per_context``).
 
     Raises:
         BubblescopeError: unknown engine, knob, model, dtype, device or prefill mode; an engine the device rules
@@ -208,9 +223,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     if max_seq > cfg.max_position_embeddings:
         raise BubblescopeError(f"--contexts: {max(contexts)} + {count(steps, 'step')} exceed {cfg.name}'s "
                                f"max_position_embeddings {cfg.max_position_embeddings}")
-    cls = _params_class(engine)
-    from .megakernel_engine import CPU_PARAMS
-    base_params = (CPU_PARAMS if not on_gpu else cls()).replace(**(base or {}))
+    fixed = base_params(engine, dev.type).replace(**(base or {}))
     info = device_info(dev if on_gpu else "cpu")
     peak = info.get("nvml_peak_GBps") if on_gpu else None
     gen = torch.Generator().manual_seed(seed)
@@ -219,7 +232,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     rows = []
     for text in values:
         build = functools.partial(build_engine, prefill=prefill) if prefill else build_engine
-        row = _row(text, spec, engine, base_params, loaded, max_seq, prompts, steps, peak, reference, build)
+        row = _row(text, spec, engine, fixed, loaded, max_seq, prompts, steps, peak, reference, build)
         rows.append(row)
         if on_row:
             on_row(row)
@@ -229,7 +242,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
            "device": {"type": dev.type, "name": info.get("name"), "nvml_peak_GBps": peak},
            "model": {"name": cfg.name, "source": loaded.source, "dtype": str(tdtype).replace("torch.", ""),
                      "config_sha256": cfg.config_sha256()},
-           "base_params": {k: v for k, v in dataclasses.asdict(base_params).items() if k != knob},
+           "base_params": {k: v for k, v in dataclasses.asdict(fixed).items() if k != knob},
            "prefill": prefill or "batched",
            "rows": rows, "notes": notes}
     doc["best"] = best_per_context(doc)
@@ -298,6 +311,7 @@ def _point(eng, loaded, context: int, prompt: list[int], steps: int, peak, refer
         why = rec.reason
     return {"context": context, "token_ms_p50": p50, "token_ms_p99": p99,
             "token_ms_mean": statistics.fmean(res.token_ms) if res.token_ms else None,
+            "token_ms_samples": [float(x) for x in res.token_ms],
             "effective_GBps": bw.get("effective_GBps"), "util_peak": bw.get("util_peak"),
             "intrakernel_wait_ratio": wait, "timeline_reason": why,
             "token_agreement": reference(prompt, res.tokens)}

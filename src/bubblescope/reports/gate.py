@@ -119,11 +119,29 @@ def percent_hint(name: str, value: float | None, upper: float = 1.0) -> str:
     return ""
 
 
+# How each check's numbers are shown: (unit, scale, fewest decimals). Fractions as percentages, as the reports show
+# them; latencies in ms with 3 decimals; bandwidths in whole GB/s.
+_UNITS = {"min_bandwidth_util": ("%", 100, 1), "max_bubble_ratio": ("%", 100, 1), "max_token_p99_ms": ("ms", 1, 3),
+          "regression_token_ms_p50": ("ms", 1, 3), "regression_effective_GBps": ("GB/s", 1, 0)}
+
+
+def show(name: str, *values: float | None) -> list[str]:
+    """``values`` of check ``name`` with its unit (``64.5 %``, ``0.830 ms``, ``2,994 GB/s``), with as many
+    decimals as it takes (up to 6) for values that differ to read differently: a check failing by a hair never
+    reads "64.5 % < 64.5 %". None shows as "—"."""
+    unit, scale, decimals = _UNITS.get(name, ("", 1, 3))
+    nums = [v * scale for v in values if v is not None]
+    while decimals < 6 and len({f"{v:.{decimals}f}" for v in nums}) < len(set(nums)):
+        decimals += 1
+    return ["—" if v is None else f"{v * scale:,.{decimals}f}{' ' + unit if unit else ''}" for v in values]
+
+
 def _check(name: str, engine: str, measured: float | None, limit: float, holds, what: str) -> Check:
     if measured is None:
         return Check(name, engine, None, limit, False, f"{what} not measured (null): failing closed")
     ok = bool(holds(measured, limit))
-    return Check(name, engine, measured, limit, ok, f"{what} {measured:.6g}, limit {limit:.6g}: {'holds' if ok else 'fails'}")
+    m, lim = show(name, measured, limit)
+    return Check(name, engine, measured, limit, ok, f"{what} {m}, limit {lim}: {'holds' if ok else 'fails'}")
 
 
 def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util: float | None = None,
@@ -193,7 +211,7 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
                              f"bubble_ratio ({source})" if source else "bubble_ratio"))
     if max_token_p99_ms is not None:
         checks.append(_check("max_token_p99_ms", name, dig(eng, "latency", "token_ms_p99"), max_token_p99_ms,
-                             lambda m, lim: m <= lim, "token_ms_p99 (ms)"))
+                             lambda m, lim: m <= lim, "token_ms_p99"))
     if baseline is not None:
         try:
             old = _pick_engine(baseline, name)
@@ -211,9 +229,19 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
             else:
                 limit, holds = before / (1 + max_regression), (lambda m, lim: m >= lim)
             c = _check(f"regression_{metric}", name, dig(eng, *path), limit, holds, metric)
-            checks.append(replace(c, detail=f"{c.detail} (baseline {before:.6g}, allowed regression "
+            checks.append(replace(c, detail=f"{c.detail} (baseline {show(c.name, before)[0]}, allowed regression "
                                             f"{max_regression:.0%})"))
     return GateReport(name, tuple(checks))
+
+
+def _note(c: Check) -> str:
+    """What the table's last column says of a check: the rule it applies (the measured value and the limit have
+    their own columns), with the baseline where there is one, or why it failed closed."""
+    if c.measured is None or c.limit is None:
+        return c.detail
+    rule = "≤ limit" if c.name.startswith("max_") or c.name == "regression_token_ms_p50" else "≥ limit"
+    extra = c.detail[c.detail.index("(") + 1:c.detail.rindex(")")] if "(" in c.detail else ""
+    return f"{rule}; {extra}" if extra else rule
 
 
 def render_gate(report: GateReport, console) -> None:
@@ -221,17 +249,19 @@ def render_gate(report: GateReport, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from .layout import Wrapped
+
     table = Table(title=Text(f"bubblescope gate — engine {report.engine}"), title_justify="left")
     # Names and numbers never wrap (a split number reads as two); only the detail sentence wraps, by word. Its
     # min_width is small enough that a regression row (25-character name) still fits 80 columns uncropped.
-    for header in ("check", "measured", "limit", "result", "detail"):
+    for header in ("check", "measured", "limit", "result", "rule"):
         table.add_column(header, justify="right" if header in ("measured", "limit") else "left",
-                         no_wrap=header != "detail", overflow="fold" if header == "detail" else "ellipsis",
-                         min_width=12 if header == "detail" else None)
+                         no_wrap=header != "rule", overflow="fold" if header == "rule" else "ellipsis",
+                         min_width=12 if header == "rule" else None)
     for c in report.checks:
-        table.add_row(c.name, "—" if c.measured is None else f"{c.measured:.6g}",
-                      "—" if c.limit is None else f"{c.limit:.6g}",
-                      Text("PASS", style="bold green") if c.passed else Text("FAIL", style="bold red"), Text(c.detail))
+        table.add_row(c.name, *show(c.name, c.measured, c.limit),
+                      Text("PASS", style="bold green") if c.passed else Text("FAIL", style="bold red"),
+                      Wrapped(_note(c)))
     console.print(table)
     failed = sum(not c.passed for c in report.checks)
     if failed:

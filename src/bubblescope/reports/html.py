@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BubblescopeError
-from . import tables
+from . import counters_table, sweep_table, tables
+from .kernel_names import short_kernel_name
 from .results import Results, atomic_write_text, dig, ordered
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -27,7 +28,7 @@ _CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-qui
 
 def png_uri(fig) -> str | None:
     """A matplotlib Figure as a ``data:image/png;base64,...`` URI (the report stays one file); None for None."""
-    from .plots import figure_png
+    from .figure_base import figure_png
 
     if fig is None:
         return None
@@ -55,12 +56,13 @@ def _kernel_tables(engines: list[dict]) -> list[dict]:
         cats, top = dig(eng, "timeline", "categories"), dig(eng, "timeline", "top_kernels")
         if cats or top:
             out.append({"name": eng["name"], "categories": _share_rows(cats, ("category",)),
-                        "top_kernels": _share_rows(top, ("name", "category"))})
+                        "top_kernels": [[{"text": short_kernel_name(r[0]), "title": r[0]}, *r[1:]]
+                                        for r in _share_rows(top, ("name", "category"))]})
     return out
 
 
 def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
-    from .plots import chosen_programs, intrakernel_figure
+    from .megakernel_plots import bandwidth_over_peak, chosen_programs, intrakernel_figure
 
     out = []
     for eng in engines:
@@ -69,6 +71,7 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
             continue
         out.append({
             "name": eng["name"], "plot": png_uri(intrakernel_figure(eng, device)),
+            "over_peak": bandwidth_over_peak(ik.get("activity"), (device or {}).get("nvml_peak_GBps")),
             "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
             "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
@@ -112,6 +115,19 @@ def _stream_feed_facts(ik: dict) -> list[tuple[str, str]]:
     """The weight stream's feed (``intrakernel.stream_feed``) as a report fact; none where the document has none."""
     line = tables.stream_feed_line(ik)
     return [("weight stream fed (tiles issued, median over layers)", line)] if line else []
+
+
+def _counters(section: dict | None) -> dict | None:
+    """The ``counters`` section for the template: None when the run did not ask for counters."""
+    if section is None:
+        return None
+    return {"available": bool(section.get("available")), "reason": section.get("reason"),
+            "headers": list(counters_table.HEADERS),
+            "rows": [[r[0], r[1] if r[1].startswith("unavailable: ") else
+                      {"text": short_kernel_name(r[1]), "title": r[1]}, *r[2:]]
+                     for r in counters_table.counter_rows(section)],
+            "provenance": counters_table.provenance(section),
+            "metrics": [(h, metric) for h, metric, _ in counters_table.COLUMNS]}
 
 
 def _details(engines: list[dict]) -> list[list[str]]:
@@ -172,6 +188,8 @@ def _context(doc: dict) -> dict:
                   "categories": png_uri(plots.categories_figure(ok)),
                   "latency": png_uri(plots.latency_figure(ok)),
                   "sweep": png_uri(plots.sweep_figure(ok, device))},
+        "sweep_headers": list(sweep_table.HEADERS), "sweep_rows": sweep_table.sweep_rows(doc),
+        "counters": _counters(doc.get("counters")),
         "kernel_tables": _kernel_tables(ok),
         "intrakernel": _intrakernel(ok, device),
         "details": _details(ok),

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .plots import _bars, _new_figure
+from .figure_base import bars as _bars
+from .figure_base import new_figure as _new_figure
 
 _COMPUTE, _NCCL = "#4c72b0", "#dd8452"
 

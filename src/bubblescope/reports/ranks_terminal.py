@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import trace_tables as tt
+from .layout import Wrapped
 
 STEPS_SHOWN = 16  # the per-step tables keep their head; the medians cover every step
 
@@ -35,10 +36,10 @@ def render_ranks(section: dict | None, console: Console) -> None:
     console.print(_table("Per rank (decode window)", tt.RANK_WINDOW_HEADERS, tt.rank_window_rows(section)))
     console.print(_table("Per rank, median per step", tt.RANK_MEDIAN_HEADERS, tt.rank_median_rows(section)))
     for line in tt.rank_median_lines(section):
-        console.print(line)
+        console.print(Wrapped(line, hang=2))
     console.print(_table("Per step, across ranks: timing", tt.RANK_TIMING_HEADERS,
                          tt.rank_timing_rows(section, STEPS_SHOWN)))
     console.print(_table("Per step, across ranks: compute and NCCL", tt.RANK_WORK_HEADERS,
                          tt.rank_work_rows(section, STEPS_SHOWN)))
     for w in section.get("warnings") or []:
-        console.print(Text(f"warning: {w}", style="yellow"))
+        console.print(Wrapped(Text(f"warning: {w}", style="yellow"), hang=2))

@@ -188,6 +188,12 @@ def evidence_value(key: str, value) -> str:
     if value is None or isinstance(value, str):
         return fmt(value)
     k = key.lower()
+    if is_metric_name(key):  # an Nsight Compute metric: percent as ncu reports it, not a fraction
+        if "pct" in k:
+            return f"{value:.1f} %"
+        return fmt(value, "bytes") if "bytes" in k else fmt(value, "count")
+    if k.endswith("_pct"):  # already a percentage (ncu's stall shares), not a fraction
+        return f"{value:.1f} %"
     if "gbps" in k:
         return f"{value:,.0f} GB/s"
     if "_ms" in k or k.startswith("ms"):
@@ -210,8 +216,21 @@ def evidence_value(key: str, value) -> str:
 _UNIT_WORDS = {"us", "ms", "gbps"}  # key words that evidence_value turns into the value's unit
 
 
+def is_metric_name(key: str) -> bool:
+    """An Nsight Compute metric name (``dram__throughput.avg.pct_of_peak_sustained_elapsed``: a unit, two
+    underscores, a counter): shown whole, as ncu's documentation spells it, never turned into words."""
+    return "__" in key
+
+
 def _evidence_name(key: str, value) -> str:
-    """The evidence key as words, less the unit word that the value now carries (``busy_us`` → ``busy``)."""
+    """The evidence key as words, less the unit word that the value now carries (``busy_us`` → ``busy``); an ncu
+    metric name (:func:`is_metric_name`) as it is."""
+    if is_metric_name(key):
+        return key
+    if key.startswith("stall_") and key.endswith("_pct"):  # an ncu stall reason, named as ncu names it
+        return f"stall {key[len('stall_'):-len('_pct')]}"
+    if key.endswith("_pct") and value is not None and not isinstance(value, str):
+        key = key[:-len("_pct")]  # the value carries its "%"
     words = key.split("_")
     if value is not None and not isinstance(value, str):
         words = [w for w in words if w.lower() not in _UNIT_WORDS] or words

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console, Group
-from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from . import tables
+from .counters_table import counters_renderable
+from .layout import Wrapped
 from .results import Results, ordered
+from .sweep_table import sweep_renderable
 from .verdict import severity_legend, verdict
 
 # Document text goes into Text objects, never into markup strings: kernel names such as
@@ -62,15 +64,17 @@ def _ladder(doc: dict, console: Console) -> None:
 
 def findings_group(findings: list[dict], subject, legend: list[tuple[str, str]]) -> Group:
     """One block per finding (severity, ``subject(finding)``, title; evidence; action), then the severity
-    ``legend``, wrapped by word: a five-column table at 80 columns split numbers and names mid-word."""
+    ``legend``, wrapped by word (:class:`~.layout.Wrapped`: a number never parts from its unit): a five-column
+    table at 80 columns split numbers and names mid-word."""
     parts = [Text("Findings", style="bold")]
     for f in findings:
         sev = str(f.get("severity"))
-        parts.append(Text.assemble((f"{sev.upper():7s}", _SEVERITY_STYLE.get(sev, "bold")), " ",
-                                   (str(subject(f) or tables.MISSING), "bold"), ": ", str(f.get("title"))))
-        parts.append(Padding(Text(f"evidence: {tables.evidence_text(f.get('evidence'))}"), (0, 0, 0, 2)))
-        parts.append(Padding(Text(f"action: {f.get('advice')}"), (0, 0, 0, 2)))
-    parts.append(Text("severity: " + "; ".join(f"{k} = {v}" for k, v in legend), style="dim"))
+        parts.append(Wrapped(Text.assemble((f"{sev.upper():7s}", _SEVERITY_STYLE.get(sev, "bold")), " ",
+                                           (str(subject(f) or tables.MISSING), "bold"), ": ", str(f.get("title"))),
+                             hang=8))
+        parts.append(Wrapped(f"evidence: {tables.evidence_text(f.get('evidence'))}", hang=2, indent=2))
+        parts.append(Wrapped(f"action: {f.get('advice')}", hang=2, indent=2))
+    parts.append(Wrapped(Text("severity: " + "; ".join(f"{k} = {v}" for k, v in legend), style="dim")))
     return Group(*parts)
 
 
@@ -78,7 +82,7 @@ def _verdict(doc: dict):
     v = verdict(doc)
     if v is None:
         return Text("Verdict: no engine measured a latency", style="bold")
-    body = Group(Text(v["text"]), Text.assemble(("Action: ", "bold"), v["action"]))
+    body = Group(Wrapped(v["text"]), Wrapped(Text.assemble(("Action: ", "bold"), v["action"])))
     return Panel(body, title="Verdict", title_align="left")
 
 
@@ -103,73 +107,51 @@ def render_results(results: Results | dict, console: Console) -> None:
         console.print(Text("Nothing to report: the results hold no engine", style="bold"))
         return
     header = Group(
-        Text(tables.device_line(doc), style="bold"),
-        Text(f"Model: {tables.model_line(doc)}"),
-        Text(f"Workload: {tables.workload_line(doc)}"),
-        Text(f"Command: {doc.get('command')}  ({doc.get('created')})"),
+        Wrapped(Text(tables.device_line(doc), style="bold"), hang=2),
+        Wrapped(f"Model: {tables.model_line(doc)}", hang=2),
+        Wrapped(f"Workload: {tables.workload_line(doc)}", hang=2),
+        Wrapped(f"Command: {doc.get('command')}  ({doc.get('created')})", hang=2),
     )
     console.print(_verdict(doc))
     console.print(Panel(header, title="bubblescope results", title_align="left", expand=False))
     for note in (doc.get("device") or {}).get("notes") or []:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(Wrapped(Text(f"note: {note}", style="dim"), hang=2))
     console.print(_engine_table(doc, "Latency (ms per token) and bandwidth; — = not measured, dim = not run",
                                 tables.LATENCY_COLUMNS))
     console.print(_engine_table(doc, tables.request_title(doc), tables.REQUEST_COLUMNS))
-    console.print(Text(tables.LATENCY_NOTE, style="dim"))
+    console.print(Wrapped(Text(tables.LATENCY_NOTE, style="dim")))
     steps = tables.steps_note(doc)
     console.print(_engine_table(doc, "Launches, bubbles and correctness" + (f" ({steps})" if steps else ""),
                                 tables.TIMELINE_COLUMNS))
-    console.print(Text(tables.BUBBLE_NOTE, style="dim"))
-    console.print(Text(tables.SYNC_NOTE, style="dim"))
+    console.print(Wrapped(Text(tables.BUBBLE_NOTE, style="dim")))
+    console.print(Wrapped(Text(tables.SYNC_NOTE, style="dim")))
     _ladder(doc, console)
+    sweep = sweep_renderable(doc)
+    if sweep is not None:
+        console.print(sweep)
     tiles = [(e["name"], tables.kernel_tiling(e.get("compile") or {})) for e in doc["engines"]]
     tiles = [(name, line) for name, line in tiles if line != "—"]
     if tiles:  # the tile shapes and matvec chosen for this model (they follow its config)
         console.print(Text("Kernels and tiles", style="bold"))
         for name, line in tiles:
-            console.print(Text(f"  {name}: {line}"))
+            console.print(Wrapped(f"{name}: {line}", hang=2, indent=2))
     feeds = [(e["name"], tables.stream_feed_line(e.get("intrakernel"))) for e in doc["engines"]]
     feeds = [(name, line) for name, line in feeds if line]
     if feeds:  # where the HBM weight stream idles inside the megakernel (Gluon kernel only)
         console.print(Text("Weight stream fed (tiles issued, median over layers)", style="bold"))
         for name, line in feeds:
-            console.print(Text(f"  {name}: {line}"))
+            console.print(Wrapped(f"{name}: {line}", hang=2, indent=2))
     skipped = tables.not_run(doc)
     if skipped:
         console.print(Text("Engines not run", style="bold"))
         for name, status, reason in skipped:
-            console.print(Text(f"  {name}: {status} — {reason}"))
+            console.print(Wrapped(f"{name}: {status} — {reason}", hang=2, indent=2))
     if doc.get("counters") is not None:
-        console.print(_counters(doc["counters"]))
+        console.print(counters_renderable(doc["counters"]))
         if line := tables.counters_workload_line(doc):
-            console.print(Text(line, style="dim"))
+            console.print(Wrapped(Text(line, style="dim")))
     if doc.get("findings"):
         console.print(findings_group(doc["findings"], lambda f: f.get("engine"), severity_legend()))
     else:
-        console.print(Text("Findings: none (no rule fired, or the inputs were not measured)"))
+        console.print(Wrapped("Findings: none (no rule fired, or the inputs were not measured)"))
 
-
-# Counter columns of the terminal table: (header, ncu metric name).
-_COUNTER_COLUMNS = (("DRAM % peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-                    ("L2 hit %", "lts__t_sector_hit_rate.pct"),
-                    ("warps active %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
-                    ("regs", "launch__registers_per_thread"))
-
-
-def _counters(section: dict):
-    """The ncu counters of each engine's top kernels, or the reason they are missing."""
-    if not section.get("available"):
-        return Text(f"Hardware counters (ncu): unavailable — {section.get('reason')}")
-    table = Table(title="Hardware counters (ncu), top kernels", title_justify="left", box=box.SIMPLE_HEAD)
-    for header in ("engine", "kernel", "µs", *(h for h, _ in _COUNTER_COLUMNS), "top stall"):
-        table.add_column(header, overflow="fold")
-    for e in section.get("engines") or []:
-        if not e.get("available"):
-            table.add_row(Text(e["engine"]), Text(f"unavailable: {e.get('reason')}"), style="dim")
-            continue
-        for k in e["kernels"][:3]:
-            stall = next(iter((k.get("stalls") or {}).items()), None)
-            table.add_row(Text(e["engine"]), Text(k["name"][:60]), Text(tables.fmt(k.get("duration_us"), "rate")),
-                          *(Text(tables.fmt(k["metrics"].get(m), "rate")) for _, m in _COUNTER_COLUMNS),
-                          Text(f"{stall[0]} {stall[1]:.1f} %" if stall else tables.MISSING))
-    return table

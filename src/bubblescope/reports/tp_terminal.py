@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .layout import Wrapped
 from .ranks_terminal import render_ranks
 from .tables import fmt
 from .tables import us as _us
@@ -39,6 +40,6 @@ def render_tp(doc: dict, console: Console) -> None:
     console.print(table)
     render_ranks(doc.get("ranks"), console)
     for note in doc.get("notes") or []:
-        console.print(Text(f"note: {note}", style="yellow"))
+        console.print(Wrapped(Text(f"note: {note}", style="yellow"), hang=2))
     for f in doc.get("findings") or []:
-        console.print(Text(f"{f['severity']}: {f['title']} — {f['advice']}"))
+        console.print(Wrapped(f"{f['severity']}: {f['title']} — {f['advice']}", hang=2))

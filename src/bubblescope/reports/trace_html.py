@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import trace_tables as tt
 from .html import png_uri, render_template
+from .kernel_names import short_kernel_name
 from .results import atomic_write_text
 from .tables import MISSING, evidence_text
 
@@ -22,6 +23,12 @@ STEP_ROWS_SHOWN = 500  # a long trace keeps its head in the table; the plot show
 
 def _headers(headers) -> list[str]:
     return [h.replace("\n", " ") for h in headers]
+
+
+def named_rows(rows: list[list[str]]) -> list[list]:
+    """Table rows whose first cell is a kernel name, that cell made ``{"text": short, "title": full}``
+    (:func:`~.kernel_names.short_kernel_name`): the table shows the short name, hovering shows the whole one."""
+    return [[{"text": short_kernel_name(r[0]), "title": r[0]}, *r[1:]] for r in rows]
 
 
 def _breakdowns(f: dict) -> list[dict]:
@@ -35,7 +42,7 @@ def _breakdowns(f: dict) -> list[dict]:
     for where, src in sources:
         out.append({"title": f"Top kernels {where}",
                     "headers": ["name", "category", "count", "total", "share"],
-                    "rows": tt.breakdown_rows((src.get("top_kernels") or [])[:TOP_SHOWN], True)})
+                    "rows": named_rows(tt.breakdown_rows((src.get("top_kernels") or [])[:TOP_SHOWN], True))})
         out.append({"title": f"Kernel categories {where}", "headers": ["category", "count", "total", "share"],
                     "rows": tt.breakdown_rows(src.get("categories") or [], False)})
     return out

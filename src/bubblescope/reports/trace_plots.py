@@ -1,12 +1,13 @@
 """Figures of a ``diagnose trace`` summary: GPU busy against idle per decode step, per file and per rank.
 
-Pure, like :mod:`.plots` (whose figure functions they use): each function reads the summary's rows and returns a
+Pure, like :mod:`.plots` (with the helpers of :mod:`.figure_base`): each function reads the summary's rows and returns a
 new Figure, or None when there is nothing to draw. Times are the summary's µs, drawn in ms.
 """
 
 from __future__ import annotations
 
-from .plots import _label, _new_figure
+from .figure_base import label as _label
+from .figure_base import new_figure as _new_figure
 
 _BUSY, _NCCL, _IDLE, _WALL = "#4c72b0", "#dd8452", "#c8c8c8", "#222222"
 

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from ..profiler.timeline import CPU_ONLY, is_no_gpu_reason
 from . import trace_tables as tt
+from .layout import Wrapped
 
 NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
 TOP_SHOWN = 10
@@ -147,7 +148,7 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
         for w in f.get("warnings") or []:
             if not devices and w == no_gpu:  # said above, with what it means
                 continue
-            console.print(Text(f"warning: {w}", style="yellow"))
+            console.print(Wrapped(Text(f"warning: {w}", style="yellow"), hang=2))
 
 
 def render_trace_findings(findings: list[dict], console: Console) -> None:

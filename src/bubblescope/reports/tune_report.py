@@ -9,11 +9,34 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import tables
+from .layout import Wrapped
 from ..wording import count
 
 # Headers break over two lines so that all twelve columns fit an 80-column terminal.
 COLUMNS = ("value", "context", "p50\nms", "p99\nms", "%\npeak", "wait", "agree", "regs", "spills", "smem\nB",
            "progs\n/SM", "grid")
+
+
+def show_value(value) -> str:
+    """A parameter value as ``tune --list`` and the tune page print it: None (the kernel chooses) as ``auto``, an
+    empty string as ``""``."""
+    return "auto" if value is None else '""' if value == "" else str(value)
+
+
+def knob_list_lines(groups: dict, device_type: str, width: int = 100) -> list[str]:
+    """The lines of ``tune --list``: per parameter class (``{class name: (engines, knobs)}``, knobs as
+    ``tuning.knobs`` gives them for ``device_type``) a heading naming its engines, wrapped at ``width``, then one
+    line per knob with its type, the default tune holds on that device (:func:`show_value`, as the tune page shows
+    it) and its family."""
+    import textwrap
+
+    lines = []
+    for cls, (engines, knobs) in groups.items():
+        lines += textwrap.wrap(f"{', '.join(engines)} ({cls}); defaults on {device_type}, as `tune` holds them there:",
+                               width=width, subsequent_indent="    ", break_on_hyphens=False)
+        lines += [f"  {k['name']:18s} {k['type']:12s} default {show_value(k['default']):8s} {k['family']}"
+                  for k in knobs]
+    return lines
 
 
 def cliff(row: dict) -> str | None:
@@ -82,8 +105,7 @@ def render_tune(doc: dict, console) -> None:
     for value, status, reason in not_run(doc):
         console.print(f"{doc['knob']}={value}: {status}: {reason}", markup=False, highlight=False, soft_wrap=True)
     for b in doc["best"]:
-        console.print(f"best at context {b['context']}: {doc['knob']}={b['text']} "
-                      f"({tables.fmt(b['token_ms_p50'], 'ms')} ms/token p50)", soft_wrap=True)
+        console.print(Wrapped(best_line(doc, b), hang=2))
     for r in doc["rows"]:
         if cliff(r):
             console.print(f"cliff: {doc['knob']}={r['text']}: {cliff(r)}", soft_wrap=True)
@@ -92,17 +114,42 @@ def render_tune(doc: dict, console) -> None:
                       "and % of peak, registers and residency need a GPU")
 
 
+def best_line(doc: dict, b: dict) -> str:
+    """What one entry of ``doc["best"]`` (:func:`~bubblescope.tuned.best_per_context`) allows to be said: "best"
+    only when the lowest p50's lead over the next value exceeds the noise of its own samples; "within noise" when it
+    does not; "lowest p50" when the noise or a second value is not known."""
+    knob, ms = doc["knob"], tables.fmt(b["token_ms_p50"], "ms")
+    head = f"context {b['context']}: {knob}={b['text']} ({ms} ms/token p50)"
+    lead, noise, nxt = b.get("lead_ms"), b.get("noise_ms"), b.get("runner_up")
+    if nxt is None:
+        return f"lowest p50 at {head}: the only value that ran, nothing to rank it against"
+    gap = f"{tables.fmt(lead, 'ms')} ms ahead of {knob}={nxt}"
+    if noise is None:
+        return f"lowest p50 at {head}, {gap}; its samples' spread was not recorded, so no value is called best"
+    spread = f"the spread of its own samples (IQR {tables.fmt(noise, 'ms')} ms)"
+    if b.get("within_noise"):
+        return f"within noise at {head}: {gap}, no more than {spread}; no value is best"
+    return f"best at {head}: {gap}, more than {spread}"
+
+
+def best_verdict(b: dict) -> str:
+    """One word or two for the tune page's table: "best", "within noise" or "lowest p50" (see :func:`best_line`)."""
+    if b.get("runner_up") is None or b.get("noise_ms") is None:
+        return "lowest p50"
+    return "within noise" if b.get("within_noise") else "best"
+
+
 def tune_figure(doc: dict):
     """p50 ms/token against the knob's value, one line per context; cliff values circled in red. None when
     no value ran ok. Non-numeric values are placed at equal steps in the given order."""
-    from .plots import _label, _new_figure
+    from .figure_base import label, new_figure, ticks_at
 
     ok = [r for r in doc["rows"] if r["status"] == "ok" and r["points"]]
     if not ok:
         return None
     numeric = all(isinstance(r["value"], (int, float)) and not isinstance(r["value"], bool) for r in ok)
     xs = {r["text"]: (r["value"] if numeric else i) for i, r in enumerate(ok)}
-    fig, (ax,) = _new_figure(4.0)
+    fig, (ax,) = new_figure(4.0)
     for c in doc["contexts"]:
         pts = [(xs[r["text"]], p["token_ms_p50"], r) for r in ok for p in r["points"]
                if p["context"] == c and p["token_ms_p50"] is not None]
@@ -116,9 +163,11 @@ def tune_figure(doc: dict):
                        label="spills / lost residency" if c == doc["contexts"][0] else None)
     if numeric and len(xs) > 2 and min(xs.values()) > 0 and max(xs.values()) / min(xs.values()) >= 8:
         ax.set_xscale("log", base=2)
-    if not numeric:
-        ax.set_xticks(list(xs.values()), [_label(t) for t in xs])
-    ax.set_xlabel(_label(doc["knob"]))
+    if numeric:  # ticks at the values tried, as plain numbers (a log-2 axis would read 2^8, 2^10)
+        ticks_at(ax, "x", list(xs.values()))
+    else:
+        ax.set_xticks(list(xs.values()), [label(t) for t in xs])
+    ax.set_xlabel(label(doc["knob"]))
     ax.set_ylabel("p50 ms/token")
     ax.legend(fontsize=8)
     return fig
@@ -131,10 +180,13 @@ def render_tune_html(doc: dict) -> str:
     return render_template(
         "tune.html.j2", title=title(doc), command=doc["command"], created=doc["created"], headers=COLUMNS,
         rows=rows(doc), not_run=not_run(doc),
-        plot=png_uri(tune_figure(doc)), best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"))
-                                              for b in doc["best"]],
+        plot=png_uri(tune_figure(doc)),
+        best=[(b["context"], b["text"], tables.fmt(b["token_ms_p50"], "ms"), b.get("runner_up") or tables.MISSING,
+               tables.fmt(b.get("lead_ms"), "ms"), tables.fmt(b.get("noise_ms"), "ms"), best_verdict(b),
+               best_line(doc, b)) for b in doc["best"]],
         cliffs=[(r["text"], cliff(r)) for r in doc["rows"] if cliff(r)], knob=doc["knob"],
-        base=sorted((k, str(v)) for k, v in doc["base_params"].items()), cpu=ran_on_cpu(doc))
+        base=sorted((k, show_value(v)) for k, v in doc["base_params"].items()), cpu=ran_on_cpu(doc),
+        device_type=doc["device"].get("type"))
 
 
 def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = None) -> None:
