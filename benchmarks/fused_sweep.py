@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl", default="0,1")
     ap.add_argument("--fused-reduce", default="0,1")
     ap.add_argument("--norm-stats", default="reload,atomic")
+    ap.add_argument("--down-block-k", default="0", help="the down projection's columns per tile (0: --block-k)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     info = device_info("cuda:0")
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     grid = list(itertools.product(ints(args.block_n), ints(args.block_k), ints(args.warps), ints(args.pdl),
-                                  ints(args.fused_reduce), args.norm_stats.split(",")))
+                                  ints(args.fused_reduce), args.norm_stats.split(","), ints(args.down_block_k)))
     doc = {"benchmark": "fused_sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("BUBBLESCOPE_COMMIT"), "device": info.get("name"),
            "nvml_peak_GBps": info.get("nvml_peak_GBps"), "versions": {"torch": torch.__version__,
@@ -62,20 +63,20 @@ def main(argv=None) -> int:
         max_seq = args.prompt_len + args.steps * args.rounds + 64
         traffic = step_traffic(cfg, 2, args.prompt_len + args.steps * args.rounds // 2)
         engines, rows = {}, {}
-        for bn, bk, nw, pdl, fr, ns in grid:
-            key = f"n{bn}_k{bk}_w{nw}_pdl{pdl}_fr{fr}_{ns}"
+        for bn, bk, nw, pdl, fr, ns, dk in grid:
+            key = f"n{bn}_k{bk}_w{nw}_pdl{pdl}_fr{fr}_{ns}_dk{dk}"
             try:
                 eng = FusedEngine(w, max_seq_len=max_seq, pdl=bool(pdl),
                                   params=FusedParams(block_n=bn, block_k=bk, num_warps=nw, fused_reduce=bool(fr),
-                                                     norm_stats=ns))
+                                                     norm_stats=ns, down_block_k=dk))
                 eng.prefill(prompt)
                 eng.decode_greedy(int(prompt[-1]))          # compiles and captures
                 engines[key] = eng
                 rows[key] = {"block_n": bn, "block_k": bk, "num_warps": nw, "pdl": bool(pdl), "fused_reduce": bool(fr),
-                             "norm_stats": ns, "ms": []}
+                             "norm_stats": ns, "down_block_k": dk, "ms": []}
             except Exception as e:  # a config that does not compile or fit is recorded, not fatal
                 rows[key] = {"block_n": bn, "block_k": bk, "num_warps": nw, "pdl": bool(pdl), "fused_reduce": bool(fr),
-                             "norm_stats": ns, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                             "norm_stats": ns, "down_block_k": dk, "error": f"{type(e).__name__}: {str(e)[:200]}"}
             if time.time() > deadline:
                 break
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
         best = sorted((r for r in rows.values() if "ms_p50" in r), key=lambda r: r["ms_p50"])
         for r in best[:8]:
             print(f"{model} n{r['block_n']} k{r['block_k']} w{r['num_warps']} pdl{int(r['pdl'])} "
-                  f"fr{int(r['fused_reduce'])} {r['norm_stats']}: "
+                  f"fr{int(r['fused_reduce'])} {r['norm_stats']} dk{r['down_block_k']}: "
                   f"{r['ms_p50']:.4f} ms  {100 * (r['util_peak'] or 0):.1f}% peak  same={r['tokens_equal_first_config']}",
                   flush=True)
         for r in rows.values():

@@ -164,13 +164,15 @@ def test_lmhead_and_argmax_pick_the_first_maximum(tie_at):
     if tie_at:
         target[list(tie_at)] = -0.5                          # the maximum, twice, in the 1st and the 6th program
     w = torch.outer(target, h) / h.dot(h)                    # w @ h == target
-    logits, pv, pi = torch.zeros(V), torch.zeros(6), torch.zeros(6, dtype=torch.int32)
+    logits, keys = torch.zeros(V), torch.full((4,), -2 ** 63, dtype=torch.int64)
     tok, tok_out, pos = (torch.zeros(1, dtype=torch.int32) for _ in range(3))
     ss = torch.tensor([7.0, 1.0, 2.0])
-    K.lmhead_kernel[(6,)](x, nw, w, logits, pv, pi, ss, eps, V=V, H=H, BLOCK_N=8, BLOCK_K=16, STATS_IN=False,
-                          ACT=tl.float32, USE_PDL=False)
-    K.argmax_kernel[(1,)](pv, pi, tok, tok_out, pos, ss, P=6, NSS=3, NSS_P=4, BLOCK=4, USE_PDL=False)
+    # 6 programs of 8 rows fold their maxima into 4 keys (programs 0 and 4 share key 0)
+    K.lmhead_kernel[(6,)](x, nw, w, logits, keys, ss, eps, V=V, H=H, BLOCK_N=8, BLOCK_K=16, NSLOT=4,
+                          STATS_IN=False, ACT=tl.float32, USE_PDL=False)
+    K.argmax_kernel[(1,)](keys, tok, tok_out, pos, ss, V=V, NSLOT=4, NSLOT_P=4, NSS=3, NSS_P=4, USE_PDL=False)
     assert not ss.any()                                    # the Σx² slots start the next step at 0
+    assert (keys == -2 ** 63).all()                        # and the keys at their minimum
     want = _np(w) @ _rms(_np(x), 1.0, eps)
     assert (want < 0).all()
     np.testing.assert_allclose(_np(logits), want, rtol=1e-5, atol=1e-5)

@@ -26,6 +26,8 @@ from ..wording import count
 
 PDL_NEEDS_HOPPER = "Programmatic Dependent Launch needs an NVIDIA GPU of compute capability 9.0 (Hopper) or newer"
 AHEAD_MAX = 2  # greedy steps launched and not yet read (generate() keeps one)
+ARGMAX_SLOTS = 64      # int64 (max, argmax) keys the LM-head programs fold into (kernels.lmhead_kernel)
+KEY_MIN = -(2 ** 63)   # a key below every logit's
 _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -47,13 +49,16 @@ class FusedParams:
     KV positions per attention block; ``splits``: attention splits per kv head (0: enough to give every SM one
     program at long contexts); ``fused_reduce``: the attention splits combined by the kv head's last program (an
     atomic ticket) instead of a separate launch; ``norm_stats``: ``reload`` (each RMSNorm reads x twice: Σx², then
-    the normed chunks) or ``atomic`` (the kernels that write x add its Σx² into a float32 slot). Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
+    the normed chunks) or ``atomic`` (the kernels that write x add its Σx² into a float32 slot);
+    ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``). Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
     4–8 rows, 1,024–2,048 columns and 4 warps streamed fastest (``benchmarks/NOTES.md``, PDL)."""
 
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
-                 splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload"):
+                 splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
+                 down_block_k: int = 0):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
+        self.down_block_n, self.down_block_k = down_block_n, down_block_k
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -113,11 +118,12 @@ class FusedEngine:
         f32, i32 = torch.float32, torch.int32
         self.lm_rows = min(self.params.block_n, _pow2(cfg.vocab_size))
         n_part = -(-cfg.vocab_size // self.lm_rows)
+        self.nslot = min(ARGMAX_SLOTS, n_part)
         self._b = dict(x=z(cfg.hidden_size), q=z(cfg.q_size), kraw=z(cfg.kv_size), o=z(cfg.q_size),
                        act=z(cfg.intermediate_size), part_m=z(nh * self.splits, dtype=f32),
                        part_l=z(nh * self.splits, dtype=f32), part_acc=z(nh * self.splits * d, dtype=f32),
-                       logits=z(cfg.vocab_size, dtype=f32), part_val=z(n_part, dtype=f32),
-                       part_idx=z(n_part, dtype=i32), tok=z(1, dtype=i32), tok_out=z(1, dtype=i32),
+                       logits=z(cfg.vocab_size, dtype=f32), keys=z(self.nslot, dtype=torch.int64).fill_(KEY_MIN),
+                       tok=z(1, dtype=i32), tok_out=z(1, dtype=i32),
                        pos=z(1, dtype=i32), tickets=z(cfg.num_key_value_heads, dtype=i32),
                        ss=z(2 * cfg.num_hidden_layers, dtype=f32))   # Σx² of x after each O-proj and down
         self._n_part = n_part
@@ -176,17 +182,18 @@ class FusedEngine:
                          (b["x"], layer.post_attention_layernorm, layer.gate_proj, layer.up_proj, b["act"],
                           ss(2 * li), eps),
                          dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common)))
-            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),),
+            dn = min(p.down_block_n or p.block_n, _pow2(H))
+            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, dn),),
                          (layer.down_proj, b["act"], b["x"], ss(2 * li + 1)),
-                         dict(N=H, K=I, BLOCK_N=rows(H), BLOCK_K=bk(I), STATS_OUT=stats, ACT=act, **common)))
+                         dict(N=H, K=I, BLOCK_N=dn, BLOCK_K=min(p.down_block_k or p.block_k, _pow2(I)), STATS_OUT=stats,
+                              ACT=act, **common)))
         nss = 2 * cfg.num_hidden_layers
         plan.append((K.lmhead_kernel, (self._n_part,),
-                     (b["x"], m.norm, m.lm_head, b["logits"], b["part_val"], b["part_idx"], ss(nss - 1), eps),
-                     dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common)))
-        plan.append((K.argmax_kernel, (1,),
-                     (b["part_val"], b["part_idx"], b["tok"], b["tok_out"], b["pos"], b["ss"]),
-                     dict(P=self._n_part, NSS=nss, NSS_P=_pow2(nss), BLOCK=min(1024, _pow2(self._n_part)),
+                     (b["x"], m.norm, m.lm_head, b["logits"], b["keys"], ss(nss - 1), eps),
+                     dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), NSLOT=self.nslot, STATS_IN=stats, ACT=act,
                           **common)))
+        plan.append((K.argmax_kernel, (1,), (b["keys"], b["tok"], b["tok_out"], b["pos"], b["ss"]),
+                     dict(V=V, NSLOT=self.nslot, NSLOT_P=_pow2(self.nslot), NSS=nss, NSS_P=_pow2(nss), **common)))
         return plan
 
     def kernels_per_step(self) -> int:
@@ -207,6 +214,7 @@ class FusedEngine:
         self.model.reset_cache()
         self._b["pos"].zero_()
         self._b["ss"].zero_()
+        self._b["keys"].fill_(KEY_MIN)
         self.position = 0
         self._wanted.clear()
 

@@ -301,27 +301,31 @@ def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
 def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mr = rows < N
+    mr = rows[:, None] < N
     cols = tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=mr[:, None] & (cols[None, :] < K),
-                other=0.0)
+    off = rows[:, None].to(tl.int64) * K + cols[None, :]
+    # Three column tiles in flight: two issued before the wait, each iteration issues the one two ahead (a tile
+    # past K is fully masked: no memory traffic), so a long row (the down projection's K = intermediate) streams
+    # without a round trip per tile.
+    w0 = tl.load(w_ptr + off, mask=mr & (cols[None, :] < K), other=0.0)
+    w1 = tl.load(w_ptr + off + BLOCK_K, mask=mr & (BLOCK_K + cols[None, :] < K), other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        mk = k0 + cols < K
-        if k0 > 0:
-            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + (k0 + cols)[None, :],
-                        mask=mr[:, None] & mk[None, :], other=0.0)
-        a = tl.load(a_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        acc += _sum(w.to(tl.float32) * a[None, :], 1)
+        a = tl.load(a_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + off + k0 + 2 * BLOCK_K, mask=mr & (k0 + 2 * BLOCK_K + cols[None, :] < K), other=0.0)
+        acc += _sum(w0.to(tl.float32) * a[None, :], 1)
+        w0 = w1
+        w1 = w2
     y = acc.to(ACT).to(tl.float32)
-    x = tl.load(x_ptr + rows, mask=mr, other=0.0).to(tl.float32)
+    mrow = rows < N
+    x = tl.load(x_ptr + rows, mask=mrow, other=0.0).to(tl.float32)
     xn = (x + y).to(ACT)
-    tl.store(x_ptr + rows, xn, mask=mr)
+    tl.store(x_ptr + rows, xn, mask=mrow)
     if STATS_OUT:  # this program's share of Σx² for the next RMSNorm (ss zeroed by the previous step's argmax)
-        xf = tl.where(mr, xn.to(tl.float32), 0.0)
+        xf = tl.where(mrow, xn.to(tl.float32), 0.0)
         tl.atomic_add(ss_ptr, _sum(xf * xf, 0), sem="relaxed", scope="gpu")
 
 
@@ -371,11 +375,12 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
 
 # ---- lmhead + argmax ---------------------------------------------------------------------------------------------
 # lmhead grid: cdiv(V, BLOCK_N). logits[r] = W_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's
-# bf16 logits, stored in float32; each program also stores its rows' max and first argmax (torch.argmax's rule).
+# bf16 logits, stored in float32; each program folds its rows' (max, first argmax) into one of NSLOT int64 keys
+# with atomic_max (slot pid % NSLOT: a few hundred atomics per slot, none waiting on another slot).
 @triton.jit
-def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr, ss_ptr, eps, V: tl.constexpr,
-                  H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr,
-                  ACT: tl.constexpr, USE_PDL: tl.constexpr):
+def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: tl.constexpr,
+                  H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NSLOT: tl.constexpr,
+                  STATS_IN: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < V
@@ -408,33 +413,32 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr
     y = tl.where(mr, y, float("-inf"))
     best = _max(y, 0)
     idx = _min(tl.where(y == best, rows, V), 0)
-    tl.store(part_val_ptr + pid, best)
-    tl.store(part_idx_ptr + pid, idx)
+    # (max, first argmax) as one int64 key whose signed order is the float order, ties to the lower row:
+    # float bits with the magnitude bits flipped for negatives (monotone as int32), then V - 1 - row below them
+    bits = best.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    key = (ordered.to(tl.int64) << 32) | (V - 1 - idx).to(tl.int64)
+    tl.atomic_max(keys_ptr + pid % NSLOT, key, sem="relaxed", scope="gpu")
 
 
-# argmax grid: 1. The greedy token over the lmhead programs' partials (ties: the lower index, as torch.argmax),
-# written to tok (the next step's input) and tok_out (the host's copy); then pos += 1 and the Σx² slots (ss, NSS of
-# them) zeroed end the step.
+# argmax grid: 1. The greedy token from the NSLOT keys (torch.argmax's rule: the first maximum), written to tok (the
+# next step's input) and tok_out (the host's copy); then the keys back to their minimum, pos += 1 and the Σx² slots
+# (ss, NSS of them) zeroed end the step.
 @triton.jit
-def argmax_kernel(part_val_ptr, part_idx_ptr, tok_ptr, tok_out_ptr, pos_ptr, ss_ptr, P: tl.constexpr,
-                  NSS: tl.constexpr, NSS_P: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
+def argmax_kernel(keys_ptr, tok_ptr, tok_out_ptr, pos_ptr, ss_ptr, V: tl.constexpr, NSLOT: tl.constexpr,
+                  NSLOT_P: tl.constexpr, NSS: tl.constexpr, NSS_P: tl.constexpr, USE_PDL: tl.constexpr):
+    offs = tl.arange(0, NSLOT_P)
+    ms = offs < NSLOT
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    bidx = tl.full([BLOCK], 2147483647, tl.int32)
-    for p0 in range(0, P, BLOCK):
-        mp = p0 + offs < P
-        v = tl.load(part_val_ptr + p0 + offs, mask=mp, other=float("-inf"))
-        ix = tl.load(part_idx_ptr + p0 + offs, mask=mp, other=2147483647)
-        upd = v > best                     # strictly greater: an earlier chunk keeps a tie
-        best = tl.where(upd, v, best)
-        bidx = tl.where(upd, ix, bidx)
-    top = _max(best, 0)
-    tok = _min(tl.where(best == top, bidx, 2147483647), 0)
+    lowest = tl.full([NSLOT_P], -9223372036854775807 - 1, tl.int64)
+    keys = tl.load(keys_ptr + offs, mask=ms, other=-9223372036854775807 - 1)
+    top = _max(keys, 0)
+    tok = (V - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
     tl.store(tok_ptr, tok)
     tl.store(tok_out_ptr, tok)
+    tl.store(keys_ptr + offs, lowest, mask=ms)
     tl.store(pos_ptr, tl.load(pos_ptr) + 1)
     zs = tl.arange(0, NSS_P)
     tl.store(ss_ptr + zs, tl.zeros([NSS_P], tl.float32), mask=zs < NSS)   # the next step's Σx² start at 0
