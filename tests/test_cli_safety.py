@@ -442,6 +442,8 @@ def test_engines_that_need_what_is_missing_are_known_before_a_model(monkeypatch)
     assert {n: unavailable_before_load(n, cpu) for n in ENGINES} == {
         n: None for n in ENGINES} | {
         "reference-cudagraph": "reference mode cudagraph needs a CUDA device",
+        "reference-fused-pdl": "Programmatic Dependent Launch needs an NVIDIA GPU of compute capability 9.0 (Hopper) "
+                               "or newer",
         "megakernel-gluon": "the Gluon megakernel needs a CUDA GPU (the CPU interpreter cannot run Gluon)"}
     assert unavailable_before_load("auto", cpu) is None
     for package in ("triton", "transformers"):  # as if not installed: find_spec None, import raises ImportError
@@ -449,7 +451,8 @@ def test_engines_that_need_what_is_missing_are_known_before_a_model(monkeypatch)
     missing = {n: unavailable_before_load(n, cpu) for n in ENGINES}
     assert missing == {"reference": None, "reference-cudagraph": "reference mode cudagraph needs a CUDA device",
                        "reference-compile": None, "hf": "engine hf needs transformers, which is not installed"} | {
-        n: "the megakernel needs Triton, which is not installed" for n in ENGINES if n.startswith("megakernel")}
+        n: "the megakernel needs Triton, which is not installed" for n in ENGINES if n.startswith("megakernel")} | {
+        n: "the fused engines need Triton, which is not installed" for n in ("reference-fused", "reference-fused-pdl")}
     weights = dummy_weights(get_preset("tiny-llama"))
     for name in ("hf", "megakernel", "reference-cudagraph"):  # the words building it raises
         with pytest.raises(EngineUnavailable) as info:

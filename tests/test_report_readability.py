@@ -358,6 +358,6 @@ def test_a_long_engine_name_stays_on_one_line_of_the_latency_table():
     assert row.split() == ["megakernel-noprefetch", "123.457", "234.567", "8.1", "3107", "64.5", "%", "72.9", "%"]
     request = next(line for line in lines if line.startswith("megakernel-noprefetch  1234.567"))
     assert request.split() == ["megakernel-noprefetch", "1234.567", "~15679.0", "~16913.6"]  # + 127 × 123.4567
-    # latency, request, timeline and the ladder's two tables; no "h" line
-    assert sum(line.split()[:1] == ["megakernel-noprefetch"] for line in lines) == 5
+    # latency, request, timeline, the ladder's two tables and the context sweep; no "h" line
+    assert sum(line.split()[:1] == ["megakernel-noprefetch"] for line in lines) == 6
     assert not any(line.strip() in ("h", "dagraph") for line in lines)

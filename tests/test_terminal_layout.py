@@ -154,7 +154,7 @@ def test_gate_prints_numbers_with_units():
     rep = run_gate(g.healthy_doc(), min_bandwidth_util=0.6454, max_bubble_ratio=0.1, max_token_p99_ms=1.0)
     # 0.6453 vs 0.6454 would both read 64.5 %: shown to the decimal that tells them apart
     assert [c.detail for c in rep.checks] == ["util_peak 64.53 %, limit 64.54 %: fails",
-                                              "bubble_ratio 4.0 %, limit 10.0 %: holds",
+                                              "bubble_ratio (in-kernel wait) 5.0 %, limit 10.0 %: holds",
                                               "token_ms_p99 0.830 ms, limit 1.000 ms: holds"]
     console = Console(record=True, width=80, color_system=None)
     render_gate(rep, console)

@@ -78,7 +78,11 @@ def test_device_metrics_match_a_plain_reading(name):
     events = _events(name)
     ref = _reference(events)
     tr = load_trace(TRACES / name)
-    assert tr.warnings == []
+    # alexnet's PARAM benchmark wraps its measured forward in a second range of the same name (one nested in the
+    # other, counted once, as the Trace Event Format nests them); nothing else is odd in these traces
+    nested = ["2 ranges (record_function) nested inside another of the same name on the same thread: counted once "
+              "(the outer one kept)"]
+    assert tr.warnings == (nested if name == "a100_alexnet.json.gz" else [])
     assert len(tr.runtime) == sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in CPU_CATS)
     summary = m.device_summary(tr).set_index("device")
     assert sorted(summary.index) == sorted(ref)
@@ -115,18 +119,20 @@ def test_a100_alexnet():
     launch = {e["args"]["correlation"]: e["ts"] for e in events if e.get("name") == "cudaLaunchKernel"}
     want = sorted(k["ts"] - launch[k["args"]["correlation"]] for k in kernels)
     assert sorted(st.launch_delays(tr)["delay_us"]) == want
-    # the measured forward passes as "steps": the second is nested in the first, so its launches are its own
+    # the measured forward passes as "steps": the second is nested in the first under the same name, so they are one
+    # step (the outer range), holding every launch inside it
     marker = "[param|pytorch.model.alex_net|0|0|0|measure|forward]"
     steps = [e for e in events if e.get("name") == marker]
-    last = steps[-1]
+    outer = steps[0]
+    assert steps[1]["ts"] + steps[1]["dur"] <= outer["ts"] + outer["dur"]
     inside = {
         e["args"]["correlation"]
         for e in events
-        if e.get("name") == "cudaLaunchKernel" and last["ts"] <= e["ts"] < last["ts"] + last["dur"]
+        if e.get("name") == "cudaLaunchKernel" and outer["ts"] <= e["ts"] < outer["ts"] + outer["dur"]
     }
     table = st.step_metrics(tr, marker)
-    assert table["kernels"].tolist()[-1] == sum(1 for k in kernels if k["args"]["correlation"] in inside)
-    assert table["wall_us"].tolist() == [s["dur"] for s in steps]
+    assert table["kernels"].tolist() == [sum(1 for k in kernels if k["args"]["correlation"] in inside)]
+    assert table["wall_us"].tolist() == [outer["dur"]]
 
 
 def test_a100_alexnet_streams_overlap_warning():

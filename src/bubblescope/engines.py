@@ -45,6 +45,8 @@ def _missing(module: str, reason: str):
 
 
 _needs_triton = _missing("triton", TRITON_MISSING)
+FUSED_TRITON_MISSING = "the fused engines need Triton, which is not installed"
+_fused_needs_triton = _missing("triton", FUSED_TRITON_MISSING)
 
 
 def _cudagraph_unavailable(device) -> str | None:
@@ -64,7 +66,7 @@ def _gluon_unavailable(device) -> str | None:
 
 def _pdl_unavailable(device) -> str | None:
     """Triton missing, or a device without Programmatic Dependent Launch (``fused_engine.pdl_unavailable``)."""
-    if why := _needs_triton(device):
+    if why := _fused_needs_triton(device):
         return why
     from .fused_engine.engine import pdl_unavailable
     return pdl_unavailable(device)
@@ -115,7 +117,7 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
                _reference("compile")),
     EngineSpec("reference-fused", "fused Triton kernels, 6 per layer (RMSNorm, RoPE, the KV write, SwiGLU and the "
                "residual adds inside the matvecs; split-K attention), the step replayed as one CUDA graph",
-               _fused(False), _needs_triton),
+               _fused(False), _fused_needs_triton),
     EngineSpec("reference-fused-pdl", "reference-fused launched with Programmatic Dependent Launch: each kernel "
                "loads its weights while the previous one drains (sm_90+)", _fused(True), _pdl_unavailable),
     EngineSpec("hf", "Hugging Face transformers' own model, eager, DynamicCache", _hf,

@@ -2,7 +2,7 @@
 
 At batch size 1 a decode step must move its bytes (:mod:`.traffic`: the weights, plus the KV cache at the
 step's context) between HBM and the SMs, so no step can be shorter than ``bytes / peak`` — the floor
-(:func:`.traffic.floor_ms`; DESIGN.md's ``effective_bandwidth``). Pure functions of the step times and bytes;
+(:func:`.traffic.floor_ms`; docs/design.md, ``effective_bandwidth``). Pure functions of the step times and bytes;
 times in µs, rates in GB/s (10^9 bytes per second), utilisations as fractions.
 """
 

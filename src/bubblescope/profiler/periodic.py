@@ -32,9 +32,9 @@ def _prefix_hashes(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
     _, code = unique_ints(tokens)
     rng = np.random.default_rng(_HASH_SEED)
-    r1 = rng.integers(1, 1 << 63, size=int(code.max()) + 1, dtype=np.uint64)
-    r2 = rng.integers(1, 1 << 63, size=int(code.max()) + 1, dtype=np.uint64)
-    a, b = r1[code], r2[code]
+    rand_a = rng.integers(1, 1 << 63, size=int(code.max()) + 1, dtype=np.uint64)
+    rand_b = rng.integers(1, 1 << 63, size=int(code.max()) + 1, dtype=np.uint64)
+    a, b = rand_a[code], rand_b[code]
     zero = np.zeros(1, dtype=np.uint64)
     with np.errstate(over="ignore"):
         return (np.concatenate([zero, np.cumsum(a, dtype=np.uint64)]),

@@ -61,7 +61,7 @@ def bubble_ratio(eng: dict) -> tuple[float | None, str | None]:
 
     Returns:
         ``(intrakernel.wait_ratio, "in-kernel wait")`` for a step of one kernel with the megakernel's own timeline
-        (program-time spent waiting on dependencies / program-time, DESIGN.md ``intrakernel_wait_ratio``);
+        (program-time spent waiting on dependencies / program-time, docs/design.md, ``intrakernel_wait_ratio``);
         else ``(timeline.bubble_ratio, "GPU idle")`` (1 − GPU busy / span of the decode window); ``(None, None)``
         when neither was measured (a CPU run has no GPU timeline).
     """

@@ -13,8 +13,6 @@ from .figure_base import (bars, figure_legend, figure_png, label, log_axis, new_
                           ticks_at)
 from .results import dig, ordered
 
-# The figure helpers under their former names, for code written before .figure_base held them.
-_label, _new_figure, _bars = label, new_figure, bars
 __all__ = ["figure_png", "step_timeline_figure", "ladder_figure", "categories_figure", "latency_figure",
            "sweep_figure"]
 

@@ -282,7 +282,7 @@ def stream_feed_line(ik: dict | None) -> str | None:
 # rung below that ran (negative: this rung is slower).
 LADDER_COLUMNS = (
     ("Engine", "engine", "text"),
-    ("p50\nms/tok", "token_ms_p50", "ms"),
+    ("ms/tok\np50", "token_ms_p50", "ms"),
     ("%\npeak", "util_peak", "pct"),
     ("kernels\n/step", "kernels_per_step", "count"),
     ("bubble\nratio", ("bubble_ratio", "bubble_source"), "bubble"),

@@ -1,6 +1,6 @@
 """Figures of a ``diagnose trace`` summary: GPU busy against idle per decode step, per file and per rank.
 
-Pure, like :mod:`.plots` (with the helpers of :mod:`.figure_base`): each function reads the summary's rows and returns a
+Pure, like :mod:`.plots` (with the figure functions of :mod:`.figure_base`): each function reads the summary's rows and returns a
 new Figure, or None when there is nothing to draw. Times are the summary's µs, drawn in ms.
 """
 
