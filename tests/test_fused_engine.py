@@ -243,3 +243,34 @@ def test_user_errors_and_pdl_on_cpu():
     with pytest.raises(EngineUnavailable, match="Programmatic Dependent Launch"):
         build_engine("reference-fused-pdl", w, 32)
     assert build_engine("reference-fused", w, 32).kernels_per_step() == 2 * 5 + 2   # the reduction fused
+
+
+def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
+    """Every kernel of the step, compiled by Triton and ptxas for sm_90 at real shapes (Llama-3.2-1B, Qwen3-0.6B's
+    q/k-norm, Qwen2.5-0.5B's biases and 7 query heads per kv head), in a fresh interpreter (Triton's mode is per
+    process): no spills, registers × warps within one SM's 65,536, and PDL's griddepcontrol.wait in each."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
+        pytest.skip("triton with its bundled ptxas is not installed")
+    script = ("import json\nfrom bubblescope.models.config import get_preset\n"
+              "from bubblescope.fused_engine.offline import compile_offline\n"
+              "print(json.dumps({m: compile_offline(get_preset(m)) for m in "
+              "('llama-3.2-1b', 'qwen3-0.6b', 'qwen2.5-0.5b')}))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    names = {k["kernel"] for kernels in out.values() for k in kernels}
+    assert names == {"qkv_rope_kernel", "attn_split_kernel", "matvec_residual_kernel", "gateup_kernel",
+                     "lmhead_kernel", "argmax_kernel", "qk_norm_kernel"}   # qk_norm: Qwen3 only
+    for model, kernels in out.items():
+        for k in kernels:
+            assert k["spill_store_bytes"] in (0, None) and k["registers"] * k["num_warps"] * 32 <= 65536, (model, k)
+            assert k["griddepcontrol"], (model, k)

@@ -1,0 +1,100 @@
+"""Compile the fused engine's kernels for a CUDA architecture without a GPU (Triton's compiler and bundled ``ptxas``).
+
+Catches what the CPU interpreter cannot see — compiled-mode typing (int64 atomics, bitcasts), PDL's
+``griddepcontrol`` instructions, register pressure and spills — on any machine with Triton installed, for a model's
+real shapes: the engine's launch plan is built over weights on the ``meta`` device (shapes and dtypes, no memory),
+and every distinct kernel of it is compiled with the plan's own constexprs. Needs a process where Triton is in
+compiled mode (no ``TRITON_INTERPRET=1``). Usage:
+``python -m bubblescope.fused_engine.offline --model llama-3.2-1b --pdl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from ..errors import EngineUnavailable
+from ..models.config import ModelConfig, get_preset
+from ..models.weights import LayerWeights, ModelWeights, parse_dtype
+from .engine import FusedEngine, FusedParams
+
+_TL = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32", torch.int64: "i64"}
+
+
+def meta_weights(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> ModelWeights:
+    """Weights of ``cfg``'s shapes on the ``meta`` device: (out_features, in_features) per projection, as
+    :class:`~bubblescope.models.weights.ModelWeights` holds them; no memory is allocated."""
+    def t(*shape):
+        return torch.empty(shape, dtype=dtype, device="meta")
+    H, Q, KV, I, D = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
+    layers = [LayerWeights(t(H), t(Q, H), t(KV, H), t(KV, H), t(H, Q), t(H), t(I, H), t(I, H), t(H, I),
+                           *((t(Q), t(KV), t(KV)) if cfg.attention_bias else (None, None, None)),
+                           *((t(D), t(D)) if cfg.qk_norm else (None, None)))
+              for _ in range(cfg.num_hidden_layers)]
+    emb = t(cfg.vocab_size, H)
+    return ModelWeights(cfg, emb, layers, t(H), emb if cfg.tie_word_embeddings else t(cfg.vocab_size, H))
+
+
+def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: FusedParams | None = None,
+                    pdl: bool = True, max_seq_len: int = 2048, arch: int = 90, splits: int = 32) -> list[dict]:
+    """Compile each distinct kernel of the fused engine's step for ``sm_{arch}``; one dict per kernel:
+    ``{"kernel", "registers", "spill_store_bytes", "shared_bytes", "num_warps"}``.
+
+    Pointers are declared 16-byte aligned, as Triton specialises them at run time for torch tensors.
+
+    Raises:
+        EngineUnavailable: Triton is in interpreter mode in this process.
+        triton.CompilationError / subprocess.CalledProcessError: a kernel does not compile or assemble.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..megakernel_engine.residency import ptxas_usage
+
+    if triton.knobs.runtime.interpret:
+        raise EngineUnavailable("Triton is in interpreter mode in this process (TRITON_INTERPRET=1)")
+    params = params or FusedParams()
+    if not params.splits:
+        params.splits = splits
+    eng = FusedEngine(meta_weights(cfg, dtype), max_seq_len=max_seq_len, graph=False, params=params)
+    seen, out = set(), []
+    for kernel, _grid, args, cx in eng._plan:
+        cx = {**cx, "USE_PDL": pdl}
+        key = (kernel.fn.__name__, tuple(sorted((k, str(v)) for k, v in cx.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        sig, attrs = {}, {}
+        for idx, (name, value) in enumerate(zip(kernel.arg_names, list(args) + [None] * len(kernel.arg_names))):
+            if name in cx:
+                sig[name] = "constexpr"
+            elif isinstance(value, torch.Tensor):
+                sig[name] = "*" + _TL[value.dtype]
+                attrs[(idx,)] = [["tt.divisibility", 16]]
+            else:
+                sig[name] = "fp32" if isinstance(value, float) else "i32"
+        src = ASTSource(fn=kernel, signature=sig, constexprs={k: v for k, v in cx.items()}, attrs=attrs)
+        ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": params.num_warps})
+        usage = ptxas_usage(ck.asm["ptx"], arch)
+        out.append({"kernel": kernel.fn.__name__, "registers": usage["registers"],
+                    "spill_store_bytes": usage["spill_store_bytes"], "shared_bytes": int(ck.metadata.shared),
+                    "num_warps": int(ck.metadata.num_warps),
+                    "griddepcontrol": "griddepcontrol.wait" in ck.asm["ptx"]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-3.2-1b")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--pdl", action="store_true")
+    a = ap.parse_args()
+    print(json.dumps(compile_offline(get_preset(a.model), parse_dtype(a.dtype), pdl=a.pdl, arch=a.arch), indent=1))
+
+
+if __name__ == "__main__":
+    main()
