@@ -274,3 +274,19 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
         for k in kernels:
             assert k["spill_store_bytes"] in (0, None) and k["registers"] * k["num_warps"] * 32 <= 65536, (model, k)
             assert k["griddepcontrol"], (model, k)
+
+
+def test_diagnose_writes_a_valid_document_with_the_fused_engine(tmp_path):
+    """`diagnose model` over the fused engine on CPU: measured, profiled, and written as a valid results document with
+    its kernels per step; the PDL variant skipped with its reason."""
+    import json
+
+    from bubblescope.diagnosis import diagnose
+    from bubblescope.reports.results import validate_results
+    diagnose("tiny-llama", engines=["reference-fused", "reference-fused-pdl"], prompt_len=4, gen_len=3, runs=1,
+             profile_steps=2, out=tmp_path / "out")
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert validate_results(doc) == []
+    fused, pdl = doc["engines"]
+    assert fused["status"] == "ok" and fused["compile"]["kernels_per_step"] == 4 * 5 + 2   # tiny-llama: 4 layers
+    assert pdl["status"] == "skipped" and "Programmatic Dependent Launch" in pdl["reason"]

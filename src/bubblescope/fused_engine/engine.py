@@ -356,7 +356,9 @@ class FusedEngine:
     def compile_info(self) -> dict:
         """What the report shows of this engine's build: kernels per step, launch mode and tile sizes."""
         p = self.params
-        return {"kernels_per_step": self.kernels_per_step(), "cuda_graph": self.graph_mode, "pdl": self.pdl,
+        # the results schema's compile keys (per-kernel registers and spills: fused_engine.offline)
+        return {"registers": None, "spills": None, "shared_bytes": None, "programs_per_sm": None, "grid": None,
+                "kernels_per_step": self.kernels_per_step(), "cuda_graph": self.graph_mode, "pdl": self.pdl,
                 "attention_splits": self.splits, "block_n": p.block_n, "block_k": p.block_k,
                 "num_warps": p.num_warps, "block_s": p.block_s,
                 "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats}
