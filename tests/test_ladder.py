@@ -276,4 +276,12 @@ def test_a_cpu_run_says_its_megakernel_rungs_time_the_interpreter():
     doc["device"]["type"] = "cpu"
     assert tables.ladder_note(doc).endswith("on this CPU run the megakernel rungs time the Triton interpreter, not "
                                             "the kernel")
+    fused = copy.deepcopy(next(e for e in doc["engines"] if e["name"] == "reference-cudagraph"))
+    fused["name"] = "reference-fused"
+    doc["engines"].append(fused)
+    assert tables.ladder_note(doc).endswith("on this CPU run the megakernel and fused rungs time the Triton "
+                                            "interpreter, not the kernel")
+    doc["engines"] = [e for e in doc["engines"] if not e["name"].startswith("megakernel")]
+    assert tables.ladder_note(doc).endswith("on this CPU run the fused rungs time the Triton interpreter, not the "
+                                            "kernel")
     assert tables.steps_note(g.null_metrics_doc()) is None  # no GPU timeline: no per-step figures to qualify

@@ -312,11 +312,16 @@ def ladder_rows(doc: dict, columns=LADDER_COLUMNS) -> list[tuple[dict, list[str]
 
 
 def ladder_note(doc: dict) -> str:
-    """:data:`LADDER_NOTE`, and on a CPU run that the megakernel rungs time the Triton interpreter."""
-    cpu = dig(doc, "device", "type") != "cuda"
-    mk = any(r["engine"].startswith("megakernel") and r["token_ms_p50"] is not None for r in ladder(doc))
-    return LADDER_NOTE + ("; on this CPU run the megakernel rungs time the Triton interpreter, not the kernel"
-                          if cpu and mk else "")
+    """:data:`LADDER_NOTE`, and on a CPU run which rungs (the megakernel's, the fused Triton engines') time the
+    Triton interpreter."""
+    if dig(doc, "device", "type") == "cuda":
+        return LADDER_NOTE
+    ran = [r["engine"] for r in ladder(doc) if r["token_ms_p50"] is not None]
+    kinds = [what for what, prefix in (("megakernel", "megakernel"), ("fused", "reference-fused"))
+             if any(e.startswith(prefix) for e in ran)]
+    if not kinds:
+        return LADDER_NOTE
+    return LADDER_NOTE + f"; on this CPU run the {' and '.join(kinds)} rungs time the Triton interpreter, not the kernel"
 
 
 def rungs_not_run(rows: list[tuple[dict, list[str]]]) -> list[str]:
