@@ -10,7 +10,8 @@ Suites (``--models`` default: llama-3.2-1b):
   ``token_ms_p50`` and the rest, with device, date, commit and versions).
 * ``ladder``: ``decode_latency.py`` over :data:`LADDER`, eager → CUDA graph → compile → fused → fused + PDL →
   megakernel without prefetch → megakernel; an engine the registry does not know or the device cannot run is
-  recorded as skipped with the reason.
+  recorded as skipped with the reason. Then the fused engine's tile sweep (``fused_sweep.py``) and its per-kernel
+  profile without and with PDL (``fused_profile.py``).
 * ``prefill``: ``benchmarks/prefill.py``'s ``main(argv)`` per model, given ``--models`` and ``--out`` as
   ``decode_latency.py`` takes them; skipped (not available) while that script is not in the tree.
 * ``fp8``: ``decode_latency.py --weights fp8``; skipped (not available) while ``decode_latency.py`` has no
@@ -119,6 +120,14 @@ def plan(suite: str, models: list[str], out: Path, limit: float, extra: list[str
             cases.append(Case(f"decode_latency_{tag}", _script(
                 "decode_latency.py", "--models", m, *engines, *weights, "--out", str(rec),
                 "--max-seconds", str(max(30, int(limit) - 20)), *extra), limit, record=str(rec)))
+            if suite == "ladder":  # the fused rung's tiles and where its step goes, per kernel
+                rec = out / f"fused_sweep_{m}.json"
+                cases.append(Case(f"fused_sweep_{m}", _script(
+                    "fused_sweep.py", "--models", m, "--out", str(rec), "--max-seconds", "120"), 180, record=str(rec)))
+                for pdl in ([], ["--pdl"]):
+                    rec = out / f"fused_profile_{m}{'_pdl' if pdl else ''}.json"
+                    cases.append(Case(f"fused_profile_{m}{'_pdl' if pdl else ''}", _script(
+                        "fused_profile.py", "--model", m, *pdl, "--out", str(rec)), 90, record=str(rec)))
     elif suite == "prefill":
         script = BENCH / "prefill.py"
         for m in models:

@@ -39,6 +39,9 @@ def test_decode_and_ladder_plan_one_decode_latency_case_per_model(tmp_path):
         "reference", "reference-cudagraph", "reference-compile", "reference-fused", "reference-fused-pdl",
         "megakernel-noprefetch", "megakernel"]
     assert ladder[-2:] == ["--runs", "2"]
+    cases = run.plan("ladder", ["llama-3.2-1b"], tmp_path, 400, [])
+    assert [c.name for c in cases] == ["decode_latency_ladder_llama-3.2-1b", "fused_sweep_llama-3.2-1b",
+                                       "fused_profile_llama-3.2-1b", "fused_profile_llama-3.2-1b_pdl"]
 
 
 def test_prefill_and_fp8_say_not_available_until_their_code_exists(tmp_path):
