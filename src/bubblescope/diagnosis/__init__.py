@@ -13,8 +13,8 @@ and publishes the outputs.
 """
 
 from .document import command_line, model_notes
-from .measure import Bench, latency_stats, logit_agreement
-from .plan import RunPlan, Workload, check_positions, check_workload, default_model, nothing_ran, plan_run
+from .measure import latency_stats, logit_agreement
+from .plan import Bench, RunPlan, Workload, check_positions, check_workload, default_model, nothing_ran, plan_run
 from .run import diagnose
 
 __all__ = ["Bench", "RunPlan", "Workload", "check_positions", "check_workload", "command_line", "default_model",

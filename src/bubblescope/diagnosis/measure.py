@@ -1,43 +1,24 @@
 """One engine measured on a loaded model: timed generations, effective bandwidth, teacher-forced correctness
 against the reference engine, one profiled run and the context sweep, into its results.json engine entry.
 
-Every stage reads the run's :class:`~.plan.RunPlan` and the :class:`Bench` (the loaded model, the prompt, the
-KV-cache length); none decides a default.
+Every stage reads the run's :class:`~.plan.RunPlan` and its :class:`~.plan.Bench` (the loaded model, the prompt,
+the KV-cache length); none decides a default.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..engines import build_engine, takes_prefill
 from ..generation import SamplingParams, generate, random_ids, teacher_forced_logits
-from .plan import SWEEP_STEPS, RunPlan
+from .plan import SWEEP_STEPS, Bench, RunPlan
 from .profiled import profile_engine
 
 CORRECTNESS_STEPS = 64     # teacher-forced steps compared against the reference engine
-
-
-@dataclass(frozen=True)
-class Bench:
-    """What every engine of a run is measured on.
-
-    ``loaded``: the :class:`~bubblescope.models.LoadedModel` (weights on the run's device, in its dtype);
-    ``prompt``: the seeded prompt, ``workload.prompt_len`` token ids; ``max_seq``: the KV-cache length every
-    engine is built with (positions, :func:`~.plan.check_positions`); ``traces``: the folder whose ``traces/``
-    receives each engine's trace (the run's staging folder), or None when the run writes nothing (each trace
-    then goes to a temporary folder).
-    """
-
-    loaded: object
-    prompt: tuple[int, ...]
-    max_seq: int
-    traces: Path | None
 
 
 def percentile(xs: list[float], q: float) -> float | None:

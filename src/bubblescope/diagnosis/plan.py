@@ -1,10 +1,11 @@
 """What a ``diagnose`` run will do, decided once: :func:`plan_run` applies every default and every check that needs
-no model, and returns a frozen :class:`RunPlan` that the later stages read and never change.
+no model, and returns a frozen :class:`RunPlan` that the later stages read and never change. Once the model is
+loaded, a frozen :class:`Bench` holds what depends on it (the prompt ids, the KV-cache length).
 
 The defaults depend on the device: a GPU run measures llama-3.2-1b (dummy bfloat16 weights) with a 128-token
 prompt, 128 new tokens and a 128/1024/4096 context sweep; a CPU run measures stories260K (float32) when its file
-is found, else the ``tiny-llama`` dummy preset, with a 16-token prompt, 32 new tokens and no sweep (a CPU step
-costs milliseconds of interpreter per kernel, and a CPU has no GPU timeline to sweep).
+is found, else the ``tiny-llama`` dummy preset, with a 16-token prompt, 32 new tokens and no sweep (there the
+megakernel runs under Triton's interpreter, one program at a time: small sizes keep a default run to minutes).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..outdir import check_out_dir
 if TYPE_CHECKING:
     import torch
 
+    from ..models.loader import LoadedModel
     from ..tuned import Tuning
 
 GPU_DEFAULT_MODEL, CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL = "llama-3.2-1b", "stories260k", "tiny-llama"
@@ -79,7 +81,9 @@ class RunPlan:
     given (None: the default was chosen, which the results' notes say). ``engines``: the engines to try in order,
     each once (``auto`` still stands for the engine it picks once the model is loaded); ``skips``: engine ->
     reason for those known not to run here (listed as skipped, never built). ``tuning`` is the file ``tuning_path``
-    read (None without one). ``out``: the output folder, written only when ``write``.
+    read (None without one). ``out``: the output folder, written only when ``write``. ``counters``: read each ok
+    engine's hardware counters after the run; ``command``: the command line the results record (None: a library
+    call).
     """
 
     model: str
@@ -105,6 +109,23 @@ class RunPlan:
     def dtype_name(self) -> str:
         """``float32``, ``bfloat16`` or ``float16``, as results.json records it."""
         return str(self.dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every engine of a run is measured on, fixed once the model is loaded (the plan is fixed before).
+
+    ``loaded``: the :class:`~bubblescope.models.LoadedModel` (weights on the run's device, in its dtype);
+    ``prompt``: the seeded prompt, ``workload.prompt_len`` token ids; ``max_seq``: the KV-cache length every
+    engine is built with (positions, :func:`check_positions`); ``traces``: the folder whose ``traces/``
+    receives each engine's trace (the run's staging folder), or None when the run writes nothing (each trace
+    then goes to a temporary folder).
+    """
+
+    loaded: LoadedModel
+    prompt: tuple[int, ...]
+    max_seq: int
+    traces: Path | None
 
 
 def check_workload(**values: int | None) -> None:

@@ -6,13 +6,9 @@ from __future__ import annotations
 import tempfile
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from .measure import Bench
-    from .plan import RunPlan
+from .plan import Bench, RunPlan
 
 # Profiled decode steps left out of every figure: the first carries the profiler's own start (CUPTI's first
 # activity buffers, libraries loaded on first use), on top of the unprofiled warm-up steps before the trace.

@@ -15,8 +15,8 @@ from ..generation import random_ids
 from ..models import load_model
 from ..outdir import RunFolder
 from .document import new_document
-from .measure import Bench, measure_engine, oracle
-from .plan import RunPlan, check_positions, nothing_ran, plan_run
+from .measure import measure_engine, oracle
+from .plan import Bench, RunPlan, check_positions, nothing_ran, plan_run
 
 
 def diagnose(model: str | None = None, checkpoint: str | None = None, engines: list[str] | None = None,
