@@ -102,7 +102,7 @@ def test_an_interrupted_run_leaves_the_previous_run_and_a_new_run_leaves_no_stal
     """Ctrl-C left the previous results.json/report.html beside new traces, and a run with fewer engines kept
     old traces (CI uploaded them). Now the folder holds one complete run: the old one after an interrupt,
     the new one (and only its traces) after success. A file of the user's own is never touched."""
-    import bubblescope.diagnosis as dg
+    import bubblescope.diagnosis.measure as dg
 
     out = tmp_path / "out"
     (out / "traces").mkdir(parents=True)
@@ -112,19 +112,19 @@ def test_an_interrupted_run_leaves_the_previous_run_and_a_new_run_leaves_no_stal
     (out / "notes.txt").write_text("mine")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
-    real = dg._profile
+    real = dg.profile_engine
 
-    def interrupted(name, engine, entry, ctx):
-        real(name, engine, entry, ctx)  # the new trace is written (into the staging folder) ...
-        raise KeyboardInterrupt         # ... then the user presses Ctrl-C
+    def interrupted(*args):
+        real(*args)              # the new trace is written (into the staging folder) ...
+        raise KeyboardInterrupt  # ... then the user presses Ctrl-C
 
-    monkeypatch.setattr(dg, "_profile", interrupted)
+    monkeypatch.setattr(dg, "profile_engine", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _diagnose(out)
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before and sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.html",
                                                                          "results.json", "traces"]
-    monkeypatch.setattr(dg, "_profile", real)
+    monkeypatch.setattr(dg, "profile_engine", real)
     _diagnose(out)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.html", "results.json", "traces"]
     assert [p.name for p in (out / "traces").iterdir()] == ["reference.json.gz"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bubblescope import diagnosis
+from bubblescope.diagnosis import plan
 from bubblescope.engines import BY_NAME_ONLY, ENGINES, default_engines, get_engine_spec
 
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_latency.py"
@@ -24,7 +25,7 @@ def test_one_megakernel_runs_by_default_and_the_others_by_name():
 
 def test_diagnose_without_engines_runs_the_default_list(tmp_path, monkeypatch):
     """The default list is the one ``diagnose`` measures (here cut to the eager reference to stay fast)."""
-    monkeypatch.setattr(diagnosis, "default_engines", lambda: ["reference"])
+    monkeypatch.setattr(plan, "default_engines", lambda: ["reference"])
     res = diagnosis.diagnose("tiny-llama", prompt_len=4, gen_len=3, runs=1, warmup=0, profile_steps=2,
                              device="cpu", write=False)
     assert [e["name"] for e in res.doc["engines"]] == ["reference"]

@@ -372,7 +372,7 @@ def test_an_unwritable_out_is_refused_before_the_model_is_loaded(tmp_path, monke
 
     from typer.testing import CliRunner
 
-    import bubblescope.diagnosis as dg
+    import bubblescope.diagnosis.run as dg
     from bubblescope.cli import app
 
     if where == "under a file":

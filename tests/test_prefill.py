@@ -167,7 +167,7 @@ class _Built(Exception):
 
 @pytest.mark.parametrize("command, where", [
     (["generate", "tiny-llama", "--prompt-ids", "1", "--engine", "megakernel", "--device", "cpu"], "engines"),
-    (["diagnose", "model", "tiny-llama", "--engines", "megakernel", "--device", "cpu", "--out", "OUT"], "diagnosis"),
+    (["diagnose", "model", "tiny-llama", "--engines", "megakernel", "--device", "cpu", "--out", "OUT"], "diagnosis.measure"),
     (["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--device", "cpu", "--out", "OUT"], "engines"),
 ])
 def test_the_prefill_option_reaches_the_engine(tmp_path, monkeypatch, command, where):
@@ -219,7 +219,7 @@ def test_bad_prefill_and_a_prompt_beyond_the_context_are_one_line(tmp_path, args
 # ---- the context sweep records the prefill of each context ----------------------------------------------------------
 def test_sweep_point_records_the_time_to_first_token():
     """A decoder whose prefill takes at least 30 ms: the sweep row's ttft_ms holds it, its decode steps do not."""
-    from bubblescope.diagnosis import _sweep_point
+    from bubblescope.diagnosis.measure import sweep_point
     from bubblescope.reference_engine import ReferenceEngine
     from bubblescope.reports.results import validate_results
 
@@ -229,7 +229,7 @@ def test_sweep_point_records_the_time_to_first_token():
     eng = ReferenceEngine(dummy_weights(cfg, seed=0), max_seq_len=64)
     slow = eng.prefill
     eng.prefill = lambda ids: (time.sleep(0.03), slow(ids))[1]
-    row = _sweep_point(eng, cfg, 12, 4, {"nvml_peak_GBps": None, "copy_GBps": None}, seed=0)
+    row = sweep_point(eng, cfg, 12, 4, {"nvml_peak_GBps": None, "copy_GBps": None}, seed=0)
     assert row["context"] == 12 and row["ttft_ms"] >= 30 and row["token_ms_p50"] < 30
     doc = resultsgen.healthy_doc()
     doc["engines"][0]["sweep"] = [row]

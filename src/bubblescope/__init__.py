@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # Lazy re-export without importing torch at package import. The module is named ``diagnosis``, not
+    # Lazy re-export without importing torch at package import. The package is named ``diagnosis``, not
     # ``diagnose``: importing a submodule binds its name on the package, which would shadow this function.
     if name == "diagnose":
         from .diagnosis import diagnose

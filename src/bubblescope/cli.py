@@ -179,100 +179,20 @@ def generate(
     prefill: Optional[str] = typer.Option(None, help=PREFILL_HELP),
 ):
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
-    import torch
-
-    from .engines import build_engine, check_prefill, prepare_triton, unavailable_before_load
-    from .generation import SamplingParams, TextStream
-    from .generation import generate as run
-    from .models import load_model, parse_dtype, resolve_device
-    from .models.loader import KNOWN_FILES, model_search_dirs
-
-    from .tuned import describe_pick, engine_params, load_tuning
+    from .generate_command import generate_text
+    from .generation import SamplingParams
+    from .tuned import load_tuning
 
     seed = _seed(seed)
     tuning = _file(tuning, "--tuning", TUNED_FILE)
     tuned = load_tuning(tuning) if tuning is not None else None
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    for warning in params.unused():
-        typer.echo(f"warning: {warning}", err=True)
-    if prompt and prompt_ids is not None:
-        raise BubblescopeError("--prompt and --prompt-ids: give one of them, not both")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
-        raise BubblescopeError("--prompt: not valid UTF-8 text (check the terminal's encoding)") from None
-    dev = resolve_device(device)
-    prepare_triton(dev)
-    tdtype = parse_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
-    if engine != "reference" and mode != "eager":  # --mode is the reference engine's; another would ignore it
-        raise BubblescopeError(f"--mode {mode}: sets the reference engine's mode, not --engine {engine}'s; leave "
-                               "--mode out, or use --engine reference")
-    name = engine if engine != "reference" or mode == "eager" else f"reference-{mode}"
-    if engine == "reference" and mode not in ("eager", "cudagraph", "compile"):
-        raise BubblescopeError(f"--mode: unknown mode {mode!r}; use eager, cudagraph or compile")
-    if why := unavailable_before_load(name, dev):  # said before the model loads, naming the option that chose it
-        raise BubblescopeError(f"--mode {mode}: {why}" if name != engine else f"--engine {engine}: {why}")
-    check_prefill(prefill, name)
-    loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype, seed=seed)
-    cfg, tok = loaded.config, loaded.tokenizer
-    for warning in loaded.warnings + ([tuned.check_model(cfg)] if tuned is not None else []):
-        if warning:
-            typer.echo(f"warning: {warning}", err=True)
-    if prompt_ids is not None:
-        ids = _ints(prompt_ids, "--prompt-ids")
-        if not ids:
-            raise BubblescopeError(f"--prompt-ids: no token ids in {prompt_ids!r}")
-    elif prompt and tok is None:
-        if loaded.source == "dummy" and model is not None and model.lower() in KNOWN_FILES:
-            raise BubblescopeError(
-                f"--prompt: {model}'s weights file was not found (searched "
-                f"{', '.join(str(d) for d in model_search_dirs())}), so dummy weights without a tokenizer were "
-                f"loaded; pass --checkpoint PATH, set BUBBLESCOPE_MODELS, or use --prompt-ids")
-        raise BubblescopeError("--prompt: this model has no tokenizer; pass --tokenizer or use --prompt-ids")
-    elif tok is not None:
-        ids = tok.encode(prompt, bos=True)
-    else:
-        ids = [cfg.bos_token_id if cfg.bos_token_id is not None else 0]
-    if not ids:
-        raise BubblescopeError("--prompt: empty prompt and the model has no BOS token")
-    if any(i < 0 or i >= cfg.vocab_size for i in ids):
-        if prompt_ids is None:  # the tokenizer's vocabulary is larger than the model's
-            raise BubblescopeError(f"--prompt: the tokenizer gave ids beyond the model's vocab_size {cfg.vocab_size} "
-                                   "(a tokenizer of another model?)")
-        raise BubblescopeError(f"--prompt-ids: token ids must be in [0, {cfg.vocab_size})")
-    max_seq = len(ids) + max_new_tokens
-    if max_seq > cfg.max_position_embeddings:
-        raise BubblescopeError(f"--prompt: {count(len(ids), 'prompt token')} + "
-                               f"{count(max_new_tokens, 'new token')} exceed the "
-                               f"model's {cfg.max_position_embeddings} positions")
-    mk_params, picked = engine_params(tuned, name, max_seq, dev.type)
-    if picked:
-        typer.echo(describe_pick(picked, name), err=True)
-    dec = build_engine(name, loaded.weights, max_seq, params=mk_params, prefill=prefill)
-    from .fallback import describe
-    for line in describe(dec):
-        typer.echo(line, err=True)
-    if name != "reference" and name != "hf":
-        # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
-        # the ms/token the user reads.
-        run(dec, ids[:1], min(3, max_seq), eos_ids=())  # 1 prompt position + 2 decode steps, within the cache
-    stream = TextStream(tok, ids, sys.stdout)
-    res = run(dec, ids, max_new_tokens, params, on_token=stream.push)
-    stream.close()
-    for line in describe(dec)[1 if getattr(dec, "auto_choice", None) else 0:]:
-        typer.echo(line, err=True)
-    n = len(res.token_ms)
-    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
-    weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
-    if n:
-        speed = f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
-    elif max_new_tokens == 1:  # the one token comes from the prompt's forward pass (TTFT)
-        speed = "no decode step (--max-new-tokens 1: the one token is the prefill's, timed in TTFT)"
-    else:
-        speed = "no decode step (the first token was EOS)"
-    note = " (Triton CPU interpreter: slow by design)" if dev.type == "cpu" and "megakernel" in name else ""
-    typer.echo(f"{dec.name} on {where}{note}, {weights}: TTFT {res.ttft_ms:.2f} ms, {speed}, "
-               f"{count(len(res.tokens), 'token')}", err=True)
+    ids = _ints(prompt_ids, "--prompt-ids")
+    if ids == []:
+        raise BubblescopeError(f"--prompt-ids: no token ids in {prompt_ids!r}")
+    generate_text(model, params, checkpoint=checkpoint, tokenizer=tokenizer, prompt=prompt, prompt_ids=ids,
+                  max_new_tokens=max_new_tokens, engine=engine, mode=mode, device=device, dtype=dtype, tuning=tuned,
+                  prefill=prefill, out=sys.stdout, say=lambda line: typer.echo(line, err=True))
 
 
 @diagnose_app.command("model")

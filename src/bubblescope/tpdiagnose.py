@@ -98,7 +98,7 @@ def tp_diagnose(model: str | None = None, checkpoint: str | None = None, mode: s
     """
     import torch.distributed as dist
 
-    from .diagnosis import check_workload
+    from .diagnosis.plan import check_workload
     from .reference_engine.tp import init_distributed
 
     if device not in BACKENDS:
@@ -152,9 +152,10 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     import torch
     import torch.distributed as dist
 
-    from .diagnosis import check_positions, default_model, latency_stats
+    from .diagnosis.measure import latency_stats
+    from .diagnosis.plan import check_positions, default_model, workload_lengths
     from .generation import generate, random_ids
-    from .models import load_model, parse_dtype
+    from .models import load_model, run_dtype
     from .profiler.capture import STEP_MARKER, capture_decode_trace
     from .profiler.hardware import device_info
     from .profiler.ranksummary import multirank_section
@@ -164,10 +165,9 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     from .reports.findings import find
 
     on_gpu = dev.type == "cuda"
-    prompt_len = prompt_len if prompt_len is not None else (128 if on_gpu else 16)
-    gen_len = gen_len if gen_len is not None else (128 if on_gpu else 32)
+    prompt_len, gen_len = workload_lengths(prompt_len, gen_len, dev)
     model = model or default_model(dev, checkpoint)
-    tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
+    tdtype = run_dtype(dtype, dev)
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
     need = check_positions(cfg, prompt_len, gen_len, profile_steps, extra_steps=PROFILER_SKEW_STEPS)

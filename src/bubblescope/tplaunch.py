@@ -93,10 +93,10 @@ def launch_tp(world_size: int, **kwargs) -> int:
 
     Raises:
         BubblescopeError: the model does not split over ``world_size`` ranks (:func:`check_split`), a
-            workload size is too small (:func:`~bubblescope.diagnosis.check_workload`), ``out`` cannot be
+            workload size is too small (:func:`~bubblescope.diagnosis.plan.check_workload`), ``out`` cannot be
             created (:func:`~bubblescope.outdir.check_out_dir`), an unknown dtype.
     """
-    from .diagnosis import check_workload
+    from .diagnosis.plan import check_workload
     from .models import parse_dtype
     from .outdir import check_out_dir
 

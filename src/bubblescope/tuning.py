@@ -189,7 +189,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     """
     from .engines import build_engine, check_prefill, prepare_triton, unavailable_before_load
     from .generation import random_ids
-    from .models import load_model, parse_dtype, resolve_device
+    from .models import load_model, resolve_device, run_dtype
     from .profiler.hardware import device_info
     from .tuned import best_per_context
 
@@ -216,7 +216,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     steps = steps if steps is not None else (64 if on_gpu else 3)
     if steps < 1:
         raise BubblescopeError(f"--steps: must be at least 1, got {steps}")
-    tdtype = parse_dtype(dtype or ("bfloat16" if on_gpu else "float32"))
+    tdtype = run_dtype(dtype, dev)
     loaded = load_model(model, checkpoint=checkpoint, device=dev, dtype=tdtype, seed=seed)
     cfg = loaded.config
     max_seq = max(contexts) + steps + 2

@@ -42,6 +42,17 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise BubblescopeError(f"--dtype: unknown dtype {name!r}; use float32, bfloat16 or float16") from None
 
 
+def run_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The dtype a run loads its weights in: ``name`` parsed by :func:`parse_dtype`, or when None (or empty) the
+    default for ``device``: bfloat16 on a GPU (the dtype decode is served in), float32 on a CPU (where
+    bfloat16 matmuls are emulated and slow).
+
+    Raises:
+        BubblescopeError: an unknown name (:func:`parse_dtype`).
+    """
+    return parse_dtype(name or ("bfloat16" if device.type == "cuda" else "float32"))
+
+
 @dataclass
 class LayerWeights:
     """One decoder layer. H = hidden_size, Q = q_size, KV = kv_size, I = intermediate_size, D = head_dim."""

@@ -1,0 +1,179 @@
+"""One engine measured on a loaded model: timed generations, effective bandwidth, teacher-forced correctness
+against the reference engine, one profiled run and the context sweep, into its results.json engine entry.
+
+Every stage reads the run's :class:`~.plan.RunPlan` and its :class:`~.plan.Bench` (the loaded model, the prompt,
+the KV-cache length); none decides a default.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..engines import build_engine, takes_prefill
+from ..generation import SamplingParams, generate, random_ids, teacher_forced_logits
+from .plan import SWEEP_STEPS, Bench, RunPlan
+from .profiled import profile_engine
+
+CORRECTNESS_STEPS = 64     # teacher-forced steps compared against the reference engine
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """numpy's linear-interpolated percentile ``q`` (0-100) of ``xs``, or None for no samples."""
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: list[float],
+                  e2e_ms: list[float] | None = None) -> dict:
+    """Token latency summary (ms): mean, p50, p90, p99 of per-token host wall times (the TPOT: time per output
+    token after the first), TTFT median, tokens/s = 1000 / mean, the decode share of total generation time
+    (median over runs), and ``e2e_ms``: the median over runs of each generation's measured time (TTFT plus its
+    decode steps; None without ``e2e_ms``)."""
+    mean = statistics.fmean(token_ms) if token_ms else None
+    return {
+        "ttft_ms": statistics.median(ttft_ms) if ttft_ms else None,
+        "e2e_ms": statistics.median(e2e_ms) if e2e_ms else None,
+        "token_ms_mean": mean,
+        "token_ms_p50": percentile(token_ms, 50),
+        "token_ms_p90": percentile(token_ms, 90),
+        "token_ms_p99": percentile(token_ms, 99),
+        "tok_per_s": 1000.0 / mean if mean else None,
+        "decode_share": statistics.median(decode_shares) if decode_shares else None,
+        "token_ms_samples": [round(x, 5) for x in token_ms],
+        "ttft_ms_samples": [round(x, 5) for x in ttft_ms],
+    }
+
+
+def logit_agreement(got, ref) -> dict:
+    """An engine's teacher-forced logits ``got`` against the reference's ``ref`` (both float32 (steps, V)):
+    ``token_agreement`` (share of steps with the same argmax), ``max_abs_logit_diff`` (max |got − ref|) and
+    ``rel_logit_err`` (max over steps of ‖got − ref‖₂ / ‖ref‖₂). A difference that is not finite (NaN or infinite
+    logits, e.g. from NaN weights, which loading warns about) is recorded as None: results.json holds finite
+    numbers or null (docs/results-schema.md)."""
+    import math
+
+    def finite(v: float) -> float | None:
+        return v if math.isfinite(v) else None
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
+    return {"token_agreement": agree, "max_abs_logit_diff": finite((got - ref).abs().max().item()),
+            "rel_logit_err": finite(rel)}
+
+
+def oracle(plan: RunPlan, bench: Bench) -> dict:
+    """The tokens every engine is teacher-forced with (``forced``), the reference engine's logits (``logits``,
+    float32 (steps + 1, V) on the CPU), the fp32 reference's on the same tokens (``fp32``; None with
+    ``fp32_reason`` when it could not run) and the run-dtype reference's own fidelity against it
+    (``ref_fidelity``, :func:`bubblescope.fidelity.fidelity`); steps = min(:data:`CORRECTNESS_STEPS`, gen_len).
+
+    Real weights: the reference's own greedy continuation (realistic text). Dummy weights: seeded random
+    ids, because random tied embeddings make greedy decoding repeat one token, which every engine would
+    "agree" on trivially.
+    """
+    from ..fidelity import fp32_oracle
+
+    loaded, work = bench.loaded, plan.workload
+    ref = build_engine("reference", loaded.weights, bench.max_seq)
+    steps = min(CORRECTNESS_STEPS, work.gen_len)
+    if loaded.source == "dummy":
+        gen = torch.Generator().manual_seed(work.seed + 1)
+        forced = random_ids(loaded.config.vocab_size, steps, gen)
+    else:
+        forced = generate(ref, bench.prompt, steps + 1, eos_ids=()).tokens[:steps]
+    logits = teacher_forced_logits(ref, bench.prompt, forced)
+    del ref
+    # the same tokens through the reference in float32: the bar of each engine's KL and NLL
+    return {"forced": forced, "logits": logits,
+            **fp32_oracle(loaded.weights, bench.prompt, forced, bench.max_seq, logits)}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def measure_engine(name: str, entry: dict, plan: RunPlan, bench: Bench, doc: dict, truth: dict,
+                   say: Callable[[str], None]) -> None:
+    """Build engine ``name`` and fill its ``entry``: ``tuning`` (what ``plan.tuning`` gave it), ``latency``
+    (:func:`latency_stats` of ``runs`` timed generations after ``warmup`` untimed ones), ``bandwidth`` (bytes per
+    step at the mean context, GB/s and fractions of ``doc``'s NVML peak and copy bandwidth), ``correctness``
+    (teacher-forced against ``truth``, :func:`oracle`), ``timeline``/``intrakernel``/``trace_path``
+    (:func:`~.profiled.profile_engine`), ``compile`` and one ``sweep`` row per context. ``say`` takes each
+    stage's progress text. A tuned pick is added to ``doc``'s device notes.
+
+    Raises:
+        EngineUnavailable: the engine cannot run on this machine or model (from building it).
+        OutputNotWritten: its trace could not be written.
+    """
+    from ..fidelity import fidelity_entry
+    from ..profiler.traffic import bandwidth, step_traffic
+    from ..tuned import describe_pick, engine_params
+
+    loaded, work, prompt = bench.loaded, plan.workload, bench.prompt
+    cfg, dev = loaded.config, loaded.weights.device
+    params, entry["tuning"] = engine_params(plan.tuning, name, len(prompt) + work.gen_len, dev.type)
+    if entry["tuning"]:
+        doc["device"]["notes"].append(describe_pick(entry["tuning"], name))
+    engine = build_engine(name, loaded.weights, bench.max_seq, params=params,
+                          prefill=work.prefill if takes_prefill(name) else None)
+    say(f"{name}: warm-up")
+    for _ in range(work.warmup):
+        generate(engine, prompt, work.gen_len, eos_ids=())
+    token_ms, ttft, shares, e2e = [], [], [], []
+    for r in range(work.runs):
+        say(f"{name}: timed run {r + 1}/{work.runs}")
+        _sync(dev)
+        res = generate(engine, prompt, work.gen_len, SamplingParams(), eos_ids=())
+        token_ms += res.token_ms
+        ttft.append(res.ttft_ms)
+        shares.append(res.decode_share)
+        e2e.append(res.total_ms)
+    entry["latency"] = latency_stats(token_ms, ttft, [s for s in shares if s is not None], e2e)
+
+    dtype_bytes = loaded.weights.dtype.itemsize
+    mean_ctx = len(prompt) + work.gen_len // 2
+    traffic = step_traffic(cfg, dtype_bytes, mean_ctx)
+    dev_doc = doc["device"]
+    bw = bandwidth(traffic["total_bytes"], entry["latency"]["token_ms_p50"],
+                   dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
+    entry["bandwidth"] = {"bytes_per_step": traffic["total_bytes"],
+                          "kv_bytes_per_step": traffic["kv_read_bytes"] + traffic["kv_write_bytes"],
+                          "context": mean_ctx, **bw}
+
+    say(f"{name}: correctness")
+    got = teacher_forced_logits(engine, prompt, truth["forced"])
+    ref = truth["logits"]
+    entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), **logit_agreement(got, ref),
+                            **fidelity_entry(got, truth["forced"], truth)}
+
+    say(f"{name}: profiling")
+    profile_engine(name, engine, entry, plan, bench)
+    if hasattr(engine, "compile_info"):
+        entry["compile"] = engine.compile_info()
+
+    for c in work.context_sweep:
+        say(f"{name}: context {c}")
+        entry["sweep"].append(sweep_point(engine, cfg, c, dtype_bytes, dev_doc, work.seed))
+    del engine
+
+
+def sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, seed: int) -> dict:
+    """Median decode-step time (ms, host wall, token on the host) at ``context`` positions of KV cache, and
+    ``ttft_ms``: the time to first token of that generation (the prefill of a ``context``-token prompt, ms).
+    ``dtype_bytes``: bytes per weight and KV element; ``dev_doc``: results.json's ``device`` (its NVML peak and
+    copy bandwidth, GB/s, for ``util_peak``); the prompt is seeded by ``seed + context``."""
+    from ..profiler.traffic import bandwidth, step_traffic
+
+    gen = torch.Generator().manual_seed(seed + context)
+    prompt = random_ids(cfg.vocab_size, context, gen)
+    res = generate(engine, prompt, SWEEP_STEPS + 1, eos_ids=())
+    p50 = percentile(res.token_ms, 50)
+    traffic = step_traffic(cfg, dtype_bytes, context + SWEEP_STEPS // 2)
+    bw = bandwidth(traffic["total_bytes"], p50, dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
+    return {"context": context, "token_ms_p50": p50, "ttft_ms": res.ttft_ms,
+            "bytes_per_step": traffic["total_bytes"],
+            "kv_bytes_per_step": traffic["kv_read_bytes"] + traffic["kv_write_bytes"],
+            "effective_GBps": bw["effective_GBps"], "util_peak": bw["util_peak"]}
