@@ -28,7 +28,7 @@ app.add_typer(diagnose_app, name="diagnose")
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from .version import __version__
         typer.echo(f"bubblescope {__version__}")
         raise typer.Exit()
 

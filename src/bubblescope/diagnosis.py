@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import __version__
+from .version import __version__
 from .engines import (build_engine, check_prefill, default_engines, get_engine_spec, prepare_triton, takes_prefill,
                       unavailable_before_load)
 from .errors import BubblescopeError, EngineUnavailable, KernelStuck, OutputNotWritten

@@ -111,7 +111,7 @@ def render_trace_html(summary: dict, findings: list[dict], command: str | None =
         command: the command line, shown in the header (None: not shown).
         notes: lines shown under the file list (files skipped in a folder, ranks not merged).
     """
-    from .. import __version__
+    from ..version import __version__
     from .trace_findings import TRACE_SEVERITIES, finding_subject
 
     files = summary.get("files") or []

@@ -66,7 +66,7 @@ def trace_result(summary: dict, findings: list[dict], command: str = "", created
     ``model``: the ``--model`` name and dtype, or ``--bytes-per-step`` (``bytes_source``); ``device``: the first
     file's GPU name (``CPU`` for a CPU-only trace) and the peak used, with its source.
     """
-    from .. import __version__
+    from ..version import __version__
 
     files = [f for f in summary.get("files") or [] if "error" not in f]
     rows = [_file(f) for f in files]
