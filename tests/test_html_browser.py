@@ -132,7 +132,7 @@ def doc_kernel(doc: dict) -> str:
 
 
 def _reader_doc() -> dict:
-    from bubblescope.profiler.intrakernel import activity_profile
+    from bubblescope.reports.intrakernel import activity_profile
 
     doc = _gpu_doc()
     doc["counters"] = g.counters_section()

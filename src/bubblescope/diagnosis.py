@@ -567,7 +567,7 @@ def logit_agreement(got, ref) -> dict:
 def _activity(df, engine, ctx: dict) -> dict | None:
     """The binned megakernel view of the profiled step (all programs), bandwidth estimated from the
     tasks' bytes at the step's context (prompt + half the profiled steps)."""
-    from .profiler.intrakernel import activity_profile, opcode_bytes
+    from .reports.intrakernel import activity_profile, opcode_bytes
 
     weights = ctx["loaded"].weights
     context = len(ctx["prompt"]) + ctx["profile_steps"] // 2
