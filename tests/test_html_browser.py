@@ -166,7 +166,7 @@ def test_the_report_screenshot_is_not_blank(tmp_path):
 
 
 def test_the_trace_report_as_a_reader_sees_it(tmp_path):
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
     from bubblescope.reports.trace_findings import find_trace
     from bubblescope.reports.trace_html import render_trace_html
 

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from bubblescope.errors import BubblescopeError
-from bubblescope.profiler import tracefile
-from bubblescope.profiler.trace import load_trace, parse_rank
+from bubblescope.profiler.trace import file as tracefile
+from bubblescope.profiler.trace import load_trace
+from bubblescope.profiler.trace.values import parse_rank
 
 from . import tracegen as tg
 
@@ -255,7 +256,7 @@ def test_bare_array_format_with_and_without_closing_bracket(tmp_path):
 def test_trailing_data_is_refused_and_trailing_whitespace_kept(tmp_path, monkeypatch, workers):
     """After the complete top-level value only whitespace may follow (the bare array may stop without its
     "]"); gzipped or not, in process or through the worker processes (small windows: many of them)."""
-    from bubblescope.profiler.tracearrays import read_trace_arrays
+    from bubblescope.profiler.trace.load import read_trace_arrays
 
     monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 4096)
     events = tg.decode_trace_events() * 40
@@ -384,7 +385,7 @@ def test_lean_load_keeps_the_same_values_of_fewer_columns(tmp_path):
     the category column is categorize() of each row's name and kind."""
     from pathlib import Path
 
-    from bubblescope.profiler.categories import categorize
+    from bubblescope.profiler.trace.categories import categorize
 
     dropped_gpu = ["external_id", "grid", "block", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
                    "occupancy_pct"]

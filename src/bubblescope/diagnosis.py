@@ -508,7 +508,7 @@ def _measure(name: str, entry: dict, ctx: dict, oracle: dict, bar: _Progress) ->
 
 def _profile(name: str, engine, entry: dict, ctx: dict) -> None:
     from .profiler.capture import append_trace_events, capture_decode_trace
-    from .profiler.timeline import step_timeline, timeline_summary
+    from .profiler.trace.timeline import step_timeline, timeline_summary
     from .profiler.trace import load_trace
 
     out = ctx["out"] if ctx["write"] else Path(_tmpdir())

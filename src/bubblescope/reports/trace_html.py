@@ -105,7 +105,7 @@ def render_trace_html(summary: dict, findings: list[dict], command: str | None =
     """The HTML report of a trace summary, as one self-contained string. Pure: reads only its arguments.
 
     Args:
-        summary: the dict of :func:`~bubblescope.profiler.ranksummary.summarize_rank_traces`; unreadable
+        summary: the dict of :func:`~bubblescope.profiler.trace.ranksummary.summarize_rank_traces`; unreadable
             files are listed with their error.
         findings: :func:`~bubblescope.reports.trace_findings.find_trace` of ``summary``.
         command: the command line, shown in the header (None: not shown).
