@@ -1,7 +1,7 @@
 """Trace analysis: a Kineto / Chrome trace (``.json`` or ``.json.gz``) read once into columns, then pure
 functions of them. The modules follow the data through five stages, and imports go one way: a module imports
-modules of its own stage or of the stages before it, except that the read stage, which hands every event to the
-events stage, imports that one (``tests/test_import_graph.py`` holds the order):
+only modules of its own stage or of the stages before it, except that the read stage, which hands every event
+to the events stage, imports that one (``tests/test_import_graph.py`` holds the order):
 
 - **read**: :mod:`.file` (the file read and inflated in a thread), :mod:`.window` (the text window and where
   its whole events end), :mod:`.walk` (the JSON top level walked, ``traceEvents`` handed on),
