@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from bubblescope.profiler.trace import batch as tracebatch
-from bubblescope.profiler.trace.steps import step_metrics
 from bubblescope.profiler.trace import load_trace
 from bubblescope.profiler.trace.apis import cuda_api_name
+from bubblescope.profiler.trace.steps import step_metrics
 
 from . import tracegen as tg
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from bubblescope.profiler.trace import load_trace
 from bubblescope.profiler.trace import metrics as m
 from bubblescope.profiler.trace import steps as st
 from bubblescope.profiler.trace import timeline as tm
-from bubblescope.profiler.trace import load_trace
 from bubblescope.profiler.trace.summary import summarize_traces
 
 from .conftest import TRACES

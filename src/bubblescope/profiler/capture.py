@@ -128,8 +128,9 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     under ``torch.profiler.profile(activities=[CPU] (+ [CUDA] on a cuda decoder), record_shapes=False)``,
     ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``. A step includes taking the
     greedy token to the host as ``generate()`` does (:func:`_greedy_step`: the engine's fused greedy step
-    when it has one, else ``int(decode(tok).argmax())``): that host sync is part of per-token latency. On a CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says
-    GPU metrics are unavailable (no zeros are made up).
+    when it has one, else ``int(decode(tok).argmax())``): that host sync is part of per-token latency. On a
+    CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says GPU metrics are unavailable
+    (no zeros are made up).
 
     Args:
         decoder: a :class:`bubblescope.generation.Decoder` (``name``, ``config``, ``device``, ``position``).

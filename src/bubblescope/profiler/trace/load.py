@@ -63,11 +63,11 @@ def read_trace_arrays(
 ) -> TraceArrays:
     """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into :class:`TraceArrays`.
 
-    Arguments and errors as :func:`load_trace` (which is this plus :meth:`TraceArrays.to_trace`): BubblescopeError (one line naming the file) for a missing,
-    unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array. ``workers``: the
-    processes that decode the events beside this one (:mod:`.workers`; 0: none); None picks by
-    the file's size, the cores and the load (:func:`~.workers.worker_count`). The result is the
-    same either way.
+    Arguments and errors as :func:`load_trace` (which is this plus :meth:`TraceArrays.to_trace`):
+    BubblescopeError (one line naming the file) for a missing, unreadable, truncated or corrupt file, or JSON
+    without a ``traceEvents`` array. ``workers``: the processes that decode the events beside this one
+    (:mod:`.workers`; 0: none); None picks by the file's size, the cores and the load
+    (:func:`~.workers.worker_count`). The result is the same either way.
     """
     path = os.fspath(path)
     cols = EventTables(keep_flows=flows, lean=lean)
