@@ -284,22 +284,22 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 def test_a_hand_made_circle_is_found_through_a_lazy_import_and_named(tmp_path):
     src = _tree(tmp_path, {
         "pkg/__init__.py": "",
-        "pkg/a.py": "from .b import helper\n",
-        "pkg/b.py": "def helper():\n    from . import a  # lazy: the circle is only postponed\n    return a\n",
+        "pkg/a.py": "from .b import step\n",
+        "pkg/b.py": "def step():\n    from . import a  # lazy: the circle is only postponed\n    return a\n",
         "pkg/sub/__init__.py": "",
-        "pkg/sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import helper\n",
+        "pkg/sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import step\n",
         "pkg/sub/d.py": "import pkg.sub.c\nfrom pkg import b\n",
     })
     graph = import_graph(src, "pkg")
-    assert {(i.target, i.line, i.name) for i in graph["pkg.a"]} == {("pkg.b", 1, "helper")}
+    assert {(i.target, i.line, i.name) for i in graph["pkg.a"]} == {("pkg.b", 1, "step")}
     assert {(i.target, i.line, i.name) for i in graph["pkg.b"]} == {("pkg.a", 2, None)}
-    assert {(i.target, i.name) for i in graph["pkg.sub.c"]} == {("pkg.a", "helper")}  # `..` resolved
+    assert {(i.target, i.name) for i in graph["pkg.sub.c"]} == {("pkg.a", "step")}  # `..` resolved
     assert {(i.target, i.name) for i in graph["pkg.sub.d"]} == {("pkg.sub.c", None), ("pkg.b", None)}
     (cycle,) = find_cycles(graph)
     assert [(i.source, i.target, i.line) for i in cycle] == [("pkg.a", "pkg.b", 1), ("pkg.b", "pkg.a", 2)]
     assert _cycle_text(cycle) == "pkg.a -> pkg.b (line 1 of pkg.a) -> pkg.a (line 2 of pkg.b)"
 
-    (src / "pkg/b.py").write_text("def helper():\n    return 1\n", encoding="utf-8")  # the lazy import gone
+    (src / "pkg/b.py").write_text("def step():\n    return 1\n", encoding="utf-8")  # the lazy import gone
     assert find_cycles(import_graph(src, "pkg")) == []
 
 
