@@ -245,6 +245,20 @@ def test_invalid_utf8_and_lone_surrogates(tmp_path):
     json.dumps(tr.gpu["name"].tolist(), ensure_ascii=False).encode("utf-8")
 
 
+def test_a_repaired_name_equal_to_another_is_one_name(tmp_path):
+    """"k" + a lone surrogate repairs to "k\ufffd", which another kernel is already called: one name then, so the
+    two kernels (2 µs and 3 µs) are one line of the top kernels, 2 calls and 5 µs."""
+    from bubblescope.profiler.trace.summary import summarize_traces
+
+    raw = json.dumps(tg.document([tg.kernel("NAME_A", 10, 2, 1), tg.kernel("k\ufffd", 20, 3, 2)])).encode()
+    path = tg.write(tmp_path / "same.json", raw.replace(b"NAME_A", b"k\\ud800"))
+    tr = load_trace(path)
+    assert tr.gpu["name"].tolist() == ["k\ufffd", "k\ufffd"]
+    assert "2 distinct names had invalid UTF-8 (replaced by U+FFFD)" in tr.warnings
+    (top,) = summarize_traces([path])["files"][0]["devices"][0]["top_kernels"]
+    assert (top["name"], top["count"], top["total_us"]) == ("k\ufffd", 2, 5.0)
+
+
 def test_bare_array_format_with_and_without_closing_bracket(tmp_path):
     events = [tg.kernel("k", 10, 1, 1), tg.launch(5, 1, 1)]
     closed = load_trace(tg.write(tmp_path / "a.json", events))
