@@ -1,4 +1,5 @@
-"""The import graph of ``src/bubblescope``: no circles, no private names across modules, layers in one direction.
+"""The import graph of ``src/bubblescope``: no circles, no private names across modules, layers in one direction,
+and no import of a module that is not there (a path left behind when a module moves).
 
 The graph is read from the source with the standard library's :mod:`ast` (nothing is imported or run). Every
 ``import`` and ``from ... import`` in a module counts, wherever it stands: at module level, inside a function (a
@@ -79,8 +80,9 @@ def _known(name: str, modules: dict) -> str | None:
 
 
 def _imports(module: str, tree: ast.AST, is_package: bool, modules: dict, package: str):
-    """``(Import, local name bound to the imported module or None)`` per name an import statement of ``tree``
-    takes from the package."""
+    """``(Import, local name bound to the imported module or None, the dotted module the statement names)`` per
+    name an import statement of ``tree`` takes from the package; a named module that does not exist is taken as
+    the nearest one above it."""
     here = module.split(".") if is_package else module.split(".")[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -89,7 +91,7 @@ def _imports(module: str, tree: ast.AST, is_package: bool, modules: dict, packag
                     # `import a.b` binds `a`; `import a.b as m` binds m to a.b
                     local = alias.asname if alias.asname and target == alias.name else \
                         None if alias.asname else alias.name.split(".")[0]
-                    yield Import(module, target, node.lineno, None), local
+                    yield Import(module, target, node.lineno, None), local, alias.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
@@ -99,9 +101,9 @@ def _imports(module: str, tree: ast.AST, is_package: bool, modules: dict, packag
                 continue
             for alias in node.names:
                 if f"{base}.{alias.name}" in modules:  # from . import module
-                    yield Import(module, f"{base}.{alias.name}", node.lineno, None), alias.asname or alias.name
+                    yield Import(module, f"{base}.{alias.name}", node.lineno, None), alias.asname or alias.name, base
                 elif target := _known(base, modules):
-                    yield Import(module, target, node.lineno, alias.name), None
+                    yield Import(module, target, node.lineno, alias.name), None, base
 
 
 def _parsed(src: Path, package: str):
@@ -113,7 +115,15 @@ def _parsed(src: Path, package: str):
 
 def import_graph(src: Path, package: str) -> dict[str, list[Import]]:
     """Every module of ``src/package`` -> the imports of modules of the package that it makes."""
-    return {module: [i for i, _ in imports] for module, _, imports in _parsed(src, package)}
+    return {module: [i for i, _, _ in imports] for module, _, imports in _parsed(src, package)}
+
+
+def missing_modules(src: Path, package: str) -> list[str]:
+    """Imports of a module of the package that does not exist (a path left behind by a move), one per statement."""
+    modules = module_files(src, package)
+    found = {f"{module} (line {arrow.line}) imports {named}, which does not exist": None
+             for module, _, imports in _parsed(src, package) for arrow, _, named in imports if named not in modules}
+    return list(found)
 
 
 def find_cycles(graph: dict[str, list[Import]]) -> list[list[Import]]:
@@ -181,7 +191,7 @@ def private_uses(src: Path, package: str) -> list[str]:
     found = []
     for module, tree, imports in _parsed(src, package):
         bound = {}
-        for arrow, local in imports:
+        for arrow, local, _ in imports:
             taken = arrow.name if arrow.name is not None else arrow.target.rpartition(".")[2]
             if arrow.target != module and _private(taken):
                 found.append(f"{module} (line {arrow.line}) imports {taken} from {arrow.target}")
@@ -208,9 +218,11 @@ def layer_violations(graph: dict[str, list[Import]], unit, layers, base=frozense
         a = units[module]
         for arrow in arrows:
             b = units.get(arrow.target)
-            if a is None or b is None or a == b or b in base or a not in rank and a not in base:
+            if a is None or b is None or a == b or b in base:
                 continue
-            if a in base or b not in rank:
+            if a not in rank and a not in base or b not in rank:  # a unit in no layer: reported above
+                continue
+            if a in base:
                 out.append(f"{module} (line {arrow.line}) imports {arrow.target}: a base module imports only base ones")
             elif rank[b] < rank[a]:
                 out.append(f"{module} (line {arrow.line}) imports {arrow.target}: up from {layers[rank[a]][0]!r} to "
@@ -251,6 +263,11 @@ def test_the_graph_is_read_from_the_sources():
     assert len(GRAPH) == len(list((SRC / PACKAGE).rglob("*.py")))
 
 
+def test_every_import_names_a_module_that_exists():
+    found = missing_modules(SRC, PACKAGE)
+    assert not found, "\n".join(found)
+
+
 def test_no_module_imports_another_that_imports_it_back():
     cycles = find_cycles(GRAPH)
     assert not cycles, "import circles:\n" + "\n".join(_cycle_text(c) for c in cycles)
@@ -281,7 +298,7 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def test_a_hand_made_circle_is_found_through_a_lazy_import_and_named(tmp_path):
+def test_a_hand_made_circle_is_found_through_a_lazy_import_and_named_and_a_stale_path_too(tmp_path):
     src = _tree(tmp_path, {
         "pkg/__init__.py": "",
         "pkg/a.py": "from .b import step\n",
@@ -289,12 +306,15 @@ def test_a_hand_made_circle_is_found_through_a_lazy_import_and_named(tmp_path):
         "pkg/sub/__init__.py": "",
         "pkg/sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import step\n",
         "pkg/sub/d.py": "import pkg.sub.c\nfrom pkg import b\n",
+        "pkg/sub/e.py": "def f():\n    from ..gone import g  # a module moved away\n    import pkg.sub.old\n",
     })
     graph = import_graph(src, "pkg")
     assert {(i.target, i.line, i.name) for i in graph["pkg.a"]} == {("pkg.b", 1, "step")}
     assert {(i.target, i.line, i.name) for i in graph["pkg.b"]} == {("pkg.a", 2, None)}
     assert {(i.target, i.name) for i in graph["pkg.sub.c"]} == {("pkg.a", "step")}  # `..` resolved
     assert {(i.target, i.name) for i in graph["pkg.sub.d"]} == {("pkg.sub.c", None), ("pkg.b", None)}
+    assert missing_modules(src, "pkg") == ["pkg.sub.e (line 2) imports pkg.gone, which does not exist",
+                                           "pkg.sub.e (line 3) imports pkg.sub.old, which does not exist"]
     (cycle,) = find_cycles(graph)
     assert [(i.source, i.target, i.line) for i in cycle] == [("pkg.a", "pkg.b", 1), ("pkg.b", "pkg.a", 2)]
     assert _cycle_text(cycle) == "pkg.a -> pkg.b (line 1 of pkg.a) -> pkg.a (line 2 of pkg.b)"
@@ -323,11 +343,12 @@ def test_private_names_are_found_imported_or_reached_through_a_module(tmp_path):
 
 
 def test_an_upward_import_and_an_unplaced_module_are_reported(tmp_path):
-    src = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/cli.py": "from .lib import run\n",
+    src = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/cli.py": "from .lib import run\nfrom . import extra\n",
                            "pkg/lib.py": "def run():\n    from .cli import main\n", "pkg/util.py": "",
                            "pkg/extra.py": "from . import util\n"})
     graph = import_graph(src, "pkg")
     layers = (("top", frozenset({"__init__", "cli"})), ("bottom", frozenset({"lib"})))
+    # extra is in no layer: said once, not again for cli's import of it
     assert layer_violations(graph, top_level, layers, frozenset({"util"})) == [
         "extra: in no layer", "pkg.lib (line 2) imports pkg.cli: up from 'bottom' to 'top'"]
     (src / "pkg/lib.py").write_text("from . import util\n", encoding="utf-8")  # down into the base: allowed
