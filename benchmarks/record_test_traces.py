@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     from bubblescope.models import dummy_weights, get_preset
     from bubblescope.profiler.capture import capture_decode_trace
     from bubblescope.profiler.hardware import device_info
-    from bubblescope.profiler.timeline import timeline_summary
+    from bubblescope.profiler.trace.timeline import timeline_summary
     from bubblescope.profiler.trace import load_trace
     from bubblescope.reference_engine import ReferenceEngine
 

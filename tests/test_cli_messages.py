@@ -109,7 +109,7 @@ def test_a_gpu_index_beyond_the_machine_is_one_line_naming_device(tmp_path, monk
 
 def test_every_report_calls_sync_share_the_sync_share():
     """The headline table said "sync wait" and the trace view "sync share" for docs/design.md's sync_share."""
-    from bubblescope.profiler.tracesummary import summarize_traces
+    from bubblescope.profiler.trace.summary import summarize_traces
     from bubblescope.reports.html import render_html
     from bubblescope.reports.terminal import render_results
     from bubblescope.reports.trace_terminal import render_trace_summary
@@ -232,7 +232,7 @@ def test_round_times_rounds_only_times():
 
 
 def test_trace_json_times_have_at_most_three_decimals():
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
     r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", str(TRACE), "--format", "json"],
                        capture_output=True, text=True, env=_env(), timeout=300)

@@ -157,7 +157,7 @@ def test_bandwidth_above_the_peak_is_said_in_words():
 
 
 def _mk_with_activity(peak_scale: float) -> dict:
-    from bubblescope.profiler.intrakernel import activity_profile
+    from bubblescope.reports.intrakernel import activity_profile
 
     doc = g.healthy_doc()
     mk = g.engine(doc, "megakernel")

@@ -30,7 +30,7 @@ def test_cudagraph_and_compile_match_eager_greedy(llama1b):
 
 def test_captured_timeline_graph_has_far_fewer_launches(llama1b, tmp_path):
     from bubblescope.profiler.capture import capture_decode_trace
-    from bubblescope.profiler.timeline import timeline_summary
+    from bubblescope.profiler.trace.timeline import timeline_summary
     from bubblescope.profiler.trace import load_trace
 
     prompt = torch.arange(3, 67)

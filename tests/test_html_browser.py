@@ -132,7 +132,7 @@ def doc_kernel(doc: dict) -> str:
 
 
 def _reader_doc() -> dict:
-    from bubblescope.profiler.intrakernel import activity_profile
+    from bubblescope.reports.intrakernel import activity_profile
 
     doc = _gpu_doc()
     doc["counters"] = g.counters_section()
@@ -166,7 +166,7 @@ def test_the_report_screenshot_is_not_blank(tmp_path):
 
 
 def test_the_trace_report_as_a_reader_sees_it(tmp_path):
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
     from bubblescope.reports.trace_findings import find_trace
     from bubblescope.reports.trace_html import render_trace_html
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from bubblescope.errors import BubblescopeError
-from bubblescope.profiler.ranks import cross_rank_steps, rank_steps, rank_summary
+from bubblescope.profiler.trace.ranks import cross_rank_steps, rank_steps, rank_summary
 from bubblescope.profiler.trace import load_trace
 
 from . import tracegen as tg
@@ -136,7 +136,7 @@ def test_cli_ranks_refuses_one_file_given_as_two_ranks(traces, tmp_path, second)
 
 
 def test_rank_activities_share_one_axis(traces):
-    from bubblescope.profiler.ranks import rank_activities
+    from bubblescope.profiler.trace.ranks import rank_activities
     from bubblescope.reports.rank_plots import rank_timeline_figure
 
     a = rank_activities(traces, rank_steps(traces), max_steps=1)  # step 0 only; t0 = rank 0's start at 10 µs
@@ -149,7 +149,7 @@ def test_rank_activities_share_one_axis(traces):
 
 
 def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
     plain = [tg.kernel("gemv", 10, 5, 1)]  # rank-tagged, but no step marker
     paths = [tg.write(tmp_path / f"r{r}.json", tg.document(tg.meta_events() + plain, rank=r)) for r in range(2)]
@@ -170,7 +170,7 @@ def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
 
 
 def test_tp_comm_entry_and_communication_bound_finding(traces):
-    from bubblescope.profiler.ranksummary import multirank_section
+    from bubblescope.profiler.trace.ranksummary import multirank_section
     from bubblescope.reports.findings import find
     from bubblescope.tpdiagnose import _comm
 
@@ -242,7 +242,7 @@ def test_tied_ranks_are_named_as_a_tie_not_as_the_first_of_them(tmp_path):
     import subprocess
     import sys
 
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
     from .conftest import ROOT
 
     paths = _tied_traces(tmp_path)
@@ -318,7 +318,7 @@ def test_ranks_are_matched_by_step_number_not_position(tmp_path):
     """Rank 0's profiler recorded ProfilerStep#4 to #6, rank 1's #5 to #7 (it started a step later). Matched by
     position, rank 0's #4 (kernel at 10) met rank 1's #5 (kernel at 112): a skew of 102 µs, a whole step wrong.
     By number, #5 meets #5 and #6 meets #6: start skews of 2 µs (110 vs 112, 210 vs 212), and a warning says so."""
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
     paths = [_numbered_rank(tmp_path, 0, [4, 5, 6], 0), _numbered_rank(tmp_path, 1, [5, 6, 7], 2)]
     section = summarize_rank_traces(paths, step_marker="ProfilerStep")["ranks"]
@@ -331,7 +331,7 @@ def test_ranks_are_matched_by_step_number_not_position(tmp_path):
 
 
 def test_ranks_holding_the_same_steps_need_no_note(tmp_path):
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
     paths = [_numbered_rank(tmp_path, 0, [4, 5, 6], 0), _numbered_rank(tmp_path, 1, [4, 5, 6], 3)]
     section = summarize_rank_traces(paths, step_marker="ProfilerStep")["ranks"]
@@ -341,7 +341,7 @@ def test_ranks_holding_the_same_steps_need_no_note(tmp_path):
 
 def test_a_rank_missing_from_the_set_is_named(tmp_path):
     """Ranks 0, 1 and 3 of a world size 4: the merge went on as if the job had three ranks, saying nothing."""
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
     paths = [_numbered_rank(tmp_path, r, [4, 5], r, world=4) for r in (0, 1, 3)]
     section = summarize_rank_traces(paths, step_marker="ProfilerStep")["ranks"]

@@ -169,7 +169,7 @@ def test_megakernel_view_with_one_program_has_a_labelled_row():
 
 
 def test_megakernel_view_draws_the_estimated_bandwidth_against_the_peak():
-    from bubblescope.profiler.intrakernel import activity_profile
+    from bubblescope.reports.intrakernel import activity_profile
 
     doc = _mk_doc(4)
     mk = g.engine(doc, "megakernel")
@@ -186,7 +186,7 @@ def test_activity_profile_matches_a_hand_computed_step():
     """Two programs: QKV waits [0,1) runs [1,3) with 3000 B; OPROJ waits [1,2) runs [2,4) with 6000 B.
     Per 1-µs bin by hand: QKV busy 0,1,1,0; OPROJ 0,0,1,1; waiting 1,1,0,0; idle 1,0,0,1; bandwidth
     (bytes spread over start..end): 1000 B/µs = 1 GB/s for QKV on [0,3), 2 GB/s for OPROJ on [1,4)."""
-    from bubblescope.profiler.intrakernel import activity_profile
+    from bubblescope.reports.intrakernel import activity_profile
 
     tasks = [{"program": 0, "opcode": "QKV", "layer": 0, "start_us": 10, "ready_us": 11, "end_us": 13},
              {"program": 1, "opcode": "OPROJ", "layer": 0, "start_us": 11, "ready_us": 12, "end_us": 14}]
@@ -203,7 +203,7 @@ def test_activity_profile_spreads_bytes_from_the_producers_first_load():
     issue. By hand per bin [8,9) .. [12,13): 1, 1, 1, 2, 1."""
     import pandas as pd
 
-    from bubblescope.profiler.intrakernel import activity_profile
+    from bubblescope.reports.intrakernel import activity_profile
 
     frame = pd.DataFrame({"name": ["QKV", "OPROJ"], "program": [0, 1], "layer": [0, 0], "ts_us": [10.0, 11.0],
                           "ready_us": [10.0, 11.5], "end_us": [12.0, 13.0], "load_start_us": [8.0, float("nan")]})
@@ -216,7 +216,7 @@ def test_activity_profile_spreads_bytes_from_the_producers_first_load():
 def test_opcode_bytes_sum_to_the_analytic_weights():
     """Per layer QKV+OPROJ+GATEUP+DOWN plus LMHEAD equal the config's matrices (norms and embedding aside)."""
     from bubblescope.models import get_preset
-    from bubblescope.profiler.intrakernel import opcode_bytes
+    from bubblescope.reports.intrakernel import opcode_bytes
 
     cfg = get_preset("llama-3.2-1b")
     b = opcode_bytes(cfg, 2, context=0)
@@ -249,7 +249,7 @@ def test_activity_of_a_real_megakernel_step_conserves_programs_and_bytes():
 
     from bubblescope.megakernel_engine import MegakernelEngine
     from bubblescope.models.weights import dummy_weights
-    from bubblescope.profiler.intrakernel import activity_profile, opcode_bytes
+    from bubblescope.reports.intrakernel import activity_profile, opcode_bytes
 
     from . import test_megakernel as tm
     cfg = tm.TINY["gqa-tied-llama3"]

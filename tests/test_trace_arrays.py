@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bubblescope.profiler import intervals
+from bubblescope.profiler.trace import intervals
 from bubblescope.profiler.trace import load_trace
-from bubblescope.profiler.tracearrays import TraceArrays, read_trace_arrays
-from bubblescope.profiler.tracesummary import summarize_trace
+from bubblescope.profiler.trace.arrays import TraceArrays
+from bubblescope.profiler.trace.load import read_trace_arrays
+from bubblescope.profiler.trace.summary import summarize_trace
 
 from . import tracegen as tg
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bubblescope.profiler.trace import load_trace
-from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.profiler.trace.summary import summarize_traces
 from bubblescope.reports import progress as progress_mod
 
 from . import tracegen as tg
@@ -62,7 +62,7 @@ def test_library_raises_unless_keep_going(tmp_path):
 
 
 def test_progress_reports_bytes_up_to_the_file_size(tmp_path, monkeypatch):
-    from bubblescope.profiler import tracefile
+    from bubblescope.profiler.trace import file as tracefile
 
     monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 4096)  # many windows from a small file
     path = tg.write(tmp_path / "p.json", tg.document(tg.decode_trace_events() * 40))
@@ -185,7 +185,7 @@ def test_a_step_table_of_one_gpu_names_the_gpus_left_out(tmp_path):
 
 def test_a_tie_in_compute_names_no_slowest_rank(tmp_path):
     """Two ranks with the same compute per step: the per-step table named rank 0 "slowest"."""
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
     def rank(r, busy):
         ev = [tg.annotation("bubblescope.decode_step#0", 0, 90), tg.launch(2, 2, 1), tg.kernel("k", 30, busy, 1)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bubblescope.profiler.ranksummary import summarize_rank_traces
+from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 from bubblescope.reports.trace_findings import find_trace, finding_subject
 
 from . import tracegen as tg

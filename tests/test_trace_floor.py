@@ -183,7 +183,7 @@ def test_near_bandwidth_limit_fires_from_85_percent_of_peak():
 
 
 def test_steps_uncertain_fires_only_for_low_confidence_found_steps():
-    from bubblescope.profiler.periodic import confidence
+    from bubblescope.profiler.trace.periodic import confidence
 
     assert (confidence(12, 12, 0.95), confidence(5, 5, 1.0), confidence(10, 6, 0.6)) == ("high", "medium", "low")
     entry = _entry([1.0, 1.0])

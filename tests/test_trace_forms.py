@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bubblescope.profiler import tracebatch
+from bubblescope.profiler.trace import batch as tracebatch
 from bubblescope.profiler.trace import load_trace
-from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.profiler.trace.summary import summarize_traces
 
 from . import tracegen as tg
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bubblescope.profiler.steps import step_metrics
-from bubblescope.profiler.timeline import timeline_summary
 from bubblescope.profiler.trace import load_trace
-from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.profiler.trace.steps import step_metrics
+from bubblescope.profiler.trace.summary import summarize_traces
+from bubblescope.profiler.trace.timeline import timeline_summary
 
 DATA = Path(__file__).parent / "data"
 LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch"}

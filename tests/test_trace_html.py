@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bubblescope.cli import app
-from bubblescope.profiler.ranksummary import summarize_rank_traces
+from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
 from . import tracegen as tg
 from .conftest import TRACES

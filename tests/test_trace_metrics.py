@@ -17,12 +17,13 @@ import pytest
 from rich.console import Console
 
 from bubblescope.errors import BubblescopeError
-from bubblescope.profiler import metrics as m
-from bubblescope.profiler import steps as st
-from bubblescope.profiler import timeline as tm
-from bubblescope.profiler.categories import categorize
 from bubblescope.profiler.trace import load_trace
-from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.profiler.trace import metrics as m
+from bubblescope.profiler.trace import steps as st
+from bubblescope.profiler.trace import timeline as tm
+from bubblescope.profiler.trace.arraysummary import overlap_note
+from bubblescope.profiler.trace.categories import categorize
+from bubblescope.profiler.trace.summary import summarize_traces
 from bubblescope.reports.trace_terminal import render_trace_summary
 
 from . import tracegen as tg
@@ -467,7 +468,7 @@ def test_overlapping_step_ranges_are_warned_once_and_each_call_counts_in_one_ste
     note = ("2 of 4 steps marked 'ProfilerStep' overlap the next step on their thread, by up to 20.000 µs "
             "(30.000 µs in all): each CPU call and its kernels count in the latest-starting step holding the "
             "call, never in two; step wall times are the ranges as recorded")
-    assert st.overlap_note(steps, "ProfilerStep") == note
+    assert overlap_note(steps, "ProfilerStep") == note
     # Once per file, among the file's other warnings: the JSON's list and the text report's "warning:" lines.
     r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", str(path), "--format", "json"],
                        capture_output=True, text=True, timeout=300)
@@ -475,7 +476,7 @@ def test_overlapping_step_ranges_are_warned_once_and_each_call_counts_in_one_ste
     r = subprocess.run([sys.executable, "-m", "bubblescope", "diagnose", "trace", str(path)],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
     assert r.returncode == 0 and r.stdout.count(f"warning: {note}") == 1, r.stdout
-    assert st.overlap_note(st.find_steps(tr, "ProfilerStep#0"), "ProfilerStep#0") is None  # one step alone
+    assert overlap_note(st.find_steps(tr, "ProfilerStep#0"), "ProfilerStep#0") is None  # one step alone
 
 
 # --- timestamps beyond 2^53 µs (ns written as µs, a large epoch) --------------------------------------------------
@@ -516,7 +517,7 @@ def test_timestamps_beyond_2_53_us_give_the_same_metrics_as_small_ones(tmp_path,
 def test_huge_rank_traces_keep_their_cross_rank_skew(tmp_path):
     """Rank 1 starts 7 µs after rank 0, both at ~1.7e18 µs: each trace is rebased on its own smallest ts, then
     both are put on one origin, so the start skew is 7 µs, not 0 (or 256)."""
-    from bubblescope.profiler.ranksummary import summarize_rank_traces
+    from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
     a = tg.write(tmp_path / "r0.json", tg.document(_two_step_events(HUGE_OFFSET), rank=0))
     b = tg.write(tmp_path / "r1.json", tg.document(_two_step_events(HUGE_OFFSET + 7), rank=1))

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from bubblescope.profiler import tracebatch
-from bubblescope.profiler.steps import step_metrics
-from bubblescope.profiler.trace import cuda_api_name, load_trace
+from bubblescope.profiler.trace import batch as tracebatch
+from bubblescope.profiler.trace import load_trace
+from bubblescope.profiler.trace.apis import cuda_api_name
+from bubblescope.profiler.trace.steps import step_metrics
 
 from . import tracegen as tg
 
@@ -160,7 +161,7 @@ def _legacy_export(with_gpu: bool = True) -> str:
 
 def test_a_legacy_autograd_export_with_kernels_is_not_cpu_only(tmp_path, reader):
     """Its kernels have no category, so the trace read as "no GPU activity (CPU-only run)"."""
-    from bubblescope.profiler.tracesummary import summarize_traces
+    from bubblescope.profiler.trace.summary import summarize_traces
 
     s = summarize_traces([tg.write(tmp_path / "legacy.json", _legacy_export())])["files"][0]
     devices = {d["device"]: d for d in s["devices"]}
@@ -175,7 +176,7 @@ def test_a_legacy_autograd_export_with_kernels_is_not_cpu_only(tmp_path, reader)
 
 
 def test_a_legacy_autograd_export_of_a_cpu_run_stays_cpu_only(tmp_path, reader):
-    from bubblescope.profiler.tracesummary import summarize_traces
+    from bubblescope.profiler.trace.summary import summarize_traces
 
     s = summarize_traces([tg.write(tmp_path / "cpu.json", _legacy_export(with_gpu=False))])["files"][0]
     assert s["devices"] == [] and "no GPU activity in trace (CPU-only run)" in s["warnings"]
@@ -220,8 +221,8 @@ def _ns_trace(pairs: bool = False) -> str:
 def test_absolute_ns_timestamps_keep_their_ns(tmp_path, reader, pairs):
     """Read as float64 µs, 1733456789012345.678 keeps 0.25 µs steps: the 1 ns gap vanished and a 1.001 µs kernel
     started 0.25 µs off. The ts are read from their text, rebased onto the trace's first whole µs."""
-    from bubblescope.profiler.steps import launch_delays
-    from bubblescope.profiler.tracesummary import summarize_traces
+    from bubblescope.profiler.trace.steps import launch_delays
+    from bubblescope.profiler.trace.summary import summarize_traces
 
     path = tg.write(tmp_path / "abs.json", _ns_trace(pairs))
     tr = load_trace(path)

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from bubblescope.errors import BubblescopeError
-from bubblescope.profiler import tracefile
-from bubblescope.profiler.trace import load_trace, parse_rank
+from bubblescope.profiler.trace import file as tracefile
+from bubblescope.profiler.trace import load_trace
+from bubblescope.profiler.trace.values import parse_rank
 
 from . import tracegen as tg
 
@@ -244,6 +245,20 @@ def test_invalid_utf8_and_lone_surrogates(tmp_path):
     json.dumps(tr.gpu["name"].tolist(), ensure_ascii=False).encode("utf-8")
 
 
+def test_a_repaired_name_equal_to_another_is_one_name(tmp_path):
+    """"k" + a lone surrogate repairs to "k\ufffd", which another kernel is already called: one name then, so the
+    two kernels (2 µs and 3 µs) are one line of the top kernels, 2 calls and 5 µs."""
+    from bubblescope.profiler.trace.summary import summarize_traces
+
+    raw = json.dumps(tg.document([tg.kernel("NAME_A", 10, 2, 1), tg.kernel("k\ufffd", 20, 3, 2)])).encode()
+    path = tg.write(tmp_path / "same.json", raw.replace(b"NAME_A", b"k\\ud800"))
+    tr = load_trace(path)
+    assert tr.gpu["name"].tolist() == ["k\ufffd", "k\ufffd"]
+    assert "2 distinct names had invalid UTF-8 (replaced by U+FFFD)" in tr.warnings
+    (top,) = summarize_traces([path])["files"][0]["devices"][0]["top_kernels"]
+    assert (top["name"], top["count"], top["total_us"]) == ("k\ufffd", 2, 5.0)
+
+
 def test_bare_array_format_with_and_without_closing_bracket(tmp_path):
     events = [tg.kernel("k", 10, 1, 1), tg.launch(5, 1, 1)]
     closed = load_trace(tg.write(tmp_path / "a.json", events))
@@ -255,7 +270,7 @@ def test_bare_array_format_with_and_without_closing_bracket(tmp_path):
 def test_trailing_data_is_refused_and_trailing_whitespace_kept(tmp_path, monkeypatch, workers):
     """After the complete top-level value only whitespace may follow (the bare array may stop without its
     "]"); gzipped or not, in process or through the worker processes (small windows: many of them)."""
-    from bubblescope.profiler.tracearrays import read_trace_arrays
+    from bubblescope.profiler.trace.load import read_trace_arrays
 
     monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 4096)
     events = tg.decode_trace_events() * 40
@@ -384,7 +399,7 @@ def test_lean_load_keeps_the_same_values_of_fewer_columns(tmp_path):
     the category column is categorize() of each row's name and kind."""
     from pathlib import Path
 
-    from bubblescope.profiler.categories import categorize
+    from bubblescope.profiler.trace.categories import categorize
 
     dropped_gpu = ["external_id", "grid", "block", "shared_memory_bytes", "blocks_per_sm", "warps_per_sm",
                    "occupancy_pct"]

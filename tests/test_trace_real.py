@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from bubblescope.profiler import metrics as m
-from bubblescope.profiler import steps as st
-from bubblescope.profiler import timeline as tm
 from bubblescope.profiler.trace import load_trace
-from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.profiler.trace import metrics as m
+from bubblescope.profiler.trace import steps as st
+from bubblescope.profiler.trace import timeline as tm
+from bubblescope.profiler.trace.summary import summarize_traces
 
 from .conftest import TRACES
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bubblescope.profiler.periodic import repeating_steps
-from bubblescope.profiler.tracesummary import summarize_traces
+from bubblescope.profiler.trace.periodic import repeating_steps
+from bubblescope.profiler.trace.summary import summarize_traces
 
 from . import tracegen as tg
 

@@ -1,6 +1,6 @@
-"""The parse split over worker processes (``traceworkers``) gives exactly the serial parse's columns.
+"""The parse split over worker processes (``profiler.trace.workers``) gives exactly the serial parse's columns.
 
-Small read windows (``tracefile._CHUNK_CHARS``) make even a small trace many windows, so every real
+Small read windows (``profiler.trace.file._CHUNK_CHARS``) make even a small trace many windows, so every real
 and hand-built trace below goes through the workers window by window; the serial reference reads it
 with the default windows in process. The hand-built trace is made to fool the cut at a window's end
 (event boundaries guessed from "}, {"): names holding "}, {", brackets, commas and escaped quotes,
@@ -16,9 +16,9 @@ import math
 import numpy as np
 import pytest
 
-from bubblescope.profiler import tracefile, traceworkers
-from bubblescope.profiler.tracearrays import read_trace_arrays
-from bubblescope.profiler.tracesummary import summarize_trace
+from bubblescope.profiler.trace import file as tracefile, workers as traceworkers
+from bubblescope.profiler.trace.load import read_trace_arrays
+from bubblescope.profiler.trace.summary import summarize_trace
 
 from . import tracegen as tg
 from .conftest import ROOT, TRACES
@@ -167,9 +167,9 @@ def test_worker_pipes_are_widened_to_one_mebibyte(tmp_path):
     limit = Path("/proc/sys/fs/pipe-max-size")
     if limit.is_file() and int(limit.read_text()) < 1 << 20:
         pytest.skip(f"pipe-max-size is {limit.read_text().strip()} bytes here: the pipes keep their size")
-    from bubblescope.profiler.tracecolumns import _Columns
+    from bubblescope.profiler.trace.events import EventTables
 
-    pool = traceworkers.Workers(1, _Columns())
+    pool = traceworkers.Workers(1, EventTables())
     try:
         proc = pool.procs[0]
         sizes = [fcntl.fcntl(s.fileno(), fcntl.F_GETPIPE_SZ) for s in (proc.stdin, proc.stdout)]

@@ -18,7 +18,8 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from bubblescope.errors import BubblescopeError  # noqa: E402
-from bubblescope.tuned import best_per_context, engine_params, load_tuning, tuned_document  # noqa: E402
+from bubblescope.reports.tune_result import best_per_context, tuned_document  # noqa: E402
+from bubblescope.tuned import engine_params, load_tuning  # noqa: E402
 from bubblescope.tuning import knobs, parse_value, tune, unique_values  # noqa: E402
 
 from .conftest import STORIES, needs_stories  # noqa: E402

@@ -4,7 +4,7 @@
 Heavy dependencies (torch, triton, pandas) are imported lazily, so ``import bubblescope`` is cheap.
 """
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__  # the package's own version, re-exported
 
 
 def __getattr__(name):

@@ -28,7 +28,7 @@ app.add_typer(diagnose_app, name="diagnose")
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from .version import __version__
         typer.echo(f"bubblescope {__version__}")
         raise typer.Exit()
 
@@ -310,8 +310,8 @@ def diagnose_trace(
     skew and the slowest rank per step. Then findings: what limits the traced decode (launches, host syncs,
     kernel boundaries, warm-up, NCCL, rank skew) and what to do.
     """
-    from .profiler.ranksummary import unmerged_ranks_note
-    from .profiler.tracesummary import file_errors
+    from .profiler.trace.ranksummary import unmerged_ranks_note
+    from .profiler.trace.summary import file_errors
     from .reports.progress import trace_progress
     from .trace_inputs import refuse_input, trace_files
     from .tracediagnose import check_context, check_peak, diagnose_trace_files, resolve_step_bytes
@@ -424,7 +424,7 @@ def profile(
         raise BubblescopeError(f"--steps: must be 1 or more, got {steps}")
     if seconds is not None and not 0 < seconds < float("inf"):
         raise BubblescopeError(f"--seconds: must be a positive number of seconds, got {seconds:g}")
-    from .profiler.metrics import check_threshold
+    from .profiler.trace.metrics import check_threshold
     check_threshold(idle_threshold_us)  # before the program runs, not after
     analysis = check_analysis({"model": model, "bytes_per_step": bytes_per_step, "dtype": dtype, "context": context,
                                "peak_gbps": peak_gbps})

@@ -233,7 +233,7 @@ def build_engine(name: str, weights: ModelWeights, max_seq_len: int, params=None
     check_prefill(prefill, name)
     if name == "auto":
         from .fallback import build_auto
-        dec, choice = build_auto(weights, max_seq_len, params=params, prefill=prefill)
+        dec, choice = build_auto(build_engine, weights, max_seq_len, params=params, prefill=prefill)
         dec.auto_choice = choice
         return dec
     spec = get_engine_spec(name)

@@ -52,10 +52,12 @@ def choose_auto(weights) -> tuple[str, str]:
     return PRIMARY, f"CUDA device and a model the megakernel supports ({weights.config.name})"
 
 
-def build_auto(weights, max_seq_len: int, params=None, prefill: str | None = None):
+def build_auto(build: Callable, weights, max_seq_len: int, params=None, prefill: str | None = None):
     """Build the engine ``auto`` picks, wrapped so that a failing megakernel falls back to the reference.
 
     Args:
+        build: the engine builder, called as ``build(name, weights, max_seq_len, params=..., prefill=...)``
+            (:func:`bubblescope.engines.build_engine`, which passes itself when asked for ``auto``).
         weights: :class:`~bubblescope.models.weights.ModelWeights`.
         max_seq_len: KV-cache positions of either engine.
         params: ``MegakernelParams`` for the megakernel (None: its defaults).
@@ -69,12 +71,10 @@ def build_auto(weights, max_seq_len: int, params=None, prefill: str | None = Non
     Raises:
         EngineUnavailable: neither engine can run (the reference's own reason).
     """
-    from .engines import build_engine
-
     name, reason = choose_auto(weights)
     if name == PRIMARY:
         try:
-            primary = build_engine(PRIMARY, weights, max_seq_len, params=params, prefill=prefill)
+            primary = build(PRIMARY, weights, max_seq_len, params=params, prefill=prefill)
         except EngineUnavailable as e:  # e.g. a kernel that cannot keep one program per SM resident
             name, reason = BACKUP, f"the megakernel could not be built here ({_one_line(e)})"
         except BubblescopeError:  # bad input (invalid --tuning params): the user's to fix, not a fallback
@@ -82,11 +82,11 @@ def build_auto(weights, max_seq_len: int, params=None, prefill: str | None = Non
         except Exception as e:  # noqa: BLE001  (a Triton compile or out-of-resources error)
             name, reason = BACKUP, f"the megakernel could not be built here ({_one_line(e)})"
         else:
-            return (FallbackDecoder(primary, lambda: build_engine(BACKUP, weights, max_seq_len)),
+            return (FallbackDecoder(primary, lambda: build(BACKUP, weights, max_seq_len)),
                     {"engine": PRIMARY, "reason": reason})
     if params is not None:
         reason += "; the tuned megakernel parameters are not used"
-    return build_engine(BACKUP, weights, max_seq_len), {"engine": BACKUP, "reason": reason}
+    return build(BACKUP, weights, max_seq_len), {"engine": BACKUP, "reason": reason}
 
 
 class FallbackDecoder:

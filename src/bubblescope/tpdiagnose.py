@@ -5,7 +5,7 @@
 (``torchrun``'s single-host rendezvous; for several nodes, start the same module with torchrun's usual
 ``--nnodes``/``--rdzv-endpoint`` options). Every rank then runs :func:`tp_diagnose`: it loads the model, keeps
 its shard, times greedy generation and records its own trace (``traces/<engine>-rank<r>.json.gz``, Kineto writes
-the rank into ``distributedInfo``). Rank 0 merges the traces (:mod:`.profiler.ranksummary`), adds the per-rank
+the rank into ``distributedInfo``). Rank 0 merges the traces (:mod:`.profiler.trace.ranksummary`), adds the per-rank
 bytes per step and collectives (:func:`.profiler.traffic.rank_step_traffic`) and the findings, and writes
 ``tp.json`` (schema ``bubblescope.tp/1``) and, on GPUs, ``ranks_timeline.png`` (the ranks' first steps on one
 axis). As in the single-process run, everything goes into a staging folder inside ``out`` (rank 0 makes it
@@ -66,7 +66,7 @@ def _comm(section: dict | None, traffic: dict, peak_GBps: float | None) -> dict:
 def _timeline_png(traces: list, path: Path) -> str | None:
     """Draw the ranks' first steps on one axis into ``path`` (atomically); its name, or None if nothing to draw."""
     from .profiler.capture import STEP_MARKER
-    from .profiler.ranks import rank_activities, rank_steps
+    from .profiler.trace.ranks import rank_activities, rank_steps
     from .reports.rank_plots import rank_timeline_figure
 
     fig = rank_timeline_figure(rank_activities(traces, rank_steps(traces, STEP_MARKER)))
@@ -158,7 +158,7 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     from .models import load_model, run_dtype
     from .profiler.capture import STEP_MARKER, capture_decode_trace
     from .profiler.hardware import device_info
-    from .profiler.ranksummary import multirank_section
+    from .profiler.trace.ranksummary import multirank_section
     from .profiler.trace import load_trace
     from .profiler.traffic import bandwidth, rank_step_traffic
     from .reference_engine.tp import TPReferenceEngine

@@ -1,7 +1,7 @@
 """``diagnose trace`` as a library call: summary, bandwidth against the floor, findings.
 
 :func:`diagnose_trace_files` is what ``bubblescope diagnose trace`` and ``bubblescope profile`` both run on
-trace files: :func:`~.profiler.ranksummary.summarize_rank_traces` (steps from markers, or found without them),
+trace files: :func:`~.profiler.trace.ranksummary.summarize_rank_traces` (steps from markers, or found without them),
 then, given a model (or a byte count per step), each file's ``bandwidth`` section (:func:`add_bandwidth`:
 bytes, effective GB/s, % of peak and the floor per step), then the findings. The model and the peak are
 resolved here, in the order the CLI documents:
@@ -242,7 +242,7 @@ def diagnose_trace_files(paths: Iterable[str | os.PathLike], *, step_marker: str
                          model: str | None = None, bytes_per_step: int | None = None, dtype: str | None = None,
                          context: int | None = None, peak_gbps: float | None = None, progress=None) -> dict:
     """Diagnose trace files: the ``bubblescope.trace/1`` summary of
-    :func:`~.profiler.ranksummary.summarize_rank_traces` (a bad file becomes an ``{"path", "error"}`` entry),
+    :func:`~.profiler.trace.ranksummary.summarize_rank_traces` (a bad file becomes an ``{"path", "error"}`` entry),
     each readable file's ``bandwidth`` (:func:`add_bandwidth`, when ``model`` or ``bytes_per_step`` is given)
     and ``findings`` (:func:`~.reports.trace_findings.find_trace`). What ``diagnose trace`` and ``profile``
     report.
@@ -260,7 +260,7 @@ def diagnose_trace_files(paths: Iterable[str | os.PathLike], *, step_marker: str
     Raises:
         BubblescopeError: a bad option (checked before any trace is read), path or context.
     """
-    from .profiler.ranksummary import summarize_rank_traces
+    from .profiler.trace.ranksummary import summarize_rank_traces
     from .reports.trace_findings import find_trace
 
     step_bytes = resolve_step_bytes(model, bytes_per_step, dtype)

@@ -7,7 +7,7 @@ the effective bandwidth and its share of the NVML peak (GPU), the intra-kernel w
 kernel's own timestamps, when the timeline variant fits), the greedy tokens' agreement with the reference
 engine, and the compiled kernel's registers, spills, shared memory and residency. A value that does not
 parse, validate, compile or fit the SM, or that gets stuck, becomes a row with the reason; it never stops
-the sweep. The document is versioned (:data:`SCHEMA`); ``tuned.py`` turns it into per-length choices.
+the sweep. The document is versioned (:data:`SCHEMA`); ``reports/tune_result.py`` turns it into per-length choices.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
         "points": [{context, token_ms_p50, token_ms_p99, token_ms_mean, token_ms_samples (every timed step, ms),
         effective_GBps, util_peak, intrakernel_wait_ratio, timeline_reason, token_agreement}]}``; ``best`` lists per
         context the ok value with the lowest p50, its lead over the next and the noise of its samples
-        (``tuned.best_per_context``).
+        (``reports.tune_result.best_per_context``).
 
     Raises:
         BubblescopeError: unknown engine, knob, model, dtype, device or prefill mode; an engine the device rules
@@ -191,7 +191,7 @@ def tune(model: str, knob: str, values: list[str], contexts: list[int] | None = 
     from .generation import random_ids
     from .models import load_model, resolve_device, run_dtype
     from .profiler.hardware import device_info
-    from .tuned import best_per_context
+    from .reports.tune_result import best_per_context
 
     spec = _knob(engine, knob)
     check_prefill(prefill, engine)

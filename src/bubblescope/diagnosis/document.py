@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from .plan import CPU_DEFAULT_MODEL, CPU_FALLBACK_MODEL, RunPlan
 
 

@@ -18,7 +18,7 @@ PROFILE_WARMUP_STEPS = 1
 def profile_engine(name: str, engine, entry: dict, plan: RunPlan, bench: Bench) -> None:
     """Trace ``workload.profile_steps`` (+ :data:`PROFILE_WARMUP_STEPS`) greedy decode steps of ``engine`` after
     its prompt into ``<bench.traces>/traces/<name>.json.gz`` and fill ``entry``'s ``timeline``
-    (:func:`~bubblescope.profiler.timeline.timeline_summary` without the first profiled step, plus the
+    (:func:`~bubblescope.profiler.trace.timeline.timeline_summary` without the first profiled step, plus the
     ``step_timeline`` of a middle step; GPU-only figures None on a CPU), ``intrakernel`` (engines with a
     ``timeline()`` recorder: :func:`~bubblescope.megakernel_engine.timeline.intrakernel_summary` and the binned
     activity, whose events are appended to the trace) and ``trace_path`` (relative to the run's folder; None when
@@ -28,7 +28,7 @@ def profile_engine(name: str, engine, entry: dict, plan: RunPlan, bench: Bench) 
         OutputNotWritten: the trace could not be written.
     """
     from ..profiler.capture import append_trace_events, capture_decode_trace
-    from ..profiler.timeline import step_timeline, timeline_summary
+    from ..profiler.trace.timeline import step_timeline, timeline_summary
     from ..profiler.trace import load_trace
 
     out = bench.traces if bench.traces is not None else Path(tempfile.mkdtemp(prefix="bubblescope-"))
@@ -72,7 +72,7 @@ def activity(df, engine, bench: Bench, profile_steps: int) -> dict | None:
     """The binned megakernel view of the profiled step (all programs; ``df`` the kernel's per-task timeline
     frame), bandwidth estimated from the tasks' bytes at the step's context (prompt + half the
     ``profile_steps``)."""
-    from ..profiler.intrakernel import activity_profile, opcode_bytes
+    from ..reports.intrakernel import activity_profile, opcode_bytes
 
     weights = bench.loaded.weights
     context = len(bench.prompt) + profile_steps // 2

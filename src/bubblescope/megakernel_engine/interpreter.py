@@ -180,7 +180,7 @@ class ScheduleInterpreter:
             raise BubblescopeError(f"oracle: unknown opcode {t.op}")
 
     def _splits_used(self, pos: int) -> int:
-        """Non-empty ATTN splits at ``pos`` (ops._splits_used)."""
+        """Non-empty ATTN splits at ``pos`` (ops.splits_used)."""
         n, ns = pos + 1, self.schedule.tiling.kv_splits
         return -(-n // max(-(-n // ns), self.schedule.tiling.attn_min_chunk))
 

@@ -107,6 +107,17 @@ def export_failure(raw: str) -> str | None:
     return "the profiler could not write it"
 
 
+def _greedy_step(decoder, token: int) -> int:
+    """One greedy decode step as the Decoder protocol defines it (docs/design.md, "The Decoder protocol"): the
+    engine's optional ``decode_greedy`` (the argmax picked on the device), else the argmax of ``decode``'s logits
+    taken to the host. Written against the protocol, not imported from the engines, which sit above the
+    profiler."""
+    import torch
+
+    fused = getattr(decoder, "decode_greedy", None)
+    return fused(token) if callable(fused) else int(torch.argmax(decoder.decode(token)))
+
+
 def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
                          out_path: str | os.PathLike | None = None,
                          step_marker: str = STEP_MARKER) -> CaptureResult:
@@ -116,10 +127,10 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     (CUDA-graph capture, Triton compilation and allocator growth happen here, not in the trace); then,
     under ``torch.profiler.profile(activities=[CPU] (+ [CUDA] on a cuda decoder), record_shapes=False)``,
     ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``. A step includes taking the
-    greedy token to the host as ``generate()`` does (:func:`bubblescope.generation.greedy_step`: the
-    engine's fused greedy step when it has one, else ``int(decode(tok).argmax())``): that host sync is part
-    of per-token latency. On a CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says
-    GPU metrics are unavailable (no zeros are made up).
+    greedy token to the host as ``generate()`` does (:func:`_greedy_step`: the engine's fused greedy step
+    when it has one, else ``int(decode(tok).argmax())``): that host sync is part of per-token latency. On a
+    CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says GPU metrics are unavailable
+    (no zeros are made up).
 
     Args:
         decoder: a :class:`bubblescope.generation.Decoder` (``name``, ``config``, ``device``, ``position``).
@@ -136,8 +147,6 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
-
-    from ..generation import greedy_step
 
     _check_count("steps", steps, 1)
     _check_count("warmup", warmup, 0)
@@ -164,7 +173,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     tok = int(decoder.prefill(prompt).argmax())
     tokens = [tok]
     for _ in range(warmup):
-        tok = greedy_step(decoder, tok)
+        tok = _greedy_step(decoder, tok)
         tokens.append(tok)
     start_position = int(decoder.position)
 
@@ -174,7 +183,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     with quiet_start_stop(profile(activities=activities, record_shapes=False)) as prof:
         for i in range(steps):
             with record_function(f"{step_marker}#{i}"):
-                tok = greedy_step(decoder, tok)
+                tok = _greedy_step(decoder, tok)
             tokens.append(tok)
         if gpu:
             torch.cuda.synchronize(decoder.device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import BubblescopeError
-from .metrics import json_float
+from .trace.values import json_float
 
 ROW_KEYS = ("step", "warmup", "context", "bytes", "wall_us", "effective_GBps", "util_peak", "floor_us",
             "over_floor_us", "over_floor_x")

@@ -43,7 +43,7 @@ def intrakernel_figure(engine: dict, device: dict | None = None):
     busy (opcode colour) per task, with its own legend, the programs on the y axis and the time unit on the x axis.
     Colours are :mod:`.palette`'s. Legends sit outside the data. Returns None without task timestamps.
     """
-    from ..profiler.intrakernel import IDLE, WAITING, activity_profile
+    from .intrakernel import IDLE, WAITING, activity_profile
 
     ik = engine.get("intrakernel") or {}
     tasks = ik.get("tasks") or []

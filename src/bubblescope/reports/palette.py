@@ -21,7 +21,7 @@ ENGINES = {
     "megakernel-stages": "#9467bd", "megakernel-noprefetch": "#e377c2", "megakernel": "#ff7f0e",
     "megakernel-gluon": "#d62728", "megakernel-triton": "#e6ab02",
 }
-# The categories of bubblescope.profiler.categories (CATEGORY_NAMES), and the short names older traces used.
+# The categories of bubblescope.profiler.trace.categories (CATEGORY_NAMES), and the short names older traces used.
 CATEGORIES = {
     "gemm/gemv": "#4c72b0", "gemm": "#4c72b0", "gemv": "#4c72b0", "attention": "#dd8452", "norm": "#55a868",
     "rope": "#8172b3", "elementwise/activation": "#937860", "elementwise": "#937860",

@@ -11,7 +11,7 @@ _COMPUTE, _NCCL = "#4c72b0", "#dd8452"
 def rank_timeline_figure(activities):
     """One row per rank, its GPU activities as bars on the shared time axis (µs from the first step's start):
     NCCL kernels in orange, the rest in blue; a thin line marks each step's extent. ``activities`` is
-    :func:`bubblescope.profiler.ranks.rank_activities`'s frame. None when it is empty."""
+    :func:`bubblescope.profiler.trace.ranks.rank_activities`'s frame. None when it is empty."""
     if activities is None or activities.empty:
         return None
     ranks = sorted(activities["rank"].unique())

@@ -1,4 +1,4 @@
-"""Terminal view (rich) of the multi-rank section of ``diagnose trace`` (``profiler.ranksummary``)."""
+"""Terminal view (rich) of the multi-rank section of ``diagnose trace`` (``profiler.trace.ranksummary``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Findings of ``diagnose trace``: rules that read a trace summary and say what limits the traced decode.
 
 The input is the ``bubblescope.trace/1`` dict of
-:func:`~bubblescope.profiler.ranksummary.summarize_rank_traces` (per-file ``devices``, ``steps``, ``step_rows``
+:func:`~bubblescope.profiler.trace.ranksummary.summarize_rank_traces` (per-file ``devices``, ``steps``, ``step_rows``
 and the multi-rank ``ranks`` section). Each rule is a pure function of one file entry (or of the ``ranks``
 section) returning findings; a rule stays silent when an input it needs is missing or null. Findings have the
 shape of :mod:`.findings`' (``rule``, ``severity``, ``title``, ``evidence``, ``advice``), with ``file`` and
@@ -326,7 +326,7 @@ def find_trace(summary: dict, thresholds: Mapping[str, float] | None = None) -> 
     """Run every rule on a trace summary.
 
     Args:
-        summary: the dict of :func:`~bubblescope.profiler.ranksummary.summarize_rank_traces` (or
+        summary: the dict of :func:`~bubblescope.profiler.trace.ranksummary.summarize_rank_traces` (or
             ``summarize_traces``, without ``ranks``); unreadable files (``{"path", "error"}``) are skipped.
         thresholds: overrides for entries of :data:`TRACE_THRESHOLDS` (same names).
 

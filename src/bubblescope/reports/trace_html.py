@@ -105,13 +105,13 @@ def render_trace_html(summary: dict, findings: list[dict], command: str | None =
     """The HTML report of a trace summary, as one self-contained string. Pure: reads only its arguments.
 
     Args:
-        summary: the dict of :func:`~bubblescope.profiler.ranksummary.summarize_rank_traces`; unreadable
+        summary: the dict of :func:`~bubblescope.profiler.trace.ranksummary.summarize_rank_traces`; unreadable
             files are listed with their error.
         findings: :func:`~bubblescope.reports.trace_findings.find_trace` of ``summary``.
         command: the command line, shown in the header (None: not shown).
         notes: lines shown under the file list (files skipped in a folder, ranks not merged).
     """
-    from .. import __version__
+    from ..version import __version__
     from .trace_findings import TRACE_SEVERITIES, finding_subject
 
     files = summary.get("files") or []

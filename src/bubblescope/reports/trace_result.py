@@ -22,6 +22,24 @@ SCHEMA = "bubblescope.trace-result/1"
 SCHEMA_PREFIX = "bubblescope.trace-result/"
 FILE_NUMBERS = ("step_ms_p50", "step_ms_p99", "bubble_ratio", "kernels_per_step", "launches_per_step",
                 "bytes_per_step", "effective_GBps", "util_peak", "floor_ms", "over_floor_ms")
+# What a trace summary says of a file without GPU activity to measure, as its steps' reason and as a warning
+# (written by the profiler's trace summary, recognised by the views, so both read the words from here).
+CPU_ONLY = "no GPU activity in trace (CPU-only run)"
+_ALL_EXCLUDED = "excluded as invalid (see warnings): GPU metrics unavailable"
+
+
+def no_gpu_reason(excluded: int) -> str:
+    """Why a trace has no GPU activity to measure: :data:`CPU_ONLY`, or, when ``excluded`` (> 0) GPU activity
+    events were all dropped as invalid (negative or missing ``dur``, ...), that (the warnings say why)."""
+    if not excluded:
+        return CPU_ONLY
+    what = "the only GPU activity event was" if excluded == 1 else f"all {excluded} GPU activity events were"
+    return f"{what} {_ALL_EXCLUDED}"
+
+
+def is_no_gpu_reason(text: str) -> bool:
+    """Whether ``text`` is one of :func:`no_gpu_reason`'s answers."""
+    return text == CPU_ONLY or text.endswith(_ALL_EXCLUDED)
 
 
 def _number(value: Any) -> float | None:
@@ -66,7 +84,7 @@ def trace_result(summary: dict, findings: list[dict], command: str = "", created
     ``model``: the ``--model`` name and dtype, or ``--bytes-per-step`` (``bytes_source``); ``device``: the first
     file's GPU name (``CPU`` for a CPU-only trace) and the peak used, with its source.
     """
-    from .. import __version__
+    from ..version import __version__
 
     files = [f for f in summary.get("files") or [] if "error" not in f]
     rows = [_file(f) for f in files]

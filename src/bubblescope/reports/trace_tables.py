@@ -1,7 +1,7 @@
 """What the terminal and HTML views of ``diagnose trace`` both show, formatted once so the two always agree.
 
-Pure functions of a ``bubblescope.trace/1`` summary (:mod:`bubblescope.profiler.tracesummary`, its ``ranks``
-section from :mod:`bubblescope.profiler.ranksummary`) returning strings; times come in µs and are shown in the
+Pure functions of a ``bubblescope.trace/1`` summary (:mod:`bubblescope.profiler.trace.summary`, its ``ranks``
+section from :mod:`bubblescope.profiler.trace.ranksummary`) returning strings; times come in µs and are shown in the
 unit that keeps them readable; None (not measured) shows as an em dash.
 """
 
@@ -150,7 +150,7 @@ METHOD_WORDS = {"cuda-graph": "CUDA-graph launches", "megakernel": "one kernel p
 
 
 def graph_rows(graphs: dict) -> list[tuple[str, str]]:
-    """``(label, value)`` rows of a file's CUDA-graph replays (:func:`~bubblescope.profiler.graphs.graph_summary`)."""
+    """``(label, value)`` rows of a file's CUDA-graph replays (:func:`~bubblescope.profiler.trace.graphs.graph_summary`)."""
     share = graphs.get("gap_inside_share")
     return [
         ("replays (distinct graphs)", f"{fmt(graphs.get('replays'), 'count')} ({fmt(graphs.get('graphs'), 'count')})"),

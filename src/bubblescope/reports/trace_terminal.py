@@ -7,9 +7,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..profiler.timeline import CPU_ONLY, is_no_gpu_reason
 from . import trace_tables as tt
 from .layout import Wrapped
+from .trace_result import CPU_ONLY, is_no_gpu_reason
 
 NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
 TOP_SHOWN = 10
@@ -81,7 +81,7 @@ def _breakdown(title: str, rows: list[dict], with_name: bool, width: int, wide: 
 
 
 def render_trace_summary(summary: dict, console: Console, wide: bool = False) -> None:
-    """Print a :func:`bubblescope.profiler.tracesummary.summarize_traces` result to ``console``.
+    """Print a :func:`bubblescope.profiler.trace.summary.summarize_traces` result to ``console``.
 
     Per file: a header (path, rank, step marker), a device table (kernels, memcpys, memsets,
     streams, busy/span, bubble ratio, idle split with shares), the decode-step metrics when steps

@@ -115,7 +115,7 @@ def render_tune(doc: dict, console) -> None:
 
 
 def best_line(doc: dict, b: dict) -> str:
-    """What one entry of ``doc["best"]`` (:func:`~bubblescope.tuned.best_per_context`) allows to be said: "best"
+    """What one entry of ``doc["best"]`` (:func:`~.tune_result.best_per_context`) allows to be said: "best"
     only when the lowest p50's lead over the next value exceeds the noise of its own samples; "within noise" when it
     does not; "lowest p50" when the noise or a second value is not known."""
     knob, ms = doc["knob"], tables.fmt(b["token_ms_p50"], "ms")
@@ -201,8 +201,8 @@ def write_tune_outputs(doc: dict, out: str | Path, save: str | Path | None = Non
     import json
 
     from ..errors import BubblescopeError
-    from ..tuned import tuned_document
     from .results import atomic_write_texts
+    from .tune_result import tuned_document
 
     out = Path(out)
     files = [(out / "tune.json", json.dumps(doc, indent=2) + "\n", None),

@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from .. import schedule as S
-from .ops import (OP_ATTN, OP_ATTN_REDUCE, OP_DOWN, OP_GATEUP, OP_LMHEAD, OP_OPROJ, OP_QKV, _device, _now,
-                  _splits_used, op_attn, op_attn_reduce, op_gateup, op_lmhead, op_matvec_residual, op_qkv)
+from .ops import (OP_ATTN, OP_ATTN_REDUCE, OP_DOWN, OP_GATEUP, OP_LMHEAD, OP_OPROJ, OP_QKV, clock_ns, device_function,
+                  op_attn, op_attn_reduce, op_gateup, op_lmhead, op_matvec_residual, op_qkv, splits_used)
 
 F_OP = tl.constexpr(S.F_OP)
 F_LAYER = tl.constexpr(S.F_LAYER)
@@ -56,7 +56,7 @@ F_PFNEXT = tl.constexpr(S.F_PFNEXT)
 AMAX_EMPTY = tl.constexpr(-(2 ** 63))  # below every key op_lmhead builds
 
 
-@_device
+@device_function
 def _wait(cnt_ptr, target, spin_cap, SLEEP_NS: tl.constexpr):
     """Spin (acquire) until ``*cnt_ptr >= target`` or ``spin_cap`` spins; returns the last value seen."""
     seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
@@ -71,7 +71,7 @@ def _wait(cnt_ptr, target, spin_cap, SLEEP_NS: tl.constexpr):
     return seen
 
 
-@_device
+@device_function
 def _record_stuck(err_ptr, op, layer, tile, pid, cnt, seen, need, gidx):
     """Keep the first stuck task's identity in ``err`` (atomic flag), count all of them."""
     if tl.atomic_cas(err_ptr, 0, 1) == 0:
@@ -86,7 +86,7 @@ def _record_stuck(err_ptr, op, layer, tile, pid, cnt, seen, need, gidx):
     tl.atomic_add(err_ptr + 9, 1)
 
 
-@_device
+@device_function
 def _prefetch_l2(base_ptr, nbytes, MODE: tl.constexpr, LANES: tl.constexpr):
     """Start pulling ``nbytes`` from ``base_ptr`` into L2 without waiting (GPU only).
 
@@ -111,7 +111,7 @@ def _prefetch_l2(base_ptr, nbytes, MODE: tl.constexpr, LANES: tl.constexpr):
                 "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
-@_device
+@device_function
 def _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
                    H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, I: tl.constexpr, IP: tl.constexpr,
                    MODE: tl.constexpr, LANES: tl.constexpr):
@@ -184,7 +184,7 @@ def megakernel(
         a2 = tl.load(row + F_A2)
         wait_cnt = tl.load(row + F_WAIT)
         if TIMELINE:
-            t_start = _now()
+            t_start = clock_ns()
         if PREFETCH > 0:
             if PF_AHEAD > 0:
                 if i + 1 < n:
@@ -202,7 +202,7 @@ def megakernel(
                                        I, IP, PREFETCH, PF_LANES)
         ok = 1
         if op == OP_ATTN:  # a split beyond this position's non-empty ones has nothing to read or write
-            if tl.load(row + F_A2) >= _splits_used(pos, NSPLIT, MIN_CHUNK):
+            if tl.load(row + F_A2) >= splits_used(pos, NSPLIT, MIN_CHUNK):
                 ok = 2
                 wait_cnt = -1
         if wait_cnt >= 0:
@@ -218,7 +218,7 @@ def megakernel(
                     ok = 0
                     n = i  # this program stops after this slot
         if TIMELINE:
-            t_ready = _now()
+            t_ready = clock_ns()
         if ok == 1:
             if op == OP_QKV:
                 op_qkv(layer, a1, a2, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
@@ -232,7 +232,7 @@ def megakernel(
                 if ticket_cnt >= 0:  # fused reduction: the group's last ticket holder combines the splits
                     tl.debug_barrier()  # every thread's partials are issued before the release
                     ticket = tl.atomic_add(counters_ptr + ticket_cnt, 1, sem="acq_rel", scope="gpu")
-                    if ticket == _splits_used(pos, NSPLIT, MIN_CHUNK) - 1:
+                    if ticket == splits_used(pos, NSPLIT, MIN_CHUNK) - 1:
                         # every non-empty split of this step has its ticket: rewind for the next step (the
                         # next launch, or the next stages launch, is ordered after this one)
                         tl.atomic_xchg(counters_ptr + ticket_cnt, 0, sem="relaxed", scope="gpu")
@@ -268,7 +268,7 @@ def megakernel(
                 tl.debug_barrier()  # every thread's stores of the run's tasks are issued before the release
                 tl.atomic_add(counters_ptr + tl.load(row + F_SIGNAL), amount, sem="release", scope="gpu")
         if TIMELINE:
-            t_end = _now()
+            t_end = clock_ns()
             slot = timeline_ptr + (pid * max_tasks + i).to(tl.int64) * 3
             tl.store(slot + 0, t_start)
             tl.store(slot + 1, t_ready)

@@ -14,8 +14,8 @@ whether a function is compiled or interpreted, and Triton's own library function
 decorated when triton is first imported, so the mode is fixed per process at triton's first import; this
 module reads it once (``INTERPRET``). Under the interpreter every call of an ``@triton.jit`` function
 re-patches the whole ``triton.language`` module (~3 ms per call), so here device functions are plain Python
-functions (``_device``) and reductions call ``tl.reduce`` with Triton's own combine functions, which the
-interpreter maps to numpy directly. Compiled, ``_device`` is ``triton.jit`` and they are inlined.
+functions (``device_function``) and reductions call ``tl.reduce`` with Triton's own combine functions, which the
+interpreter maps to numpy directly. Compiled, ``device_function`` is ``triton.jit`` and they are inlined.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .. import schedule as S
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
-def _device(fn):
+def device_function(fn):
     """A device function: ``triton.jit`` when compiling, the plain function under the interpreter."""
     return fn if INTERPRET else triton.jit(fn)
 
@@ -45,14 +45,14 @@ if INTERPRET:
     def _min(x, axis):
         return tl.reduce(x, axis, tl.standard._elementwise_min)
 
-    def _now():
+    def clock_ns():
         """Host monotonic clock in ns (no clock instruction exists under the interpreter)."""
         return tl.full([], time.perf_counter_ns(), tl.int64)
 else:
     _sum, _max, _min = tl.sum, tl.max, tl.min
 
     @triton.jit
-    def _now():
+    def clock_ns():
         """The GPU's global nanosecond timer (PTX ``%globaltimer``), comparable across SMs."""
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
                                          pack=1)
@@ -67,7 +67,7 @@ OP_DOWN = tl.constexpr(S.OP_DOWN)
 OP_LMHEAD = tl.constexpr(S.OP_LMHEAD)
 
 
-@_device
+@device_function
 def _rnd(v, ACT: tl.constexpr):
     """Round float32 ``v`` to the activation dtype and back (what storing it in ACT would do)."""
     if ACT == tl.float32:  # identity; skipping it saves two ops per call under the interpreter
@@ -76,7 +76,7 @@ def _rnd(v, ACT: tl.constexpr):
         return v.to(ACT).to(tl.float32)
 
 
-@_device
+@device_function
 def _rms_scale(src_ptr, eps, H: tl.constexpr, BLOCK_K: tl.constexpr):
     """``1 / sqrt(mean(src[0:H]²) + eps)`` in float32 (RMSNorm, Zhang & Sennrich 2019).
 
@@ -91,7 +91,7 @@ def _rms_scale(src_ptr, eps, H: tl.constexpr, BLOCK_K: tl.constexpr):
     return tl.rsqrt(_sum(ss, 0) / H + eps)
 
 
-@_device
+@device_function
 def _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT: tl.constexpr):
     """Columns ``k`` of ``RMSNorm(src) · weight`` as the reference rounds it: ((x·inv).to(ACT) · w).to(ACT)."""
     x = tl.load(src_ptr + k, mask=mk, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -99,7 +99,7 @@ def _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT: tl.constexpr):
     return _rnd(_rnd(x * inv, ACT) * w, ACT)
 
 
-@_device
+@device_function
 def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.constexpr, H: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     """``(W[row_a] · h, W[row_b] · h)`` with ``h = (src · inv) · norm_weight``, float32 (BLOCK_R,) each
@@ -134,7 +134,7 @@ def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.c
 #   q/k: out_lo = lo·cos − hi·sin,  out_hi = hi·cos + lo·sin  at (pos, i)   (rotate_half RoPE); v: unrotated
 #   q → q_buf[head·D + (i, HALF + i)];  k, v → cache[layer, kv_head, pos, (i, HALF + i)]
 # Layer 0 reads the token's embedding row instead of x (no separate embedding task, no extra barrier).
-@_device
+@device_function
 def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
            cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
            H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, NKV: tl.constexpr,
@@ -194,8 +194,8 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
 
 
 # ---- ATTN -------------------------------------------------------------------------------------------------
-@_device
-def _splits_used(pos, NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr):
+@device_function
+def splits_used(pos, NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr):
     """Non-empty splits at position ``pos``: ceil(n / chunk), chunk = max(ceil(n / NSPLIT), MIN_CHUNK)."""
     n = pos + 1
     chunk = tl.maximum((n + NSPLIT - 1) // NSPLIT, MIN_CHUNK)
@@ -209,7 +209,7 @@ def _splits_used(pos, NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr):
 # Online softmax (Milakov & Gimelshein 2018; flash-decoding): per query head
 #   m = max_s q·k_s·scale,  l = Σ_s exp(q·k_s·scale − m),  acc = Σ_s exp(…) v_s
 # written to pm/pl (NQ, NSPLIT) and pacc (NQ, NSPLIT, D) float32. An empty split writes m = −inf, l = 0.
-@_device
+@device_function
 def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr, pacc_ptr,
             D: tl.constexpr, G: tl.constexpr, NKV: tl.constexpr, S_MAX: tl.constexpr, NSPLIT: tl.constexpr,
             MIN_CHUNK: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -260,7 +260,7 @@ def op_attn(layer, kv0, nkv, split, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr
 # once at the end. (Reducing inside the loop made Triton broadcast replicated values through shared memory,
 # which compute-sanitizer racecheck flags; a one-pass branch for few splits took the timeline build from 128 to
 # 168 registers in the offline sm_90a compile, i.e. a program per SM.)
-@_device
+@device_function
 def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.constexpr, G: tl.constexpr,
                    NSPLIT: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_QH: tl.constexpr,
                    BLOCK_SPLIT: tl.constexpr):
@@ -270,7 +270,7 @@ def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.cons
     hq = kv0 * G + qh
     d = tl.arange(0, D)
     sp0 = tl.arange(0, BLOCK_SPLIT)
-    n_used = _splits_used(pos, NSPLIT, MIN_CHUNK)
+    n_used = splits_used(pos, NSPLIT, MIN_CHUNK)
     big2 = tl.full([BLOCK_SPLIT, BLOCK_QH], float("-inf"), tl.float32)
     s0 = 0
     while s0 < n_used:  # (a while loop: the interpreter cannot range() over a run-time bound)
@@ -303,7 +303,7 @@ def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.cons
 # ---- OPROJ / DOWN -------------------------------------------------------------------------------------------
 # x[r] = resid[r] + (W[r, :] · a)  for rows r of the task; a = attention output (K = Q) or act (K = I).
 # Each task owns its rows of x, so the read-modify-write needs no atomics.
-@_device
+@device_function
 def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
@@ -326,7 +326,7 @@ def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.const
 # h = RMSNorm(x) · post_attention_layernorm;  for pairs j: g = Wg[j]·h, u = Wu[j]·h;  act[j] = SiLU(g)·u,
 # SiLU(g) = g / (1 + exp(−g)). Gate row j is packed row (j // GB)·2GB + j % GB, up row that + GB. A task of
 # several packed blocks loops over them (its rows stay one contiguous block); the norm scale is computed once.
-@_device
+@device_function
 def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
               IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     ACT: tl.constexpr = act_ptr.dtype.element_ty
@@ -353,7 +353,7 @@ def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: t
 # (value v, row r) becomes the int64 key  (ord(v) << 32) | (V − 1 − r),  ord(v) = bits(v) for v ≥ 0 else
 # bits(v) ^ 0x7FFFFFFF (float32 order as signed integers), and one atomic_max per task keeps the largest
 # key: the largest value, ties to the smallest row, as torch.argmax picks.
-@_device
+@device_function
 def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr,
               H: tl.constexpr, V: tl.constexpr, BLOCK_LM: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     ACT: tl.constexpr = x_ptr.dtype.element_ty

@@ -3,7 +3,7 @@
 :func:`add_batch` gets the JSON text of consecutive events (``{...}, {...}``), decodes it in one
 call into :class:`_Event` structs that hold only the fields the metrics read (msgspec skips the
 rest without building them), picks the kept events by (ph, cat) and hands each table's fields to
-:meth:`~bubblescope.profiler.tracecolumns._Columns.extend` column by column: no dict per event and
+:meth:`~.events.EventTables.extend` column by column: no dict per event and
 no Python call per event. Field types are strict where the Trace Event Format is (numbers or numeric
 strings for times and ids); text they refuse (NaN literals, a list as category, lone surrogates,
 ids beyond 64 bits) makes :func:`add_batch` return False before anything is kept, and the caller
@@ -19,20 +19,11 @@ from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
-from .tracecolumns import (
-    _NA,
-    _X_TABLES,
-    FLOW_PHASES,
-    LEGACY_GPU_PID,
-    LEGACY_KERNELS,
-    NS_EXACT_US,
-    PHASES,
-    UNKNOWN_PHASE,
-    long_float,
-)
+from .schema import FLOW_PHASES, LEGACY_GPU_PID, LEGACY_KERNELS, NA, NS_EXACT_US, PHASES, UNKNOWN_PHASE, X_TABLES
+from .values import long_float
 
 if TYPE_CHECKING:
-    from .tracecolumns import _Columns
+    from .events import EventTables
 
 _Id = Union[int, str, None]
 _Num = Union[int, float, str, None]
@@ -42,9 +33,9 @@ _UNSET = msgspec.UNSET
 class _Args(msgspec.Struct, gc=False):
     device: Union[_Id, msgspec.UnsetType] = _UNSET
     stream: Union[_Id, msgspec.UnsetType] = _UNSET
-    correlation: _Id = _NA
+    correlation: _Id = NA
     external_id: Union[_Id, msgspec.UnsetType] = msgspec.field(name="External id", default=_UNSET)
-    external_id_lower: _Id = msgspec.field(name="external id", default=_NA)
+    external_id_lower: _Id = msgspec.field(name="external id", default=NA)
     grid: Union[tuple[int, ...], None] = None  # anything else: the per-event path keeps it as null
     block: Union[tuple[int, ...], None] = None
     registers: Any = msgspec.field(name="registers per thread", default=None)
@@ -59,7 +50,7 @@ class _LeanArgs(msgspec.Struct, gc=False):
 
     device: Union[_Id, msgspec.UnsetType] = _UNSET
     stream: Union[_Id, msgspec.UnsetType] = _UNSET
-    correlation: _Id = _NA
+    correlation: _Id = NA
     registers: Any = msgspec.field(name="registers per thread", default=None)
 
 
@@ -67,15 +58,15 @@ class _Event(msgspec.Struct, gc=False):
     ph: Any = None
     cat: Any = None
     name: Any = None
-    pid: _Id = _NA
-    tid: _Id = _NA
+    pid: _Id = NA
+    tid: _Id = NA
     ts: _Num = None
     dur: _Num = None
     args: Union[_Args, None, msgspec.UnsetType] = _UNSET
 
 
 class _FlowEvent(_Event, gc=False):
-    id: _Id = _NA  # only flow events read it
+    id: _Id = NA  # only flow events read it
 
 
 class _LeanEvent(_Event, gc=False):
@@ -83,14 +74,14 @@ class _LeanEvent(_Event, gc=False):
 
 
 class _LeanFlowEvent(_LeanEvent, gc=False):
-    id: _Id = _NA
+    id: _Id = NA
 
 
 @functools.cache
 def _decoding(lean: bool, flows: bool, exact: bool = False) -> tuple[Any, type, Any]:
     """(decoder of a list of events, args type, args of an event without them) for the columns kept. ``exact``:
-    ``ts`` is decoded untyped with :func:`~.tracecolumns.long_float` as the float hook, so a long float literal
-    stays text, to be read as exact ns (:meth:`~.tracecolumns._Columns._times`)."""
+    ``ts`` is decoded untyped with :func:`~.values.long_float` as the float hook, so a long float literal
+    stays text, to be read as exact ns (:meth:`~.events.EventTables.times`)."""
     event = (_LeanFlowEvent if flows else _LeanEvent) if lean else (_FlowEvent if flows else _Event)
     args = _LeanArgs if lean else _Args
     if not exact:
@@ -100,14 +91,14 @@ def _decoding(lean: bool, flows: bool, exact: bool = False) -> tuple[Any, type, 
 
 
 class _NeedExact(Exception):
-    """A batch holds float ``ts`` beyond float64's ns (:data:`~.tracecolumns.NS_EXACT_US`): decode it again,
+    """A batch holds float ``ts`` beyond float64's ns (:data:`~.schema.NS_EXACT_US`): decode it again,
     exactly."""
 
 
 # Table code per complete-event category (1-3 GPU kinds, 4 runtime, 5 annotation, 6 maybe a step, 10 maybe a
 # legacy export's kernel: no category); 0 for an event kept nowhere, -1 for one of an unknown phase (counted).
 _KINDS = ("kernel", "memcpy", "memset")
-_X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in _X_TABLES.items()}
+_X_CODE = {cat: (_KINDS.index(t) + 1 if t in _KINDS else 4 if t == "runtime" else 5) for cat, t in X_TABLES.items()}
 _X_CODE.update({"cpu_op": 6, "Operator": 6, None: 10})
 _PH_CODE = {**{p: 7 for p in FLOW_PHASES}, "B": 8, "E": 9}
 
@@ -153,19 +144,19 @@ def _either(first: list, second: list) -> list:
     return [b if a is _UNSET else a for a, b in zip(first, second)]
 
 
-def _complete(cols: _Columns, sub: list[_Event], odd: dict, exact: bool) -> tuple[list[_Event], Any, Any]:
+def _complete(cols: EventTables, sub: list[_Event], odd: dict, exact: bool) -> tuple[list[_Event], Any, Any]:
     """Drop complete events without usable times (counted as the per-event path counts them);
     return (kept events, ts, dur): dur float64, ts int64 when all integers, timedelta64[ns] when read exactly,
-    else float64 (see ``_Columns._times``). Raises :class:`_NeedExact` when not ``exact`` and a float ts lies
+    else float64 (see ``EventTables.times``). Raises :class:`_NeedExact` when not ``exact`` and a float ts lies
     beyond float64's ns (its text must be read again)."""
     import numpy as np
 
-    ts = cols._times([e.ts for e in sub])
+    ts = cols.times([e.ts for e in sub])
     if not exact and ts.dtype == np.float64:
         big = np.abs(ts) >= NS_EXACT_US
         if big.any() and (np.isfinite(ts[big]) & (ts[big] != np.floor(ts[big]))).any():
             raise _NeedExact
-    dur = cols._floats([e.dur for e in sub])
+    dur = cols.floats([e.dur for e in sub])
     finite_ts, zero_ts = cols.time_checks(ts)
     finite = finite_ts & np.isfinite(dur)
     zero = finite & zero_ts & (dur == 0)
@@ -180,13 +171,13 @@ def _complete(cols: _Columns, sub: list[_Event], odd: dict, exact: bool) -> tupl
     return sub, ts, dur
 
 
-def add_batch(cols: _Columns, text: str) -> bool:
+def add_batch(cols: EventTables, text: str) -> bool:
     """Keep the events of ``text`` (JSON objects separated by commas); False, keeping nothing, when
     msgspec refuses the text or a value's type (the caller then reads it event by event)."""
     return add_array(cols, f"[{text}]")  # one copy of the text; "[" + text + "]" makes two
 
 
-def add_array(cols: _Columns, doc: str | bytes) -> bool:
+def add_array(cols: EventTables, doc: str | bytes) -> bool:
     """:func:`add_batch` of a whole JSON array of events, as text or UTF-8 bytes (a worker process's input)."""
     if cols.exact_times:  # an earlier batch needed it: so will this one (one trace, one clock)
         return _add_array(cols, doc, exact=True)
@@ -197,7 +188,7 @@ def add_array(cols: _Columns, doc: str | bytes) -> bool:
         return _add_array(cols, doc, exact=True)
 
 
-def _add_array(cols: _Columns, doc: str | bytes, exact: bool) -> bool:
+def _add_array(cols: EventTables, doc: str | bytes, exact: bool) -> bool:
     import numpy as np
 
     decoder, kind, empty = _decoding(cols.lean, cols.keep_flows, exact)
@@ -217,7 +208,7 @@ def _add_array(cols: _Columns, doc: str | bytes, exact: bool) -> bool:
         codes[maybe[_steps([events[i].name for i in maybe.tolist()])]] = 5
     maybe = np.flatnonzero(codes == 10)
     legacy = np.zeros(0, dtype=np.int64)
-    if len(maybe):  # a legacy autograd-profiler export's kernels (tracecolumns.LEGACY_GPU_PID): kernels
+    if len(maybe):  # a legacy autograd-profiler export's kernels (schema.LEGACY_GPU_PID): kernels
         legacy = maybe[np.fromiter((events[i].pid == LEGACY_GPU_PID for i in maybe.tolist()), dtype=bool,
                                    count=len(maybe))]
         codes[maybe] = 0
@@ -229,7 +220,7 @@ def _add_array(cols: _Columns, doc: str | bytes, exact: bool) -> bool:
         gpu_excluded = len(gpu) - len(sub)
         kinds = [_KINDS[c - 1] for c in codes[gpu].tolist()] if len(sub) == len(gpu) else None
         if kinds is None:  # some rows were dropped: take the kinds of the kept ones
-            kinds = [_X_TABLES[e.cat] for e in sub]
+            kinds = [X_TABLES[e.cat] for e in sub]
         args = _args(sub, kind, empty)
         device = _either([a.device for a in args], [e.pid for e in sub])
         stream = _either([a.stream for a in args], [e.tid for e in sub])
@@ -239,7 +230,7 @@ def _add_array(cols: _Columns, doc: str | bytes, exact: bool) -> bool:
                     odd[LEGACY_KERNELS] += 1
                     a = args[j]
                     device[j] = e.tid if a.device is _UNSET else a.device
-                    stream[j] = _NA if a.stream is _UNSET else a.stream
+                    stream[j] = NA if a.stream is _UNSET else a.stream
         tables["gpu"] = gpu = {
             "name": [e.name for e in sub],
             "kind": kinds,
@@ -324,10 +315,10 @@ def _as_dict(ev: _Event) -> dict:
             out[key] = value
     for key in ("pid", "tid"):
         value = getattr(ev, key)
-        if value != _NA:
+        if value != NA:
             out[key] = value
     a = ev.args
     if type(a) is _Args or type(a) is _LeanArgs:  # the JSON keys of the fields it was decoded with
         values = zip(type(a).__struct_encode_fields__, (getattr(a, f) for f in type(a).__struct_fields__))
-        out["args"] = {k: v for k, v in values if v is not _UNSET and v is not None and v != _NA}
+        out["args"] = {k: v for k, v in values if v is not _UNSET and v is not None and v != NA}
     return out

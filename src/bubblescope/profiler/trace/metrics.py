@@ -1,4 +1,4 @@
-"""Device timeline metrics of a parsed :class:`~bubblescope.profiler.trace.Trace`: pure functions, no printing.
+"""Device timeline metrics of a parsed :class:`~.frames.Trace`: pure functions, no printing.
 
 Definitions follow docs/design.md ("Metric definitions"): busy_us is the length of the union of a
 device's activity intervals over all streams, span_us is last end − first start, bubble_ratio =
@@ -8,24 +8,23 @@ after the previous activity ended, else kernel-wait when the gap is below ``thre
 other. This module gives those interval metrics per device (:func:`device_summary`,
 :func:`idle_breakdown`) and GPU time by kernel category and name (:func:`kernel_breakdown`,
 :func:`top_kernels`) as pandas frames of what :mod:`.arraysummary` computes on numpy columns (the
-numpy cores are :mod:`.intervals`'s), and the JSON form of a number (:func:`json_float`).
+numpy cores are :mod:`.intervals`'s), and the idle threshold's default and check (:func:`check_threshold`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..errors import BubblescopeError
-from .intervals import STATS as _STATS
-from .intervals import interval_stats
-from .intervals import ratio as _ratio
+from ...errors import BubblescopeError
+from .arrays import as_arrays
+from .arraysummary import breakdown_table, device_table, window_rows
+from .intervals import ratio
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
-    from .trace import Trace
+    from .frames import Trace
 
 # HTA 0.5 defaults consecutive_kernel_delay to 30, documented as ns but compared with µs trace
 # times (so 30 µs). Back-to-back bs-1 decode kernels launched ahead sit 1-4 µs apart, so 5 µs
@@ -45,19 +44,6 @@ def check_threshold(threshold_us: float) -> float:
     return value
 
 
-def _interval_stats(
-    groups: np.ndarray, start: np.ndarray, end: np.ndarray, launch_ts: np.ndarray, threshold_us: float
-) -> pd.DataFrame:
-    """Union and idle split of intervals per group key (:func:`.intervals.interval_stats`); one row per
-    key (index ``group``), columns ``_STATS`` (µs)."""
-    import pandas as pd
-
-    if len(start) == 0:
-        return pd.DataFrame(columns=list(_STATS), dtype=float)
-    keys, stats = interval_stats(groups, start, end, launch_ts, threshold_us)
-    return pd.DataFrame(stats, index=pd.Index(keys, name="group"))
-
-
 def device_summary(
     trace: Trace, window: tuple[float, float] | None = None, threshold_us: float = DEFAULT_IDLE_THRESHOLD_US
 ) -> pd.DataFrame:
@@ -69,9 +55,6 @@ def device_summary(
     -1 where absent). Empty frame when the trace has no GPU activity.
     """
     import pandas as pd
-
-    from .arraysummary import device_table
-    from .tracearrays import as_arrays
 
     return pd.DataFrame(device_table(as_arrays(trace), check_threshold(threshold_us), window))
 
@@ -87,7 +70,7 @@ def idle_breakdown(
     )
     out.insert(1, "idle_us", out[["host_wait_us", "kernel_wait_us", "other_us"]].sum(axis=1))
     for col in ("host_wait", "kernel_wait", "other"):
-        out[f"{col}_share"] = _ratio(out[f"{col}_us"], out["idle_us"])
+        out[f"{col}_share"] = ratio(out[f"{col}_us"], out["idle_us"])
     out["threshold_us"] = float(threshold_us)
     return out
 
@@ -96,9 +79,6 @@ def _breakdown(trace: Trace, window: tuple[float, float] | None, device: int | N
     """:func:`.arraysummary.breakdown_table` of the activities in scope (``window`` clip, one ``device``
     or all; durations clipped to the window) as a frame."""
     import pandas as pd
-
-    from .arraysummary import breakdown_table, window_rows
-    from .tracearrays import as_arrays
 
     arrays = as_arrays(trace)
     rows, ts, end = window_rows(arrays, window)
@@ -124,13 +104,3 @@ def top_kernels(
     """The ``n`` GPU activities (by name) with most total time: name, category, count, total_us,
     share (of all GPU-activity time in scope, as in :func:`kernel_breakdown`)."""
     return _breakdown(trace, window, device, by_name=True, n=int(n))
-
-
-def json_float(value: Any, digits: int | None = None) -> float | None:
-    """JSON-ready float: None for NaN/None/inf (unmeasurable), never 0."""
-    if value is None:
-        return None
-    value = float(value)
-    if not math.isfinite(value):
-        return None
-    return round(value, digits) if digits is not None else value

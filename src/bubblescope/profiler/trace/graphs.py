@@ -5,20 +5,15 @@ correlation id. Counted per launch, a graph-captured decode reads as "1 launch p
 per replay what ran inside it: kernels, GPU busy time (the union of the replay's activities), span (first start
 to last end), the gaps inside the replay (span − busy: kernel boundaries the graph cannot remove) and the gaps
 between consecutive replays on the device (the host's time between tokens, or other work). Pure numpy on
-:class:`~.tracearrays.TraceArrays`; times in µs.
+:class:`~.arrays.TraceArrays`; times in µs.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from .apis import api_base_name
+from .arrays import TraceArrays, launch_rows
 from .intervals import interval_stats, unique_ints
-from .metrics import json_float
-from .trace import api_base_name
-from .tracearrays import launch_rows
-
-if TYPE_CHECKING:
-    from .tracearrays import TraceArrays
+from .values import json_float
 
 GRAPH_APIS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 

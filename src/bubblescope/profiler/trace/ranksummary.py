@@ -1,6 +1,6 @@
 """``diagnose trace`` over one trace per rank: the per-file summaries plus a JSON-ready multi-rank section.
 
-The result is the ``bubblescope.trace/1`` dict of :func:`~bubblescope.profiler.tracesummary.summarize_traces`
+The result is the ``bubblescope.trace/1`` dict of :func:`~.summary.summarize_traces`
 with one more key, ``ranks`` (None when the files are not one trace per rank of one job)::
 
     {"ranks": {"world_size": int, "missing_ranks": [int] | None, "step_marker": str, "skip_steps": int,
@@ -18,7 +18,7 @@ with one more key, ``ranks`` (None when the files are not one trace per rank of 
 Definitions are :mod:`.ranks`'s; ``world_size`` counts the traces given, ``missing_ranks`` lists the ranks of the
 job (``distributedInfo.world_size``) that none of them is for (:func:`missing_ranks`). Each file is parsed once. Times (``start_us``/``end_us``) are the files' µs, or,
 where a file's integer ``ts`` exceed 2^53 µs, µs from the smallest origin of the ranks' rebased times
-(:func:`~.tracearrays.common_origin`).
+(:func:`~.arrays.common_origin`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ..errors import BubblescopeError
-from ..wording import count, plural
+from ...errors import BubblescopeError
+from ...wording import count, plural
 from . import metrics
+from .arrays import TraceArrays, common_origin
+from .frames import Trace
+from .summary import AUTO_STEP_MARKERS, SCHEMA, iter_traces, summarize_trace
 from .timeline import check_skip_steps
-from .trace import Trace
-from .tracearrays import TraceArrays, common_origin
-from .tracesummary import AUTO_STEP_MARKERS, SCHEMA, iter_traces, summarize_trace
+from .values import json_float, parse_rank
 
 
 def is_multirank(traces: list[Trace] | list[TraceArrays]) -> bool:
@@ -74,9 +75,9 @@ def multirank_section(traces: list[Trace], step_marker: str, skip_steps: int = 0
     missing, note = missing_ranks(traces)
     if note:
         warnings.insert(0, note)
-    median = {c: metrics.json_float(per_step[c].median()) if len(per_step) else None
+    median = {c: json_float(per_step[c].median()) if len(per_step) else None
               for c in ("start_skew_us", "end_skew_us", "compute_skew_us")}
-    median["nccl_share"] = metrics.json_float(steps["nccl_share"].median()) if len(steps) else None
+    median["nccl_share"] = json_float(steps["nccl_share"].median()) if len(steps) else None
     return {"world_size": len(traces), "missing_ranks": missing, "step_marker": step_marker, "skip_steps": skip_steps,
             "steps": int(len(per_step)), "per_rank": _records(per_rank), "per_step": _records(per_step),
             "rank_steps": _records(steps), "median": median, "warnings": warnings}
@@ -112,8 +113,6 @@ def missing_ranks(traces: list) -> tuple[list[int] | None, str | None]:
     ranks 0, 1 and 3 given of a world size 4 -> ([2], "... rank 2 missing ..."). (None, None) when the traces
     do not agree on a world size or hold every rank; ([], line) when ranks are taken by position (no
     distributedInfo rank) and fewer traces than the world size are given."""
-    from .trace import parse_rank
-
     sizes = {parse_rank((t.metadata.get("distributedInfo") or {}).get("world_size"))
              if isinstance(t.metadata.get("distributedInfo"), dict) else None for t in traces}
     if len(sizes) != 1 or None in sizes:

@@ -1,61 +1,43 @@
 """A parsed trace as numpy columns (:class:`TraceArrays`): what ``diagnose trace`` computes on, without pandas.
 
-:func:`read_trace_arrays` streams the file (:mod:`.tracejson`), keeps the events as typed columns
-(:mod:`.tracecolumns`, :mod:`.traceframes`), merges repeated GPU activities, classifies kernels and
-flags launch/sync calls once. :meth:`TraceArrays.to_trace` wraps the same columns in the pandas
-frames of :class:`~bubblescope.profiler.trace.Trace` (what :func:`~.trace.load_trace` returns), and
-:meth:`TraceArrays.from_trace` goes back, so every summary has one numpy implementation.
+:func:`~.load.read_trace_arrays` gives one; :meth:`TraceArrays.to_trace` wraps the same columns in the pandas
+frames of :class:`~.frames.Trace` (what :func:`~.load.load_trace` returns), and :meth:`TraceArrays.from_trace`
+goes back, so every summary has one numpy implementation. Kernels are classified (:func:`categories_of`) and
+launch/sync calls flagged (:func:`api_flags`) once per trace; :func:`launch_rows` links each GPU activity to
+the CPU call that launched it.
 """
 
 from __future__ import annotations
 
-import gzip
-import os
-import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BubblescopeError
-from ..wording import count, plural
+from .apis import LAUNCH_APIS, SYNC_APIS, cuda_api_name
 from .categories import categorize
-from .heap import parse_heap
-from .tracecolumns import _INT_COLUMNS, _NA, INT_NULL_SHOWN, _Columns
-from .tracefile import _open_text, _Reader
-from .tracejson import _parse, _Text
+from .frames import Trace, frame_of
+from .schema import INT_COLUMNS, NA
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from .trace import Trace
 
 # The columns of each table the summaries read, and what stands in for a column a hand-built frame lacks.
 _TEXT_COLUMNS = {"gpu": ("name", "kind", "category"), "runtime": ("name", "category"), "annotations": ("name",),
                  "flows": ("phase", "cat")}
 
 
-# The plural words of the parser's count phrases (tracecolumns' ``odd``), for a count of exactly one.
-_SINGULAR = {"events": "event", "entries": "entry", "their": "its", "kernels": "kernel"}
-
-
-def _one(phrase: str) -> str:
-    """A count phrase of the parser ("complete events without ... excluded") worded for exactly one."""
-    return " ".join(_SINGULAR.get(word, word) for word in phrase.split(" "))
-
-
 @dataclass
 class TraceArrays:
-    """One parsed trace as numpy columns per table; the columns and row orders of :class:`~.trace.Trace`'s
+    """One parsed trace as numpy columns per table; the columns and row orders of :class:`~.frames.Trace`'s
     frames (see its doc), with these representations:
 
     - texts (name, kind, category, phase, cat): int32 codes into ``texts`` (object array);
-    - integer ids (device, stream, correlation, external_id, pid, tid, id): int64, absent = ``_NA``
+    - integer ids (device, stream, correlation, external_id, pid, tid, id): int64, absent = ``NA``
       (-2^63); gpu ``device`` is -1 where unknown;
     - times (µs) and the kernel-shape numbers: float64 (NaN where absent); grid/block: object tuples;
     - runtime ``is_launch``/``is_sync``: bool.
 
     ``origin_us``: the exact integer µs subtracted from every time of the file (0 unless its integer ``ts``
-    exceed 2^53 µs, see :func:`~.traceframes.rebase_times`): ``ts_us`` + ``origin_us`` is the file's time.
+    exceed 2^53 µs, see :func:`~.columns.rebase_times`): ``ts_us`` + ``origin_us`` is the file's time.
     ``gpu_excluded``: GPU activities of the file dropped for unusable times (counted in ``warnings`` by reason).
     """
 
@@ -75,9 +57,6 @@ class TraceArrays:
 
     def to_trace(self) -> Trace:
         """The same trace as pandas frames (ints nullable Int64, texts pandas strings); columns shared."""
-        from .trace import Trace
-        from .traceframes import frame_of
-
         return Trace(path=self.path, rank=self.rank, metadata=self.metadata, gpu=frame_of(self.gpu, self.texts),
                      runtime=frame_of(self.runtime, self.texts), annotations=frame_of(self.annotations, self.texts),
                      flows=frame_of(self.flows, self.texts), warnings=list(self.warnings),
@@ -85,7 +64,7 @@ class TraceArrays:
 
     @classmethod
     def from_trace(cls, trace: Trace) -> TraceArrays:
-        """The arrays of a :class:`~.trace.Trace` (from :func:`~.trace.load_trace` or built by hand: a
+        """The arrays of a :class:`~.frames.Trace` (from :func:`~.load.load_trace` or built by hand: a
         missing ``category``, ``is_launch``/``is_sync`` or ``registers_per_thread`` is derived or NaN)."""
         import numpy as np
         import pandas as pd
@@ -104,8 +83,8 @@ class TraceArrays:
                 series = frame[col]
                 if (table, col) in text_codes:
                     out[col] = text_codes[table, col]
-                elif col in _INT_COLUMNS:
-                    out[col] = series.to_numpy(dtype="int64", na_value=-1 if col == "device" else _NA)
+                elif col in INT_COLUMNS:
+                    out[col] = series.to_numpy(dtype="int64", na_value=-1 if col == "device" else NA)
                 elif col in ("is_launch", "is_sync"):
                     out[col] = series.to_numpy(dtype=bool, na_value=False)
                 elif col in ("grid", "block"):
@@ -127,7 +106,7 @@ class TraceArrays:
 def common_origin(traces: list[TraceArrays]) -> None:
     """Put the times of ``traces`` (one job's ranks) on one origin, the smallest of their ``origin_us``, in place:
     each trace's times move by the exact integer difference of the origins, so cross-trace comparisons (skews)
-    hold when some traces were rebased (:func:`~.traceframes.rebase_times`). Nothing changes when all origins are
+    hold when some traces were rebased (:func:`~.columns.rebase_times`). Nothing changes when all origins are
     equal (0 for ordinary traces)."""
     if not traces:
         return
@@ -177,11 +156,9 @@ def categories_of(name: np.ndarray, kind: np.ndarray, texts: np.ndarray) -> tupl
 
 
 def api_flags(name: np.ndarray, texts: np.ndarray) -> dict[str, np.ndarray]:
-    """``is_launch`` and ``is_sync`` per CPU call of name codes (see ``trace.LAUNCH_APIS``/``SYNC_APIS``; a HIP
-    call counts as its CUDA counterpart, ``trace.cuda_api_name``)."""
+    """``is_launch`` and ``is_sync`` per CPU call of name codes (see ``apis.LAUNCH_APIS``/``SYNC_APIS``; a HIP
+    call counts as its CUDA counterpart, ``apis.cuda_api_name``)."""
     import numpy as np
-
-    from .trace import LAUNCH_APIS, SYNC_APIS, cuda_api_name
 
     launch = np.zeros(len(texts), dtype=bool)
     sync = np.zeros(len(texts), dtype=bool)
@@ -199,111 +176,13 @@ def launch_rows(arrays: TraceArrays) -> np.ndarray:
     rows = arrays.cache.get("launch_rows")
     if rows is None:
         rc_all, gc = arrays.runtime["correlation"], arrays.gpu["correlation"]
-        rt_ok = rc_all != _NA
+        rt_ok = rc_all != NA
         values, first = np.unique(rc_all[rt_ok], return_index=True)
         if len(values) == 0:
             rows = np.full(len(gc), -1, dtype=np.int64)
         else:
             i = np.minimum(np.searchsorted(values, gc), len(values) - 1)
-            hit = (values[i] == gc) & (gc != _NA)
+            hit = (values[i] == gc) & (gc != NA)
             rows = np.where(hit, np.flatnonzero(rt_ok)[first][i], -1)
         arrays.cache["launch_rows"] = rows
     return rows.copy()
-
-
-def _workers(cols: _Columns, size: int, gz: bool, n: int | None) -> Any:
-    from .traceworkers import Workers, worker_count
-
-    n = worker_count(size, gz) if n is None else n
-    if n <= 0:
-        return None
-    try:
-        return Workers(n, cols)
-    except OSError:  # no interpreter to start (an embedded Python), no processes left: read in process
-        return None
-
-
-def read_trace_arrays(
-    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None, flows: bool = True,
-    lean: bool = False, workers: int | None = None,
-) -> TraceArrays:
-    """Parse one Chrome/Kineto trace file (plain or gzipped JSON) into :class:`TraceArrays`.
-
-    Arguments and errors as :func:`~bubblescope.profiler.trace.load_trace` (which is this plus
-    :meth:`TraceArrays.to_trace`): BubblescopeError (one line naming the file) for a missing,
-    unreadable, truncated or corrupt file, or JSON without a ``traceEvents`` array. ``workers``: the
-    processes that decode the events beside this one (:mod:`.traceworkers`; 0: none); None picks by
-    the file's size, the cores and the load (:func:`~.traceworkers.worker_count`). The result is the
-    same either way.
-    """
-    path = os.fspath(path)
-    cols = _Columns(keep_flows=flows, lean=lean)
-    try:
-        raw, gz = _open_text(path)
-        with raw, parse_heap():
-            size = os.fstat(raw.fileno()).st_size
-            pool = _workers(cols, size, gz, workers)
-            reader = _Reader(raw, gz)
-            reader.start()
-            try:
-                text = _Text(reader, None if progress is None else (lambda done: progress(done, size)))
-                meta, found = _parse(text, cols, pool)
-            finally:
-                reader.close()
-                if pool is not None:
-                    pool.close(kill=True)
-        if progress is not None:
-            progress(size, size)
-    except FileNotFoundError:
-        raise BubblescopeError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BubblescopeError(f"{path}: is a directory, not a trace file") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise BubblescopeError(f"{path}: corrupt or truncated gzip ({exc})") from None
-    except OSError as exc:
-        raise BubblescopeError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except (ValueError, RecursionError) as exc:
-        raise BubblescopeError(f"{path}: not a Chrome trace: {exc}") from None
-    if not found:
-        raise BubblescopeError(f"{path}: JSON without a traceEvents array (not a Chrome trace)")
-
-    with parse_heap():  # whole columns are built, sorted and copied: pages reused, not faulted in
-        return _finish(path, cols, meta)
-
-
-def _finish(path: str, cols: _Columns, meta: dict) -> TraceArrays:
-    """The parsed columns cleaned, merged, classified and warned about (see :func:`read_trace_arrays`)."""
-    from .trace import parse_rank
-    from .tracechecks import drop_repeated, drop_repeated_calls, drop_repeated_ranges
-
-    texts, tables = cols.arrays()
-    # gpu sorted by (device, ts_us), device -1 where neither args.device nor pid; runtime and
-    # annotations by ts_us (stable: the file's order among equal times)
-    gpu, merged = drop_repeated(tables["gpu"])
-    gpu["category"], texts = categories_of(gpu["name"], gpu["kind"], texts)  # once here, not per metric
-    runtime, repeated_calls = drop_repeated_calls(tables["runtime"])
-    runtime.update(api_flags(runtime["name"], texts))
-    annotations, repeated_ranges = drop_repeated_ranges(tables["annotations"])
-    merged += repeated_calls + repeated_ranges
-
-    warnings = [f"{n} {what if n != 1 else _one(what)}" for what, n in cols.odd.items()]
-    warnings += [f"{count(n, 'integer')} in {col} beyond int64 or not {plural(n, 'an integer', 'integers')}, set to "
-                 f"{INT_NULL_SHOWN.get(col, 'null')}" for col, n in cols.bad_ints.items()]
-    warnings += merged
-    if cols.bad_text:
-        warnings.append(f"{count(cols.bad_text, 'distinct name')} had invalid UTF-8 (replaced by U+FFFD)")
-    rank_raw = meta.get("distributedInfo", {}).get("rank") if isinstance(meta.get("distributedInfo"), dict) else None
-    rank = parse_rank(rank_raw)
-    arrays = TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
-                         annotations=annotations, flows=tables["flows"], warnings=warnings,
-                         event_count=cols.events, gpu_excluded=cols.gpu_excluded,
-                         origin_us=cols.origin_us)
-    unlinked = int((launch_rows(arrays) < 0).sum())  # computed once, kept for the summaries
-    if unlinked:
-        warnings.append(
-            f"{unlinked} of {count(len(gpu['ts_us']), 'GPU activity', 'GPU activities')} "
-            f"{plural(unlinked, 'has', 'have')} no CPU call with their correlation id (launch unknown)"
-        )
-    if rank_raw is not None and rank is None:
-        warnings.append(f"distributedInfo.rank {rank_raw!r} is not an integer; rank unknown")
-    return arrays

@@ -14,18 +14,18 @@ from collections import Counter
 from decimal import Decimal
 from typing import Any
 
-from .tracecolumns import _float, exact_ns
+from .values import as_float, exact_ns
 
 
 def _time(ts: Any) -> Any:
     """A B/E ``ts`` kept as exact as written: an int within int64 as is, a numeric string (a long float literal
-    comes as one, see ``tracecolumns.long_float``) as a Decimal, a float as is; NaN when no finite number."""
-    if type(ts) is int and -(1 << 63) <= ts < 1 << 63:  # integers stay exact (huge ts, see traceframes)
+    comes as one, see ``values.long_float``) as a Decimal, a float as is; NaN when no finite number."""
+    if type(ts) is int and -(1 << 63) <= ts < 1 << 63:  # integers stay exact (huge ts, see columns.rebase_times)
         return ts
     if type(ts) is str:
         ns = exact_ns(ts)
         return math.nan if ns is None else Decimal(ns).scaleb(-3)
-    return _float(ts)
+    return as_float(ts)
 
 
 def _minus(end: Any, begin: Any) -> Any:

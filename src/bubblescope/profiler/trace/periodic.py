@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..wording import count
+from ...wording import count
 from .intervals import unique_ints
 
 if TYPE_CHECKING:

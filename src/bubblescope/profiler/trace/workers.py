@@ -5,8 +5,8 @@ per event of a 21.6M-event Kineto trace): the parse of a 5 GB trace is bound by 
 :class:`Workers` starts plain child interpreters (``python -c``, so neither ``fork`` in a threaded
 process nor the re-import of ``__main__`` that ``multiprocessing`` would do) and hands each one, in
 turn, the text of a window's whole events (cut at the last "}, {" as
-:func:`~.tracejson._add_batches` cuts, sent as UTF-8 bytes over its stdin). A worker runs
-:func:`~.tracebatch.add_array` on it into a fresh :class:`~.tracecolumns._Columns` and sends the
+:func:`~.window.batch_end` finds it, sent as UTF-8 bytes over its stdin). A worker runs
+:func:`~.batch.add_array` on it into a fresh :class:`~.events.EventTables` and sends the
 column chunks, with its own vocabulary, back pickled; the parsing process merges them in file
 order (:func:`_merge`), so the columns, codes, warnings and their order are those of the serial
 parse.
@@ -33,9 +33,12 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .schema import FLOAT_COLUMNS, INT_COLUMNS
+from .window import COMMA, batch_end
+
 if TYPE_CHECKING:
-    from .tracecolumns import _Columns
-    from .tracejson import _Text
+    from .events import EventTables
+    from .window import Text
 
 # JSON text below which workers cost more than they save: each costs ~0.3 CPU s to start (interpreter,
 # numpy, msgspec), and a 53 MB trace parsed in ~0.5 s in process came out 0.4-0.8 s slower with two.
@@ -44,7 +47,7 @@ MAX_WORKERS = 4  # beyond this the parsing process (gunzip, cuts, merging) is th
 _HEAD = struct.Struct("<Q")  # frame length, bytes
 _IN_FLIGHT = 2  # windows queued per worker: one being decoded, one waiting
 _MAX_REFUSED = 3  # refused windows (and over a quarter of those sent) before the rest is read in process
-_SERVE = "from bubblescope.profiler.traceworkers import serve; serve()"
+_SERVE = "from bubblescope.profiler.trace.workers import serve; serve()"
 
 
 def worker_count(size: int, gz: bool) -> int:
@@ -101,15 +104,15 @@ def serve() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes our stdin
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    from .tracebatch import add_array
-    from .tracecolumns import _Columns
+    from .batch import add_array
+    from .events import EventTables
 
     config = pickle.loads(_read_frame(stdin))
     while True:
         doc = _read_frame(stdin)
         if not doc:
             return
-        cols = _Columns(keep_flows=config["flows"], lean=config["lean"])
+        cols = EventTables(keep_flows=config["flows"], lean=config["lean"])
         result = _export(cols) if add_array(cols, doc) else None
         del doc
         payload = pickle.dumps(result, protocol=5)
@@ -138,18 +141,16 @@ def _pump(stream: Any, box: queue.Queue) -> None:
             pass
 
 
-def _export(cols: _Columns) -> dict:
+def _export(cols: EventTables) -> dict:
     return {"events": cols.events, "gpu_excluded": cols.gpu_excluded, "odd": dict(cols.odd),
             "bad_ints": dict(cols.bad_ints), "vocab": cols.vocab, "chunks": cols.chunks, "pairs": cols.pairs}
 
 
-def _merge(cols: _Columns, result: dict) -> None:
-    """Append a worker's decoded window to ``cols`` as :func:`~.tracebatch.add_array` would have:
+def _merge(cols: EventTables, result: dict) -> None:
+    """Append a worker's decoded window to ``cols`` as :func:`~.batch.add_array` would have:
     its texts re-coded into ``cols``' vocabulary (new ones appended in the worker's order of first
     sight, which is the serial order), counts added, chunks and B/E events appended."""
     import numpy as np
-
-    from .tracecolumns import _FLOAT_COLUMNS, _INT_COLUMNS
 
     cols.flush()
     cols.events += result["events"]
@@ -170,8 +171,8 @@ def _merge(cols: _Columns, result: dict) -> None:
         for chunk in chunks:
             for key, arr in chunk.items():
                 if key in ("grid", "block"):  # one shared tuple per distinct shape, as the serial path keeps
-                    chunk[key] = np.fromiter(cols._dims(arr.tolist()), dtype=object, count=len(arr))
-                elif key not in _INT_COLUMNS and key not in _FLOAT_COLUMNS:
+                    chunk[key] = np.fromiter(cols.dims(arr.tolist()), dtype=object, count=len(arr))
+                elif key not in INT_COLUMNS and key not in FLOAT_COLUMNS:
                     chunk[key] = remap[arr]
             cols.chunks[table].append(chunk)
     cols.pairs.extend(result["pairs"])
@@ -181,11 +182,13 @@ class Workers:
     """``n`` worker processes decoding windows for one parse; see the module doc. Use as a context
     manager (the processes are ended on exit)."""
 
-    def __init__(self, n: int, cols: _Columns):
-        import bubblescope
-
+    def __init__(self, n: int, cols: EventTables):
         self.cols = cols
-        root = os.path.dirname(os.path.dirname(os.path.abspath(bubblescope.__file__)))
+        # the folder holding the bubblescope package (this module's path less one level per dotted name part),
+        # put on the workers' PYTHONPATH so that they import this same copy
+        root = os.path.abspath(__file__)
+        for _ in range(__name__.count(".") + 1):
+            root = os.path.dirname(root)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         # stderr silenced: a worker that fails is seen by its missing results, and the file is then
         # read in process; no traceback of a child reaches the user.
@@ -225,16 +228,14 @@ class Workers:
         self.close()
 
 
-    def dispatch(self, text: _Text) -> bool:
+    def dispatch(self, text: Text) -> bool:
         """Send the window's whole events, from the cursor to its last cut, to the next worker and move
         the cursor past them; False (nothing sent) when the window holds no cut or the workers are off.
         Results are merged as the queue fills; a refused window rewinds ``text`` (see the module doc)."""
-        from .tracejson import _COMMA, _batch_end
-
         buf, pos = text.buf, text.pos
         if not self.active or not buf.startswith("{", pos):
             return False
-        end = _batch_end(buf, pos, len(buf))
+        end = batch_end(buf, pos, len(buf))
         if end < 0:
             return False
         k = self.sent % len(self.procs)
@@ -248,11 +249,11 @@ class Workers:
             data = buf[pos : end + 1].encode("utf-8", "surrogatepass")
         self.outboxes[k].put((b"[", data, b"]"))
         self.sent += 1
-        text.pos = _COMMA.match(buf, end + 1).end()
+        text.pos = COMMA.match(buf, end + 1).end()
         self.pending.append((proc, data, buf[end + 1 : text.pos]))
         return self.collect(text, len(self.procs) * _IN_FLIGHT - 1)
 
-    def collect(self, text: _Text, keep: int = 0) -> bool:
+    def collect(self, text: Text, keep: int = 0) -> bool:
         """Merge results, oldest first, until at most ``keep`` windows are in flight; False when one
         was refused or a worker failed (``text`` is rewound then, and the next window is read in process)."""
         while len(self.pending) > keep:
@@ -275,7 +276,7 @@ class Workers:
             _merge(self.cols, result)
         return True
 
-    def _rewind(self, text: _Text, drop: bool = True) -> None:
+    def _rewind(self, text: Text, drop: bool = True) -> None:
         """Put the text of every window in flight back in front of the parser's window (the oldest's
         result already read); with ``drop``, the later ones' results are read and dropped."""
         back = "".join(bytes(data).decode("utf-8", "surrogatepass") + sep for _, data, sep in self.pending)
@@ -289,7 +290,7 @@ class Workers:
                 pass
         self.pending.clear()
 
-    def _fail(self, text: _Text) -> None:
+    def _fail(self, text: Text) -> None:
         self._rewind(text, drop=False)
         self.close(kill=True)
 

@@ -10,35 +10,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BubblescopeError
-from ..wording import count
-from .intervals import ratio as _ratio
-from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold, json_float
+from ...errors import BubblescopeError
+from ...reports.trace_result import CPU_ONLY
+from ...wording import count
+from . import arraysummary as az
+from .arrays import TraceArrays, as_arrays
+from .intervals import ratio
+from .metrics import DEFAULT_IDLE_THRESHOLD_US, TOP_KERNELS, check_threshold
+from .schema import NA
 from .steps import DEFAULT_STEP_MARKER
+from .values import json_float
 
 if TYPE_CHECKING:
-    from .trace import Trace
-    from .tracearrays import TraceArrays
+    from .frames import Trace
 
-# the fact a trace without GPU activity reports, as a timeline reason and a file warning (tracesummary)
-CPU_ONLY = "no GPU activity in trace (CPU-only run)"
-_ALL_EXCLUDED = "excluded as invalid (see warnings): GPU metrics unavailable"
 # the keys of a step row of step_figures (diagnose trace's per-step table)
 STEP_ROW_KEYS = ("step", "warmup", "wall_us", "busy_us", "span_us", "bubble_ratio", "kernels", "launches")
-
-
-def no_gpu_reason(excluded: int) -> str:
-    """Why a trace has no GPU activity to measure: :data:`CPU_ONLY`, or, when ``excluded`` (> 0) GPU activity
-    events were all dropped as invalid (negative or missing ``dur``, ...), that (the warnings say why)."""
-    if not excluded:
-        return CPU_ONLY
-    what = "the only GPU activity event was" if excluded == 1 else f"all {excluded} GPU activity events were"
-    return f"{what} {_ALL_EXCLUDED}"
-
-
-def is_no_gpu_reason(text: str) -> bool:
-    """Whether ``text`` is one of :func:`no_gpu_reason`'s answers."""
-    return text == CPU_ONLY or text.endswith(_ALL_EXCLUDED)
 
 
 def check_skip_steps(skip_steps: int) -> int:
@@ -92,9 +79,6 @@ def step_figures(
     """
     import numpy as np
 
-    from . import arraysummary as az
-    from .tracearrays import as_arrays
-
     arrays = as_arrays(trace)
     threshold_us = check_threshold(threshold_us)
     skip_steps = check_skip_steps(skip_steps)
@@ -138,8 +122,8 @@ def step_figures(
         launches_per_step=launches,
         step_wall_us=json_float(wall),
         launches_per_s=json_float(launches / (wall / 1e6)) if wall > 0 else None,
-        launch_share=json_float(_ratio(table["launch_us"].sum(), table["wall_us"].sum())),
-        sync_share=json_float(_ratio(table["sync_us"].sum(), table["wall_us"].sum())),
+        launch_share=json_float(ratio(table["launch_us"].sum(), table["wall_us"].sum())),
+        sync_share=json_float(ratio(table["sync_us"].sum(), table["wall_us"].sum())),
     )
     gpu = arrays.gpu
     if not len(gpu["ts_us"]):
@@ -206,10 +190,6 @@ def step_timeline(
     (all GPU activities of the step by start, every launch call in it). BubblescopeError if no such step."""
     import numpy as np
 
-    from . import arraysummary as az
-    from .tracearrays import as_arrays
-    from .tracecolumns import _NA
-
     arrays = as_arrays(trace)
     steps = az.find_steps(arrays, step_marker)
     i = int(step_index)
@@ -225,7 +205,7 @@ def step_timeline(
     calls = np.flatnonzero((rt_step == i) & rt["is_launch"])
     return {
         "kernels": [
-            {"name": texts[n], "category": texts[c], "stream": None if s == _NA else s, "start_us": t - t0,
+            {"name": texts[n], "category": texts[c], "stream": None if s == NA else s, "start_us": t - t0,
              "dur_us": d}
             for n, c, s, t, d in zip(gpu["name"][rows].tolist(), gpu["category"][rows].tolist(),
                                      gpu["stream"][rows].tolist(), gpu["ts_us"][rows].tolist(),

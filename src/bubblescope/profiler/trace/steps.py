@@ -1,4 +1,4 @@
-"""Decode steps of a parsed :class:`~bubblescope.profiler.trace.Trace`: pure functions, no printing.
+"""Decode steps of a parsed :class:`~.frames.Trace`: pure functions, no printing.
 
 Kernels belong to a decode step through their launch call's correlation id (a CUDA-graph
 replay's kernels all carry the cudaGraphLaunch's), the launch call being inside the step's
@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .arraysummary import overlap_note  # noqa: F401  (the warning of overlapping steps; importable from here)
+from . import arraysummary as az
+from .arrays import as_arrays
+from .intervals import ratio
 from .metrics import DEFAULT_IDLE_THRESHOLD_US, check_threshold
+from .schema import NA
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .trace import Trace
+    from .frames import Trace
 
 DEFAULT_STEP_MARKER = "bubblescope.decode_step"
 
@@ -38,21 +41,17 @@ def find_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.DataF
     are kept as recorded (``dur_us`` is each step's own wall time); a CPU call, and with it its kernels,
     belongs to the latest-starting step whose range holds the call's start: the later step in an overlap,
     the inner one in a nest, the outer one again after the inner one ends. No call counts in two steps.
-    :func:`overlap_note` words the warning.
+    :func:`.arraysummary.overlap_note` words the warning.
     """
     import numpy as np
     import pandas as pd
-
-    from . import arraysummary as az
-    from .tracearrays import as_arrays
-    from .tracecolumns import _NA
 
     arrays = as_arrays(trace)
     st = az.find_steps(arrays, step_marker)
     return pd.DataFrame({
         "step": st["step"],
         "name": pd.array(arrays.texts[st["name"]], dtype="str"),
-        **{k: pd.arrays.IntegerArray(st[k], st[k] == _NA) for k in ("pid", "tid")},
+        **{k: pd.arrays.IntegerArray(st[k], st[k] == NA) for k in ("pid", "tid")},
         **{k: st[k] for k in ("ts_us", "dur_us", "end_us")},
         "matched_by": np.where(st["thread"], "thread", "time").astype(object),
         "overlap_us": st["overlap_us"],
@@ -63,9 +62,6 @@ def assign_steps(trace: Trace, step_marker: str = DEFAULT_STEP_MARKER) -> pd.Ser
     """Step index (as in :func:`find_steps`) of every GPU activity, ``<NA>`` where its launch call is in
     no step; an Int64 Series aligned with ``trace.gpu``."""
     import pandas as pd
-
-    from . import arraysummary as az
-    from .tracearrays import as_arrays
 
     arrays = as_arrays(trace)
     gpu_step, _ = az.gpu_steps(arrays, az.find_steps(arrays, step_marker))
@@ -86,10 +82,6 @@ def step_metrics(
     """
     import pandas as pd
 
-    from . import arraysummary as az
-    from .intervals import ratio
-    from .tracearrays import as_arrays
-
     threshold_us = check_threshold(threshold_us)
     arrays = as_arrays(trace)
     steps = az.find_steps(arrays, step_marker)
@@ -105,12 +97,9 @@ def step_metrics(
 
 
 def launch_delays(trace: Trace) -> pd.DataFrame:
-    """Per GPU activity launched by a launch API (see ``trace.LAUNCH_APIS``): name, kind, device,
+    """Per GPU activity launched by a launch API (see ``apis.LAUNCH_APIS``): name, kind, device,
     stream, correlation, launch_name, launch_ts_us, start_us, delay_us = start − launch call start (µs),
     first_in_launch (False for the later kernels of a CUDA-graph replay, which share one launch)."""
-    from . import arraysummary as az
-    from .tracearrays import as_arrays
-
     rows, delay, first = az.launch_delays(as_arrays(trace))
     launched = rows >= 0
     rt = trace.runtime

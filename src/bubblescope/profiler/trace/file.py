@@ -1,9 +1,9 @@
-"""Read a trace file as text, window by window, in a thread beside the parser.
+"""Read a trace file as text, window by window, in a thread beside the parser: the first stage of a parse.
 
-:func:`_open_text` tells gzip from plain JSON by the magic bytes; :class:`_Gunzip` inflates gzip
-members in large pieces (ISA-L when installed, :func:`_inflater`); :class:`_Reader` decodes UTF-8
+:func:`open_trace` tells gzip from plain JSON by the magic bytes; :class:`_Gunzip` inflates gzip
+members in large pieces (ISA-L when installed, :func:`_inflater`); :class:`Reader` decodes UTF-8
 (invalid bytes replaced, a byte-order mark skipped) and queues the windows for
-:class:`~.tracejson._Text`.
+:class:`~.window.Text`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import zlib
 from typing import Any
 
-from ..errors import BubblescopeError
+from ...errors import BubblescopeError
 
 _CHUNK_CHARS = 1 << 22  # decoded characters read per refill (4 Mi)
 _FIRST_CHARS = 1 << 18  # the first refill: parsing starts after 256 Ki characters, not 4 Mi, are inflated
@@ -43,9 +43,14 @@ def check_regular(path: str) -> None:
     raise BubblescopeError(f"{path}: not a regular file ({what}); pass a file")
 
 
-def _open_text(path: str) -> tuple[Any, bool]:
+def open_trace(path: str) -> tuple[Any, bool]:
     """(the file opened for reading bytes, whether it is gzip): by the gzip magic, not the suffix.
-    Pipes are read as they come (nothing here seeks); see :func:`check_regular` for what is refused."""
+    Pipes are read as they come (nothing here seeks).
+
+    Raises:
+        BubblescopeError: not a regular file or a pipe (:func:`check_regular`).
+        OSError: the file cannot be opened (missing, a directory, no permission); the caller names the file.
+    """
     check_regular(path)
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
@@ -109,7 +114,7 @@ class _Counted:
         return data
 
 
-class _Reader(threading.Thread):
+class Reader(threading.Thread):
     """Reads and decodes the file ahead of the parser, one window at a time, in its own thread.
 
     Inflating gzip releases the GIL, so on two cores it runs beside the JSON decoding; at most two

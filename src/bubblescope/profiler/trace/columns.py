@@ -1,29 +1,31 @@
-"""The kept events' column chunks of a :class:`~.tracecolumns._Columns` turned into one set of numpy
-columns per table (:func:`build_arrays`), and such columns into a pandas frame (:func:`frame_of`).
+"""The kept events' column chunks of an :class:`~.events.EventTables` turned into one set of numpy columns per
+table (:func:`build_arrays`): the columns stage of a parse.
 
 Column by column: each column's chunks are concatenated and freed before the next, rows are dropped
 (unusable times, counted) and sorted by index arrays rather than by DataFrame copies, so the peak
 is about the columns once plus one column; texts stay int32 codes into the shared vocabulary until a
-frame is asked for (pandas strings then).
+frame is asked for (pandas strings then, :func:`~.frames.frame_of`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
-from .tracecolumns import _EXACT_US, _FLOAT_COLUMNS, _INT_COLUMNS, _MAX_TIME_US, _NA, _SURROGATE
 from .heap import release_freed_memory
-from .tracepairs import pair_durations
+from .pairs import pair_durations
+from .schema import EXACT_US, FLOAT_COLUMNS, INT_COLUMNS, MAX_TIME_US, NA
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from .events import EventTables
 
-    from .tracecolumns import _Columns
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate: text that cannot be UTF-8
+
 
 def table_arrays(
-    cols: _Columns, table: str, sort_by: tuple[str, ...] = (), na_fill: dict | None = None
+    cols: EventTables, table: str, sort_by: tuple[str, ...] = (), na_fill: dict | None = None
 ) -> dict[str, Any]:
-    """One table's chunks as numpy columns (ints int64 with ``_NA`` for absent, texts int32 codes into
+    """One table's chunks as numpy columns (ints int64 with ``NA`` for absent, texts int32 codes into
     the vocabulary, ``end_us`` after ``dur_us``); rows with non-finite ts/dur, a negative dur or
     |ts|/dur beyond 2^63 µs are dropped; absent ints in ``na_fill``'s columns take its value; rows
     are stably sorted by ``sort_by``. Column by column, so memory holds the columns once plus one."""
@@ -44,15 +46,15 @@ def table_arrays(
             del parts
             release_freed_memory()
         else:
-            raw[key] = np.zeros(0, dtype=np.int64 if key in _INT_COLUMNS else np.float64
-                                if key in _FLOAT_COLUMNS else object if key in ("grid", "block") else np.int32)
+            raw[key] = np.zeros(0, dtype=np.int64 if key in INT_COLUMNS else np.float64
+                                if key in FLOAT_COLUMNS else object if key in ("grid", "block") else np.int32)
     cols.chunks[table] = []
     rows = None  # the rows kept, in output order (None: all, as read)
     if "dur_us" in raw:
         ts, dur = raw["ts_us"], raw["dur_us"]
         bad = ~(np.isfinite(ts) & np.isfinite(dur))
         negative = dur < 0
-        huge = ~bad & ((np.abs(ts) > _MAX_TIME_US) | (dur > _MAX_TIME_US))
+        huge = ~bad & ((np.abs(ts) > MAX_TIME_US) | (dur > MAX_TIME_US))
         if bad.any():
             cols.odd["complete events without a finite numeric ts/dur excluded"] += int(bad.sum())
         if negative.any():
@@ -69,7 +71,7 @@ def table_arrays(
     if rounded is not None and rounded.any():
         cols.odd[ROUNDED] += int(rounded.sum())
     for key, value in (na_fill or {}).items():
-        raw[key][raw[key] == _NA] = value
+        raw[key][raw[key] == NA] = value
     if sort_by:
         keys = [raw[k] if rows is None else raw[k][rows] for k in reversed(sort_by)]
         order = np.lexsort(keys)  # stable: equal keys keep the file's order
@@ -83,23 +85,7 @@ def table_arrays(
     return data
 
 
-def frame_of(data: dict[str, Any], texts: Any) -> pd.DataFrame:
-    """A table of :func:`table_arrays` as a DataFrame: ints as nullable Int64 (``<NA>`` for ``_NA``),
-    codes as pandas strings, other columns as they are (no copy)."""
-    import pandas as pd
-
-    out: dict[str, Any] = {}
-    for key, arr in data.items():
-        if arr.dtype.kind == "i" and key in _INT_COLUMNS:
-            out[key] = pd.arrays.IntegerArray(arr, arr == _NA)
-        elif arr.dtype.kind == "i":
-            out[key] = pd.array(texts[arr], dtype="str")
-        else:
-            out[key] = arr
-    return pd.DataFrame(out, copy=False)
-
-
-def vocabulary(cols: _Columns) -> tuple[Any, Any]:
+def vocabulary(cols: EventTables) -> tuple[Any, Any]:
     """(texts of the codes as an object array, None or the code each code becomes): names with lone
     surrogates are repaired (counted in ``cols.bad_text``); when a repaired text equals another
     code's, both become the first one's code, so that one text has one code."""
@@ -125,7 +111,7 @@ def vocabulary(cols: _Columns) -> tuple[Any, Any]:
 ROUNDED = "events with a non-integer ts beyond 2^53 µs kept, their times rounded by float64 (off by over 1 µs)"
 
 
-def rebase_times(cols: _Columns) -> int:
+def rebase_times(cols: EventTables) -> int:
     """Turn every table's ``ts_us`` chunks into float64 and return the trace's time origin (µs, an exact int).
 
     The origin is 0 (times as in the file) unless times were kept exact beyond what float64 holds: integer
@@ -141,12 +127,12 @@ def rebase_times(cols: _Columns) -> int:
     chunks = [c for table in cols.chunks.values() for c in table if len(c["ts_us"])]
     ints = [c["ts_us"] for c in chunks if c["ts_us"].dtype == np.int64]
     nss = [c["ts_us"].view(np.int64) for c in chunks if c["ts_us"].dtype.kind == "m"]
-    nss = [v[v != _NA] for v in nss]
+    nss = [v[v != NA] for v in nss]
     nss = [v for v in nss if len(v)]
     origin = 0
     if ints:
         low, high = min(int(a.min()) for a in ints), max(int(a.max()) for a in ints)
-        if max(-low, high) > _EXACT_US and high - low < 1 << 62:  # no int64 overflow in ts - origin
+        if max(-low, high) > EXACT_US and high - low < 1 << 62:  # no int64 overflow in ts - origin
             origin = low
     if nss:  # whole µs of the smallest exact time (ns floored to µs), ints' included
         low_ns = min(int(v.min()) for v in nss)
@@ -158,10 +144,10 @@ def rebase_times(cols: _Columns) -> int:
         elif ts.dtype.kind == "m":  # exact ns: µs from the origin, NaT (absent) as NaN
             ns = ts.view(np.int64)
             out = (ns - origin * 1000).astype(np.float64) / 1000.0
-            out[ns == _NA] = np.nan
+            out[ns == NA] = np.nan
             c["ts_us"] = out
         else:  # finite and within 2^63 µs: beyond, table_arrays excludes the row (and says so) instead
-            rounded = np.isfinite(ts) & (np.abs(ts) > _EXACT_US) & (np.abs(ts) <= _MAX_TIME_US)
+            rounded = np.isfinite(ts) & (np.abs(ts) > EXACT_US) & (np.abs(ts) <= MAX_TIME_US)
             if rounded.any():
                 c["rounded"] = rounded
             if origin:
@@ -169,11 +155,13 @@ def rebase_times(cols: _Columns) -> int:
     return origin
 
 
-def build_arrays(cols: _Columns) -> tuple[Any, dict[str, dict[str, Any]]]:
+def build_arrays(cols: EventTables) -> tuple[Any, dict[str, dict[str, Any]]]:
     """(texts of the codes, one :func:`table_arrays` dict per table): the B/E pairs made complete
     events and kept, pending event dicts typed, times rebased (:func:`rebase_times`, the origin in
     ``cols.origin_us``); gpu sorted by (device, ts_us) with device -1 where
     unknown, runtime and annotations by ts_us, flows as read."""
+    import numpy as np
+
     for ev in pair_durations(cols.pairs, cols.odd):
         cols.add_complete(ev)
     cols.pairs = []

@@ -36,23 +36,26 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BubblescopeError
+from ...errors import BubblescopeError
+from ...reports.trace_result import CPU_ONLY, no_gpu_reason
+from ...wording import count, plural
+from ..capture import CONTEXT_KEY
+from ..gpus import device_properties
 from . import metrics
-from ..wording import count, plural
+from .arrays import TraceArrays
 from .arraysummary import breakdown, device_table, find_steps, overlap_note, step_devices
-from .steps import DEFAULT_STEP_MARKER
-from .timeline import CPU_ONLY, check_skip_steps, no_gpu_reason, step_figures
-from .heap import parse_heap
-from .capture import CONTEXT_KEY
+from .checks import overlap_notes, skew_note
 from .cpuops import read_cpu_ops
-from .gpus import device_properties
 from .graphs import graph_summary
+from .heap import parse_heap
+from .load import read_trace_arrays
 from .stepfind import find_decode_steps, marker_detection
-from .tracearrays import TraceArrays, read_trace_arrays
-from .tracechecks import overlap_notes, skew_note
+from .steps import DEFAULT_STEP_MARKER
+from .timeline import check_skip_steps, step_figures
+from .values import json_float
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from .frames import Trace
 
 SCHEMA = "bubblescope.trace/1"
 # Tried in order when no marker is given: ours, then torch.profiler's schedule steps.
@@ -103,7 +106,7 @@ def _devices(arrays: TraceArrays, threshold_us: float) -> list[dict]:
                 **{k: int(table[k][i]) for k in ("kernels", "memcpys", "memsets", "streams")},
                 "busy_us": float(table["busy_us"][i]),
                 "span_us": float(table["span_us"][i]),
-                "bubble_ratio": metrics.json_float(table["bubble_ratio"][i]),
+                "bubble_ratio": json_float(table["bubble_ratio"][i]),
                 "idle": _idle(table, i, threshold_us),
                 "categories": breakdown(arrays, rows, by_name=False),
                 "top_kernels": breakdown(arrays, rows, by_name=True, n=metrics.TOP_KERNELS),
@@ -243,7 +246,7 @@ def summarize_traces(
     Raises BubblescopeError for a bad path or option (the CLI exits 2), and for a bad file unless
     ``keep_going``: then that file's entry is ``{"path": str, "error": str}`` (the one-line message)
     and the other files are summarized. ``progress(path)`` may return a ``(done, total)`` bytes
-    callback for :func:`~bubblescope.profiler.trace.load_trace`. A trace without GPU activity is
+    callback for :func:`~.load.load_trace`. A trace without GPU activity is
     summarized with ``"devices": []`` and a warning.
     """
     threshold_us = metrics.check_threshold(threshold_us)

@@ -19,17 +19,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..wording import count, plural
+from ...wording import count, plural
+from .apis import api_base_name
+from .arrays import TraceArrays, launch_rows
 from .graphs import GRAPH_APIS
 from .intervals import pair_codes, unique_ints
 from .periodic import confidence, repeating_steps
-from .trace import api_base_name
-from .tracearrays import launch_rows
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .tracearrays import TraceArrays
 
 # A step is "one kernel" (a megakernel) when one of its units holds this share of its GPU time.
 MEGAKERNEL_MIN_SHARE = 0.8

@@ -1,26 +1,25 @@
-"""The metrics of a trace summary computed on :class:`~.tracearrays.TraceArrays` with numpy alone.
+"""The metrics of a trace summary computed on :class:`~.arrays.TraceArrays` with numpy alone.
 
 Definitions are those of :mod:`.metrics` (device busy/span/idle split, GPU time by category and name)
 and :mod:`.steps` (steps found by their ``record_function`` ranges, kernels assigned through their
 launch call's correlation id); :func:`device_table` and :func:`breakdown` give their figures as
 arrays and JSON-ready records, :func:`find_steps` and :func:`step_table` the per-step ones, which
-:mod:`.timeline` and :mod:`.tracesummary` turn into the summary dicts.
+:mod:`.timeline` and :mod:`.summary` turn into the summary dicts.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BubblescopeError
-from ..wording import count, plural
+from ...errors import BubblescopeError
+from ...wording import count, plural
+from .arrays import TraceArrays, launch_rows
 from .intervals import factorize, first_of_each, interval_stats, pair_codes, range_owners, ratio
-from .tracearrays import launch_rows
-from .tracecolumns import _NA
+from .schema import NA
+from .values import json_float
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from .tracearrays import TraceArrays
 
 _KIND_COUNTS = (("kernel", "kernels"), ("memcpy", "memcpys"), ("memset", "memsets"))
 
@@ -71,7 +70,7 @@ def device_table(
         mine = np.isin(kind, np.flatnonzero(arrays.texts == name))
         out[col] = np.bincount(code[mine], minlength=len(keys)).astype(np.int64)
     stream = gpu["stream"][rows]
-    _, pairs = pair_codes(code.astype(np.int64), np.where(stream == _NA, -1, stream))
+    _, pairs = pair_codes(code.astype(np.int64), np.where(stream == NA, -1, stream))
     out["streams"] = np.bincount(pairs[:, 0], minlength=len(keys)).astype(np.int64)
     out.update(busy_us=stats["busy_us"], span_us=stats["span_us"],
                bubble_ratio=1 - ratio(stats["busy_us"], stats["span_us"]))
@@ -107,8 +106,6 @@ def breakdown_table(
 
 def breakdown(arrays: TraceArrays, rows: np.ndarray, by_name: bool, n: int | None = None) -> list[dict]:
     """:func:`breakdown_table` as JSON-ready records (names str, count int, total_us/share float or None)."""
-    from .metrics import json_float
-
     table = breakdown_table(arrays, rows, by_name, n)
     return [{k: (json_float(v) if k in ("total_us", "share") else int(v) if k == "count" else str(v))
              for k, v in zip(table, row)} for row in zip(*table.values())]
@@ -139,7 +136,7 @@ def find_steps(arrays: TraceArrays, step_marker: str) -> dict[str, np.ndarray]:
     threads = arrays.cache.get("threads")
     if threads is None:  # the few distinct threads with CUDA calls, not one Python tuple per call
         rt = arrays.runtime
-        known = (rt["pid"] != _NA) & (rt["tid"] != _NA)
+        known = (rt["pid"] != NA) & (rt["tid"] != NA)
         threads = arrays.cache["threads"] = set(map(tuple, pair_codes(rt["pid"][known], rt["tid"][known])[1].tolist()))
     steps["thread"] = np.array([(p, t) in threads for p, t in zip(steps["pid"].tolist(), steps["tid"].tolist())],
                                dtype=bool)
@@ -197,7 +194,7 @@ def _runtime_steps(arrays: TraceArrays, steps: dict) -> np.ndarray:
         mine = np.flatnonzero(group == g)
         mine = mine[np.argsort(steps["ts_us"][mine], kind="stable")]
         if steps["thread"][mine[0]]:  # a marker without pid/tid never has CUDA calls on its thread
-            sel = np.flatnonzero((pid == steps["pid"][mine[0]]) & (tid == steps["tid"][mine[0]]) & (pid != _NA))
+            sel = np.flatnonzero((pid == steps["pid"][mine[0]]) & (tid == steps["tid"][mine[0]]) & (pid != NA))
         else:
             sel = np.arange(len(ts))
         owner = range_owners(steps["ts_us"][mine], steps["end_us"][mine], ts[sel])
@@ -286,5 +283,5 @@ def launch_delays(arrays: TraceArrays) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if len(sel):
         order = sel[np.argsort(start[sel], kind="stable")]
         corr = arrays.gpu["correlation"][order]
-        first[order] = first_of_each(np.where(corr == _NA, 0, corr))
+        first[order] = first_of_each(np.where(corr == NA, 0, corr))
     return rows, delay, first

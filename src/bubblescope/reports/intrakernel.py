@@ -5,6 +5,9 @@ Input: one step's task frame (``megakernel_engine.timeline.decode_timeline`` col
 ``layer``, ``ts_us``, ``ready_us``, ``end_us``) or the ``intrakernel.tasks`` records of a results document
 (``opcode``, ``program``, ``layer``, ``start_us``, ``ready_us``, ``end_us``). A task waits from its start to
 ``ready`` (dependencies met) and is busy from ``ready`` to ``end``; a program not inside any task is idle.
+The result is a results document's ``intrakernel.activity`` section: ``diagnose model`` computes it from the
+frame, and the megakernel figure (:mod:`.megakernel_plots`) from the task records of a document without one;
+it sits with the reports so that both can reach it.
 
 Bandwidth estimate: a task's bytes (:func:`opcode_bytes`: the weights of its (layer, opcode) divided evenly
 among that pair's tasks; attention reads the KV cache) are spread uniformly over the whole task, start to end,

@@ -1,4 +1,4 @@
-"""Multi-rank analysis: one parsed :class:`~bubblescope.profiler.trace.Trace` per rank of a distributed
+"""Multi-rank analysis: one parsed :class:`~.frames.Trace` per rank of a distributed
 (tensor-parallel) decode, merged by step index. Pure functions returning DataFrames, no printing.
 
 Per rank and step (:func:`rank_steps`): the step's GPU start/end on the rank's main device (first
@@ -23,14 +23,16 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ..errors import BubblescopeError
-from .metrics import DEFAULT_IDLE_THRESHOLD_US, _interval_stats, _ratio, check_threshold, device_summary
+from ...errors import BubblescopeError
+from .intervals import STATS, interval_stats, ratio
+from .metrics import DEFAULT_IDLE_THRESHOLD_US, check_threshold, device_summary
 from .steps import DEFAULT_STEP_MARKER, assign_steps, step_metrics
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
-    from .trace import Trace
+    from .frames import Trace
 
 NCCL_PATTERN = "nccl"
 STEP_COLUMNS = ["rank", "step", "device", "start_us", "end_us", "span_us", "busy_us", "compute_us", "nccl_us",
@@ -67,6 +69,19 @@ def rank_ids(traces: list[Trace]) -> list[int]:
     return [t.rank for t in traces]
 
 
+def _interval_stats(
+    groups: np.ndarray, start: np.ndarray, end: np.ndarray, launch_ts: np.ndarray, threshold_us: float
+) -> pd.DataFrame:
+    """Union and idle split of intervals per group key (:func:`.intervals.interval_stats`); one row per
+    key (index ``group``), columns ``intervals.STATS`` (µs)."""
+    import pandas as pd
+
+    if len(start) == 0:
+        return pd.DataFrame(columns=list(STATS), dtype=float)
+    keys, stats = interval_stats(groups, start, end, launch_ts, threshold_us)
+    return pd.DataFrame(stats, index=pd.Index(keys, name="group"))
+
+
 def _union_by_step(gpu: pd.DataFrame) -> pd.Series:
     """Union length (µs) of the activities in ``gpu`` per step (column ``step``)."""
     import pandas as pd
@@ -82,10 +97,10 @@ def one_rank_steps(trace: Trace, rank: int, step_marker: str = DEFAULT_STEP_MARK
                    threshold_us: float = DEFAULT_IDLE_THRESHOLD_US) -> pd.DataFrame:
     """Per decode step of one rank's trace: the columns of ``STEP_COLUMNS`` (times in trace µs).
 
-    ``step`` and ``index`` are the step's position in the trace (as :func:`~bubblescope.profiler.steps.find_steps`
+    ``step`` and ``index`` are the step's position in the trace (as :func:`~.steps.find_steps`
     numbers them, 0..), ``number`` the N of its name ``<marker>#N`` (:func:`step_number`; NaN without one).
     ``start_us``/``end_us`` are the first start / last end of the step's GPU activities on the main device
-    (the one :func:`~bubblescope.profiler.steps.step_metrics` reports); ``wall_us`` is the CPU step range.
+    (the one :func:`~.steps.step_metrics` reports); ``wall_us`` is the CPU step range.
     NaN where a step launched no GPU work.
     """
     import numpy as np
@@ -112,7 +127,7 @@ def one_rank_steps(trace: Trace, rank: int, step_marker: str = DEFAULT_STEP_MARK
     out["compute_us"] = _union_by_step(gpu[~nccl]).reindex(idx, fill_value=0.0).to_numpy()
     out["nccl_us"] = _union_by_step(gpu[nccl]).reindex(idx, fill_value=0.0).to_numpy()
     out.loc[out["span_us"].isna(), ["compute_us", "nccl_us"]] = np.nan
-    out["nccl_share"] = _ratio(out["nccl_us"].to_numpy(), out["span_us"].fillna(0).to_numpy())
+    out["nccl_share"] = ratio(out["nccl_us"].to_numpy(), out["span_us"].fillna(0).to_numpy())
     kernels = gpu[gpu["kind"] == "kernel"]
     out["kernels"] = table["kernels"].to_numpy()
     out["nccl_kernels"] = kernels[is_nccl(kernels["name"]).to_numpy(dtype=bool)].groupby("step").size() \
