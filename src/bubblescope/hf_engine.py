@@ -20,6 +20,9 @@ class HFEngine:
     def __init__(self, weights: ModelWeights, max_seq_len: int):
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        if weights.weight_format != "bf16":  # transformers would need its own FP8 kernels (a compressed-tensors model)
+            raise EngineUnavailable(f"engine hf: runs unquantized weights only, these are {weights.weight_format} "
+                                    "(use --weights bf16)")
         cfg = weights.config
         self.name, self.config, self.device = "hf", cfg, weights.device
         self.max_seq_len = max_seq_len

@@ -82,6 +82,9 @@ def check_supported(weights: ModelWeights) -> None:
         raise EngineUnavailable(f"megakernel runs on CUDA (or CPU under the Triton interpreter), not {weights.device}")
     if weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise EngineUnavailable(f"megakernel supports float32/bfloat16/float16 weights, not {weights.dtype}")
+    if weights.weight_format != "bf16":  # the FP8 weight ring is GPU work not done yet
+        raise EngineUnavailable(f"megakernel streams unquantized weights only, not {weights.weight_format} "
+                                "(FP8 runs on the reference and reference-fused engines; use --weights bf16)")
     d = cfg.head_dim
     if d & (d - 1) or d < 2:
         raise EngineUnavailable(f"megakernel needs a power-of-two head_dim, {cfg.name} has {d}")

@@ -10,7 +10,7 @@ _WHERE = {"PRESETS": "config", "ModelConfig": "config", "get_preset": "config",
           "LoadedModel": "loader", "find_model_file": "loader", "load_model": "loader", "resolve_device": "loader",
           "LayerWeights": "weights", "ModelWeights": "weights", "dummy_weights": "weights",
           "load_hf_checkpoint": "weights", "load_llama2c": "weights", "parse_dtype": "weights",
-          "run_dtype": "weights"}
+          "run_dtype": "weights", "QuantizedLinear": "quant", "quantize_fp8": "quant", "WEIGHT_FORMATS": "quant"}
 
 __all__ = list(_WHERE)
 

@@ -11,6 +11,7 @@ import torch
 from ..errors import BubblescopeError
 from ..wording import first_few
 from .config import PRESETS, ModelConfig, get_preset
+from .quant import FP8_DTYPE, parse_weight_format
 from .tokenizer import TokenizerCutShort, load_tokenizer
 from .weights import ModelWeights, dummy_weights, load_hf_checkpoint, load_llama2c
 
@@ -111,7 +112,7 @@ def _load_path(p: Path, device, dtype, seed, label: str | None = None) -> tuple[
 
 def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None = None,
                device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
-               seed: int = 0) -> LoadedModel:
+               seed: int = 0, weight_format: str | None = None) -> LoadedModel:
     """Load ``model``: a preset name or a path, with optional explicit checkpoint and tokenizer paths.
 
     * preset name: dummy weights of its config, except a preset whose real file is found
@@ -125,13 +126,18 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
     damaged download is refused, not worked around), while an explicit ``tokenizer`` that fails is an error.
     ``checkpoint`` replaces MODEL's weights (and so its config); when MODEL names something else (a preset of
     other shapes, another path), the returned warnings say that MODEL was ignored (:func:`ignored_model`).
+    ``weight_format`` (``--weights``: ``bf16``, ``fp8``, ``fp8-all``; :meth:`~.weights.ModelWeights.as_format`)
+    quantizes or dequantizes the loaded weights; None keeps the checkpoint's form (an FP8 checkpoint stays FP8; one
+    with only some projections in FP8 has the rest quantized too, with a warning, so that every projection streams
+    the same bytes).
 
     Raises:
         BubblescopeError: unknown preset, missing path, unsupported config, malformed weights, a tokenizer file
-            cut short (named or found beside the weights); an empty MODEL,
+            cut short (named or found beside the weights), an unknown ``weight_format``; an empty MODEL,
             ``checkpoint`` or ``tokenizer``, or a ``tokenizer`` that is not a file (both before anything is loaded).
     """
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    fmt = parse_weight_format(weight_format)
     for label, value in (("MODEL", model), ("--checkpoint", checkpoint), ("--tokenizer", tokenizer)):
         if value is not None and not str(value).strip():  # Path("") is ".", which would be searched instead
             raise BubblescopeError(f"{label}: empty; give a preset name or a path")
@@ -149,6 +155,12 @@ def load_model(model: str, checkpoint: str | None = None, tokenizer: str | None 
         weights, source = dummy_weights(get_preset(model), dev, dtype, seed), "dummy"
     else:
         weights, source = _load_path(Path(path), dev, dtype, seed, "--checkpoint" if checkpoint is not None else None)
+    if fmt is None and weights.weight_format == "mixed":
+        fmt = "fp8-all" if not isinstance(weights.lm_head, torch.Tensor) else "fp8"
+        weights.notes.append(f"weights: the checkpoint stores only some projections in FP8; the others were "
+                             f"quantized at load too ({fmt}), so every projection streams FP8")
+    if fmt is not None and fmt != weights.weight_format:
+        weights = weights.as_format(fmt)
     tok_path = Path(tokenizer) if tokenizer else (_tokenizer_beside(Path(path), weights.config.vocab_size)
                                                   if path else None)
     tok, warnings = None, []
@@ -197,6 +209,8 @@ def nonfinite_weights(weights: ModelWeights, shown: int = 3) -> list[str]:
     up to ``shown`` tensors (Hugging Face names) with their count of non-finite elements; else []."""
     bad = []
     for name, t in weights.hf_state_dict().items():
+        if t.dtype == FP8_DTYPE:  # e4m3fn has NaN (no Inf); torch has no isfinite for it
+            t = t.to(torch.float32)
         n = int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
         if n:
             bad.append(f"{name}: {n} of {t.numel()}")

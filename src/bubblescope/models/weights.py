@@ -8,6 +8,10 @@ RoPE in the rotate_half convention (llama2.c checkpoints are permuted on load, a
   ``model.safetensors.index.json``) — safetensors only, nothing is ever unpickled;
 * a llama2.c legacy ``.bin`` (7 int32 header, then float32 tensors);
 * seeded dummy weights for any config (vLLM's ``--load-format dummy`` idea: real shapes, so speed is real).
+
+A projection (and, with ``fp8-all``, the LM head) may be a :class:`~.quant.QuantizedLinear` instead of a tensor:
+FP8 e4m3 with a float32 scale per output row, quantized at load (:meth:`ModelWeights.as_format`) or read from a
+compressed-tensors checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import torch
 
 from ..errors import BubblescopeError
 from .config import ModelConfig
+from .quant import (FP8_DTYPE, LINEAR_NAMES, QuantizedLinear, check_quantization_config, checkpoint_linear,
+                    quantize_fp8)
 from ..wording import count, first_few
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -55,7 +61,9 @@ def run_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dty
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. H = hidden_size, Q = q_size, KV = kv_size, I = intermediate_size, D = head_dim."""
+    """One decoder layer. H = hidden_size, Q = q_size, KV = kv_size, I = intermediate_size, D = head_dim.
+
+    The seven projections are tensors in the activation dtype, or :class:`~.quant.QuantizedLinear` (FP8)."""
 
     input_layernorm: torch.Tensor           # (H,)
     q_proj: torch.Tensor                    # (Q, H)
@@ -92,6 +100,7 @@ _HF_LAYER_NAMES = {
 class ModelWeights:
     """All weights of a model. ``lm_head`` is the same tensor object as ``embed_tokens`` when tied.
 
+    ``lm_head`` may be a :class:`~.quant.QuantizedLinear` (``fp8-all``), then distinct from the embedding.
     ``notes``: what the loader did that the user should know (one line each), e.g. a tied config whose
     checkpoint holds a different ``lm_head.weight``."""
 
@@ -99,7 +108,7 @@ class ModelWeights:
     embed_tokens: torch.Tensor  # (V, H)
     layers: list[LayerWeights]
     norm: torch.Tensor          # (H,)
-    lm_head: torch.Tensor       # (V, H)
+    lm_head: torch.Tensor | QuantizedLinear  # (V, H)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -108,37 +117,87 @@ class ModelWeights:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The activation dtype: that of the embedding, norms and unquantized weights."""
         return self.embed_tokens.dtype
+
+    @property
+    def weight_format(self) -> str:
+        """``fp8-all`` (projections and LM head in FP8), ``fp8`` (projections), ``bf16`` (none: every weight in
+        :attr:`dtype`), or ``mixed`` (some projections only, as a checkpoint may store them)."""
+        quantized = [isinstance(getattr(l, n), QuantizedLinear) for l in self.layers for n in LINEAR_NAMES]
+        head = isinstance(self.lm_head, QuantizedLinear)
+        if all(quantized) and quantized:
+            return "fp8-all" if head else "fp8"
+        return "mixed" if any(quantized) or head else "bf16"
 
     def layer_names(self) -> list[str]:
         """Field names present in every layer (optional ones depend on the family)."""
         return list(self.layers[0].tensors())
 
     def nbytes(self) -> int:
-        """Bytes of all distinct weight tensors (a tied head counted once)."""
+        """Bytes of all distinct weight tensors (a tied head counted once; FP8 weights 1 byte each plus their
+        float32 row scales)."""
         seen, total = set(), 0
         for t in [self.embed_tokens, self.norm, self.lm_head] + [t for l in self.layers for t in l.tensors().values()]:
             if id(t) not in seen:
                 seen.add(id(t))
-                total += t.numel() * t.element_size()
+                total += t.nbytes() if isinstance(t, QuantizedLinear) else t.numel() * t.element_size()
         return total
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> "ModelWeights":
-        """A copy on ``device`` / in ``dtype`` (floating tensors only), keeping a tied head tied."""
+        """A copy on ``device`` / in ``dtype`` (floating tensors only; FP8 projections stay FP8), keeping a tied
+        head tied."""
         def mv(t):
+            if isinstance(t, QuantizedLinear):
+                return t.to(device)
             return None if t is None else t.to(device=device, dtype=dtype)
         emb = mv(self.embed_tokens)
         head = emb if self.lm_head is self.embed_tokens else mv(self.lm_head)
         layers = [LayerWeights(**{f.name: mv(getattr(l, f.name)) for f in fields(l)}) for l in self.layers]
         return ModelWeights(self.config, emb, layers, mv(self.norm), head, list(self.notes))
 
+    def as_format(self, fmt: str) -> "ModelWeights":
+        """These weights in weight format ``fmt`` (:data:`~.quant.WEIGHT_FORMATS`): ``bf16`` dequantizes any FP8
+        weight to :attr:`dtype`; ``fp8`` quantizes the projections (:func:`~.quant.quantize_fp8`) and keeps the
+        LM head in :attr:`dtype` (dequantized if it was FP8); ``fp8-all`` quantizes the LM head too (a tied head
+        becomes its own FP8 copy; the embedding stays). Weights already in the asked form are shared, not
+        copied; the result replaces ``self`` (drop it to free the unquantized weights).
+
+        Raises:
+            BubblescopeError: an unknown format.
+        """
+        from .quant import parse_weight_format
+
+        parse_weight_format(fmt)
+        act = self.dtype
+
+        def conv(t, quantize: bool):
+            if isinstance(t, QuantizedLinear):
+                return t if quantize else t.dequantize(act)
+            return quantize_fp8(t) if quantize else t
+
+        layers = [LayerWeights(**{f.name: conv(getattr(l, f.name), fmt != "bf16") if f.name in LINEAR_NAMES
+                                  else getattr(l, f.name) for f in fields(l)}) for l in self.layers]
+        head = conv(self.lm_head, fmt == "fp8-all")
+        if self.config.tie_word_embeddings and not isinstance(head, QuantizedLinear):
+            head = self.embed_tokens
+        return ModelWeights(self.config, self.embed_tokens, layers, self.norm, head, list(self.notes))
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Hugging Face parameter names -> tensors (e.g. for ``LlamaForCausalLM.load_state_dict``)."""
-        sd = {"model.embed_tokens.weight": self.embed_tokens, "model.norm.weight": self.norm,
-              "lm_head.weight": self.lm_head}
+        """Hugging Face parameter names -> tensors (e.g. for ``LlamaForCausalLM.load_state_dict``). An FP8 weight
+        is written in the compressed-tensors layout: ``<name>.weight`` float8_e4m3fn (out, in) and
+        ``<name>.weight_scale`` float32 (out, 1)."""
+        sd = {"model.embed_tokens.weight": self.embed_tokens, "model.norm.weight": self.norm}
+
+        def put(key: str, t) -> None:
+            if isinstance(t, QuantizedLinear):
+                sd[key], sd[key + "_scale"] = t.qweight, t.scale[:, None]
+            else:
+                sd[key] = t
+        put("lm_head.weight", self.lm_head)
         for i, layer in enumerate(self.layers):
             for name, t in layer.tensors().items():
-                sd[f"model.layers.{i}.{_HF_LAYER_NAMES[name]}"] = t
+                put(f"model.layers.{i}.{_HF_LAYER_NAMES[name]}", t)
         return sd
 
 
@@ -252,6 +311,12 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     A tied config (``tie_word_embeddings: true``) whose checkpoint holds an ``lm_head.weight`` that differs from
     the embedding loads both untied (the returned config says ``tie_word_embeddings=False``), as transformers
     does, with a line in ``notes`` saying so.
+
+    FP8 checkpoints in the compressed-tensors layout (``quantization_config`` with ``quant_method:
+    compressed-tensors``, per-channel static FP8 weights: :func:`~.quant.check_quantization_config`) load their
+    projections (and LM head, if quantized) as :class:`~.quant.QuantizedLinear`: ``<name>.weight`` float8_e4m3fn
+    with ``<name>.weight_scale``; ``dtype`` applies to the other tensors. Any other ``quantization_config``, an
+    FP8 tensor without its scale, or a scale without a quantization_config is refused with a one-line error.
     """
     from safetensors import safe_open
     from safetensors import SafetensorError
@@ -262,6 +327,10 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     if not ckpt.is_dir():
         raise BubblescopeError(f"{path}: a Hugging Face checkpoint must be a directory")
     cfg = ModelConfig.from_hf_config(ckpt)
+    # config.json was read and checked by from_hf_config; its quantization_config is checked here
+    quant_cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config")
+    notes = [] if quant_cfg is None else check_quantization_config(quant_cfg, str(ckpt / "config.json"))
+    quantized = quant_cfg is not None
     tensors: dict[str, torch.Tensor] = {}
     where: dict[str, Path] = {}
     for f in _safetensors_files(ckpt):
@@ -296,17 +365,36 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         if not t.dtype.is_floating_point:  # int or bool weights would be cast silently into nonsense
             raise BubblescopeError(f"{ckpt}: tensor {name} has dtype {str(t.dtype).replace('torch.', '')}, "
                                    "expected a floating-point dtype")
+        if t.dtype == FP8_DTYPE:  # FP8 means nothing without its scale
+            raise BubblescopeError(f"{ckpt}: tensor {name} is stored in float8_e4m3fn without a {name}_scale")
         return t.to(device=device, dtype=dtype or t.dtype)
+
+    def take_linear(name: str, shape: tuple[int, int]) -> torch.Tensor | QuantizedLinear:
+        """A projection: FP8 with its row scales where ``<name>_scale`` is stored (compressed-tensors), else a
+        plain tensor."""
+        if name + "_scale" not in tensors:
+            return take(name, shape)
+        if not quantized:
+            raise BubblescopeError(f"{ckpt}: tensor {name}_scale is stored but config.json has no "
+                                   "quantization_config saying how to read it")
+        if name not in tensors:
+            raise BubblescopeError(f"{ckpt}: checkpoint is missing tensor {name}")
+        used.update((name, name + "_scale"))
+        return checkpoint_linear(tensors[name], tensors[name + "_scale"], name, shape, str(ckpt)).to(device)
 
     h, v = cfg.hidden_size, cfg.vocab_size
     layers = []
     for i in range(cfg.num_hidden_layers):
-        layers.append(LayerWeights(**{name: take(f"model.layers.{i}.{_HF_LAYER_NAMES[name]}", shape)
-                                      for name, shape in _expected_layer_shapes(cfg).items()}))
+        layers.append(LayerWeights(**{
+            name: (take_linear if name in LINEAR_NAMES else take)(f"model.layers.{i}.{_HF_LAYER_NAMES[name]}", shape)
+            for name, shape in _expected_layer_shapes(cfg).items()}))
     emb = take("model.embed_tokens.weight", (v, h))
-    notes = []
     file_head, file_emb = tensors.get("lm_head.weight"), tensors["model.embed_tokens.weight"]
-    if cfg.tie_word_embeddings and file_head is not None and not (
+    if cfg.tie_word_embeddings and "lm_head.weight_scale" in tensors:
+        cfg = cfg.replace(tie_word_embeddings=False)
+        notes.append(f"weights: config.json ties the embeddings (tie_word_embeddings: true) but {ckpt} holds an FP8 "
+                     "lm_head.weight (with lm_head.weight_scale): the FP8 head and the embedding are used untied")
+    elif cfg.tie_word_embeddings and file_head is not None and not (
             file_head.shape == file_emb.shape and torch.equal(file_head, file_emb.to(file_head.dtype))):
         # transformers (5.x, PreTrainedModel.tie_weights) does not tie two different tensors: it keeps both and warns
         # "both are present in the checkpoints with different values, so we will NOT tie them". So do we.
@@ -314,7 +402,7 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         notes.append(f"weights: config.json ties the embeddings (tie_word_embeddings: true) but {ckpt} holds an "
                      "lm_head.weight that differs from model.embed_tokens.weight: both are used untied, as "
                      "transformers does; set tie_word_embeddings to false to silence this")
-    head = emb if cfg.tie_word_embeddings else take("lm_head.weight", (v, h))
+    head = emb if cfg.tie_word_embeddings else take_linear("lm_head.weight", (v, h))
     norm = take("model.norm.weight", (h,))
     unused = [k for k in tensors if k not in used and not k.endswith("rotary_emb.inv_freq")
               and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
@@ -325,16 +413,27 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
 
 
 def save_hf_checkpoint(weights: ModelWeights, path: str | Path) -> None:
-    """Write ``config.json`` + ``model.safetensors`` (a tied head stored once, as transformers does)."""
+    """Write ``config.json`` + ``model.safetensors`` (a tied head stored once, as transformers does). FP8 weights
+    are written in the compressed-tensors layout with its ``quantization_config`` (:data:`~.quant.
+    QUANTIZATION_CONFIG`, naive-quantized: weights only), which :func:`load_hf_checkpoint` reads back; an FP8 head
+    of a tied config is stored as its own ``lm_head.weight`` with the config untied."""
     from safetensors.torch import save_file
+
+    from .quant import QUANTIZATION_CONFIG
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.contiguous().cpu() for k, v in weights.hf_state_dict().items()}
-    if weights.config.tie_word_embeddings:
+    cfg = weights.config.to_hf_dict()
+    if weights.config.tie_word_embeddings and isinstance(weights.lm_head, QuantizedLinear):
+        cfg["tie_word_embeddings"] = False
+    elif weights.config.tie_word_embeddings:
         sd.pop("lm_head.weight")
+    if weights.weight_format != "bf16":
+        cfg["quantization_config"] = dict(QUANTIZATION_CONFIG, ignore=[] if isinstance(
+            weights.lm_head, QuantizedLinear) else ["lm_head"])
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(weights.config.to_hf_dict(), indent=2))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 # ---- llama2.c legacy .bin --------------------------------------------------------------------------

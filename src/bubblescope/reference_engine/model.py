@@ -6,6 +6,10 @@ the decode step has fixed shapes and no host sync (CUDA-graph capturable). Numer
 ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``: RMSNorm in float32 then cast back,
 RoPE applied in the activation dtype with rotate_half, GQA by repeating KV heads (``bubblescope.torch_ops``, shared
 with the megakernel's batched prefill).
+
+FP8 projections (:class:`~bubblescope.models.quant.QuantizedLinear`) are dequantized to the activation dtype in
+each matvec (:func:`linear`), not once at build: the step then streams the FP8 bytes, as the quantization ablation
+means, and holds no second copy of the weights.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.config import ModelConfig, rope_inv_freq
+from ..models.quant import QuantizedLinear
 from ..models.weights import ModelWeights
 from ..torch_ops import apply_rope, repeat_kv, rms_norm
 
@@ -35,23 +40,40 @@ class KVCache(nn.Module):
         return self.k_cache, self.v_cache
 
 
+def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``: x (..., in) -> (..., out) in x's dtype; an FP8 ``w`` is dequantized to x's dtype
+    for this call (``qweight · scale[:, None]``, :meth:`QuantizedLinear.dequantize`)."""
+    if isinstance(w, QuantizedLinear):
+        w = w.dequantize(x.dtype)
+    return F.linear(x, w, bias)
+
+
+def _keep(module: nn.Module, name: str, t) -> None:
+    """A weight as a non-persistent buffer; an FP8 one as a plain attribute (not a tensor: its qweight and scale)."""
+    if isinstance(t, QuantizedLinear):
+        setattr(module, name, t)
+    else:
+        module.register_buffer(name, t, persistent=False)
+
+
 class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, w, max_seq_len: int):
         super().__init__()
         self.cfg = cfg
         for name, t in w.tensors().items():
-            self.register_buffer(name, t, persistent=False)
+            _keep(self, name, t)
         self.has_bias = w.q_bias is not None
         self.has_qk_norm = w.q_norm is not None
-        self.kv_cache = KVCache(max_seq_len, cfg.num_key_value_heads, cfg.head_dim, w.q_proj.dtype, w.q_proj.device)
+        act = w.input_layernorm  # the activation dtype (a projection may be FP8)
+        self.kv_cache = KVCache(max_seq_len, cfg.num_key_value_heads, cfg.head_dim, act.dtype, act.device)
 
     def forward(self, x, cos, sin, mask, input_pos):
         c = self.cfg
         T = x.shape[0]
         h = rms_norm(x, self.input_layernorm, c.rms_norm_eps)                     # (T, H)
-        q = F.linear(h, self.q_proj, self.q_bias if self.has_bias else None)      # (T, nh*D)
-        k = F.linear(h, self.k_proj, self.k_bias if self.has_bias else None)      # (T, nkv*D)
-        v = F.linear(h, self.v_proj, self.v_bias if self.has_bias else None)
+        q = linear(h, self.q_proj, self.q_bias if self.has_bias else None)        # (T, nh*D)
+        k = linear(h, self.k_proj, self.k_bias if self.has_bias else None)        # (T, nkv*D)
+        v = linear(h, self.v_proj, self.v_bias if self.has_bias else None)
         q = q.view(T, c.num_attention_heads, c.head_dim)
         k = k.view(T, c.num_key_value_heads, c.head_dim)
         v = v.view(T, c.num_key_value_heads, c.head_dim)
@@ -68,10 +90,9 @@ class Layer(nn.Module):
         v_all = repeat_kv(v_all, c.gqa_group)
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)       # (1, nh, T, D)
         y = y.squeeze(0).transpose(0, 1).reshape(T, c.q_size)
-        x = x + self.reduce(F.linear(y, self.o_proj))
+        x = x + self.reduce(linear(y, self.o_proj))
         h = rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
-        return x + self.reduce(F.linear(F.silu(F.linear(h, self.gate_proj)) * F.linear(h, self.up_proj),
-                                        self.down_proj))
+        return x + self.reduce(linear(F.silu(linear(h, self.gate_proj)) * linear(h, self.up_proj), self.down_proj))
 
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Sum of the row-parallel O-proj / down-proj outputs over ranks: nothing to sum on one device
@@ -91,7 +112,7 @@ class Transformer(nn.Module):
         dev = weights.device
         self.register_buffer("embed_tokens", weights.embed_tokens, persistent=False)
         self.register_buffer("norm", weights.norm, persistent=False)
-        self.register_buffer("lm_head", weights.lm_head, persistent=False)
+        _keep(self, "lm_head", weights.lm_head)
         self.layers = nn.ModuleList(self.layer_class(cfg, lw, max_seq_len) for lw in weights.layers)
         # cos/sin tables (S, D) in float32 like transformers' rotary embedding; cast to the activation dtype
         # at use, as transformers does.
@@ -113,7 +134,7 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, input_pos)
         if last_only:
             x = x[-1]
-        return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+        return linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
 
     def reset_cache(self) -> None:
         for layer in self.layers:

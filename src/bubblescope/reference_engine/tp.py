@@ -138,7 +138,7 @@ class TPReferenceEngine(ReferenceEngine):
 
     Raises:
         BubblescopeError: torch.distributed not initialized, or a config that does not split (:func:`check_tp`).
-        EngineUnavailable: ``compile`` mode, or ``cudagraph`` without a CUDA device.
+        EngineUnavailable: ``compile`` mode, ``cudagraph`` without a CUDA device, or FP8 weights.
     """
 
     def __init__(self, weights: ModelWeights, mode: str = "eager", max_seq_len: int | None = None, group=None):
@@ -150,6 +150,8 @@ class TPReferenceEngine(ReferenceEngine):
         if mode == "compile":
             raise EngineUnavailable("reference-tp: compile mode is not supported (inductor would need functional "
                                     "collectives); use eager or cudagraph")
+        if weights.weight_format != "bf16":
+            raise EngineUnavailable("reference-tp: FP8 weights are not split over ranks; run it with --weights bf16")
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         shard = shard_weights(weights, self.rank, self.world_size)
         self.model_class = functools.partial(TPTransformer, vocab_size=weights.config.vocab_size, group=group)
