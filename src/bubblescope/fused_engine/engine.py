@@ -10,6 +10,9 @@ model.Transformer`): the same tensors, no copy; prefill is its batched eager for
 cache the kernels then read. The greedy token is picked on the device (``argmax_kernel``) and fed to the next
 step there, so :func:`bubblescope.generation.generate` keeps one step in flight as it does for the megakernel.
 On CPU the kernels run one launch at a time under Triton's interpreter (correctness only, no graph, no PDL).
+
+FP8 weights (``--weights fp8`` / ``fp8-all``) stream as FP8: each matvec kernel reads the float8_e4m3fn matrix and
+its float32 row scales (``W_FP8`` in ``kernels.py``); the reference model's prefill dequantizes per matvec.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections import deque
 import torch
 
 from ..errors import BubblescopeError, EngineUnavailable
+from ..models.quant import QuantizedLinear
 from ..models.weights import ModelWeights
 from ..reference_engine.model import Transformer
 from ..wording import count
@@ -37,6 +41,16 @@ def pdl_unavailable(device: torch.device) -> str | None:
         return PDL_NEEDS_HOPPER
     major, _ = torch.cuda.get_device_capability(device)
     return None if major >= 9 else f"{PDL_NEEDS_HOPPER}; this GPU is sm_{major}{_}"
+
+
+def _fp8(t) -> dict:
+    """The kernel arguments of a weight's scales: ``ws_ptr`` and ``W_FP8`` for an FP8 matrix, else none."""
+    return dict(ws_ptr=t.scale, W_FP8=True) if isinstance(t, QuantizedLinear) else {}
+
+
+def _mat(t) -> torch.Tensor:
+    """The matrix a kernel streams: an FP8 weight's float8_e4m3fn data, or the tensor itself."""
+    return t.qweight if isinstance(t, QuantizedLinear) else t
 
 
 def _pow2(n: int) -> int:
@@ -76,7 +90,7 @@ class FusedEngine:
 
     Raises:
         EngineUnavailable: PDL on a device without it; a dtype other than float32/bfloat16/float16; an odd
-            head_dim (RoPE's halves).
+            head_dim (RoPE's halves); projections only partly in FP8 (``weight_format`` ``mixed``).
     """
 
     def __init__(self, weights: ModelWeights, max_seq_len: int | None = None, pdl: bool = False,
@@ -89,6 +103,9 @@ class FusedEngine:
             raise EngineUnavailable(f"reference-fused: dtype {self.dtype} not supported (float32, bfloat16, float16)")
         if cfg.head_dim % 2:
             raise EngineUnavailable(f"reference-fused: head_dim {cfg.head_dim} is odd (RoPE rotates halves)")
+        if weights.weight_format == "mixed":  # one kernel variant per matrix kind: all FP8 or none
+            raise EngineUnavailable("reference-fused: projections partly in FP8; load with --weights fp8 or bf16")
+        self.weight_format = weights.weight_format
         self.pdl = pdl
         self.name = "reference-fused-pdl" if pdl else "reference-fused"
         self.graph_mode = self.device.type == "cuda" if graph is None else graph
@@ -152,14 +169,18 @@ class FusedEngine:
         for li, layer in enumerate(m.layers):
             qk_norm = layer.has_qk_norm
             kc, vc = layer.kv_cache.k_cache, layer.kv_cache.v_cache
-            w_qkv = torch.cat([layer.q_proj, layer.k_proj, layer.v_proj])             # (Q + 2·KV, H)
+            qkv = (layer.q_proj, layer.k_proj, layer.v_proj)
+            w_qkv = torch.cat([_mat(t) for t in qkv])                                  # (Q + 2·KV, H)
+            fp8_qkv = (dict(ws_ptr=torch.cat([t.scale for t in qkv]), W_FP8=True)        # (Q + 2·KV,) float32
+                       if isinstance(layer.q_proj, QuantizedLinear) else {})
             b_qkv = torch.cat([layer.q_bias, layer.k_bias, layer.v_bias]) if layer.has_bias else w_qkv
-            self._stacked.append((w_qkv, b_qkv))
+            self._stacked.append((w_qkv, b_qkv, fp8_qkv.get("ws_ptr")))
             plan.append((K.qkv_rope_kernel, (triton.cdiv((NH + 2 * NKV) * half, pair_rows),),
                          (b["x"], m.embed_tokens, b["tok"], b["pos"], layer.input_layernorm, w_qkv, b_qkv, m.cos,
                           m.sin, b["q"], b["kraw"], kc, vc, ss(max(0, 2 * li - 1)), eps),
                          dict(H=H, NH=NH, NKV=NKV, D=D, S=S, EMBED=li == 0, HAS_BIAS=layer.has_bias, QK_NORM=qk_norm,
-                              STATS_IN=stats and li > 0, BLOCK_R=pair_rows, BLOCK_K=bk(H), ACT=act, **common)))
+                              STATS_IN=stats and li > 0, BLOCK_R=pair_rows, BLOCK_K=bk(H), ACT=act, **common,
+                              **fp8_qkv)))
             if qk_norm:
                 plan.append((K.qk_norm_kernel, (NH + NKV,),
                              (b["q"], b["kraw"], kc, b["pos"], layer.q_norm, layer.k_norm, m.cos, m.sin, eps),
@@ -175,23 +196,25 @@ class FusedEngine:
                              dict(D=D, NSPLIT=self.splits, NSPLIT_P=_pow2(self.splits), D_P=_pow2(D), ACT=act,
                                   **common)))
             plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),),
-                         (layer.o_proj, b["o"], b["x"], ss(2 * li)),
+                         (_mat(layer.o_proj), b["o"], b["x"], ss(2 * li)),
                          dict(N=H, K=cfg.q_size, BLOCK_N=rows(H), BLOCK_K=bk(cfg.q_size), STATS_OUT=stats, ACT=act,
-                              **common)))
+                              **common, **_fp8(layer.o_proj))))
             plan.append((K.gateup_kernel, (triton.cdiv(I, rows(I)),),
-                         (b["x"], layer.post_attention_layernorm, layer.gate_proj, layer.up_proj, b["act"],
+                         (b["x"], layer.post_attention_layernorm, _mat(layer.gate_proj), _mat(layer.up_proj), b["act"],
                           ss(2 * li), eps),
-                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common)))
+                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common,
+                              **({"wgs_ptr": layer.gate_proj.scale, "wus_ptr": layer.up_proj.scale, "W_FP8": True}
+                                 if isinstance(layer.gate_proj, QuantizedLinear) else {}))))
             dn = min(p.down_block_n or p.block_n, _pow2(H))
             plan.append((K.matvec_residual_kernel, (triton.cdiv(H, dn),),
-                         (layer.down_proj, b["act"], b["x"], ss(2 * li + 1)),
+                         (_mat(layer.down_proj), b["act"], b["x"], ss(2 * li + 1)),
                          dict(N=H, K=I, BLOCK_N=dn, BLOCK_K=min(p.down_block_k or p.block_k, _pow2(I)), STATS_OUT=stats,
-                              ACT=act, **common)))
+                              ACT=act, **common, **_fp8(layer.down_proj))))
         nss = 2 * cfg.num_hidden_layers
         plan.append((K.lmhead_kernel, (self._n_part,),
-                     (b["x"], m.norm, m.lm_head, b["logits"], b["keys"], ss(nss - 1), eps),
+                     (b["x"], m.norm, _mat(m.lm_head), b["logits"], b["keys"], ss(nss - 1), eps),
                      dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), NSLOT=self.nslot, STATS_IN=stats, ACT=act,
-                          **common)))
+                          **common, **_fp8(m.lm_head))))
         plan.append((K.argmax_kernel, (1,), (b["keys"], b["tok"], b["tok_out"], b["pos"], b["ss"]),
                      dict(V=V, NSLOT=self.nslot, NSLOT_P=_pow2(self.nslot), NSS=nss, NSS_P=_pow2(nss), **common)))
         return plan
@@ -361,4 +384,4 @@ class FusedEngine:
                 "kernels_per_step": self.kernels_per_step(), "cuda_graph": self.graph_mode, "pdl": self.pdl,
                 "attention_splits": self.splits, "block_n": p.block_n, "block_k": p.block_k,
                 "num_warps": p.num_warps, "block_s": p.block_s,
-                "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats}
+                "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats, "weights": self.weight_format}

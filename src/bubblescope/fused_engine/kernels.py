@@ -23,6 +23,12 @@ dtype ``ACT`` wherever the reference materialises a tensor in it (the normalised
 norm weight, each projection output, each RoPE product and sum, SiLU, SiLU·up, each residual sum, the logits);
 ``_rnd(v) = v.to(ACT).to(float32)`` is the identity in float32.
 
+FP8 weights (``W_FP8``: :class:`~bubblescope.models.quant.QuantizedLinear`): the weight pointers are float8_e4m3fn and
+each matrix has a float32 scale per row (``ws_ptr`` and the like); a tile is converted to float32 in registers and
+multiplied in as before, and the row's sum is multiplied by its scale once, after the last tile
+(Σ_k q_k·s·h_k = s·Σ_k q_k·h_k): half the weight bytes, the same float32 accumulation. The scales are loaded with
+the first tile, before the wait.
+
 Programmatic Dependent Launch (``USE_PDL``, sm_90+): a kernel loads its first weight tile — which no earlier
 kernel writes — *before* ``gdc_wait`` (griddepcontrol.wait: the previous grid has finished and its writes are
 visible), then lets the next kernel launch (``gdc_launch_dependents``) at once, so the next kernel's programs
@@ -64,7 +70,8 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
                     kc_ptr, vc_ptr, ss_ptr, eps,
                     H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
                     EMBED: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, STATS_IN: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
+                    ws_ptr=None, W_FP8: tl.constexpr = False):
     HALF: tl.constexpr = D // 2
     NPAIRS: tl.constexpr = (NH + 2 * NKV) * HALF
     pid = tl.program_id(0)
@@ -78,6 +85,9 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
     m0 = mj[:, None] & (cols[None, :] < H)
     w_lo = tl.load(w_ptr + row_lo[:, None].to(tl.int64) * H + cols[None, :], mask=m0, other=0.0)  # weights: before
     w_hi = tl.load(w_ptr + row_hi[:, None].to(tl.int64) * H + cols[None, :], mask=m0, other=0.0)  # the wait
+    if W_FP8:  # the rows' scales, also never written
+        s_lo = tl.load(ws_ptr + row_lo, mask=mj, other=0.0)
+        s_hi = tl.load(ws_ptr + row_hi, mask=mj, other=0.0)
     pos = tl.load(pos_ptr)          # written by the previous step's last kernel: complete, also before the wait
     if not QK_NORM:
         c = tl.load(cos_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
@@ -114,6 +124,9 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
         hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
         lo += _sum(w_lo.to(tl.float32) * hv[None, :], 1)
         hi += _sum(w_hi.to(tl.float32) * hv[None, :], 1)
+    if W_FP8:
+        lo = lo * s_lo
+        hi = hi * s_hi
     if HAS_BIAS:
         lo += tl.load(b_ptr + row_lo, mask=mj, other=0.0).to(tl.float32)
         hi += tl.load(b_ptr + row_hi, mask=mj, other=0.0).to(tl.float32)
@@ -299,7 +312,8 @@ def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
 # (STATS_IN of the consumer); float32 atomics make the sum's order, and so its last bit, vary between runs.
 @triton.jit
 def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+                           BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
+                           ws_ptr=None, W_FP8: tl.constexpr = False):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows[:, None] < N
     cols = tl.arange(0, BLOCK_K)
@@ -309,6 +323,8 @@ def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.c
     # without a round trip per tile.
     w0 = tl.load(w_ptr + off, mask=mr & (cols[None, :] < K), other=0.0)
     w1 = tl.load(w_ptr + off + BLOCK_K, mask=mr & (BLOCK_K + cols[None, :] < K), other=0.0)
+    if W_FP8:
+        sc = tl.load(ws_ptr + rows, mask=rows < N, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -319,6 +335,8 @@ def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.c
         acc += _sum(w0.to(tl.float32) * a[None, :], 1)
         w0 = w1
         w1 = w2
+    if W_FP8:
+        acc = acc * sc
     y = acc.to(ACT).to(tl.float32)
     mrow = rows < N
     x = tl.load(x_ptr + rows, mask=mrow, other=0.0).to(tl.float32)
@@ -334,7 +352,7 @@ def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.c
 @triton.jit
 def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.constexpr, H: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr, ACT: tl.constexpr,
-                  USE_PDL: tl.constexpr):
+                  USE_PDL: tl.constexpr, wgs_ptr=None, wus_ptr=None, W_FP8: tl.constexpr = False):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < I
     cols = tl.arange(0, BLOCK_K)
@@ -342,6 +360,9 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
     m0 = mr[:, None] & (cols[None, :] < H)
     wg = tl.load(wg_ptr + off, mask=m0, other=0.0)
     wu = tl.load(wu_ptr + off, mask=m0, other=0.0)
+    if W_FP8:
+        sg = tl.load(wgs_ptr + rows, mask=mr, other=0.0)
+        su = tl.load(wus_ptr + rows, mask=mr, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -367,6 +388,9 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
         hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
         gate += _sum(wg.to(tl.float32) * hv[None, :], 1)
         up += _sum(wu.to(tl.float32) * hv[None, :], 1)
+    if W_FP8:
+        gate = gate * sg
+        up = up * su
     gate = gate.to(ACT).to(tl.float32)
     up = up.to(ACT).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
@@ -380,13 +404,16 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
 @triton.jit
 def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: tl.constexpr,
                   H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NSLOT: tl.constexpr,
-                  STATS_IN: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+                  STATS_IN: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr, ws_ptr=None,
+                  W_FP8: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < V
     cols = tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + cols[None, :], mask=mr[:, None] & (cols[None, :] < H),
                 other=0.0)
+    if W_FP8:
+        sc = tl.load(ws_ptr + rows, mask=mr, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -408,6 +435,8 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: 
         nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
         hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
         acc += _sum(w.to(tl.float32) * hv[None, :], 1)
+    if W_FP8:
+        acc = acc * sc
     y = acc.to(ACT).to(tl.float32)
     tl.store(logits_ptr + rows, y, mask=mr)
     y = tl.where(mr, y, float("-inf"))
