@@ -186,3 +186,46 @@ def test_rank_traffic_uneven_vocab_and_bad_split():
                                                        "bound": "communication"}
     assert bound_by(4_800_000_000, 4800.0, 900.0)["bound"] == "hbm"
     assert bound_by(4_800_000_000, None, 900.0)["bound"] is None
+
+
+def test_llama_3_2_1b_fp8_by_hand():
+    # projections 1 byte each plus a float32 scale per output row; norms, the embedding row and (fp8) the LM head
+    # stay 2 bytes
+    proj = 2048 * 2048 + 2 * 512 * 2048 + 2048 * 2048 + 3 * 8192 * 2048
+    rows = 2048 + 2 * 512 + 2048 + 2 * 8192 + 2048
+    head = 128256 * 2048
+    fp8 = step_traffic(get_preset("llama-3.2-1b"), 2, 128, weights="fp8")
+    assert fp8["weight_bytes"] == 16 * (proj + 4 * rows + 2 * 2048 * 2) + 2 * 2048 * 2 + 2 * head
+    assert fp8["lm_head_bytes"] == 2 * head and fp8["kv_read_bytes"] == 4_194_304
+    every = step_traffic(get_preset("llama-3.2-1b"), 2, 128, weights="fp8-all")
+    assert every["weight_bytes"] == fp8["weight_bytes"] - 2 * head + head + 4 * 128256
+    assert every["lm_head_bytes"] == head + 4 * 128256
+    # 1.50 GB with the bf16 head, 1.24 GB without: the floor at the H200's NVML peak falls from 0.51 to 0.26 ms
+    assert round(fp8["total_bytes"] / 1e9, 2) == 1.50 and round(every["total_bytes"] / 1e9, 2) == 1.24
+    assert floor_ms(every["total_bytes"], 4814.0) == pytest.approx(0.258, abs=1e-3)
+    df = traffic_table(get_preset("llama-3.2-1b"), 2, 128, weights="fp8-all")
+    assert int(df["bytes"].sum()) == every["total_bytes"]
+    assert df.loc[df["component"] == "layers.down_proj.scale", "bytes"].item() == 16 * 2048 * 4
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-all"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_fp8_weight_bytes_match_quantized_dummy_weights(fmt, tied):
+    torch = pytest.importorskip("torch")
+    from bubblescope.models.weights import dummy_weights
+
+    cfg = ModelConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=50, tie_word_embeddings=tied,
+                      attention_bias=True, model_type="qwen2", name="tiny")
+    w = dummy_weights(cfg, dtype=torch.bfloat16).as_format(fmt)
+    t = step_traffic(cfg, 2, 5, weights=fmt)
+    table, row = 50 * 32 * 2, 32 * 2
+    # the step reads every stored weight but the embedding table, of which it reads one row; a tied bf16 head is
+    # the table, read whole
+    expected = w.nbytes() - table + row + (table if tied and fmt == "fp8" else 0)
+    assert t["weight_bytes"] == expected
+
+
+def test_step_traffic_rejects_an_unknown_weight_format():
+    with pytest.raises(BubblescopeError, match="weights must be one of bf16, fp8, fp8-all, got 'int4'"):
+        step_traffic(get_preset("llama-3.2-1b"), 2, 1, weights="int4")

@@ -19,6 +19,10 @@ TUNED_FILE = "a tuned file from `bubblescope tune --save`"
 PREFILL_HELP = ("Megakernel engines' prefill: batched (default: the prompt through batched GEMMs and attention, its "
                 "K/V written into the kernel's cache, then decode in the kernel) or stepwise (one decode launch per "
                 "prompt token, the ablation). Other engines always prefill in one forward.")
+WEIGHTS_HELP = ("Weight format: bf16 (no quantization: every weight in --dtype), fp8 (the projections in FP8 e4m3 with "
+                "a float32 scale per output row, quantized at load) or fp8-all (the LM head too). Default: the "
+                "checkpoint's own (an FP8 compressed-tensors checkpoint stays FP8). FP8 runs on the reference and "
+                "reference-fused engines.")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profile and diagnose batch-size-1 LLM decode: bubbles, launches, bandwidth.")
@@ -177,6 +181,7 @@ def generate(
     tuning: Optional[str] = typer.Option(None, parser=_as_typed, help="Tuned file from `bubblescope tune --save`: "
                                          "the megakernel takes the entry for prompt + new tokens."),
     prefill: Optional[str] = typer.Option(None, help=PREFILL_HELP),
+    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
 ):
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     from .generate_command import generate_text
@@ -192,7 +197,7 @@ def generate(
         raise BubblescopeError(f"--prompt-ids: no token ids in {prompt_ids!r}")
     generate_text(model, params, checkpoint=checkpoint, tokenizer=tokenizer, prompt=prompt, prompt_ids=ids,
                   max_new_tokens=max_new_tokens, engine=engine, mode=mode, device=device, dtype=dtype, tuning=tuned,
-                  prefill=prefill, out=sys.stdout, say=lambda line: typer.echo(line, err=True))
+                  prefill=prefill, weights=weights, out=sys.stdout, say=lambda line: typer.echo(line, err=True))
 
 
 @diagnose_app.command("model")
@@ -228,6 +233,7 @@ def diagnose_model(
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks: runs the reference engine on N local "
                            "processes through torchrun and writes tp.json plus one trace per rank."),
     prefill: Optional[str] = typer.Option(None, help=PREFILL_HELP),
+    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
 ):
     """Measure a model on every engine; write results.json, report.html and traces; print the report."""
     from .diagnosis import command_line, diagnose
@@ -244,6 +250,9 @@ def diagnose_model(
     if sweep == [] and context_sweep not in ("none", ""):
         raise BubblescopeError(f"--context-sweep: no context lengths in {context_sweep!r}; 'none' for none")
     seed = _seed(seed, recorded=True)
+    if tp > 1 and weights not in (None, "bf16"):
+        raise BubblescopeError(f"--weights {weights}: the tensor-parallel reference (--tp {tp}) runs unquantized "
+                               "weights only; leave --weights out or use bf16")
     if tp > 1:
         from .tplaunch import launch_tp, tp_options
 
@@ -258,7 +267,7 @@ def diagnose_model(
     results = diagnose(model, checkpoint=checkpoint, engines=names, prompt_len=prompt_len, gen_len=gen_len,
                        runs=runs, warmup=warmup, context_sweep=sweep, dtype=dtype, device=device, out=out,
                        profile_steps=profile_steps, seed=seed, progress=fmt == "text", command=command_line(),
-                       tuning=tuning, counters=counters, prefill=prefill)
+                       tuning=tuning, counters=counters, prefill=prefill, weights=weights)
     if fmt == "json":
         sys.stdout.write(results.to_json())
     else:

@@ -76,19 +76,22 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
                   tokenizer: str | None = None, prompt: str = "", prompt_ids: list[int] | None = None,
                   max_new_tokens: int = 128, engine: str = "reference", mode: str = "eager",
                   device: str | None = None, dtype: str | None = None, tuning: Tuning | None = None,
-                  prefill: str | None = None, out: TextIO, say: Callable[[str], None]) -> GenerationResult:
+                  prefill: str | None = None, weights: str | None = None, out: TextIO,
+                  say: Callable[[str], None]) -> GenerationResult:
     """Generate ``max_new_tokens`` tokens after the prompt with engine ``engine`` (``mode``: the reference
     engine's eager, cudagraph or compile) and ``sampling``; the text, prompt included as llama2.c prints it, goes
     to ``out`` as it is produced (token ids separated by spaces without a tokenizer), and every other line to
     ``say``: warnings (``warning: ...``), the tuned pick, the engine's fallback notes, and the last line, which
     names the engine, the device and the weights with TTFT (ms) and the decode speed (ms/token, tok/s). A
     compiling engine (any but the eager reference and ``hf``) first runs 2 untimed decode steps, so graph capture
-    and compilation stay out of the timing. ``dtype`` None: bfloat16 on a GPU, float32 on a CPU.
+    and compilation stay out of the timing. ``dtype`` None: bfloat16 on a GPU, float32 on a CPU. ``weights``:
+    ``bf16``, ``fp8`` or ``fp8-all`` (``--weights``, :func:`~bubblescope.models.load_model`'s ``weight_format``;
+    None: the checkpoint's own form).
 
     Raises:
         BubblescopeError: ``prompt`` and ``prompt_ids`` both given, a prompt that is not valid UTF-8, a bad
             ``mode`` (:func:`engine_name`), an engine the device rules out or a bad ``prefill`` (both before the
-            model loads), a bad model, device or dtype, a prompt the model cannot take
+            model loads), a bad model, device, dtype or weight format, a prompt the model cannot take
             (:func:`prompt_token_ids`), a prompt plus new tokens beyond the model's positions.
     """
     import torch
@@ -97,6 +100,7 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
     from .fallback import describe
     from .generation import generate
     from .models import load_model, resolve_device, run_dtype
+    from .models.quant import parse_weight_format
     from .tuned import describe_pick, engine_params
 
     for warning in sampling.unused():
@@ -110,12 +114,13 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
     dev = resolve_device(device)
     prepare_triton(dev)
     tdtype = run_dtype(dtype, dev)
+    parse_weight_format(weights)  # before the model loads
     name = engine_name(engine, mode)
     if why := unavailable_before_load(name, dev):  # said before the model loads, naming the option that chose it
         raise BubblescopeError(f"--mode {mode}: {why}" if name != engine else f"--engine {engine}: {why}")
     check_prefill(prefill, name)
     loaded = load_model(model, checkpoint=checkpoint, tokenizer=tokenizer, device=dev, dtype=tdtype,
-                        seed=sampling.seed)
+                        seed=sampling.seed, weight_format=weights)
     cfg = loaded.config
     for warning in loaded.warnings + ([tuning.check_model(cfg)] if tuning is not None else []):
         if warning:
@@ -155,6 +160,8 @@ def summary_line(res: GenerationResult, engine: str, where: str, loaded, max_new
     cfg = loaded.config
     n = len(res.token_ms)
     weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
+    if (fmt := loaded.weights.weight_format) != "bf16":
+        weights += f" in {fmt}"
     if n:
         speed = f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
     elif max_new_tokens == 1:  # the one token comes from the prompt's forward pass (TTFT)

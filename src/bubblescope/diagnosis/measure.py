@@ -133,9 +133,9 @@ def measure_engine(name: str, entry: dict, plan: RunPlan, bench: Bench, doc: dic
         e2e.append(res.total_ms)
     entry["latency"] = latency_stats(token_ms, ttft, [s for s in shares if s is not None], e2e)
 
-    dtype_bytes = loaded.weights.dtype.itemsize
+    dtype_bytes, fmt = loaded.weights.dtype.itemsize, loaded.weights.weight_format
     mean_ctx = len(prompt) + work.gen_len // 2
-    traffic = step_traffic(cfg, dtype_bytes, mean_ctx)
+    traffic = step_traffic(cfg, dtype_bytes, mean_ctx, weights=fmt)
     dev_doc = doc["device"]
     bw = bandwidth(traffic["total_bytes"], entry["latency"]["token_ms_p50"],
                    dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
@@ -156,22 +156,24 @@ def measure_engine(name: str, entry: dict, plan: RunPlan, bench: Bench, doc: dic
 
     for c in work.context_sweep:
         say(f"{name}: context {c}")
-        entry["sweep"].append(sweep_point(engine, cfg, c, dtype_bytes, dev_doc, work.seed))
+        entry["sweep"].append(sweep_point(engine, cfg, c, dtype_bytes, dev_doc, work.seed, fmt))
     del engine
 
 
-def sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, seed: int) -> dict:
+def sweep_point(engine, cfg, context: int, dtype_bytes: int, dev_doc: dict, seed: int,
+                weights: str = "bf16") -> dict:
     """Median decode-step time (ms, host wall, token on the host) at ``context`` positions of KV cache, and
     ``ttft_ms``: the time to first token of that generation (the prefill of a ``context``-token prompt, ms).
     ``dtype_bytes``: bytes per weight and KV element; ``dev_doc``: results.json's ``device`` (its NVML peak and
-    copy bandwidth, GB/s, for ``util_peak``); the prompt is seeded by ``seed + context``."""
+    copy bandwidth, GB/s, for ``util_peak``); the prompt is seeded by ``seed + context``; ``weights``: the weight
+    format the bytes are counted in (``profiler.traffic.step_traffic``)."""
     from ..profiler.traffic import bandwidth, step_traffic
 
     gen = torch.Generator().manual_seed(seed + context)
     prompt = random_ids(cfg.vocab_size, context, gen)
     res = generate(engine, prompt, SWEEP_STEPS + 1, eos_ids=())
     p50 = percentile(res.token_ms, 50)
-    traffic = step_traffic(cfg, dtype_bytes, context + SWEEP_STEPS // 2)
+    traffic = step_traffic(cfg, dtype_bytes, context + SWEEP_STEPS // 2, weights=weights)
     bw = bandwidth(traffic["total_bytes"], p50, dev_doc["nvml_peak_GBps"], dev_doc["copy_GBps"])
     return {"context": context, "token_ms_p50": p50, "ttft_ms": res.ttft_ms,
             "bytes_per_step": traffic["total_bytes"],

@@ -83,7 +83,7 @@ class RunPlan:
     reason for those known not to run here (listed as skipped, never built). ``tuning`` is the file ``tuning_path``
     read (None without one). ``out``: the output folder, written only when ``write``. ``counters``: read each ok
     engine's hardware counters after the run; ``command``: the command line the results record (None: a library
-    call).
+    call). ``weights``: the weight format asked for (``bf16``, ``fp8``, ``fp8-all``; None: the checkpoint's own).
     """
 
     model: str
@@ -100,6 +100,7 @@ class RunPlan:
     tuning: Tuning | None = None
     counters: bool = False
     command: str | None = None
+    weights: str | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -189,18 +190,19 @@ def plan_run(model: str | None = None, checkpoint: str | None = None, engines: l
              context_sweep: list[int] | None = None, dtype: str | None = None, device: str | None = None,
              out: str | Path = "bubblescope-out", profile_steps: int = 8, seed: int = 0,
              command: str | None = None, write: bool = True, tuning: str | Path | None = None,
-             counters: bool = False, prefill: str | None = None) -> RunPlan:
+             counters: bool = False, prefill: str | None = None, weights: str | None = None) -> RunPlan:
     """The :class:`RunPlan` of :func:`bubblescope.diagnose`'s options (the same names and defaults), checked in
-    the order a user meets them: the tuned file, the device, the engine names, the prefill mode, the workload
-    sizes, the output folder, the engines the device rules out, then the dtype. Chooses Triton's interpreter on
+    the order a user meets them: the tuned file, the device, the engine names, the prefill mode, the weight format,
+    the workload sizes, the output folder, the engines the device rules out, then the dtype. Chooses Triton's interpreter on
     a CPU device (:func:`~bubblescope.engines.prepare_triton`) before anything imports Triton.
 
     Raises:
         BubblescopeError: a bad tuned file, device, engine name or prefill mode (``stepwise`` when no engine asked
-            for has a prefill choice); a size below its minimum (:func:`check_workload`) or a context below 1; an
+            for has a prefill choice); an unknown weight format; a size below its minimum (:func:`check_workload`) or a context below 1; an
             ``out`` that cannot be a directory or written into (when ``write``); every engine ruled out by the
             device alone (:func:`nothing_ran`); an unknown dtype.
     """
+    from ..models.quant import parse_weight_format
     from ..tuned import load_tuning
 
     tuned = load_tuning(tuning) if tuning is not None else None
@@ -217,6 +219,7 @@ def plan_run(model: str | None = None, checkpoint: str | None = None, engines: l
     if prefill == "stepwise" and not any(takes_prefill(n) for n in names):  # it would change nothing measured
         raise BubblescopeError(f"--prefill stepwise: none of the engines ({', '.join(names)}) has a prefill choice; "
                                "token-by-token prefill is the megakernel engines' ablation")
+    parse_weight_format(weights)
     prompt_len, gen_len = workload_lengths(prompt_len, gen_len, dev)
     sweep = sorted(set(context_sweep)) if context_sweep is not None else list(DEFAULT_SWEEP[dev.type])
     check_workload(prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup, profile_steps=profile_steps)
@@ -236,4 +239,5 @@ def plan_run(model: str | None = None, checkpoint: str | None = None, engines: l
                    workload=Workload(prompt_len=prompt_len, gen_len=gen_len, runs=runs, warmup=warmup,
                                      context_sweep=tuple(sweep), profile_steps=profile_steps, seed=seed,
                                      prefill=prefill),
-                   out=Path(out), write=write, tuning_path=tuning, tuning=tuned, counters=counters, command=command)
+                   out=Path(out), write=write, tuning_path=tuning, tuning=tuned, counters=counters, command=command,
+                   weights=weights)

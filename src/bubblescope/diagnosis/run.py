@@ -24,7 +24,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
              context_sweep: list[int] | None = None, dtype: str | None = None, device: str | None = None,
              out: str | Path = "bubblescope-out", profile_steps: int = 8, seed: int = 0,
              progress: bool = False, command: str | None = None, write: bool = True, tuning: str | None = None,
-             counters: bool = False, prefill: str | None = None):
+             counters: bool = False, prefill: str | None = None, weights: str | None = None):
     """Measure ``model`` on each engine and return a :class:`~bubblescope.reports.results.Results`.
 
     Defaults (:mod:`~bubblescope.diagnosis.plan`): on a GPU, ``llama-3.2-1b`` with dummy bfloat16 weights, prompt
@@ -40,6 +40,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     ``prefill``: the megakernel engines' prefill, ``batched`` (None: the default) or ``stepwise`` (one decode
     launch per prompt token, the ablation); recorded as ``workload.prefill``; other engines prefill in one forward.
     ``progress``: a progress bar on stderr; ``command``: the command line recorded as the results' provenance.
+    ``weights``: ``bf16``, ``fp8`` or ``fp8-all`` (``--weights``; None: the checkpoint's own form), recorded as
+    ``model.weights``; bytes per step and bandwidth count the FP8 bytes (``profiler.traffic``).
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
@@ -54,9 +56,10 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     plan = plan_run(model, checkpoint=checkpoint, engines=engines, prompt_len=prompt_len, gen_len=gen_len,
                     runs=runs, warmup=warmup, context_sweep=context_sweep, dtype=dtype, device=device, out=out,
                     profile_steps=profile_steps, seed=seed, command=command, write=write, tuning=tuning,
-                    counters=counters, prefill=prefill)
+                    counters=counters, prefill=prefill, weights=weights)
     work = plan.workload
-    loaded = load_model(plan.model, checkpoint=plan.checkpoint, device=plan.device, dtype=plan.dtype, seed=work.seed)
+    loaded = load_model(plan.model, checkpoint=plan.checkpoint, device=plan.device, dtype=plan.dtype, seed=work.seed,
+                        weight_format=plan.weights)
     cfg = loaded.config
     names, auto = resolve_auto(list(plan.engines), loaded.weights)
     # the trace's warm-up steps (3 unprofiled, PROFILE_WARMUP_STEPS profiled) fit in the generated length

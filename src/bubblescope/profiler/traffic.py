@@ -13,16 +13,29 @@ gpt-fast's ``_get_model_size`` counts the same way, leaving the embedding table 
   elements, and written for the one new position, ``2 × layers × kv_heads × head_dim``.
 
 Activations (a few KB per step) are left out. Units: bytes; GB/s means 10^9 bytes per second.
+
+FP8 weights (``weights="fp8"``: :mod:`bubblescope.models.quant`): each projection is 1 byte per element plus a
+float32 scale per output row (4 bytes × out_features); ``fp8-all`` counts the LM head so too. The embedding row,
+the norms and the biases stay in ``dtype_bytes``.
 """
 
 from __future__ import annotations
 
 from ..errors import BubblescopeError
 
+WEIGHT_FORMATS = ("bf16", "fp8", "fp8-all")   # models.quant.WEIGHT_FORMATS, without importing torch
+FP8_BYTES, SCALE_BYTES = 1, 4                 # an e4m3 weight; a float32 scale per output row
+
 
 def _check_int(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise BubblescopeError(f"step traffic: {name} must be an integer >= {low}, got {value!r}")
+
+
+def _out_rows(cfg) -> dict[str, int]:
+    """Output rows of each projection (one FP8 scale each)."""
+    h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    return {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": h, "gate_proj": i, "up_proj": i, "down_proj": h}
 
 
 def _layer_elements(cfg) -> dict[str, int]:
@@ -41,8 +54,11 @@ def _layer_elements(cfg) -> dict[str, int]:
     return n
 
 
-def _rows(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None) -> list[tuple[str, str, int, int]]:
+def _rows(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None,
+          weights: str = "bf16") -> list[tuple[str, str, int, int]]:
     """(component, kind, elements, bytes) for everything one decode step moves."""
+    if weights not in WEIGHT_FORMATS:
+        raise BubblescopeError(f"step traffic: weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
     _check_int("dtype_bytes", dtype_bytes, 1)
     _check_int("context", context, 0)
     kvb = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
@@ -53,17 +69,27 @@ def _rows(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None) -> li
     layers, h = cfg.num_hidden_layers, cfg.hidden_size
     kv_per_position = 2 * layers * cfg.kv_size  # K and V, every layer
     rows = [("embedding (one row)", "weight", h, h * dtype_bytes)]
+    out_rows = _out_rows(cfg) if weights != "bf16" else {}
     for name, n in _layer_elements(cfg).items():
-        rows.append((f"layers.{name}", "weight", layers * n, layers * n * dtype_bytes))
+        if name in out_rows:  # FP8 data, then the row scales
+            rows.append((f"layers.{name}", "weight", layers * n, layers * n * FP8_BYTES))
+            rows.append((f"layers.{name}.scale", "weight", layers * out_rows[name],
+                         layers * out_rows[name] * SCALE_BYTES))
+        else:
+            rows.append((f"layers.{name}", "weight", layers * n, layers * n * dtype_bytes))
     rows.append(("norm", "weight", h, h * dtype_bytes))
     v = cfg.vocab_size * h
-    rows.append(("lm_head", "weight", v, v * dtype_bytes))
+    if weights == "fp8-all":
+        rows.append(("lm_head", "weight", v, v * FP8_BYTES))
+        rows.append(("lm_head.scale", "weight", cfg.vocab_size, cfg.vocab_size * SCALE_BYTES))
+    else:
+        rows.append(("lm_head", "weight", v, v * dtype_bytes))
     rows.append(("kv_cache read", "kv_read", kv_per_position * context, kv_per_position * context * kvb))
     rows.append(("kv_cache write", "kv_write", kv_per_position, kv_per_position * kvb))
     return rows
 
 
-def step_traffic(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None = None) -> dict:
+def step_traffic(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None = None, weights: str = "bf16") -> dict:
     """Bytes one decode step must move between HBM and the SMs (``bytes_per_step``, docs/design.md).
 
     ``weight_bytes`` = (hidden_size [embedding row] + layers × per-layer weights + hidden_size [final
@@ -74,16 +100,18 @@ def step_traffic(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None
 
     Args:
         cfg: a :class:`~bubblescope.models.config.ModelConfig`.
-        dtype_bytes: bytes per weight element (2 for bf16/fp16, 4 for fp32).
+        dtype_bytes: bytes per weight element (2 for bf16/fp16, 4 for fp32) of the unquantized weights.
         context: KV-cache positions the step's attention reads (including the new token's if the engine
             attends to it from the cache).
         kv_dtype_bytes: bytes per KV-cache element; default ``dtype_bytes``.
+        weights: ``bf16`` (no quantization), ``fp8`` (projections 1 byte + 4 per output row) or ``fp8-all``
+            (the LM head too; ``lm_head_bytes`` then includes its scales): the module docstring.
 
     Raises:
-        BubblescopeError: a byte size < 1, a negative context, or a context beyond
-            ``cfg.max_position_embeddings``.
+        BubblescopeError: a byte size < 1, a negative context, a context beyond ``cfg.max_position_embeddings``,
+            or an unknown ``weights``.
     """
-    rows = _rows(cfg, dtype_bytes, context, kv_dtype_bytes)
+    rows = _rows(cfg, dtype_bytes, context, kv_dtype_bytes, weights)
     by_kind = {"weight": 0, "kv_read": 0, "kv_write": 0}
     for _, kind, _, nbytes in rows:
         by_kind[kind] += nbytes
@@ -94,22 +122,23 @@ def step_traffic(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None
         "kv_write_bytes": by_kind["kv_write"],
         "total_bytes": sum(by_kind.values()),
         "embedding_bytes": named["embedding (one row)"],
-        "lm_head_bytes": named["lm_head"],
+        "lm_head_bytes": named["lm_head"] + named.get("lm_head.scale", 0),
     }
 
 
-def traffic_table(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None = None):
+def traffic_table(cfg, dtype_bytes: int, context: int, kv_dtype_bytes: int | None = None, weights: str = "bf16"):
     """The same count as :func:`step_traffic`, one row per tensor group, as a DataFrame.
 
-    Columns: ``component`` (e.g. ``layers.q_proj``, summed over layers), ``kind`` (``weight``,
-    ``kv_read``, ``kv_write``), ``elements``, ``bytes``, ``share_pct`` (of the step's total bytes).
+    Columns: ``component`` (e.g. ``layers.q_proj``, summed over layers; with FP8 weights also
+    ``layers.q_proj.scale``, its row scales), ``kind`` (``weight``, ``kv_read``, ``kv_write``), ``elements``,
+    ``bytes``, ``share_pct`` (of the step's total bytes).
 
     Raises:
         BubblescopeError: as :func:`step_traffic`.
     """
     import pandas as pd
 
-    df = pd.DataFrame(_rows(cfg, dtype_bytes, context, kv_dtype_bytes),
+    df = pd.DataFrame(_rows(cfg, dtype_bytes, context, kv_dtype_bytes, weights),
                       columns=["component", "kind", "elements", "bytes"])
     df["share_pct"] = 100.0 * df["bytes"] / df["bytes"].sum()
     return df
