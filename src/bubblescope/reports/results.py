@@ -108,7 +108,7 @@ _DOCUMENT = {
                "max_mem_clock_MHz?": "pos", "bus_width_bits?": "int", "notes": "list[str]",
                "threads??": {"torch_threads?": "int", "omp_num_threads?": "str", "cpu_count?": "int"}},
     "model": {"name": "str", "source": ("dummy", "hf", "llama2c"), "path?": "str", "parameters?": "int",
-              "weight_bytes?": "int", "dtype": "str", "config?": "dict"},
+              "weight_bytes?": "int", "dtype": "str", "weights??": ("bf16", "fp8", "fp8-all"), "config?": "dict"},
     "workload": {"prompt_len": "int", "gen_len": "int", "runs": "int", "warmup": "int",
                  "context_sweep": "list[int]", "seed?": "int", "prefill??": ("batched", "stepwise")},
     "engines": [_ENGINE],

@@ -139,8 +139,13 @@ def device_line(doc: dict) -> str:
     return f"GPU: {dev.get('name')} — " + ", ".join(p for p in parts if p)
 
 
+# model.weights, in words (absent or bf16: nothing to add)
+WEIGHTS_SHOWN = {"fp8": "projections in FP8 e4m3 (--weights fp8)",
+                 "fp8-all": "projections and LM head in FP8 e4m3 (--weights fp8-all)"}
+
+
 def model_line(doc: dict) -> str:
-    """Model name, source, parameter count, weight bytes and dtype."""
+    """Model name, source, parameter count, weight bytes, dtype and FP8 weights (``model.weights``)."""
     m = doc.get("model") or {}
     params = m.get("parameters")
     if params is None:
@@ -148,7 +153,8 @@ def model_line(doc: dict) -> str:
     else:
         shown = f"{params / 1e9:.2f} B parameters" if params >= 1e9 else f"{params / 1e6:.3g} M parameters"
     return (f"{m.get('name')} ({m.get('source')}{', ' + m['path'] if m.get('path') else ''}) — {shown}, "
-            f"weights {fmt(m.get('weight_bytes'), 'bytes')}, {m.get('dtype')}")
+            f"weights {fmt(m.get('weight_bytes'), 'bytes')}, {m.get('dtype')}"
+            + (f", {WEIGHTS_SHOWN[m['weights']]}" if m.get("weights") in WEIGHTS_SHOWN else ""))
 
 
 def _count(n, noun: str) -> str:
