@@ -466,6 +466,9 @@ def report(
     html: Optional[str] = typer.Option(None, parser=_as_typed, help="Also write the HTML report here (not over "
                                        "RESULTS.json)."),
     fmt: str = typer.Option("text", "--format", help="text (rich) or json."),
+    bf16: Optional[str] = typer.Option(None, "--bf16", parser=_as_typed, help="The results.json of the same "
+                                       "diagnose model run with --weights bf16: its timings join an FP8 "
+                                       "RESULTS.json's quantization table (speed-up per engine)."),
 ):
     """Re-render a results.json (terminal and/or HTML) without measuring anything; the findings and the ladder
     are derived again from its numbers."""
@@ -474,6 +477,7 @@ def report(
     if fmt not in ("text", "json"):  # before anything is written
         raise BubblescopeError(f"--format: unknown format {fmt!r}; use text or json")
     results_path = _file(results_path, "RESULTS.json", "a results.json of `diagnose model`", required=True)
+    bf16 = _file(bf16, "--bf16", "the results.json of a diagnose model run with --weights bf16")
     html = _file(html, "--html", "the HTML file to write", write=True)
     if html is not None and html.exists() and results_path.exists() and html.resolve() == results_path.resolve():
         raise BubblescopeError(f"--html {html}: is the input results file; choose another path")
@@ -482,6 +486,11 @@ def report(
     # An empty engine list is a valid document (the schema allows it): rendered as such, never refused.
     results = load_results(results_path)
     rederive(results.doc)  # findings and ladder from the document's numbers, by this version's rules
+    if bf16 is not None:  # the quantization ablation across the two runs
+        from .reports.quantization import check_pair, quantization_rows
+        baseline = load_results(bf16).doc
+        check_pair(results.doc, baseline)
+        results.doc["quantization"] = quantization_rows(results.doc, baseline)
     if html is not None:
         from .reports.html import write_html
         write_html(results, html, "--html")

@@ -63,30 +63,43 @@ def logit_agreement(got, ref) -> dict:
             "rel_logit_err": finite(rel)}
 
 
-def oracle(plan: RunPlan, bench: Bench) -> dict:
-    """The tokens every engine is teacher-forced with (``forced``), the reference engine's logits (``logits``,
-    float32 (steps + 1, V) on the CPU), the fp32 reference's on the same tokens (``fp32``; None with
-    ``fp32_reason`` when it could not run) and the run-dtype reference's own fidelity against it
-    (``ref_fidelity``, :func:`bubblescope.fidelity.fidelity`); steps = min(:data:`CORRECTNESS_STEPS`, gen_len).
+def _forced(plan: RunPlan, bench: Bench, ref) -> list[int]:
+    """The tokens every engine is teacher-forced with: min(:data:`CORRECTNESS_STEPS`, gen_len) of them; real
+    weights: the reference ``ref``'s own greedy continuation (realistic text); dummy weights: seeded random ids,
+    because random tied embeddings make greedy decoding repeat one token, which every engine would "agree" on
+    trivially."""
+    loaded, work = bench.loaded, plan.workload
+    steps = min(CORRECTNESS_STEPS, work.gen_len)
+    if loaded.source == "dummy":
+        return random_ids(loaded.config.vocab_size, steps, torch.Generator().manual_seed(work.seed + 1))
+    return generate(ref, bench.prompt, steps + 1, eos_ids=()).tokens[:steps]
 
-    Real weights: the reference's own greedy continuation (realistic text). Dummy weights: seeded random
-    ids, because random tied embeddings make greedy decoding repeat one token, which every engine would
-    "agree" on trivially.
+
+def unquantized_oracle(plan: RunPlan, bench: Bench, weights) -> dict:
+    """The model before quantization (``weights``, :class:`~bubblescope.models.weights.ModelWeights`) on the run's
+    forced tokens (:func:`_forced`, real weights: this model's own greedy continuation): ``{"forced", "logits"}``,
+    the eager reference engine's teacher-forced logits, float32 (steps + 1, V) on the CPU."""
+    ref = build_engine("reference", weights, bench.max_seq)
+    forced = _forced(plan, bench, ref)
+    return {"forced": forced, "logits": teacher_forced_logits(ref, bench.prompt, forced)}
+
+
+def oracle(plan: RunPlan, bench: Bench, prior: dict | None = None) -> dict:
+    """The tokens every engine is teacher-forced with (``forced``: :func:`_forced`, or ``prior``'s), the reference
+    engine's logits (``logits``, float32 (steps + 1, V) on the CPU), the fp32 reference's on the same tokens
+    (``fp32``; None with ``fp32_reason`` when it could not run), the run-dtype reference's own fidelity against it
+    (``ref_fidelity``, :func:`bubblescope.fidelity.fidelity`) and ``unquantized``: ``prior``'s logits of the
+    model before quantization (:func:`unquantized_oracle`; None without one).
     """
     from ..fidelity import fp32_oracle
 
-    loaded, work = bench.loaded, plan.workload
+    loaded = bench.loaded
     ref = build_engine("reference", loaded.weights, bench.max_seq)
-    steps = min(CORRECTNESS_STEPS, work.gen_len)
-    if loaded.source == "dummy":
-        gen = torch.Generator().manual_seed(work.seed + 1)
-        forced = random_ids(loaded.config.vocab_size, steps, gen)
-    else:
-        forced = generate(ref, bench.prompt, steps + 1, eos_ids=()).tokens[:steps]
+    forced = prior["forced"] if prior is not None else _forced(plan, bench, ref)
     logits = teacher_forced_logits(ref, bench.prompt, forced)
     del ref
     # the same tokens through the reference in float32: the bar of each engine's KL and NLL
-    return {"forced": forced, "logits": logits,
+    return {"forced": forced, "logits": logits, "unquantized": prior["logits"] if prior is not None else None,
             **fp32_oracle(loaded.weights, bench.prompt, forced, bench.max_seq, logits)}
 
 
@@ -148,6 +161,8 @@ def measure_engine(name: str, entry: dict, plan: RunPlan, bench: Bench, doc: dic
     ref = truth["logits"]
     entry["correctness"] = {"reference": "reference", "steps": int(ref.shape[0]), **logit_agreement(got, ref),
                             **fidelity_entry(got, truth["forced"], truth)}
+    if truth.get("unquantized") is not None:  # the quantization's cost, on the same tokens
+        entry["correctness"]["vs_unquantized"] = logit_agreement(got, truth["unquantized"])
 
     say(f"{name}: profiling")
     profile_engine(name, engine, entry, plan, bench)

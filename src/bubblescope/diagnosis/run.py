@@ -15,7 +15,7 @@ from ..generation import random_ids
 from ..models import load_model
 from ..outdir import RunFolder
 from .document import new_document
-from .measure import measure_engine, oracle
+from .measure import measure_engine, oracle, unquantized_oracle
 from .plan import Bench, RunPlan, check_positions, nothing_ran, plan_run
 
 
@@ -41,7 +41,9 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     launch per prompt token, the ablation); recorded as ``workload.prefill``; other engines prefill in one forward.
     ``progress``: a progress bar on stderr; ``command``: the command line recorded as the results' provenance.
     ``weights``: ``bf16``, ``fp8`` or ``fp8-all`` (``--weights``; None: the checkpoint's own form), recorded as
-    ``model.weights``; bytes per step and bandwidth count the FP8 bytes (``profiler.traffic``).
+    ``model.weights``; bytes per step and bandwidth count the FP8 bytes (``profiler.traffic``). Weights quantized
+    here are also compared with the model before quantization: each engine's ``correctness.vs_unquantized``
+    (:func:`~.measure.unquantized_oracle`).
 
     Raises:
         BubblescopeError: bad options (unknown engine/model/dtype/device, non-positive lengths, a context
@@ -58,8 +60,7 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
                     profile_steps=profile_steps, seed=seed, command=command, write=write, tuning=tuning,
                     counters=counters, prefill=prefill, weights=weights)
     work = plan.workload
-    loaded = load_model(plan.model, checkpoint=plan.checkpoint, device=plan.device, dtype=plan.dtype, seed=work.seed,
-                        weight_format=plan.weights)
+    loaded, unquantized = load_in_format(plan)
     cfg = loaded.config
     names, auto = resolve_auto(list(plan.engines), loaded.weights)
     # the trace's warm-up steps (3 unprofiled, PROFILE_WARMUP_STEPS profiled) fit in the generated length
@@ -76,7 +77,11 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     created = plan.write and not plan.out.exists()
     with (RunFolder(plan.out) if plan.write else nullcontext()) as stage:
         bench = Bench(loaded=loaded, prompt=prompt, max_seq=max_seq, traces=stage.stage if plan.write else None)
-        results = run_engines(plan, bench, doc, names, auto, progress)
+        # the unquantized model's logits on the tokens every engine is forced with; its weights freed at once
+        prior = unquantized_oracle(plan, bench, unquantized) if unquantized is not None else None
+        del unquantized
+        _free(plan.device)
+        results = run_engines(plan, bench, doc, names, auto, progress, prior)
         # nothing measured: nothing published, so the previous run's results stay (the staging folder goes
         # with the block)
         nothing = nothing_ran(doc["engines"]) if all(e["status"] == "skipped" for e in doc["engines"]) else None
@@ -96,13 +101,28 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     return results
 
 
+def load_in_format(plan: RunPlan):
+    """``(loaded, unquantized)``: the model of ``plan`` in its weight format (:func:`~bubblescope.models.load_model`),
+    and the weights before quantization when ``fp8`` / ``fp8-all`` quantized them here (None otherwise: no
+    quantization, or a checkpoint stored in FP8)."""
+    work = plan.workload
+    fp8 = plan.weights in ("fp8", "fp8-all")
+    loaded = load_model(plan.model, checkpoint=plan.checkpoint, device=plan.device, dtype=plan.dtype, seed=work.seed,
+                        weight_format=None if fp8 else plan.weights)
+    if not fp8:
+        return loaded, None
+    unquantized = loaded.weights if loaded.weights.weight_format == "bf16" else None
+    loaded.weights = loaded.weights.as_format(plan.weights)
+    return loaded, unquantized
+
+
 def run_engines(plan: RunPlan, bench: Bench, doc: dict, names: list[str], auto: dict | None = None,
-                progress: bool = False):
+                progress: bool = False, prior: dict | None = None):
     """Measure each engine of ``names`` (``auto`` resolved, :func:`resolve_auto`) into ``doc["engines"]``, one
     entry each (``ok``, ``skipped`` with the reason, or ``failed`` with its one-line error), read the hardware
     counters when ``plan.counters``, add the findings and the ladder, and return the
     :class:`~bubblescope.reports.results.Results`. ``auto``: what ``--engines auto`` chose (its failure adds the
-    reference as the fallback).
+    reference as the fallback); ``prior``: :func:`~.measure.unquantized_oracle`'s tokens and logits, or None.
 
     Raises:
         OutputNotWritten: a trace could not be written (the disk, not the engine: the run stops).
@@ -129,7 +149,7 @@ def run_engines(plan: RunPlan, bench: Bench, doc: dict, names: list[str], auto: 
                 if name in plan.skips:
                     raise EngineUnavailable(plan.skips[name])
                 if truth is None:
-                    truth = oracle(plan, bench)
+                    truth = oracle(plan, bench, prior)
                     if truth["fp32_reason"]:
                         notes.append(f"numerical fidelity against fp32 not measured: {truth['fp32_reason']}")
                 measure_engine(name, entry, plan, bench, doc, truth, bar.update)

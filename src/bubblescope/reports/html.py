@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BubblescopeError
-from . import counters_table, sweep_table, tables
+from . import counters_table, quantization, sweep_table, tables
 from .kernel_names import short_kernel_name
 from .results import Results, atomic_write_text, dig, ordered
 
@@ -159,6 +159,16 @@ def _ladder(doc: dict) -> dict:
             "note": tables.ladder_note(doc), "fidelity_note": tables.fidelity_note(doc)}
 
 
+def _quantization(doc: dict) -> dict | None:
+    """The quantization ablation's table (:mod:`.quantization`), or None for a run without FP8 weights."""
+    rows = doc.get("quantization") or quantization.quantization_rows(doc)
+    if not rows:
+        return None
+    return {"title": quantization.title(doc), "headers": [_header(h) for h, _, _ in quantization.COLUMNS],
+            "rows": quantization.formatted_rows(rows), "note": quantization.NOTE,
+            "missing": quantization.missing_note(rows)}
+
+
 def _context(doc: dict) -> dict:
     from . import plots
 
@@ -189,6 +199,7 @@ def _context(doc: dict) -> dict:
                   "latency": png_uri(plots.latency_figure(ok)),
                   "sweep": png_uri(plots.sweep_figure(ok, device))},
         "sweep_headers": list(sweep_table.HEADERS), "sweep_rows": sweep_table.sweep_rows(doc),
+        "quantization": _quantization(doc),
         "counters": _counters(doc.get("counters")),
         "kernel_tables": _kernel_tables(ok),
         "intrakernel": _intrakernel(ok, device),

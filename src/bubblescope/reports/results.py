@@ -83,7 +83,8 @@ _COMPILE = {"registers?": "int", "spills?": "int", "shared_bytes?": "int", "num_
 _CORRECTNESS = {"reference?": "str", "steps?": "int", "token_agreement?": "frac",
                 "max_abs_logit_diff?": "num", "rel_logit_err?": "num",
                 "kl_vs_fp32??": "num", "nll??": "num", "nll_fp32??": "num", "ref_kl_vs_fp32??": "num",
-                "ref_nll??": "num", "fidelity_matched??": "bool"}
+                "ref_nll??": "num", "fidelity_matched??": "bool",
+                "vs_unquantized??": {"token_agreement": "frac", "max_abs_logit_diff?": "num", "rel_logit_err?": "num"}}
 _SWEEP_ROW = {"context": "int", "token_ms_p50?": "pos", "ttft_ms??": "pos", "bytes_per_step?": "pos",
               "kv_bytes_per_step?": "num", "effective_GBps?": "pos", "util_peak?": "num"}
 _ENGINE = {

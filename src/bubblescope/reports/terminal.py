@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from . import tables
+from . import quantization, tables
 from .counters_table import counters_renderable
 from .layout import Wrapped
 from .results import Results, ordered
@@ -33,6 +33,29 @@ def _engine_table(doc: dict, title: str, columns) -> Group:
     for eng, row in zip(ordered(doc.get("engines") or []), tables.headline_rows(doc, columns)):
         table.add_row(*map(Text, row), style=None if eng.get("status") == "ok" else "dim")
     return Group(Text(title, style="table.title"), table)
+
+
+def _quantization(doc: dict, console: Console) -> None:
+    """The quantization ablation of an FP8 run (``doc["quantization"]``, from ``report --bf16``, else the FP8 run's
+    own rows: accuracy without the bf16 timings)."""
+    rows = doc.get("quantization") or quantization.quantization_rows(doc)
+    if not rows:
+        return
+    cells = quantization.formatted_rows(rows)
+    # columns nobody measured (% peak on a CPU, bf16 timings without --bf16) left out, and named
+    keep = [i for i in range(len(quantization.COLUMNS)) if i == 0 or any(r[i] != tables.MISSING for r in cells)]
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    for i in keep:
+        header, _, kind = quantization.COLUMNS[i]
+        table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*(Text(row[i]) for i in keep))
+    dropped = [quantization.COLUMNS[i][0].replace("\n", " ") for i in range(len(cells[0])) if i not in keep]
+    console.print(Group(Text(quantization.title(doc), style="table.title"), table))
+    console.print(Wrapped(Text(quantization.NOTE + (f"; not measured: {', '.join(dropped)}" if dropped else ""),
+                               style="dim")))
+    if note := quantization.missing_note(rows):
+        console.print(Wrapped(Text(note, style="dim")))
 
 
 def _ladder(doc: dict, console: Console) -> None:
@@ -126,6 +149,7 @@ def render_results(results: Results | dict, console: Console) -> None:
     console.print(Wrapped(Text(tables.BUBBLE_NOTE, style="dim")))
     console.print(Wrapped(Text(tables.SYNC_NOTE, style="dim")))
     _ladder(doc, console)
+    _quantization(doc, console)
     sweep = sweep_renderable(doc)
     if sweep is not None:
         console.print(sweep)
