@@ -130,3 +130,16 @@ def test_diagnose_records_the_fp8_bytes_and_the_cost_against_the_unquantized_mod
     assert got["rel_logit_err"] == pytest.approx(((a - b).norm(dim=-1) / a.norm(dim=-1)).max().item(), rel=1e-5)
     assert 0 < got["rel_logit_err"] < 0.2
     assert eng["correctness"]["token_agreement"] == 1.0        # against the reference over the same FP8 weights
+
+
+def test_counters_profile_the_fp8_kernels_of_an_fp8_run():
+    from bubblescope.counters import collect_counters, generate_argv
+
+    assert generate_argv("m", "reference-fused", "cuda:0", "bfloat16", 0, weights="fp8")[-2:] == ["--weights", "fp8"]
+    assert "--weights" not in generate_argv("m", "reference-fused", "cuda:0", "bfloat16", 0)
+    seen = []
+    doc = {"device": {"type": "cuda"}, "model": {"weights": "fp8-all"},
+           "engines": [{"name": "reference-fused", "status": "ok", "timeline": {"kernels_per_step": 12}}]}
+    collect_counters(doc, "m", "cuda:0", "bfloat16", run=lambda argv, **plan: seen.append(argv) or {
+        "available": False, "reason": "x", "command": argv, "kernels": []})
+    assert seen[0][-2:] == ["--weights", "fp8-all"]

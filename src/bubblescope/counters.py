@@ -33,14 +33,17 @@ def launch_plan(entry: dict) -> dict:
 
 
 def generate_argv(model: str, engine: str, device: str, dtype: str, seed: int, checkpoint: str | None = None,
-                  tuning: str | None = None) -> list[str]:
-    """The ``bubblescope generate`` command ncu profiles (this interpreter, this package)."""
+                  tuning: str | None = None, weights: str | None = None) -> list[str]:
+    """The ``bubblescope generate`` command ncu profiles (this interpreter, this package); ``weights``: the run's
+    weight format (``model.weights``), passed as ``--weights`` so FP8 kernels are the ones profiled."""
     argv = [sys.executable, "-m", "bubblescope", "generate", model, "--engine", engine, "--prompt-ids", PROMPT_IDS,
             "--max-new-tokens", str(NEW_TOKENS), "--device", device, "--dtype", dtype, "--seed", str(seed)]
     if checkpoint:
         argv += ["--checkpoint", checkpoint]
     if tuning and engine.startswith("megakernel"):
         argv += ["--tuning", str(tuning)]
+    if weights:
+        argv += ["--weights", weights]
     return argv
 
 
@@ -71,7 +74,8 @@ def collect_counters(doc: dict, model: str, device: str, dtype: str, seed: int =
         if progress:
             progress(f"{entry['name']}: ncu counters")
         plan = launch_plan(entry)
-        res = run(generate_argv(model, entry["name"], device, dtype, seed, checkpoint, tuning), **plan)
+        res = run(generate_argv(model, entry["name"], device, dtype, seed, checkpoint, tuning,
+                                (doc.get("model") or {}).get("weights")), **plan)
         for k in res["kernels"]:
             k["stalls"] = stall_reasons(k["metrics"])
         section["engines"].append({"engine": entry["name"], **plan, **res})
