@@ -23,7 +23,7 @@ from collections import deque
 import torch
 
 from ..errors import BubblescopeError, EngineUnavailable
-from ..models.quant import QuantizedLinear
+from ..models.quant import FP8_DTYPE, QuantizedLinear
 from ..models.weights import ModelWeights
 from ..reference_engine.model import Transformer
 from ..wording import count
@@ -51,6 +51,13 @@ def _fp8(t) -> dict:
 def _mat(t) -> torch.Tensor:
     """The matrix a kernel streams: an FP8 weight's float8_e4m3fn data, or the tensor itself."""
     return t.qweight if isinstance(t, QuantizedLinear) else t
+
+
+def _stack(mats: list[torch.Tensor]) -> torch.Tensor:
+    """Row-stack matrices; FP8 ones through their bytes (uint8), which every device's cat supports."""
+    if mats[0].dtype == FP8_DTYPE:
+        return torch.cat([m.view(torch.uint8) for m in mats]).view(FP8_DTYPE)
+    return torch.cat(mats)
 
 
 def _pow2(n: int) -> int:
@@ -170,7 +177,7 @@ class FusedEngine:
             qk_norm = layer.has_qk_norm
             kc, vc = layer.kv_cache.k_cache, layer.kv_cache.v_cache
             qkv = (layer.q_proj, layer.k_proj, layer.v_proj)
-            w_qkv = torch.cat([_mat(t) for t in qkv])                                  # (Q + 2·KV, H)
+            w_qkv = _stack([_mat(t) for t in qkv])                                     # (Q + 2·KV, H)
             fp8_qkv = (dict(ws_ptr=torch.cat([t.scale for t in qkv]), W_FP8=True)        # (Q + 2·KV,) float32
                        if isinstance(layer.q_proj, QuantizedLinear) else {})
             b_qkv = torch.cat([layer.q_bias, layer.k_bias, layer.v_bias]) if layer.has_bias else w_qkv
