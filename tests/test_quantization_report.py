@@ -118,7 +118,7 @@ def test_diagnose_records_the_fp8_bytes_and_the_cost_against_the_unquantized_mod
     (eng,) = doc["engines"]
     assert eng["bandwidth"]["bytes_per_step"] == step_traffic(cfg, 4, 4 + 3, weights="fp8")["total_bytes"]
     # the same comparison made here: the FP8 reference's teacher-forced logits against the float32 model's, on the
-    # tokens the run forced (seeded random ids for dummy weights: diagnosis._oracle)
+    # tokens the run forced (seeded random ids for dummy weights: diagnosis.measure._forced)
     gen = torch.Generator().manual_seed(0)
     from bubblescope.generation import random_ids
     prompt = random_ids(cfg.vocab_size, 4, gen)

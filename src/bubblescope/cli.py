@@ -487,10 +487,8 @@ def report(
     results = load_results(results_path)
     rederive(results.doc)  # findings and ladder from the document's numbers, by this version's rules
     if bf16 is not None:  # the quantization ablation across the two runs
-        from .reports.quantization import check_pair, quantization_rows
-        baseline = load_results(bf16).doc
-        check_pair(results.doc, baseline)
-        results.doc["quantization"] = quantization_rows(results.doc, baseline)
+        from .reports.quantization import paired_rows
+        results.doc["quantization"] = paired_rows(results.doc, load_results(bf16).doc)
     if html is not None:
         from .reports.html import write_html
         write_html(results, html, "--html")

@@ -81,6 +81,16 @@ def quantization_rows(doc: dict, bf16: dict | None = None) -> list[dict]:
     return rows
 
 
+def paired_rows(doc: dict, bf16: dict) -> list[dict]:
+    """:func:`quantization_rows` of an FP8 run and its bf16 run, the pair checked first (:func:`check_pair`).
+
+    Raises:
+        BubblescopeError: as :func:`check_pair`.
+    """
+    check_pair(doc, bf16)
+    return quantization_rows(doc, bf16)
+
+
 def quantization_table(doc: dict, bf16: dict | None = None):
     """:func:`quantization_rows` as a pandas DataFrame (columns with their units: ``fp8_token_ms_p50`` ms, ...)."""
     import pandas as pd
