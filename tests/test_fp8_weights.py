@@ -149,3 +149,18 @@ def test_weight_format_option_and_load_model():
     assert loaded.weights.weight_format == "fp8" and not loaded.warnings
     with pytest.raises(BubblescopeError, match="--weights"):
         load_model("tiny-llama", device="cpu", weight_format="fp4")
+
+
+def test_generate_names_the_fp8_weights_and_refuses_a_bad_format_before_loading():
+    import io
+
+    from bubblescope.generate_command import generate_text
+    from bubblescope.generation import SamplingParams
+
+    lines = []
+    generate_text("tiny-llama", SamplingParams(), prompt_ids=[1, 2], max_new_tokens=3, device="cpu", weights="fp8",
+                  out=io.StringIO(), say=lines.append)
+    assert "dummy weights of tiny-llama in fp8:" in lines[-1]
+    with pytest.raises(BubblescopeError, match="--weights: unknown weight format 'fp4'"):
+        generate_text("no-such-model", SamplingParams(), prompt_ids=[1], device="cpu", weights="fp4",
+                      out=io.StringIO(), say=lines.append)

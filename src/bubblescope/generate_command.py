@@ -148,20 +148,22 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
         say(line)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     say(summary_line(res, dec.name, where, loaded, max_new_tokens,
-                     interpreted=dev.type == "cpu" and "megakernel" in name))
+                     interpreted=dev.type == "cpu" and "megakernel" in name,
+                     weight_format=loaded.weights.weight_format))
     return res
 
 
 def summary_line(res: GenerationResult, engine: str, where: str, loaded, max_new_tokens: int,
-                 interpreted: bool = False) -> str:
+                 interpreted: bool = False, weight_format: str = "bf16") -> str:
     """The last line of ``generate``: ``engine`` on ``where`` (a GPU's name or CPU; ``interpreted``: a
-    megakernel under the Triton CPU interpreter, said so), the weights, TTFT (ms), the mean decode time per token
-    (ms) and its tokens/s (1000 × steps / total ms), and the tokens generated; without a decode step, why."""
+    megakernel under the Triton CPU interpreter, said so), the weights (and their format, ``weight_format``, when
+    FP8), TTFT (ms), the mean decode time per token (ms) and its tokens/s (1000 × steps / total ms), and the tokens
+    generated; without a decode step, why."""
     cfg = loaded.config
     n = len(res.token_ms)
     weights = f"dummy weights of {cfg.name}" if loaded.source == "dummy" else f"{loaded.source} weights {loaded.path}"
-    if (fmt := loaded.weights.weight_format) != "bf16":
-        weights += f" in {fmt}"
+    if weight_format != "bf16":
+        weights += f" in {weight_format}"
     if n:
         speed = f"decode {sum(res.token_ms) / n:.3f} ms/token, {1000 * n / sum(res.token_ms):.1f} tok/s"
     elif max_new_tokens == 1:  # the one token comes from the prompt's forward pass (TTFT)
