@@ -19,7 +19,7 @@ from bubblescope.models.quant import QuantizedLinear
 from bubblescope.models.weights import load_hf_checkpoint, save_hf_checkpoint
 from bubblescope.reference_engine import ReferenceEngine
 
-from .test_fp8_weights import _np_quantize
+from .test_fp8_weights import np_quantize
 
 CFG = ModelConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, tie_word_embeddings=False,
@@ -53,7 +53,7 @@ def _write(path, qc=FP8_DYNAMIC, scale_dtype=torch.bfloat16, edit=None):
             sd[f"model.layers.{i}.{norm}.weight"] = (1 + 0.05 * torch.randn(h, generator=g)).to(torch.bfloat16)
         for name, shape in PROJ.items():
             w = torch.randn(*shape, generator=g) / shape[1] ** 0.5
-            q, s = _np_quantize(w.numpy())
+            q, s = np_quantize(w.numpy())
             s = torch.from_numpy(s).to(scale_dtype)                               # stored as compressed-tensors does
             key = f"model.layers.{i}.{name}.weight"
             sd[key] = torch.from_numpy(q).to(torch.float8_e4m3fn)                # on the grid: exact

@@ -46,7 +46,7 @@ def _round_e4m3(x: np.ndarray) -> np.ndarray:
     return np.where(pick_hi, GRID[hi], GRID[lo])
 
 
-def _np_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def np_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     w = w.astype(np.float32)
     scale = (np.abs(w).max(axis=1) / np.float32(448)).astype(np.float32)
     safe = np.where(scale > 0, scale, np.float32(1))
@@ -68,7 +68,7 @@ def test_quantize_matches_numpy_scales_rounding_and_zero_rows():
     w[4, :5] = torch.tensor([448.0, 1.0625, 1.1875, -3.0 * 2 ** -10, 2.0 ** -10])  # amax 448: scale exactly 1
     w[4, 5:] = 0.5
     q = quantize_fp8(w)
-    want_q, want_s = _np_quantize(w.numpy())
+    want_q, want_s = np_quantize(w.numpy())
     assert q.qweight.dtype == torch.float8_e4m3fn and q.scale.dtype == torch.float32
     assert q.qweight.shape == (6, 40) and q.scale.shape == (6,)
     np.testing.assert_array_equal(q.scale.numpy(), want_s)
@@ -88,7 +88,7 @@ def test_quantize_matches_numpy_scales_rounding_and_zero_rows():
 def test_bf16_weights_quantize_as_their_float32_values():
     w = (torch.randn(4, 24, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16)
     q = quantize_fp8(w)
-    want_q, want_s = _np_quantize(w.float().numpy())
+    want_q, want_s = np_quantize(w.float().numpy())
     np.testing.assert_array_equal(q.qweight.float().numpy(), want_q)
     np.testing.assert_array_equal(q.scale.numpy(), want_s)
     assert q.dequantize(torch.bfloat16).dtype == torch.bfloat16
