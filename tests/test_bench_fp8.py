@@ -88,3 +88,11 @@ def test_accuracy_checks_compare_fp8_with_bf16_and_with_the_reference():
                                                                           prompt, forced))
     same = dl.logit_errors(logits, logits)
     assert same == {"top1": 1.0, "rel_logit_err_max": 0.0, "rel_logit_err_mean": 0.0, "rows": 4}
+
+
+def test_the_fp8_suite_times_the_engines_with_an_fp8_path_beside_their_bf16_runs(tmp_path):
+    (case,) = run.plan("fp8", ["llama-3.2-1b"], tmp_path, 300, [])
+    argv = case.argv
+    assert argv[argv.index("--weights") + 1] == "fp8"
+    assert argv[argv.index("--engines") + 1].split(",") == [
+        "reference", "reference-compile", "reference-fused", "reference-fused-pdl", "megakernel"]
