@@ -84,6 +84,28 @@ def _limit(name: str, value: float | None, upper: float | None = None) -> None:
                                f"{percent_hint(name, value) if not bad else ''}")
 
 
+def check_limits(min_bandwidth_util: float | None, max_bubble_ratio: float | None, max_token_p99_ms: float | None,
+                 max_regression: float | None, baseline) -> None:
+    """The gate's limits as given, before any document is read (results.json and trace results alike).
+
+    Fractions, not percentages: a limit of 35 meant as 35 % would make every run fail (or pass), so fraction limits
+    above 1 are refused with a hint.
+
+    Raises:
+        BubblescopeError: a limit negative, not finite or not a number; a fraction limit above 1; ``baseline`` and
+            ``max_regression`` not given together; no check requested at all.
+    """
+    _limit("min_bandwidth_util", min_bandwidth_util, upper=1)
+    _limit("max_bubble_ratio", max_bubble_ratio, upper=1)
+    _limit("max_token_p99_ms", max_token_p99_ms)
+    _limit("max_regression", max_regression, upper=1)
+    if (baseline is None) != (max_regression is None):
+        raise BubblescopeError("gate: --baseline and --max-regression must be given together")
+    if all(v is None for v in (min_bandwidth_util, max_bubble_ratio, max_token_p99_ms, baseline)):
+        raise BubblescopeError("gate: no checks requested (give --min-bandwidth-util, --max-bubble-ratio, "
+                               "--max-token-p99-ms or --baseline with --max-regression)")
+
+
 # What must match between a run and its baseline for a regression check to mean anything: the model by name,
 # by its architecture (the config.json fields that set the bytes and the kernels: two runs both named "model"
 # of 2 and 16 layers are two workloads) and by its size, the dtype, the device and the workload.
@@ -177,16 +199,7 @@ def run_gate(doc: Results | dict, engine: str | None = None, min_bandwidth_util:
             (:func:`baseline_mismatches`: another model, architecture, size, dtype, device (name) or workload)
             and ``allow_mismatch`` is False.
     """
-    # Fractions, not percentages: a limit of 35 meant as 35 % would make every run fail (or pass).
-    _limit("min_bandwidth_util", min_bandwidth_util, upper=1)
-    _limit("max_bubble_ratio", max_bubble_ratio, upper=1)
-    _limit("max_token_p99_ms", max_token_p99_ms)
-    _limit("max_regression", max_regression, upper=1)
-    if (baseline is None) != (max_regression is None):
-        raise BubblescopeError("gate: --baseline and --max-regression must be given together")
-    if all(v is None for v in (min_bandwidth_util, max_bubble_ratio, max_token_p99_ms, baseline)):
-        raise BubblescopeError("gate: no checks requested (give --min-bandwidth-util, --max-bubble-ratio, "
-                               "--max-token-p99-ms or --baseline with --max-regression)")
+    check_limits(min_bandwidth_util, max_bubble_ratio, max_token_p99_ms, max_regression, baseline)
     doc = _as_doc(doc, "results")
     if baseline is not None:
         baseline = _as_doc(baseline, "baseline")

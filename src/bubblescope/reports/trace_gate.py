@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 from ..errors import BubblescopeError
-from .gate import Check, GateReport, percent_hint, run_gate
+from .gate import Check, GateReport, check_limits, run_gate
 from .trace_result import SCHEMA, is_trace_result, validate_trace_result
 
 KINDS = {True: "a trace result (diagnose trace --json, profile)", False: "a results document (diagnose model)"}
@@ -53,16 +52,6 @@ def load_gate_document(path: str | os.PathLike) -> dict:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise BubblescopeError(f"{path}: invalid trace result: {problems[0]}{more}")
     return doc
-
-
-def _limit(name: str, value: float | None, upper: float | None = None) -> None:
-    if value is None:
-        return
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-    if bad or (upper is not None and value > upper):
-        span = f"in [0, {upper}]" if upper is not None else ">= 0"
-        raise BubblescopeError(f"--{name.replace('_', '-')}: must be a number {span}, got {value!r}"
-                               f"{percent_hint(name, value) if not bad else ''}")
 
 
 def trace_mismatches(doc: dict, baseline: dict) -> list[str]:
@@ -103,15 +92,7 @@ def run_trace_gate(doc: dict, min_bandwidth_util: float | None = None, max_bubbl
             reverse, no check requested, no readable file, or a baseline not comparable (another kind; another
             model, dtype or device unless ``allow_mismatch``; another number of files).
     """
-    _limit("min_bandwidth_util", min_bandwidth_util, upper=1)
-    _limit("max_bubble_ratio", max_bubble_ratio, upper=1)
-    _limit("max_token_p99_ms", max_token_p99_ms)
-    _limit("max_regression", max_regression, upper=1)
-    if (baseline is None) != (max_regression is None):
-        raise BubblescopeError("gate: --baseline and --max-regression must be given together")
-    if all(v is None for v in (min_bandwidth_util, max_bubble_ratio, max_token_p99_ms, baseline)):
-        raise BubblescopeError("gate: no checks requested (give --min-bandwidth-util, --max-bubble-ratio, "
-                               "--max-token-p99-ms or --baseline with --max-regression)")
+    check_limits(min_bandwidth_util, max_bubble_ratio, max_token_p99_ms, max_regression, baseline)
     for what, d in (("results", doc), ("baseline", baseline)):
         problems = validate_trace_result(d) if d is not None else []
         if problems:
