@@ -22,6 +22,7 @@ SCHEMA = "bubblescope.trace-result/1"
 SCHEMA_PREFIX = "bubblescope.trace-result/"
 FILE_NUMBERS = ("step_ms_p50", "step_ms_p99", "bubble_ratio", "kernels_per_step", "launches_per_step",
                 "bytes_per_step", "effective_GBps", "util_peak", "floor_ms", "over_floor_ms")
+FRACTIONS = ("bubble_ratio",)  # in [0, 1]; util_peak may exceed 1 (a small model served from L2)
 # What a trace summary says of a file without GPU activity to measure, as its steps' reason and as a warning
 # (written by the profiler's trace summary, recognised by the views, so both read the words from here).
 CPU_ONLY = "no GPU activity in trace (CPU-only run)"
@@ -43,8 +44,15 @@ def is_no_gpu_reason(text: str) -> bool:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        else None
+    """``value`` as a float when it is a finite JSON number, else None (an integer literal beyond float range,
+    1e400 written out in digits, is not finite: float() of it would raise OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _step_ms(rows: list[dict]) -> tuple[float | None, float | None]:
@@ -119,6 +127,8 @@ def validate_trace_result(doc: Any) -> list[str]:
                 problems.append(f"files[{i}].{key}: {value!r} is not a finite number or null")
             elif value is not None and value < 0 and key != "over_floor_ms":
                 problems.append(f"files[{i}].{key}: {value!r} is negative")
+            elif key in FRACTIONS and value is not None and value > 1:
+                problems.append(f"files[{i}].{key}: {value!r} is above 1 (a fraction)")
         if not isinstance(f.get("steps"), int) or isinstance(f.get("steps"), bool) or f["steps"] < 0:
             problems.append(f"files[{i}].steps: not an integer >= 0")
     return problems
