@@ -72,3 +72,54 @@ def test_gate_refuses_a_bubble_ratio_above_one(tmp_path):
     out.write_text(json.dumps(doc))
     r = _cli("gate", out, "--max-bubble-ratio", 0.5)
     assert r.exit_code == 1 and "gate FAILED" in r.stdout
+
+
+# ---- outputs that cannot be written --------------------------------------------------------------------------
+
+def test_json_and_html_are_replaced_together_or_not_at_all(tmp_path):
+    """Over a 4-kB file size limit the ~1.5-kB --json result fits and the HTML page does not: neither replaces
+    the previous run's file (the result used to be replaced before the page failed)."""
+    from .test_write_failures import EFBIG, _error_line, _limited, _snapshot
+
+    _trace(tmp_path)
+    (tmp_path / "r.json").write_bytes(b"previous result")
+    (tmp_path / "r.html").write_bytes(b"<p>previous page</p>")
+    before = _snapshot(tmp_path)
+    r = _limited(["diagnose", "trace", "t.json", "--bytes-per-step", "2400000000", "--json", "r.json",
+                  "--html", "r.html"], 4096, tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert _error_line(r.stderr) == f"error: --html r.html: cannot write here ({EFBIG})"
+    assert "wrote" not in r.stderr and "Traceback" not in r.stderr
+    assert _snapshot(tmp_path) == before
+    r = _limited(["diagnose", "trace", "t.json", "--bytes-per-step", "2400000000", "--json", "r.json",
+                  "--html", "r.html"], 1 << 20, tmp_path)  # room for both: both written
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["files"][0]["bytes_per_step"] == 2_400_000_000
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_profile_whose_trace_the_profiler_could_not_write_leaves_out_as_it_was(tmp_path, monkeypatch):
+    """Kineto logs a failed trace write and returns normally, leaving ``<trace>.tmp`` and no trace (as on a full
+    disk): profile says so in one line naming the file under --out, exit 2, the previous run's files whole."""
+    import sys
+
+    from bubblescope import profile_program as pp
+
+    def failed_export(program, stage, skip, steps, seconds):
+        (stage / (pp.RAW_TRACE + ".tmp")).write_bytes(b'{"traceEv')  # what Kineto leaves behind
+        state = {"status": "exited", "trace": str(stage / pp.RAW_TRACE), "first_step": 2, "steps_counted": 8,
+                 "window_ns": [0, 1000, 2000], "reference_ns": [], "closed_by": "length", "skip": 2, "steps": 2}
+        return 0, state
+
+    monkeypatch.setattr(pp, "run_program", failed_export)
+    script = tmp_path / "decode.py"
+    script.write_text("print('decoding')\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    previous = {name: f"previous {name}".encode() for name in pp.OUT_FILES}
+    for name, data in previous.items():
+        (out / name).write_bytes(data)
+    r = _cli("profile", "--out", out, "--skip", 2, "--steps", 2, "--", sys.executable, script)
+    _one_line_error(r, f"--out {out}: cannot write profile.trace.json.gz (the profiler could not write the "
+                       "window's trace: the profiler could not write it); the previous run is left as it was")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == previous  # no staging folder, nothing replaced

@@ -357,16 +357,11 @@ def diagnose_trace(
         if path is not None and errors:  # a report of part of the input would read as the whole: none at all
             typer.echo(f"note: {option} {path}: not written, {count(len(errors), 'trace')} could not be read",
                        err=True)
-    if json_path is not None and not errors:
-        from .reports.trace_result import trace_result, write_trace_result
-        write_trace_result(trace_result(summary, findings, command=" ".join(["bubblescope"] + sys.argv[1:])),
-                           json_path, "--json")
-        typer.echo(f"wrote {json_path}", err=True)
-    if html_path is not None and not errors:
-        from .reports.trace_html import write_trace_html
-        write_trace_html(summary, findings, html_path, "--html", command=" ".join(["bubblescope"] + sys.argv[1:]),
-                         notes=notes)
-        typer.echo(f"wrote {html_path}", err=True)
+    if (json_path is not None or html_path is not None) and not errors:  # both or neither
+        from .tracediagnose import write_trace_outputs
+        for path in write_trace_outputs(summary, findings, json_path, html_path,
+                                        command=" ".join(["bubblescope"] + sys.argv[1:]), notes=notes):
+            typer.echo(f"wrote {path}", err=True)
     if len(errors) == len(summary["files"]):
         pass  # nothing readable: only the errors below, no empty report
     elif fmt == "json":

@@ -275,3 +275,30 @@ def diagnose_trace_files(paths: Iterable[str | os.PathLike], *, step_marker: str
     add_bandwidth(summary, step_bytes, context, peak_gbps)
     summary["findings"] = find_trace(summary)
     return summary
+
+
+def write_trace_outputs(summary: dict, findings: list[dict], json_path: str | os.PathLike | None = None,
+                        html_path: str | os.PathLike | None = None, command: str = "",
+                        notes: list[str] | None = None) -> list[str]:
+    """Write ``diagnose trace``'s ``--json`` result (:func:`~.reports.trace_result.trace_result`) and ``--html``
+    report (:func:`~.reports.trace_html.render_trace_html`) together: both are rendered and staged first and
+    renamed into place only when both are written (:func:`~.reports.results.atomic_write_texts`), so a file that
+    cannot be written (a full disk) leaves the other one as the previous run left it too.
+
+    Returns:
+        The paths written, ``--json``'s first.
+
+    Raises:
+        BubblescopeError: a destination that cannot be written, named by its option (nothing is replaced then).
+    """
+    from .reports.results import atomic_write_texts
+
+    files = []
+    if json_path is not None:
+        from .reports.trace_result import trace_result, trace_result_text
+        files.append((json_path, trace_result_text(trace_result(summary, findings, command=command)), "--json"))
+    if html_path is not None:
+        from .reports.trace_html import render_trace_html
+        files.append((html_path, render_trace_html(summary, findings, command, notes), "--html"))
+    atomic_write_texts(files)
+    return [os.fspath(path) for path, _, _ in files]

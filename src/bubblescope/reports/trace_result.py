@@ -144,10 +144,19 @@ def write_trace_result(doc: dict, path: str | os.PathLike, option: str | None = 
     """
     from .results import atomic_write_text
 
+    return atomic_write_text(path, trace_result_text(doc), option)
+
+
+def trace_result_text(doc: dict) -> str:
+    """``doc`` as the JSON text :func:`write_trace_result` writes (indented, no NaN), once it is valid.
+
+    Raises:
+        ValueError: the document is invalid (:func:`validate_trace_result`).
+    """
     problems = validate_trace_result(doc)
     if problems:
         raise ValueError(f"refusing to write an invalid trace result: {problems[0]}")
-    return atomic_write_text(path, json.dumps(doc, indent=2, allow_nan=False) + "\n", option)
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
 def is_trace_result(doc: Any) -> bool:
