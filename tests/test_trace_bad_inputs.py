@@ -123,3 +123,89 @@ def test_profile_whose_trace_the_profiler_could_not_write_leaves_out_as_it_was(t
     _one_line_error(r, f"--out {out}: cannot write profile.trace.json.gz (the profiler could not write the "
                        "window's trace: the profiler could not write it); the previous run is left as it was")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == previous  # no staging folder, nothing replaced
+
+
+# ---- --model of a quantized checkpoint ------------------------------------------------------------------------
+
+# A Llama config: hidden 32, MLP 48, 2 layers, 4 heads of 8, 2 KV heads, vocabulary 96, untied.
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96, "max_position_embeddings": 64,
+               "tie_word_embeddings": False}
+# Per layer: q 32×32, k and v 16×32, o 32×32, gate and up 48×32, down 32×48 = 7,680 projection weights in
+# 224 output rows; two norms of 32. Outside the layers: one embedding row (32), the final norm (32) and the LM
+# head (96×32 = 3,072 weights in 96 rows).
+BF16_BYTES = 32 * 2 + 2 * (7680 * 2 + 64 * 2) + 32 * 2 + 3072 * 2                      # 37,248
+FP8_BYTES = 32 * 2 + 2 * (7680 + 224 * 4 + 64 * 2) + 32 * 2 + 3072 * 2                  # projections 1 B + 4 B/row
+FP8_ALL_BYTES = 32 * 2 + 2 * (7680 + 224 * 4 + 64 * 2) + 32 * 2 + 3072 + 96 * 4        # the LM head too
+FP8_DYNAMIC = {  # the quantization_config llm-compressor writes for an FP8-dynamic model
+    "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+    "ignore": ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {},
+    "config_groups": {"group_0": {
+        "targets": ["Linear"], "output_activations": None,
+        "input_activations": {"dynamic": True, "num_bits": 8, "strategy": "token", "symmetric": True, "type": "float"},
+        "weights": {"dynamic": False, "num_bits": 8, "strategy": "channel", "symmetric": True, "type": "float"}}},
+}
+
+
+def _bandwidth(tmp_path, model, *more):
+    r = _cli("diagnose", "trace", _trace(tmp_path), "--model", model, "--format", "json", *more)
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)["files"][0]["bandwidth"]
+
+
+@pytest.mark.parametrize("qc, weights, nbytes", [
+    (None, "bf16", BF16_BYTES),
+    (FP8_DYNAMIC, "fp8", FP8_BYTES),
+    ({**FP8_DYNAMIC, "ignore": ["re:.*lm_head"]}, "fp8", FP8_BYTES),
+    ({**FP8_DYNAMIC, "ignore": []}, "fp8-all", FP8_ALL_BYTES),
+])
+def test_an_fp8_checkpoint_config_counts_its_fp8_bytes(tmp_path, qc, weights, nbytes):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({**TINY_CONFIG, **({"quantization_config": qc} if qc else {})}))
+    for model in (ckpt, ckpt / "config.json"):  # the folder or its config.json
+        bw = _bandwidth(tmp_path, model)
+        assert bw["weights"] == weights and bw["kv"] == "weights"
+        assert [row["bytes"] for row in bw["rows"]] == [nbytes] * 3
+        # 1000/1200/1100-µs steps: the median 1,100 µs against the bytes
+        assert bw["summary"]["effective_GBps"] == pytest.approx(nbytes / 1100 / 1e3)
+    out = tmp_path / "r.json"
+    assert _cli("diagnose", "trace", _trace(tmp_path), "--model", ckpt, "--json", out).exit_code == 0
+    assert json.loads(out.read_text())["model"]["weights"] == weights
+
+
+@pytest.mark.parametrize("qc, message", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "quant_method 'awq' is not supported"),
+    ({**FP8_DYNAMIC, "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+        "type": "float", "num_bits": 8, "strategy": "tensor", "symmetric": True, "dynamic": False}}}},
+     "weights strategy 'tensor'"),
+    ("fp8", "quantization_config of type str"),
+])
+def test_a_quantization_whose_bytes_are_unknown_is_refused(tmp_path, qc, message):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**TINY_CONFIG, "quantization_config": qc}))
+    out = tmp_path / "r.json"
+    out.write_text("previous run")
+    _one_line_error(_cli("diagnose", "trace", _trace(tmp_path), "--model", cfg, "--json", out),
+                    f"--model: {cfg}: quantization_config")
+    assert message in _cli("diagnose", "trace", _trace(tmp_path), "--model", cfg).stderr
+    assert out.read_text() == "previous run"
+
+
+def test_gate_does_not_compare_fp8_with_bf16_bytes(tmp_path):
+    fp8, bf16 = tmp_path / "fp8" / "tiny", tmp_path / "bf16" / "tiny"  # one model name, from the folder
+    for folder, qc in ((fp8, FP8_DYNAMIC), (bf16, None)):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({**TINY_CONFIG, **({"quantization_config": qc} if qc else {})}))
+        assert _cli("diagnose", "trace", _trace(tmp_path), "--model", folder, "--json", folder / "r.json").exit_code == 0
+    _one_line_error(_cli("gate", fp8 / "r.json", "--baseline", bf16 / "r.json", "--max-regression", 0.1),
+                    "gate: the baseline is not comparable (weights: fp8 vs baseline bf16)")
+    old = json.loads((bf16 / "r.json").read_text())
+    del old["model"]["weights"]  # a result written before the weight format was recorded: bf16
+    (bf16 / "old.json").write_text(json.dumps(old))
+    assert _cli("gate", bf16 / "r.json", "--baseline", bf16 / "old.json", "--max-regression", 0.1).exit_code == 0
+
+
+def test_an_empty_dtype_is_refused_not_taken_as_the_default(tmp_path):
+    _one_line_error(_cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--dtype", ""),
+                    "--dtype: empty; leave it out for the default (bfloat16)")

@@ -102,7 +102,8 @@ def trace_result(summary: dict, findings: list[dict], command: str = "", created
         device = "CPU"
     return {"schema": SCHEMA, "created": created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": command, "versions": {"bubblescope": __version__, "python": platform.python_version()},
-            "model": {"name": bw.get("model"), "dtype": bw.get("dtype"), "bytes_source": bw.get("bytes_source")},
+            "model": {"name": bw.get("model"), "dtype": bw.get("dtype"), "weights": bw.get("weights"),
+                      "bytes_source": bw.get("bytes_source")},
             "device": {"name": device, "peak_GBps": _number(bw.get("peak_GBps")), "peak_source": bw.get("peak_source")},
             "files": rows, "findings": findings}
 
