@@ -209,3 +209,28 @@ def test_gate_does_not_compare_fp8_with_bf16_bytes(tmp_path):
 def test_an_empty_dtype_is_refused_not_taken_as_the_default(tmp_path):
     _one_line_error(_cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--dtype", ""),
                     "--dtype: empty; leave it out for the default (bfloat16)")
+
+
+# ---- odd deviceProperties ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("memory", ["Infinity", "NaN", "1e400", "1" + "0" * 30, "-5", '"lots"', "true"])
+def test_a_memory_size_that_is_not_a_byte_count_is_left_out(tmp_path, memory):
+    """An H200 by name: the datasheet's 4,800 GB/s holds without the size (its entry needs none); the size is
+    unknown (null), never a traceback or a number made of it."""
+    path = _trace(tmp_path)
+    path.write_text(path.read_text().replace('"totalGlobalMem": 150109880320', f'"totalGlobalMem": {memory}'))
+    r = _cli("diagnose", "trace", path, "--bytes-per-step", 2_400_000_000, "--format", "json")
+    assert r.exit_code == 0, r.output
+    (f,) = json.loads(r.stdout)["files"]
+    assert f["device_properties"]["total_memory_bytes"] is None
+    assert f["bandwidth"]["peak_GBps"] == 4800.0
+
+
+@pytest.mark.parametrize("name", ['["NVIDIA H200"]', "5", '""'])
+def test_a_gpu_name_that_is_not_a_string_names_no_gpu(tmp_path, name):
+    path = _trace(tmp_path)
+    path.write_text(path.read_text().replace('"name": "NVIDIA H200"', f'"name": {name}'))
+    r = _cli("diagnose", "trace", path, "--bytes-per-step", 2_400_000_000, "--format", "json")
+    assert r.exit_code == 0, r.output
+    bw = json.loads(r.stdout)["files"][0]["bandwidth"]
+    assert bw["peak_GBps"] is None and bw["device"] is None and bw["peak_reason"] == "the trace names no GPU"
