@@ -234,3 +234,41 @@ def test_a_gpu_name_that_is_not_a_string_names_no_gpu(tmp_path, name):
     assert r.exit_code == 0, r.output
     bw = json.loads(r.stdout)["files"][0]["bandwidth"]
     assert bw["peak_GBps"] is None and bw["device"] is None and bw["peak_reason"] == "the trace names no GPU"
+
+
+# ---- odd distributedInfo -------------------------------------------------------------------------------------
+
+def _rank_trace(tmp_path, rank, world, name=None):
+    """A rank's trace of two ProfilerStep ranges, one kernel each; ``rank`` and ``world`` as written in JSON."""
+    ev = []
+    for n in (1, 2):
+        ev += [tg.annotation(f"ProfilerStep#{n}", 100 * n, 100), tg.launch(100 * n + 5, 1, n),
+               tg.kernel("gemv", 100 * n + 10, 30, n)]
+    text = json.dumps(tg.document(tg.meta_events() + ev, rank=None,
+                                  distributedInfo={"backend": "nccl", "rank": "RANK", "world_size": "WORLD"}))
+    path = tmp_path / (name or f"r{rank}.json")
+    path.write_text(text.replace('"RANK"', str(rank)).replace('"WORLD"', str(world)))
+    return path
+
+
+def test_a_huge_world_size_counts_the_missing_ranks_without_listing_them(tmp_path):
+    from bubblescope.profiler.trace.ranksummary import MAX_LISTED_MISSING
+
+    world = MAX_LISTED_MISSING + 3  # ranks 0 and 1 given: one more missing than are listed
+    r = _cli("diagnose", "trace", _rank_trace(tmp_path, 0, world), _rank_trace(tmp_path, 1, world), "--format", "json")
+    assert r.exit_code == 0, r.output
+    ranks = json.loads(r.stdout)["ranks"]
+    assert ranks["missing_ranks"] == []
+    assert f"ranks 0, 1 of world size {world} given: {world - 2:,} ranks missing" in ranks["warnings"][0]
+
+
+@pytest.mark.parametrize("rank, world", [("1" + "0" * 400, 2), (-1, 2), (0, "1" + "0" * 400), (0, -2)])
+def test_a_rank_or_world_size_that_is_not_a_rank_is_not_read(tmp_path, rank, world):
+    """An integer beyond float range (a traceback before) or a negative one is not a rank (the file has none),
+    and no rank is said to be missing of a world size that is not one."""
+    a, b = _rank_trace(tmp_path, rank, world, "a.json"), _rank_trace(tmp_path, 1, 2, "b.json")
+    r = _cli("diagnose", "trace", a, b, "--ranks", "--format", "json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [f["rank"] for f in doc["files"]] == [0 if rank == 0 else None, 1]
+    assert doc["ranks"]["missing_ranks"] is None
