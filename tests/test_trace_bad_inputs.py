@@ -272,3 +272,26 @@ def test_a_rank_or_world_size_that_is_not_a_rank_is_not_read(tmp_path, rank, wor
     doc = json.loads(r.stdout)
     assert [f["rank"] for f in doc["files"]] == [0 if rank == 0 else None, 1]
     assert doc["ranks"]["missing_ranks"] is None
+
+
+def test_a_context_beyond_the_model_is_refused_before_the_program_runs(tmp_path):
+    """tiny-llama holds 8,192 positions: --context 100000 used to be found only after the program had run, and
+    the trace was then published alone, the previous profile.json and profile.html removed."""
+    import sys
+
+    ran = tmp_path / "ran"
+    script = tmp_path / "decode.py"
+    script.write_text(f"open({str(ran)!r}, 'w').close()\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "profile.json").write_bytes(b"previous")
+    r = _cli("profile", "--out", out, "--model", "tiny-llama", "--context", 100_000, "--", sys.executable, script)
+    _one_line_error(r, "--context 100000: beyond tiny-llama's max_position_embeddings 8192")
+    assert not ran.exists() and [p.name for p in out.iterdir()] == ["profile.json"]
+    _one_line_error(_cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 8193),
+                    "--context 8193: beyond tiny-llama's max_position_embeddings 8192")
+    r = _cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 8192, "--format", "json")
+    assert r.exit_code == 2 and "context 8193 exceeds" in r.stderr  # the second step reads one position more
+    r = _cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 8190, "--format", "json")
+    assert r.exit_code == 0 and [row["context"] for row in json.loads(r.stdout)["files"][0]["bandwidth"]["rows"]] \
+        == [8190, 8191, 8192]

@@ -151,7 +151,8 @@ def check_context(context: int | None, step_bytes: StepBytes | None) -> int | No
     """``--context`` (KV positions the first step reads) as an int, or None.
 
     Raises:
-        BubblescopeError: negative, or given without ``--model`` (a fixed byte count has no KV cache to size).
+        BubblescopeError: negative, beyond the model's ``max_position_embeddings`` (said before any trace is read
+            or program run, not after), or given without ``--model`` (a fixed byte count has no KV cache to size).
     """
     if context is None:
         return None
@@ -159,6 +160,9 @@ def check_context(context: int | None, step_bytes: StepBytes | None) -> int | No
         raise BubblescopeError("--context: sizes the model's KV cache; give --model too")
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:
         raise BubblescopeError(f"--context: must be a whole number of positions >= 0, got {context!r}")
+    limit = step_bytes.config.max_position_embeddings
+    if context > limit:
+        raise BubblescopeError(f"--context {context}: beyond {step_bytes.model}'s max_position_embeddings {limit}")
     return context
 
 
