@@ -295,3 +295,19 @@ def test_a_context_beyond_the_model_is_refused_before_the_program_runs(tmp_path)
     r = _cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 8190, "--format", "json")
     assert r.exit_code == 0 and [row["context"] for row in json.loads(r.stdout)["files"][0]["bandwidth"]["rows"]] \
         == [8190, 8191, 8192]
+
+
+@pytest.mark.parametrize("target", ["config.json", "generation_config.json"])
+@pytest.mark.parametrize("option", ["--json", "--html"])
+def test_an_output_that_is_the_model_config_is_refused(tmp_path, option, target):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    config = json.dumps(TINY_CONFIG)
+    (ckpt / "config.json").write_text(config)
+    (ckpt / "generation_config.json").write_text('{"eos_token_id": 2}')
+    before = {p.name: p.read_text() for p in ckpt.iterdir()}
+    for model in (ckpt, ckpt / "config.json"):
+        _one_line_error(_cli("diagnose", "trace", _trace(tmp_path), "--model", model, option, ckpt / target),
+                        f"{option} {ckpt / target}: is the --model config ({ckpt / target}); choose another path")
+    assert {p.name: p.read_text() for p in ckpt.iterdir()} == before
+    assert _cli("diagnose", "trace", _trace(tmp_path), "--model", ckpt, option, tmp_path / "out").exit_code == 0

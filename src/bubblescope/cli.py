@@ -322,7 +322,7 @@ def diagnose_trace(
     from .profiler.trace.ranksummary import unmerged_ranks_note
     from .profiler.trace.summary import file_errors
     from .reports.progress import trace_progress
-    from .trace_inputs import refuse_input, trace_files
+    from .trace_inputs import model_inputs, refuse_input, trace_files
     from .tracediagnose import check_context, check_peak, diagnose_trace_files, resolve_step_bytes
 
     if fmt not in ("text", "json"):
@@ -335,8 +335,9 @@ def diagnose_trace(
         if not p.strip():
             raise BubblescopeError("PATHS: an empty path; name a trace file or a directory of traces")
     files, skipped = trace_files([Path(p) for p in paths])  # any name the OS takes (not _path: QA finding)
-    refuse_input(html_path, files, "--html")
-    refuse_input(json_path, files, "--json")
+    for path, option in ((html_path, "--html"), (json_path, "--json")):
+        refuse_input(path, files, option)
+        refuse_input(path, model_inputs(model), option, "the --model config")
     if html_path is not None and json_path is not None and html_path.resolve() == json_path.resolve():
         raise BubblescopeError(f"--json {json_path}: is the --html file too; choose another path")
     notes = list(skipped)
