@@ -197,7 +197,8 @@ def test_gate_does_not_compare_fp8_with_bf16_bytes(tmp_path):
     for folder, qc in ((fp8, FP8_DYNAMIC), (bf16, None)):
         folder.mkdir(parents=True)
         (folder / "config.json").write_text(json.dumps({**TINY_CONFIG, **({"quantization_config": qc} if qc else {})}))
-        assert _cli("diagnose", "trace", _trace(tmp_path), "--model", folder, "--json", folder / "r.json").exit_code == 0
+        r = _cli("diagnose", "trace", _trace(tmp_path), "--model", folder, "--json", folder / "r.json")
+        assert r.exit_code == 0, r.stderr
     _one_line_error(_cli("gate", fp8 / "r.json", "--baseline", bf16 / "r.json", "--max-regression", 0.1),
                     "gate: the baseline is not comparable (weights: fp8 vs baseline bf16)")
     old = json.loads((bf16 / "r.json").read_text())

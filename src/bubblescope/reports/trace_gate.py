@@ -59,8 +59,8 @@ def trace_mismatches(doc: dict, baseline: dict) -> list[str]:
     name that differ between two trace results (empty when comparable). A result written before the weight format
     was recorded has no ``model.weights``: its model's weights were counted unquantized (bf16)."""
     out = []
-    for label, section, key in (("model", "model", "name"), ("dtype", "model", "dtype"), ("weights", "model", "weights"),
-                                ("device", "device", "name")):
+    for label, section, key in (("model", "model", "name"), ("dtype", "model", "dtype"),
+                                ("weights", "model", "weights"), ("device", "device", "name")):
         new, old = (doc.get(section) or {}).get(key), (baseline.get(section) or {}).get(key)
         if key == "weights" and doc["model"].get("name") is not None:
             new = new or "bf16"
