@@ -322,7 +322,7 @@ def diagnose_trace(
     from .profiler.trace.ranksummary import unmerged_ranks_note
     from .profiler.trace.summary import file_errors
     from .reports.progress import trace_progress
-    from .trace_inputs import refuse_input, trace_files
+    from .trace_inputs import model_inputs, refuse_input, trace_files
     from .tracediagnose import check_context, check_peak, diagnose_trace_files, resolve_step_bytes
 
     if fmt not in ("text", "json"):
@@ -335,8 +335,9 @@ def diagnose_trace(
         if not p.strip():
             raise BubblescopeError("PATHS: an empty path; name a trace file or a directory of traces")
     files, skipped = trace_files([Path(p) for p in paths])  # any name the OS takes (not _path: QA finding)
-    refuse_input(html_path, files, "--html")
-    refuse_input(json_path, files, "--json")
+    for path, option in ((html_path, "--html"), (json_path, "--json")):
+        refuse_input(path, files, option)
+        refuse_input(path, model_inputs(model), option, "the --model config")
     if html_path is not None and json_path is not None and html_path.resolve() == json_path.resolve():
         raise BubblescopeError(f"--json {json_path}: is the --html file too; choose another path")
     notes = list(skipped)
@@ -357,16 +358,11 @@ def diagnose_trace(
         if path is not None and errors:  # a report of part of the input would read as the whole: none at all
             typer.echo(f"note: {option} {path}: not written, {count(len(errors), 'trace')} could not be read",
                        err=True)
-    if json_path is not None and not errors:
-        from .reports.trace_result import trace_result, write_trace_result
-        write_trace_result(trace_result(summary, findings, command=" ".join(["bubblescope"] + sys.argv[1:])),
-                           json_path, "--json")
-        typer.echo(f"wrote {json_path}", err=True)
-    if html_path is not None and not errors:
-        from .reports.trace_html import write_trace_html
-        write_trace_html(summary, findings, html_path, "--html", command=" ".join(["bubblescope"] + sys.argv[1:]),
-                         notes=notes)
-        typer.echo(f"wrote {html_path}", err=True)
+    if (json_path is not None or html_path is not None) and not errors:  # both or neither
+        from .tracediagnose import write_trace_outputs
+        for path in write_trace_outputs(summary, findings, json_path, html_path,
+                                        command=" ".join(["bubblescope"] + sys.argv[1:]), notes=notes):
+            typer.echo(f"wrote {path}", err=True)
     if len(errors) == len(summary["files"]):
         pass  # nothing readable: only the errors below, no empty report
     elif fmt == "json":

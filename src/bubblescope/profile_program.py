@@ -147,15 +147,25 @@ def compress_trace(raw: str | os.PathLike, dest: str | os.PathLike) -> None:
     """gzip ``raw`` (Kineto's plain JSON) into ``dest``, then remove ``raw``.
 
     Raises:
-        BubblescopeError: the copy failed (disk full); ``dest`` is not left half-written by this call's caller,
-            which writes into a staging folder.
+        OutputNotWritten: the profiler could not write ``raw`` (Kineto only logs that: found by
+            :func:`~.profiler.capture.export_failure`, with the OS error when it can be told), or the copy into
+            ``dest`` failed (a full disk); ``dest`` is the file named, so that the caller, which writes into a
+            staging folder (:class:`~.outdir.RunFolder`), names it where it would have been published.
     """
+    from .errors import OutputNotWritten, os_reason
+    from .profiler.capture import export_failure
+
+    failure = export_failure(os.fspath(raw))
+    if failure is not None:
+        raise OutputNotWritten(f"{dest}: the profiler could not write the window's trace ({failure})", dest,
+                               f"the profiler could not write the window's trace: {failure}")
     try:
         with open(raw, "rb") as src, gzip.open(dest, "wb", compresslevel=6) as out:
             shutil.copyfileobj(src, out, 1 << 20)
         os.remove(raw)
     except OSError as exc:
-        raise BubblescopeError(f"{dest}: cannot write the trace ({exc.strerror or type(exc).__name__})") from None
+        raise OutputNotWritten(f"{dest}: cannot write the trace ({os_reason(exc)})", dest, os_reason(exc)) \
+            from None
 
 
 def check_analysis(analysis: dict | None) -> dict:

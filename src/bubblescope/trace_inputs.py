@@ -92,9 +92,9 @@ def trace_files(paths: list[str | os.PathLike]) -> tuple[list[str], list[str]]:
     return files, notes
 
 
-def refuse_input(out: Path | None, files: list[str], option: str) -> None:
-    """Refuse an output path (``option``, e.g. ``--html``) that is one of the trace ``files`` to be read: writing
-    it would replace a trace.
+def refuse_input(out: Path | None, files: list[str], option: str, what: str = "an input trace") -> None:
+    """Refuse an output path (``option``, e.g. ``--html``) that is one of the input ``files`` to be read (the
+    traces, or ``what`` else: the ``--model`` config): writing it would replace an input.
 
     Raises:
         BubblescopeError: ``out`` is one of ``files`` (the same file, by resolved path).
@@ -103,7 +103,17 @@ def refuse_input(out: Path | None, files: list[str], option: str) -> None:
         return
     for f in files:
         if Path(f).exists() and Path(f).resolve() == out.resolve():
-            raise BubblescopeError(f"{option} {out}: is an input trace ({f}); choose another path")
+            raise BubblescopeError(f"{option} {out}: is {what} ({f}); choose another path")
+
+
+def model_inputs(model: str | None) -> list[str]:
+    """The files ``--model`` reads when it is a path: a ``config.json`` (named, or in the named folder) and the
+    ``generation_config.json`` beside it (``ModelConfig.from_hf_config``); none for a preset name."""
+    if model is None or not model.strip():
+        return []
+    path = Path(model)
+    config = path / "config.json" if path.is_dir() else path
+    return [str(config), str(config.parent / "generation_config.json")] if config.is_file() else []
 
 
 def _trace_files_of(folder: Path) -> tuple[list[str], list[str]]:

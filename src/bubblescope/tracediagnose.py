@@ -33,13 +33,15 @@ DEFAULT_DTYPE = "bfloat16"
 
 @dataclass(frozen=True)
 class StepBytes:
-    """What one decode step moves: from a model config (``config``, in ``dtype``) or a fixed count."""
+    """What one decode step moves: from a model config (``config``, in ``dtype``, its projections stored as
+    ``weights``: ``bf16`` or, for an FP8 checkpoint, ``fp8`` / ``fp8-all``) or a fixed count."""
 
     source: str  # "model" or "bytes-per-step"
     model: str | None
     dtype: str | None
     config: Any = None  # a models.config.ModelConfig
     fixed: int | None = None
+    weights: str | None = None  # the weight format of a model (profiler.traffic.WEIGHT_FORMATS), else None
 
     def at(self, context: int | None) -> tuple[int, str]:
         """(bytes, what they include) of a step reading ``context`` KV positions (None: unknown).
@@ -54,7 +56,7 @@ class StepBytes:
             return int(self.fixed), "given"
         from .profiler.traffic import step_traffic
 
-        traffic = step_traffic(self.config, DTYPE_BYTES[self.dtype], context or 0)
+        traffic = step_traffic(self.config, DTYPE_BYTES[self.dtype], context or 0, weights=self.weights or "bf16")
         if context is None:
             return traffic["weight_bytes"], "weights"
         return traffic["total_bytes"], "weights+kv"
@@ -64,11 +66,15 @@ def resolve_step_bytes(model: str | None = None, bytes_per_step: int | None = No
                        dtype: str | None = None) -> StepBytes | None:
     """The :class:`StepBytes` of the CLI's ``--model``/``--bytes-per-step``/``--dtype``, or None when neither
     is given. A model is a preset name, a Hugging Face checkpoint directory or a ``config.json`` (its config
-    only: no weights are read); ``dtype`` (default bfloat16) is the weights' and KV cache's.
+    only: no weights are read); ``dtype`` (default bfloat16) is the weights' and KV cache's. A config with a
+    ``quantization_config`` is an FP8 checkpoint (compressed-tensors, per channel: :mod:`.models.quant_config`):
+    its projections count 1 byte per weight plus a float32 scale per output row (the LM head too unless ignored),
+    as ``diagnose model --weights fp8`` counts them; any other quantization is refused, its bytes unknown here.
 
     Raises:
         BubblescopeError: both or an empty ``model``, an unknown preset, a config that cannot be read or is not
-            supported, ``bytes_per_step`` ≤ 0, ``dtype`` without a model or unknown. Each message names the option.
+            supported (a quantization other than FP8 per channel), ``bytes_per_step`` ≤ 0, ``dtype`` without a
+            model, empty or unknown. Each message names the option.
     """
     from pathlib import Path
 
@@ -85,16 +91,20 @@ def resolve_step_bytes(model: str | None = None, bytes_per_step: int | None = No
         return None
     if not model.strip():
         raise BubblescopeError("--model: empty; give a preset name, a model directory or a config.json")
+    if dtype is not None and not dtype.strip():
+        raise BubblescopeError(f"--dtype: empty; leave it out for the default ({DEFAULT_DTYPE})")
     name = _DTYPE_ALIASES.get((dtype or DEFAULT_DTYPE).lower(), (dtype or DEFAULT_DTYPE).lower())
     if name not in DTYPE_BYTES:
         raise BubblescopeError(f"--dtype: unknown dtype {dtype!r}; use {', '.join(DTYPE_BYTES)}")
     from .models.config import PRESETS, ModelConfig
 
+    weights = "bf16"
     try:
         if model.lower() in PRESETS:
             cfg = PRESETS[model.lower()]
         elif Path(model).is_dir() or model.endswith(".json"):
             cfg = ModelConfig.from_hf_config(model)
+            weights = _checkpoint_weights(Path(model) / "config.json" if Path(model).is_dir() else Path(model))
         elif Path(model).exists():
             raise BubblescopeError(f"{model}: not a model directory or config.json (a llama2.c .bin holds no "
                                    "config to read: give --bytes-per-step)")
@@ -103,7 +113,25 @@ def resolve_step_bytes(model: str | None = None, bytes_per_step: int | None = No
                                    "directory or a config.json")
     except BubblescopeError as e:
         raise BubblescopeError(f"--model: {e}") from None
-    return StepBytes("model", cfg.name, name, config=cfg)
+    return StepBytes("model", cfg.name, name, config=cfg, weights=weights)
+
+
+def _checkpoint_weights(config_json) -> str:
+    """The weight format of a ``config.json`` already read and checked by ``ModelConfig.from_hf_config``:
+    ``bf16`` without a ``quantization_config``, else ``fp8`` or ``fp8-all``.
+
+    Raises:
+        BubblescopeError: a quantization other than compressed-tensors FP8 per channel (named).
+    """
+    import json
+
+    from .models.quant_config import check_quantization_config, quantized_weights
+
+    qc = json.loads(config_json.read_text()).get("quantization_config")
+    if qc is None:
+        return "bf16"
+    check_quantization_config(qc, str(config_json))
+    return quantized_weights(qc)
 
 
 def check_peak(peak_gbps: float | None) -> float | None:
@@ -123,7 +151,8 @@ def check_context(context: int | None, step_bytes: StepBytes | None) -> int | No
     """``--context`` (KV positions the first step reads) as an int, or None.
 
     Raises:
-        BubblescopeError: negative, or given without ``--model`` (a fixed byte count has no KV cache to size).
+        BubblescopeError: negative, beyond the model's ``max_position_embeddings`` (said before any trace is read
+            or program run, not after), or given without ``--model`` (a fixed byte count has no KV cache to size).
     """
     if context is None:
         return None
@@ -131,6 +160,9 @@ def check_context(context: int | None, step_bytes: StepBytes | None) -> int | No
         raise BubblescopeError("--context: sizes the model's KV cache; give --model too")
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:
         raise BubblescopeError(f"--context: must be a whole number of positions >= 0, got {context!r}")
+    limit = step_bytes.config.max_position_embeddings
+    if context > limit:
+        raise BubblescopeError(f"--context {context}: beyond {step_bytes.model}'s max_position_embeddings {limit}")
     return context
 
 
@@ -188,7 +220,8 @@ def bandwidth_section(entry: dict, step_bytes: StepBytes, context: int | None = 
     weights only (``kv`` says which: ``weights+kv``, ``weights`` or ``given``).
 
     Returns:
-        ``{"model", "dtype", "bytes_source" ("model" | "bytes-per-step"), "kv", "context_source" ("--context",
+        ``{"model", "dtype", "weights" (``bf16``, ``fp8``, ``fp8-all``; None with a byte count), "bytes_source"
+        ("model" | "bytes-per-step"), "kv", "context_source" ("--context",
         "trace" or None), "first_context", "peak_GBps", "peak_source", "peak_reason", "device", "summary"
         (:func:`~.profiler.floor.floor_summary`), "rows" (:func:`~.profiler.floor.floor_rows`), "verdict",
         "reason"}``; ``reason`` (and no rows) when the file has no step times.
@@ -202,7 +235,8 @@ def bandwidth_section(entry: dict, step_bytes: StepBytes, context: int | None = 
     if first is None or step_bytes.config is None:
         first, source = None, None
     peak = resolve_peak(entry, peak_gbps, nvml)
-    out = {"model": step_bytes.model, "dtype": step_bytes.dtype, "bytes_source": step_bytes.source, "kv": None,
+    out = {"model": step_bytes.model, "dtype": step_bytes.dtype, "weights": step_bytes.weights,
+           "bytes_source": step_bytes.source, "kv": None,
            "context_source": source, "first_context": first, "peak_GBps": peak["peak_GBps"],
            "peak_source": peak["source"], "peak_reason": peak["reason"], "device": peak["device"],
            "summary": None, "rows": [], "verdict": None, "reason": None}
@@ -275,3 +309,30 @@ def diagnose_trace_files(paths: Iterable[str | os.PathLike], *, step_marker: str
     add_bandwidth(summary, step_bytes, context, peak_gbps)
     summary["findings"] = find_trace(summary)
     return summary
+
+
+def write_trace_outputs(summary: dict, findings: list[dict], json_path: str | os.PathLike | None = None,
+                        html_path: str | os.PathLike | None = None, command: str = "",
+                        notes: list[str] | None = None) -> list[str]:
+    """Write ``diagnose trace``'s ``--json`` result (:func:`~.reports.trace_result.trace_result`) and ``--html``
+    report (:func:`~.reports.trace_html.render_trace_html`) together: both are rendered and staged first and
+    renamed into place only when both are written (:func:`~.reports.results.atomic_write_texts`), so a file that
+    cannot be written (a full disk) leaves the other one as the previous run left it too.
+
+    Returns:
+        The paths written, ``--json``'s first.
+
+    Raises:
+        BubblescopeError: a destination that cannot be written, named by its option (nothing is replaced then).
+    """
+    from .reports.results import atomic_write_texts
+
+    files = []
+    if json_path is not None:
+        from .reports.trace_result import trace_result, trace_result_text
+        files.append((json_path, trace_result_text(trace_result(summary, findings, command=command)), "--json"))
+    if html_path is not None:
+        from .reports.trace_html import render_trace_html
+        files.append((html_path, render_trace_html(summary, findings, command, notes), "--html"))
+    atomic_write_texts(files)
+    return [os.fspath(path) for path, _, _ in files]

@@ -89,11 +89,11 @@ def export_failure(raw: str) -> str | None:
 
     Kineto (``export_chrome_trace``) writes ``<raw>.tmp`` and renames it over ``raw`` at the end; a failed write
     is only logged ("Failed to write to log file!"), never raised, and leaves the ``.tmp`` behind with ``raw``
-    empty. The OS error is found again by writing one more byte to that leftover (EFBIG over the file size
+    empty (or absent). The OS error is found again by writing one more byte to that leftover (EFBIG over the file size
     limit, ENOSPC on a full disk). The leftover is removed."""
     leftover = raw + ".tmp"
     if not os.path.exists(leftover):
-        return None if os.path.getsize(raw) > 0 else "the profiler wrote nothing"
+        return None if os.path.exists(raw) and os.path.getsize(raw) > 0 else "the profiler wrote nothing"
     try:
         with open(leftover, "ab") as fh:
             fh.write(b" ")

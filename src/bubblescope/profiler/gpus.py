@@ -88,7 +88,8 @@ _AMBIGUOUS = ((r"\bh100\b", "an H100 is 2.0 TB/s (PCIe), 3.35 TB/s (SXM) or 3.9 
 def device_properties(metadata: dict, device: int | None) -> dict | None:
     """The ``deviceProperties`` entry of ``device`` in a trace's top-level ``metadata`` (the first entry when
     ``device`` is None or not listed but every entry has the same name), as ``{"name", "total_memory_bytes",
-    "sm_count", "compute_capability"}`` (None where absent); None when the trace lists no device."""
+    "sm_count", "compute_capability"}`` (None where absent or not of its kind: a name that is not a string, a memory
+    size that is not a number of bytes in (0, 2**64)); None when the trace lists no device."""
     props = metadata.get("deviceProperties") if isinstance(metadata, dict) else None
     entries = [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
     if not entries:
@@ -101,8 +102,10 @@ def device_properties(metadata: dict, device: int | None) -> dict | None:
     memory = chosen.get("totalGlobalMem")
     major, minor = chosen.get("computeMajor"), chosen.get("computeMinor")
     name = chosen.get("name")
-    return {"name": str(name) if name is not None else None,
-            "total_memory_bytes": int(memory) if isinstance(memory, (int, float)) and memory > 0 else None,
+    # a size CUDA reports (size_t) is a whole number of bytes below 2**64; Infinity, NaN or 1e400 are not one
+    sized = isinstance(memory, (int, float)) and not isinstance(memory, bool) and 0 < memory < 2 ** 64
+    return {"name": name if isinstance(name, str) and name else None,
+            "total_memory_bytes": int(memory) if sized else None,
             "sm_count": chosen.get("numSms") if isinstance(chosen.get("numSms"), int) else None,
             "compute_capability": f"{major}.{minor}" if isinstance(major, int) and isinstance(minor, int) else None}
 

@@ -55,11 +55,17 @@ def load_gate_document(path: str | os.PathLike) -> dict:
 
 
 def trace_mismatches(doc: dict, baseline: dict) -> list[str]:
-    """``"model: llama-3.2-1b vs baseline qwen3-0.6b"`` for each of model name, dtype and device name that
-    differ between two trace results (empty when comparable)."""
+    """``"model: llama-3.2-1b vs baseline qwen3-0.6b"`` for each of model name, dtype, weight format and device
+    name that differ between two trace results (empty when comparable). A result written before the weight format
+    was recorded has no ``model.weights``: its model's weights were counted unquantized (bf16)."""
     out = []
-    for label, section, key in (("model", "model", "name"), ("dtype", "model", "dtype"), ("device", "device", "name")):
+    for label, section, key in (("model", "model", "name"), ("dtype", "model", "dtype"),
+                                ("weights", "model", "weights"), ("device", "device", "name")):
         new, old = (doc.get(section) or {}).get(key), (baseline.get(section) or {}).get(key)
+        if key == "weights" and doc["model"].get("name") is not None:
+            new = new or "bf16"
+        if key == "weights" and baseline["model"].get("name") is not None:
+            old = old or "bf16"
         if new != old:
             out.append(f"{label}: {new} vs baseline {old}")
     return out

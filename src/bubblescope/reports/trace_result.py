@@ -22,6 +22,7 @@ SCHEMA = "bubblescope.trace-result/1"
 SCHEMA_PREFIX = "bubblescope.trace-result/"
 FILE_NUMBERS = ("step_ms_p50", "step_ms_p99", "bubble_ratio", "kernels_per_step", "launches_per_step",
                 "bytes_per_step", "effective_GBps", "util_peak", "floor_ms", "over_floor_ms")
+FRACTIONS = ("bubble_ratio",)  # in [0, 1]; util_peak may exceed 1 (a small model served from L2)
 # What a trace summary says of a file without GPU activity to measure, as its steps' reason and as a warning
 # (written by the profiler's trace summary, recognised by the views, so both read the words from here).
 CPU_ONLY = "no GPU activity in trace (CPU-only run)"
@@ -43,8 +44,15 @@ def is_no_gpu_reason(text: str) -> bool:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        else None
+    """``value`` as a float when it is a finite JSON number, else None (an integer literal beyond float range,
+    1e400 written out in digits, is not finite: float() of it would raise OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _step_ms(rows: list[dict]) -> tuple[float | None, float | None]:
@@ -94,7 +102,8 @@ def trace_result(summary: dict, findings: list[dict], command: str = "", created
         device = "CPU"
     return {"schema": SCHEMA, "created": created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": command, "versions": {"bubblescope": __version__, "python": platform.python_version()},
-            "model": {"name": bw.get("model"), "dtype": bw.get("dtype"), "bytes_source": bw.get("bytes_source")},
+            "model": {"name": bw.get("model"), "dtype": bw.get("dtype"), "weights": bw.get("weights"),
+                      "bytes_source": bw.get("bytes_source")},
             "device": {"name": device, "peak_GBps": _number(bw.get("peak_GBps")), "peak_source": bw.get("peak_source")},
             "files": rows, "findings": findings}
 
@@ -119,6 +128,8 @@ def validate_trace_result(doc: Any) -> list[str]:
                 problems.append(f"files[{i}].{key}: {value!r} is not a finite number or null")
             elif value is not None and value < 0 and key != "over_floor_ms":
                 problems.append(f"files[{i}].{key}: {value!r} is negative")
+            elif key in FRACTIONS and value is not None and value > 1:
+                problems.append(f"files[{i}].{key}: {value!r} is above 1 (a fraction)")
         if not isinstance(f.get("steps"), int) or isinstance(f.get("steps"), bool) or f["steps"] < 0:
             problems.append(f"files[{i}].steps: not an integer >= 0")
     return problems
@@ -134,10 +145,19 @@ def write_trace_result(doc: dict, path: str | os.PathLike, option: str | None = 
     """
     from .results import atomic_write_text
 
+    return atomic_write_text(path, trace_result_text(doc), option)
+
+
+def trace_result_text(doc: dict) -> str:
+    """``doc`` as the JSON text :func:`write_trace_result` writes (indented, no NaN), once it is valid.
+
+    Raises:
+        ValueError: the document is invalid (:func:`validate_trace_result`).
+    """
     problems = validate_trace_result(doc)
     if problems:
         raise ValueError(f"refusing to write an invalid trace result: {problems[0]}")
-    return atomic_write_text(path, json.dumps(doc, indent=2, allow_nan=False) + "\n", option)
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
 def is_trace_result(doc: Any) -> bool:

@@ -181,6 +181,8 @@ def bandwidth_rows(bw: dict) -> list[tuple[str, str]]:
     moves, the peak and its source, and the median step against the floor."""
     s = bw.get("summary") or {}
     model = f"{bw['model']} in {bw['dtype']}" if bw.get("model") else "—"
+    if bw.get("model") and bw.get("weights") not in (None, "bf16"):  # an FP8 checkpoint: its projections in FP8
+        model += f", {'projections and LM head' if bw['weights'] == 'fp8-all' else 'projections'} in FP8"
     peak = (f"{bw['peak_GBps']:,.0f} GB/s, {bw.get('peak_source')}" if bw.get("peak_GBps") is not None
             else f"unknown ({bw.get('peak_reason')})")
     nbytes = s.get("bytes_per_step")

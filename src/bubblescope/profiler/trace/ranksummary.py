@@ -108,11 +108,17 @@ def _matching_notes(own: list, steps, marker: str, skip_steps: int) -> list[str]
     return []
 
 
+# Missing ranks beyond this many are counted, not listed: a list that long says nothing a count does not, and a
+# world size read from a file (10**12) must not make the list (or the set of range(world_size)) itself.
+MAX_LISTED_MISSING = 4096
+
+
 def missing_ranks(traces: list) -> tuple[list[int] | None, str | None]:
     """(ranks of the job that no trace is for, one warning line), from ``distributedInfo.world_size``: e.g.
     ranks 0, 1 and 3 given of a world size 4 -> ([2], "... rank 2 missing ..."). (None, None) when the traces
     do not agree on a world size or hold every rank; ([], line) when ranks are taken by position (no
-    distributedInfo rank) and fewer traces than the world size are given."""
+    distributedInfo rank) and fewer traces than the world size are given, or when more than
+    :data:`MAX_LISTED_MISSING` ranks are missing (counted in the line, not listed)."""
     sizes = {parse_rank((t.metadata.get("distributedInfo") or {}).get("world_size"))
              if isinstance(t.metadata.get("distributedInfo"), dict) else None for t in traces}
     if len(sizes) != 1 or None in sizes:
@@ -125,7 +131,12 @@ def missing_ranks(traces: list) -> tuple[list[int] | None, str | None]:
         return [], (f"{count(len(traces), 'trace')} of a job of world size {world}: {world - len(traces)} "
                     f"{plural(world - len(traces), 'rank is', 'ranks are')} missing; the cross-rank figures cover "
                     "only the traces given")
-    missing = sorted(set(range(world)) - set(given))
+    inside = {r for r in given if r < world}
+    if world - len(inside) > MAX_LISTED_MISSING:  # named by count, not listed: never range() of a huge world size
+        return [], (f"ranks {', '.join(map(str, sorted(given)))} of world size {world} given: "
+                    f"{world - len(inside):,} ranks missing; the cross-rank figures (skews, slowest rank) cover "
+                    "only the ranks given")
+    missing = sorted(set(range(world)) - inside)
     if not missing:
         return None, None
     listed = ", ".join(map(str, sorted(given)))

@@ -79,14 +79,15 @@ def as_int(value: Any) -> int | None:
 
 
 def parse_rank(value: Any) -> int | None:
-    """``distributedInfo.rank`` as an int, however written (1, "1", 1.0); None if absent or not a number."""
+    """``distributedInfo.rank`` (or ``world_size``) as an int, however written (1, "1", 1.0); None if absent, not
+    a whole number (NaN, Infinity, an integer beyond float range) or negative: ranks count from 0."""
     if isinstance(value, bool) or value is None:
         return None
     try:
         number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return int(number) if number.is_integer() else None
+    return int(number) if number.is_integer() and number >= 0 else None
 
 
 def json_float(value: Any, digits: int | None = None) -> float | None:
