@@ -49,6 +49,20 @@ def test_hf_config_round_trip_through_transformers(tmp_path):
         assert back.replace(name=cfg.name) == cfg
 
 
+def test_every_preset_is_a_config_transformers_accepts_without_a_warning():
+    """transformers checks a config as it builds it and logs what it finds wrong: tiny-llama's llama3 rope had
+    original_max_position_embeddings 8192 = max_position_embeddings, which every run with the hf engine printed."""
+    transformers = pytest.importorskip("transformers")
+    from bubblescope.libwarnings import library_warnings, notes
+    from bubblescope.models.config import PRESETS
+
+    for name, cfg in PRESETS.items():
+        d = cfg.to_hf_dict()
+        with library_warnings() as caught:
+            transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+        assert notes(caught) == [], name
+
+
 def test_sharded_checkpoint_and_missing_tensor(tmp_path):
     transformers = pytest.importorskip("transformers")
     w = dummy_weights(TINY, seed=1)
