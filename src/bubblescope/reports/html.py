@@ -164,9 +164,9 @@ def _quantization(doc: dict) -> dict | None:
     rows = doc.get("quantization") or quantization.quantization_rows(doc)
     if not rows:
         return None
-    return {"title": quantization.title(doc), "headers": [_header(h) for h, _, _ in quantization.COLUMNS],
-            "rows": quantization.formatted_rows(rows), "note": quantization.NOTE,
-            "missing": quantization.missing_note(rows)}
+    return {"title": quantization.title(doc), "headers": [_header(h) for h in quantization.headers(doc)],
+            "rows": quantization.formatted_rows(rows), "note": quantization.note(doc),
+            "missing": quantization.missing_note(rows, doc)}
 
 
 def _context(doc: dict) -> dict:
