@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,6 +157,18 @@ def test_bad_inputs_one_line_exit_2(tmp_path, args, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_model_search_dirs_name_each_directory_once(monkeypatch):
+    """Run from the checkout, ../shared/models and the one beside the checkout are the same directory: the note
+    said "searched ../shared/models, /…/shared/models"."""
+    from bubblescope.models.loader import model_search_dirs
+
+    monkeypatch.delenv("BUBBLESCOPE_MODELS", raising=False)
+    monkeypatch.chdir(ROOT)
+    assert model_search_dirs() == [Path("../shared/models")]
+    monkeypatch.setenv("BUBBLESCOPE_MODELS", os.pathsep.join(["/opt/m", "/opt/m/", str(ROOT.parent / "shared/models")]))
+    assert model_search_dirs() == [Path("/opt/m"), ROOT.parent / "shared/models"]
 
 
 def test_generate_without_the_stories_file_says_where_it_looked(monkeypatch, tmp_path):
