@@ -401,3 +401,11 @@ def test_gpu_verdict_still_compares_the_fused_engine_and_the_megakernel():
     v = verdict(doc)
     assert (v["best"], v["baseline"]) == ("megakernel", "reference-fused")
     assert "1.38x faster than reference-fused" in v["text"]
+
+
+def test_html_megakernel_facts_are_labelled_in_words():
+    """The megakernel's wait share was labelled with its internal key, `intrakernel_wait_ratio`."""
+    wait = g.engine(g.healthy_doc(), "megakernel")["intrakernel"]["wait_ratio"]
+    body = render_html(g.healthy_doc())
+    assert f"<th>program-time waiting on dependencies</th><td class=\"num\">{wait * 100:.1f} %</td>" in body
+    assert "intrakernel_wait_ratio" not in body

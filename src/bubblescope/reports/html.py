@@ -73,7 +73,7 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
             "name": eng["name"], "plot": png_uri(intrakernel_figure(eng, device)),
             "over_peak": bandwidth_over_peak(ik.get("activity"), (device or {}).get("nvml_peak_GBps")),
             "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
-            "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
+            "facts": [("program-time waiting on dependencies", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
                       ("tasks per step", tables.fmt(ik.get("tasks_per_step")))] + _attn_phase_facts(ik)
                      + _stream_feed_facts(ik),
