@@ -631,11 +631,11 @@ def _explicit_head_dim(name: str, value: Any) -> int:
     return value
 
 
-def _llama3_scaling(factor: float, original: int = 8192) -> dict:
-    # transformers' llama3 rope wants original_max_position_embeddings below max_position_embeddings (it warns
-    # otherwise): the model was trained on `original` positions and stretched `factor` times.
+def _llama3_scaling(factor: float) -> dict:
+    # 8192 trained positions, stretched `factor` times: a preset's max_position_embeddings must be above 8192
+    # (transformers warns otherwise).
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": original}
+            "original_max_position_embeddings": 8192}
 
 
 # Flat dict of named presets (values from each model's public config.json).
@@ -679,8 +679,8 @@ PRESETS: dict[str, ModelConfig] = {
     # A small made-up Llama (GQA, llama3 RoPE scaling) for CPU smoke runs with dummy weights.
     "tiny-llama": ModelConfig(
         hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=2, vocab_size=1024, rope_theta=500000.0, rope_scaling=_llama3_scaling(8.0, 1024),
-        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192, bos_token_id=1,
+        num_key_value_heads=2, vocab_size=1024, rope_theta=500000.0, rope_scaling=_llama3_scaling(8.0),
+        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=65536, bos_token_id=1,
         eos_token_id=(2,), name="tiny-llama"),
 }
 
