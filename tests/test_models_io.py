@@ -59,10 +59,12 @@ def test_every_preset_is_a_config_transformers_accepts_without_a_warning():
     from bubblescope.models.config import PRESETS
 
     for name, cfg in PRESETS.items():
-        d = cfg.to_hf_dict()
+        d, digest = cfg.to_hf_dict(), cfg.config_sha256()
         with library_warnings() as caught:
             transformers.AutoConfig.for_model(d.pop("model_type"), **d)
         assert notes(caught) == [], name
+        # transformers adds rope_theta to the rope dict it is given: the preset's own must stay as it was
+        assert cfg.config_sha256() == digest and "rope_theta" not in (cfg.rope_scaling or {}), name
 
 
 def test_sharded_checkpoint_and_missing_tensor(tmp_path):

@@ -246,7 +246,10 @@ class ModelConfig:
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim, "vocab_size": self.vocab_size, "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling, "rms_norm_eps": self.rms_norm_eps,
+            # a copy: transformers' config adds keys to the dict it is given (rope_theta), which would change
+            # this config's own rope_scaling and so its config_sha256
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling is not None else None,
+            "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings, "hidden_act": self.hidden_act,
             "bos_token_id": self.bos_token_id,
