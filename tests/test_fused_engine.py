@@ -245,6 +245,17 @@ def test_user_errors_and_pdl_on_cpu():
     assert build_engine("reference-fused", w, 32).kernels_per_step() == 2 * 5 + 2   # the reduction fused
 
 
+def test_the_engine_listing_says_how_many_kernels_a_layer_launches():
+    """`bubblescope engines` said 6 per layer; the default plan launches 5 per layer plus the LM head and the
+    greedy pick: 2 layers -> 12 launches."""
+    import re
+
+    from bubblescope.engines import ENGINES, build_engine
+    w = dummy_weights(TINY["mha-untied"], seed=0)
+    per_layer = int(re.search(r"(\d+) per layer", ENGINES["reference-fused"].description).group(1))
+    assert build_engine("reference-fused", w, 32).kernels_per_step() == 2 * per_layer + 2
+
+
 def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
     """Every kernel of the step, compiled by Triton and ptxas for sm_90 at real shapes (Llama-3.2-1B, Qwen3-0.6B's
     q/k-norm, Qwen2.5-0.5B's biases and 7 query heads per kv head), in a fresh interpreter (Triton's mode is per

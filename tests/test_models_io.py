@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,6 +49,22 @@ def test_hf_config_round_trip_through_transformers(tmp_path):
         assert hf.num_key_value_heads == cfg.num_key_value_heads and hf.vocab_size == cfg.vocab_size
         back = ModelConfig.from_hf_config(tmp_path / "config.json")
         assert back.replace(name=cfg.name) == cfg
+
+
+def test_every_preset_is_a_config_transformers_accepts_without_a_warning():
+    """transformers checks a config as it builds it and logs what it finds wrong: tiny-llama's llama3 rope had
+    original_max_position_embeddings 8192 = max_position_embeddings, which every run with the hf engine printed."""
+    transformers = pytest.importorskip("transformers")
+    from bubblescope.libwarnings import library_warnings, notes
+    from bubblescope.models.config import PRESETS
+
+    for name, cfg in PRESETS.items():
+        d, digest = cfg.to_hf_dict(), cfg.config_sha256()
+        with library_warnings() as caught:
+            transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+        assert notes(caught) == [], name
+        # transformers adds rope_theta to the rope dict it is given: the preset's own must stay as it was
+        assert cfg.config_sha256() == digest and "rope_theta" not in (cfg.rope_scaling or {}), name
 
 
 def test_sharded_checkpoint_and_missing_tensor(tmp_path):
@@ -123,7 +141,7 @@ def _cli(*args, cwd=None):
     (["generate", "{tmp}/short.bin"], "expected"),
     (["generate", "tiny-llama", "--device", "cuda"], "no CUDA GPU"),
     (["generate", "no-such-preset"], "known presets: llama-3.2-1b"),
-    (["generate", "tiny-llama", "--prompt-ids", "1,2,3", "--max-new-tokens", "9000"], "exceed the model's"),
+    (["generate", "tiny-llama", "--prompt-ids", "1,2,3", "--max-new-tokens", "70000"], "exceed the model's"),
     (["generate", "tiny-llama", "--engine", "nope"], "known engines: reference"),
     (["generate", "tiny-llama", "--max-new-tokens", "0"], "Invalid value for '--max-new-tokens'"),
     (["diagnose", "model", "--runs", "abc"], "Invalid value for '--runs'"),
@@ -141,6 +159,18 @@ def test_bad_inputs_one_line_exit_2(tmp_path, args, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_model_search_dirs_name_each_directory_once(monkeypatch):
+    """Run from the checkout, ../shared/models and the one beside the checkout are the same directory: the note
+    said "searched ../shared/models, /…/shared/models"."""
+    from bubblescope.models.loader import model_search_dirs
+
+    monkeypatch.delenv("BUBBLESCOPE_MODELS", raising=False)
+    monkeypatch.chdir(ROOT)
+    assert model_search_dirs() == [Path("../shared/models")]
+    monkeypatch.setenv("BUBBLESCOPE_MODELS", os.pathsep.join(["/opt/m", "/opt/m/", str(ROOT.parent / "shared/models")]))
+    assert model_search_dirs() == [Path("/opt/m"), ROOT.parent / "shared/models"]
 
 
 def test_generate_without_the_stories_file_says_where_it_looked(monkeypatch, tmp_path):

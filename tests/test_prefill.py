@@ -204,8 +204,8 @@ def test_the_prefill_option_reaches_the_engine(tmp_path, monkeypatch, command, w
     (["generate", "stories260k", "--engine", "megakernel", "--prefill", "batched", "--max-new-tokens", "1",
       "--prompt-ids", ",".join(["7"] * 512)],
      "--prompt: 512 prompt tokens + 1 new token exceed the model's 512 positions"),
-    (["diagnose", "model", "tiny-llama", "--engines", "megakernel", "--prompt-len", "8192", "--out", "OUT"],
-     "--prompt-len 8192 + --gen-len 32 + --profile-steps 8: the workload needs 8240 positions"),
+    (["diagnose", "model", "tiny-llama", "--engines", "megakernel", "--prompt-len", "65536", "--out", "OUT"],
+     "--prompt-len 65536 + --gen-len 32 + --profile-steps 8: the workload needs 65584 positions"),
 ])
 def test_bad_prefill_and_a_prompt_beyond_the_context_are_one_line(tmp_path, args, message):
     if args[1] == "stories260k" and not STORIES.is_file():

@@ -93,6 +93,26 @@ def test_reports_show_the_section_only_for_an_fp8_run():
     assert "Quantization" not in console.export_text() and 'id="quantization"' not in render_html(bf16)
 
 
+def test_a_float32_run_names_its_unquantized_weights_fp32_not_bf16():
+    """On a CPU the unquantized model is float32: the section said "bf16 against fp8" and "top-1 vs bf16" there.
+    A bfloat16 run keeps its bf16 labels."""
+    fp8, _, _ = _pair()
+    fp8["model"]["dtype"] = "float32"
+    console = Console(record=True, width=200)
+    render_results(fp8, console)
+    text = console.export_text()
+    section = text[text.index("Quantization:"):]
+    assert section.startswith("Quantization: fp32 against fp8 weights")
+    header = section.splitlines()[1:3]  # the two-line header: "top-1 vs" over "fp32"
+    assert "top-1 vs" in header[0] and header[1].split()[-2:] == ["fp32", "error"]
+    assert "over the unquantized (fp32) weights" in section and "fp32 columns —: no fp32 run given" in section
+    assert "bf16" not in section.replace("--bf16", "").replace("--weights bf16", "").replace("BF16.json", "")
+    html = render_html(fp8)
+    assert "Quantization: fp32 against fp8 weights" in html and "unquantized (fp32) weights" in html
+    fp8["model"]["dtype"] = "bfloat16"
+    assert "Quantization: bf16 against fp8 weights" in render_html(fp8)
+
+
 def test_report_command_joins_the_two_runs(tmp_path):
     fp8, bf16, _ = _pair()
     write_results(fp8, tmp_path / "fp8.json")

@@ -361,3 +361,64 @@ def test_a_long_engine_name_stays_on_one_line_of_the_latency_table():
     # latency, request, timeline, the ladder's two tables and the context sweep; no "h" line
     assert sum(line.split()[:1] == ["megakernel-noprefetch"] for line in lines) == 6
     assert not any(line.strip() in ("h", "dagraph") for line in lines)
+
+
+def _cpu_doc(**p50s: float) -> dict:
+    """A CPU-only document whose ok engines have the given p50 ms/token and nothing else measured."""
+    doc = g.null_metrics_doc()
+    template = g.engine(doc, "megakernel")
+    doc["engines"] = [dict(template, name=name, latency=dict(template["latency"], token_ms_p50=ms))
+                      for name, ms in p50s.items()]
+    doc["findings"] = []
+    return doc
+
+
+def test_cpu_verdict_compares_no_engine_with_an_interpreted_megakernel_or_fused_engine():
+    """On a CPU the megakernel and fused engines run under Triton's interpreter (183.5 and 488.8 ms/token here):
+    "468x faster than megakernel" measured the interpreter. reference-compile is compared with hf only,
+    11.12 / 0.392 = 28.37x, and the shared CPU clause is said once."""
+    v = verdict(_cpu_doc(**{"reference-compile": 0.392, "megakernel": 183.5, "reference-fused": 488.8}))
+    assert (v["best"], v["baseline"]) == ("reference-compile", None)
+    assert v["text"] == ("Fastest: reference-compile at 0.392 ms/token: measured on the CPU: no GPU timeline or "
+                         "bandwidth to say more.")
+    v = verdict(_cpu_doc(**{"reference-compile": 0.392, "hf": 11.12, "megakernel": 183.5}))
+    assert (v["best"], v["baseline"]) == ("reference-compile", "hf")
+    assert v["text"] == ("Fastest: reference-compile at 0.392 ms/token, 28.37x faster than hf: measured on the "
+                         "CPU: no GPU timeline or bandwidth to say more. Compared with hf at 11.1 ms/token.")
+
+
+def test_cpu_verdict_of_interpreted_engines_alone_says_so_and_compares_nothing():
+    v = verdict(_cpu_doc(**{"megakernel": 183.5, "megakernel-stages": 240.0}))
+    assert (v["best"], v["baseline"]) == ("megakernel", None)
+    assert v["text"] == ("Fastest: megakernel at 183.5 ms/token: timed under Triton's CPU interpreter, which says "
+                         "nothing of the kernel's speed.")
+
+
+def test_gpu_verdict_still_compares_the_fused_engine_and_the_megakernel():
+    """On CUDA the same names are real kernels: reference-fused 1.1 ms is the baseline of the 0.8 ms megakernel."""
+    doc = _launch_bound_doc()
+    g.engine(doc, "reference-cudagraph")["name"] = "reference-fused"
+    v = verdict(doc)
+    assert (v["best"], v["baseline"]) == ("megakernel", "reference-fused")
+    assert "1.38x faster than reference-fused" in v["text"]
+
+
+def test_html_megakernel_facts_are_labelled_in_words():
+    """The megakernel's wait share was labelled with its internal key, `intrakernel_wait_ratio`."""
+    wait = g.engine(g.healthy_doc(), "megakernel")["intrakernel"]["wait_ratio"]
+    body = render_html(g.healthy_doc())
+    assert f"<th>program-time waiting on dependencies</th><td class=\"num\">{wait * 100:.1f} %</td>" in body
+    assert "intrakernel_wait_ratio" not in body
+
+
+def test_the_latency_note_says_tok_per_s_comes_from_the_mean_tpot():
+    """A CPU run showed TPOT p50 0.896 ms beside 75.8 tok/s: tok/s is 1000 / the mean TPOT (samples 1, 1, 1, 97 ms:
+    p50 1 ms, mean 25 ms, 40 tok/s), and the note under the table said nothing of it."""
+    from bubblescope.diagnosis.measure import latency_stats
+
+    stats = latency_stats([1.0, 1.0, 1.0, 97.0], [5.0], [0.9])
+    assert (stats["token_ms_p50"], stats["tok_per_s"]) == (1.0, 40.0)
+    console = Console(record=True, width=100)
+    render_results(g.healthy_doc(), console)
+    assert "tok/s: 1000 / the mean TPOT" in " ".join(console.export_text().split())
+    assert "tok/s: 1000 / the mean TPOT" in render_html(g.healthy_doc())

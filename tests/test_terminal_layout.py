@@ -116,6 +116,29 @@ def test_library_warnings_are_held_back_and_said_once_each():
     assert len(after) == 1  # the filters are back
 
 
+def test_a_handler_a_library_installs_inside_the_block_prints_nothing_until_it_ends():
+    """transformers installs its stderr handler ("[transformers] ...") when first imported, which bubblescope does
+    inside the block: a warning it logged then printed in the middle of the run, beside its note."""
+    import io
+
+    logger = logging.getLogger("tokenizers")
+    before = list(logger.handlers), logger.propagate
+    printed = io.StringIO()
+    own = logging.StreamHandler(printed)
+    try:
+        with library_warnings() as caught:
+            logger.addHandler(own)  # what the library's first import does
+            logger.propagate = False
+            logging.getLogger("tokenizers.models").warning("field out of range")
+        assert printed.getvalue() == ""
+        assert notes(caught) == ["tokenizers warning: field out of range"]
+        assert own in logger.handlers and logger.propagate is False and "addHandler" not in vars(logger)
+        logging.getLogger("tokenizers.models").warning("after the block")
+        assert printed.getvalue() == "after the block\n"  # the library's set-up holds afterwards
+    finally:
+        logger.handlers, logger.propagate = before
+
+
 def test_a_torch_warning_never_reaches_the_report(tmp_path, monkeypatch):
     """A torch UserWarning (raised by torch's C++ code) printed in the middle of the output; now it is a note on
     stderr after the report, and stdout holds the report alone."""

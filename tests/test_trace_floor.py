@@ -52,8 +52,8 @@ def test_model_bytes_grow_with_each_steps_context():
     assert unknown["kv"] == "weights" and {r["bytes"] for r in unknown["rows"]} == {TINY_WEIGHT_BYTES}
     fp32 = td.bandwidth_section(_entry(walls), td.resolve_step_bytes(model="tiny-llama", dtype="fp32"))
     assert fp32["dtype"] == "float32" and fp32["rows"][0]["bytes"] == 2 * TINY_WEIGHT_BYTES
-    with pytest.raises(BubblescopeError, match=r"^--context 8190: step traffic: context 8193 exceeds tiny-llama"):
-        td.bandwidth_section(_entry(walls), sb, context=8190)
+    with pytest.raises(BubblescopeError, match=r"^--context 65534: step traffic: context 65537 exceeds tiny-llama"):
+        td.bandwidth_section(_entry(walls), sb, context=65534)
 
 
 @pytest.mark.parametrize("name, memory_GB, peak", [

@@ -115,7 +115,7 @@ ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
                _reference("cudagraph"), _cudagraph_unavailable),
     EngineSpec("reference-compile", "torch.compile(mode='reduce-overhead'): inductor fusion + CUDA graphs",
                _reference("compile")),
-    EngineSpec("reference-fused", "fused Triton kernels, 6 per layer (RMSNorm, RoPE, the KV write, SwiGLU and the "
+    EngineSpec("reference-fused", "fused Triton kernels, 5 per layer (RMSNorm, RoPE, the KV write, SwiGLU and the "
                "residual adds inside the matvecs; split-K attention), the step replayed as one CUDA graph",
                _fused(False), _fused_needs_triton),
     EngineSpec("reference-fused-pdl", "reference-fused launched with Programmatic Dependent Launch: each kernel "

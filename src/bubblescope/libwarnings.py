@@ -64,15 +64,21 @@ class _Collect(logging.Handler):
 def library_warnings(into: list[Captured] | None = None):
     """Record, instead of printing, every Python warning and every WARNING-or-worse record of the :data:`LOGGERS`
     while the block runs; yields the list (``into``, or a new one) of :class:`Captured` as they come. Filters,
-    ``showwarning`` and the loggers' handlers are restored on exit, whatever happens in the block."""
+    ``showwarning`` and the loggers' handlers are restored on exit, whatever happens in the block.
+
+    A handler a library adds to its logger inside the block is held back until the block ends, then kept, with the
+    ``propagate`` the library left: transformers installs its stderr handler when it is first imported, which
+    bubblescope does lazily, inside the block."""
     into = [] if into is None else into
     handler = _Collect(into)
     saved = []
     for name in LOGGERS:
         logger = logging.getLogger(name)
-        saved.append((logger, list(logger.handlers), logger.propagate))
+        late: list[logging.Handler] = []
+        saved.append((logger, list(logger.handlers), logger.propagate, late, logger.__dict__.get("addHandler")))
         logger.handlers = [handler]
         logger.propagate = False
+        logger.addHandler = late.append  # an instance attribute: shadows Logger.addHandler until restored
     try:
         with warnings.catch_warnings():  # restores the filters and showwarning on exit
             warnings.simplefilter("always")  # counted here, said once by notes()
@@ -84,8 +90,13 @@ def library_warnings(into: list[Captured] | None = None):
             warnings.showwarning = keep
             yield into
     finally:
-        for logger, handlers, propagate in saved:
-            logger.handlers, logger.propagate = handlers, propagate
+        for logger, handlers, propagate, late, own_add in saved:
+            if own_add is None:
+                del logger.addHandler
+            else:
+                logger.addHandler = own_add
+            logger.handlers = handlers + [h for h in late if h not in handlers]
+            logger.propagate = logger.propagate if late else propagate
 
 
 def notes(captured: list[Captured]) -> list[str]:

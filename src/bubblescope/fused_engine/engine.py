@@ -1,9 +1,10 @@
-"""The fused op-by-op Decoder: six Triton kernels per layer, replayed as one CUDA graph per token.
+"""The fused op-by-op Decoder: five Triton kernels per layer, replayed as one CUDA graph per token.
 
 The strongest op-by-op rung of the ablation ladder: what fusion, CUDA graphs and Programmatic Dependent Launch
-buy without a persistent kernel. ``reference-fused`` replays the step's kernels (``kernels.py``: 6 per layer,
-7 with Qwen3's q/k-norm, plus the LM head and the greedy pick) as one CUDA graph; ``reference-fused-pdl`` launches
-the same kernels with PDL so each kernel's weight loads start while the previous kernel drains.
+buy without a persistent kernel. ``reference-fused`` replays the step's kernels (``kernels.py``: 5 per layer,
+6 with Qwen3's q/k-norm, one more without the fused attention reduction, plus the LM head and the greedy pick)
+as one CUDA graph; ``reference-fused-pdl`` launches the same kernels with PDL so each kernel's weight loads start
+while the previous kernel drains.
 
 Weights, KV cache, RoPE tables and prefill are the reference engine's (:class:`~bubblescope.reference_engine.
 model.Transformer`): the same tensors, no copy; prefill is its batched eager forward, which fills the same

@@ -246,7 +246,10 @@ class ModelConfig:
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim, "vocab_size": self.vocab_size, "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling, "rms_norm_eps": self.rms_norm_eps,
+            # a copy: transformers' config adds keys to the dict it is given (rope_theta), which would change
+            # this config's own rope_scaling and so its config_sha256
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling is not None else None,
+            "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings, "hidden_act": self.hidden_act,
             "bos_token_id": self.bos_token_id,
@@ -632,6 +635,8 @@ def _explicit_head_dim(name: str, value: Any) -> int:
 
 
 def _llama3_scaling(factor: float) -> dict:
+    # 8192 trained positions, stretched `factor` times: a preset's max_position_embeddings must be above 8192
+    # (transformers warns otherwise).
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
 
@@ -678,7 +683,7 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-llama": ModelConfig(
         hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=8,
         num_key_value_heads=2, vocab_size=1024, rope_theta=500000.0, rope_scaling=_llama3_scaling(8.0),
-        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192, bos_token_id=1,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=65536, bos_token_id=1,
         eos_token_id=(2,), name="tiny-llama"),
 }
 

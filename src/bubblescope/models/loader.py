@@ -37,10 +37,17 @@ class LoadedModel:
 
 def model_search_dirs() -> list[Path]:
     """``$BUBBLESCOPE_MODELS`` entries (os.pathsep-separated), then ``../shared/models`` from the working
-    directory, then ``../shared/models`` beside this source checkout (so it does not depend on the cwd)."""
+    directory, then ``../shared/models`` beside this source checkout (so it does not depend on the cwd); each
+    directory once (by its resolved path: run from the checkout, the last two are one), as first named."""
     dirs = [Path(p) for p in os.environ.get("BUBBLESCOPE_MODELS", "").split(os.pathsep) if p]
     checkout = Path(__file__).resolve().parents[4] / "shared" / "models"  # <repo>/src/bubblescope/models/ -> ../shared
-    return dirs + [Path("..") / "shared" / "models", checkout]
+    seen: set[Path] = set()
+    out = []
+    for d in dirs + [Path("..") / "shared" / "models", checkout]:
+        if d.resolve() not in seen:
+            seen.add(d.resolve())
+            out.append(d)
+    return out
 
 
 def find_model_file(preset: str) -> Path | None:

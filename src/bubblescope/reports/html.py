@@ -73,7 +73,7 @@ def _intrakernel(engines: list[dict], device: dict) -> list[dict]:
             "name": eng["name"], "plot": png_uri(intrakernel_figure(eng, device)),
             "over_peak": bandwidth_over_peak(ik.get("activity"), (device or {}).get("nvml_peak_GBps")),
             "rows": [f"program {p}" for p in chosen_programs(ik.get("tasks") or [])],
-            "facts": [("intrakernel_wait_ratio", tables.fmt(ik.get("wait_ratio"), "pct")),
+            "facts": [("program-time waiting on dependencies", tables.fmt(ik.get("wait_ratio"), "pct")),
                       ("programs", tables.fmt(ik.get("programs"))),
                       ("tasks per step", tables.fmt(ik.get("tasks_per_step")))] + _attn_phase_facts(ik)
                      + _stream_feed_facts(ik),
@@ -164,9 +164,9 @@ def _quantization(doc: dict) -> dict | None:
     rows = doc.get("quantization") or quantization.quantization_rows(doc)
     if not rows:
         return None
-    return {"title": quantization.title(doc), "headers": [_header(h) for h, _, _ in quantization.COLUMNS],
-            "rows": quantization.formatted_rows(rows), "note": quantization.NOTE,
-            "missing": quantization.missing_note(rows)}
+    return {"title": quantization.title(doc), "headers": [_header(h) for h in quantization.headers(doc)],
+            "rows": quantization.formatted_rows(rows), "note": quantization.note(doc),
+            "missing": quantization.missing_note(rows, doc)}
 
 
 def _context(doc: dict) -> dict:

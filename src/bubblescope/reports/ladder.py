@@ -34,6 +34,8 @@ RUNGS: tuple[tuple[str, str, str], ...] = (
 )
 _MEGAKERNEL_STAND_INS = ("megakernel-gluon", "megakernel-triton")
 OP_BY_OP_PREFIX = "reference"
+# Engines whose decode step is Triton kernels: off CUDA they run under Triton's CPU interpreter.
+TRITON_PREFIXES = ("megakernel", "reference-fused")
 IN_KERNEL, GPU_IDLE = "in-kernel wait", "GPU idle"
 
 # Numerical fidelity: an engine is "matched" when, on the same teacher-forced tokens, its KL divergence from the
@@ -48,6 +50,13 @@ def is_op_by_op(eng: dict) -> bool:
     """Whether ``eng`` (an engine entry) is an op-by-op engine: the ``reference`` family (eager, graphed, compiled,
     fused)."""
     return str(eng.get("name", "")).startswith(OP_BY_OP_PREFIX)
+
+
+def interpreted(eng: dict, doc: dict) -> bool:
+    """Whether ``eng`` (an engine entry of ``doc``) ran its Triton kernels under Triton's CPU interpreter: a
+    megakernel or fused engine (:data:`TRITON_PREFIXES`) of a run whose ``device.type`` is not ``cuda``. Its
+    latency measures the interpreter, not the kernel, so it is no yardstick for another engine."""
+    return dig(doc, "device", "type") != "cuda" and str(eng.get("name", "")).startswith(TRITON_PREFIXES)
 
 
 def one_kernel_step(eng: dict) -> bool:

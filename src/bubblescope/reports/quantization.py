@@ -32,6 +32,23 @@ NOTE = ("speed-up: the bf16 run's p50 ms/token over the FP8 run's, same engine; 
         "over the unquantized (bf16) weights on the same tokens, max over positions of ‖Δ‖₂ / ‖bf16‖₂")
 
 
+def base_label(doc: dict) -> str:
+    """The unquantized weights' type as the reports name it, from ``model.dtype``: ``bf16`` for a bfloat16 run (a
+    GPU's), ``fp32`` for a float32 run (a CPU's), ``fp16``; the dtype itself otherwise, ``bf16`` when absent."""
+    dtype = dig(doc, "model", "dtype")
+    return {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(dtype, dtype or "bf16")
+
+
+def headers(doc: dict) -> list[str]:
+    """:data:`COLUMNS`' headers, the unquantized run named by :func:`base_label`."""
+    return [h.replace("bf16", base_label(doc)) for h, _, _ in COLUMNS]
+
+
+def note(doc: dict) -> str:
+    """:data:`NOTE`, the unquantized run named by :func:`base_label`."""
+    return NOTE.replace("bf16", base_label(doc))
+
+
 def is_fp8(doc: dict) -> bool:
     """Whether ``doc`` is a run with FP8 weights (``model.weights``)."""
     return dig(doc, "model", "weights") in ("fp8", "fp8-all")
@@ -104,8 +121,8 @@ def formatted_rows(rows: list[dict]) -> list[list[str]]:
 
 
 def title(doc: dict) -> str:
-    return (f"Quantization: bf16 against {dig(doc, 'model', 'weights')} weights (FP8 e4m3, a float32 scale per "
-            "output row), per engine")
+    return (f"Quantization: {base_label(doc)} against {dig(doc, 'model', 'weights')} weights (FP8 e4m3, a float32 "
+            "scale per output row), per engine")
 
 
 def has_speed(rows: list[dict]) -> bool:
@@ -113,9 +130,11 @@ def has_speed(rows: list[dict]) -> bool:
     return any(row["bf16_token_ms_p50"] is not None for row in rows)
 
 
-def missing_note(rows: list[dict]) -> str | None:
-    """What the table lacks and how to get it, or None."""
+def missing_note(rows: list[dict], doc: dict | None = None) -> str | None:
+    """What the table lacks and how to get it, or None; the unquantized run named by :func:`base_label` of
+    ``doc`` (``bf16`` without one)."""
     if rows and not has_speed(rows):
-        return (f"bf16 columns {MISSING}: no bf16 run given; run the same diagnose model with --weights bf16 and "
-                "re-render with `bubblescope report FP8.json --bf16 BF16.json`")
+        label = base_label(doc or {})
+        return (f"{label} columns {MISSING}: no {label} run given; run the same diagnose model with --weights bf16 "
+                "(no quantization) and re-render with `bubblescope report FP8.json --bf16 BF16.json`")
     return None

@@ -49,7 +49,8 @@ REQUEST_COLUMNS = (
     ("end to end\nms", lambda eng, doc: request_times(eng, doc), "e2e"),
 )
 LATENCY_NOTE = ("TPOT: time per output token after the first (host wall time, token on the host), p50 and p99 over "
-                "every decode step of the timed runs; TTFT: time to the first token (prefill and its sampling); "
+                "every decode step of the timed runs; tok/s: 1000 / the mean TPOT, which a slow tail pulls below "
+                "1000 / p50; TTFT: time to the first token (prefill and its sampling); "
                 "end to end: the measured generation time of one request (median over the timed runs), or ~ TTFT + "
                 "(n − 1) × TPOT p50 where it was not recorded")
 HEADLINE = (LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + REQUEST_COLUMNS[1:]

@@ -45,16 +45,17 @@ def _quantization(doc: dict, console: Console) -> None:
     # columns nobody measured (% peak on a CPU, bf16 timings without --bf16) left out, and named
     keep = [i for i in range(len(quantization.COLUMNS)) if i == 0 or any(r[i] != tables.MISSING for r in cells)]
     table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    headers = quantization.headers(doc)
     for i in keep:
-        header, _, kind = quantization.COLUMNS[i]
-        table.add_column(header, justify="left" if kind == "text" else "right", no_wrap=True)
+        kind = quantization.COLUMNS[i][2]
+        table.add_column(headers[i], justify="left" if kind == "text" else "right", no_wrap=True)
     for row in cells:
         table.add_row(*(Text(row[i]) for i in keep))
-    dropped = [quantization.COLUMNS[i][0].replace("\n", " ") for i in range(len(cells[0])) if i not in keep]
+    dropped = [headers[i].replace("\n", " ") for i in range(len(cells[0])) if i not in keep]
     console.print(Group(Text(quantization.title(doc), style="table.title"), table))
-    console.print(Wrapped(Text(quantization.NOTE + (f"; not measured: {', '.join(dropped)}" if dropped else ""),
+    console.print(Wrapped(Text(quantization.note(doc) + (f"; not measured: {', '.join(dropped)}" if dropped else ""),
                                style="dim")))
-    if note := quantization.missing_note(rows):
+    if note := quantization.missing_note(rows, doc):
         console.print(Wrapped(Text(note, style="dim")))
 
 

@@ -12,12 +12,15 @@ terminal and HTML reports. Bottleneck clauses, first that applies:
   :func:`.ladder.bubble_ratio`): idle share and kernels per step — the launch/bubble regime;
 * a bandwidth figure: the share of NVML peak it streams — the memory-bound regime;
 * else the latency only (a CPU run has no GPU timeline).
+
+On a CPU run the megakernel and fused engines time Triton's interpreter (:func:`.ladder.interpreted`): they are
+neither the fastest nor the baseline while another engine has a latency, and are compared with none.
 """
 
 from __future__ import annotations
 
 from .findings import SEVERITIES, THRESHOLDS, at_ceiling, in_kernel_advice
-from .ladder import GPU_IDLE, best_op_by_op, bubble_ratio, is_op_by_op
+from .ladder import GPU_IDLE, best_op_by_op, bubble_ratio, interpreted, is_op_by_op
 from .results import dig, ordered
 from ..wording import count
 
@@ -30,6 +33,8 @@ def _ms(v: float) -> str:
 
 def bottleneck(eng: dict, doc: dict) -> str:
     """One clause naming what limits ``eng``, with its evidence in units (%, GB/s, kernels, µs)."""
+    if interpreted(eng, doc):
+        return "timed under Triton's CPU interpreter, which says nothing of the kernel's speed"
     util, gbps = dig(eng, "bandwidth", "util_peak"), dig(eng, "bandwidth", "effective_GBps")
     stream = f"streams {gbps:,.0f} GB/s ({util:.0%} of NVML peak)" if util is not None and gbps is not None else None
     wait, by = dig(eng, "intrakernel", "wait_ratio"), dig(eng, "intrakernel", "by_opcode") or []
@@ -77,11 +82,13 @@ def verdict(doc: dict) -> dict | None:
     """``{"text": one or two sentences, "action": one sentence, "best": name, "baseline": name | None}``,
     or None when no engine has a latency."""
     ok = ordered([e for e in doc.get("engines") or [] if e.get("status") == "ok"])
-    best = _fastest(ok)
+    # Interpreter timings (a CPU run's megakernel and fused engines) are compared with nothing.
+    measured = [e for e in ok if not interpreted(e, doc)]
+    best = _fastest(measured) or _fastest(ok)
     if best is None:
         return None
     p50 = best["latency"]["token_ms_p50"]
-    rest = [e for e in ok if e is not best and dig(e, "latency", "token_ms_p50") is not None]
+    rest = [e for e in measured if e is not best and dig(e, "latency", "token_ms_p50") is not None]
     # The baseline is the strongest op-by-op engine (what users without a megakernel run); when an op-by-op engine
     # is itself the fastest, it is compared with the fastest of the others (a megakernel), else the slowest.
     base = best_op_by_op(rest) if not is_op_by_op(best) else None
@@ -95,7 +102,8 @@ def verdict(doc: dict) -> dict | None:
         b = f" at {_ms(base_p50)}" if base_p50 else ""
         # When an op-by-op engine is itself the fastest, the engine it is compared with is no baseline.
         label = "Baseline (best op-by-op)" if not is_op_by_op(best) and is_op_by_op(base) else "Compared with"
-        text += f" {label} {base['name']}{b}: {bottleneck(base, doc)}."
+        why = bottleneck(base, doc)
+        text += f" {label} {base['name']}{b}" + (f": {why}." if why != bottleneck(best, doc) else ".")
     return {"text": text, "action": _action(best, doc.get("findings") or []), "best": best["name"],
             "baseline": base["name"] if base else None}
 
