@@ -1,18 +1,20 @@
-"""Device code of the fused op-by-op decoder: six Triton kernels per layer, one CUDA graph per token.
+"""Device code of the fused op-by-op decoder: five Triton kernels per layer, one CUDA graph per token.
 
-One decode step (T = 1) of a Llama-family layer as six launches, each a bandwidth-bound matvec or a small
-attention pass, with every elementwise op fused into the launch that produces its input:
+One decode step (T = 1) of a Llama-family layer as five launches (six with a separate attention reduction, one
+more for Qwen3's q/k-norm), each a bandwidth-bound matvec or a small attention pass, with every elementwise op
+fused into the launch that produces its input:
 
     qkv_rope      h = RMSNorm(x) · input_layernorm;  q, k, v = W_{q,k,v} · h (+ b);  RoPE on q and k;
                   k, v written into the KV cache at ``pos``                              (layer 0: x = embed[tok])
     [qk_norm]     Qwen3 only: per-head RMSNorm of q and k, then RoPE, k into the cache
     attn_split    flash-decoding: each (kv head, split) program attends its query heads over one slice of
                   the cache, keeping the running max m, sum l and unnormalised P·V (Dao et al., Flash-Decoding)
-    attn_reduce   one program per query head combines the splits: o = Σ e^{m_s − M} acc_s / Σ e^{m_s − M} l_s
+    attn_reduce   the splits combined: o = Σ e^{m_s − M} acc_s / Σ e^{m_s − M} l_s — by the kv head's last split
+                  program (an atomic ticket; the default) or by a launch of its own, one program per query head
     oproj / down  x += W · a   (the residual add fused into the matvec's epilogue)
     gateup        h = RMSNorm(x) · post_attention_layernorm;  a = SiLU(W_gate · h) ⊙ (W_up · h)
-    lmhead        logits = W_head · RMSNorm(x) · norm, and each program's (max, first argmax)
-    argmax        the greedy token from the programs' partial maxima; ``tok`` ← it, ``pos`` += 1
+    lmhead        logits = W_head · RMSNorm(x) · norm; each program folds its (max, first argmax) into an int64 key
+    argmax        the greedy token from the keys; ``tok`` ← it, ``pos`` += 1
 
 Memory layout: weights as Hugging Face stores them, row-major ``(out_features, in_features)``; the KV cache of
 a layer is ``(n_kv_heads, max_seq_len, head_dim)`` row-major (the reference engine's own buffers); ``pos`` and
