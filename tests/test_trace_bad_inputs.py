@@ -276,7 +276,7 @@ def test_a_rank_or_world_size_that_is_not_a_rank_is_not_read(tmp_path, rank, wor
 
 
 def test_a_context_beyond_the_model_is_refused_before_the_program_runs(tmp_path):
-    """tiny-llama holds 8,192 positions: --context 100000 used to be found only after the program had run, and
+    """tiny-llama holds 65,536 positions: --context 100000 used to be found only after the program had run, and
     the trace was then published alone, the previous profile.json and profile.html removed."""
     import sys
 
@@ -287,15 +287,15 @@ def test_a_context_beyond_the_model_is_refused_before_the_program_runs(tmp_path)
     out.mkdir()
     (out / "profile.json").write_bytes(b"previous")
     r = _cli("profile", "--out", out, "--model", "tiny-llama", "--context", 100_000, "--", sys.executable, script)
-    _one_line_error(r, "--context 100000: beyond tiny-llama's max_position_embeddings 8192")
+    _one_line_error(r, "--context 100000: beyond tiny-llama's max_position_embeddings 65536")
     assert not ran.exists() and [p.name for p in out.iterdir()] == ["profile.json"]
-    _one_line_error(_cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 8193),
-                    "--context 8193: beyond tiny-llama's max_position_embeddings 8192")
-    r = _cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 8192, "--format", "json")
-    assert r.exit_code == 2 and "context 8193 exceeds" in r.stderr  # the second step reads one position more
-    r = _cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 8190, "--format", "json")
+    _one_line_error(_cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 65537),
+                    "--context 65537: beyond tiny-llama's max_position_embeddings 65536")
+    r = _cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 65536, "--format", "json")
+    assert r.exit_code == 2 and "context 65537 exceeds" in r.stderr  # the second step reads one position more
+    r = _cli("diagnose", "trace", _trace(tmp_path), "--model", "tiny-llama", "--context", 65534, "--format", "json")
     assert r.exit_code == 0 and [row["context"] for row in json.loads(r.stdout)["files"][0]["bandwidth"]["rows"]] \
-        == [8190, 8191, 8192]
+        == [65534, 65535, 65536]
 
 
 @pytest.mark.parametrize("target", ["config.json", "generation_config.json"])
