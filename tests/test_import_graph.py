@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("diagnose/profile", frozenset({"diagnosis", "tracediagnose", "tpdiagnose", "tplaunch", "profile_program",
                                     "profile_command", "profile_runner", "fidelity", "counters", "tuning", "tuned",
                                     "trace_inputs", "generate_command"})),
-    ("models/engines", frozenset({"engines", "fallback", "generation", "hf_engine", "torch_ops", "models",
+    ("models/engines", frozenset({"engines", "fallback", "generation", "hf_engine", "torch_ops", "triton_interp", "models",
                                   "reference_engine", "megakernel_engine", "fused_engine"})),
     ("profiler", frozenset({"profiler"})),
     ("results/reports", frozenset({"reports"})),

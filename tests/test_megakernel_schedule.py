@@ -148,7 +148,7 @@ def test_params_validation():
     with pytest.raises(BubblescopeError, match="weight_eviction"):
         MegakernelParams(weight_eviction="evict_never").validate()
     # the Triton kernel's weight loads: auto is no hint (even either way,
-    # benchmarks/results/h200-2026-11-29-b/megakernel_check_round4.json); a choice stands
+    # benchmarks/results/h200-2026-11-29-b/megakernel_check_d.json); a choice stands
     from bubblescope.megakernel_engine.schedule import resolve_tiling
     from bubblescope.megakernel_engine.triton_kernel.host import kernel_constexprs
     cfg = TINY["gqa-tied-llama3"]

@@ -162,7 +162,7 @@ def test_rank_tagged_files_without_common_steps_get_no_section(tmp_path):
                                "name the steps' record_function with --step-marker")
     # Files with different markers are each named with what they have.
     marked = tg.document(tg.meta_events() + plain + [tg.annotation("ProfilerStep#0", 5, 20)], rank=1)
-    paths[1] = tg.write(tmp_path / "r1.json", marked)
+    paths[1] = tg.write(tmp_path / "rank1.json", marked)
     with pytest.raises(BubblescopeError) as info:
         summarize_rank_traces(paths, force=True)
     assert str(info.value) == (f"--ranks: the traces do not share one step marker ({paths[0]}: no step marker; "

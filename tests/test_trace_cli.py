@@ -189,12 +189,12 @@ def test_a_tie_in_compute_names_no_slowest_rank(tmp_path):
 
     def rank(r, busy):
         ev = [tg.annotation("bubblescope.decode_step#0", 0, 90), tg.launch(2, 2, 1), tg.kernel("k", 30, busy, 1)]
-        return tg.write(tmp_path / f"r{r}.json", tg.document(ev, rank=r))
+        return tg.write(tmp_path / f"rank{r}.json", tg.document(ev, rank=r))
 
     tie = summarize_rank_traces([rank(0, 5), rank(1, 5)])["ranks"]
     assert [s["slowest_rank"] for s in tie["per_step"]] == [None]
     assert [r["slowest_steps"] for r in tie["per_rank"]] == [0, 0]
-    r = _cli("diagnose", "trace", str(tmp_path / "r0.json"), str(tmp_path / "r1.json"))
+    r = _cli("diagnose", "trace", str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json"))
     lines = r.stdout.splitlines()
     per_step = lines[next(i for i, line in enumerate(lines) if line.startswith("Per step, across ranks: compute")):]
     row = next(line for line in per_step if line.startswith("│    0 │"))

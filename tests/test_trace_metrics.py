@@ -519,8 +519,8 @@ def test_huge_rank_traces_keep_their_cross_rank_skew(tmp_path):
     both are put on one origin, so the start skew is 7 µs, not 0 (or 256)."""
     from bubblescope.profiler.trace.ranksummary import summarize_rank_traces
 
-    a = tg.write(tmp_path / "r0.json", tg.document(_two_step_events(HUGE_OFFSET), rank=0))
-    b = tg.write(tmp_path / "r1.json", tg.document(_two_step_events(HUGE_OFFSET + 7), rank=1))
+    a = tg.write(tmp_path / "rank0.json", tg.document(_two_step_events(HUGE_OFFSET), rank=0))
+    b = tg.write(tmp_path / "rank1.json", tg.document(_two_step_events(HUGE_OFFSET + 7), rank=1))
     ranks = summarize_rank_traces([a, b])["ranks"]
     assert [s["start_skew_us"] for s in ranks["per_step"]] == [7.0, 7.0]
     assert [s["end_skew_us"] for s in ranks["per_step"]] == [7.0, 7.0]

@@ -72,8 +72,11 @@ class FusedParams:
     program at long contexts); ``fused_reduce``: the attention splits combined by the kv head's last program (an
     atomic ticket) instead of a separate launch; ``norm_stats``: ``reload`` (each RMSNorm reads x twice: Σx², then
     the normed chunks) or ``atomic`` (the kernels that write x add its Σx² into a float32 slot);
-    ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``). Defaults from a sweep of a CUDA-graph chain of Llama-3.2-1B's matvecs on an H100:
-    4–8 rows, 1,024–2,048 columns and 4 warps streamed fastest (``benchmarks/NOTES.md``, PDL)."""
+    ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``). Defaults from
+    the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
+    ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
+    4 rows × 2,048 columns, 4 warps and the fused reduction were fastest; Σx² by atomics was no faster than
+    reloading x."""
 
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,

@@ -43,22 +43,36 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Under TRITON_INTERPRET every call of a jit library function (tl.sum, tl.max) re-patches triton.language
-# (milliseconds per call); tl.reduce with Triton's own combine functions maps straight to numpy. Compiled, the
-# plain library functions are used.
-INTERPRET = bool(triton.knobs.runtime.interpret)
+from ..triton_interp import device_function
+from ..triton_interp import reduce_max as _max
+from ..triton_interp import reduce_min as _min
+from ..triton_interp import reduce_sum as _sum
 
-if INTERPRET:
-    def _sum(x, axis):
-        return tl.reduce(x, axis, tl.standard._sum_combine)
 
-    def _max(x, axis):
-        return tl.reduce(x, axis, tl.standard._elementwise_max)
+# ---- RMSNorm of the input vector, shared by qkv_rope, gateup and lmhead ------------------------------------------
+@device_function
+def _rms_inv(src, ss_ptr, eps, cols, H: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr):
+    """1 / sqrt(mean(src[0:H]²) + eps), float32 (RMSNorm, Zhang & Sennrich 2019): from Σx² accumulated by the
+    programs that wrote x (``STATS_IN``: one load) or by a pass over ``src`` in ``BLOCK_K`` chunks."""
+    if STATS_IN:
+        inv = tl.rsqrt(tl.load(ss_ptr) / H + eps)
+    else:
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            xv = tl.load(src + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
+            ss += xv * xv
+        inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    return inv
 
-    def _min(x, axis):
-        return tl.reduce(x, axis, tl.standard._elementwise_min)
-else:
-    _sum, _max, _min = tl.sum, tl.max, tl.min
+
+@device_function
+def _normed(src, norm_ptr, k0, cols, inv, H: tl.constexpr, ACT: tl.constexpr):
+    """Columns ``k0 + cols`` of RMSNorm(src) · weight as the reference rounds it: ((x·inv).to(ACT) · w).to(ACT),
+    returned in float32 (masked columns 0)."""
+    mk = k0 + cols < H
+    xv = tl.load(src + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+    nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
+    return ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
 
 
 # ---- qkv_rope ------------------------------------------------------------------------------------------------
@@ -101,14 +115,7 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
         src = emb_ptr + tl.load(tok_ptr).to(tl.int64) * H
     else:
         src = x_ptr
-    if STATS_IN:  # Σx² accumulated by the programs that wrote x: one load instead of a pass over x
-        inv = tl.rsqrt(tl.load(ss_ptr) / H + eps)
-    else:
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            xv = tl.load(src + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
-            ss += xv * xv
-        inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    inv = _rms_inv(src, ss_ptr, eps, cols, H, BLOCK_K, STATS_IN)
     if EMBED:  # the embedding row becomes the residual stream x (program 0 writes it once)
         if pid == 0:
             for k0 in range(0, H, BLOCK_K):
@@ -121,9 +128,7 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
             m2 = mj[:, None] & mk[None, :]
             w_lo = tl.load(w_ptr + row_lo[:, None].to(tl.int64) * H + (k0 + cols)[None, :], mask=m2, other=0.0)
             w_hi = tl.load(w_ptr + row_hi[:, None].to(tl.int64) * H + (k0 + cols)[None, :], mask=m2, other=0.0)
-        xv = tl.load(src + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
+        hv = _normed(src, norm_ptr, k0, cols, inv, H, ACT)
         lo += _sum(w_lo.to(tl.float32) * hv[None, :], 1)
         hi += _sum(w_hi.to(tl.float32) * hv[None, :], 1)
     if W_FP8:
@@ -368,14 +373,7 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if STATS_IN:  # Σx² accumulated by the programs that wrote x: one load instead of a pass over x
-        inv = tl.rsqrt(tl.load(ss_ptr) / H + eps)
-    else:
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
-            ss += xv * xv
-        inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    inv = _rms_inv(x_ptr, ss_ptr, eps, cols, H, BLOCK_K, STATS_IN)
     gate = tl.zeros([BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -385,9 +383,7 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
             m2 = mr[:, None] & mk[None, :]
             wg = tl.load(wg_ptr + off, mask=m2, other=0.0)
             wu = tl.load(wu_ptr + off, mask=m2, other=0.0)
-        xv = tl.load(x_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
+        hv = _normed(x_ptr, norm_ptr, k0, cols, inv, H, ACT)
         gate += _sum(wg.to(tl.float32) * hv[None, :], 1)
         up += _sum(wu.to(tl.float32) * hv[None, :], 1)
     if W_FP8:
@@ -419,23 +415,14 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: 
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if STATS_IN:  # Σx² accumulated by the programs that wrote x: one load instead of a pass over x
-        inv = tl.rsqrt(tl.load(ss_ptr) / H + eps)
-    else:
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            xv = tl.load(x_ptr + k0 + cols, mask=k0 + cols < H, other=0.0).to(tl.float32)
-            ss += xv * xv
-        inv = tl.rsqrt(_sum(ss, 0) / H + eps)
+    inv = _rms_inv(x_ptr, ss_ptr, eps, cols, H, BLOCK_K, STATS_IN)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
         mk = k0 + cols < H
         if k0 > 0:
             w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + (k0 + cols)[None, :],
                         mask=mr[:, None] & mk[None, :], other=0.0)
-        xv = tl.load(x_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        nw = tl.load(norm_ptr + k0 + cols, mask=mk, other=0.0).to(tl.float32)
-        hv = ((xv * inv).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
+        hv = _normed(x_ptr, norm_ptr, k0, cols, inv, H, ACT)
         acc += _sum(w.to(tl.float32) * hv[None, :], 1)
     if W_FP8:
         acc = acc * sc

@@ -81,7 +81,7 @@ LAYER_STAGES = (OP_QKV, OP_ATTN, OP_ATTN_REDUCE, OP_OPROJ, OP_GATEUP, OP_DOWN)
 NFIELDS = 14
 KV_SPLITS_CAP = 64  # automatic kv_splits: clamp(grid // kv-head groups, 1, this)
 DEFAULT_MIN_CHUNK = 32  # fewest positions per attention split where attn_min_chunk is None, both kernels (Gluon on
-# the H200: 32 0.904 ms against 16 0.926 on Llama-3.2-1B, benchmarks/results/h200-2026-12-01/sweep_round6_128.json)
+# the H200: 32 0.904 ms against 16 0.926 on Llama-3.2-1B, benchmarks/results/h200-2026-12-01/sweep_f_128.json)
 
 
 def next_pow2(n: int) -> int:
@@ -135,7 +135,7 @@ class MegakernelParams:
             kernel under Triton 3.6, whose PTX form the rewrite below knows; none on the Triton kernel), ``""``
             (none), ``"evict_first"`` (each weight line is read once per step, so it may leave L2 first) or
             ``"evict_last"`` (the Triton kernel's only; the Gluon kernel refuses it by name). The Triton kernel:
-            even either way (``benchmarks/results/h200-2026-11-29-b/megakernel_check_round4.json``). On the Gluon kernel
+            even either way (``benchmarks/results/h200-2026-11-29-b/megakernel_check_d.json``). On the Gluon kernel
             ``evict_first`` gives the weight stream's TMA loads that L2 policy, so the stream should stop evicting what
             is read again (the KV cache, the activations, the RMSNorm weights; not measured directly). Gluon 3.6's TMA
             load takes no policy, so the kernel's PTX is rewritten (``gluon/ptx.py``). Measured on the H200
@@ -161,7 +161,7 @@ class MegakernelParams:
         wait_prefetch_mode: ``bulk`` (``cp.async.bulk.prefetch.L2`` per tile row, through the SM's TMA unit:
             measured slower, the prefetches queue beside the ring's loads) or ``line``
             (``prefetch.global.L2`` per 128-byte line from the consumer threads). Both lose, and ``l2_ahead``
-            too (``h200-2026-12-01/sweep_round8_128.json``, ``h200-2026-12-01-s4/gluon_check_r9.json``,
+            too (``h200-2026-12-01/sweep_h_128.json``, ``h200-2026-12-01-s4/gluon_check_r9.json``,
             ``h200-2026-12-02-s12/gluon_check_r34_*.json``). Why, measured on the H200 (``benchmarks/l2_probe.py``,
             ``h200-2026-12-02-s14/l2_probe*.json``, one CTA per SM): L2 keeps prefetched lines only up to ~64 KB per SM;
             at 128 KB per SM none of the per-line prefetches hit and about half of the bulk ones did, while lines read

@@ -75,7 +75,7 @@ def engine_finding(rule: str, severity: str, engine: dict, title: str, evidence:
     return make_finding(rule, severity, {"engine": engine.get("name")}, title, evidence, advice)
 
 
-def round4(value: float | None, digits: int = 4) -> float | None:
+def rounded(value: float | None, digits: int = 4) -> float | None:
     """``value`` rounded to ``digits`` decimals for evidence (None stays None)."""
     return None if value is None else round(value, digits)
 

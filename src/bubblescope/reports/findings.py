@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 from .counter_findings import COUNTER_RULES
 from .finding_base import (SEVERITIES, THRESHOLDS, at_ceiling, make_finding, merged_thresholds,  # noqa: F401
-                           round4 as _round)
+                           rounded as _round)
 from .finding_base import engine_finding as _finding
 from .ladder import IN_KERNEL, bubble_ratio, bubble_us, ladder, request_times, step_us
 from .ladder_findings import DOC_RULES

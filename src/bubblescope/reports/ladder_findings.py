@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from .finding_base import engine_finding as _finding
-from .finding_base import round4 as _round
+from .finding_base import rounded as _round
 from .ladder import best_op_by_op, bubble_us, ladder, megakernel_rung
 from .results import dig
 

@@ -25,7 +25,7 @@ TILE_BYTES_ROW = 512        # bytes of one box row: 256 bf16 / 128 fp32 columns 
 DEFAULT_ROWS = 32           # BR: rows per tile / task (a 16 KB TMA box of bf16)
 DEFAULT_RING = 12           # NS: ring slots; 12 × 16 KB = 192 KB of weights in flight per SM
 # positions per attention block: 0.909 ms against 0.926 at 32 (context 128), 1.19 / 1.31 at 4096
-# (benchmarks/results/h200-2026-12-01/sweep_round6_*.json)
+# (benchmarks/results/h200-2026-12-01/sweep_f_*.json)
 DEFAULT_BLOCK_S = 64
 # bytes a producer keeps requested and not landed (MegakernelParams.inflight = None): H200 sweeps
 # benchmarks/results/h200-2026-12-02-s13/gluon_check_r41_*.json and h200-2026-12-02-s15/gluon_check_r45_*.json:

@@ -452,18 +452,18 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
 
 
 @gluon.jit
-def _load_od(desc, r0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr):
+def _load_od(desc, row0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr):
     """One O-proj / down slot: with SPLIT = 2 two [BR/2, BK] boxes, columns of chunks 2c and 2c + 1 (a box past
     K is zero-filled by TMA); else one [BR, BK] box."""
     if SPLIT == 2:
-        tma.async_copy_global_to_shared(desc, [r0, (2 * c) * BK], bar, slot_buf.slice(0, BR // 2, dim=0))
-        tma.async_copy_global_to_shared(desc, [r0, (2 * c + 1) * BK], bar, slot_buf.slice(BR // 2, BR // 2, dim=0))
+        tma.async_copy_global_to_shared(desc, [row0, (2 * c) * BK], bar, slot_buf.slice(0, BR // 2, dim=0))
+        tma.async_copy_global_to_shared(desc, [row0, (2 * c + 1) * BK], bar, slot_buf.slice(BR // 2, BR // 2, dim=0))
     else:
-        tma.async_copy_global_to_shared(desc, [r0, c * BK], bar, slot_buf)
+        tma.async_copy_global_to_shared(desc, [row0, c * BK], bar, slot_buf)
 
 
 @gluon.jit
-def _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, r0, c, bar, bufs_mk, bufs_od, slot,
+def _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, row0, c, bar, bufs_mk, bufs_od, slot,
               NBX: gl.constexpr, SPLIT: gl.constexpr):
     """Slot ``c`` of a task for the tensor-core matvec: its NBX 64-column boxes [BR, 64], global columns
     ``[(c·NBX + q)·64, +64)`` into ring box ``slot·NBX + q`` (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64],
@@ -473,18 +473,18 @@ def _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, r0, c, ba
         for q in gl.static_range(NBX * SPLIT):
             od = bufs_od.index(slot * (NBX * SPLIT) + q)
             if op == OP_OPROJ:
-                tma.async_copy_global_to_shared(wo_desc, [r0, (c * NBX * SPLIT + q) * 64], bar, od)
+                tma.async_copy_global_to_shared(wo_desc, [row0, (c * NBX * SPLIT + q) * 64], bar, od)
             else:
-                tma.async_copy_global_to_shared(wdown_desc, [r0, (c * NBX * SPLIT + q) * 64], bar, od)
+                tma.async_copy_global_to_shared(wdown_desc, [row0, (c * NBX * SPLIT + q) * 64], bar, od)
     else:
         for q in gl.static_range(NBX):
             mk = bufs_mk.index(slot * NBX + q)
             if op == OP_QKV:
-                tma.async_copy_global_to_shared(wqkv_desc, [r0, (c * NBX + q) * 64], bar, mk)
+                tma.async_copy_global_to_shared(wqkv_desc, [row0, (c * NBX + q) * 64], bar, mk)
             elif op == OP_GATEUP:
-                tma.async_copy_global_to_shared(wgu_desc, [r0, (c * NBX + q) * 64], bar, mk)
+                tma.async_copy_global_to_shared(wgu_desc, [row0, (c * NBX + q) * 64], bar, mk)
             else:
-                tma.async_copy_global_to_shared(head_desc, [r0, (c * NBX + q) * 64], bar, mk)
+                tma.async_copy_global_to_shared(head_desc, [row0, (c * NBX + q) * 64], bar, mk)
 
 
 @gluon.jit
@@ -674,17 +674,17 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                     if spin(counters_ptr + wait_cnt, target, spin_cap) < target:
                         bad = 1  # the consumer records it; just stop waiting
             nch = SNH
-            r0 = a1
+            row0 = a1
             if op == OP_QKV:
-                r0 = layer * NROWS + 2 * a1
+                row0 = layer * NROWS + 2 * a1
             elif op == OP_OPROJ:
                 nch = (SNQ + SPLIT - 1) // SPLIT
-                r0 = layer * H + a1
+                row0 = layer * H + a1
             elif op == OP_GATEUP:
-                r0 = layer * (2 * IP) + 2 * a1
+                row0 = layer * (2 * IP) + 2 * a1
             elif op == OP_DOWN:
                 nch = (SNI + SPLIT - 1) // SPLIT
-                r0 = layer * H + a1
+                row0 = layer * H + a1
             for c in range(nch):
                 if GATED:
                     if (pend != 0) & (since >= lim):
@@ -702,21 +702,21 @@ def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, e
                         gl.store(timeline_ptr + (pid * max_tasks + i).to(gl.int64) * STAMPS + 3, now(c))
                 mbarrier.expect(full.index(slot), TILE_BYTES)
                 if MV_MMA:
-                    _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, r0, c, full.index(slot),
+                    _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, row0, c, full.index(slot),
                               bufs_mk, bufs_od, slot, NBX, SPLIT)
                 for j in gl.static_range(SB * (1 - MV_MMA)):  # box j: chunk SB·c + j (a pair of chunks with SPLIT)
                     b = SB * c + j
                     box = bufs.index(slot * SB + j)
                     if op == OP_QKV:
-                        tma.async_copy_global_to_shared(wqkv_desc, [r0, b * BK], full.index(slot), box)
+                        tma.async_copy_global_to_shared(wqkv_desc, [row0, b * BK], full.index(slot), box)
                     elif op == OP_OPROJ:
-                        _load_od(wo_desc, r0, b, full.index(slot), box, BR, BK, SPLIT)
+                        _load_od(wo_desc, row0, b, full.index(slot), box, BR, BK, SPLIT)
                     elif op == OP_GATEUP:
-                        tma.async_copy_global_to_shared(wgu_desc, [r0, b * BK], full.index(slot), box)
+                        tma.async_copy_global_to_shared(wgu_desc, [row0, b * BK], full.index(slot), box)
                     elif op == OP_DOWN:
-                        _load_od(wdown_desc, r0, b, full.index(slot), box, BR, BK, SPLIT)
+                        _load_od(wdown_desc, row0, b, full.index(slot), box, BR, BK, SPLIT)
                     else:
-                        tma.async_copy_global_to_shared(head_desc, [r0, b * BK], full.index(slot), box)
+                        tma.async_copy_global_to_shared(head_desc, [row0, b * BK], full.index(slot), box)
                 if L2_AHEAD > 0:
                     if pi < n:
                         _l2_prefetch_tile(prow, pc, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, H, Q, KV, I, IP,

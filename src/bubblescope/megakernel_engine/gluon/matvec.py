@@ -147,7 +147,7 @@ def _ring_mv(bufs, full, empty, xs, it, NBOX: gl.constexpr, NS: gl.constexpr, R:
     last are TMA's zeros) against the staged chunks (two, one per row half, with TWO; the second is 0 without), and
     the ring position after them. Products accumulate in a register tile and are reduced across lanes once per task:
     a cross-lane reduction per slot cost as much as the loads (H200: 3.4 TB/s while streaming,
-    benchmarks/results/h200-2026-12-01/gluon_check_round1.json)."""
+    benchmarks/results/h200-2026-12-01/gluon_check_a.json)."""
     KW: gl.constexpr = BK // 2 if BITS else BK
     LA: gl.constexpr = gl.BlockedLayout([1, VEC // 2 if BITS else VEC], [32 // TK, TK], [NW, 1], [1, 0])
     WT: gl.constexpr = gl.int32 if BITS else bufs.dtype

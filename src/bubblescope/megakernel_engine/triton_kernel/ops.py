@@ -9,13 +9,8 @@ every projection output, each RoPE product and sum, SiLU, SiLU·up, each residua
 Weight loads take ``eviction_policy=EVICT`` (``""`` or ``"evict_first"``: weights are read once per step, so
 their L2 lines may go first and leave room for the prefetched tiles of the next tasks).
 
-Interpreter mode (``TRITON_INTERPRET=1``). ``triton.jit`` decides at decoration time, from that variable,
-whether a function is compiled or interpreted, and Triton's own library functions (``tl.sum``…) are
-decorated when triton is first imported, so the mode is fixed per process at triton's first import; this
-module reads it once (``INTERPRET``). Under the interpreter every call of an ``@triton.jit`` function
-re-patches the whole ``triton.language`` module (~3 ms per call), so here device functions are plain Python
-functions (``device_function``) and reductions call ``tl.reduce`` with Triton's own combine functions, which the
-interpreter maps to numpy directly. Compiled, ``device_function`` is ``triton.jit`` and they are inlined.
+Interpreter mode (``TRITON_INTERPRET=1``): :mod:`bubblescope.triton_interp` holds the mode, fixed per process, and
+the device functions and reductions that stay fast under the interpreter.
 """
 
 from __future__ import annotations
@@ -27,30 +22,16 @@ import triton.language as tl
 
 from .. import schedule as S
 
-INTERPRET = bool(triton.knobs.runtime.interpret)
-
-
-def device_function(fn):
-    """A device function: ``triton.jit`` when compiling, the plain function under the interpreter."""
-    return fn if INTERPRET else triton.jit(fn)
-
+from ...triton_interp import INTERPRET, device_function
+from ...triton_interp import reduce_max as _max
+from ...triton_interp import reduce_min as _min
+from ...triton_interp import reduce_sum as _sum
 
 if INTERPRET:
-    def _sum(x, axis):
-        return tl.reduce(x, axis, tl.standard._sum_combine)
-
-    def _max(x, axis):
-        return tl.reduce(x, axis, tl.standard._elementwise_max)
-
-    def _min(x, axis):
-        return tl.reduce(x, axis, tl.standard._elementwise_min)
-
     def clock_ns():
         """Host monotonic clock in ns (no clock instruction exists under the interpreter)."""
         return tl.full([], time.perf_counter_ns(), tl.int64)
 else:
-    _sum, _max, _min = tl.sum, tl.max, tl.min
-
     @triton.jit
     def clock_ns():
         """The GPU's global nanosecond timer (PTX ``%globaltimer``), comparable across SMs."""
@@ -361,9 +342,9 @@ def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_pt
     offs_k = tl.arange(0, BLOCK_K)
     best_v = tl.full([], float("-inf"), tl.float32)
     best_r = tl.full([], V - 1, tl.int32)
-    r0 = 0
-    while r0 < count:
-        r = start + r0 + tl.arange(0, BLOCK_LM)
+    row0 = 0
+    while row0 < count:
+        r = start + row0 + tl.arange(0, BLOCK_LM)
         mr = (r < start + count) & (r < V)
         acc = tl.full([BLOCK_LM], 0.0, tl.float32)
         for k0 in range(0, H, BLOCK_K):
@@ -381,7 +362,7 @@ def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_pt
         better = bv > best_v                                          # earlier blocks win ties
         best_r = tl.where(better, br, best_r)
         best_v = tl.where(better, bv, best_v)
-        r0 += BLOCK_LM
+        row0 += BLOCK_LM
     bits = best_v.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
     tl.atomic_max(amax_ptr, (ordered.to(tl.int64) << 32) | (V - 1 - best_r).to(tl.int64), sem="relaxed",
