@@ -24,6 +24,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-k", type=int, default=None)
     ap.add_argument("--fused-reduce", type=int, default=None)
     ap.add_argument("--norm-stats", default=None)
+    ap.add_argument("--pdl-early", type=int, default=None)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="fused_profile.json")
     args = ap.parse_args(argv)
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
     cfg = get_preset(args.model)
     w = dummy_weights(cfg, "cuda", torch.bfloat16, seed=0)
     p = FusedParams()
-    for key in ("block_n", "block_k", "fused_reduce", "norm_stats"):
+    for key in ("block_n", "block_k", "fused_reduce", "norm_stats", "pdl_early"):
         if getattr(args, key) is not None:
             setattr(p, key, type(getattr(p, key))(getattr(args, key)))
     eng = FusedEngine(w, max_seq_len=512, pdl=args.pdl, params=p)

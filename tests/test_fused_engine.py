@@ -259,7 +259,8 @@ def test_the_engine_listing_says_how_many_kernels_a_layer_launches():
 def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
     """Every kernel of the step, compiled by Triton and ptxas for sm_90 at real shapes (Llama-3.2-1B, Qwen3-0.6B's
     q/k-norm, Qwen2.5-0.5B's biases and 7 query heads per kv head), in a fresh interpreter (Triton's mode is per
-    process): no spills, registers × warps within one SM's 65,536, and PDL's griddepcontrol.wait in each."""
+    process): no spills, registers × warps within one SM's 65,536, and PDL's griddepcontrol.wait in each; the next
+    kernel's launch allowed at the first instruction by default (``pdl_early``), after the wait without it."""
     import importlib.util
     import json
     import os
@@ -272,8 +273,10 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
         pytest.skip("triton with its bundled ptxas is not installed")
     script = ("import json\nfrom bubblescope.models.config import get_preset\n"
               "from bubblescope.fused_engine.offline import compile_offline\n"
-              "print(json.dumps({m: compile_offline(get_preset(m)) for m in "
-              "('llama-3.2-1b', 'qwen3-0.6b', 'qwen2.5-0.5b')}))")
+              "from bubblescope.fused_engine.engine import FusedParams\n"
+              "out = {m: compile_offline(get_preset(m)) for m in ('llama-3.2-1b', 'qwen3-0.6b', 'qwen2.5-0.5b')}\n"
+              "out['late'] = compile_offline(get_preset('qwen3-0.6b'), params=FusedParams(pdl_early=False))\n"
+              "print(json.dumps(out))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -285,6 +288,7 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
         for k in kernels:
             assert k["spill_store_bytes"] in (0, None) and k["registers"] * k["num_warps"] * 32 <= 65536, (model, k)
             assert k["griddepcontrol"], (model, k)
+            assert k["trigger_before_wait"] == (model != "late"), (model, k)
 
 
 def test_diagnose_writes_a_valid_document_with_the_fused_engine(tmp_path):

@@ -34,15 +34,16 @@ def test_stories260k_fp32_greedy_200_tokens_identical_to_reference(engine):
 
 
 @needs_stories
-def test_pdl_engine_has_no_race_over_20_generations():
+@pytest.mark.parametrize("early", [False, True], ids=["trigger-after-wait", "trigger-first"])
+def test_pdl_engine_has_no_race_over_20_generations(early):
     """A PDL ordering bug shows as wrong tokens only sometimes: 20 generations of 100 tokens, each equal to the
-    reference's."""
+    reference's — with the next kernel launched after each wait, and at each kernel's first instruction."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+")
-    from bubblescope.engines import build_engine
+    from bubblescope.fused_engine import FusedEngine, FusedParams
     w = load_llama2c(STORIES).to("cuda")
     want = generate(ReferenceEngine(w, max_seq_len=256), [1, 403], 100, eos_ids=()).tokens
-    eng = build_engine("reference-fused-pdl", w, 256)
+    eng = FusedEngine(w, max_seq_len=256, pdl=True, params=FusedParams(pdl_early=early))
     bad = [i for i in range(20) if generate(eng, [1, 403], 100, eos_ids=()).tokens != want]
     assert not bad, f"generations {bad} differ from the reference"
 

@@ -72,7 +72,9 @@ class FusedParams:
     program at long contexts); ``fused_reduce``: the attention splits combined by the kv head's last program (an
     atomic ticket) instead of a separate launch; ``norm_stats``: ``reload`` (each RMSNorm reads x twice: Σx², then
     the normed chunks) or ``atomic`` (the kernels that write x add its Σx² into a float32 slot);
-    ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``). Defaults from
+    ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``); ``pdl_early``:
+    with PDL, each kernel lets the next launch at its first instruction rather than after its wait (kernels.py's
+    module docstring says why that is safe). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
     ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
     4 rows × 2,048 columns, 4 warps and the fused reduction were fastest; Σx² by atomics was no faster than
@@ -80,10 +82,11 @@ class FusedParams:
 
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
-                 down_block_k: int = 0):
+                 down_block_k: int = 0, pdl_early: bool = True):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
         self.down_block_n, self.down_block_k = down_block_n, down_block_k
+        self.pdl_early = pdl_early
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -173,7 +176,7 @@ class FusedEngine:
         rows = lambda n: min(p.block_n, _pow2(n))  # noqa: E731
         pair_rows = min(max(1, p.block_n // 2), _pow2((NH + 2 * NKV) * half))
         self._stacked = []  # the stacked q|k|v weights (a copy: the kernel streams them as one matrix)
-        common = dict(USE_PDL=self.pdl)
+        common = dict(USE_PDL=self.pdl, PDL_EARLY=self.pdl and p.pdl_early)
         stats = p.norm_stats == "atomic"
         ss = lambda i: b["ss"][i:]  # noqa: E731  (slot 2l: x after layer l's O-proj; 2l + 1: after its down)
         plan = []
@@ -395,4 +398,5 @@ class FusedEngine:
                 "kernels_per_step": self.kernels_per_step(), "cuda_graph": self.graph_mode, "pdl": self.pdl,
                 "attention_splits": self.splits, "block_n": p.block_n, "block_k": p.block_k,
                 "num_warps": p.num_warps, "block_s": p.block_s,
-                "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats, "weights": self.weight_format}
+                "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats, "pdl_early": self.pdl and p.pdl_early,
+                "weights": self.weight_format}

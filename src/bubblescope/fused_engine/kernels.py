@@ -36,6 +36,16 @@ kernel writes — *before* ``gdc_wait`` (griddepcontrol.wait: the previous grid 
 visible), then lets the next kernel launch (``gdc_launch_dependents``) at once, so the next kernel's programs
 start streaming their own weights while this one drains. Every store comes after the wait; by induction, a
 kernel that has started has a predecessor that passed its wait, so everything two launches back is complete.
+
+``PDL_EARLY`` moves ``gdc_launch_dependents`` to the kernel's first instruction: the next kernel may launch while
+this one still waits, and the one after it as soon as all of the next kernel's programs have started, so during
+a short, latency-bound kernel (attention) the following matvecs' programs are already resident, their first tiles
+loaded. Still correct: before its wait a kernel reads only weights, tables, and what earlier *steps* wrote (``pos``,
+older KV rows; the step's first kernel has no programmatic edge, so the previous step is complete); after its wait
+its predecessor has completed, which it could only do after passing its own wait, so every earlier kernel has
+completed and its writes are visible — reads after the wait see them, and stores after the wait overwrite nothing
+an earlier kernel still reads. No deadlock: a kernel launches only once every program of its predecessor has
+started, so the programs it may crowd out have all been placed.
 """
 
 from __future__ import annotations
@@ -87,7 +97,9 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
                     H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
                     EMBED: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, STATS_IN: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
-                    ws_ptr=None, W_FP8: tl.constexpr = False):
+                    ws_ptr=None, W_FP8: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     HALF: tl.constexpr = D // 2
     NPAIRS: tl.constexpr = (NH + 2 * NKV) * HALF
     pid = tl.program_id(0)
@@ -110,7 +122,8 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
         s = tl.load(sin_ptr + pos * D + i, mask=mj, other=0.0).to(ACT).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     if EMBED:
         src = emb_ptr + tl.load(tok_ptr).to(tl.int64) * H
     else:
@@ -170,14 +183,17 @@ def qkv_rope_kernel(x_ptr, emb_ptr, tok_ptr, pos_ptr, norm_ptr, w_ptr, b_ptr, co
 @triton.jit
 def qk_norm_kernel(q_ptr, kraw_ptr, kc_ptr, pos_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps,
                    NH: tl.constexpr, D: tl.constexpr, S: tl.constexpr, HALF_P: tl.constexpr,
-                   ACT: tl.constexpr, USE_PDL: tl.constexpr):
+                   ACT: tl.constexpr, USE_PDL: tl.constexpr, PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     HALF: tl.constexpr = D // 2
     head = tl.program_id(0)
     i = tl.arange(0, HALF_P)
     mi = i < HALF
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     pos = tl.load(pos_ptr)
     if head < NH:
         src = q_ptr + head * D
@@ -216,7 +232,10 @@ def qk_norm_kernel(q_ptr, kraw_ptr, kc_ptr, pos_ptr, qn_ptr, kn_ptr, cos_ptr, si
 def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr, cnt_ptr, scale,
                       G: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr,
                       G_P: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT_P: tl.constexpr,
-                      FUSED_REDUCE: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr):
+                      FUSED_REDUCE: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
+                      PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     g = tl.arange(0, G_P)
@@ -239,7 +258,8 @@ def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, pa
     v_old = tl.load(vc_ptr + off0, mask=m_old, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
     q = q.to(tl.float32) * scale                                         # (G_P, D_P)
     m = tl.full([G_P], float("-inf"), tl.float32)
@@ -294,7 +314,9 @@ def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, pa
 @triton.jit
 def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
                        D: tl.constexpr, NSPLIT: tl.constexpr, NSPLIT_P: tl.constexpr, D_P: tl.constexpr,
-                       ACT: tl.constexpr, USE_PDL: tl.constexpr):
+                       ACT: tl.constexpr, USE_PDL: tl.constexpr, PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     h = tl.program_id(0)
     s = tl.arange(0, NSPLIT_P)
     d = tl.arange(0, D_P)
@@ -302,7 +324,8 @@ def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
     md = d < D
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     m = tl.load(part_m_ptr + h * NSPLIT + s, mask=ms, other=float("-inf"))
     w = tl.exp(m - _max(m, 0))
     l = tl.load(part_l_ptr + h * NSPLIT + s, mask=ms, other=0.0)
@@ -320,7 +343,9 @@ def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
 @triton.jit
 def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
-                           ws_ptr=None, W_FP8: tl.constexpr = False):
+                           ws_ptr=None, W_FP8: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows[:, None] < N
     cols = tl.arange(0, BLOCK_K)
@@ -334,7 +359,8 @@ def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.c
         sc = tl.load(ws_ptr + rows, mask=rows < N, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a = tl.load(a_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
@@ -359,7 +385,10 @@ def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.c
 @triton.jit
 def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.constexpr, H: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr, ACT: tl.constexpr,
-                  USE_PDL: tl.constexpr, wgs_ptr=None, wus_ptr=None, W_FP8: tl.constexpr = False):
+                  USE_PDL: tl.constexpr, wgs_ptr=None, wus_ptr=None, W_FP8: tl.constexpr = False,
+                  PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < I
     cols = tl.arange(0, BLOCK_K)
@@ -372,7 +401,8 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
         su = tl.load(wus_ptr + rows, mask=mr, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     inv = _rms_inv(x_ptr, ss_ptr, eps, cols, H, BLOCK_K, STATS_IN)
     gate = tl.zeros([BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_N], tl.float32)
@@ -403,7 +433,9 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
 def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: tl.constexpr,
                   H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NSLOT: tl.constexpr,
                   STATS_IN: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr, ws_ptr=None,
-                  W_FP8: tl.constexpr = False):
+                  W_FP8: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mr = rows < V
@@ -414,7 +446,8 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: 
         sc = tl.load(ws_ptr + rows, mask=mr, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     inv = _rms_inv(x_ptr, ss_ptr, eps, cols, H, BLOCK_K, STATS_IN)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -444,12 +477,16 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: 
 # (ss, NSS of them) zeroed end the step.
 @triton.jit
 def argmax_kernel(keys_ptr, tok_ptr, tok_out_ptr, pos_ptr, ss_ptr, V: tl.constexpr, NSLOT: tl.constexpr,
-                  NSLOT_P: tl.constexpr, NSS: tl.constexpr, NSS_P: tl.constexpr, USE_PDL: tl.constexpr):
+                  NSLOT_P: tl.constexpr, NSS: tl.constexpr, NSS_P: tl.constexpr, USE_PDL: tl.constexpr,
+                  PDL_EARLY: tl.constexpr = False):
+    if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     offs = tl.arange(0, NSLOT_P)
     ms = offs < NSLOT
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not PDL_EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     lowest = tl.full([NSLOT_P], -9223372036854775807 - 1, tl.int64)
     keys = tl.load(keys_ptr + offs, mask=ms, other=-9223372036854775807 - 1)
     top = _max(keys, 0)

@@ -54,12 +54,19 @@ def meta_weights(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, weight_f
     return ModelWeights(cfg, emb, layers, t(H), head)
 
 
+def _trigger_before_wait(ptx: str) -> bool:
+    trigger, wait = ptx.find("griddepcontrol.launch_dependents"), ptx.find("griddepcontrol.wait")
+    return 0 <= trigger < wait
+
+
 def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: FusedParams | None = None,
                     pdl: bool = True, max_seq_len: int = 2048, arch: int = 90, splits: int = 32,
                     weight_format: str = "bf16") -> list[dict]:
     """Compile each distinct kernel of the fused engine's step for ``sm_{arch}``; one dict per kernel:
-    ``{"kernel", "registers", "spill_store_bytes", "shared_bytes", "num_warps", "griddepcontrol", "fp8"}``
-    (``fp8``: the kernel converts e4m3 weights, PTX ``cvt`` from ``e4m3x2``). ``weight_format``: as
+    ``{"kernel", "registers", "spill_store_bytes", "shared_bytes", "num_warps", "griddepcontrol", "fp8",
+    "trigger_before_wait"}`` (``fp8``: the kernel converts e4m3 weights, PTX ``cvt`` from ``e4m3x2``;
+    ``trigger_before_wait``: PTX's first ``griddepcontrol.launch_dependents`` comes before its first
+    ``griddepcontrol.wait``, as ``FusedParams.pdl_early`` asks). ``weight_format``: as
     :func:`meta_weights`.
 
     Pointers are declared 16-byte aligned, as Triton specialises them at run time for torch tensors.
@@ -82,7 +89,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     eng = FusedEngine(meta_weights(cfg, dtype, weight_format), max_seq_len=max_seq_len, graph=False, params=params)
     seen, out = set(), []
     for kernel, _grid, args, cx in eng._plan:
-        cx = {**cx, "USE_PDL": pdl}
+        cx = {**cx, "USE_PDL": pdl, "PDL_EARLY": pdl and params.pdl_early}
         key = (kernel.fn.__name__, tuple(sorted((k, str(v) if not isinstance(v, torch.Tensor) else str(v.dtype))
                                                 for k, v in cx.items())))
         if key in seen:
@@ -107,7 +114,8 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
         out.append({"kernel": kernel.fn.__name__, "registers": usage["registers"],
                     "spill_store_bytes": usage["spill_store_bytes"], "shared_bytes": int(ck.metadata.shared),
                     "num_warps": int(ck.metadata.num_warps),
-                    "griddepcontrol": "griddepcontrol.wait" in ck.asm["ptx"], "fp8": "e4m3x2" in ck.asm["ptx"]})
+                    "griddepcontrol": "griddepcontrol.wait" in ck.asm["ptx"], "fp8": "e4m3x2" in ck.asm["ptx"],
+                    "trigger_before_wait": _trigger_before_wait(ck.asm["ptx"])})
     return out
 
 
