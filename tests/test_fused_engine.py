@@ -260,7 +260,7 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
     """Every kernel of the step, compiled by Triton and ptxas for sm_90 at real shapes (Llama-3.2-1B, Qwen3-0.6B's
     q/k-norm, Qwen2.5-0.5B's biases and 7 query heads per kv head), in a fresh interpreter (Triton's mode is per
     process): no spills, registers × warps within one SM's 65,536, and PDL's griddepcontrol.wait in each; the next
-    kernel's launch allowed at the first instruction by default (``pdl_early``), after the wait without it."""
+    kernel's launch allowed after the wait by default, at the first instruction with ``pdl_early``."""
     import importlib.util
     import json
     import os
@@ -275,7 +275,7 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
               "from bubblescope.fused_engine.offline import compile_offline\n"
               "from bubblescope.fused_engine.engine import FusedParams\n"
               "out = {m: compile_offline(get_preset(m)) for m in ('llama-3.2-1b', 'qwen3-0.6b', 'qwen2.5-0.5b')}\n"
-              "out['late'] = compile_offline(get_preset('qwen3-0.6b'), params=FusedParams(pdl_early=False))\n"
+              "out['early'] = compile_offline(get_preset('qwen3-0.6b'), params=FusedParams(pdl_early=True))\n"
               "print(json.dumps(out))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
@@ -288,7 +288,7 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
         for k in kernels:
             assert k["spill_store_bytes"] in (0, None) and k["registers"] * k["num_warps"] * 32 <= 65536, (model, k)
             assert k["griddepcontrol"], (model, k)
-            assert k["trigger_before_wait"] == (model != "late"), (model, k)
+            assert k["trigger_before_wait"] == (model == "early"), (model, k)
 
 
 def test_diagnose_writes_a_valid_document_with_the_fused_engine(tmp_path):

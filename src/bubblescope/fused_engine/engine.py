@@ -74,7 +74,7 @@ class FusedParams:
     the normed chunks) or ``atomic`` (the kernels that write x add its Σx² into a float32 slot);
     ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``); ``pdl_early``:
     with PDL, each kernel lets the next launch at its first instruction rather than after its wait (kernels.py's
-    module docstring says why that is safe). Defaults from
+    module docstring says why that is safe; off by default: not yet timed on a GPU). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
     ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
     4 rows × 2,048 columns, 4 warps and the fused reduction were fastest; Σx² by atomics was no faster than
@@ -82,7 +82,7 @@ class FusedParams:
 
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
-                 down_block_k: int = 0, pdl_early: bool = True):
+                 down_block_k: int = 0, pdl_early: bool = False):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
         self.down_block_n, self.down_block_k = down_block_n, down_block_k
