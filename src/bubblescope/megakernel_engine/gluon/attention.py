@@ -134,10 +134,7 @@ def attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targe
             kf = gl.where(gl.expand_dims(s0 + sk == pos, 1), knew2, kf)
         sc = gl.sum(q3 * gl.expand_dims(kf, 0), axis=2) * sm_scale
         sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc, float("-inf"))
-        m_new = gl.maximum(m, gl.max(sc, axis=1))
-        alpha = gl.exp(m - m_new)
-        p = gl.exp(sc - gl.expand_dims(m_new, 1))
-        l = l * alpha + gl.sum(p, axis=1)
+        m_new, alpha, p, l = _online_softmax(m, l, sc, 1, False)
         pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v.to(gl.float32), 0), axis=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, QL)), 1) + pv
         m = m_new
@@ -152,6 +149,23 @@ def attention(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, targe
                              attn_ptr, D, G, GP, NSPLIT, MIN_CHUNK, BLOCK_SPLIT,
                              _combine_layout(L3, BLOCK_SPLIT, NW, LANES), TIMELINE, GP, QL, gl.SliceLayout(1, SL))
     return seen, t_ready, t_math, t_ticket, t_q, t_loop
+
+
+@gluon.jit
+def _online_softmax(m, l, sc, AXIS: gl.constexpr, GUARD: gl.constexpr):
+    """One block of the online softmax (Milakov & Gimelshein 2018; flash-attention's update), shared by the three
+    attention layouts: scores ``sc`` reduced over their ``AXIS`` (the block's positions), running max ``m`` and sum
+    ``l`` (float32, ``sc``'s shape without ``AXIS``). Returns (m_new, alpha = e^(m − m_new), p = e^(sc − m_new),
+    l·alpha + Σp); the caller rescales its P·V accumulator by alpha. ``GUARD``: a row whose max is still −inf (no
+    position seen yet) subtracts 0 instead, so exp(−inf − −inf) never makes a NaN."""
+    m_new = gl.maximum(m, gl.max(sc, axis=AXIS))
+    m_use = m_new
+    if GUARD:
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp(m - m_use)
+    p = gl.exp(sc - gl.expand_dims(m_use, AXIS))
+    l = l * alpha + gl.sum(p, axis=AXIS)
+    return m_new, alpha, p, l
 
 
 @gluon.jit
@@ -270,11 +284,7 @@ def attention_warps(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr,
         v_n = gl.load(vc_ptr + offs_n, mask=mk_n, other=0.0, cache_modifier=".cg")
         sc = gl.sum(q4 * gl.expand_dims(k.to(gl.float32), 0), axis=3) * sm_scale
         sc = gl.where(gl.expand_dims(s0 + rs < s_hi, 0), sc, float("-inf"))
-        m_new = gl.maximum(m, gl.max(sc, axis=2))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no position yet: exp(−inf) = 0, no NaN
-        alpha = gl.exp(m - m_use)
-        p = gl.exp(sc - gl.expand_dims(m_use, 2))
-        l = l * alpha + gl.sum(p, axis=2)
+        m_new, alpha, p, l = _online_softmax(m, l, sc, 2, True)  # a warp may have no position yet
         pv = gl.sum(gl.expand_dims(p, 3) * gl.expand_dims(v.to(gl.float32), 0), axis=2)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(2, A3)), 2) + pv
         m = m_new
@@ -440,10 +450,7 @@ def attention_mma(layer, kvh, split, pos, sm_scale, ticket_cnt, sig, wait_ptr, t
             kb = gl.convert_layout(gl.permute(k, [1, 0]), BOP)
         sc = mma_v2(qa, kb, gl.zeros([MR, BLOCK_S], gl.float32, MMA))
         sc = gl.where(gl.expand_dims(s0 + ss < s_hi, 0), sc * sm_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(sc, axis=1))
-        alpha = gl.exp(m - m_new)
-        p = gl.exp(sc - gl.expand_dims(m_new, 1))
-        l = l * alpha + gl.sum(p, axis=1)
+        m_new, alpha, p, l = _online_softmax(m, l, sc, 1, False)
         if EARLY:
             vb = v
         else:

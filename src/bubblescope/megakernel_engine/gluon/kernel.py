@@ -183,6 +183,35 @@ def _prefetch_row_l2(row_ptr, H: gl.constexpr, NW: gl.constexpr):
 
 
 @gluon.jit
+def _residual_matvec(src_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, it, i, K: gl.constexpr,
+                     KCH: gl.constexpr, NCH: gl.constexpr, SN: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
+                     BRO: gl.constexpr, BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr,
+                     SPLIT: gl.constexpr, MV_MMA: gl.constexpr, MV_BITS: gl.constexpr, MV_AHEAD: gl.constexpr,
+                     SB: gl.constexpr, TIMELINE: gl.constexpr):
+    """The matvec of an O-proj or down task (their rows differ only in the input: the attention output, Q wide, or
+    SwiGLU's, I wide): ``src`` (K,) staged into ``xs`` unless it holds it already (``staged`` == ``key``), then the
+    task's BRO rows from the ring — by wgmma (``MV_MMA``), as two half-height boxes (``SPLIT`` 2) or one.
+    Returns (acc (BRO,) float32, it, staged, the time after staging, the time after the matvec); the times are 0
+    without ``TIMELINE``."""
+    if key != staged:
+        stage_vector(src_ptr, src_ptr, xs, eps, False, K, KCH, BK, VEC, TK, NW)
+        staged = key
+    t_staged = 0
+    t_mv = 0
+    if TIMELINE:
+        t_staged = now(i)
+    if MV_MMA:
+        acc, _, it = mv_mma(bufs_od, full, empty, xs, it, SN, NS, BRO, BK, VEC, TK, NW, False)
+    elif SPLIT == 2:
+        acc, it = mv_halves(bufs, full, empty, xs, it, NCH, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
+    else:
+        acc, it = mv_single(bufs, full, empty, xs, it, NCH, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
+    if TIMELINE:
+        t_mv = now(i)
+    return acc, it, staged, t_staged, t_mv
+
+
+@gluon.jit
 def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr,
               timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
               x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
@@ -366,37 +395,23 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
                 res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
-            if key != staged:
-                stage_vector(attn_ptr, attn_ptr, xs, eps, False, Q, KCH_Q, BK, VEC, TK, NW)
-                staged = key
+            acc, it, staged, ts, tm = _residual_matvec(attn_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, it,
+                                                       i, Q, KCH_Q, NCH_Q, SNO, NS, BR, BRO, BK, VEC, TK, NW, SPLIT,
+                                                       MV_MMA, MV_BITS, MV_AHEAD, SB, TIMELINE)
             if TIMELINE:
-                t_staged = now(i)
-            if MV_MMA:
-                acc, _, it = mv_mma(bufs_od, full, empty, xs, it, SNO, NS, BRO, BK, VEC, TK, NW, False)
-            elif SPLIT == 2:
-                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_Q, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
-            else:
-                acc, it = mv_single(bufs, full, empty, xs, it, NCH_Q, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
-            if TIMELINE:
-                t_mv = now(i)
+                t_staged = ts
+                t_mv = tm
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_DOWN:
             r = a1 + gl.arange(0, BRO, layout=YL)  # residual first, as in OPROJ
             mr = r < a1 + a2
             res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
-            if key != staged:
-                stage_vector(act_ptr, act_ptr, xs, eps, False, I, KCH_I, BK, VEC, TK, NW)
-                staged = key
+            acc, it, staged, ts, tm = _residual_matvec(act_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, it,
+                                                       i, I, KCH_I, NCH_I, SND, NS, BR, BRO, BK, VEC, TK, NW, SPLIT,
+                                                       MV_MMA, MV_BITS, MV_AHEAD, SB, TIMELINE)
             if TIMELINE:
-                t_staged = now(i)
-            if MV_MMA:
-                acc, _, it = mv_mma(bufs_od, full, empty, xs, it, SND, NS, BRO, BK, VEC, TK, NW, False)
-            elif SPLIT == 2:
-                acc, it = mv_halves(bufs, full, empty, xs, it, NCH_I, NS, BRO, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
-            else:
-                acc, it = mv_single(bufs, full, empty, xs, it, NCH_I, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
-            if TIMELINE:
-                t_mv = now(i)
+                t_staged = ts
+                t_mv = tm
             gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_LMHEAD:
             if key != staged:
