@@ -212,10 +212,7 @@ def _residual_matvec(src_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, 
 
 
 @gluon.jit
-def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr,
-              timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-              x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
-              spin_cap, advance, tok_in, eps, sm_scale,
+def _consumer(ring, sched, model, acts, weights, gates, step,
               H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, V: gl.constexpr,
               D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
               NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, NF: gl.constexpr, BR: gl.constexpr,
@@ -224,12 +221,20 @@ def _consumer(bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr
               TK: gl.constexpr, BLOCK_S: gl.constexpr, BLOCK_SPLIT: gl.constexpr, VD: gl.constexpr,
               TD: gl.constexpr, HAS_BIAS: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
               SPLIT: gl.constexpr, IP: gl.constexpr, WAIT_PF: gl.constexpr, WAIT_PF_OPS: gl.constexpr,
-              PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr,
-              wdown_ptr, head_ptr,
-              qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
-              sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
+              PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr,
+              ATTN_WARPS: gl.constexpr, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
               NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr):
+    """The consumer warps: each task of this CTA's row of the table in order — its dependency wait, its matvec
+    from the ring's weight tiles (or attention), its epilogue and its signal. The runtime arguments come as the
+    aggregates ``megakernel`` builds (see its docstring); the constexprs as before."""
+    bufs, full, empty, xs = ring
+    table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr, spin_cap = sched
+    emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, qknorm_ptr = model
+    x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr, knew_ptr = acts
+    wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr = weights
+    sigbar, ackbar = gates
+    advance, tok_in, eps, sm_scale = step
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -626,15 +631,18 @@ def _gate_wait(sigbar, ackbar, k):
 
 
 @gluon.jit
-def _producer(wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
-              max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap,
+def _producer(descs, ring, sched, weights, gates,
               H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, IP: gl.constexpr, NF: gl.constexpr,
               BR: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, NCH_H: gl.constexpr, NCH_Q: gl.constexpr,
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
-              wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, I: gl.constexpr, L2_AHEAD: gl.constexpr,
-              PF_LANES_P: gl.constexpr, sigbar, ackbar, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr,
-              NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr, MV_MMA: gl.constexpr,
-              INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr):
+              I: gl.constexpr, L2_AHEAD: gl.constexpr, PF_LANES_P: gl.constexpr, SIG_GATE: gl.constexpr,
+              ATTN_GATE: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr,
+              MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr):
+    wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc = descs
+    bufs, full, empty, _ = ring
+    table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, _, _, timeline_ptr, spin_cap = sched
+    wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr = weights
+    sigbar, ackbar = gates
     TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
     # MV_MMA: a slot is NBX boxes [BR, 64] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64]), the ring's rows of 64
     # columns in the descriptors' 128-byte swizzle (see matvec.mv_mma)
@@ -791,6 +799,15 @@ def megakernel(
     ``full``/``empty`` mbarriers (one pair per slot), and
     ``xs`` (KCH, BK) for the staged input vector. Grid: one CTA per SM (all resident: the schedule's waits
     need it; the launch is cooperative).
+
+    The two warp partitions take the runtime arguments as tuples, one per kind: ``ring`` (bufs, full, empty, xs),
+    ``sched`` (the instruction table, per-CTA task counts, max_tasks, the step state, the dependency counters,
+    done and error words, the timeline, the spin cap), ``model`` (embedding, norms, q/k/v bias, RoPE tables, KV
+    caches, q/k-norm weights), ``acts`` (the activations the tasks hand on: x, q, attention partials and output,
+    SwiGLU output, logits, greedy keys, the new k), ``weights`` (the raw weight pointers the L2 prefetch reads),
+    ``descs`` (their TMA descriptors) and ``gates`` (the signal and acknowledge barriers); the constexprs by name.
+    (A tuple's pointers unpack as they are; a constexpr read out of a tuple by unpacking is no longer constant,
+    hence the names.)
     """
     if MV_MMA:  # (slot, 64-column box, row, column): the descriptors' 128-byte swizzle, boxes [BR, 64]
         bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS, SB * BK // 64, BR, 64],
@@ -812,19 +829,22 @@ def megakernel(
     mbarrier.init(sigbar.index(1), count=1)
     mbarrier.init(ackbar.index(0), count=1)
     mbarrier.init(ackbar.index(1), count=1)
+    # the runtime arguments as aggregates, one per kind (the constexprs stay named)
+    ring = (bufs, full, empty, xs)
+    sched = (table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr, spin_cap)
+    model = (emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, qknorm_ptr)
+    acts = (x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr, knew_ptr)
+    weights = (wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr)
+    descs = (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc)
+    gates = (sigbar, ackbar)
     gl.warp_specialize([
-        (_consumer, (bufs, full, empty, xs, table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr,
-                     err_ptr, timeline_ptr, emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr,
-                     kc_ptr, vc_ptr, x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
-                     spin_cap, advance, tok_in, eps, sm_scale, H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
+        (_consumer, (ring, sched, model, acts, weights, gates, (advance, tok_in, eps, sm_scale),
+                     H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
-                     WAIT_PF_LINE, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr, qknorm_ptr, knew_ptr, QK_NORM,
-                     LM_CTA, ATTN_WARPS, sigbar, ackbar, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
+                     WAIT_PF_LINE, QK_NORM, LM_CTA, ATTN_WARPS, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
                      MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W)),
-        (_producer, (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, bufs, full, empty, table_ptr, counts_ptr,
-                     max_tasks, state_ptr, counters_ptr, timeline_ptr, spin_cap, H, Q, KV, IP, NF, BR, BK, NS,
-                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr,
-                     head_ptr, I, L2_AHEAD, PF_LANES_P, sigbar, ackbar, SIG_GATE, ATTN_GATE, NSPLIT, MIN_CHUNK,
-                     SB, MV_MMA, INFLIGHT, TMA_EVICT)),
+        (_producer, (descs, ring, sched, weights, gates, H, Q, KV, IP, NF, BR, BK, NS,
+                     NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, I, L2_AHEAD, PF_LANES_P, SIG_GATE, ATTN_GATE,
+                     NSPLIT, MIN_CHUNK, SB, MV_MMA, INFLIGHT, TMA_EVICT)),
     ], [1], [PRODUCER_REGS])
