@@ -11,7 +11,7 @@ Suites (``--models`` default: llama-3.2-1b):
 * ``ladder``: ``decode_latency.py`` over :data:`LADDER`, eager → CUDA graph → compile → fused → fused + PDL →
   megakernel without prefetch → megakernel; an engine the registry does not know or the device cannot run is
   recorded as skipped with the reason. Then the fused engine's tile sweep (``fused_sweep.py``) and its per-kernel
-  profile without and with PDL (``fused_profile.py``).
+  profile without PDL, with it, and with PDL's early trigger (``fused_profile.py``).
 * ``prefill``: ``benchmarks/prefill.py``'s ``main(argv)`` per model, given ``--models`` and ``--out`` as
   ``decode_latency.py`` takes them; skipped (not available) while that script is not in the tree.
 * ``fp8``: ``decode_latency.py --weights fp8`` over :data:`FP8_ENGINES` (each engine in bf16 and as
@@ -128,9 +128,10 @@ def plan(suite: str, models: list[str], out: Path, limit: float, extra: list[str
                 rec = out / f"fused_sweep_{m}.json"
                 cases.append(Case(f"fused_sweep_{m}", _script(
                     "fused_sweep.py", "--models", m, "--out", str(rec), "--max-seconds", "120"), 180, record=str(rec)))
-                for pdl in ([], ["--pdl"]):
-                    rec = out / f"fused_profile_{m}{'_pdl' if pdl else ''}.json"
-                    cases.append(Case(f"fused_profile_{m}{'_pdl' if pdl else ''}", _script(
+                for tag, pdl in (("", []), ("_pdl", ["--pdl", "--pdl-early", "0"]),
+                                 ("_pdl_early", ["--pdl", "--pdl-early", "1"])):
+                    rec = out / f"fused_profile_{m}{tag}.json"
+                    cases.append(Case(f"fused_profile_{m}{tag}", _script(
                         "fused_profile.py", "--model", m, *pdl, "--out", str(rec)), 90, record=str(rec)))
     elif suite == "prefill":
         script = BENCH / "prefill.py"

@@ -41,7 +41,10 @@ def test_decode_and_ladder_plan_one_decode_latency_case_per_model(tmp_path):
     assert ladder[-2:] == ["--runs", "2"]
     cases = run.plan("ladder", ["llama-3.2-1b"], tmp_path, 400, [])
     assert [c.name for c in cases] == ["decode_latency_ladder_llama-3.2-1b", "fused_sweep_llama-3.2-1b",
-                                       "fused_profile_llama-3.2-1b", "fused_profile_llama-3.2-1b_pdl"]
+                                       "fused_profile_llama-3.2-1b", "fused_profile_llama-3.2-1b_pdl",
+                                       "fused_profile_llama-3.2-1b_pdl_early"]
+    early = cases[-1].argv
+    assert early[early.index("--pdl-early") + 1] == "1" and "--pdl" in early
 
 
 def test_prefill_and_fp8_say_not_available_until_their_code_exists(tmp_path):
