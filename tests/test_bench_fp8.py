@@ -3,9 +3,6 @@ table, and the accuracy checks it records, on CPU over a tiny model (the timing 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,18 +11,11 @@ from bubblescope.generation import teacher_forced_logits
 from bubblescope.models.weights import dummy_weights
 from bubblescope.reference_engine import ReferenceEngine
 
+from .conftest import load_benchmark
 from .test_megakernel_schedule import TINY
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def _script(name: str):
-    """A benchmarks/ script as a module (they are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_fp8_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+_script = load_benchmark
 
 
 dl, run = _script("decode_latency"), _script("run")

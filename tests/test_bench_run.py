@@ -4,7 +4,6 @@ registry does not know or the device cannot run. Every case here is a short Pyth
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import tarfile
@@ -13,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+_load = load_benchmark
 
 
 run = _load("run")

@@ -3,20 +3,15 @@ task sizes for the 1B against the hand-computed tile bytes."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "chain_breakdown.py"
+from .conftest import load_benchmark
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("chain_breakdown", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("chain_breakdown")
 
 
 def _frame() -> pd.DataFrame:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +9,7 @@ from bubblescope import diagnosis
 from bubblescope.diagnosis import plan
 from bubblescope.engines import BY_NAME_ONLY, ENGINES, default_engines, get_engine_spec
 
-_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_latency.py"
+from .conftest import load_benchmark
 
 
 def test_one_megakernel_runs_by_default_and_the_others_by_name():
@@ -32,10 +30,7 @@ def test_diagnose_without_engines_runs_the_default_list(tmp_path, monkeypatch):
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("decode_latency", _BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("decode_latency")
 
 
 def _row(p50: float, **extra) -> dict:

@@ -261,26 +261,15 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
     q/k-norm, Qwen2.5-0.5B's biases and 7 query heads per kv head), in a fresh interpreter (Triton's mode is per
     process): no spills, registers × warps within one SM's 65,536, and PDL's griddepcontrol.wait in each; the next
     kernel's launch allowed after the wait by default, at the first instruction with ``pdl_early``."""
-    import importlib.util
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from .conftest import compile_in_subprocess
 
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
-        pytest.skip("triton with its bundled ptxas is not installed")
     script = ("import json\nfrom bubblescope.models.config import get_preset\n"
               "from bubblescope.fused_engine.offline import compile_offline\n"
               "from bubblescope.fused_engine.engine import FusedParams\n"
               "out = {m: compile_offline(get_preset(m)) for m in ('llama-3.2-1b', 'qwen3-0.6b', 'qwen2.5-0.5b')}\n"
               "out['early'] = compile_offline(get_preset('qwen3-0.6b'), params=FusedParams(pdl_early=True))\n"
               "print(json.dumps(out))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = compile_in_subprocess(script)
     names = {k["kernel"] for kernels in out.values() for k in kernels}
     assert names == {"qkv_rope_kernel", "attn_split_kernel", "matvec_residual_kernel", "gateup_kernel",
                      "lmhead_kernel", "argmax_kernel", "qk_norm_kernel"}   # qk_norm: Qwen3 only

@@ -132,24 +132,13 @@ def test_fp8_kernels_compile_for_sm90_without_spills():
     """The FP8 variants compiled by Triton and ptxas for sm_90 at real shapes (Llama-3.2-1B with its LM head in FP8,
     Qwen3-0.6B's q/k-norm, Qwen2.5-0.5B's biases), in a fresh interpreter: no spills, registers × warps within one
     SM, PDL's wait, and an e4m3 conversion (``cvt`` from ``e4m3x2``) in every kernel that reads weights."""
-    import importlib.util
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from .conftest import compile_in_subprocess
 
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
-        pytest.skip("triton with its bundled ptxas is not installed")
     script = ("import json\nfrom bubblescope.models.config import get_preset\n"
               "from bubblescope.fused_engine.offline import compile_offline\n"
               "print(json.dumps({m: compile_offline(get_preset(m), weight_format=f) for m, f in "
               "(('llama-3.2-1b', 'fp8-all'), ('qwen3-0.6b', 'fp8'), ('qwen2.5-0.5b', 'fp8'))}))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = compile_in_subprocess(script)
     streams = {"qkv_rope_kernel", "matvec_residual_kernel", "gateup_kernel"}
     for model, kernels in out.items():
         for k in kernels:

@@ -27,7 +27,7 @@ from bubblescope.models.config import ModelConfig, get_preset
 from bubblescope.models.weights import dummy_weights
 from bubblescope.reference_engine import ReferenceEngine
 
-from .conftest import STORIES, needs_stories
+from .conftest import STORIES, compile_in_subprocess, needs_stories
 from .test_megakernel_schedule import FORCED, PROMPT, TINY
 
 
@@ -275,24 +275,6 @@ print(json.dumps(out))
 """
 
 
-def _compile_in_subprocess(script: str) -> list[dict]:
-    """The JSON list ``script`` prints last, run in a fresh interpreter without ``TRITON_INTERPRET`` (Triton's mode
-    is per process); skips where Triton's bundled ptxas is missing."""
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
-        pytest.skip("triton with its bundled ptxas is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
 def _assert_fits_one_sm(info: dict) -> None:
     """No spills, and registers × warps and shared memory within one H200 SM (65536 registers, 227 KB of shared
     memory per block), so one CTA per SM is resident."""
@@ -316,7 +298,7 @@ def test_gluon_kernel_and_variants_compile_for_sm90_within_one_sm():
     through Triton and ptxas for sm_90a,
     in a subprocess (Triton's mode is per process): no spills, and registers × warps and shared memory within
     one H200 SM (65536 registers, 227 KB of shared memory per block), so one CTA per SM is resident."""
-    for info in _compile_in_subprocess(_COMPILE):
+    for info in compile_in_subprocess(_COMPILE):
         _assert_fits_one_sm(info)
 
 
@@ -326,7 +308,7 @@ def test_gluon_tma_loads_with_an_l2_evict_first_policy_compile_for_sm90():
     measured), every TMA load of the kernel carries the policy (none does with ``weight_eviction=""``), the
     registers, spills and shared memory are those of the kernel without it, and ``auto`` builds the kernel its
     resolution names."""
-    out = _compile_in_subprocess(
+    out = compile_in_subprocess(
         "import json, torch\n"
         "from bubblescope.models.config import get_preset\n"
         "from bubblescope.megakernel_engine.gluon.host import compile_offline\n"
@@ -536,7 +518,7 @@ def test_gluon_tensor_core_matvec_compiles_for_sm90_within_one_sm():
     prefetch, these three with two boxes per slot, auto under ``mma``), in a subprocess: no spills, registers ×
     warps and shared memory within one H200 SM, and the ring as deep in bytes as the default's (the swizzled ring
     takes the same bytes: 12 slots of one 16 KB box, or 6 of two; the 8B's larger staged vector leaves 11 or 5)."""
-    base, *out = _compile_in_subprocess(_MMA_COMPILE)
+    base, *out = compile_in_subprocess(_MMA_COMPILE)
     # the tensor-core matvec reaches the kernel: the 1B's machine code shrinks (offline: 73 KB against 93 KB)
     assert base["mv_widen"] == "bits" and out[0]["text_bytes"] < 0.9 * base["text_bytes"], (base, out[0])
     for info in out:

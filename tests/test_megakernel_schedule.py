@@ -448,19 +448,9 @@ print(json.dumps(out))
 def test_kernel_compiles_for_sm90_and_default_keeps_four_programs_per_sm():
     """Compiled-mode code paths (prefetch asm, %globaltimer, nanosleep, q/k-norm, bias-free bf16/fp32) through
     Triton and ptxas for sm_90a, in a subprocess where triton is not in interpreter mode."""
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from .conftest import compile_in_subprocess
 
-    spec = importlib.util.find_spec("triton")  # located, not imported: this process's Triton mode stays untouched
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file():
-        pytest.skip("triton with its bundled ptxas is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    default, timeline, qwen3 = json.loads(run.stdout.strip().splitlines()[-1])
+    default, timeline, qwen3 = compile_in_subprocess(_COMPILE, timeout=600)
     assert default["fit"] >= 4, default  # residency of the default config on an H200 (docs/design.md: 4/SM)
     assert default["registers"] <= 128 and timeline["registers"] <= 128  # the maxnreg cap holds
     assert default["cooperative"] is True

@@ -313,14 +313,11 @@ def test_gpu_qwen3_bf16_cache_after_batched_prefill_is_the_kernels():
 def test_prefill_benchmark_writes_ttft_per_length_and_engine(interpreter, tmp_path):
     """``benchmarks/prefill.py``'s document on CPU (tiny model, fp32): the layout the benchmarks driver reads, raw
     samples kept, the first tokens the reference engine's, the ratio the two medians' quotient."""
-    import importlib.util
     import json
 
-    from .conftest import ROOT
+    from .conftest import load_benchmark
 
-    spec = importlib.util.spec_from_file_location("prefill_bench", ROOT / "benchmarks" / "prefill.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("prefill")
     out = tmp_path / "prefill.json"
     assert bench.main(["--device", "cpu", "--dtype", "float32", "--models", "stories260k", "--lengths", "1,6",
                        "--stepwise-lengths", "", "--engines", "reference,megakernel,no-such-engine", "--runs", "2",

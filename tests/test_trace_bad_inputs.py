@@ -27,15 +27,7 @@ def _one_line_error(r, start):
 
 
 def _trace(tmp_path, name="t.json", walls=(1000, 1200, 1100)):
-    """Marked steps of one 400-µs kernel each, of the given wall times (µs), on an H200 (datasheet 4,800 GB/s)."""
-    ev, t = tg.meta_events(), 0.0
-    for i, wall in enumerate(walls):
-        ev += [tg.annotation(f"bubblescope.decode_step#{i}", t, wall), tg.launch(t + 1, 2, i + 1),
-               tg.kernel("gemv", t + 10, 400, i + 1)]
-        t += wall
-    doc = tg.document(ev, rank=None)
-    doc["deviceProperties"][0].update(name="NVIDIA H200", totalGlobalMem=150_109_880_320)
-    return tg.write(tmp_path / name, doc)
+    return tg.marked_steps_trace(tmp_path / name, walls=walls)
 
 
 def _result(tmp_path):

@@ -56,15 +56,7 @@ def test_per_step_GBps_from_the_traces_own_step_times():
 
 
 def _trace(tmp_path, name="t.json", gpu="NVIDIA H200", walls=(1000, 1200, 1100)):
-    """Three marked steps of one 400-µs kernel each, of the given wall times (µs)."""
-    ev, t = tg.meta_events(), 0.0
-    for i, wall in enumerate(walls):
-        ev += [tg.annotation(f"bubblescope.decode_step#{i}", t, wall), tg.launch(t + 1, 2, i + 1),
-               tg.kernel("gemv", t + 10, 400, i + 1)]
-        t += wall
-    doc = tg.document(ev, rank=None)
-    doc["deviceProperties"][0].update(name=gpu, totalGlobalMem=150_109_880_320)
-    return tg.write(tmp_path / name, doc)
+    return tg.marked_steps_trace(tmp_path / name, gpu, walls)
 
 
 def test_json_result_and_gate_on_it(tmp_path):

@@ -102,6 +102,19 @@ def write(path: Path, doc, gz: bool | None = None) -> Path:
     return path
 
 
+def marked_steps_trace(path: Path, gpu: str = "NVIDIA H200", walls=(1000, 1200, 1100)) -> Path:
+    """A trace of marked decode steps (``bubblescope.decode_step#i``), one 400-µs ``gemv`` kernel each, of the
+    given wall times (µs), taken on ``gpu`` (an H200 by default: datasheet 4,800 GB/s); written to ``path``."""
+    ev, t = meta_events(), 0.0
+    for i, wall in enumerate(walls):
+        ev += [annotation(f"bubblescope.decode_step#{i}", t, wall), launch(t + 1, 2, i + 1),
+               kernel("gemv", t + 10, 400, i + 1)]
+        t += wall
+    doc = document(ev, rank=None)
+    doc["deviceProperties"][0].update(name=gpu, totalGlobalMem=150_109_880_320)
+    return write(path, doc)
+
+
 def decode_trace_events(marker: str = "bubblescope.decode_step") -> list[dict]:
     """Two decode steps on device 0 and a stray kernel on device 1; the answers are in test_trace_metrics.
 
