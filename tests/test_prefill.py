@@ -60,7 +60,7 @@ def _assert_same_prefill(batched, stepwise, ids: list[int], tol: float = 1e-5) -
         _close(got, getattr(stepwise, name), tol)
         assert not got[:, :, len(ids):].any()  # nothing written past the prompt
     _close(lb, ls, 10 * tol)
-    assert torch.equal(batched.last_logits().cpu(), lb)  # the logits decoding starts from are the returned ones
+    assert torch.equal(batched.last_logits().cpu(), lb.cpu())  # the logits decoding starts from are the returned ones
     assert batched.position == stepwise.position == len(ids)
     assert batched.greedy_token().item() == stepwise.greedy_token().item() == int(ls.argmax())
 
@@ -298,15 +298,24 @@ def test_gpu_long_prompt_in_chunks_matches_the_reference():
 @pytest.mark.gpu
 def test_gpu_qwen3_bf16_cache_after_batched_prefill_is_the_kernels():
     """Qwen3 (q/k-norm; on Hopper the Gluon kernel norms and rotates k in its attention task): the cache the batched
-    prefill writes is the one the kernel's steps write, to bf16 rounding."""
+    prefill writes is the one the kernel's steps write, to bf16 rounding: layer 0 (one rounding apart) within 1 %,
+    and over all 28 layers, where the roundings carry through the residual stream, about as close to the float32
+    model's cache (the batched prefill over the same weights in float32) as the kernel's own."""
     w = dummy_weights(get_preset("qwen3-0.6b"), "cuda", torch.bfloat16, seed=1)
     batched, stepwise = _engines(w, 128, chunk=32)
+    from bubblescope.megakernel_engine import MegakernelEngine
+    truth = MegakernelEngine(w.to(dtype=torch.float32), max_seq_len=128, prefill_chunk=32)
     prompt = torch.randint(3, w.config.vocab_size, (77,), generator=torch.Generator().manual_seed(0)).tolist()
-    batched.prefill(torch.tensor(prompt))
-    stepwise.prefill(torch.tensor(prompt))
+    for e in (batched, stepwise, truth):
+        e.prefill(torch.tensor(prompt))
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
     for name in ("k_cache", "v_cache"):
-        a, b = getattr(batched, name).float(), getattr(stepwise, name).float()
-        assert ((a - b).norm() / b.norm()).item() < 1e-2, name
+        a, b, t = getattr(batched, name), getattr(stepwise, name), getattr(truth, name)
+        assert rel(a[0], b[0]) < 1e-2, name
+        assert rel(a, t) < 1.5 * rel(b, t) + 1e-3, (name, rel(a, t), rel(b, t))
 
 
 # ---- the benchmark script -----------------------------------------------------------------------------------------

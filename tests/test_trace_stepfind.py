@@ -52,6 +52,41 @@ def test_the_boundary_goes_after_the_longest_host_gap():
     assert _found(tokens, gaps_before_3)["starts"][0] == 2
 
 
+def test_a_step_whose_kernels_cycle_from_token_to_token_is_one_token_not_the_cycle():
+    # each token: layer 0's attention kernel is one of four (picked by the context's alignment), then two layers
+    # with the common one, LM head, sampling; the exact sequence repeats every 4 tokens, and a variant's kernel
+    # occurs once per 4 tokens, so the exact period alone would call 4 tokens a step
+    tokens, gaps = [0, 1, 2], [0.0, 0.0, 0.0]
+    for t in range(40):
+        step = [10, 20 + t % 4, 11, 12] + [10, 19, 11, 12] * 2 + [30, 31]
+        tokens += step
+        gaps += [9.0] + [0.0] * (len(step) - 1)  # the host pauses before each token (sampling)
+    found = _found(tokens, gaps)
+    assert found["found"] and found["length"] == 14 and (found["cycle"], found["variants"]) == (4, 4)
+    assert found["starts"].tolist() == [3 + 14 * t for t in range(40)] and found["matching"].all()
+    assert found["prefix"] == 3 and found["suffix"] == 0
+
+
+def test_a_unit_repeated_per_layer_is_not_taken_for_the_step():
+    # four identical layers, then the token's own units: as many as a layer's, so a layer's length divides the
+    # step's (15 = 5 × 3) but a step holds 4 layers, not 5
+    found = _found([10, 11, 12] * 4 + [30, 31, 32] + ([10, 11, 12] * 4 + [30, 31, 32]) * 19)
+    assert found["length"] == 15 and found["cycle"] == 1 and len(found["starts"]) == 20
+    one = _found(([10, 11, 12] * 4 + [30]) * 20)  # a one-unit tail
+    assert one["length"] == 13 and one["cycle"] == 1 and len(one["starts"]) == 20
+
+
+def test_markerless_loop_with_cycling_kernels_is_described(tmp_path):
+    def names(i):
+        return ["embed", "gemv_qkv", f"attn_align{i % 2}", "gemv_o", "argmax"]
+    events, want = tg.decode_loop_events(12, names, prefill=["gemm_qkv_prefill"])
+    d = _summary(tmp_path, events)["step_detection"]
+    assert d["steps"] == 12 and d["units_per_step"] == 5 and (d["cycle"], d["variants"]) == (2, 2), d
+    assert d["matching_steps"] == 12 and d["confidence"] == "high"
+    assert d["description"].startswith("steps: 12, from a repeating 5-kernel sequence in 2 variants (units that "
+                                       "change from token to token; the same sequence every 2 steps)")
+
+
 def test_markerless_eager_loop_with_a_different_prefill(tmp_path):
     names = ["embed", "gemv_qkv", "attn_decode", "gemv_o", "argmax"]
     events, want = tg.decode_loop_events(12, names, prefill=["gemm_qkv_prefill", "attn_prefill", "gemm_o_prefill"])
@@ -59,7 +94,7 @@ def test_markerless_eager_loop_with_a_different_prefill(tmp_path):
     d = f["step_detection"]
     assert f["step_marker"] is None and d["method"] == "sequence" and d["steps"] == 12
     assert d["units_per_step"] == 5 and d["prefix_units"] == 3 and d["matching_steps"] == 12
-    assert d["confidence"] == "high"
+    assert d["confidence"] == "high" and (d["cycle"], d["variants"]) == (1, 1)
     assert d["description"].startswith("steps: 12, from a repeating 5-kernel sequence; confidence high")
     assert "3 launches before the first step left out" in d["description"]
     rows = f["step_rows"]

@@ -153,11 +153,12 @@ def decode_trace_events(marker: str = "bubblescope.decode_step") -> list[dict]:
     return meta_events() + ev
 
 
-def decode_loop_events(steps: int, names: list[str], kernel_us: float = 10.0, launch_us: float = 2.0,
+def decode_loop_events(steps: int, names, kernel_us: float = 10.0, launch_us: float = 2.0,
                        step_gap_us: float = 50.0, prefill: list[str] | None = None, start: float = 1000.0,
                        first_corr: int = 1) -> tuple[list[dict], dict]:
     """A decode loop without step markers: an optional prefill (one kernel launch per name in ``prefill``), then
-    ``steps`` steps, each launching the kernels ``names`` one by one.
+    ``steps`` steps, each launching the kernels ``names`` one by one (a list, or a function of the step index
+    giving each step's list, all of one length).
 
     Each launch call takes ``launch_us`` and its kernel starts when the call ends and runs ``kernel_us``; the
     next launch starts when the kernel ends (the host waits: every gap is host-wait). After a step's last kernel
@@ -172,14 +173,15 @@ def decode_loop_events(steps: int, names: list[str], kernel_us: float = 10.0, la
         t += launch_us + kernel_us
         corr += 1
     t += step_gap_us
-    for _ in range(steps):
+    for i in range(steps):
         starts.append(t)
-        for name in names:
+        for name in (names(i) if callable(names) else names):
             ev += [launch(t, launch_us, corr), kernel(name, t + launch_us, kernel_us, corr)]
             t += launch_us + kernel_us
             corr += 1
         t += step_gap_us
-    return meta_events() + ev, {"step_starts": starts, "step_us": len(names) * (launch_us + kernel_us) + step_gap_us,
+    n = len(names(0) if callable(names) else names)
+    return meta_events() + ev, {"step_starts": starts, "step_us": n * (launch_us + kernel_us) + step_gap_us,
                                 "prefill_units": len(prefill or [])}
 
 

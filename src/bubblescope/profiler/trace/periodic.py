@@ -7,6 +7,11 @@ units into identical segments gives the period; the boundary is then shifted to 
 tokens (:func:`repeating_steps`). Segments from the first to the last identical one are the steps; those before
 are prefill and warm-up (a first period that differs). Fewer than :data:`MIN_STEPS` repeats, or repeats that
 cover less than :data:`MIN_COVERAGE` of the units, are no period: no steps are made up.
+
+A step whose kernels change from token to token in a cycle (Hugging Face ``generate``: an attention kernel picked by
+the context length's alignment) repeats exactly only every few tokens. When the exact period of ``L`` units holds
+``k`` occurrences of another unit, each ``L / k`` units apart, that finer period is the step: its steps all have one
+length, in a few variants (:func:`_finer_period`).
 """
 
 from __future__ import annotations
@@ -109,7 +114,14 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
     if not candidates:
         return _not_found(f"no sequence of units repeats {min_steps} times or more", n)
     _, length, _, _, c, _ = max(candidates, key=lambda t: (t[0], -t[1], t[3]))
+    cycle = 1
+    finer = _finer_period(h, order, bounds, c, length, min_steps)
+    if finer is not None:
+        c, cycle = finer
+        length //= cycle
     starts, ends, matching = _aligned(h, order[bounds[c]:bounds[c + 1]], length, gap_before)
+    if cycle > 1:  # the steps of one length are the common step, in variants
+        matching = (ends - starts) == length
     first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
     starts, ends, matching = starts[first:last + 1], ends[first:last + 1], matching[first:last + 1]
     # steps of the common length (the same calls, maybe other kernels: a context that changes the attention
@@ -119,9 +131,40 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
     if coverage < min_coverage:
         return _not_found(f"the most repeated sequence ({count(length, 'unit')}, {int(matching.sum())} times) "
                           f"covers only {coverage:.0%} of the {n} units", n)
+    variants = len(np.unique(_segment_hash(h, starts[regular], ends[regular])))
     return {"found": True, "starts": starts.astype(np.int64), "ends": ends.astype(np.int64), "matching": matching,
             "length": length, "anchor": values[c], "prefix": int(starts[0]), "suffix": int(n - ends[-1]),
-            "coverage": coverage, "units": n, "reason": None}
+            "coverage": coverage, "units": n, "reason": None, "cycle": cycle, "variants": variants}
+
+
+def _finer_period(h: tuple, order: np.ndarray, bounds: np.ndarray, c: int, length: int,
+                  min_steps: int) -> tuple[int, int] | None:
+    """(anchor, k) of the finest period inside the exact one (``length`` units, anchor ``c``), or None: an anchor
+    whose segments are mostly (90 %) one length ``length / k``, k ≥ 2, and that occurs exactly k times in every
+    segment of the exact period that is its common sequence. A unit repeated per layer does not qualify: with
+    the token's own units (LM head, sampling) in one of its segments, the layers' length does not divide the
+    step's, or their count per step is not the quotient."""
+    import numpy as np
+
+    p = order[bounds[c]:bounds[c + 1]]
+    sig = _segment_hash(h, p[:-1], p[1:])
+    uniq, counts = np.unique(sig, return_counts=True)
+    exact = sig == uniq[counts.argmax()]
+    lo, hi = p[:-1][exact], p[1:][exact]
+    best = None
+    for c2 in np.flatnonzero(np.diff(bounds) >= 2 * min_steps).tolist():
+        if c2 == c:
+            continue
+        q = order[bounds[c2]:bounds[c2 + 1]]
+        lengths, times = np.unique(np.diff(q), return_counts=True)
+        step = int(lengths[times.argmax()])
+        if times.max() < 0.9 * (len(q) - 1) or length % step or length // step < 2:
+            continue
+        k = length // step
+        inside = np.searchsorted(q, hi) - np.searchsorted(q, lo)
+        if (inside == k).all() and (best is None or k > best[1]):
+            best = (c2, k)
+    return best
 
 
 def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tuple[np.ndarray, ...]:

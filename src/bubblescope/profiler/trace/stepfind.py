@@ -143,7 +143,9 @@ def find_decode_steps(arrays: TraceArrays, cpu_ops: dict | None = None) -> tuple
         call's end and its GPU work's end, so every call of the loop between two tokens is in one step.
         ``detection``: ``{"method": "cuda-graph" | "megakernel" | "sequence" | "cpu-ops" | None, "steps",
         "units_per_step", "unit", "matching_steps", "prefix_units", "suffix_units", "coverage", "confidence",
-        "megakernel", "graph_launches_per_step", "description", "reason"}``.
+        "megakernel", "graph_launches_per_step", "variants", "cycle", "description", "reason"}``. ``cycle`` > 1: the
+        common sequence repeats exactly only every ``cycle`` steps, in ``variants`` forms of one length (the
+        steps then count as matching by their length).
     """
     import numpy as np
 
@@ -174,23 +176,30 @@ def find_decode_steps(arrays: TraceArrays, cpu_ops: dict | None = None) -> tuple
     matching = int(found["matching"].sum())
     conf = confidence(k, matching, found["coverage"])
     prefix = found["prefix"]
-    text = (f"steps: {k}, from {how['what']}; confidence {conf}: {matching} of {k} "
-            f"{plural(k, 'step')} repeat it exactly, {found['coverage']:.0%} of the "
-            f"{count(found['units'], noun, nouns)} in steps of its length")
+    cycle, variants = found.get("cycle", 1), found.get("variants", 1)
+    if cycle > 1:  # one length, the units changing from token to token: say so, and count same-length steps
+        text = (f"steps: {k}, from {how['what']} in {variants} variants (units that change from token to token; "
+                f"the same sequence every {cycle} steps); confidence {conf}: {matching} of {k} {plural(k, 'step')} "
+                f"of its length, {found['coverage']:.0%} of the {count(found['units'], noun, nouns)}")
+    else:
+        text = (f"steps: {k}, from {how['what']}; confidence {conf}: {matching} of {k} "
+                f"{plural(k, 'step')} repeat it exactly, {found['coverage']:.0%} of the "
+                f"{count(found['units'], noun, nouns)} in steps of its length")
     if prefix:
         text += f", the {count(prefix, noun, nouns)} before the first step left out (prefill, warm-up)"
     detection = _detection(how["method"], k, units_per_step=found["length"], unit=how["unit"],
                            matching_steps=matching, prefix_units=prefix, suffix_units=found["suffix"],
                            coverage=found["coverage"], confidence=conf, megakernel=how["megakernel"],
-                           graph_launches_per_step=how["graph_launches_per_step"], description=text)
+                           graph_launches_per_step=how["graph_launches_per_step"], variants=variants,
+                           cycle=cycle, description=text)
     return steps, detection
 
 
 def _detection(method: str | None, steps: int, reason: str | None = None, **fields: Any) -> dict:
     out = {"method": method, "marker": None, "steps": steps, "units_per_step": None, "unit": None,
            "matching_steps": None, "prefix_units": None, "suffix_units": None, "coverage": None,
-           "confidence": None, "megakernel": None, "graph_launches_per_step": None, "description": None,
-           "reason": reason}
+           "confidence": None, "megakernel": None, "graph_launches_per_step": None, "variants": None, "cycle": None,
+           "description": None, "reason": reason}
     out.update(fields)
     if reason is not None:
         out["description"] = f"steps: none found ({reason}); no steps are made up"
