@@ -453,7 +453,8 @@ def test_auto_picks_gluon_for_qwen3_on_hopper(monkeypatch):
     cap = {"v": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["v"])
     for name in ("qwen3-0.6b", "qwen2.5-0.5b"):
-        w = SimpleNamespace(config=get_preset(name), dtype=torch.bfloat16, device=torch.device("cuda"))
+        w = SimpleNamespace(config=get_preset(name), dtype=torch.bfloat16, device=torch.device("cuda"),
+                            weight_format="bf16")
         assert choose_impl(w, "auto")[0] == "gluon"
     cap["v"] = (8, 0)
     assert choose_impl(w, "auto") == ("triton", "the Gluon megakernel targets Hopper (sm_90); this GPU is sm_80")

@@ -59,6 +59,57 @@ def test_megakernel_fp32_tiny_matches_reference_tightly():
     assert (got - ref).abs().max().item() < 1e-3
 
 
+FP8_CASES = [("llama-3.2-1b", "fp8", i) for i in _impls()] + [("llama-3.2-1b", "fp8-all", i) for i in _impls()] + [
+    (m, "fp8", "gluon") for m in ("qwen3-0.6b", "qwen2.5-0.5b") if "gluon" in _impls()]
+
+
+@pytest.mark.parametrize("model,fmt,impl", FP8_CASES)
+def test_megakernel_fp8_matches_reference_fused(model, fmt, impl):
+    """FP8 weights on each kernel (``auto`` picks the Gluon one on Hopper; Qwen3's q/k-norm and Qwen2.5's biases and
+    16-row tiles on it) match reference-fused over the same FP8 weights: all stream the e4m3 tiles, scale each row's
+    float32 sum once and round at the same points, so they differ by float32 summation order only (a bf16 rounding
+    may then fall either way and carry through the layers). The float32 model over the same quantized weights says
+    which is off: the megakernel must be about as close to it as reference-fused is."""
+    from bubblescope.fused_engine import FusedEngine
+    from bubblescope.megakernel_engine import MegakernelEngine
+
+    w = dummy_weights(get_preset(model), "cuda", torch.bfloat16, seed=1).as_format(fmt)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, w.config.vocab_size, (16,), generator=g).tolist()
+    forced = torch.randint(3, w.config.vocab_size, (48,), generator=g).tolist()
+    fused = teacher_forced_logits(FusedEngine(w, max_seq_len=80), prompt, forced).float()
+    truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 80), prompt, forced)
+    eng = MegakernelEngine(w, max_seq_len=80, impl=impl)
+    info = eng.compile_info()
+    assert info["implementation"] == impl and info["weights"] == fmt
+    assert MegakernelEngine(w, max_seq_len=80).compile_info()["implementation"] == _impls()[0]  # auto
+    if impl == "gluon":
+        assert info["gluon"]["mv_widen"] == "convert" and info["gluon"]["BK"] == 256, info["gluon"]
+    got = teacher_forced_logits(eng, prompt, forced).float()
+
+    def rel(a, b):
+        return ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
+
+    assert rel(got, truth) < 1.5 * rel(fused, truth) + 1e-3, (rel(got, truth), rel(fused, truth))
+    assert rel(got, fused) < 2 * rel(fused, truth) + 1e-3, (rel(got, fused), rel(fused, truth))
+    assert (got.argmax(-1) == fused.argmax(-1)).float().mean().item() >= 0.95
+
+
+def test_triton_megakernel_fp8_fp32_tiny_matches_reference_fused_tightly():
+    """float32 activations, FP8 projections and LM head: the megakernel and reference-fused agree to float32
+    summation order, and both with the reference engine's dequantizing matvecs."""
+    from bubblescope.fused_engine import FusedEngine
+    from bubblescope.megakernel_engine import MegakernelEngine
+
+    w = dummy_weights(get_preset("tiny-llama"), "cuda", torch.float32, seed=2).as_format("fp8-all")
+    prompt, forced = [1, 5, 9, 4], list(range(10, 40))
+    fused = teacher_forced_logits(FusedEngine(w, max_seq_len=64), prompt, forced)
+    ref = teacher_forced_logits(ReferenceEngine(w, "eager", 64), prompt, forced)
+    got = teacher_forced_logits(MegakernelEngine(w, max_seq_len=64), prompt, forced)
+    assert (got - fused).abs().max().item() < 1e-3
+    assert (got - ref).abs().max().item() < 1e-3
+
+
 _HOPPER = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                              reason="the Gluon megakernel needs a Hopper GPU")
 

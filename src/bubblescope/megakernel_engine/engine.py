@@ -15,6 +15,11 @@ Prefill (``prefill``): ``batched`` (default) runs the prompt through batched GEM
 packed weights (``prefill.py``) and writes its K/V into the kernel's cache, then decoding continues in the kernel;
 ``stepwise`` runs one decode launch per prompt token (the ablation).
 
+FP8 weights (``--weights fp8`` / ``fp8-all``, :class:`~bubblescope.models.quant.QuantizedLinear`) run on both
+kernels: each streams the float8_e4m3fn matrices and scales each row's float32 sum once (the fused engine's rule;
+``triton_kernel/ops.py``; the Gluon kernel's ring holds 1-byte boxes, ``gluon/host.py``). Batched prefill dequantizes
+each packed matrix for its GEMM, as the reference engine's prefill does.
+
 On a CPU device the Triton kernel runs under Triton's interpreter with one program over the topological
 instruction list (see ``triton_kernel.host.load_kernel`` for the TRITON_INTERPRET side effect); slow, but
 anyone can watch it decode.
@@ -35,13 +40,13 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from ..errors import BubblescopeError, EngineUnavailable, KernelStuck
+from ..models.quant import SCALE_BYTES
 from ..models.weights import ModelWeights
 from . import residency as R
 from .launcher import Launcher
-from .packing import pack_weights
+from .packing import SCALE_FIELDS, pack_weights
 from .prefill import PREFILL_CHUNK, PREFILL_MODES, BatchedPrefill
-from .schedule import (OPCODE_NAMES, MegakernelParams, build_schedule, num_counters, resolve_tiling,
-                       task_weight_bytes)
+from .schedule import OPCODE_NAMES, MegakernelParams, build_schedule, num_counters, resolve_tiling, task_weight_rows
 from .timeline import IntraKernelTimeline, decode_timeline
 from .triton_kernel import host as L
 
@@ -55,10 +60,20 @@ AMAX_EMPTY = -(2 ** 63)     # kernel.AMAX_EMPTY: the greedy key buffer between s
 
 
 IMPLS = ("auto", "gluon", "triton")
+# Triton's float8_e4m3fn (tl.float8e4nv) converts in hardware from sm_89 (Ada, Hopper) on; older GPUs have no e4m3
+# conversion, and Triton refuses the type there when compiling.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def is_fp8(weights: ModelWeights) -> bool:
+    """The projections are FP8 (``weight_format`` ``fp8`` or ``fp8-all``)."""
+    return weights.weight_format in ("fp8", "fp8-all")
 
 
 def choose_impl(weights: ModelWeights, impl: str) -> tuple[str, str]:
     """The kernel implementation for ``impl`` (``auto``: Gluon where it runs, else Triton) and why, in words.
+
+    FP8 weights run on both (the Gluon kernel with 16-bit activations: ``gluon.host.gluon_unsupported``).
 
     Raises:
         EngineUnavailable: ``gluon`` requested where it cannot run (the reason named).
@@ -67,7 +82,7 @@ def choose_impl(weights: ModelWeights, impl: str) -> tuple[str, str]:
         return "triton", "requested"
     from .gluon.host import gluon_unsupported
     cap = torch.cuda.get_device_capability(weights.device) if weights.device.type == "cuda" else None
-    reason = gluon_unsupported(weights.config, weights.dtype, cap)
+    reason = gluon_unsupported(weights.config, weights.dtype, cap, weights.weight_format)
     if reason is None:
         return "gluon", "Hopper GPU: warp-specialized TMA weight stream"
     if impl == "gluon":
@@ -76,15 +91,20 @@ def choose_impl(weights: ModelWeights, impl: str) -> tuple[str, str]:
 
 
 def check_supported(weights: ModelWeights) -> None:
-    """Raises EngineUnavailable for what the kernel cannot run (named)."""
+    """Raises EngineUnavailable for what the kernel cannot run (named): a device, dtype or head_dim it has no
+    code for, projections partly in FP8, FP8 on a GPU without e4m3 conversion."""
     cfg = weights.config
     if weights.device.type not in ("cpu", "cuda"):
         raise EngineUnavailable(f"megakernel runs on CUDA (or CPU under the Triton interpreter), not {weights.device}")
     if weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise EngineUnavailable(f"megakernel supports float32/bfloat16/float16 weights, not {weights.dtype}")
-    if weights.weight_format != "bf16":  # the FP8 weight ring is GPU work not done yet
-        raise EngineUnavailable(f"megakernel streams unquantized weights only, not {weights.weight_format} "
-                                "(FP8 runs on the reference and reference-fused engines; use --weights bf16)")
+    if weights.weight_format == "mixed":  # one kernel variant for every layer matrix: all FP8 or none
+        raise EngineUnavailable("megakernel: projections partly in FP8; load with --weights fp8 or bf16")
+    if is_fp8(weights) and weights.device.type == "cuda":
+        cap = torch.cuda.get_device_capability(weights.device)
+        if cap < FP8_MIN_CAPABILITY:
+            raise EngineUnavailable(f"megakernel: FP8 weights need an sm_89+ GPU (e4m3 conversion), this one is "
+                                    f"sm_{cap[0]}{cap[1]}; use --weights bf16")
     d = cfg.head_dim
     if d & (d - 1) or d < 2:
         raise EngineUnavailable(f"megakernel needs a power-of-two head_dim, {cfg.name} has {d}")
@@ -146,7 +166,7 @@ class MegakernelEngine:
         self.limits = None if self.interpret else R.device_limits(self.device)
         if self.impl == "gluon":  # one CTA per SM, each weight task one TMA tile (gluon/host.py)
             from .gluon import host as GH
-            params = GH.gluon_params(cfg, params, self.limits.sms, self.dtype)
+            params = GH.gluon_params(cfg, params, self.limits.sms, self.dtype, weights.weight_format)
         else:  # q/k-norm in the attention task is the Gluon kernel's; the Triton kernel norms whole-head QKV tiles
             params = params.replace(qk_norm_in_attn=False)
         self.params = params
@@ -162,7 +182,8 @@ class MegakernelEngine:
         probe = build_schedule(cfg, params, 1, self.tiling)
         self._info = {"registers": None, "spills": None, "shared_bytes": None, "num_warps": params.num_warps,
                       "programs_per_sm": None, "grid": 1, "interpret": self.interpret, "variant": variant,
-                      "implementation": self.impl, "implementation_reason": self.impl_reason, "prefill": prefill}
+                      "implementation": self.impl, "implementation_reason": self.impl_reason, "prefill": prefill,
+                      "weights": weights.weight_format}
         self._launchers = {params.timeline: self._launcher(params.timeline)}
         if not self.interpret:
             info = self._launchers[params.timeline].compile(*self._probe_args(probe))
@@ -219,8 +240,10 @@ class MegakernelEngine:
             return self._gluon_launcher(timeline)
         cfg, p, params = self.config, self.packed, self.params.replace(timeline=timeline)
         dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
+        no_scale = torch.zeros(1, dtype=torch.float32, device=self.device)  # unread without FP8 / FP8_HEAD
+        scales = {f"{n}_ptr": no_scale if getattr(p, n) is None else getattr(p, n) for n in SCALE_FIELDS}
         args = dict(
-            self._buf, emb_ptr=p.embed, head_ptr=p.lm_head, fnorm_ptr=p.final_norm, wqkv_ptr=p.wqkv,
+            self._buf, **scales, emb_ptr=p.embed, head_ptr=p.lm_head, fnorm_ptr=p.final_norm, wqkv_ptr=p.wqkv,
             bqkv_ptr=dummy if p.bqkv is None else p.bqkv, qknorm_ptr=dummy if p.qknorm is None else p.qknorm,
             anorm_ptr=p.anorm, wo_ptr=p.wo, mnorm_ptr=p.mnorm, wgu_ptr=p.wgu, wdown_ptr=p.wdown, cos_ptr=p.cos,
             sin_ptr=p.sin, kc_ptr=self.k_cache, vc_ptr=self.v_cache,
@@ -228,7 +251,8 @@ class MegakernelEngine:
             sm_scale=1.0 / math.sqrt(cfg.head_dim))
         cx = L.kernel_constexprs(cfg, self.tiling, params, self.max_seq_len, has_bias=p.bqkv is not None,
                                  has_qk_norm=p.qknorm is not None,
-                                 prefetch=L.prefetch_mode(params.prefetch, cfg, self.dtype, self.limits))
+                                 prefetch=L.prefetch_mode(params.prefetch, cfg, p.wqkv.dtype, self.limits),
+                                 fp8=p.fp8, fp8_head=p.fp8_head)
         maxnreg = None if self.interpret else L.register_cap(params, self.limits.regs_per_sm)
         options = dict(num_warps=params.num_warps, num_stages=params.num_stages,
                        launch_cooperative_grid=params.cooperative and not self.interpret)
@@ -242,7 +266,8 @@ class MegakernelEngine:
         cfg, p, params = self.config, self.packed, self.params.replace(timeline=timeline)
         dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
         cx = GH.gluon_constexprs(cfg, self.tiling, params, self.max_seq_len, self.dtype,
-                                 has_bias=p.bqkv is not None)
+                                 has_bias=p.bqkv is not None,
+                                 weight_format="fp8-all" if p.fp8_head else "fp8" if p.fp8 else "bf16")
         args = dict(
             {k: v for k, v in self._buf.items()},
             **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"], cx["MV_MMA"]),
@@ -251,7 +276,9 @@ class MegakernelEngine:
             vc_ptr=self.v_cache, qknorm_ptr=dummy if p.qknorm is None else p.qknorm, knew_ptr=self._knew,
             wqkv_ptr=p.wqkv, wo_ptr=p.wo, wgu_ptr=p.wgu, wdown_ptr=p.wdown, head_ptr=p.lm_head,
             spin_cap=params.spin_cap or (1 << 22), eps=float(cfg.rms_norm_eps),
-            sm_scale=1.0 / math.sqrt(cfg.head_dim))
+            sm_scale=1.0 / math.sqrt(cfg.head_dim),
+            # the FP8 row scales (None, the kernel's default, for unquantized weights): every argument is bound
+            **{f"{n}_ptr": getattr(p, n) for n in SCALE_FIELDS})
         return GH.make_launcher(self._gluon_kernel, args, cx, params.num_warps, fast=params.fast_launch,
                                 cooperative=params.cooperative)
 
@@ -494,10 +521,18 @@ class MegakernelEngine:
         return dict(self._info)
 
     def task_weight_bytes(self) -> dict[str, int]:
-        """Bytes of weights one task of each weight opcode streams in this engine's launches
-        (``schedule.task_weight_bytes`` of its config, the tiling its schedule ran and its packed weights' element
-        size), keyed by opcode name: what ``timeline.stream_feed`` spreads over a task's ring slots."""
-        return task_weight_bytes(self.schedule.config, self.schedule.tiling, self.packed.wqkv.element_size())
+        """Bytes of weights one task of each weight opcode streams in this engine's launches, keyed by opcode name:
+        its rows (``schedule.task_weight_rows`` of its config and the tiling its schedule ran) times the row's bytes
+        in the packed matrix's element size, plus :data:`~bubblescope.models.quant.SCALE_BYTES` a row where the
+        matrix is FP8 (its float32 scale); what ``timeline.stream_feed`` spreads over a task's ring slots. For 16-
+        and 32-bit weights this is ``schedule.task_weight_bytes`` with their element size."""
+        p = self.packed
+        out = {}
+        for name, (rows, width) in task_weight_rows(self.schedule.config, self.schedule.tiling).items():
+            head = name == "LMHEAD"
+            mat, scaled = (p.lm_head, p.fp8_head) if head else (p.wqkv, p.fp8)
+            out[name] = rows * (width * mat.element_size() + (SCALE_BYTES if scaled else 0))
+        return out
 
     def ring_slot_bytes(self) -> int | None:
         """Bytes of one slot of the Gluon kernel's weight ring (``slot_boxes`` TMA boxes of ``BR`` rows × ``BK``

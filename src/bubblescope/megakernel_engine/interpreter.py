@@ -8,6 +8,9 @@ with torch ops, one task at a time, checking each task's dependency counter like
 * check a schedule: :meth:`ScheduleInterpreter.run_programs` interleaves the per-program queues the way
   resident programs could run them and raises ``KernelStuck`` if all of them would wait (a deadlock);
 * a Decoder in its own right (``prefill``/``decode``), name ``megakernel-oracle``.
+
+FP8 packed weights: each row's float32 sum over the float8_e4m3fn values is multiplied by the row's scale, as the
+kernel does (``triton_kernel/ops.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class ScheduleInterpreter:
             lo_row = (j // tl_.hb) * 2 * tl_.hb + j % tl_.hb
             hi_row = lo_row + tl_.hb
             lo, hi = w[lo_row] @ h, w[hi_row] @ h
+            if p.sqkv is not None:
+                lo, hi = lo * p.sqkv[layer, lo_row], hi * p.sqkv[layer, hi_row]
             if p.bqkv is not None:
                 lo, hi = lo + p.bqkv[layer, lo_row].float(), hi + p.bqkv[layer, hi_row].float()
             lo, hi = self._rnd(lo), self._rnd(hi)
@@ -159,22 +164,27 @@ class ScheduleInterpreter:
         elif t.op in (OP_OPROJ, OP_DOWN):
             r = slice(t.a1, t.a1 + t.a2)
             if t.op == OP_OPROJ:
-                w, a, resid = p.wo[layer], b["attn"], (src if layer == 0 else b["x"])
+                w, s, a, resid = p.wo[layer], p.so, b["attn"], (src if layer == 0 else b["x"])
             else:
-                w, a, resid = p.wdown[layer], b["act"][:cfg.intermediate_size], b["x"]
-            y = self._rnd(w[r].float() @ a.float())
+                w, s, a, resid = p.wdown[layer], p.sdown, b["act"][:cfg.intermediate_size], b["x"]
+            y = w[r].float() @ a.float()
+            y = self._rnd(y if s is None else y * s[layer, r])
             b["x"][r] = (resid[r].float() + y).to(self.act)
         elif t.op == OP_GATEUP:  # a task of several packed blocks = the same rows in one go
             h = self._normed(b["x"], p.mnorm[layer])
             j = torch.arange(t.a1, min(t.a1 + t.a2, cfg.intermediate_size), device=self.device)
             g_row = (j // tl_.gb) * 2 * tl_.gb + j % tl_.gb
             w = p.wgu[layer].float()
-            g, u = self._rnd(w[g_row] @ h), self._rnd(w[g_row + tl_.gb] @ h)
+            g, u = w[g_row] @ h, w[g_row + tl_.gb] @ h
+            if p.sgu is not None:
+                g, u = g * p.sgu[layer, g_row], u * p.sgu[layer, g_row + tl_.gb]
+            g, u = self._rnd(g), self._rnd(u)
             b["act"][j] = (self._rnd(g / (1 + torch.exp(-g))) * u).to(self.act)
         elif t.op == OP_LMHEAD:
             h = self._normed(b["x"], p.final_norm)
             r = torch.arange(t.a1, t.a1 + t.a2, device=self.device)
-            val = self._rnd(p.lm_head[r].float() @ h)
+            val = p.lm_head[r].float() @ h
+            val = self._rnd(val if p.slm is None else val * p.slm[r])
             b["logits"][r] = val
         else:
             raise BubblescopeError(f"oracle: unknown opcode {t.op}")

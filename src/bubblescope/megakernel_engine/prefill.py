@@ -14,6 +14,9 @@ activations, small next to the GEMMs). The KV cache is the kernel's, (L, n_kv, S
 after q/k-norm (Qwen3) and RoPE, exactly what the kernel's QKV (or, with ``qk_norm_attn``, ATTN) task stores. The
 math is ``bubblescope.torch_ops``' (the reference engine's): RMSNorm statistics in float32, RoPE rotate_half in the
 activation dtype from the kernel's own cos/sin tables, GQA, Qwen2 biases, llama3 RoPE scaling (in the tables).
+FP8 packed matrices (``packing.py``) are dequantized for each GEMM, ``qweight · scale[:, None]`` formed in float32
+and rounded to the activation dtype (:meth:`~bubblescope.models.quant.QuantizedLinear.dequantize`), as the
+reference engine's prefill does; one layer's matrix at a time, so no unquantized copy of the model is kept.
 
 Long prompts run in chunks of at most ``chunk`` positions: each chunk goes through every layer, attending to the
 keys the earlier chunks left in the cache and its own (prefix-causal), so memory is bounded by the chunk, not the
@@ -26,12 +29,19 @@ import torch
 import torch.nn.functional as F
 
 from ..models.config import ModelConfig
+from ..models.quant import QuantizedLinear
 from ..torch_ops import apply_rope, prefix_causal_attention, rms_norm
 from .packing import PackedWeights, gateup_rows, qk_permutation
 from .schedule import Tiling
 
 PREFILL_CHUNK = 2048  # positions per chunk: (T, 2·I) activations of an 8B model are 117 MB in bf16 at 2048
 PREFILL_MODES = ("batched", "stepwise")
+
+
+def _matrix(w: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """A packed matrix (rows, K) for a GEMM in ``dtype``: ``w`` itself, or with its float32 row scales (rows,) the
+    FP8 ``w`` dequantized."""
+    return w if scale is None else QuantizedLinear(w, scale).dequantize(dtype)
 
 
 class BatchedPrefill:
@@ -76,7 +86,7 @@ class BatchedPrefill:
             x = self._chunk(ids[s:s + self.chunk], s, k_cache, v_cache)
         p = self.packed
         h = rms_norm(x[-1:], p.final_norm, self.cfg.rms_norm_eps)                # (1, H)
-        return F.linear(h, p.lm_head)[0].float()                                 # (V,)
+        return F.linear(h, _matrix(p.lm_head, p.slm, h.dtype))[0].float()         # (V,)
 
     def _chunk(self, ids: torch.Tensor, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Positions ``start .. start + T - 1`` through every layer; returns their last hidden states (T, H)."""
@@ -87,10 +97,12 @@ class BatchedPrefill:
         half_cos, half_sin = p.cos[start:end], p.sin[start:end]                  # (T, D/2) float32
         cos = torch.cat((half_cos, half_cos), -1).to(x.dtype)                    # (T, D), cast at use as the kernel
         sin = torch.cat((half_sin, half_sin), -1).to(x.dtype)
+        sc = (lambda s, layer: None if s is None else s[layer])  # noqa: E731  (a layer's FP8 row scales)
         for layer in range(c.num_hidden_layers):
             h = rms_norm(x, p.anorm[layer], eps)
             bias = p.bqkv[layer] if p.bqkv is not None else None
-            qkv = F.linear(h, p.wqkv[layer], bias)[:, self._qkv_cols]            # (T, Q + 2KV), natural order
+            w_qkv = _matrix(p.wqkv[layer], sc(p.sqkv, layer), x.dtype)
+            qkv = F.linear(h, w_qkv, bias)[:, self._qkv_cols]                    # (T, Q + 2KV), natural order
             q = qkv[:, :c.q_size].view(t, nh, d)
             k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, nkv, d)
             v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, d)
@@ -101,9 +113,10 @@ class BatchedPrefill:
             k_cache[layer, :, start:end] = apply_rope(k.transpose(0, 1), cos, sin)  # (nkv, T, D)
             v_cache[layer, :, start:end] = v.transpose(0, 1)
             y = prefix_causal_attention(q, k_cache[layer, :, :end], v_cache[layer, :, :end], c.gqa_group)
-            x = x + F.linear(y.transpose(0, 1).reshape(t, c.q_size), p.wo[layer])  # (T, H)
+            x = x + F.linear(y.transpose(0, 1).reshape(t, c.q_size),
+                             _matrix(p.wo[layer], sc(p.so, layer), x.dtype))     # (T, H)
             h = rms_norm(x, p.mnorm[layer], eps)
-            gu = F.linear(h, p.wgu[layer])                                       # (T, 2·I_pad), packed blocks
+            gu = F.linear(h, _matrix(p.wgu[layer], sc(p.sgu, layer), x.dtype))  # (T, 2·I_pad), packed blocks
             act = F.silu(gu[:, self._gate_cols]) * gu[:, self._up_cols]          # (T, I)
-            x = x + F.linear(act, p.wdown[layer])
+            x = x + F.linear(act, _matrix(p.wdown[layer], sc(p.sdown, layer), x.dtype))
         return x

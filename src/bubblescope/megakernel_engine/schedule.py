@@ -520,6 +520,18 @@ def resolve_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int) -> Til
         block_split=min(16, next_pow2(splits)), qk_norm_attn=qk_attn)
 
 
+def task_weight_rows(cfg: ModelConfig, tiling: Tiling) -> dict[str, tuple[int, int]]:
+    """Rows of weights one full task of each weight opcode streams, and the width of their matrix, keyed by the
+    opcode names of :data:`OPCODE_NAMES`: QKV ``(rows_qkv, hidden)``, OPROJ ``(rows_o, q_size)``, GATEUP
+    ``(rows_gateup × gateup_blocks, hidden)``, DOWN ``(rows_down, intermediate)``, LMHEAD
+    ``(rows_lm × lm_blocks, hidden)`` (the Gluon kernel's tiling has one block per task)."""
+    h = cfg.hidden_size
+    return {"QKV": (tiling.rows_qkv, h), "OPROJ": (tiling.rows_o, cfg.q_size),
+            "GATEUP": (tiling.rows_gateup * tiling.gateup_blocks, h),
+            "DOWN": (tiling.rows_down, cfg.intermediate_size),
+            "LMHEAD": (tiling.rows_lm * tiling.lm_blocks, h)}
+
+
 def task_weight_bytes(cfg: ModelConfig, tiling: Tiling, elem_bytes: int) -> dict[str, int]:
     """Bytes of weights one task of each weight opcode streams, keyed by the opcode names of
     :data:`OPCODE_NAMES` (the ``name`` column of ``timeline.decode_timeline``).
@@ -543,12 +555,7 @@ def task_weight_bytes(cfg: ModelConfig, tiling: Tiling, elem_bytes: int) -> dict
     """
     if isinstance(elem_bytes, bool) or not isinstance(elem_bytes, int) or elem_bytes <= 0:
         raise BubblescopeError(f"task_weight_bytes: elem_bytes must be a positive integer, got {elem_bytes!r}")
-    h = cfg.hidden_size
-    rows_by_width = {"QKV": (tiling.rows_qkv, h), "OPROJ": (tiling.rows_o, cfg.q_size),
-                     "GATEUP": (tiling.rows_gateup * tiling.gateup_blocks, h),
-                     "DOWN": (tiling.rows_down, cfg.intermediate_size),
-                     "LMHEAD": (tiling.rows_lm * tiling.lm_blocks, h)}
-    return {name: rows * width * elem_bytes for name, (rows, width) in rows_by_width.items()}
+    return {name: rows * width * elem_bytes for name, (rows, width) in task_weight_rows(cfg, tiling).items()}
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,13 @@ DEFAULT_BLOCK_S = 64
 INFLIGHT_BYTES = 64 * 1024
 DEFAULT_SPLITS = 16         # attention position splits per kv head (8 kv heads × 16 ≈ the grid)
 SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CUDA Programming Guide, CC 9.0)
+TMA_BOX_MAX = 256           # most elements along one dimension of a TMA box (CUDA Driver API, cuTensorMapEncodeTiled)
+
+
+def weight_bytes(dtype: torch.dtype, weight_format: str = "bf16") -> int:
+    """Bytes of one layer weight streamed through the ring: 1 in FP8 (``fp8`` / ``fp8-all``), else the
+    activation ``dtype``'s size."""
+    return 1 if weight_format != "bf16" else torch.empty((), dtype=dtype).element_size()
 
 
 def pow2_floor(n: int) -> int:
@@ -51,12 +58,14 @@ def gluon_device_unsupported(capability: tuple[int, int] | None) -> str | None:
     return None
 
 
-def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[int, int] | None) -> str | None:
+def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[int, int] | None,
+                      weight_format: str = "bf16") -> str | None:
     """Why the Gluon kernel cannot run this model here (one line), or None when it can.
 
     Needs: a Hopper GPU (sm_90: TMA and warp specialization as Triton 3.6 lowers them), Triton's Gluon
-    dialect, bf16/fp16/fp32 weights, 16-byte aligned weight rows (a TMA rule: the row stride of each weight
-    matrix is a multiple of 16 bytes). q/k-norm (Qwen3) runs in the attention task (``qk_norm_in_attn``).
+    dialect, bf16/fp16/fp32 weights (FP8 layer weights, ``weight_format`` ``fp8`` / ``fp8-all``, with 16-bit
+    activations), 16-byte aligned weight rows (a TMA rule: the row stride of each weight matrix is a multiple of
+    16 bytes). q/k-norm (Qwen3) runs in the attention task (``qk_norm_in_attn``).
     """
     if why := gluon_device_unsupported(capability):
         return why
@@ -66,7 +75,9 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
         return f"this Triton has no Gluon Hopper dialect ({e})"
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"the Gluon megakernel supports bf16/fp16/fp32 weights, not {dtype}"
-    esize = torch.empty((), dtype=dtype).element_size()
+    if weight_format != "bf16" and dtype == torch.float32:
+        return "the Gluon megakernel streams FP8 weights beside 16-bit activations (bf16/fp16), not float32"
+    esize = weight_bytes(dtype, weight_format)
     for name, k in (("hidden_size", cfg.hidden_size), ("q_size", cfg.q_size),
                     ("intermediate_size", cfg.intermediate_size)):
         if (k * esize) % 16:
@@ -76,8 +87,9 @@ def gluon_unsupported(cfg: ModelConfig, dtype: torch.dtype, capability: tuple[in
 
 def box_cols(cfg: ModelConfig, esize: int) -> int:
     """``BK``: columns per TMA box row, :data:`TILE_BYTES_ROW` bytes of ``esize``-byte weights, capped at the
-    narrowest matrix (a power of two)."""
-    return min(TILE_BYTES_ROW // esize, pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
+    narrowest matrix (a power of two) and at :data:`TMA_BOX_MAX` elements (FP8: 256 columns, 256 bytes)."""
+    return min(TILE_BYTES_ROW // esize, TMA_BOX_MAX,
+               pow2_floor(min(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
 
 
 def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int,
@@ -260,13 +272,13 @@ def resolve_attn_split(cfg: ModelConfig, new_row: str, combine: str) -> tuple[st
 
 
 def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
-                 dtype: torch.dtype = torch.bfloat16) -> MegakernelParams:
+                 dtype: torch.dtype = torch.bfloat16, weight_format: str = "bf16") -> MegakernelParams:
     """``params`` with the Gluon kernel's fixed choices: one tile of ``BR`` rows per weight task, one kv head
     per attention task, the fused split reduction, one CTA per SM, q/k-norm and RoPE of q/k in the attention
     task (Qwen3: a QKV tile of BR rows then needs no whole head). The matvec and the boxes per ring slot where left
     to the model (:func:`auto_matvec`). ``BR`` is ``params.max_rows`` when set, else :func:`auto_rows` for ``sms``
     SMs (at least 32 under ``mv_widen=mma``: 16 rows per mma tile), capped at head_dim (a QKV tile holds whole RoPE
-    pair blocks: BR/2 must divide head_dim/2); the ``auto`` attention layout for ``dtype`` weights (:func:`resolve_attn_layout`); the
+    pair blocks: BR/2 must divide head_dim/2); the ``auto`` attention layout for ``dtype`` activations (:func:`resolve_attn_layout`); the
     attention's positions per block where ``block_s`` is None (:func:`resolve_block_s`); the first block's new row
     and the split combine's layout (:func:`resolve_attn_split`); ``weight_eviction=auto`` (:func:`resolve_eviction`).
 
@@ -283,7 +295,7 @@ def gluon_params(cfg: ModelConfig, params: MegakernelParams, sms: int = 132,
     block_s = block_s if params.block_s is None else params.block_s
     layout = resolve_attn_layout(cfg, params.attn_layout, esize, block_s, params.num_warps)
     block_s = resolve_block_s(cfg, layout, params, block_s)
-    widen, sb = auto_matvec(cfg, params, sms, esize, layout)
+    widen, sb = auto_matvec(cfg, params, sms, weight_bytes(dtype, weight_format), layout)
     br = tile_rows(cfg, params, mma_rows(cfg, params, sms) if widen == "mma" else auto_rows(cfg, sms))
     rows_od = br // params.split_k  # O-proj / down tiles: BR/2 rows over 2·BK columns per slot (split_k = 2)
     new_row, combine = resolve_attn_split(cfg, params.attn_new_row, params.attn_combine)
@@ -311,16 +323,16 @@ def resolve_eviction(choice: str, triton_version: str | None = None) -> str:
 
 
 def gluon_tiling(cfg: ModelConfig, params: MegakernelParams, grid: int,
-                 dtype: torch.dtype = torch.bfloat16) -> Tiling:
-    """The tiling of :func:`gluon_params` for ``grid`` CTAs (one per SM; see ``schedule.resolve_tiling``) and
-    ``dtype`` weights."""
-    t = resolve_tiling(cfg, gluon_params(cfg, params, grid, dtype), grid)
+                 dtype: torch.dtype = torch.bfloat16, weight_format: str = "bf16") -> Tiling:
+    """The tiling of :func:`gluon_params` for ``grid`` CTAs (one per SM; see ``schedule.resolve_tiling``),
+    ``dtype`` activations and ``weight_format`` layer weights."""
+    t = resolve_tiling(cfg, gluon_params(cfg, params, grid, dtype, weight_format), grid)
     assert t.hb == t.rows_qkv // 2, "QKV tiles must be whole RoPE pair blocks"
     return t
 
 
 def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_seq_len: int, dtype: torch.dtype,
-                     has_bias: bool, ring: int | None = None) -> dict:
+                     has_bias: bool, ring: int | None = None, weight_format: str = "bf16") -> dict:
     """Compile-time arguments of ``gluon.kernel.megakernel`` (shapes, tile and layout parameters, switches);
     ``params`` as :func:`gluon_params` resolves them (``auto`` layout, attention gate, block_s).
 
@@ -329,14 +341,21 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     (a power of two); ``NS`` = ring slots that fit beside ``xs`` (:func:`fit_ring`); ``VEC``/``TK`` = 16-byte
     vectors per thread and threads along K of the tile layout; ``VD``/``TD`` the same along head_dim.
 
+    FP8 layer weights (``weight_format`` ``fp8``: ``W_FP8``; ``fp8-all``: also ``HEAD_FP8``): boxes of 1-byte
+    weights (``BK`` = 256 columns, the TMA box limit), twice the ring slots of the 16-bit kernel (the same bytes in
+    the ring), and a 16-bit head (``fp8``) in boxes of ``BK / 2`` columns: every slot holds the same bytes.
+
     Raises:
-        BubblescopeError: ``attn_layout=mma`` with weights that are not 16-bit, a head_dim / block_s the
+        BubblescopeError: ``attn_layout=mma`` with activations that are not 16-bit, a head_dim / block_s the
             ``mma.sync`` m16n8k16 tiles do not fit, or more than 16 query heads per kv head; ``mv_widen=mma``
-            where :func:`mv_mma_unsupported` names a reason; ``weight_eviction=evict_last`` (the Triton kernel's).
+            where :func:`mv_mma_unsupported` names a reason (FP8 weights among them); ``weight_eviction=evict_last``
+            (the Triton kernel's); ``l2_ahead`` or ``wait_prefetch`` with FP8 weights.
     """
-    esize = torch.empty((), dtype=dtype).element_size()
+    esize = torch.empty((), dtype=dtype).element_size()  # activations (the staged vector, the KV cache)
+    wsize = weight_bytes(dtype, weight_format)
+    fp8 = weight_format != "bf16"
     br = t.rows_qkv
-    bk = box_cols(cfg, esize)
+    bk = box_cols(cfg, wsize)
     vec = min(16 // esize, bk)
     nch = {k: -(-n // bk) for k, n in (("H", cfg.hidden_size), ("Q", cfg.q_size), ("I", cfg.intermediate_size))}
     # a ring slot holds slot_boxes boxes, each a chunk (a pair of chunks 2c, 2c + 1 with split_k = 2): the boxes
@@ -351,12 +370,17 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
     if params.weight_eviction == "evict_last":  # the Triton kernel's; the Gluon weight stream reads each line once
         raise BubblescopeError("megakernel params: weight_eviction=evict_last is the Triton kernel's; the Gluon "
                                "kernel takes auto, '' or evict_first")
-    why = (mv_mma_unsupported(cfg, esize, br, params.split_k, bk, params.slot_boxes, params.num_warps)
+    why = (mv_mma_unsupported(cfg, wsize, br, params.split_k, bk, params.slot_boxes, params.num_warps)
            if params.mv_widen == "mma" else None)
     if why:
         raise BubblescopeError(f"megakernel params: {why}")
-    slot_bytes = sb * br * bk * esize
-    ns = fit_ring(max(1, int(ring or params_ring(params)) // sb), slot_bytes, max(kch.values()) * bk * esize)
+    if fp8 and (params.l2_ahead or params.wait_prefetch):  # their tile addresses assume one weight size
+        raise BubblescopeError("megakernel params: l2_ahead and wait_prefetch run with 16-bit weights only; "
+                               "use 0 with FP8 weights")
+    slot_bytes = sb * br * bk * wsize
+    # the ring's bytes as with 16-bit weights: FP8 slots are half as big, so twice as many
+    wanted = int(ring or params_ring(params) * esize // wsize)
+    ns = fit_ring(max(1, wanted // sb), slot_bytes, max(kch.values()) * bk * esize)
     inflight = max(2, INFLIGHT_BYTES // slot_bytes) if params.inflight is None else params.inflight
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
@@ -376,7 +400,8 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
         NW=params.num_warps, PRODUCER_REGS=PRODUCER_REGS, LM_CTA=params.lm_pick == "cta",
         ATTN_WARPS=params.attn_layout == "warps", ATTN_MMA=params.attn_layout == "mma", SIG_GATE=params.sig_gate,
         ATTN_GATE=params.attn_gate,
-        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16,
+        MV_BITS=params.mv_widen == "bits" and dtype == torch.bfloat16 and not fp8,
+        W_FP8=fp8, HEAD_FP8=weight_format == "fp8-all",
         MV_MMA=params.mv_widen == "mma",
         MMA_EARLY=params.attn_layout == "mma" and params.attn_operands == "early", MV_AHEAD=params.mv_ahead == 1,
         NEW_ROW=params.attn_new_row == "row" and (params.attn_layout == "warps" or (
@@ -465,19 +490,22 @@ def desc_layout(bits: int, mma: bool):
 def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = False) -> dict:
     """One TMA descriptor per packed weight matrix, each viewed as 2-D (rows, K), box ``[br, bk]`` (O-proj and
     down: ``[br / split, bk]``), unswizzled; with ``mma`` boxes of 64 columns, 128-byte swizzled (the producer
-    issues ``bk / 64`` of them per box: :func:`desc_layout`).
+    issues ``bk / 64`` of them per box: :func:`desc_layout`). A 16-bit LM head beside FP8 layer weights gets boxes
+    ``[br, bk / 2]``: the bytes of an FP8 box.
 
     Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H).
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    layout = desc_layout(packed.wqkv.element_size() * 8, mma)
+    wbits = packed.wqkv.element_size() * 8
     cols = 64 if mma else bk
 
-    def desc(t, rows=br):
+    def desc(t, rows=br, cols=cols):
         t2 = t.reshape(-1, t.shape[-1])
-        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, cols], layout)
+        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, cols],
+                                desc_layout(t2.element_size() * 8, mma))
+    head_cols = cols * packed.wqkv.element_size() // packed.lm_head.element_size() if wbits == 8 else cols
     return {"wqkv_desc": desc(packed.wqkv), "wo_desc": desc(packed.wo, br // split), "wgu_desc": desc(packed.wgu),
-            "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head)}
+            "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head, br, head_cols)}
 
 
 def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
@@ -492,11 +520,13 @@ def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bo
 
 
 def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, params: MegakernelParams | None = None,
-                    max_seq_len: int = 2048, grid: int = 132) -> dict:
-    """Compile the Gluon kernel for sm_90 on any machine (no GPU): registers, spills, shared memory, PTX size,
+                    max_seq_len: int = 2048, grid: int = 132, weight_format: str = "bf16") -> dict:
+    """Compile the Gluon kernel for sm_90 on any machine (no GPU), with ``dtype`` activations and
+    ``weight_format`` weights (``bf16``: the activation dtype; ``fp8`` / ``fp8-all``): registers, spills, shared memory, PTX size,
     ``text_bytes`` (its machine code, :func:`residency.cubin_text_bytes`), and its TMA loads (``tma_loads``) and
     those with an L2 cache policy (``tma_loads_l2_hinted``: all of them with ``weight_eviction="evict_first"``,
-    through ``gluon/ptx.py``; the cubin is assembled from that PTX).
+    through ``gluon/ptx.py``; the cubin is assembled from that PTX), and its e4m3 → f16 conversions
+    (``fp8_converts``, PTX ``cvt.rn.f16x2.e4m3x2``: 0 without FP8 weights).
 
     Raises:
         EngineUnavailable: Triton is in interpreter mode in this process.
@@ -504,15 +534,17 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     """
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    params = gluon_params(cfg, params or MegakernelParams(), grid, dtype)
+    params = gluon_params(cfg, params or MegakernelParams(), grid, dtype, weight_format)
     kernel = load_gluon_kernel()
-    t = gluon_tiling(cfg, params, grid, dtype)
-    cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias)
+    t = gluon_tiling(cfg, params, grid, dtype, weight_format)
+    cx = gluon_constexprs(cfg, t, params, max_seq_len, dtype, has_bias=cfg.attention_bias,
+                          weight_format=weight_format)
     act = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    layout = desc_layout(torch.empty((), dtype=dtype).element_size() * 8, bool(cx["MV_MMA"]))
+    wty = "fp8e4nv" if cx["W_FP8"] else act  # the layer weights' type (the head's: fp8-all only)
+    abits = torch.empty((), dtype=dtype).element_size() * 8
+    layer_names = {"wqkv", "wo", "wgu", "wdown"}
     f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
     i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
     i64 = {"timeline_ptr", "amax_ptr"}
@@ -522,9 +554,23 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
             rows = cx["BR"] // cx["SPLIT"] if name in ("wo_desc", "wdown_desc") else cx["BR"]
-            sig[name] = f"tensordesc<{act}[{rows}, {64 if cx['MV_MMA'] else cx['BK']}],{layout!r}>"
+            cols = 64 if cx["MV_MMA"] else cx["BK"]
+            ty = wty if name[:-5] in layer_names or cx["HEAD_FP8"] else act
+            if ty != wty:  # a 16-bit head among FP8 boxes: the same bytes per box
+                cols //= 2
+            bits = 8 if ty == "fp8e4nv" else abits
+            sig[name] = f"tensordesc<{ty}[{rows}, {cols}],{desc_layout(bits, bool(cx['MV_MMA']))!r}>"
+        elif name in ("sqkv_ptr", "so_ptr", "sgu_ptr", "sdown_ptr", "slm_ptr"):  # FP8 row scales
+            on = cx["HEAD_FP8"] if name == "slm_ptr" else cx["W_FP8"]
+            sig[name] = "*fp32" if on else "constexpr"
+            if on:
+                attrs[(idx,)] = [["tt.divisibility", 16]]
+            else:
+                cx = {**cx, name: None}
         elif name.endswith("_ptr"):
-            sig[name] = "*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64 else f"*{act}"
+            w = name[:-4] in layer_names or (name == "head_ptr" and cx["HEAD_FP8"])
+            sig[name] = ("*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64
+                         else f"*{wty}" if w else f"*{act}")
             attrs[(idx,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "fp32" if name in ("eps", "sm_scale") else "i32"
@@ -536,10 +582,11 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
                             options={"num_warps": params.num_warps, "launch_cooperative_grid": True})
     usage = ptxas_usage(ck.asm["ptx"], 90)
     return {**usage, "shared_bytes": int(ck.metadata.shared), "num_warps": int(ck.metadata.num_warps),
-            "ring_bytes": cx["NS"] * ring_slot_bytes(cx, torch.empty((), dtype=dtype).element_size()),
-            "constexprs": {k: v for k, v in cx.items()}, "ptx_lines": ck.asm["ptx"].count("\n"),
+            "ring_bytes": cx["NS"] * ring_slot_bytes(cx, weight_bytes(dtype, weight_format)),
+            "constexprs": {k: v for k, v in cx.items() if v is not None}, "ptx_lines": ck.asm["ptx"].count("\n"),
             "tma_loads": ck.asm["ptx"].count("cp.async.bulk.tensor."),
             "tma_loads_l2_hinted": ck.asm["ptx"].count(".L2::cache_hint ["),
+            "fp8_converts": ck.asm["ptx"].count("cvt.rn.f16x2.e4m3x2"),
             "text_bytes": cubin_text_bytes(ck.asm["cubin"])["megakernel"],
             "tiling": vars(t), "gluon": gluon_choice(t, cx), "smem_limit": SMEM_PER_BLOCK_SM90,
             "grid_hint": math.ceil(grid)}

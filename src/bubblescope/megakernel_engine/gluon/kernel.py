@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .. import schedule as S
 from .attention import attention, attention_mma, attention_warps
 from .common import now, rnd, spin, splits_used
-from .matvec import mv_halves, mv_mma, mv_pair, mv_single, stage_vector
+from .matvec import mv_half_boxes, mv_halves, mv_mma, mv_pair, mv_single, stage_vector
 from .ptx import MARKER
 
 MARK_ASM = gl.constexpr("// " + MARKER + "\n\tmov.u32 $0, 0;")  # a PTX comment (gluon/ptx.py)
@@ -212,7 +212,7 @@ def _residual_matvec(src_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, 
 
 
 @gluon.jit
-def _consumer(ring, sched, model, acts, weights, gates, step,
+def _consumer(ring, sched, model, acts, weights, gates, step, scales,
               H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, V: gl.constexpr,
               D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
               NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, NF: gl.constexpr, BR: gl.constexpr,
@@ -224,7 +224,8 @@ def _consumer(ring, sched, model, acts, weights, gates, step,
               PF_LANES_C: gl.constexpr, WAIT_PF_LINE: gl.constexpr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr,
               ATTN_WARPS: gl.constexpr, SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr,
               ATTN_MMA: gl.constexpr, MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr,
-              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr):
+              NEW_ROW: gl.constexpr, COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, NORM_W: gl.constexpr,
+              W_FP8: gl.constexpr, HEAD_FP8: gl.constexpr):
     """The consumer warps: each task of this CTA's row of the table in order — its dependency wait, its matvec
     from the ring's weight tiles (or attention), its epilogue and its signal. The runtime arguments come as the
     aggregates ``megakernel`` builds (see its docstring); the constexprs as before."""
@@ -235,6 +236,7 @@ def _consumer(ring, sched, model, acts, weights, gates, step,
     wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr = weights
     sigbar, ackbar = gates
     advance, tok_in, eps, sm_scale = step
+    sqkv_ptr, so_ptr, sgu_ptr, sdown_ptr, slm_ptr = scales
     ACT: gl.constexpr = x_ptr.dtype.element_ty
     BRO: gl.constexpr = BR // SPLIT   # rows of an O-proj / down task
     HALF: gl.constexpr = D // 2
@@ -285,6 +287,15 @@ def _consumer(ring, sched, model, acts, weights, gates, step,
         brow = layer.to(gl.int64) * (Q + 2 * KV) + 2 * a1 + (pj - a1)
         bias_lo = gl.load(bqkv_ptr + brow, mask=bias_m, other=0.0).to(gl.float32)
         bias_hi = gl.load(bqkv_ptr + brow + HB, mask=bias_m, other=0.0).to(gl.float32)
+        s_lo = 1.0
+        s_hi = 1.0
+        if W_FP8:  # a QKV or gate-up tile's row scales, never written either: before the wait, as the bias
+            srow = 2 * a1 + (pj - a1)  # the packed rows of the tile's first half (its second: + HB)
+            gu_m = (op == OP_GATEUP) & (pj < a1 + a2)
+            sq_base = sqkv_ptr + layer.to(gl.int64) * (Q + 2 * KV) + srow
+            sg_base = sgu_ptr + layer.to(gl.int64) * (2 * IP) + srow
+            s_lo = (gl.load(sq_base, mask=pmask, other=0.0) + gl.load(sg_base, mask=gu_m, other=0.0))
+            s_hi = (gl.load(sq_base + HB, mask=pmask, other=0.0) + gl.load(sg_base + HB, mask=gu_m, other=0.0))
         skip = 0
         if op == OP_ATTN:  # splits beyond this position's non-empty ones read and write nothing
             if a2 >= splits_used(pos, NSPLIT, MIN_CHUNK):
@@ -370,7 +381,7 @@ def _consumer(ring, sched, model, acts, weights, gates, step,
                                              MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
-            _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
+            _qkv_epilogue(acc_lo * s_lo + bias_lo, acc_hi * s_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
                           vc_ptr, Q, KV, D, NKV, S_MAX, HB, YL, knew_ptr, QK_NORM)
         elif op == OP_GATEUP:
             if key != staged:
@@ -387,8 +398,8 @@ def _consumer(ring, sched, model, acts, weights, gates, step,
                 t_mv = now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
             mj = (j < a1 + a2) & (j < I)
-            g = rnd(acc_g, ACT)
-            u = rnd(acc_u, ACT)
+            g = rnd(acc_g * s_lo, ACT)
+            u = rnd(acc_u * s_hi, ACT)
             silu = rnd(g / (1.0 + gl.exp(-g)), ACT)
             gl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
         elif op == OP_OPROJ:
@@ -400,25 +411,35 @@ def _consumer(ring, sched, model, acts, weights, gates, step,
                 res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
+            sc = 1.0
+            if W_FP8:  # the rows' scales, in the residual's round trip
+                sc = gl.load(so_ptr + layer.to(gl.int64) * H + r, mask=mr, other=0.0)
             acc, it, staged, ts, tm = _residual_matvec(attn_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, it,
                                                        i, Q, KCH_Q, NCH_Q, SNO, NS, BR, BRO, BK, VEC, TK, NW, SPLIT,
                                                        MV_MMA, MV_BITS, MV_AHEAD, SB, TIMELINE)
             if TIMELINE:
                 t_staged = ts
                 t_mv = tm
-            gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
+            gl.store(x_ptr + r, (res + rnd(acc * sc, ACT)).to(ACT), mask=mr)
         elif op == OP_DOWN:
             r = a1 + gl.arange(0, BRO, layout=YL)  # residual first, as in OPROJ
             mr = r < a1 + a2
             res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
+            sc = 1.0
+            if W_FP8:
+                sc = gl.load(sdown_ptr + layer.to(gl.int64) * H + r, mask=mr, other=0.0)
             acc, it, staged, ts, tm = _residual_matvec(act_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, it,
                                                        i, I, KCH_I, NCH_I, SND, NS, BR, BRO, BK, VEC, TK, NW, SPLIT,
                                                        MV_MMA, MV_BITS, MV_AHEAD, SB, TIMELINE)
             if TIMELINE:
                 t_staged = ts
                 t_mv = tm
-            gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
+            gl.store(x_ptr + r, (res + rnd(acc * sc, ACT)).to(ACT), mask=mr)
         elif op == OP_LMHEAD:
+            sc = 1.0
+            if HEAD_FP8:
+                rl = a1 + gl.arange(0, BR, layout=YL)
+                sc = gl.load(slm_ptr + rl, mask=(rl < a1 + a2) & (rl < V), other=0.0)
             if key != staged:
                 stage_vector(x_ptr, fnorm_ptr, xs, eps, True, H, KCH_H, BK, VEC, TK, NW, NORM_W >= 1)
                 staged = key
@@ -426,11 +447,13 @@ def _consumer(ring, sched, model, acts, weights, gates, step,
                 t_staged = now(i)
             if MV_MMA:
                 acc, _, it = mv_mma(bufs, full, empty, xs, it, SNH, NS, BR, BK, VEC, TK, NW, False)
+            elif W_FP8 != HEAD_FP8:  # a 16-bit head in a ring of FP8 boxes: half as many columns per box
+                acc, it = mv_half_boxes(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_AHEAD, SB)
             else:
                 acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
-            lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
+            lm_key = _lmhead_epilogue(acc * sc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
             if LM_CTA:
                 lm_best = gl.maximum(lm_best, lm_key)
         amount = gl.load(row + F_SIGINC)
@@ -637,7 +660,8 @@ def _producer(descs, ring, sched, weights, gates,
               NCH_I: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, SPLIT: gl.constexpr,
               I: gl.constexpr, L2_AHEAD: gl.constexpr, PF_LANES_P: gl.constexpr, SIG_GATE: gl.constexpr,
               ATTN_GATE: gl.constexpr, NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, SB: gl.constexpr,
-              MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr):
+              MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, TMA_EVICT: gl.constexpr, W_FP8: gl.constexpr,
+              HEAD_FP8: gl.constexpr):
     wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc = descs
     bufs, full, empty, _ = ring
     table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, _, _, timeline_ptr, spin_cap = sched
@@ -708,6 +732,8 @@ def _producer(descs, ring, sched, weights, gates,
             elif op == OP_DOWN:
                 nch = (SNI + SPLIT - 1) // SPLIT
                 row0 = layer * H + a1
+            elif W_FP8 != HEAD_FP8:  # a 16-bit head among FP8 boxes: boxes of BK / 2 columns, twice as many
+                nch = (2 * NCH_H + SB - 1) // SB
             for c in range(nch):
                 if GATED:
                     if (pend != 0) & (since >= lim):
@@ -738,6 +764,9 @@ def _producer(descs, ring, sched, weights, gates,
                         tma.async_copy_global_to_shared(wgu_desc, [row0, b * BK], full.index(slot), box)
                     elif op == OP_DOWN:
                         _load_od(wdown_desc, row0, b, full.index(slot), box, BR, BK, SPLIT)
+                    elif W_FP8 != HEAD_FP8:  # the same bytes as an FP8 box
+                        hbox = box._reinterpret(head_desc.dtype, [BR, BK // 2], head_desc.layout)
+                        tma.async_copy_global_to_shared(head_desc, [row0, b * (BK // 2)], full.index(slot), hbox)
                     else:
                         tma.async_copy_global_to_shared(head_desc, [row0, b * BK], full.index(slot), box)
                 if L2_AHEAD > 0:
@@ -788,7 +817,8 @@ def megakernel(
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
         COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr,
-        TMA_EVICT: gl.constexpr):
+        TMA_EVICT: gl.constexpr, sqkv_ptr=None, so_ptr=None, sgu_ptr=None, sdown_ptr=None, slm_ptr=None,
+        W_FP8: gl.constexpr = False, HEAD_FP8: gl.constexpr = False):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
@@ -837,14 +867,15 @@ def megakernel(
     weights = (wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr)
     descs = (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc)
     gates = (sigbar, ackbar)
+    scales = (sqkv_ptr, so_ptr, sgu_ptr, sdown_ptr, slm_ptr)
     gl.warp_specialize([
-        (_consumer, (ring, sched, model, acts, weights, gates, (advance, tok_in, eps, sm_scale),
+        (_consumer, (ring, sched, model, acts, weights, gates, (advance, tok_in, eps, sm_scale), scales,
                      H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
                      MIN_CHUNK, NF, BR, BK, NS, NCH_H, NCH_Q, NCH_I, KCH_H, KCH_Q, KCH_I, VEC, TK, BLOCK_S,
                      BLOCK_SPLIT, VD, TD, HAS_BIAS, TIMELINE, NW, SPLIT, IP, WAIT_PF, WAIT_PF_OPS, PF_LANES_C,
                      WAIT_PF_LINE, QK_NORM, LM_CTA, ATTN_WARPS, SIG_GATE, ATTN_GATE, MV_BITS, ATTN_MMA,
-                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W)),
+                     MMA_EARLY, MV_AHEAD, SB, NEW_ROW, COMBINE_LANES, MV_MMA, NORM_W, W_FP8, HEAD_FP8)),
         (_producer, (descs, ring, sched, weights, gates, H, Q, KV, IP, NF, BR, BK, NS,
                      NCH_H, NCH_Q, NCH_I, PREFETCH, TIMELINE, SPLIT, I, L2_AHEAD, PF_LANES_P, SIG_GATE, ATTN_GATE,
-                     NSPLIT, MIN_CHUNK, SB, MV_MMA, INFLIGHT, TMA_EVICT)),
+                     NSPLIT, MIN_CHUNK, SB, MV_MMA, INFLIGHT, TMA_EVICT, W_FP8, HEAD_FP8)),
     ], [1], [PRODUCER_REGS])

@@ -294,3 +294,23 @@ def mv_mma(bufs, full, empty, xs, it, NSLOT: gl.constexpr, NS: gl.constexpr, R: 
         acc_b = mma_v2(wb, xb, acc_b)
         out_b = _mma_rows(acc_b, VEC, TK, NW)
     return _mma_rows(acc_a, VEC, TK, NW), out_b, it
+
+
+# ---- a 16-bit matrix in a ring of FP8 boxes ------------------------------------------------------------------------
+# With FP8 layer weights and a 16-bit LM head (``--weights fp8``) the ring's boxes are [BR, BK] bytes-wide FP8 tiles;
+# the head's TMA boxes are [BR, BK/2] 16-bit values, the same bytes, so every slot carries the same byte count. Box b
+# of a head task meets the staged columns [b·BK/2, (b+1)·BK/2): the staged vector viewed as 2·KCH half chunks.
+@gluon.jit
+def mv_half_boxes(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, BR: gl.constexpr,
+                  BK: gl.constexpr, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr,
+                  AHEAD: gl.constexpr = False, SB: gl.constexpr = 1):
+    """acc[r] = Σ_k W[r, k]·xs[k] for BR rows of a 16-bit matrix (the dtype of ``xs``) whose 2·NCH boxes of BK/2
+    columns fill FP8 ring slots ``bufs`` (NS·SB, BR, BK); float32 (BR,) in the epilogues' row layout (``VEC``,
+    ``TK`` of the full-width tiles, :func:`_to_rows`)."""
+    ACT: gl.constexpr = xs.dtype
+    HK: gl.constexpr = BK // 2
+    TKH: gl.constexpr = 32 if HK // VEC > 32 else HK // VEC
+    bh = bufs._reinterpret(ACT, [bufs.shape[0], BR, HK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    xh = xs._reinterpret(ACT, [2 * xs.shape[0], 1, HK], xs.layout)
+    acc, _, it = _ring_mv(bh, full, empty, xh, it, 2 * NCH, NS, BR, HK, VEC, TKH, NW, False, False, False, AHEAD, SB)
+    return _to_rows(gl.sum(acc, axis=1), VEC, TK, NW), it

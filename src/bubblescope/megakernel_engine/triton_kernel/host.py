@@ -56,7 +56,9 @@ def prefetch_mode(prefetch: str, cfg: ModelConfig, dtype: torch.dtype, limits: "
     """PREFETCH constant: 0 off, 1 ``prefetch.global.L2`` per line, 2 ``cp.async.bulk.prefetch.L2``.
 
     ``auto`` picks bulk when the device is sm_90+ and every weight row is a multiple of 16 bytes (the
-    bulk prefetch's alignment rule), else line; no device (the interpreter) means off.
+    bulk prefetch's alignment rule), else line; no device (the interpreter) means off. ``dtype`` is the layer
+    matrices' dtype (float8_e4m3fn for FP8 weights, 1 byte an element: the strictest rule, which a 16-bit LM head
+    beside them then meets too).
 
     Raises:
         EngineUnavailable: ``bulk`` requested where it cannot run.
@@ -79,8 +81,9 @@ def register_cap(params: MegakernelParams, regs_per_sm: int = 65536) -> int:
 
 
 def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_seq_len: int, has_bias: bool,
-                      has_qk_norm: bool, prefetch: int) -> dict:
-    """The compile-time arguments of ``kernel.megakernel`` (model shape, tiles, switches)."""
+                      has_qk_norm: bool, prefetch: int, fp8: bool = False, fp8_head: bool = False) -> dict:
+    """The compile-time arguments of ``kernel.megakernel`` (model shape, tiles, switches). ``fp8``: the layer
+    matrices are float8_e4m3fn with float32 row scales; ``fp8_head``: the LM head too (``packing.py``)."""
     return dict(
         H=cfg.hidden_size, Q=cfg.q_size, KV=cfg.kv_size, I=cfg.intermediate_size, IP=t.i_pad, V=cfg.vocab_size,
         D=cfg.head_dim, G=cfg.gqa_group, NKV=cfg.num_key_value_heads, S_MAX=max_seq_len, NSPLIT=t.kv_splits,
@@ -93,5 +96,5 @@ def kernel_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max
         BLOCK_QH=t.block_qh, BLOCK_S=params.block_s or DEFAULT_BLOCK_S, BLOCK_SPLIT=t.block_split, HAS_BIAS=has_bias,
         HAS_QK_NORM=has_qk_norm, PREFETCH=prefetch, PF_LANES=32 * params.num_warps,
         PF_AHEAD=params.prefetch_ahead, SLEEP_NS=params.spin_sleep_ns,
-        TIMELINE=bool(params.timeline),
+        TIMELINE=bool(params.timeline), FP8=bool(fp8), FP8_HEAD=bool(fp8_head),
         W_EVICT="" if params.weight_eviction == "auto" else params.weight_eviction)  # auto: none (even, NOTES)

@@ -21,6 +21,9 @@ Memory layout of the launch's inputs (all int32 unless said):
 * ``err`` (16,): stuck-task record: flag, opcode, layer, tile, program, counter, seen, need, gidx,
   number of stuck tasks; ``err[15]``: the step's greedy token.
 * ``timeline`` int64 (P, T, 3): per task start / dependencies-satisfied / done timestamps in ns.
+* weights (``packing.py``): ``wqkv``, ``wo``, ``wgu``, ``wdown`` in the activation dtype, or float8_e4m3fn with
+  ``FP8`` set and their float32 row scales in ``sqkv_ptr``, ``so_ptr``, ``sgu_ptr``, ``sdown_ptr``; ``head_ptr``
+  likewise with ``FP8_HEAD`` and ``slm_ptr``. A scale pointer whose switch is off is a dummy, never read.
 
 Synchronisation (Triton idioms measured on the H200, see docs/design.md): the producer runs
 ``tl.debug_barrier()`` (all its threads' stores issued) then ``atomic_add(cnt, 1, sem="release",
@@ -115,26 +118,30 @@ def _prefetch_l2(base_ptr, nbytes, MODE: tl.constexpr, LANES: tl.constexpr):
 def _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
                    H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, I: tl.constexpr, IP: tl.constexpr,
                    MODE: tl.constexpr, LANES: tl.constexpr):
-    """L2-prefetch the task's weight tile: thanks to the packing it is one contiguous block (packing.py)."""
+    """L2-prefetch the task's weight tile: thanks to the packing it is one contiguous block (packing.py). Bytes per
+    element from the matrices' own dtypes (the LM head may stay 16-bit beside FP8 layers); the FP8 row scales (4
+    bytes a row against H or more) are not prefetched."""
     ESIZE: tl.constexpr = wqkv_ptr.dtype.element_ty.primitive_bitwidth // 8
+    HSIZE: tl.constexpr = head_ptr.dtype.element_ty.primitive_bitwidth // 8
+    BYTE_PTR: tl.constexpr = tl.pointer_type(tl.int8)  # one type for every branch (the matrices' dtypes may differ)
     layer64 = layer.to(tl.int64)
-    base = head_ptr
+    base = head_ptr.to(BYTE_PTR)
     nbytes = 0
     if op == OP_QKV:  # pairs [a1, a1 + a2) are packed rows [2·a1, 2·(a1 + a2))
-        base = wqkv_ptr + (layer64 * (Q + 2 * KV) + 2 * a1) * H
+        base = (wqkv_ptr + (layer64 * (Q + 2 * KV) + 2 * a1) * H).to(BYTE_PTR)
         nbytes = 2 * a2 * (H * ESIZE)
     elif op == OP_OPROJ:
-        base = wo_ptr + (layer64 * H + a1) * Q
+        base = (wo_ptr + (layer64 * H + a1) * Q).to(BYTE_PTR)
         nbytes = a2 * (Q * ESIZE)
     elif op == OP_GATEUP:  # gate and up rows of pairs [a1, a1 + a2) (exact unless the last block is partial)
-        base = wgu_ptr + (layer64 * 2 * IP + 2 * a1) * H
+        base = (wgu_ptr + (layer64 * 2 * IP + 2 * a1) * H).to(BYTE_PTR)
         nbytes = 2 * a2 * (H * ESIZE)
     elif op == OP_DOWN:
-        base = wdown_ptr + (layer64 * H + a1) * I
+        base = (wdown_ptr + (layer64 * H + a1) * I).to(BYTE_PTR)
         nbytes = a2 * (I * ESIZE)
     elif op == OP_LMHEAD:
-        base = head_ptr + a1.to(tl.int64) * H
-        nbytes = a2 * (H * ESIZE)
+        base = (head_ptr + a1.to(tl.int64) * H).to(BYTE_PTR)
+        nbytes = a2 * (H * HSIZE)
     _prefetch_l2(base, nbytes, MODE, LANES)
 
 
@@ -142,7 +149,7 @@ def _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head
 def megakernel(
         table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr,
         emb_ptr, head_ptr, fnorm_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr, wo_ptr, mnorm_ptr, wgu_ptr,
-        wdown_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+        wdown_ptr, sqkv_ptr, so_ptr, sgu_ptr, sdown_ptr, slm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
         x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
         spin_cap, advance, tok_in, eps, sm_scale,
         H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, I: tl.constexpr, IP: tl.constexpr, V: tl.constexpr,
@@ -153,7 +160,8 @@ def megakernel(
         BLOCK_DN: tl.constexpr,
         BLOCK_LM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, PREFETCH: tl.constexpr, PF_LANES: tl.constexpr,
-        PF_AHEAD: tl.constexpr, SLEEP_NS: tl.constexpr, TIMELINE: tl.constexpr, W_EVICT: tl.constexpr):
+        PF_AHEAD: tl.constexpr, SLEEP_NS: tl.constexpr, TIMELINE: tl.constexpr, W_EVICT: tl.constexpr,
+        FP8: tl.constexpr, FP8_HEAD: tl.constexpr):
     """Run program ``pid``'s queue of the instruction table for one decode step (see module docstring).
 
     Per task: read the instruction; [PREFETCH] start its weight tile (PF_AHEAD = 1: the NEXT task's tile,
@@ -221,9 +229,9 @@ def megakernel(
             t_ready = clock_ns()
         if ok == 1:
             if op == OP_QKV:
-                op_qkv(layer, a1, a2, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
-                       cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, H, Q, KV, D, NKV, S_MAX, HB, HAS_BIAS, HAS_QK_NORM,
-                       BLOCK_P, BLOCK_KH, W_EVICT)
+                op_qkv(layer, a1, a2, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, sqkv_ptr, bqkv_ptr, qknorm_ptr,
+                       anorm_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, H, Q, KV, D, NKV, S_MAX, HB, HAS_BIAS,
+                       HAS_QK_NORM, BLOCK_P, BLOCK_KH, W_EVICT, FP8)
             elif op == OP_ATTN:
                 kv0 = tl.load(row + F_A0)
                 op_attn(layer, kv0, a1, a2, pos, sm_scale, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr,
@@ -251,17 +259,18 @@ def megakernel(
                     resid = emb_ptr + tok.to(tl.int64) * H
                 else:
                     resid = x_ptr
-                op_matvec_residual(a1, a2, wo_ptr + layer.to(tl.int64) * (H * Q), attn_ptr, resid, x_ptr, Q,
-                                   BLOCK_O, BLOCK_KQ, W_EVICT)
+                op_matvec_residual(a1, a2, wo_ptr + layer.to(tl.int64) * (H * Q), so_ptr + layer.to(tl.int64) * H,
+                                   attn_ptr, resid, x_ptr, Q, BLOCK_O, BLOCK_KQ, W_EVICT, FP8)
             elif op == OP_GATEUP:
-                op_gateup(layer, a1, a2, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H, I, IP, GB, BLOCK_GU, BLOCK_KH,
-                          W_EVICT)
+                op_gateup(layer, a1, a2, eps, x_ptr, mnorm_ptr, wgu_ptr, sgu_ptr, act_ptr, H, I, IP, GB, BLOCK_GU,
+                          BLOCK_KH, W_EVICT, FP8)
             elif op == OP_DOWN:
-                op_matvec_residual(a1, a2, wdown_ptr + layer.to(tl.int64) * (H * I), act_ptr, x_ptr, x_ptr, I,
-                                   BLOCK_DN, BLOCK_KI, W_EVICT)
+                op_matvec_residual(a1, a2, wdown_ptr + layer.to(tl.int64) * (H * I),
+                                   sdown_ptr + layer.to(tl.int64) * H, act_ptr, x_ptr, x_ptr, I, BLOCK_DN, BLOCK_KI,
+                                   W_EVICT, FP8)
             elif op == OP_LMHEAD:
-                op_lmhead(a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr, H, V, BLOCK_LM, BLOCK_KH,
-                          W_EVICT)
+                op_lmhead(a1, a2, eps, x_ptr, fnorm_ptr, head_ptr, slm_ptr, logits_ptr, amax_ptr, H, V, BLOCK_LM,
+                          BLOCK_KH, W_EVICT, FP8_HEAD)
         if ok > 0:  # (a skipped ATTN task still makes its static signal, for the stage-reduce variant)
             amount = tl.load(row + F_SIGINC)
             if amount > 0:  # the program's last task of its stage run signals for the whole run

@@ -6,6 +6,14 @@ in that dtype: the normalised input ``(x·rsqrt(mean x² + eps)).to(ACT)``, its 
 every projection output, each RoPE product and sum, SiLU, SiLU·up, each residual sum, and the logits.
 ``_rnd(v, ACT)`` = ``v.to(ACT).to(float32)``; in float32 it is the identity.
 
+FP8 weights (``FP8``: the layer matrices; ``FP8_HEAD``: the LM head; ``packing.py``): a weight tile is loaded as
+float8_e4m3fn, converted to float32 in registers and multiplied in exactly as a 16-bit tile, and each row's float32
+sum is multiplied by its float32 scale once, after the last tile (Σ_k q_k·s·h_k = s·Σ_k q_k·h_k), before the bias
+and the rounding to ``ACT``. This is the fused engine's FP8 rule (``fused_engine/kernels.py``, ``W_FP8``), so the
+two agree to float32 summation order; the reference engine instead rounds the dequantized weight ``q·s`` to ``ACT``
+before its matmul (``reference_engine.model.linear``): the same up to one float32 rounding in float32, and up to the
+weight's rounding to ACT in 16-bit dtypes. A scale pointer is read only under its switch (a dummy otherwise).
+
 Weight loads take ``eviction_policy=EVICT`` (``""`` or ``"evict_first"``: weights are read once per step, so
 their L2 lines may go first and leave room for the prefetched tiles of the next tasks).
 
@@ -81,10 +89,11 @@ def _normed_chunk(src_ptr, nw_ptr, k, mk, inv, ACT: tl.constexpr):
 
 
 @device_function
-def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.constexpr, H: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, s_ptr, row_a, row_b, mj, inv, ACT: tl.constexpr, H: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, FP8: tl.constexpr):
     """``(W[row_a] · h, W[row_b] · h)`` with ``h = (src · inv) · norm_weight``, float32 (BLOCK_R,) each
-    (``inv`` from :func:`_rms_scale`, computed once per task).
+    (``inv`` from :func:`_rms_scale`, computed once per task). With ``FP8`` ``W`` is float8_e4m3fn and each
+    row's sum is multiplied by its float32 scale ``s_ptr[row]`` at the end.
 
     The packed layouts (packing.py) put each task's two row sets in one contiguous block of ``w_ptr``
     (QKV: the rotate_half partner rows; GATEUP: gate and up rows); masked rows give 0.
@@ -103,6 +112,9 @@ def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.c
         w_b = w_b.to(tl.float32)
         acc_a += _sum(w_a * xn[None, :], 1)
         acc_b += _sum(w_b * xn[None, :], 1)
+    if FP8:
+        acc_a = acc_a * tl.load(s_ptr + row_a, mask=mj, other=0.0)
+        acc_b = acc_b * tl.load(s_ptr + row_b, mask=mj, other=0.0)
     return acc_a, acc_b
 
 
@@ -110,17 +122,17 @@ def _normed_pair_matvec(src_ptr, nw_ptr, w_ptr, row_a, row_b, mj, inv, ACT: tl.c
 # One task: BLOCK_P row pairs [start, start + count) of the stacked q|k|v matrix (pair j = rows (i, i+HALF)
 # of stacked head j // HALF, i = j % HALF; q heads, then k heads, then v heads; packing.py layout):
 #   h = RMSNorm(x_or_embedding_row) · input_layernorm                      (H,)
-#   lo_j = W[packed_lo(j)] · h (+ b),  hi_j = W[packed_hi(j)] · h (+ b)
+#   lo_j = W[packed_lo(j)] · h (+ b),  hi_j = W[packed_hi(j)] · h (+ b)     (FP8: (q · h)·s, then + b)
 #   Qwen3, q/k heads: lo, hi /= rms over the head's D values, then · q_norm / k_norm
 #   q/k: out_lo = lo·cos − hi·sin,  out_hi = hi·cos + lo·sin  at (pos, i)   (rotate_half RoPE); v: unrotated
 #   q → q_buf[head·D + (i, HALF + i)];  k, v → cache[layer, kv_head, pos, (i, HALF + i)]
 # Layer 0 reads the token's embedding row instead of x (no separate embedding task, no extra barrier).
 @device_function
-def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
+def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, sqkv_ptr, bqkv_ptr, qknorm_ptr, anorm_ptr,
            cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr,
            H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, NKV: tl.constexpr,
            S_MAX: tl.constexpr, HB: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr,
-           BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+           BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, FP8: tl.constexpr):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
     HALF: tl.constexpr = D // 2
     NROWS: tl.constexpr = Q + 2 * KV
@@ -135,8 +147,9 @@ def op_qkv(layer, start, count, pos, tok, eps, emb_ptr, x_ptr, wqkv_ptr, bqkv_pt
     lo_row = (j // HB) * (2 * HB) + j % HB
     hi_row = lo_row + HB
     inv = _rms_scale(src, eps, H, BLOCK_K)
-    acc_lo, acc_hi = _normed_pair_matvec(src, anorm_ptr + layer64 * H, wqkv_ptr + layer64 * (NROWS * H), lo_row,
-                                         hi_row, mj, inv, ACT, H, BLOCK_P, BLOCK_K, EVICT)
+    acc_lo, acc_hi = _normed_pair_matvec(src, anorm_ptr + layer64 * H, wqkv_ptr + layer64 * (NROWS * H),
+                                         sqkv_ptr + layer64 * NROWS, lo_row, hi_row, mj, inv, ACT, H, BLOCK_P,
+                                         BLOCK_K, EVICT, FP8)
     if HAS_BIAS:
         acc_lo += tl.load(bqkv_ptr + layer64 * NROWS + lo_row, mask=mj, other=0.0).to(tl.float32)
         acc_hi += tl.load(bqkv_ptr + layer64 * NROWS + hi_row, mask=mj, other=0.0).to(tl.float32)
@@ -283,10 +296,10 @@ def op_attn_reduce(kv0, nkv, pos, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, D: tl.cons
 
 # ---- OPROJ / DOWN -------------------------------------------------------------------------------------------
 # x[r] = resid[r] + (W[r, :] · a)  for rows r of the task; a = attention output (K = Q) or act (K = I).
-# Each task owns its rows of x, so the read-modify-write needs no atomics.
+# FP8: W[r, :] · a = s[r] · (q[r, :] · a). Each task owns its rows of x, so the read-modify-write needs no atomics.
 @device_function
-def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+def op_matvec_residual(start, count, w_ptr, s_ptr, a_ptr, resid_ptr, x_ptr, K: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_K: tl.constexpr, EVICT: tl.constexpr, FP8: tl.constexpr):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     r = start + tl.arange(0, BLOCK_R)
     mr = r < start + count
@@ -299,17 +312,21 @@ def op_matvec_residual(start, count, w_ptr, a_ptr, resid_ptr, x_ptr, K: tl.const
         w = tl.load(w_ptr + r[:, None].to(tl.int64) * K + k[None, :], mask=mr[:, None] & mk[None, :], other=0.0,
                     eviction_policy=EVICT)
         acc += _sum(w.to(tl.float32) * a[None, :], 1)
+    if FP8:
+        acc = acc * tl.load(s_ptr + r, mask=mr, other=0.0)
     res = tl.load(resid_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(tl.float32)
     tl.store(x_ptr + r, (res + _rnd(acc, ACT)).to(ACT), mask=mr)
 
 
 # ---- GATEUP -----------------------------------------------------------------------------------------------
 # h = RMSNorm(x) · post_attention_layernorm;  for pairs j: g = Wg[j]·h, u = Wu[j]·h;  act[j] = SiLU(g)·u,
-# SiLU(g) = g / (1 + exp(−g)). Gate row j is packed row (j // GB)·2GB + j % GB, up row that + GB. A task of
-# several packed blocks loops over them (its rows stay one contiguous block); the norm scale is computed once.
+# SiLU(g) = g / (1 + exp(−g)). Gate row j is packed row (j // GB)·2GB + j % GB, up row that + GB (FP8: each sum
+# times its row's scale). A task of several packed blocks loops over them (its rows stay one contiguous block);
+# the norm scale is computed once.
 @device_function
-def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
-              IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, sgu_ptr, act_ptr, H: tl.constexpr,
+              I: tl.constexpr, IP: tl.constexpr, GB: tl.constexpr, BLOCK_GU: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVICT: tl.constexpr, FP8: tl.constexpr):
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     layer64 = layer.to(tl.int64)
     inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
@@ -319,8 +336,9 @@ def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: t
         mj = (j < start + b0 + GB) & (j < start + count) & (j < I)
         g_row = (j // GB) * (2 * GB) + j % GB
         u_row = g_row + GB
-        acc_g, acc_u = _normed_pair_matvec(x_ptr, mnorm_ptr + layer64 * H, wgu_ptr + layer64 * (2 * IP * H), g_row,
-                                           u_row, mj, inv, ACT, H, BLOCK_GU, BLOCK_K, EVICT)
+        acc_g, acc_u = _normed_pair_matvec(x_ptr, mnorm_ptr + layer64 * H, wgu_ptr + layer64 * (2 * IP * H),
+                                           sgu_ptr + layer64 * (2 * IP), g_row, u_row, mj, inv, ACT, H, BLOCK_GU,
+                                           BLOCK_K, EVICT, FP8)
         g = _rnd(acc_g, ACT)
         u = _rnd(acc_u, ACT)
         silu = _rnd(g / (1.0 + tl.exp(-g)), ACT)
@@ -329,14 +347,15 @@ def op_gateup(layer, start, count, eps, x_ptr, mnorm_ptr, wgu_ptr, act_ptr, H: t
 
 
 # ---- LMHEAD -----------------------------------------------------------------------------------------------
-# logits[r] = lm_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's logits are, stored as
-# float32, in register tiles of BLOCK_LM rows. Greedy pick on the device: the task's first maximum
+# logits[r] = lm_head[r] · (RMSNorm(x) · norm) (FP8_HEAD: s[r] · (q[r] · ...)), rounded to ACT as the reference's
+# logits are, stored as float32, in register tiles of BLOCK_LM rows. Greedy pick on the device: the task's first maximum
 # (value v, row r) becomes the int64 key  (ord(v) << 32) | (V − 1 − r),  ord(v) = bits(v) for v ≥ 0 else
 # bits(v) ^ 0x7FFFFFFF (float32 order as signed integers), and one atomic_max per task keeps the largest
 # key: the largest value, ties to the smallest row, as torch.argmax picks.
 @device_function
-def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_ptr,
-              H: tl.constexpr, V: tl.constexpr, BLOCK_LM: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, slm_ptr, logits_ptr, amax_ptr,
+              H: tl.constexpr, V: tl.constexpr, BLOCK_LM: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr,
+              FP8_HEAD: tl.constexpr):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     inv = _rms_scale(x_ptr, eps, H, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
@@ -354,6 +373,8 @@ def op_lmhead(start, count, eps, x_ptr, fnorm_ptr, head_ptr, logits_ptr, amax_pt
             w = tl.load(head_ptr + r[:, None].to(tl.int64) * H + k[None, :], mask=mr[:, None] & mk[None, :],
                         other=0.0, eviction_policy=EVICT)
             acc += _sum(w.to(tl.float32) * xn[None, :], 1)
+        if FP8_HEAD:
+            acc = acc * tl.load(slm_ptr + r, mask=mr, other=0.0)
         val = _rnd(acc, ACT)
         tl.store(logits_ptr + r, val, mask=mr)
         vm = tl.where(mr, val, float("-inf"))
