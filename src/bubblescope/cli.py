@@ -22,7 +22,7 @@ PREFILL_HELP = ("Megakernel engines' prefill: batched (default: the prompt throu
 WEIGHTS_HELP = ("Weight format: bf16 (no quantization: every weight in --dtype), fp8 (the projections in FP8 e4m3 with "
                 "a float32 scale per output row, quantized at load) or fp8-all (the LM head too). Default: the "
                 "checkpoint's own (an FP8 compressed-tensors checkpoint stays FP8). FP8 runs on the reference, "
-                "reference-fused and Triton megakernel engines.")
+                "reference-fused and megakernel engines (not hf).")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Profile and diagnose batch-size-1 LLM decode: bubbles, launches, bandwidth.")
