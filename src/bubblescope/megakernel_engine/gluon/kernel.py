@@ -287,8 +287,6 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
         brow = layer.to(gl.int64) * (Q + 2 * KV) + 2 * a1 + (pj - a1)
         bias_lo = gl.load(bqkv_ptr + brow, mask=bias_m, other=0.0).to(gl.float32)
         bias_hi = gl.load(bqkv_ptr + brow + HB, mask=bias_m, other=0.0).to(gl.float32)
-        s_lo = 1.0
-        s_hi = 1.0
         if W_FP8:  # a QKV or gate-up tile's row scales, never written either: before the wait, as the bias
             srow = 2 * a1 + (pj - a1)  # the packed rows of the tile's first half (its second: + HB)
             gu_m = (op == OP_GATEUP) & (pj < a1 + a2)
@@ -381,7 +379,10 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
                                              MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
-            _qkv_epilogue(acc_lo * s_lo + bias_lo, acc_hi * s_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
+            if W_FP8:
+                acc_lo = acc_lo * s_lo
+                acc_hi = acc_hi * s_hi
+            _qkv_epilogue(acc_lo + bias_lo, acc_hi + bias_hi, layer, a1, a2, pos, rope_c, rope_s, q_ptr, kc_ptr,
                           vc_ptr, Q, KV, D, NKV, S_MAX, HB, YL, knew_ptr, QK_NORM)
         elif op == OP_GATEUP:
             if key != staged:
@@ -398,8 +399,11 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
                 t_mv = now(i)
             j = a1 + gl.arange(0, HB, layout=YL)
             mj = (j < a1 + a2) & (j < I)
-            g = rnd(acc_g * s_lo, ACT)
-            u = rnd(acc_u * s_hi, ACT)
+            if W_FP8:
+                acc_g = acc_g * s_lo
+                acc_u = acc_u * s_hi
+            g = rnd(acc_g, ACT)
+            u = rnd(acc_u, ACT)
             silu = rnd(g / (1.0 + gl.exp(-g)), ACT)
             gl.store(act_ptr + j, (silu * u).to(ACT), mask=mj)
         elif op == OP_OPROJ:
@@ -411,7 +415,6 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
                 res = gl.load(emb_row + r, mask=mr, other=0.0).to(gl.float32)
             else:
                 res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
-            sc = 1.0
             if W_FP8:  # the rows' scales, in the residual's round trip
                 sc = gl.load(so_ptr + layer.to(gl.int64) * H + r, mask=mr, other=0.0)
             acc, it, staged, ts, tm = _residual_matvec(attn_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, it,
@@ -420,12 +423,13 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
             if TIMELINE:
                 t_staged = ts
                 t_mv = tm
-            gl.store(x_ptr + r, (res + rnd(acc * sc, ACT)).to(ACT), mask=mr)
+            if W_FP8:
+                acc = acc * sc
+            gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_DOWN:
             r = a1 + gl.arange(0, BRO, layout=YL)  # residual first, as in OPROJ
             mr = r < a1 + a2
             res = gl.load(x_ptr + r, mask=mr, other=0.0, cache_modifier=".cg").to(gl.float32)
-            sc = 1.0
             if W_FP8:
                 sc = gl.load(sdown_ptr + layer.to(gl.int64) * H + r, mask=mr, other=0.0)
             acc, it, staged, ts, tm = _residual_matvec(act_ptr, xs, key, staged, eps, bufs, bufs_od, full, empty, it,
@@ -434,9 +438,10 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
             if TIMELINE:
                 t_staged = ts
                 t_mv = tm
-            gl.store(x_ptr + r, (res + rnd(acc * sc, ACT)).to(ACT), mask=mr)
+            if W_FP8:
+                acc = acc * sc
+            gl.store(x_ptr + r, (res + rnd(acc, ACT)).to(ACT), mask=mr)
         elif op == OP_LMHEAD:
-            sc = 1.0
             if HEAD_FP8:
                 rl = a1 + gl.arange(0, BR, layout=YL)
                 sc = gl.load(slm_ptr + rl, mask=(rl < a1 + a2) & (rl < V), other=0.0)
@@ -453,7 +458,9 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
                 acc, it = mv_single(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_BITS, MV_AHEAD, SB)
             if TIMELINE:
                 t_mv = now(i)
-            lm_key = _lmhead_epilogue(acc * sc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
+            if HEAD_FP8:
+                acc = acc * sc
+            lm_key = _lmhead_epilogue(acc, a1, a2, logits_ptr, amax_ptr, V, BR, YL, ACT, LM_CTA)
             if LM_CTA:
                 lm_best = gl.maximum(lm_best, lm_key)
         amount = gl.load(row + F_SIGINC)
