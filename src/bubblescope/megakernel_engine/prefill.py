@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..models.config import ModelConfig
 from ..models.quant import QuantizedLinear
 from ..torch_ops import apply_rope, prefix_causal_attention, rms_norm
-from .packing import PackedWeights, gateup_rows, qk_permutation
+from .packing import PackedWeights, qk_permutation
 from .schedule import Tiling
 
 PREFILL_CHUNK = 2048  # positions per chunk: (T, 2·I) activations of an 8B model are 117 MB in bf16 at 2048
@@ -66,8 +66,15 @@ class BatchedPrefill:
         # column in the GEMM's output
         perm = qk_permutation(cfg.q_size + 2 * cfg.kv_size, cfg.head_dim, tiling.hb)
         self._qkv_cols = torch.argsort(perm).to(dev)                             # (Q + 2KV,)
-        g_rows, u_rows = gateup_rows(cfg.intermediate_size, tiling.gb)
-        self._gate_cols, self._up_cols = g_rows.to(dev), u_rows.to(dev)          # (I,) each
+        self._gb = tiling.gb  # gate/up rows come in blocks of gb gate rows then the same gb up rows
+        # Each layer's views of the stacked tensors, taken once: indexing them per call would add a dozen host-side
+        # tensor ops per layer to a pass that is bound by the host at short prompts.
+        def at(t, layer):
+            return None if t is None else t[layer]
+        p = packed
+        self._layers = [
+            (p.anorm[n], at(p.bqkv, n), p.wqkv[n], at(p.sqkv, n), at(p.qknorm, n), p.wo[n], at(p.so, n), p.mnorm[n],
+             p.wgu[n], at(p.sgu, n), p.wdown[n], at(p.sdown, n)) for n in range(cfg.num_hidden_layers)]
 
     @torch.inference_mode()
     def run(self, ids: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
@@ -97,26 +104,23 @@ class BatchedPrefill:
         half_cos, half_sin = p.cos[start:end], p.sin[start:end]                  # (T, D/2) float32
         cos = torch.cat((half_cos, half_cos), -1).to(x.dtype)                    # (T, D), cast at use as the kernel
         sin = torch.cat((half_sin, half_sin), -1).to(x.dtype)
-        sc = (lambda s, layer: None if s is None else s[layer])  # noqa: E731  (a layer's FP8 row scales)
-        for layer in range(c.num_hidden_layers):
-            h = rms_norm(x, p.anorm[layer], eps)
-            bias = p.bqkv[layer] if p.bqkv is not None else None
-            w_qkv = _matrix(p.wqkv[layer], sc(p.sqkv, layer), x.dtype)
-            qkv = F.linear(h, w_qkv, bias)[:, self._qkv_cols]                    # (T, Q + 2KV), natural order
+        for (anorm, bias, wqkv, sqkv, qknorm, wo, so, mnorm, wgu, sgu, wdown, sdown), kc, vc in zip(
+                self._layers, k_cache.unbind(0), v_cache.unbind(0)):
+            h = rms_norm(x, anorm, eps)
+            qkv = F.linear(h, _matrix(wqkv, sqkv, x.dtype), bias)[:, self._qkv_cols]  # (T, Q + 2KV), natural order
             q = qkv[:, :c.q_size].view(t, nh, d)
             k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, nkv, d)
             v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, d)
-            if p.qknorm is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
-                q = rms_norm(q, p.qknorm[layer, 0], eps)
-                k = rms_norm(k, p.qknorm[layer, 1], eps)
+            if qknorm is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
+                q = rms_norm(q, qknorm[0], eps)
+                k = rms_norm(k, qknorm[1], eps)
             q = apply_rope(q.transpose(0, 1), cos, sin)                           # (nh, T, D)
-            k_cache[layer, :, start:end] = apply_rope(k.transpose(0, 1), cos, sin)  # (nkv, T, D)
-            v_cache[layer, :, start:end] = v.transpose(0, 1)
-            y = prefix_causal_attention(q, k_cache[layer, :, :end], v_cache[layer, :, :end], c.gqa_group)
-            x = x + F.linear(y.transpose(0, 1).reshape(t, c.q_size),
-                             _matrix(p.wo[layer], sc(p.so, layer), x.dtype))     # (T, H)
-            h = rms_norm(x, p.mnorm[layer], eps)
-            gu = F.linear(h, _matrix(p.wgu[layer], sc(p.sgu, layer), x.dtype))  # (T, 2·I_pad), packed blocks
-            act = F.silu(gu[:, self._gate_cols]) * gu[:, self._up_cols]          # (T, I)
-            x = x + F.linear(act, _matrix(p.wdown[layer], sc(p.sdown, layer), x.dtype))
+            kc[:, start:end] = apply_rope(k.transpose(0, 1), cos, sin)            # (nkv, T, D)
+            vc[:, start:end] = v.transpose(0, 1)
+            y = prefix_causal_attention(q, kc[:, :end], vc[:, :end], c.gqa_group)
+            x = x + F.linear(y.transpose(0, 1).reshape(t, c.q_size), _matrix(wo, so, x.dtype))  # (T, H)
+            h = rms_norm(x, mnorm, eps)
+            gu = F.linear(h, _matrix(wgu, sgu, x.dtype)).view(t, -1, 2, self._gb)  # (T, blocks, gate|up, gb)
+            act = (F.silu(gu[:, :, 0]) * gu[:, :, 1]).reshape(t, -1)[:, :c.intermediate_size]  # (T, I)
+            x = x + F.linear(act, _matrix(wdown, sdown, x.dtype))
         return x
