@@ -325,13 +325,14 @@ class MegakernelEngine:
             BubblescopeError: empty prompt, a prompt longer than the KV cache, or a token id outside the vocabulary.
             KernelStuck: a task waited past its spin cap.
         """
-        ids = token_ids.reshape(-1).to(self.device)
-        t = ids.numel()
+        src = token_ids.reshape(-1)
+        t = src.numel()
         if t == 0:
             raise BubblescopeError("prompt: empty (need at least one token)")
         if t > self.max_seq_len:
             raise BubblescopeError(f"prompt: {t} tokens do not fit the KV cache of {self.max_seq_len} positions")
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = int(src.min()), int(src.max())  # where the ids are: a host prompt is checked without a GPU sync
+        ids = src.to(self.device)
         if lo < 0 or hi >= self.config.vocab_size:
             raise BubblescopeError(f"prompt: token id {lo if lo < 0 else hi} outside the vocabulary of "
                                    f"{self.config.vocab_size}")
