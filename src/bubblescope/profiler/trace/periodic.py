@@ -8,8 +8,8 @@ tokens (:func:`repeating_steps`). Segments from the first to the last identical 
 are prefill and warm-up (a first period that differs). Fewer than :data:`MIN_STEPS` repeats, or repeats that
 cover less than :data:`MIN_COVERAGE` of the units, are no period: no steps are made up.
 
-A step whose kernels change from token to token in a cycle (Hugging Face ``generate``: an attention kernel picked by
-the context length's alignment) repeats exactly only every few tokens. When the exact period of ``L`` units holds
+A step whose kernels change from token to token in a cycle repeats exactly only every few tokens (Hugging Face
+``generate`` of Llama-3.2-1B on an H100: every 4, 2,856 kernels, 714 per token). When the exact period of ``L`` units holds
 ``k`` occurrences of another unit, each ``L / k`` units apart, that finer period is the step: its steps all have one
 length, in a few variants (:func:`_finer_period`).
 """
