@@ -203,7 +203,10 @@ def test_the_prefill_option_reaches_the_engine(tmp_path, monkeypatch, command, w
      "--prefill: unknown mode 'x'"),
     (["generate", "stories260k", "--engine", "megakernel", "--prefill", "batched", "--max-new-tokens", "1",
       "--prompt-ids", ",".join(["7"] * 512)],
-     "--prompt: 512 prompt tokens + 1 new token exceed the model's 512 positions"),
+     "--prompt-ids: 512 prompt tokens + 1 new token exceed the model's 512 positions"),
+    (["generate", "stories260k", "--engine", "megakernel", "--weights", "fp8", "--max-new-tokens", "5",
+      "--prompt", "Once upon a time " * 200],
+     "--prompt: 802 prompt tokens + 5 new tokens exceed the model's 512 positions"),
     (["diagnose", "model", "tiny-llama", "--engines", "megakernel", "--prompt-len", "65536", "--out", "OUT"],
      "--prompt-len 65536 + --gen-len 32 + --profile-steps 8: the workload needs 65584 positions"),
 ])

@@ -67,6 +67,64 @@ def test_a_step_whose_kernels_cycle_from_token_to_token_is_one_token_not_the_cyc
     assert found["prefix"] == 3 and found["suffix"] == 0
 
 
+def _layer(attn):
+    return [1, 2, 3, attn, 4, 5, 1, 6, 7, 8, 5]  # norm, qkv, rope, attention, o-proj, add, norm, mlp ..., add
+
+
+def _token_loop(tokens_n, attn_of, layers=16, prefill=(50, 51) * 16 + (52,)):
+    """(units, gaps) of a loop of ``tokens_n`` tokens: embedding (0), ``layers`` layers whose attention unit is
+    ``attn_of(token, layer)``, final norm, LM head (9), argmax (10); 180 units a token with 16 layers; a prefill
+    first, the host pausing 50 µs before each token."""
+    units, gaps = list(prefill), [3.0] * len(prefill)
+    for t in range(tokens_n):
+        step = [0] + [u for layer in range(layers) for u in _layer(attn_of(t, layer))] + [1, 9, 10]
+        units += step
+        gaps += [50.0] + [3.0] * (len(step) - 1)
+    return units, gaps
+
+
+@pytest.mark.parametrize("cycle", [2, 3, 4])
+def test_a_kernel_that_cycles_in_every_layer_gives_one_step_per_token(cycle):
+    # every layer's attention kernel is variant t % cycle: no unit occurs once per cycle, so the exact period (the
+    # cycle) has no anchor; the embedding's segments are the 180-unit tokens, in `cycle` variants
+    units, gaps = _token_loop(24, lambda t, layer: 100 + t % cycle)
+    found = _found(units, gaps)
+    assert found["found"] and found["length"] == 180 and (found["cycle"], found["variants"]) == (cycle, cycle)
+    assert found["starts"].tolist() == [33 + 180 * t for t in range(24)] and found["matching"].all()
+    assert (found["prefix"], found["suffix"]) == (33, 0)
+
+
+def test_a_kernel_that_cycles_in_one_of_sixteen_layers_gives_one_step_per_token():
+    # layer 0's attention cycles over 3 variants, the other 15 layers share one kernel: the exact period (3 tokens,
+    # 7 whole repeats in 24 tokens) covered less than the 11-unit layer (360 of 384 layers), which became the step
+    units, gaps = _token_loop(24, lambda t, layer: 100 + t % 3 if layer == 0 else 99)
+    found = _found(units, gaps)
+    assert found["length"] == 180 and (found["cycle"], found["variants"]) == (3, 3)
+    assert found["starts"].tolist() == [33 + 180 * t for t in range(24)] and found["prefix"] == 33
+
+
+def test_identical_layers_with_the_tokens_own_units_are_one_step_per_token():
+    same = _found(*_token_loop(20, lambda t, layer: 99))
+    assert same["length"] == 180 and (same["cycle"], same["variants"]) == (1, 1) and len(same["starts"]) == 20
+    # sliding and global attention layers alternating: a layer pair repeats too, but the token covers more
+    pairs = _found(*_token_loop(20, lambda t, layer: 98 + layer % 2, layers=32, prefill=()))
+    assert pairs["length"] == 356 and pairs["cycle"] == 1 and len(pairs["starts"]) == 20
+
+
+def test_markerless_loop_whose_attention_kernel_cycles_in_every_layer_is_described(tmp_path):
+    def names(i):
+        return ["embed"] + [k for _ in range(16) for k in ("rmsnorm", "gemv_qkv", f"flash_split{i % 3}", "gemv_o",
+                                                               "add")] + ["lm_head", "argmax"]
+    events, want = tg.decode_loop_events(12, names, prefill=["gemm_prefill"] * 3)
+    f = _summary(tmp_path, events)
+    d = f["step_detection"]
+    assert d["steps"] == 12 and d["units_per_step"] == 83 and (d["cycle"], d["variants"]) == (3, 3), d
+    assert d["prefix_units"] == 3 and d["matching_steps"] == 12
+    assert d["description"].startswith("steps: 12, from a repeating 83-kernel sequence in 3 variants (units that "
+                                       "change from token to token; the same sequence every 3 steps)")
+    assert [r["wall_us"] for r in f["step_rows"]] == [want["step_us"]] * 11 + [83 * 12.0]
+
+
 def test_a_unit_repeated_per_layer_is_not_taken_for_the_step():
     # four identical layers, then the token's own units: as many as a layer's, so a layer's length divides the
     # step's (15 = 5 × 3) but a step holds 4 layers, not 5

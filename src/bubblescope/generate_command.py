@@ -128,7 +128,8 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
     ids = prompt_token_ids(loaded, model, prompt, prompt_ids)
     max_seq = len(ids) + max_new_tokens
     if max_seq > cfg.max_position_embeddings:
-        raise BubblescopeError(f"--prompt: {count(len(ids), 'prompt token')} + "
+        option = "--prompt-ids" if prompt_ids is not None else "--prompt"  # the option the prompt came from
+        raise BubblescopeError(f"{option}: {count(len(ids), 'prompt token')} + "
                                f"{count(max_new_tokens, 'new token')} exceed the "
                                f"model's {cfg.max_position_embeddings} positions")
     mk_params, picked = engine_params(tuning, name, max_seq, dev.type)

@@ -11,7 +11,9 @@ cover less than :data:`MIN_COVERAGE` of the units, are no period: no steps are m
 A step whose kernels change from token to token in a cycle repeats exactly only every few tokens (Hugging Face
 ``generate`` of Llama-3.2-1B on an H100: every 4, 2,856 kernels, 714 per token). When the exact period of ``L`` units holds
 ``k`` occurrences of another unit, each ``L / k`` units apart, that finer period is the step: its steps all have one
-length, in a few variants (:func:`_finer_period`).
+length, in a few variants (:func:`_finer_period`). Where no unit occurs once per cycle (the changing kernel runs in
+every layer), the once-per-token unit's segments, all of one length, repeat their sequence every ``k`` segments:
+those segments are the steps, in ``k`` variants (:func:`_cycled`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 MIN_STEPS = 3  # fewer repeats cannot tell a period from a coincidence
 MIN_COVERAGE = 0.5  # the steps must hold at least this share of the units, or the "period" is a detail
 _MAX_SHIFTS = 4096  # step boundaries tried per anchor (all of them for steps of up to this many units)
+MAX_CYCLE = 8  # most variants of a step that cycle from token to token (:func:`_cycled`)
+_CYCLE_SHARE = 0.9  # least share of an anchor's segments that must equal the one k segments later
 _HASH_SEED = 0x5EED_0D1E
 
 
@@ -107,15 +111,16 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
         length = int(p[1:][same][0] - p[:-1][same][0])
         tail = p[-1] + length <= n and _segment_hash(h, p[-1:], p[-1:] + length)[0] == common
         repeats = int(counts.max()) + int(tail)
-        if repeats < min_steps:
-            continue
-        gap = float(np.median(gap_before[p[:-1][same]]))
-        candidates.append((repeats * length, length, repeats, gap, c, common))
+        if repeats >= min_steps:
+            candidates.append((repeats * length, length, repeats, float(np.median(gap_before[p[:-1][same]])), c, 1))
+        # k variants of one step, when one sequence alone leaves more than a tenth of the segments out
+        cycled = _cycled(h, p, sig, n, min_steps) if counts.max() < _CYCLE_SHARE * len(sig) else None
+        if cycled is not None and cycled[0] > repeats * length:
+            candidates.append((*cycled, float(np.median(gap_before[p[:-1]])), c, cycled[2]))
     if not candidates:
         return _not_found(f"no sequence of units repeats {min_steps} times or more", n)
-    _, length, _, _, c, _ = max(candidates, key=lambda t: (t[0], -t[1], t[3]))
-    cycle = 1
-    finer = _finer_period(h, order, bounds, c, length, min_steps)
+    _, length, _, _, c, cycle = max(candidates, key=lambda t: (t[0], -t[1], t[3]))
+    finer = _finer_period(h, order, bounds, c, length, min_steps) if cycle == 1 else None
     if finer is not None:
         c, cycle = finer
         length //= cycle
@@ -165,6 +170,37 @@ def _finer_period(h: tuple, order: np.ndarray, bounds: np.ndarray, c: int, lengt
         if (inside == k).all() and (best is None or k > best[1]):
             best = (c2, k)
     return best
+
+
+def _cycled(h: tuple, p: np.ndarray, sig: np.ndarray, n: int, min_steps: int) -> tuple[int, int, int] | None:
+    """(units covered, segment length, k) where the segments between the anchor's occurrences ``p`` (hashes
+    ``sig``) cycle through k ≥ 2 variants of one length, or None.
+
+    The smallest k in [2, :data:`MAX_CYCLE`] for which at least :data:`_CYCLE_SHARE` of the segments equal the one
+    k segments later. The segments in such a pair are the cycle's; they must all have one length (a unit repeated
+    per layer fails here: its segment across the token's own units is longer than the layers'), hold at least
+    two distinct sequences and at least ``min_steps`` pairs. The segment after the last occurrence counts when it
+    is the one k segments before it, as the exact period's tail does."""
+    import numpy as np
+
+    seg_len = np.diff(p)
+    for k in range(2, min(MAX_CYCLE, len(sig) - 1) + 1):
+        pair = sig[:-k] == sig[k:]
+        if pair.sum() < max(1, _CYCLE_SHARE * len(pair)):
+            continue
+        inside = np.zeros(len(sig), dtype=bool)
+        inside[:-k] |= pair
+        inside[k:] |= pair
+        lengths = np.unique(seg_len[inside])
+        if len(lengths) != 1 or len(np.unique(sig[inside])) < 2:
+            continue
+        length = int(lengths[0])
+        tail = p[-1] + length <= n and _segment_hash(h, p[-1:], p[-1:] + length)[0] == sig[-k]
+        if int(pair.sum()) + int(tail) < min_steps:
+            continue
+        covered = int(inside.sum()) + int(tail)
+        return covered * length, length, k
+    return None
 
 
 def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tuple[np.ndarray, ...]:
