@@ -164,6 +164,7 @@ class MegakernelEngine:
         self.name = name or VARIANTS[variant]
         self.impl, self.impl_reason = choose_impl(weights, impl)
         self.max_seq_len = int(max_seq_len or min(cfg.max_position_embeddings, 2048))
+        self.weight_format = weights.weight_format  # bf16, fp8 or fp8-all (mixed is refused above)
         self.interpret = self.device.type == "cpu"
         params = params or (CPU_PARAMS if self.interpret else MegakernelParams())
         params.validate()
@@ -191,7 +192,7 @@ class MegakernelEngine:
         self._info = {"registers": None, "spills": None, "shared_bytes": None, "num_warps": params.num_warps,
                       "programs_per_sm": None, "grid": 1, "interpret": self.interpret, "variant": variant,
                       "implementation": self.impl, "implementation_reason": self.impl_reason, "prefill": prefill,
-                      "weights": weights.weight_format}
+                      "weights": self.weight_format}
         self._launchers = {params.timeline: self._launcher(params.timeline)}
         if not self.interpret:
             info = self._launchers[params.timeline].compile(*self._probe_args(probe))
@@ -275,7 +276,7 @@ class MegakernelEngine:
         dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
         cx = GH.gluon_constexprs(cfg, self.tiling, params, self.max_seq_len, self.dtype,
                                  has_bias=p.bqkv is not None,
-                                 weight_format="fp8-all" if p.fp8_head else "fp8" if p.fp8 else "bf16")
+                                 weight_format=self.weight_format)
         args = dict(
             {k: v for k, v in self._buf.items()},
             **GH.weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"], cx["MV_MMA"]),

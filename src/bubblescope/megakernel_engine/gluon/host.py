@@ -15,6 +15,7 @@ import torch
 
 from ...errors import BubblescopeError, EngineUnavailable
 from ...models.config import ModelConfig
+from ..packing import SCALE_FIELDS
 from ..residency import cubin_text_bytes, ptxas_usage
 from ..schedule import NFIELDS, MegakernelParams, Tiling, next_pow2, resolve_tiling
 
@@ -379,7 +380,7 @@ def gluon_constexprs(cfg: ModelConfig, t: Tiling, params: MegakernelParams, max_
                                "use 0 with FP8 weights")
     slot_bytes = sb * br * bk * wsize
     # the ring's bytes as with 16-bit weights: FP8 slots are half as big, so twice as many
-    wanted = int(ring or params_ring(params) * esize // wsize)
+    wanted = int(ring) if ring else params_ring(params) * esize // wsize  # ring: slots asked for by number
     ns = fit_ring(max(1, wanted // sb), slot_bytes, max(kch.values()) * bk * esize)
     inflight = max(2, INFLIGHT_BYTES // slot_bytes) if params.inflight is None else params.inflight
     return dict(
@@ -496,14 +497,13 @@ def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = Fal
     Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H).
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    wbits = packed.wqkv.element_size() * 8
     cols = 64 if mma else bk
 
     def desc(t, rows=br, cols=cols):
         t2 = t.reshape(-1, t.shape[-1])
         return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [rows, cols],
                                 desc_layout(t2.element_size() * 8, mma))
-    head_cols = cols * packed.wqkv.element_size() // packed.lm_head.element_size() if wbits == 8 else cols
+    head_cols = cols * packed.wqkv.element_size() // packed.lm_head.element_size()  # cols, or half beside FP8
     return {"wqkv_desc": desc(packed.wqkv), "wo_desc": desc(packed.wo, br // split), "wgu_desc": desc(packed.wgu),
             "wdown_desc": desc(packed.wdown, br // split), "head_desc": desc(packed.lm_head, br, head_cols)}
 
@@ -560,7 +560,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
                 cols //= 2
             bits = 8 if ty == "fp8e4nv" else abits
             sig[name] = f"tensordesc<{ty}[{rows}, {cols}],{desc_layout(bits, bool(cx['MV_MMA']))!r}>"
-        elif name in ("sqkv_ptr", "so_ptr", "sgu_ptr", "sdown_ptr", "slm_ptr"):  # FP8 row scales
+        elif name[:-4] in SCALE_FIELDS:  # FP8 row scales
             on = cx["HEAD_FP8"] if name == "slm_ptr" else cx["W_FP8"]
             sig[name] = "*fp32" if on else "constexpr"
             if on:
