@@ -8,7 +8,8 @@ An ordinary user program, with no step marker and nothing of the profiler in it,
 
 It greedily generates exactly ``--new-tokens`` tokens (EOS cannot end it early: random weights would stop
 anywhere) after a ``--prompt-len`` prompt of seeded random ids, and prints how many it generated and the host
-time per token.
+time per token. ``--warmup N`` first runs one untimed ``generate`` of N tokens (CUDA context, cuBLAS handles and
+kernel modules load on first use), so the printed time is a warm generation's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=0, help="tokens of one untimed generate before the timed one")
     args = parser.parse_args()
 
     dtype = torch.bfloat16 if args.device.startswith("cuda") and not args.tiny else torch.float32
@@ -53,13 +55,17 @@ def main() -> None:
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt_len), device=args.device)
     mask = torch.ones_like(prompt)
 
-    def generate():
-        return model.generate(prompt, attention_mask=mask, max_new_tokens=args.new_tokens,
-                              min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+    def generate(n):
+        return model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              pad_token_id=0)
 
     with torch.inference_mode():
+        if args.warmup > 0:
+            generate(args.warmup)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        out = generate()
+        out = generate(args.new_tokens)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
