@@ -260,7 +260,8 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
     """Every kernel of the step, compiled by Triton and ptxas for sm_90 at real shapes (Llama-3.2-1B, Qwen3-0.6B's
     q/k-norm, Qwen2.5-0.5B's biases and 7 query heads per kv head), in a fresh interpreter (Triton's mode is per
     process): no spills, registers × warps within one SM's 65,536, and PDL's griddepcontrol.wait in each; the next
-    kernel's launch allowed after the wait by default, at the first instruction with ``pdl_early``."""
+    kernel's launch allowed after the wait by default, at the first instruction with ``pdl_early``; the L2 prefetch
+    instruction in the attention kernel only, and only when asked for."""
     from .conftest import compile_in_subprocess
 
     script = ("import json\nfrom bubblescope.models.config import get_preset\n"
@@ -268,6 +269,8 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
               "from bubblescope.fused_engine.engine import FusedParams\n"
               "out = {m: compile_offline(get_preset(m)) for m in ('llama-3.2-1b', 'qwen3-0.6b', 'qwen2.5-0.5b')}\n"
               "out['early'] = compile_offline(get_preset('qwen3-0.6b'), params=FusedParams(pdl_early=True))\n"
+              "out['prefetch'] = compile_offline(get_preset('llama-3.2-1b'), params=FusedParams(prefetch_o=True, "
+              "prefetch_gateup_kb=4096))\n"
               "print(json.dumps(out))")
     out = compile_in_subprocess(script)
     names = {k["kernel"] for kernels in out.values() for k in kernels}
@@ -278,6 +281,7 @@ def test_kernels_compile_for_sm90_without_spills_and_with_pdl():
             assert k["spill_store_bytes"] in (0, None) and k["registers"] * k["num_warps"] * 32 <= 65536, (model, k)
             assert k["griddepcontrol"], (model, k)
             assert k["trigger_before_wait"] == (model == "early"), (model, k)
+            assert k["l2_prefetch"] == (model == "prefetch" and k["kernel"] == "attn_split_kernel"), (model, k)
 
 
 def test_diagnose_writes_a_valid_document_with_the_fused_engine(tmp_path):

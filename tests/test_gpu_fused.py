@@ -34,16 +34,19 @@ def test_stories260k_fp32_greedy_200_tokens_identical_to_reference(engine):
 
 
 @needs_stories
-@pytest.mark.parametrize("early", [False, True], ids=["trigger-after-wait", "trigger-first"])
-def test_pdl_engine_has_no_race_over_20_generations(early):
+@pytest.mark.parametrize("early,prefetch", [(False, False), (True, False), (False, True)],
+                         ids=["trigger-after-wait", "trigger-first", "l2-prefetch"])
+def test_pdl_engine_has_no_race_over_20_generations(early, prefetch):
     """A PDL ordering bug shows as wrong tokens only sometimes: 20 generations of 100 tokens, each equal to the
-    reference's — with the next kernel launched after each wait, and at each kernel's first instruction."""
+    reference's — with the next kernel launched after each wait, at each kernel's first instruction, and with the
+    attention kernel prefetching the next matrices into L2 (which must change nothing but timing)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+")
     from bubblescope.fused_engine import FusedEngine, FusedParams
     w = load_llama2c(STORIES).to("cuda")
     want = generate(ReferenceEngine(w, max_seq_len=256), [1, 403], 100, eos_ids=()).tokens
-    eng = FusedEngine(w, max_seq_len=256, pdl=True, params=FusedParams(pdl_early=early))
+    eng = FusedEngine(w, max_seq_len=256, pdl=True, params=FusedParams(pdl_early=early, prefetch_o=prefetch,
+                                                                        prefetch_gateup_kb=64 * prefetch))
     bad = [i for i in range(20) if generate(eng, [1, 403], 100, eos_ids=()).tokens != want]
     assert not bad, f"generations {bad} differ from the reference"
 

@@ -61,6 +61,10 @@ def _stack(mats: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(mats)
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -72,7 +76,10 @@ class FusedParams:
     program at long contexts); ``fused_reduce``: the attention splits combined by the kv head's last program (an
     atomic ticket) instead of a separate launch; ``norm_stats``: ``reload`` (each RMSNorm reads x twice: Σx², then
     the normed chunks) or ``atomic`` (the kernels that write x add its Σx² into a float32 slot);
-    ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``); ``pdl_early``:
+    ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``);
+    ``prefetch_o`` / ``prefetch_gateup_kb``: the attention kernel's programs, latency-bound while the weight stream
+    would idle, pull the O-projection (whole) and the first ``prefetch_gateup_kb`` KB of the gate and of the up
+    matrix into L2 (a CUDA device only; off on the CPU); ``pdl_early``:
     with PDL, each kernel lets the next launch at its first instruction rather than after its wait (kernels.py's
     module docstring says why that is safe; off by default: not yet timed on a GPU). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
@@ -82,11 +89,13 @@ class FusedParams:
 
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
-                 down_block_k: int = 0, pdl_early: bool = False):
+                 down_block_k: int = 0, pdl_early: bool = False, prefetch_o: bool = False,
+                 prefetch_gateup_kb: int = 0):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
         self.down_block_n, self.down_block_k = down_block_n, down_block_k
         self.pdl_early = pdl_early
+        self.prefetch_o, self.prefetch_gateup_kb = prefetch_o, prefetch_gateup_kb
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -199,12 +208,17 @@ class FusedEngine:
                 plan.append((K.qk_norm_kernel, (NH + NKV,),
                              (b["q"], b["kraw"], kc, b["pos"], layer.q_norm, layer.k_norm, m.cos, m.sin, eps),
                              dict(NH=NH, D=D, S=S, HALF_P=_pow2(half), ACT=act, **common)))
+            wo, wg, wu = _mat(layer.o_proj), _mat(layer.gate_proj), _mat(layer.up_proj)
+            o_bytes = _nbytes(wo) if p.prefetch_o else 0
+            gu_bytes = min(_nbytes(wg), 1024 * p.prefetch_gateup_kb)
             plan.append((K.attn_split_kernel, (NKV, self.splits),
                          (b["q"], kc, vc, b["pos"], b["part_m"], b["part_l"], b["part_acc"], b["o"], b["tickets"],
                           1.0 / math.sqrt(D)),
                          dict(G=NH // NKV, D=D, S=S, NSPLIT=self.splits, G_P=_pow2(NH // NKV), D_P=_pow2(D),
                               BLOCK_S=p.block_s, NSPLIT_P=_pow2(self.splits), FUSED_REDUCE=p.fused_reduce, ACT=act,
-                              **common)))
+                              PREFETCH=self.device.type == "cuda" and o_bytes + gu_bytes > 0,
+                              LANES=32 * p.num_warps, pf_a_ptr=wo, pf_a_bytes=o_bytes, pf_b_ptr=wg, pf_c_ptr=wu,
+                              pf_bc_bytes=gu_bytes, **common)))
             if not p.fused_reduce:
                 plan.append((K.attn_reduce_kernel, (NH,), (b["part_m"], b["part_l"], b["part_acc"], b["o"]),
                              dict(D=D, NSPLIT=self.splits, NSPLIT_P=_pow2(self.splits), D_P=_pow2(D), ACT=act,
@@ -399,4 +413,6 @@ class FusedEngine:
                 "attention_splits": self.splits, "block_n": p.block_n, "block_k": p.block_k,
                 "num_warps": p.num_warps, "block_s": p.block_s,
                 "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats, "pdl_early": self.pdl and p.pdl_early,
+                "prefetch_o": p.prefetch_o and self.device.type == "cuda",
+                "prefetch_gateup_kb": p.prefetch_gateup_kb if self.device.type == "cuda" else 0,
                 "weights": self.weight_format}

@@ -59,6 +59,28 @@ from ..triton_interp import reduce_min as _min
 from ..triton_interp import reduce_sum as _sum
 
 
+# ---- L2 prefetch: a latency-bound kernel's programs start the next kernels' weight reads ------------------------
+@device_function
+def _l2_prefetch_share(base_ptr, nbytes, part, nparts, LANES: tl.constexpr):
+    """Start pulling program ``part``'s share (of ``nparts`` equal ones) of the ``nbytes`` from ``base_ptr`` into L2,
+    without waiting: ``cp.async.bulk.prefetch.L2.global [a], size`` (PTX ISA 8.0, sm_90+; ``a`` 16-byte aligned,
+    ``size`` a multiple of 16), one per lane and at most 4 KB each, so a share is a few instructions per thread.
+    Nothing is read back: a later kernel's loads of those bytes hit L2 instead of HBM. GPU only."""
+    CHUNK: tl.constexpr = 4096
+    share = tl.cdiv(tl.cdiv(nbytes, nparts), 16) * 16
+    lo = part.to(tl.int64) * share
+    hi = tl.minimum(lo + share, nbytes)
+    lane = tl.arange(0, LANES)
+    bptr = base_ptr.to(tl.pointer_type(tl.int8))
+    for p0 in range(0, share, LANES * CHUNK):
+        off = lo + p0 + lane * CHUNK
+        size = (tl.minimum(hi - off, CHUNK) // 16 * 16).to(tl.int32)
+        addr = (bptr + off).to(tl.int64, bitcast=True)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
 # ---- RMSNorm of the input vector, shared by qkv_rope, gateup and lmhead ------------------------------------------
 @device_function
 def _rms_inv(src, ss_ptr, eps, cols, H: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr):
@@ -227,17 +249,25 @@ def qk_norm_kernel(q_ptr, kraw_ptr, kc_ptr, pos_ptr, qn_ptr, kn_ptr, cos_ptr, si
 # scores = q·k / sqrt(D) as scaled_dot_product_attention's default scale. An empty slice stores m = −inf, l = 0.
 # part_m, part_l: (NH, NSPLIT) float32; part_acc: (NH, NSPLIT, D) float32. With FUSED_REDUCE, each program takes a
 # ticket (an acq_rel atomic on cnt[kv head]) after its stores, and the one holding the last ticket combines the
-# kv head's splits as attn_reduce does and rewinds the counter: one launch per layer fewer.
+# kv head's splits as attn_reduce does and rewinds the counter: one launch per layer fewer. With PREFETCH, the
+# programs first split pf_a[0:pf_a_bytes), pf_b[0:pf_bc_bytes) and pf_c[0:pf_bc_bytes) (the O-projection, the head
+# of the gate and of the up matrix) among themselves and start pulling them into L2.
 @triton.jit
 def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr, cnt_ptr, scale,
                       G: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr,
                       G_P: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT_P: tl.constexpr,
                       FUSED_REDUCE: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
-                      PDL_EARLY: tl.constexpr = False):
+                      PDL_EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, LANES: tl.constexpr = 128,
+                      pf_a_ptr=None, pf_a_bytes=0, pf_b_ptr=None, pf_c_ptr=None, pf_bc_bytes=0):
     if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
         tl.extra.cuda.gdc_launch_dependents()
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
+    if PREFETCH:  # the stream would idle through this latency-bound kernel: pull the next matrices into L2
+        part = kvh * NSPLIT + sp
+        _l2_prefetch_share(pf_a_ptr, pf_a_bytes, part, tl.num_programs(0) * NSPLIT, LANES)
+        _l2_prefetch_share(pf_b_ptr, pf_bc_bytes, part, tl.num_programs(0) * NSPLIT, LANES)
+        _l2_prefetch_share(pf_c_ptr, pf_bc_bytes, part, tl.num_programs(0) * NSPLIT, LANES)
     g = tl.arange(0, G_P)
     d = tl.arange(0, D_P)
     mg = g < G

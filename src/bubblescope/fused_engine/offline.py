@@ -64,9 +64,11 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
                     weight_format: str = "bf16") -> list[dict]:
     """Compile each distinct kernel of the fused engine's step for ``sm_{arch}``; one dict per kernel:
     ``{"kernel", "registers", "spill_store_bytes", "shared_bytes", "num_warps", "griddepcontrol", "fp8",
-    "trigger_before_wait"}`` (``fp8``: the kernel converts e4m3 weights, PTX ``cvt`` from ``e4m3x2``;
+    "trigger_before_wait", "l2_prefetch"}`` (``fp8``: the kernel converts e4m3 weights, PTX ``cvt`` from ``e4m3x2``;
     ``trigger_before_wait``: PTX's first ``griddepcontrol.launch_dependents`` comes before its first
-    ``griddepcontrol.wait``, as ``FusedParams.pdl_early`` asks). ``weight_format``: as
+    ``griddepcontrol.wait``, as ``FusedParams.pdl_early`` asks; ``l2_prefetch``: the kernel issues
+    ``cp.async.bulk.prefetch.L2``, as ``FusedParams.prefetch_o`` / ``prefetch_gateup_kb`` ask of the attention
+    kernel). ``weight_format``: as
     :func:`meta_weights`.
 
     Pointers are declared 16-byte aligned, as Triton specialises them at run time for torch tensors.
@@ -90,6 +92,8 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     seen, out = set(), []
     for kernel, _grid, args, cx in eng._plan:
         cx = {**cx, "USE_PDL": pdl, "PDL_EARLY": pdl and params.pdl_early}
+        if "PREFETCH" in cx:   # the engine turns it on for a CUDA device only; these weights are on meta
+            cx["PREFETCH"] = bool(params.prefetch_o or params.prefetch_gateup_kb)
         key = (kernel.fn.__name__, tuple(sorted((k, str(v) if not isinstance(v, torch.Tensor) else str(v.dtype))
                                                 for k, v in cx.items())))
         if key in seen:
@@ -115,7 +119,8 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
                     "spill_store_bytes": usage["spill_store_bytes"], "shared_bytes": int(ck.metadata.shared),
                     "num_warps": int(ck.metadata.num_warps),
                     "griddepcontrol": "griddepcontrol.wait" in ck.asm["ptx"], "fp8": "e4m3x2" in ck.asm["ptx"],
-                    "trigger_before_wait": _trigger_before_wait(ck.asm["ptx"])})
+                    "trigger_before_wait": _trigger_before_wait(ck.asm["ptx"]),
+                    "l2_prefetch": "cp.async.bulk.prefetch.L2" in ck.asm["ptx"]})
     return out
 
 
