@@ -127,11 +127,42 @@ def test_markerless_loop_whose_attention_kernel_cycles_in_every_layer_is_describ
 
 def test_a_unit_repeated_per_layer_is_not_taken_for_the_step():
     # four identical layers, then the token's own units: as many as a layer's, so a layer's length divides the
-    # step's (15 = 5 × 3) but a step holds 4 layers, not 5
+    # step's (15 = 5 × 3) but a step holds 4 layers, not 5; and a layer unit's segments, 3, 3, 3 and 6 units long,
+    # cycle in form but lie too far apart in length to be a token's variants
     found = _found([10, 11, 12] * 4 + [30, 31, 32] + ([10, 11, 12] * 4 + [30, 31, 32]) * 19)
     assert found["length"] == 15 and found["cycle"] == 1 and len(found["starts"]) == 20
     one = _found(([10, 11, 12] * 4 + [30]) * 20)  # a one-unit tail
     assert one["length"] == 13 and one["cycle"] == 1 and len(one["starts"]) == 20
+
+
+def test_variants_one_kernel_apart_are_still_one_step_per_token():
+    # two layers; the attention kernel alternates, and every odd token launches one more kernel (a copy made
+    # for a misaligned context): the exact sequence spans 2 tokens, but the embedding's segments of 26 and 27 units
+    # are the tokens, in 2 variants
+    units, gaps = _token_loop(20, lambda t, layer: 100 + t % 2, layers=2, prefill=(50, 51, 52))
+    for t in range(19, -1, -1):  # from the end, so the positions before are unshifted
+        if t % 2:
+            at = 3 + 26 * t + 5
+            units[at:at] = [77]
+            gaps[at:at] = [3.0]
+    found = _found(units, gaps)
+    assert found["found"] and (found["cycle"], found["variants"], found["lengths"]) == (2, 2, [26, 27])
+    assert len(found["starts"]) == 20 and found["matching"].all() and found["prefix"] == 3
+    assert (found["ends"] - found["starts"]).tolist() == [26, 27] * 10 and found["ends"][-1] == len(units)
+
+
+def test_markerless_loop_with_variants_of_two_lengths_is_described(tmp_path):
+    layer = ["norm", "gemv_qkv", "rope", "attn", "gemv_o", "add", "norm", "gemv_gate_up", "silu_mul", "gemv_down"]
+
+    def names(i):  # 24 kernels a token, 25 in the odd ones (a copy before the second layer's attention)
+        layers = layer[:3] + [f"attn_align{i % 2}"] + layer[4:] + layer[:3] + ["pad_copy"] * (i % 2) + layer[3:]
+        return ["embed"] + layers + ["norm", "gemv_lm_head", "argmax"]
+    events, want = tg.decode_loop_events(12, names, prefill=["gemm_qkv_prefill"])
+    d = _summary(tmp_path, events)["step_detection"]
+    assert d["steps"] == 12 and d["units_per_step"] == 24 and (d["cycle"], d["variants"]) == (2, 2), d
+    assert d["matching_steps"] == 12
+    assert d["description"].startswith("steps: 12, from a repeating 24–25-kernel sequence in 2 variants (units that "
+                                       "change from token to token; the same sequence every 2 steps)")
 
 
 def test_markerless_loop_with_cycling_kernels_is_described(tmp_path):

@@ -12,8 +12,10 @@ A step whose kernels change from token to token in a cycle repeats exactly only 
 ``generate`` of Llama-3.2-1B on an H100: 9 steps of 2,856 kernels found in a 40-token window). When the exact period of ``L`` units holds
 ``k`` occurrences of another unit, each ``L / k`` units apart, that finer period is the step: its steps all have one
 length, in a few variants (:func:`_finer_period`). Where no unit occurs once per cycle (the changing kernel runs in
-every layer), the once-per-token unit's segments, all of one length, repeat their sequence every ``k`` segments:
-those segments are the steps, in ``k`` variants (:func:`_cycled`).
+every layer), the once-per-token unit's segments repeat their sequence every ``k`` segments: those segments are the
+steps, in ``k`` variants of one length or of lengths within :data:`CYCLE_LENGTH_SPREAD` of each other (a variant
+that launches an extra kernel; Hugging Face ``generate`` of a 2-layer float32 Llama on an H100 found 10 steps in
+a 20-token window before variants could differ in length) (:func:`_cycled`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ MIN_COVERAGE = 0.5  # the steps must hold at least this share of the units, or t
 _MAX_SHIFTS = 4096  # step boundaries tried per anchor (all of them for steps of up to this many units)
 MAX_CYCLE = 8  # most variants of a step that cycle from token to token (:func:`_cycled`)
 _CYCLE_SHARE = 0.9  # least share of an anchor's segments that must equal the one k segments later
+# Most a cycle's variants may differ in length, relative to the shortest. A unit repeated per layer in a model of
+# at most MAX_CYCLE layers also cycles, and must not pass: its segment across the token's own units (final norm,
+# LM head, sampling: ~15 kernels against ~37 a layer in an eager Llama) is far longer than the others, while a token
+# variant differs by a kernel per layer at most (~3 % of the token).
+CYCLE_LENGTH_SPREAD = 0.05
 _HASH_SEED = 0x5EED_0D1E
 
 
@@ -87,7 +94,10 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
         its last), "matching": bool array (the step is the common sequence exactly), "length": units in the
         common sequence, "anchor": the token of each step's first unit, "prefix": units before the first step,
         "suffix": units after the last, "coverage": share of the units in steps as long as the common
-        sequence, "units": n, "reason": None}``,
+        sequence, "units": n, "reason": None, "cycle": 1, or k when the sequence repeats exactly only every k
+        steps, "variants": distinct sequences among the steps of the common length(s), "lengths": the variants'
+        lengths (one unless they differ by an extra unit or so: then "length" is the shortest and "matching"
+        means "as long as a variant")}``,
         or ``{"found": False, "reason": str, "units": n}``.
     """
     import numpy as np
@@ -101,7 +111,7 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
     values, code = unique_ints(tokens)
     order = np.argsort(code, kind="stable")  # positions grouped by token, ascending within each
     bounds = np.concatenate([[0], np.cumsum(np.bincount(code, minlength=len(values)))])
-    candidates = []
+    candidates = []  # (units covered, step length, repeats or k, median gap, anchor, cycle, variant lengths)
     for c in np.flatnonzero(np.diff(bounds) >= min_steps).tolist():
         p = order[bounds[c]:bounds[c + 1]]
         sig = _segment_hash(h, p[:-1], p[1:])
@@ -112,26 +122,31 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
         tail = p[-1] + length <= n and _segment_hash(h, p[-1:], p[-1:] + length)[0] == common
         repeats = int(counts.max()) + int(tail)
         if repeats >= min_steps:
-            candidates.append((repeats * length, length, repeats, float(np.median(gap_before[p[:-1][same]])), c, 1))
+            candidates.append((repeats * length, length, repeats, float(np.median(gap_before[p[:-1][same]])), c, 1,
+                               (length,)))
         # k variants of one step, when one sequence alone leaves more than a tenth of the segments out
         cycled = _cycled(h, p, sig, n, min_steps) if counts.max() < _CYCLE_SHARE * len(sig) else None
-        if cycled is not None and cycled[0] > repeats * length:
-            candidates.append((*cycled, float(np.median(gap_before[p[:-1]])), c, cycled[2]))
+        if cycled is not None and cycled[0] >= repeats * length:   # a tie: the finer step (its variants) wins
+            covered, short, k, lengths = cycled
+            candidates.append((covered, short, k, float(np.median(gap_before[p[:-1]])), c, k, lengths))
     if not candidates:
         return _not_found(f"no sequence of units repeats {min_steps} times or more", n)
-    _, length, _, _, c, cycle = max(candidates, key=lambda t: (t[0], -t[1], t[3]))
+    _, length, _, _, c, cycle, lengths = max(candidates, key=lambda t: (t[0], -t[1], t[3]))
     finer = _finer_period(h, order, bounds, c, length, min_steps) if cycle == 1 else None
     if finer is not None:
         c, cycle = finer
         length //= cycle
+        lengths = (length,)
     starts, ends, matching = _aligned(h, order[bounds[c]:bounds[c + 1]], length, gap_before)
-    if cycle > 1:  # the steps of one length are the common step, in variants
-        matching = (ends - starts) == length
+    if cycle > 1:  # the steps of the variants' lengths are the common step, in variants
+        if len(starts) > cycle:  # the last step as long as its variant k steps before, not the shortest
+            ends[-1] = min(int(starts[-1] + ends[-1 - cycle] - starts[-1 - cycle]), n)
+        matching = np.isin(ends - starts, lengths)
     first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
     starts, ends, matching = starts[first:last + 1], ends[first:last + 1], matching[first:last + 1]
     # steps of the common length (the same calls, maybe other kernels: a context that changes the attention
     # kernel) must hold most units; a short motif repeating inside one long pass is not a step
-    regular = (ends - starts) == length
+    regular = np.isin(ends - starts, lengths)
     coverage = float((ends - starts)[regular].sum() / n)
     if coverage < min_coverage:
         return _not_found(f"the most repeated sequence ({count(length, 'unit')}, {int(matching.sum())} times) "
@@ -139,7 +154,8 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
     variants = len(np.unique(_segment_hash(h, starts[regular], ends[regular])))
     return {"found": True, "starts": starts.astype(np.int64), "ends": ends.astype(np.int64), "matching": matching,
             "length": length, "anchor": values[c], "prefix": int(starts[0]), "suffix": int(n - ends[-1]),
-            "coverage": coverage, "units": n, "reason": None, "cycle": cycle, "variants": variants}
+            "coverage": coverage, "units": n, "reason": None, "cycle": cycle, "variants": variants,
+            "lengths": [int(v) for v in sorted(set(lengths))]}
 
 
 def _finer_period(h: tuple, order: np.ndarray, bounds: np.ndarray, c: int, length: int,
@@ -172,15 +188,17 @@ def _finer_period(h: tuple, order: np.ndarray, bounds: np.ndarray, c: int, lengt
     return best
 
 
-def _cycled(h: tuple, p: np.ndarray, sig: np.ndarray, n: int, min_steps: int) -> tuple[int, int, int] | None:
-    """(units covered, segment length, k) where the segments between the anchor's occurrences ``p`` (hashes
-    ``sig``) cycle through k ≥ 2 variants of one length, or None.
+def _cycled(h: tuple, p: np.ndarray, sig: np.ndarray, n: int,
+            min_steps: int) -> tuple[int, int, int, tuple[int, ...]] | None:
+    """(units covered, shortest segment length, k, the variants' lengths) where the segments between the anchor's
+    occurrences ``p`` (hashes ``sig``) cycle through k ≥ 2 variants, or None.
 
     The smallest k in [2, :data:`MAX_CYCLE`] for which at least :data:`_CYCLE_SHARE` of the segments equal the one
-    k segments later. The segments in such a pair are the cycle's; they must all have one length (a unit repeated
-    per layer fails here: its segment across the token's own units is longer than the layers'), hold at least
-    two distinct sequences and at least ``min_steps`` pairs. The segment after the last occurrence counts when it
-    is the one k segments before it, as the exact period's tail does."""
+    k segments later. The segments in such a pair are the cycle's; their lengths must lie within
+    :data:`CYCLE_LENGTH_SPREAD` of the shortest (a unit repeated per layer fails here: its segment across the
+    token's own units is much longer than the layers'), they must hold at least two distinct sequences and at
+    least ``min_steps`` pairs. The segment after the last occurrence counts when it is the one k segments before
+    it, as the exact period's tail does."""
     import numpy as np
 
     seg_len = np.diff(p)
@@ -192,14 +210,14 @@ def _cycled(h: tuple, p: np.ndarray, sig: np.ndarray, n: int, min_steps: int) ->
         inside[:-k] |= pair
         inside[k:] |= pair
         lengths = np.unique(seg_len[inside])
-        if len(lengths) != 1 or len(np.unique(sig[inside])) < 2:
+        if lengths[-1] - lengths[0] > CYCLE_LENGTH_SPREAD * lengths[0] or len(np.unique(sig[inside])) < 2:
             continue
-        length = int(lengths[0])
-        tail = p[-1] + length <= n and _segment_hash(h, p[-1:], p[-1:] + length)[0] == sig[-k]
+        last = int(seg_len[-k])   # the tail is the variant k segments before it
+        tail = p[-1] + last <= n and _segment_hash(h, p[-1:], p[-1:] + last)[0] == sig[-k]
         if int(pair.sum()) + int(tail) < min_steps:
             continue
-        covered = int(inside.sum()) + int(tail)
-        return covered * length, length, k
+        covered = int(seg_len[inside].sum()) + last * int(tail)
+        return covered, int(lengths[0]), k, tuple(int(v) for v in lengths)
     return None
 
 

@@ -98,14 +98,15 @@ def _describe(units: dict, found: dict, texts: Any) -> dict:
     """The method, its words and the step's make-up, from the steps that are the common sequence."""
     import numpy as np
 
-    s, e = found["starts"], found["ends"]
-    k, length = len(s), found["length"]
+    s, length = found["starts"], found["length"]
+    lengths = found.get("lengths") or [length]
+    size = f"{lengths[0]}–{lengths[-1]}" if len(lengths) > 1 else f"{length}"   # variants of differing lengths
     exact = s[found["matching"]]
     out: dict[str, Any] = {"megakernel": None, "graph_launches_per_step": None}
     if units["kind"] == "cpu-ops":
-        out.update(method="cpu-ops", unit="CPU op", what=f"a repeating {length}-op sequence of top-level CPU ops")
+        out.update(method="cpu-ops", unit="CPU op", what=f"a repeating {size}-op sequence of top-level CPU ops")
         return out
-    pos = exact[:, None] + np.arange(length)  # (exact steps, units per step): the common step's units
+    pos = exact[:, None] + np.arange(length)  # (exact steps, units per step): the common step's (first) units
     graph, acts, busy = units["graph"][pos[0]], units["activities"][pos], units["busy_us"][pos]
     kernels = units["kernel"][pos[0]]
     single = not graph.any() and bool((acts == 1).all()) and bool(kernels.all())
@@ -124,7 +125,7 @@ def _describe(units: dict, found: dict, texts: Any) -> dict:
                    what=f"one kernel per step ({name}, {share[top]:.0%} of the step's GPU time)")
     else:
         made_of = "" if single else f" ({count(int(acts[0][kernels].sum()), 'kernel')})"
-        out.update(method="sequence", what=f"a repeating {length}-{out['unit']} sequence{made_of}")
+        out.update(method="sequence", what=f"a repeating {size}-{out['unit']} sequence{made_of}")
     return out
 
 
@@ -144,8 +145,9 @@ def find_decode_steps(arrays: TraceArrays, cpu_ops: dict | None = None) -> tuple
         ``detection``: ``{"method": "cuda-graph" | "megakernel" | "sequence" | "cpu-ops" | None, "steps",
         "units_per_step", "unit", "matching_steps", "prefix_units", "suffix_units", "coverage", "confidence",
         "megakernel", "graph_launches_per_step", "variants", "cycle", "description", "reason"}``. ``cycle`` > 1: the
-        common sequence repeats exactly only every ``cycle`` steps, in ``variants`` forms of one length (the
-        steps then count as matching by their length).
+        common sequence repeats exactly only every ``cycle`` steps, in ``variants`` forms of one length or of
+        lengths a unit or so apart (the steps then count as matching by their length; ``units_per_step`` is the
+        shortest).
     """
     import numpy as np
 
@@ -180,7 +182,7 @@ def find_decode_steps(arrays: TraceArrays, cpu_ops: dict | None = None) -> tuple
     if cycle > 1:  # one length, the units changing from token to token: say so, and count same-length steps
         text = (f"steps: {k}, from {how['what']} in {variants} variants (units that change from token to token; "
                 f"the same sequence every {cycle} steps); confidence {conf}: {matching} of {k} {plural(k, 'step')} "
-                f"of its length, {found['coverage']:.0%} of the {count(found['units'], noun, nouns)}")
+                f"of {'its length' if len(found.get('lengths') or ()) < 2 else 'a variant length'}, {found['coverage']:.0%} of the {count(found['units'], noun, nouns)}")
     else:
         text = (f"steps: {k}, from {how['what']}; confidence {conf}: {matching} of {k} "
                 f"{plural(k, 'step')} repeat it exactly, {found['coverage']:.0%} of the "
