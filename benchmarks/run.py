@@ -15,7 +15,8 @@ Suites (``--models`` default: llama-3.2-1b):
 * ``prefill``: ``benchmarks/prefill.py``'s ``main(argv)`` per model, given ``--models`` and ``--out`` as
   ``decode_latency.py`` takes them; skipped (not available) while that script is not in the tree.
 * ``fp8``: ``decode_latency.py --weights fp8`` over :data:`FP8_ENGINES` (each engine in bf16 and as
-  ``<engine>+fp8``; ``megakernel+fp8`` runs the Triton kernel, ``megakernel-gluon+fp8`` the Gluon one on Hopper); skipped (not available) while
+  ``<engine>+fp8``; ``megakernel+fp8`` runs the Gluon kernel on Hopper, ``megakernel-triton+fp8`` the Triton one);
+  skipped (not available) while
   ``decode_latency.py`` has no ``--weights`` option.
 * ``counters``: ``bubblescope diagnose model --counters`` per model (Nsight Compute on each engine's top
   kernels), and ncu's raw CSV of one Gluon megakernel decode step (``ncu_target.py``).
@@ -58,8 +59,8 @@ SUITES = ("decode", "ladder", "prefill", "fp8", "counters", "gpu-tests", "trace-
 TIME_LIMIT_S = {"decode": 300, "ladder": 400, "prefill": 300, "fp8": 300, "counters": 300, "gpu-tests": 500,
                 "trace-parse": 600, "sanitize": 200, "sweep": 200}
 # The fp8 suite's engines: those with an FP8 path, the reference whose tokens the accuracy check forces among them
-# (megakernel's FP8 entry runs its Triton kernel, megakernel-gluon's the Gluon kernel on Hopper).
-FP8_ENGINES = "reference,reference-compile,reference-fused,reference-fused-pdl,megakernel,megakernel-gluon"
+# (megakernel's FP8 entry runs the Gluon kernel on Hopper, megakernel-triton's the Triton kernel).
+FP8_ENGINES = "reference,reference-compile,reference-fused,reference-fused-pdl,megakernel,megakernel-triton"
 
 
 @dataclass

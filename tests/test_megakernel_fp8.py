@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 from bubblescope.errors import EngineUnavailable  # noqa: E402
 from bubblescope.generation import generate, teacher_forced_logits  # noqa: E402
 from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams  # noqa: E402
-from bubblescope.megakernel_engine.engine import AUTO_FP8_REASON, choose_impl  # noqa: E402
+from bubblescope.megakernel_engine.engine import FP8_GLUON_REASON, choose_impl  # noqa: E402
 from bubblescope.megakernel_engine.interpreter import ScheduleInterpreter  # noqa: E402
 from bubblescope.megakernel_engine.packing import gateup_rows, pack_weights, qk_permutation  # noqa: E402
 from bubblescope.megakernel_engine.schedule import build_schedule, task_weight_bytes  # noqa: E402
@@ -211,19 +211,19 @@ def test_task_weight_bytes_count_fp8_rows_and_scales(fmt):
     assert got["LMHEAD"] == (lm_rows * (h + 4) if fmt == "fp8-all" else plain["LMHEAD"])
 
 
-def test_fp8_runs_on_gluon_by_name_and_auto_picks_triton(monkeypatch):
+def test_fp8_runs_on_gluon_by_name_and_by_auto_where_it_runs(monkeypatch):
     w8 = dummy_weights(TINY["mha-untied"], seed=0).as_format("fp8")
     with pytest.raises(EngineUnavailable, match="needs a CUDA GPU"):  # this CPU: the Gluon kernel cannot run
         MegakernelEngine(w8, params=MID, max_seq_len=16, impl="gluon")
     assert choose_impl(w8, "auto")[0] == "triton"
-    # where the Gluon kernel runs (a Hopper GPU, here pretended): auto picks it for bf16 and the Triton kernel for
-    # FP8 (saying so); by name it runs FP8 beside 16-bit activations, and names why not beside float32 ones
+    # where the Gluon kernel runs (a Hopper GPU, here pretended): auto picks it for bf16 and for FP8 (saying why);
+    # by name it runs FP8 beside 16-bit activations, and names why not beside float32 ones
     from bubblescope.megakernel_engine.gluon import host as GH
     real = GH.gluon_unsupported
     monkeypatch.setattr(GH, "gluon_unsupported", lambda cfg, dtype, cap, fmt="bf16": real(cfg, dtype, (9, 0), fmt))
     w16 = dummy_weights(TINY["qwen2-bias"], "cpu", torch.bfloat16, seed=0)  # FP8 rows of 16-byte multiples (TMA)
     assert choose_impl(w16, "auto")[0] == "gluon"
-    assert choose_impl(w16.as_format("fp8"), "auto") == ("triton", AUTO_FP8_REASON)
+    assert choose_impl(w16.as_format("fp8"), "auto") == ("gluon", FP8_GLUON_REASON)
     assert choose_impl(w16.as_format("fp8"), "gluon")[0] == "gluon"
     assert choose_impl(w16.as_format("fp8-all"), "gluon")[0] == "gluon"
     odd = dummy_weights(TINY["mha-untied"], "cpu", torch.bfloat16, seed=0).as_format("fp8")
