@@ -12,18 +12,26 @@ cases it ran in an existing result file, so the work can be split over several c
 - ``compiled-graphs``, ``compiled-eager``: ``examples/compiled_loop.py --cuda-graphs`` / ``--no-cuda-graphs``
   (a gpt-fast style ``torch.compile``d decode step), compared with ``reference-compile`` (the same model code
   compiled with ``mode="reduce-overhead"``: CUDA graphs); the graph-less loop has no ``diagnose model`` engine
-  of its own, so its ``util_diagnose_model`` is that of ``reference-compile`` with a note.
+  of its own, so its ``util_diagnose_model`` is that of ``reference-compile`` with a note;
+- ``same-hf``, ``same-compile``: ``bubblescope profile -- python -m bubblescope generate llama-3.2-1b --engine hf``
+  (``--engine reference --mode compile``): the very loop ``diagnose model`` times for ``hf`` (``reference-compile``),
+  run as a user's program, so the two utilisations must agree. The cases above are other programs that only
+  resemble those engines (``model.generate`` does more host work a token than a bare forward loop), so for them
+  the comparison says how far the user's loop is from bubblescope's engine, not whether ``profile`` measures right.
 
 Each case records ``name``, ``cuda_graphs``, ``steps_found`` (steps the trace analysis found in the window, no
 markers), ``tokens_generated`` (steps the profile hooks counted in the same window), ``util_profile``,
 ``util_diagnose_model``, ``util_rel_diff``, ``util_agrees`` (within 3 % for CUDA-graph loops, 10 % for eager
 ones), ``profiler_overhead_pct``, ``util_profile_unprofiled_steps`` (the same bytes over the hooks' median step
-time without the profiler) and ``graph_replays``, plus the command and its log tail.
+time without the profiler), ``util_unprofiled_rel_diff`` and ``util_unprofiled_agrees`` (that figure against
+``diagnose model``'s, which times its loop without the profiler: the comparison with the profiler's cost taken out)
+and ``graph_replays``, plus the command and its log tail.
 
     PYTHONPATH=src python3 benchmarks/profile_any_loop.py                   # every case (estimated 8-10 min)
     # or in two commands of under 10 minutes each, the second adding its cases to the same file:
     PYTHONPATH=src python3 benchmarks/profile_any_loop.py --cases diagnose,hf
     PYTHONPATH=src python3 benchmarks/profile_any_loop.py --cases compiled-graphs,compiled-eager
+    PYTHONPATH=src python3 benchmarks/profile_any_loop.py --cases same-hf,same-compile
 
 Writes ``benchmarks/results/profile_any_loop.json`` (device, date, commit, versions, cases, trace_check).
 ``--smoke`` runs the same plumbing on a CPU in a few minutes (tiny models, the compiled loop eager, 24 tokens),
@@ -44,11 +52,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama-3.2-1b"
 PROMPT, NEW = 128, 128
-CASES = ("diagnose", "hf", "compiled-graphs", "compiled-eager")
+CASES = ("diagnose", "hf", "compiled-graphs", "compiled-eager", "same-hf", "same-compile")
 TOLERANCE = {True: 0.03, False: 0.10}  # relative utilisation agreement: CUDA-graph loops, eager loops
+# case: (program, its arguments, CUDA graphs, the diagnose model engine compared with); program "bubblescope" is
+# `python -m bubblescope generate MODEL` with a seeded prompt of PROMPT ids, the rest scripts given --prompt-len
 SCRIPTS = {"hf": ("examples/hf_generate.py", [], False, "hf"),
            "compiled-graphs": ("examples/compiled_loop.py", ["--cuda-graphs"], True, "reference-compile"),
-           "compiled-eager": ("examples/compiled_loop.py", ["--no-cuda-graphs"], False, "reference-compile")}
+           "compiled-eager": ("examples/compiled_loop.py", ["--no-cuda-graphs"], False, "reference-compile"),
+           "same-hf": ("bubblescope", ["--engine", "hf"], False, "hf"),
+           "same-compile": ("bubblescope", ["--engine", "reference", "--mode", "compile"], True, "reference-compile")}
 
 
 def _commit() -> str | None:
@@ -106,7 +118,19 @@ def _bubblescope() -> list[str]:
 
 SMOKE = {"model": "tiny-llama", "prompt": 8, "new": 24, "skip": 2, "steps": 8,
          "args": {"hf": ["--tiny"], "compiled-graphs": ["--preset", "tiny-llama", "--no-compile"],
-                  "compiled-eager": ["--preset", "tiny-llama", "--no-compile"]}}
+                  "compiled-eager": ["--preset", "tiny-llama", "--no-compile"],
+                  "same-compile": ["--mode", "eager"]}}
+
+
+def _program(script: str, args: list[str]) -> list[str]:
+    """The profiled program's argv: a script with the prompt length and new tokens, or ``bubblescope generate``
+    of ``MODEL`` with seeded prompt ids (dummy weights: no checkpoint)."""
+    if script != "bubblescope":
+        return [sys.executable, script, "--prompt-len", str(PROMPT), "--new-tokens", str(NEW), *args]
+    import random
+    ids = random.Random(0).choices(range(3, 1000), k=PROMPT)  # in every preset's vocabulary
+    return _bubblescope() + ["generate", MODEL, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens",
+                             str(NEW), *args]
 
 
 def run_diagnose(work: Path, timeout: float) -> dict:
@@ -146,6 +170,18 @@ def run_diagnose(work: Path, timeout: float) -> dict:
     return entry
 
 
+def compare(case: dict) -> None:
+    """Set the case's utilisation comparisons with ``diagnose model`` (``util_rel_diff`` / ``util_agrees`` for the
+    profiled figure, ``util_unprofiled_rel_diff`` / ``util_unprofiled_agrees`` without the profiler's cost),
+    where both figures exist."""
+    dm, tol = case.get("util_diagnose_model"), TOLERANCE[case["cuda_graphs"]]
+    figures = (("util", case.get("util_profile")), ("util_unprofiled", case.get("util_profile_unprofiled_steps")))
+    for key, util in figures:
+        if util and dm:
+            case[f"{key}_rel_diff"] = util / dm - 1
+            case[f"{key}_agrees"] = abs(case[f"{key}_rel_diff"]) <= tol
+
+
 def run_case(name: str, work: Path, timeout: float, skip: int, steps: int, util_dm: dict,
              extra: list[str] | None = None) -> dict:
     """One ``bubblescope profile`` case (see the module doc); ``extra``: more arguments of the script."""
@@ -156,8 +192,7 @@ def run_case(name: str, work: Path, timeout: float, skip: int, steps: int, util_
     # step s of either loop decodes position PROMPT + s - 1 (step 0 is the prefill), reading PROMPT + s
     context = PROMPT + skip
     argv = _bubblescope() + ["profile", "--model", MODEL, "--context", str(context), "--skip", str(skip),
-                             "--steps", str(steps), "--out", str(out), "--", sys.executable, script,
-                             "--prompt-len", str(PROMPT), "--new-tokens", str(NEW), *args]
+                             "--steps", str(steps), "--out", str(out), "--", *_program(script, args)]
     case = {"name": name, "cuda_graphs": graphs, "steps_found": None, "tokens_generated": None,
             "util_profile": None, "util_diagnose_model": util_dm.get(engine), "util_diagnose_model_engine": engine,
             "util_rel_diff": None, "util_agrees": None, "profiler_overhead_pct": None, "graph_replays": None,
@@ -177,9 +212,7 @@ def run_case(name: str, work: Path, timeout: float, skip: int, steps: int, util_
                 graph_replays=prof.get("graph_replays"), steps_found_by=row.get("steps_found_by"),
                 step_confidence=row.get("step_confidence"), step_ms_p50=row.get("step_ms_p50"),
                 calls=prof.get("calls"))
-    if case["util_profile"] and case["util_diagnose_model"]:
-        case["util_rel_diff"] = case["util_profile"] / case["util_diagnose_model"] - 1
-        case["util_agrees"] = abs(case["util_rel_diff"]) <= TOLERANCE[graphs]
+    compare(case)
     if case["steps_found"] is not None and case["tokens_generated"] is not None:
         case["steps_within_1"] = abs(case["steps_found"] - case["tokens_generated"]) <= 1
     return case
@@ -229,9 +262,7 @@ def main() -> None:
         engine = case.get("util_diagnose_model_engine")
         if engine in util_dm:
             case["util_diagnose_model"] = util_dm[engine]
-            if case.get("util_profile") and util_dm[engine]:
-                case["util_rel_diff"] = case["util_profile"] / util_dm[engine] - 1
-                case["util_agrees"] = abs(case["util_rel_diff"]) <= TOLERANCE[case["cuda_graphs"]]
+            compare(case)
     doc["cases"] = [cases[n] for n in CASES if n in cases]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
