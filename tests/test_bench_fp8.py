@@ -85,4 +85,4 @@ def test_the_fp8_suite_times_the_engines_with_an_fp8_path_beside_their_bf16_runs
     argv = case.argv
     assert argv[argv.index("--weights") + 1] == "fp8"
     assert argv[argv.index("--engines") + 1].split(",") == [
-        "reference", "reference-compile", "reference-fused", "reference-fused-pdl", "megakernel", "megakernel-gluon"]
+        "reference", "reference-compile", "reference-fused", "reference-fused-pdl", "megakernel", "megakernel-triton"]
