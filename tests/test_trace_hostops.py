@@ -3,6 +3,7 @@ expected number is worked out by hand in the comments from the times the builder
 
 from __future__ import annotations
 
+import json
 
 import numpy as np
 import pytest
@@ -212,3 +213,43 @@ def test_host_bound_needs_a_high_bubble_ratio_and_host_wait_first():
     assert not host_bound(steps(0.9, 10.0, 1.0, other=20.0))
     assert not host_bound(steps(0.9, None, 1.0)) and not host_bound(steps(None, 10.0, 1.0))
     assert not host_bound(steps(0.9, 10.0, 1.0, available=False)) and not host_bound(None)
+
+
+# ---- the reports -------------------------------------------------------------------------------------------------
+def test_terminal_html_and_result_document_show_the_table(tmp_path):
+    from rich.console import Console
+
+    from bubblescope.reports.trace_html import render_trace_html
+    from bubblescope.reports.trace_result import trace_result, validate_trace_result
+    from bubblescope.reports.trace_terminal import render_trace_summary
+
+    summary = summarize_traces([tg.write(tmp_path / "m.json", tg.document(marked_loop_events(4), rank=None))])
+    console = Console(record=True, width=100, color_system=None)
+    render_trace_summary(summary, console)
+    text = console.export_text()
+    joined = " ".join(text.split())  # the title folds over two lines above a narrow table
+    title = "Host time per decode step (top-level CPU operators, thread 1/1)"
+    assert joined.index("Kernel categories in the decode steps") < joined.index(title)
+    lines = [" ".join(line.replace("│", " ").split()) for line in text.splitlines()]
+    for row in ("aten::linear 2 200.0 µs 40.0 %", "aten::copy_ 1 25.0 µs 5.0 %",
+                "outside operators — 275.0 µs 55.0 %"):
+        assert row in lines
+    assert "Means over 4 measured steps; share: of the mean step wall time, 500.0 µs." in joined
+    html = render_trace_html(summary, [])
+    assert title in html and "<td>aten::copy_</td>" in html and "275.0 µs" in html
+    doc = trace_result(summary, [])
+    assert doc["files"][0]["host_ops"] == summary["files"][0]["host_ops"] and not validate_trace_result(doc)
+    json.dumps(doc, allow_nan=False)
+
+
+def test_terminal_says_why_there_is_no_table(tmp_path):
+    from rich.console import Console
+
+    from bubblescope.reports.trace_terminal import render_trace_summary
+
+    events, _ = tg.decode_loop_events(6, ["a", "b", "c"])
+    summary = summarize_traces([tg.write(tmp_path / "t.json", tg.document(events, rank=None))])
+    console = Console(record=True, width=100, color_system=None)
+    render_trace_summary(summary, console)
+    assert ("Host time per decode step (top-level CPU operators): unavailable (no top-level CPU operators read "
+            "from the trace") in " ".join(console.export_text().split())
