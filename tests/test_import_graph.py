@@ -47,7 +47,8 @@ TRACE_STAGES: tuple[tuple[str, frozenset[str]], ...] = (
     ("read", frozenset({"file", "window", "walk", "workers"})),
     ("columns", frozenset({"heap", "intervals", "categories", "apis", "columns", "repeats", "frames", "arrays",
                            "load"})),
-    ("steps", frozenset({"arraysummary", "metrics", "steps", "graphs", "periodic", "cpuops", "stepfind"})),
+    ("steps", frozenset({"arraysummary", "metrics", "steps", "graphs", "periodic", "cpuops", "stepfind",
+                         "hostops"})),
     ("summaries", frozenset({"timeline", "checks", "summary", "ranks", "ranksummary", "__init__"})),
 )
 

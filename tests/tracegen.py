@@ -74,6 +74,12 @@ def annotation(
     }
 
 
+def cpu_op(name: str, ts: float, dur: float, pid: int = CPU_PID, tid: int = CPU_TID) -> dict:
+    """A torch operator as Kineto writes it (category ``cpu_op``): ``aten::linear`` and the ops it calls."""
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"External id": 0, "Sequence number": 0}}
+
+
 def meta_events() -> list[dict]:
     return [
         {"name": "process_name", "ph": "M", "ts": 0, "pid": CPU_PID, "tid": 0, "args": {"name": "python"}},

@@ -1,9 +1,10 @@
 """HTML report of ``diagnose trace``: one self-contained file (plots as base64 PNG) from a jinja2 template.
 
 Shows what the terminal shows — per file the device and idle tables, the decode-step figures, top kernels and
-categories, warnings; the multi-rank tables — plus each file's per-step table, a plot of GPU busy against idle
-per step (per rank too), and the findings. Tables are formatted by :mod:`.trace_tables`, as in the terminal;
-kernel names come from traces, so every value is escaped (autoescape on, nothing marked ``|safe``).
+categories, the host time per step by CPU operator (host-bound steps), warnings; the multi-rank tables — plus
+each file's per-step table, a plot of GPU busy against idle per step (per rank too), and the findings. Tables
+are formatted by :mod:`.trace_tables`, as in the terminal; kernel names come from traces, so every value is
+escaped (autoescape on, nothing marked ``|safe``).
 """
 
 from __future__ import annotations
@@ -70,8 +71,17 @@ def _file(f: dict) -> dict:
         "step_rows_total": len(rows),
         "plot": png_uri(step_busy_figure(rows)),
         "breakdowns": _breakdowns(f),
+        "host_ops": _host_ops(f.get("host_ops")),
         "warnings": f.get("warnings") or [],
     }
+
+
+def _host_ops(host_ops: dict | None) -> dict | None:
+    """The host time per step by CPU operator (as the terminal shows it), or None when it was not computed."""
+    if not host_ops:
+        return None
+    return {"title": tt.host_ops_title(host_ops), "headers": _headers(tt.HOST_OP_HEADERS),
+            "rows": tt.host_op_rows(host_ops), "note": tt.host_ops_note(host_ops), "reason": host_ops.get("reason")}
 
 
 def _bandwidth(bw: dict | None) -> dict | None:

@@ -2,7 +2,8 @@
 
 One compact document per run, for ``bubblescope gate`` and CI: per trace file its step count and how the steps
 were found, ms per step (p50, p99), bubble ratio, and, with a model, bytes per step, effective GB/s,
-utilisation of the peak and the floor; the model and device that make two documents comparable; the findings.
+utilisation of the peak and the floor, and for host-bound steps the host's time per step by CPU operator; the
+model and device that make two documents comparable; the findings.
 docs/results-schema.md describes every key. Rules as for ``bubblescope.results/1``: not measured is null, never
 0; no NaN; fractions in [0, 1] except utilisations (a small model may exceed the peak from L2).
 """
@@ -82,7 +83,8 @@ def _file(f: dict) -> dict:
             "launches_per_step": _number(steps.get("launches_per_step")),
             "bytes_per_step": summary.get("bytes_per_step"), "kv": bw.get("kv"),
             "effective_GBps": _number(summary.get("effective_GBps")), "util_peak": _number(summary.get("util_peak")),
-            "floor_ms": ms(_number(summary.get("floor_us"))), "over_floor_ms": ms(_number(summary.get("over_floor_us")))}
+            "floor_ms": ms(_number(summary.get("floor_us"))),
+            "over_floor_ms": ms(_number(summary.get("over_floor_us"))), "host_ops": f.get("host_ops")}
 
 
 def trace_result(summary: dict, findings: list[dict], command: str = "", created: str | None = None) -> dict:
@@ -132,6 +134,10 @@ def validate_trace_result(doc: Any) -> list[str]:
                 problems.append(f"files[{i}].{key}: {value!r} is above 1 (a fraction)")
         if not isinstance(f.get("steps"), int) or isinstance(f.get("steps"), bool) or f["steps"] < 0:
             problems.append(f"files[{i}].steps: not an integer >= 0")
+        host_ops = f.get("host_ops")
+        if host_ops is not None and (not isinstance(host_ops, dict)
+                                     or not isinstance(host_ops.get("rows"), (list, type(None)))):
+            problems.append(f"files[{i}].host_ops: not null or an object whose rows are a list or null")
     return problems
 
 

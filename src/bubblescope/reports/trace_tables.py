@@ -21,6 +21,7 @@ RANK_WINDOW_HEADERS = ("rank", "GPU", "kernels", "busy", "span", "bubble\nratio"
 RANK_MEDIAN_HEADERS = ("rank", "compute\nper step", "NCCL\nper step", "slowest\nin")
 RANK_TIMING_HEADERS = ("step", "start\nskew", "end\nskew", "span", "first\nstart", "last\nstart", "last\nend")
 RANK_WORK_HEADERS = ("step", "slowest\nrank", "compute\nskew", "NCCL share\nmin–max")
+HOST_OP_HEADERS = ("operator", "calls\n/step", "per step", "share")
 TIE = "tie"  # a per-step rank cell where two or more ranks tie (null in the JSON)
 
 
@@ -75,6 +76,26 @@ def breakdown_rows(rows: list[dict], with_name: bool) -> list[list[str]]:
     """``[name (with_name only), category, count, total, share]`` per kernel or category row."""
     return [[*([str(r["name"])] if with_name else []), str(r["category"]), fmt(r.get("count"), "count"),
              us(r.get("total_us")), fmt(r.get("share"), "pct")] for r in rows]
+
+
+def host_ops_title(host_ops: dict) -> str:
+    """The host-operator table's title, naming the thread the operators are of (``pid/tid``)."""
+    thread = host_ops.get("thread") or {}
+    where = f", thread {thread.get('pid')}/{thread.get('tid')}" if thread else ""
+    return f"Host time per decode step (top-level CPU operators{where})"
+
+
+def host_ops_note(host_ops: dict) -> str:
+    """What the host-operator table's numbers are: means over the steps, shares of the mean step."""
+    return (f"Means over {count(host_ops.get('steps'), 'measured step')}; share: of the mean step wall time, "
+            f"{us(host_ops.get('mean_step_wall_us'))}. An operator counts in the step it starts in; outside "
+            "operators: the loop's own Python, or the host waiting in a call that is not an operator.")
+
+
+def host_op_rows(host_ops: dict) -> list[list[str]]:
+    """One row of :data:`HOST_OP_HEADERS` per row of a file's ``host_ops`` (none when it has no rows)."""
+    return [[str(r.get("name")), fmt(r.get("calls_per_step"), "count"), us(r.get("host_us_per_step")),
+             fmt(r.get("share"), "pct")] for r in host_ops.get("rows") or []]
 
 
 def step_table_rows(rows: list[dict]) -> list[list[str]]:

@@ -13,7 +13,9 @@ from .trace_result import CPU_ONLY, is_no_gpu_reason
 
 NAME_WIDTH = 72  # kernel names are C++ templates of hundreds of characters; the head identifies them
 TOP_SHOWN = 10
-TIME_COLUMNS = ("busy", "span", "total")
+TIME_COLUMNS = ("busy", "span", "total", "per step")
+TEXT_COLUMNS = ("name", "category", "operator")  # fold over lines; the others never wrap
+NAME_COLUMNS = ("name", "operator")  # take the width the other columns leave
 
 
 def _short(name: str, wide: bool = False) -> Text:
@@ -28,11 +30,11 @@ def _table(title: str, headers: list[str], name_width: int = NAME_WIDTH) -> Tabl
         # and times ("66.14 ms") never wrap.
         table.add_column(
             header,
-            justify="left" if i == 0 or header in ("name", "category") else "right",
-            no_wrap=header not in ("name", "category"),
-            overflow="fold" if header in ("name", "category") else "ellipsis",
-            min_width=min(24, name_width) if header == "name" else (9 if header in TIME_COLUMNS else None),
-            ratio=1 if header == "name" else None,
+            justify="left" if i == 0 or header in TEXT_COLUMNS else "right",
+            no_wrap=header not in TEXT_COLUMNS,
+            overflow="fold" if header in TEXT_COLUMNS else "ellipsis",
+            min_width=min(24, name_width) if header in NAME_COLUMNS else (9 if header in TIME_COLUMNS else None),
+            ratio=1 if header in NAME_COLUMNS else None,
         )
     return table
 
@@ -80,15 +82,28 @@ def _breakdown(title: str, rows: list[dict], with_name: bool, width: int, wide: 
     return table
 
 
+def _host_ops(host_ops: dict, console: Console, wide: bool) -> None:
+    """Host time per decode step by top-level CPU operator, or the one line saying why there is none."""
+    title = tt.host_ops_title(host_ops)
+    if not host_ops.get("rows"):
+        console.print(Wrapped(Text(f"{title}: unavailable ({host_ops.get('reason')})"), hang=2))
+        return
+    table = _table(title, list(tt.HOST_OP_HEADERS))
+    for name, *rest in tt.host_op_rows(host_ops):
+        table.add_row(_short(name, wide), *rest)
+    console.print(table)
+    console.print(Wrapped(Text(tt.host_ops_note(host_ops)), hang=0))
+
+
 def render_trace_summary(summary: dict, console: Console, wide: bool = False) -> None:
     """Print a :func:`bubblescope.profiler.trace.summary.summarize_traces` result to ``console``.
 
     Per file: a header (path, rank, step marker), a device table (kernels, memcpys, memsets,
     streams, busy/span, bubble ratio, idle split with shares), the decode-step metrics when steps
     were found (or why they are unavailable), the top kernels and categories (of the decode steps
-    when available, else of each device), and the file's warnings. Names are printed literally
-    (no rich markup), folded over lines and cut to ``NAME_WIDTH`` characters unless ``wide``; None shows
-    as "—".
+    when available, else of each device), the host time per step by CPU operator (host-bound steps only),
+    and the file's warnings. Names are printed literally (no rich markup), folded over lines and cut to
+    ``NAME_WIDTH`` characters unless ``wide``; None shows as "—".
     """
     for f in summary.get("files") or []:
         rank = "" if f.get("rank") is None else f"  rank {f['rank']}"
@@ -129,6 +144,8 @@ def render_trace_summary(summary: dict, console: Console, wide: bool = False) ->
             console.print(
                 _breakdown("Kernel categories in the decode steps", steps.get("categories") or [], False, console.width)
             )
+            if f.get("host_ops"):
+                _host_ops(f["host_ops"], console, wide)
         else:
             for d in devices:
                 console.print(

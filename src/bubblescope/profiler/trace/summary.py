@@ -17,6 +17,7 @@ Schema ``bubblescope.trace/1``::
                 "step_rows": [<timeline.step_figures row: step, warmup, wall_us, busy_us, span_us,
                                bubble_ratio, kernels, launches>],
                 "graphs": <graphs.graph_summary dict> | None,      # CUDA-graph replays, when launched
+                "host_ops": <hostops.host_op_breakdown dict> | None,  # host-bound decode steps only
                 "device_properties": {"name", "total_memory_bytes", "sm_count", "compute_capability"} | None,
                 "host_name": str | None, "first_context": int | None,
                 "warnings": [str]}
@@ -25,7 +26,9 @@ Schema ``bubblescope.trace/1``::
 Device figures cover the whole trace; ``steps`` covers the decode steps (the medians over the measured steps),
 ``step_rows`` each of them, the warm-up steps included (flagged), in step order. Steps are the step marker's
 ranges; in a trace without any, they are found from what repeats once per token (:mod:`.stepfind`), and
-``step_detection`` says how and with what confidence (``step_marker`` stays None). ``device_properties`` is
+``step_detection`` says how and with what confidence (``step_marker`` stays None). ``host_ops`` is the host's
+time per measured step by top-level CPU operator, computed only for host-bound steps (:func:`.hostops.host_bound`:
+it reads the file a second time); None otherwise. ``device_properties`` is
 the trace's ``deviceProperties`` entry of the step device, ``host_name`` Kineto's, ``first_context`` the KV
 positions of the first marked step where bubblescope's capture recorded them (:data:`CONTEXT_KEY`).
 """
@@ -48,6 +51,7 @@ from .checks import overlap_notes, skew_note
 from .cpuops import read_cpu_ops
 from .graphs import graph_summary
 from .heap import parse_heap
+from .hostops import host_bound, host_op_breakdown
 from .load import read_trace_arrays
 from .stepfind import find_decode_steps, marker_detection
 from .steps import DEFAULT_STEP_MARKER
@@ -210,11 +214,22 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         "steps": summary,
         "step_rows": step_rows,
         "graphs": graph_summary(arrays, summary["device"] if summary else None),
+        "host_ops": _host_ops(arrays, steps, summary, skip_steps),
         "device_properties": device_properties(arrays.metadata, summary["device"] if summary else None),
         "host_name": _text(arrays.metadata.get("host_name")),
         "first_context": _first_context(arrays.metadata),
         "warnings": warnings,
     }
+
+
+def _host_ops(arrays: TraceArrays, steps: dict | None, summary: dict | None, skip_steps: int) -> dict | None:
+    """The measured steps' host time by CPU operator when they are host-bound, else None: a GPU-bound trace
+    does not pay for reading its file again."""
+    if steps is None or not host_bound(summary):
+        return None
+    measured = steps["step"] >= skip_steps
+    return host_op_breakdown(read_cpu_ops(arrays.path), steps["ts_us"][measured], steps["end_us"][measured],
+                             arrays.origin_us)
 
 
 def _text(value: Any) -> str | None:
