@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bubblescope.errors import BubblescopeError
 from bubblescope.reports.trace_gate import load_gate_document, run_any_gate
 
 from . import resultsgen as g
@@ -173,3 +174,38 @@ def test_a_captured_trace_records_its_context_and_the_bytes_follow_it(tmp_path):
         assert row["bytes"] == 12_032 + (context + 1) * 64
         assert row["effective_GBps"] == pytest.approx(row["bytes"] / wall / 1e3, rel=1e-6)
     assert bw["peak_GBps"] is None and bw["verdict"].endswith("no floor or % of peak (give --peak-gbps)")
+
+
+def test_a_captured_trace_records_its_warm_up_and_diagnose_trace_leaves_it_out(tmp_path):
+    # diagnose model traces one more step than it measures and leaves the first out; the trace says so, so that
+    # diagnose trace states the same figures by default, and --skip-steps still decides when given
+    from bubblescope.profiler.capture import capture_decode_trace
+    from bubblescope.tracediagnose import diagnose_trace_files
+
+    from .test_capture import ToyDecoder
+
+    cap = capture_decode_trace(ToyDecoder(), [1, 2, 3], steps=4, warmup=2, out_path=tmp_path / "toy.json.gz",
+                               profiled_warmup=1)
+    (f,) = diagnose_trace_files([cap.trace_path])["files"]
+    assert (f["warmup_steps"], f["warmup_steps_recorded"]) == (1, 1)
+    assert [r["warmup"] for r in f["step_rows"]] == [True, False, False, False]
+    (g,) = diagnose_trace_files([cap.trace_path], skip_steps=0)["files"]
+    assert (g["warmup_steps"], g["warmup_steps_recorded"]) == (0, 1) and not any(r["warmup"] for r in g["step_rows"])
+    with pytest.raises(BubblescopeError, match="profiled_warmup 4 leaves none of the 4 steps measured"):
+        capture_decode_trace(ToyDecoder(), [1, 2, 3], steps=4, profiled_warmup=4, out_path=tmp_path / "x.json.gz")
+
+
+def test_a_recorded_warm_up_step_moves_the_median_step_out_of_the_figures(tmp_path):
+    # three marked steps of 3,000 (the profiler's first, slow), 1,000 and 1,200 µs: with the record the median is
+    # of 1,000 and 1,200 (1,100 µs); without it, of all three (1,200 µs)
+    from bubblescope.tracediagnose import diagnose_trace_files
+
+    plain = tg.marked_steps_trace(tmp_path / "plain.json", walls=(3000, 1000, 1200))
+    doc = json.loads(plain.read_text())
+    doc["bubblescope_warmup_steps"] = "1"
+    recorded = tmp_path / "recorded.json"
+    recorded.write_text(json.dumps(doc))
+    (a,) = diagnose_trace_files([recorded], bytes_per_step=1_000_000)["files"]
+    (b,) = diagnose_trace_files([plain], bytes_per_step=1_000_000)["files"]
+    assert a["bandwidth"]["summary"]["step_us_p50"] == pytest.approx(1100.0) and a["warmup_steps_recorded"] == 1
+    assert b["bandwidth"]["summary"]["step_us_p50"] == pytest.approx(1200.0) and b["warmup_steps_recorded"] is None

@@ -293,7 +293,8 @@ def diagnose_trace(
     wide: bool = typer.Option(False, "--wide", help="Full kernel names (default: cut to 72 characters)."),
     ranks: bool = typer.Option(False, "--ranks", help="The files are one trace per rank of one job, in rank "
                                "order (automatic when their distributedInfo ranks differ)."),
-    skip_steps: int = typer.Option(0, "--skip-steps", min=0, help="Warm-up steps left out of the step figures."),
+    skip_steps: int | None = typer.Option(None, "--skip-steps", min=0, help="Warm-up steps left out of the step "
+                                          "figures (default: as many as the trace records, else 0)."),
     html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML report here (the "
                                        "tables, a per-step busy/idle plot, the findings); not when a trace is "
                                        "unreadable."),

@@ -189,7 +189,8 @@ def _measure_and_merge(rank: int, world: int, dev, out: Path, *, model, checkpoi
     # so the first profiled step's collectives absorb that start-up difference (a 95 ms start skew on two H200s,
     # 2026-12-01), which is the tool's, not the engine's.
     cap = capture_decode_trace(engine, prompt, steps=profile_steps + PROFILER_SKEW_STEPS, warmup=3,
-                               out_path=out / "traces" / f"{engine.name}-rank{rank}.json.gz")
+                               out_path=out / "traces" / f"{engine.name}-rank{rank}.json.gz",
+                               profiled_warmup=PROFILER_SKEW_STEPS)
     dist.barrier()  # every rank's trace is on disk
     doc = None
     if rank == 0:

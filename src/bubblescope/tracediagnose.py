@@ -272,7 +272,7 @@ def add_bandwidth(summary: dict, step_bytes: StepBytes | None, context: int | No
 
 
 def diagnose_trace_files(paths: Iterable[str | os.PathLike], *, step_marker: str | None = None,
-                         threshold_us: float = 5.0, skip_steps: int = 0, ranks: bool = False,
+                         threshold_us: float = 5.0, skip_steps: int | None = None, ranks: bool = False,
                          model: str | None = None, bytes_per_step: int | None = None, dtype: str | None = None,
                          context: int | None = None, peak_gbps: float | None = None, progress=None) -> dict:
     """Diagnose trace files: the ``bubblescope.trace/1`` summary of
@@ -285,7 +285,8 @@ def diagnose_trace_files(paths: Iterable[str | os.PathLike], *, step_marker: str
         paths: trace files (``.json`` / ``.json.gz``) or directories of them.
         step_marker: the steps' ``record_function`` name (None: ours, then ``ProfilerStep``, then found
             without markers).
-        threshold_us: kernel-wait gap threshold, µs. skip_steps: warm-up steps left out of the step figures.
+        threshold_us: kernel-wait gap threshold, µs. skip_steps: warm-up steps left out of the step figures
+            (None: as many as the trace records, bubblescope's own traces, else none).
         ranks: the files are one trace per rank (in rank order).
         model, bytes_per_step, dtype: what a step moves (:func:`resolve_step_bytes`).
         context: KV positions the first step reads (:func:`check_context`). peak_gbps: the peak, GB/s.

@@ -25,6 +25,9 @@ STEP_MARKER = "bubblescope.decode_step"
 # Top-level trace key holding the KV positions the first marked step reads (start_position + 1: the cache and
 # the new token), so `diagnose trace --model` knows each step's context without --context.
 CONTEXT_KEY = "bubblescope_first_context"
+# How many of the trace's marked steps are warm-up (the profiler's own first steps, slower): ``diagnose trace``
+# leaves them out by default, as the run that wrote the trace did, so both state the same step figures.
+WARMUP_KEY = "bubblescope_warmup_steps"
 CPU_ONLY_NOTE = "CPU-only capture: GPU metrics unavailable"
 
 
@@ -120,7 +123,7 @@ def _greedy_step(decoder, token: int) -> int:
 
 def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
                          out_path: str | os.PathLike | None = None,
-                         step_marker: str = STEP_MARKER) -> CaptureResult:
+                         step_marker: str = STEP_MARKER, profiled_warmup: int = 0) -> CaptureResult:
     """Profile ``steps`` greedy decode steps of ``decoder`` and write a ``.json.gz`` Chrome trace.
 
     Procedure: ``decoder.reset()``; ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled
@@ -137,9 +140,13 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
         prompt_ids: token ids, a sequence of ints or a LongTensor (T,), T >= 1.
         out_path: where to write; must end in ``.json.gz``; default
             ``bubblescope-out/<decoder.name>.trace.json.gz``. Parent directories are created.
+        profiled_warmup: how many of the ``steps`` the caller leaves out of its figures as warm-up, recorded in
+            the trace (metadata :data:`WARMUP_KEY`, beside the first step's context :data:`CONTEXT_KEY`) so that
+            ``diagnose trace`` leaves out the same steps.
 
     Raises:
-        BubblescopeError: an empty prompt, ``steps`` < 1, ``warmup`` < 0, a marker that is empty or holds
+        BubblescopeError: an empty prompt, ``steps`` < 1, ``warmup`` < 0, ``profiled_warmup`` outside
+            [0, ``steps``), a marker that is empty or holds
             ``#``, an ``out_path`` not ending in ``.json.gz``, or prompt + warmup + steps beyond
             ``decoder.config.max_position_embeddings``.
         OutputNotWritten: the trace could not be written (disk full, over the file size limit; the OS error in
@@ -150,6 +157,9 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
 
     _check_count("steps", steps, 1)
     _check_count("warmup", warmup, 0)
+    _check_count("profiled_warmup", profiled_warmup, 0)
+    if profiled_warmup >= steps:
+        raise BubblescopeError(f"capture: profiled_warmup {profiled_warmup} leaves none of the {steps} steps measured")
     if not isinstance(step_marker, str) or not step_marker or "#" in step_marker:
         raise BubblescopeError(f"capture: step_marker must be a non-empty string without '#', got {step_marker!r}")
     path = Path(out_path) if out_path is not None else Path("bubblescope-out") / f"{decoder.name}.trace.json.gz"
@@ -188,6 +198,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
         if gpu:
             torch.cuda.synchronize(decoder.device)
         prof.add_metadata_json(CONTEXT_KEY, str(start_position + 1))
+        prof.add_metadata_json(WARMUP_KEY, str(int(profiled_warmup)))
 
     try:
         fd, raw = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)

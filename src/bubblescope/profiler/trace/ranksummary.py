@@ -146,7 +146,7 @@ def missing_ranks(traces: list) -> tuple[list[int] | None, str | None]:
 
 
 def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str | None = None,
-                          threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US, skip_steps: int = 0,
+                          threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US, skip_steps: int | None = None,
                           force: bool = False, keep_going: bool = False, progress=None) -> dict:
     """Per-file summaries (as ``summarize_traces``, with its ``keep_going`` and ``progress``) plus ``ranks``: the
     multi-rank section when the readable files are one trace per rank (:func:`is_multirank`, or ``force`` with
@@ -159,7 +159,7 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
             ``force`` such files get no ``ranks`` section).
     """
     threshold_us = metrics.check_threshold(threshold_us)
-    skip_steps = check_skip_steps(skip_steps)
+    skip_steps = None if skip_steps is None else check_skip_steps(skip_steps)  # None: each trace's record
     paths = list(paths)
     if force:  # ranks are taken by position: the same file twice would be two identical ranks
         first: dict[str, int] = {}
@@ -201,7 +201,7 @@ def summarize_rank_traces(paths: Iterable[str | os.PathLike], step_marker: str |
     # one time origin for all ranks (differs only where some traces' huge integer ts were rebased)
     common_origin(traces)
     # the cross-rank metrics work on pandas frames: built here, only for a multi-rank job
-    out["ranks"] = multirank_section([t.to_trace() for t in traces], markers.pop(), skip_steps, threshold_us)
+    out["ranks"] = multirank_section([t.to_trace() for t in traces], markers.pop(), skip_steps or 0, threshold_us)
     return out
 
 

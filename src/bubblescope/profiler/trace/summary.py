@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import BubblescopeError
 from ...reports.trace_result import CPU_ONLY, no_gpu_reason
 from ...wording import count, plural
-from ..capture import CONTEXT_KEY
+from ..capture import CONTEXT_KEY, WARMUP_KEY
 from ..gpus import device_properties
 from . import metrics
 from .arrays import TraceArrays
@@ -147,16 +147,20 @@ def summarize_trace(
     trace: Trace | TraceArrays,
     step_marker: str | None = None,
     threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US,
-    skip_steps: int = 0,
+    skip_steps: int | None = None,
 ) -> dict:
     """The ``files[i]`` entry of :func:`summarize_traces` for an already parsed trace (pandas frames
-    or numpy columns; computed on the columns)."""
+    or numpy columns; computed on the columns). ``skip_steps`` None: the warm-up steps the trace records
+    (:data:`WARMUP_KEY`, bubblescope's own traces), else 0."""
     with parse_heap():  # sorts and copies of whole columns: freed pages reused, not faulted in again
         return _summarize(trace, step_marker, threshold_us, skip_steps)
 
 
-def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us: float, skip_steps: int) -> dict:
+def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us: float,
+               skip_steps: int | None) -> dict:
     arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
+    recorded = _metadata_int(arrays.metadata, WARMUP_KEY)
+    skip_steps = (recorded or 0) if skip_steps is None else skip_steps
     threshold_us = metrics.check_threshold(threshold_us)
     warnings = list(arrays.warnings)
     cpu_only = no_gpu_reason(arrays.gpu_excluded) if not len(arrays.gpu["ts_us"]) else None
@@ -218,6 +222,8 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         "device_properties": device_properties(arrays.metadata, summary["device"] if summary else None),
         "host_name": _text(arrays.metadata.get("host_name")),
         "first_context": _first_context(arrays.metadata),
+        "warmup_steps": skip_steps,
+        "warmup_steps_recorded": recorded,
         "warnings": warnings,
     }
 
@@ -239,7 +245,13 @@ def _text(value: Any) -> str | None:
 def _first_context(metadata: dict) -> int | None:
     """The KV positions the first marked step reads, where the trace records it (:data:`CONTEXT_KEY`, written
     by :func:`~.capture.capture_decode_trace`); None otherwise."""
-    value = metadata.get(CONTEXT_KEY)
+    return _metadata_int(metadata, CONTEXT_KEY)
+
+
+def _metadata_int(metadata: dict, key: str) -> int | None:
+    """A non-negative integer the trace records under ``key`` (as torch.profiler's ``add_metadata`` writes it, a
+    string, or a number), else None."""
+    value = metadata.get(key)
     if isinstance(value, str):  # torch.profiler's add_metadata writes strings
         value = value.strip()
         value = int(value) if value.isdigit() else None
@@ -250,14 +262,15 @@ def summarize_traces(
     paths: Iterable[str | os.PathLike],
     step_marker: str | None = None,
     threshold_us: float = metrics.DEFAULT_IDLE_THRESHOLD_US,
-    skip_steps: int = 0,
+    skip_steps: int | None = None,
     keep_going: bool = False,
     progress: Callable[[str], Callable[[int, int], None] | None] | None = None,
 ) -> dict:
     """Parse each trace (directories expand to their trace files) and summarize it; see the module doc.
 
     ``step_marker`` None tries ``bubblescope.decode_step`` then ``ProfilerStep``. ``threshold_us`` is
-    the kernel-wait threshold of the idle breakdown (µs); ``skip_steps`` drops warm-up steps.
+    the kernel-wait threshold of the idle breakdown (µs); ``skip_steps`` drops warm-up steps (None: as many
+    as each trace records, :data:`WARMUP_KEY`, else none).
     Raises BubblescopeError for a bad path or option (the CLI exits 2), and for a bad file unless
     ``keep_going``: then that file's entry is ``{"path": str, "error": str}`` (the one-line message)
     and the other files are summarized. ``progress(path)`` may return a ``(done, total)`` bytes
@@ -265,7 +278,7 @@ def summarize_traces(
     summarized with ``"devices": []`` and a warning.
     """
     threshold_us = metrics.check_threshold(threshold_us)
-    skip_steps = check_skip_steps(skip_steps)
+    skip_steps = None if skip_steps is None else check_skip_steps(skip_steps)
     if step_marker is not None and (not isinstance(step_marker, str) or not step_marker.strip()):
         raise BubblescopeError(f"--step-marker {step_marker!r}: must be a non-empty name")
     files = []
