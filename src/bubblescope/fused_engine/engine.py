@@ -79,7 +79,8 @@ class FusedParams:
     ``down_block_n`` / ``down_block_k``: the down projection's tile (0: ``block_n`` / ``block_k``);
     ``prefetch_o`` / ``prefetch_gateup_kb``: the attention kernel's programs, latency-bound while the weight stream
     would idle, pull the O-projection (whole) and the first ``prefetch_gateup_kb`` KB of the gate and of the up
-    matrix into L2 (a CUDA device only; off on the CPU); ``pdl_early``:
+    matrix into L2 (a CUDA device only; off by default: no faster on an H100, the O-projection's prefetch slower,
+    ``h100-2026-12-07-ladder/fused_sweep_1b_prefetch_be2b65e.json``); ``pdl_early``:
     with PDL, each kernel lets the next launch at its first instruction rather than after its wait (kernels.py's
     module docstring says why that is safe; off by default: 0.977 against 0.982 ms per step on an H100, within
     the spread, ``h100-2026-12-07-ladder/fused_sweep_1b_pdl_early_890fb44.json``). Defaults from
