@@ -209,16 +209,3 @@ def test_a_recorded_warm_up_step_moves_the_median_step_out_of_the_figures(tmp_pa
     (b,) = diagnose_trace_files([plain], bytes_per_step=1_000_000)["files"]
     assert a["bandwidth"]["summary"]["step_us_p50"] == pytest.approx(1100.0) and a["warmup_steps_recorded"] == 1
     assert b["bandwidth"]["summary"]["step_us_p50"] == pytest.approx(1200.0) and b["warmup_steps_recorded"] is None
-
-
-def test_a_recorded_warm_up_longer_than_the_trace_is_named_as_the_traces(tmp_path):
-    from bubblescope.tracediagnose import diagnose_trace_files
-
-    doc = json.loads(tg.marked_steps_trace(tmp_path / "t.json", walls=(1000, 1200)).read_text())
-    doc["bubblescope_warmup_steps"] = "5"
-    path = tmp_path / "five.json"
-    path.write_text(json.dumps(doc))
-    (f,) = diagnose_trace_files([path])["files"]
-    assert "steps: all 2 steps are warm-up (the trace records 5 warm-up steps)" in f["warnings"]
-    (g,) = diagnose_trace_files([path], skip_steps=5)["files"]
-    assert "steps: all 2 steps are warm-up (skip_steps=5)" in g["warnings"]

@@ -160,7 +160,6 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
                skip_steps: int | None) -> dict:
     arrays = trace if isinstance(trace, TraceArrays) else TraceArrays.from_trace(trace)
     recorded = _metadata_int(arrays.metadata, WARMUP_KEY)
-    from_record = skip_steps is None and bool(recorded)
     skip_steps = (recorded or 0) if skip_steps is None else skip_steps
     threshold_us = metrics.check_threshold(threshold_us)
     warnings = list(arrays.warnings)
@@ -205,11 +204,6 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         left = left_out_note(arrays, steps, summary["device"])
         if left:
             warnings.append(left)
-    if from_record:  # the warm-up count came from the trace, not from --skip-steps: say so where it is named
-        said = f"(skip_steps={skip_steps})"
-        warnings = [w.replace(said, f"(the trace records {skip_steps} warm-up steps)") for w in warnings]
-        if summary and summary.get("reason"):
-            summary["reason"] = summary["reason"].replace(said, f"(the trace records {skip_steps} warm-up steps)")
     devices = _devices(arrays, threshold_us)
     warnings += overlap_notes(devices, arrays)
     skew = skew_note(arrays)
