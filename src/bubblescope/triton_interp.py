@@ -1,5 +1,5 @@
 """What the Triton kernels (the megakernel's, the fused engine's) need to run both compiled and under the CPU
-interpreter (``TRITON_INTERPRET=1``).
+interpreter (``TRITON_INTERPRET=1``), and the L2 prefetch both issue on a GPU (:func:`l2_prefetch`).
 
 Triton reads the interpreter switch once, at its first import, so the mode is fixed per process (``INTERPRET``).
 Under the interpreter every call of a ``triton.jit`` function — Triton's own ``tl.sum``, ``tl.max`` included —
@@ -32,3 +32,28 @@ if INTERPRET:
         return tl.reduce(x, axis, tl.standard._elementwise_min)
 else:
     reduce_sum, reduce_max, reduce_min = tl.sum, tl.max, tl.min
+
+
+@device_function
+def l2_prefetch(base_ptr, nbytes, MODE: tl.constexpr, LANES: tl.constexpr):
+    """Start pulling ``nbytes`` from ``base_ptr`` into L2 without waiting (GPU only).
+
+    MODE 1: ``prefetch.global.L2 [a]`` per 128-byte line; MODE 2: ``cp.async.bulk.prefetch.L2.global
+    [a], size`` (sm_90+, PTX ISA 8.0; a 16-byte aligned, size a multiple of 16) of 4 KB per lane. Lanes =
+    the program's threads (one address each, no duplicates); idle lanes are predicated off.
+    """
+    CHUNK: tl.constexpr = 128 if MODE == 1 else 4096
+    lane = tl.arange(0, LANES)
+    bptr = base_ptr.to(tl.pointer_type(tl.int8))
+    for p0 in range(0, nbytes, LANES * CHUNK):
+        off = p0 + lane * CHUNK
+        size = tl.minimum(nbytes - off, CHUNK)
+        addr = (bptr + off).to(tl.int64, bitcast=True)
+        if MODE == 1:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)

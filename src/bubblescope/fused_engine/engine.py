@@ -61,10 +61,6 @@ def _stack(mats: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(mats)
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -211,8 +207,8 @@ class FusedEngine:
                              (b["q"], b["kraw"], kc, b["pos"], layer.q_norm, layer.k_norm, m.cos, m.sin, eps),
                              dict(NH=NH, D=D, S=S, HALF_P=_pow2(half), ACT=act, **common)))
             wo, wg, wu = _mat(layer.o_proj), _mat(layer.gate_proj), _mat(layer.up_proj)
-            o_bytes = _nbytes(wo) if p.prefetch_o else 0
-            gu_bytes = min(_nbytes(wg), 1024 * p.prefetch_gateup_kb)
+            o_bytes = wo.nbytes if p.prefetch_o else 0
+            gu_bytes = min(wg.nbytes, 1024 * p.prefetch_gateup_kb)
             plan.append((K.attn_split_kernel, (NKV, self.splits),
                          (b["q"], kc, vc, b["pos"], b["part_m"], b["part_l"], b["part_acc"], b["o"], b["tickets"],
                           1.0 / math.sqrt(D)),

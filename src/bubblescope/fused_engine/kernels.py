@@ -53,32 +53,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_interp import device_function
+from ..triton_interp import device_function, l2_prefetch
 from ..triton_interp import reduce_max as _max
 from ..triton_interp import reduce_min as _min
 from ..triton_interp import reduce_sum as _sum
 
 
-# ---- L2 prefetch: a latency-bound kernel's programs start the next kernels' weight reads ------------------------
+# ---- L2 prefetch of a program's share of the next kernels' weights (triton_interp.l2_prefetch) ------------------
 @device_function
-def _l2_prefetch_share(base_ptr, nbytes, part, nparts, LANES: tl.constexpr):
-    """Start pulling program ``part``'s share (of ``nparts`` equal ones) of the ``nbytes`` from ``base_ptr`` into L2,
-    without waiting: ``cp.async.bulk.prefetch.L2.global [a], size`` (PTX ISA 8.0, sm_90+; ``a`` 16-byte aligned,
-    ``size`` a multiple of 16), one per lane and at most 4 KB each, so a share is a few instructions per thread.
-    Nothing is read back: a later kernel's loads of those bytes hit L2 instead of HBM. GPU only."""
-    CHUNK: tl.constexpr = 4096
+def _prefetch_share(base_ptr, nbytes, part, nparts, LANES: tl.constexpr):
+    """Program ``part`` of ``nparts`` starts pulling its share of the ``nbytes`` at ``base_ptr`` into L2: equal
+    16-byte-aligned pieces (``cp.async.bulk.prefetch.L2`` wants 16-byte addresses and sizes). GPU only."""
     share = tl.cdiv(tl.cdiv(nbytes, nparts), 16) * 16
-    lo = part.to(tl.int64) * share
-    hi = tl.minimum(lo + share, nbytes)
-    lane = tl.arange(0, LANES)
-    bptr = base_ptr.to(tl.pointer_type(tl.int8))
-    for p0 in range(0, share, LANES * CHUNK):
-        off = lo + p0 + lane * CHUNK
-        size = (tl.minimum(hi - off, CHUNK) // 16 * 16).to(tl.int32)
-        addr = (bptr + off).to(tl.int64, bitcast=True)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+    lo = tl.minimum(part.to(tl.int64) * share, nbytes)
+    l2_prefetch(base_ptr.to(tl.pointer_type(tl.int8)) + lo, tl.minimum(share, nbytes - lo).to(tl.int32), 2, LANES)
 
 
 # ---- RMSNorm of the input vector, shared by qkv_rope, gateup and lmhead ------------------------------------------
@@ -264,10 +252,10 @@ def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, pa
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     if PREFETCH:  # the stream would idle through this latency-bound kernel: pull the next matrices into L2
-        part = kvh * NSPLIT + sp
-        _l2_prefetch_share(pf_a_ptr, pf_a_bytes, part, tl.num_programs(0) * NSPLIT, LANES)
-        _l2_prefetch_share(pf_b_ptr, pf_bc_bytes, part, tl.num_programs(0) * NSPLIT, LANES)
-        _l2_prefetch_share(pf_c_ptr, pf_bc_bytes, part, tl.num_programs(0) * NSPLIT, LANES)
+        part, nparts = kvh * NSPLIT + sp, tl.num_programs(0) * NSPLIT
+        _prefetch_share(pf_a_ptr, pf_a_bytes, part, nparts, LANES)
+        _prefetch_share(pf_b_ptr, pf_bc_bytes, part, nparts, LANES)
+        _prefetch_share(pf_c_ptr, pf_bc_bytes, part, nparts, LANES)
     g = tl.arange(0, G_P)
     d = tl.arange(0, D_P)
     mg = g < G

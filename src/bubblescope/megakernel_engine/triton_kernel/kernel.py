@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...triton_interp import l2_prefetch
 from .. import schedule as S
 from .ops import (OP_ATTN, OP_ATTN_REDUCE, OP_DOWN, OP_GATEUP, OP_LMHEAD, OP_OPROJ, OP_QKV, clock_ns, device_function,
                   op_attn, op_attn_reduce, op_gateup, op_lmhead, op_matvec_residual, op_qkv, splits_used)
@@ -90,31 +91,6 @@ def _record_stuck(err_ptr, op, layer, tile, pid, cnt, seen, need, gidx):
 
 
 @device_function
-def _prefetch_l2(base_ptr, nbytes, MODE: tl.constexpr, LANES: tl.constexpr):
-    """Start pulling ``nbytes`` from ``base_ptr`` into L2 without waiting (GPU only).
-
-    MODE 1: ``prefetch.global.L2 [a]`` per 128-byte line; MODE 2: ``cp.async.bulk.prefetch.L2.global
-    [a], size`` (sm_90+, PTX ISA 8.0; a 16-byte aligned, size a multiple of 16) of 4 KB per lane. Lanes =
-    the program's threads (one address each, no duplicates); idle lanes are predicated off.
-    """
-    CHUNK: tl.constexpr = 128 if MODE == 1 else 4096
-    lane = tl.arange(0, LANES)
-    bptr = base_ptr.to(tl.pointer_type(tl.int8))
-    for p0 in range(0, nbytes, LANES * CHUNK):
-        off = p0 + lane * CHUNK
-        size = tl.minimum(nbytes - off, CHUNK)
-        addr = (bptr + off).to(tl.int64, bitcast=True)
-        if MODE == 1:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@device_function
 def _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
                    H: tl.constexpr, Q: tl.constexpr, KV: tl.constexpr, I: tl.constexpr, IP: tl.constexpr,
                    MODE: tl.constexpr, LANES: tl.constexpr):
@@ -142,7 +118,7 @@ def _prefetch_task(op, layer, a1, a2, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head
     elif op == OP_LMHEAD:
         base = (head_ptr + a1.to(tl.int64) * H).to(BYTE_PTR)
         nbytes = a2 * (H * HSIZE)
-    _prefetch_l2(base, nbytes, MODE, LANES)
+    l2_prefetch(base, nbytes, MODE, LANES)
 
 
 @triton.jit(do_not_specialize=["max_tasks", "spin_cap", "advance", "tok_in"])
