@@ -12,13 +12,16 @@ makes.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import zlib
 from array import array
 from collections.abc import Iterator
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
+
+from ...errors import BubblescopeError
+from .file import open_text_bytes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,7 +87,7 @@ def read_cpu_ops(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
                 name.append(texts.setdefault(ev.name, len(texts)))
                 ts.append(t)
                 end.append(t + dur)
-    except (OSError, EOFError, zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+    except (OSError, EOFError, zlib.error, BubblescopeError, msgspec.DecodeError, msgspec.ValidationError):
         return None
     if not ts:
         return None
@@ -128,13 +131,11 @@ def _pieces(path: str | os.PathLike) -> Iterator[list]:
     import msgspec
 
     decoder = msgspec.json.Decoder(_doc_type())
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-    with (_gunzip(path) if gz else open(path, "rb")) as f:
-        buf, first = _read(f), True
+    with closing(open_text_bytes(os.fspath(path))) as f:
+        buf, first = f.read(PIECE_BYTES), True
         bare = buf.lstrip()[:1] == b"["  # the JSON-array form of the Trace Event Format
         while True:
-            more = _read(f)
+            more = f.read(PIECE_BYTES)
             if not more:
                 break
             buf += more
@@ -150,7 +151,7 @@ def _pieces(path: str | os.PathLike) -> Iterator[list]:
             try:
                 events = decoder.decode(text).traceEvents
             except (msgspec.DecodeError, msgspec.ValidationError):
-                yield from _whole(path, decoder, gz)
+                yield from _whole(path, decoder)
                 return
             first = False
             yield events
@@ -161,32 +162,10 @@ def _pieces(path: str | os.PathLike) -> Iterator[list]:
         yield decoder.decode(text).traceEvents
 
 
-def _gunzip(path: str | os.PathLike) -> Any:
-    """The gzip file opened for reading its text: ISA-L's reader (``isal``, 3-4× the standard library's speed)
-    when it is installed, else :mod:`gzip`'s."""
-    try:
-        from isal import igzip
-    except ImportError:
-        return gzip.open(path, "rb")
-    return igzip.open(path, "rb")
-
-
-def _read(f: Any) -> bytes:
-    """The next :data:`PIECE_BYTES` of ``f`` (fewer at its end); a corrupt gzip stream raises zlib.error."""
-    try:
-        return f.read(PIECE_BYTES)
-    except (OSError, EOFError, zlib.error):
-        raise
-    except Exception as exc:  # isal's IsalError is no zlib.error: one type for the caller
-        raise zlib.error(str(exc)) from None
-
-
-def _whole(path: str | os.PathLike, decoder: Any, gz: bool) -> Iterator[list]:
+def _whole(path: str | os.PathLike, decoder: Any) -> Iterator[list]:
     """The file's events decoded in one piece (a file whose cuts :func:`_pieces` could not place)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if gz:
-        raw = gzip.decompress(raw)
+    with closing(open_text_bytes(os.fspath(path))) as f:
+        raw = b"".join(iter(lambda: f.read(PIECE_BYTES), b""))
     if raw.lstrip()[:1] == b"[":  # the JSON-array form of the Trace Event Format
         raw = b'{"traceEvents": ' + raw + b"}"
     yield decoder.decode(raw).traceEvents
