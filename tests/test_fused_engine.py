@@ -129,23 +129,27 @@ def test_split_attention_and_reduce_match_numpy_softmax_with_gqa(pos, nsplit, bl
 
 
 @pytest.mark.parametrize("stats", [False, True])
-def test_matvec_residual_and_gateup_match_numpy(stats):
+@pytest.mark.parametrize("grid", [0, 3, 1])
+@pytest.mark.parametrize("gate_block_k", [8, 32])
+def test_matvec_residual_and_gateup_match_numpy(stats, grid, gate_block_k):
+    # grid 0: one program per row block; 3 and 1: a persistent grid whose programs take several blocks, some one
+    # fewer than others (4 blocks on 3 programs); gate/up's columns in 3 tiles or in one (its normed h kept)
     K = _kernels()
     tl = __import__("triton").language
     g = torch.Generator().manual_seed(4)
     N, Kd, H, eps = 13, 37, 21, 1e-5                      # rows and columns masked in every program
     w, a, x = torch.randn(N, Kd, generator=g), torch.randn(Kd, generator=g), torch.randn(N, generator=g)
     x0, ss = x.clone(), torch.full((1,), 0.25)
-    K.matvec_residual_kernel[(4,)](w, a, x, ss, N=N, K=Kd, BLOCK_N=4, BLOCK_K=16, STATS_OUT=stats, ACT=tl.float32,
-                                   USE_PDL=False)
+    K.matvec_residual_kernel[(grid or 4,)](w, a, x, ss, N=N, K=Kd, BLOCK_N=4, BLOCK_K=16, STATS_OUT=stats,
+                                           ACT=tl.float32, USE_PDL=False, GRID=grid)
     want = _np(x0) + _np(w) @ _np(a)
     np.testing.assert_allclose(_np(x), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(float(ss), 0.25 + (want * want).sum() if stats else 0.25, rtol=1e-5)
     xs, nw = torch.randn(H, generator=g), torch.rand(H, generator=g) + 0.5
     wg, wu, out = torch.randn(N, H, generator=g), torch.randn(N, H, generator=g), torch.zeros(N)
     ss = (xs * xs).sum().reshape(1) if stats else torch.full((1,), float("nan"))   # unread without STATS_IN
-    K.gateup_kernel[(2,)](xs, nw, wg, wu, out, ss, eps, I=N, H=H, BLOCK_N=8, BLOCK_K=8, STATS_IN=stats,
-                          ACT=tl.float32, USE_PDL=False)
+    K.gateup_kernel[(min(grid, 2) or 4,)](xs, nw, wg, wu, out, ss, eps, I=N, H=H, BLOCK_N=4, BLOCK_K=gate_block_k,
+                                          STATS_IN=stats, ACT=tl.float32, USE_PDL=False, GRID=min(grid, 2))
     h = _rms(_np(xs), _np(nw), eps)
     gate, up = _np(wg) @ h, _np(wu) @ h
     np.testing.assert_allclose(_np(out), gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)
@@ -181,20 +185,22 @@ def test_lmhead_and_argmax_pick_the_first_maximum(tie_at):
 
 
 # ---- the engine ------------------------------------------------------------------------------------------------
-def _fused(w, fused_reduce=False, norm_stats="reload", **kw):
+def _fused(w, fused_reduce=False, norm_stats="reload", grid_per_sm=0, **kw):
     from bubblescope.fused_engine import FusedEngine, FusedParams
     return FusedEngine(w, max_seq_len=32, params=FusedParams(block_n=8, block_k=16, block_s=2, splits=3,
-                                                              fused_reduce=fused_reduce, norm_stats=norm_stats), **kw)
+                                                              fused_reduce=fused_reduce, norm_stats=norm_stats,
+                                                              grid_per_sm=grid_per_sm), **kw)
 
 
-@pytest.mark.parametrize("name,fused_reduce,norm_stats", [(n, n == "qwen3-qknorm", "atomic" if n == "qwen2-bias"
-                                                           else "reload") for n in TINY]
-                         + [("gqa-tied-llama3", True, "atomic")])
-def test_tiny_configs_match_the_reference_engine(name, fused_reduce, norm_stats):
-    # several programs per kernel, K chunks, 3 attention splits of 2-position blocks (some empty at short contexts)
+@pytest.mark.parametrize("name,fused_reduce,norm_stats,grid_per_sm",
+                         [(n, n == "qwen3-qknorm", "atomic" if n == "qwen2-bias" else "reload", 0) for n in TINY]
+                         + [("gqa-tied-llama3", True, "atomic", 0), ("qwen3-qknorm", True, "reload", 2)])
+def test_tiny_configs_match_the_reference_engine(name, fused_reduce, norm_stats, grid_per_sm):
+    # several programs per kernel, K chunks, 3 attention splits of 2-position blocks (some empty at short contexts);
+    # grid_per_sm 2 on the CPU's one "SM": O-proj, gate/up and down as 2 programs taking several row blocks each
     w = dummy_weights(TINY[name], seed=0)
     want = teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED)
-    got = teacher_forced_logits(_fused(w, fused_reduce, norm_stats), PROMPT, FORCED)
+    got = teacher_forced_logits(_fused(w, fused_reduce, norm_stats, grid_per_sm), PROMPT, FORCED)
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 

@@ -79,7 +79,9 @@ class FusedParams:
     ``h100-2026-12-07-ladder/fused_sweep_1b_prefetch_be2b65e.json``); ``pdl_early``:
     with PDL, each kernel lets the next launch at its first instruction rather than after its wait (kernels.py's
     module docstring says why that is safe; off by default: 0.977 against 0.982 ms per step on an H100, within
-    the spread, ``h100-2026-12-07-ladder/fused_sweep_1b_pdl_early_890fb44.json``). Defaults from
+    the spread, ``h100-2026-12-07-ladder/fused_sweep_1b_pdl_early_890fb44.json``); ``grid_per_sm``: the O-projection,
+    gate/up and down kernels as persistent grids of at most that many programs per SM, each streaming its row blocks
+    back to back with the next tiles in flight (0: one program per row block). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
     ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
     4 rows × 2,048 columns, 4 warps and the fused reduction were fastest; Σx² by atomics was no faster than
@@ -88,12 +90,13 @@ class FusedParams:
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
                  down_block_k: int = 0, pdl_early: bool = False, prefetch_o: bool = False,
-                 prefetch_gateup_kb: int = 0):
+                 prefetch_gateup_kb: int = 0, grid_per_sm: int = 0):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
         self.down_block_n, self.down_block_k = down_block_n, down_block_k
         self.pdl_early = pdl_early
         self.prefetch_o, self.prefetch_gateup_kb = prefetch_o, prefetch_gateup_kb
+        self.grid_per_sm = grid_per_sm
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -148,7 +151,7 @@ class FusedEngine:
     def _alloc(self) -> None:
         cfg, dev, dt = self.config, self.device, self.dtype
         nh, d = cfg.num_attention_heads, cfg.head_dim
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        sms = self.sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
         # enough (kv head, split) programs to cover the SMs once the context is long; short contexts leave
         # splits empty, which cost one tiny program each
         self.splits = self.params.splits or max(1, min(64, _pow2(-(-sms // cfg.num_key_value_heads))))
@@ -182,6 +185,13 @@ class FusedEngine:
         bk = lambda k: min(p.block_k, _pow2(k))  # noqa: E731
         rows = lambda n: min(p.block_n, _pow2(n))  # noqa: E731
         pair_rows = min(max(1, p.block_n // 2), _pow2((NH + 2 * NKV) * half))
+
+        def persistent(n_rows: int, block: int) -> tuple[tuple[int], dict]:
+            # the grid and GRID constexpr of a row-block kernel: one program per block, or a persistent grid
+            nblk = triton.cdiv(n_rows, block)
+            if not p.grid_per_sm or p.grid_per_sm * self.sms >= nblk:
+                return (nblk,), {}
+            return (p.grid_per_sm * self.sms,), {"GRID": p.grid_per_sm * self.sms}
         self._stacked = []  # the stacked q|k|v weights (a copy: the kernel streams them as one matrix)
         common = dict(USE_PDL=self.pdl, PDL_EARLY=self.pdl and p.pdl_early)
         stats = p.norm_stats == "atomic"
@@ -221,21 +231,24 @@ class FusedEngine:
                 plan.append((K.attn_reduce_kernel, (NH,), (b["part_m"], b["part_l"], b["part_acc"], b["o"]),
                              dict(D=D, NSPLIT=self.splits, NSPLIT_P=_pow2(self.splits), D_P=_pow2(D), ACT=act,
                                   **common)))
-            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, rows(H)),),
+            grid, gx = persistent(H, rows(H))
+            plan.append((K.matvec_residual_kernel, grid,
                          (_mat(layer.o_proj), b["o"], b["x"], ss(2 * li)),
                          dict(N=H, K=cfg.q_size, BLOCK_N=rows(H), BLOCK_K=bk(cfg.q_size), STATS_OUT=stats, ACT=act,
-                              **common, **_fp8(layer.o_proj))))
-            plan.append((K.gateup_kernel, (triton.cdiv(I, rows(I)),),
+                              **common, **_fp8(layer.o_proj), **gx)))
+            grid, gx = persistent(I, rows(I))
+            plan.append((K.gateup_kernel, grid,
                          (b["x"], layer.post_attention_layernorm, _mat(layer.gate_proj), _mat(layer.up_proj), b["act"],
                           ss(2 * li), eps),
-                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common,
+                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common, **gx,
                               **({"wgs_ptr": layer.gate_proj.scale, "wus_ptr": layer.up_proj.scale, "W_FP8": True}
                                  if isinstance(layer.gate_proj, QuantizedLinear) else {}))))
             dn = min(p.down_block_n or p.block_n, _pow2(H))
-            plan.append((K.matvec_residual_kernel, (triton.cdiv(H, dn),),
+            grid, gx = persistent(H, dn)
+            plan.append((K.matvec_residual_kernel, grid,
                          (_mat(layer.down_proj), b["act"], b["x"], ss(2 * li + 1)),
                          dict(N=H, K=I, BLOCK_N=dn, BLOCK_K=min(p.down_block_k or p.block_k, _pow2(I)), STATS_OUT=stats,
-                              ACT=act, **common, **_fp8(layer.down_proj))))
+                              ACT=act, **common, **_fp8(layer.down_proj), **gx)))
         nss = 2 * cfg.num_hidden_layers
         plan.append((K.lmhead_kernel, (self._n_part,),
                      (b["x"], m.norm, _mat(m.lm_head), b["logits"], b["keys"], ss(nss - 1), eps),
@@ -413,4 +426,5 @@ class FusedEngine:
                 "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats, "pdl_early": self.pdl and p.pdl_early,
                 "prefetch_o": p.prefetch_o and self.device.type == "cuda",
                 "prefetch_gateup_kb": p.prefetch_gateup_kb if self.device.type == "cuda" else 0,
+                "grid_per_sm": p.grid_per_sm,
                 "weights": self.weight_format}

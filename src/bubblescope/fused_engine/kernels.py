@@ -235,9 +235,11 @@ def qk_norm_kernel(q_ptr, kraw_ptr, kc_ptr, pos_ptr, qn_ptr, kn_ptr, cos_ptr, si
 # BLOCK_S blocks; program (g, s) runs the online softmax (Milakov & Gimelshein 2018) of the G = NH / NKV query
 # heads of kv head g over slice s:  m = max score, l = Σ e^{score − m}, acc = Σ e^{score − m} v  (unnormalised),
 # scores = q·k / sqrt(D) as scaled_dot_product_attention's default scale. An empty slice stores m = −inf, l = 0.
-# part_m, part_l: (NH, NSPLIT) float32; part_acc: (NH, NSPLIT, D) float32. With FUSED_REDUCE, each program takes a
-# ticket (an acq_rel atomic on cnt[kv head]) after its stores, and the one holding the last ticket combines the
-# kv head's splits as attn_reduce does and rewinds the counter: one launch per layer fewer. With PREFETCH, the
+# part_m, part_l: (NH, NSPLIT) float32; part_acc: (NH, NSPLIT, D) float32. With FUSED_REDUCE, the NACT = cdiv(n, per)
+# slices that hold a position each take a ticket (an acq_rel atomic on cnt[kv head]) after their stores, and the one
+# holding the last ticket combines those NACT slices as attn_reduce does and rewinds the counter: one launch per
+# layer fewer; the programs of empty slices (a short context over many splits) exit at once, and the combine reads
+# only the NACT slices written. With PREFETCH, the
 # programs first split pf_a[0:pf_a_bytes), pf_b[0:pf_bc_bytes) and pf_c[0:pf_bc_bytes) (the O-projection, the head
 # of the gate and of the up matrix) among themselves and start pulling them into L2.
 @triton.jit
@@ -256,18 +258,34 @@ def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, pa
         _prefetch_share(pf_a_ptr, pf_a_bytes, part, nparts, LANES)
         _prefetch_share(pf_b_ptr, pf_bc_bytes, part, nparts, LANES)
         _prefetch_share(pf_c_ptr, pf_bc_bytes, part, nparts, LANES)
+    n = tl.load(pos_ptr) + 1   # before the wait: the previous step's last kernel wrote pos
+    per = tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_S) * BLOCK_S
+    start = sp * per
+    end = tl.minimum(start + per, n)
+    if FUSED_REDUCE:
+        if start < n:      # an empty slice's program has nothing to add: it exits
+            _attn_slice(q_ptr, kc_ptr, vc_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr, cnt_ptr, scale, kvh, sp,
+                        n, per, start, end, G, D, S, NSPLIT, G_P, D_P, BLOCK_S, NSPLIT_P, FUSED_REDUCE, ACT,
+                        USE_PDL, PDL_EARLY)
+    else:                  # attn_reduce reads every slice: an empty one stores m = −inf, l = 0
+        _attn_slice(q_ptr, kc_ptr, vc_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr, cnt_ptr, scale, kvh, sp, n,
+                    per, start, end, G, D, S, NSPLIT, G_P, D_P, BLOCK_S, NSPLIT_P, FUSED_REDUCE, ACT, USE_PDL,
+                    PDL_EARLY)
+
+
+@device_function
+def _attn_slice(q_ptr, kc_ptr, vc_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr, cnt_ptr, scale, kvh, sp, n, per,
+                start, end, G: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr,
+                G_P: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT_P: tl.constexpr,
+                FUSED_REDUCE: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
+    """Program (kvh, sp) of attn_split_kernel over its slice [start, end) of the n positions."""
     g = tl.arange(0, G_P)
     d = tl.arange(0, D_P)
     mg = g < G
     md = d < D
     heads = kvh * G + g                                                   # (G_P,) query heads of this kv head
-    # Before the wait: pos (the previous step's last kernel wrote it) and the split's first K/V block without the new
-    # row — cached rows older than pos were written by earlier steps; only row pos and q come from the kernels
-    # just before this one.
-    n = tl.load(pos_ptr) + 1
-    per = tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_S) * BLOCK_S
-    start = sp * per
-    end = tl.minimum(start + per, n)
+    # Before the wait: the slice's first K/V block without the new row — cached rows older than pos were written by
+    # earlier steps; only row pos and q come from the kernels just before this one.
     base = kvh.to(tl.int64) * S * D
     sv0 = start + tl.arange(0, BLOCK_S)
     off0 = base + sv0[:, None] * D + d[None, :]
@@ -310,12 +328,13 @@ def attn_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, part_m_ptr, part_l_ptr, pa
     tl.store(part_acc_ptr + (heads[:, None] * NSPLIT + sp) * D + d[None, :], acc, mask=mg[:, None] & md[None, :])
     if FUSED_REDUCE:  # the kv head's last program to finish combines the splits (no attn_reduce launch)
         tl.debug_barrier()   # every thread's partials are issued before the release
+        nact = tl.cdiv(n, per)                                            # slices with a position
         ticket = tl.atomic_add(cnt_ptr + kvh, 1, sem="acq_rel", scope="gpu")
-        if ticket == NSPLIT - 1:
+        if ticket == nact - 1:
             tl.atomic_xchg(cnt_ptr + kvh, 0, sem="relaxed", scope="gpu")   # ready for the next layer
             tl.debug_barrier()
             s_all = tl.arange(0, NSPLIT_P)
-            m2 = mg[:, None] & (s_all < NSPLIT)[None, :]
+            m2 = mg[:, None] & (s_all < nact)[None, :]
             idx = heads[:, None] * NSPLIT + s_all[None, :]                                # (G_P, NSPLIT_P)
             ms_ = tl.load(part_m_ptr + idx, mask=m2, other=float("-inf"), cache_modifier=".cg")
             top = tl.where(mg, _max(ms_, 1), 0.0)
@@ -354,93 +373,173 @@ def attn_reduce_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, o_ptr,
 
 
 # ---- oproj / down: x += W · a ----------------------------------------------------------------------------------
-# Grid: cdiv(N, BLOCK_N). W (N, K) row-major, a (K,), x (N,) the residual stream, updated in place: each program
-# reads and writes only its own rows of x, and a is the previous kernel's output. With STATS_OUT each program adds
-# its rows' Σx² (of x as stored, rounded to ACT) into ss, so the next RMSNorm needs one load, not a pass over x
-# (STATS_IN of the consumer); float32 atomics make the sum's order, and so its last bit, vary between runs.
+# W (N, K) row-major, a (K,), x (N,) the residual stream, updated in place: a program reads and writes only its own
+# rows of x, and a is the previous kernel's output. Row blocks of BLOCK_N rows, NBLK = cdiv(N, BLOCK_N) of them, each
+# read in KT = cdiv(K, BLOCK_K) column tiles. Grid: GRID programs (GRID = NBLK: one block each; fewer: program p
+# takes blocks p, p + GRID, ... — a persistent grid whose programs stream their blocks back to back). A program's
+# work is one run of ITEMS = cdiv(NBLK, GRID)·KT (block, tile) items, item t = block p + (t // KT)·GRID, tile t % KT;
+# items past its last block are fully masked (no memory traffic). With STATS_OUT each program adds its rows' Σx² (of
+# x as stored, rounded to ACT) into ss, so the next RMSNorm needs one load, not a pass over x (STATS_IN of the
+# consumer); float32 atomics make the sum's order, and so its last bit, vary between runs.
+@device_function
+def _item_rows(t, pid, rr, KT: tl.constexpr, GRID: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The rows (BLOCK_N,) of program ``pid``'s item ``t``: block pid + (t // KT)·GRID."""
+    return (pid + (t // KT) * GRID) * BLOCK_N + rr
+
+
+@device_function
+def _item_tile(w_ptr, t, pid, rr, cols, N: tl.constexpr, K: tl.constexpr, KT: tl.constexpr, GRID: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Item ``t``'s weight tile (BLOCK_N, BLOCK_K) of program ``pid``, zero past N rows, K columns or the
+    program's last block (a masked load: no memory traffic)."""
+    rows = _item_rows(t, pid, rr, KT, GRID, BLOCK_N)
+    k0 = (t % KT) * BLOCK_K
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + k0 + cols[None, :],
+                   mask=(rows < N)[:, None] & (k0 + cols < K)[None, :], other=0.0)
+
+
+@device_function
+def _item_scale(ws_ptr, t, pid, rr, N: tl.constexpr, KT: tl.constexpr, GRID: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The FP8 row scales (BLOCK_N,) float32 of item ``t``'s rows, loaded with its tile."""
+    rows = _item_rows(t, pid, rr, KT, GRID, BLOCK_N)
+    return tl.load(ws_ptr + rows, mask=rows < N, other=0.0)
+
+
+@device_function
+def _residual_out(x_ptr, ss_ptr, acc, rows, N: tl.constexpr, STATS_OUT: tl.constexpr, ACT: tl.constexpr):
+    """x[rows] += round(acc) (float32 (BLOCK_N,) row sums), rounded as the reference; with STATS_OUT the block's Σx²
+    of the new x into ss (zeroed by the previous step's argmax)."""
+    mrow = rows < N
+    x = tl.load(x_ptr + rows, mask=mrow, other=0.0).to(tl.float32)
+    xn = (x + acc.to(ACT).to(tl.float32)).to(ACT)
+    tl.store(x_ptr + rows, xn, mask=mrow)
+    if STATS_OUT:
+        xf = tl.where(mrow, xn.to(tl.float32), 0.0)
+        tl.atomic_add(ss_ptr, _sum(xf * xf, 0), sem="relaxed", scope="gpu")
+
+
 @triton.jit
 def matvec_residual_kernel(w_ptr, a_ptr, x_ptr, ss_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
-                           ws_ptr=None, W_FP8: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
+                           ws_ptr=None, W_FP8: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+                           GRID: tl.constexpr = 0):
     if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
         tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mr = rows[:, None] < N
+    NBLK: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    KT: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    PROGS: tl.constexpr = NBLK if GRID == 0 else GRID
+    ITEMS: tl.constexpr = (NBLK + PROGS - 1) // PROGS * KT
+    ONE: tl.constexpr = ITEMS == KT          # one block per program: its epilogue after the loop
+    pid = tl.program_id(0)
+    rr = tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
-    off = rows[:, None].to(tl.int64) * K + cols[None, :]
-    # Three column tiles in flight: two issued before the wait, each iteration issues the one two ahead (a tile
-    # past K is fully masked: no memory traffic), so a long row (the down projection's K = intermediate) streams
-    # without a round trip per tile.
-    w0 = tl.load(w_ptr + off, mask=mr & (cols[None, :] < K), other=0.0)
-    w1 = tl.load(w_ptr + off + BLOCK_K, mask=mr & (BLOCK_K + cols[None, :] < K), other=0.0)
-    if W_FP8:
-        sc = tl.load(ws_ptr + rows, mask=rows < N, other=0.0)
+    # Three tiles in flight: two issued before the wait, each item issues the one two ahead, so a long row (the
+    # down projection's K = intermediate) or a run of blocks streams without a round trip per tile.
+    w0 = _item_tile(w_ptr, 0, pid, rr, cols, N, K, KT, PROGS, BLOCK_N, BLOCK_K)
+    w1 = _item_tile(w_ptr, 1, pid, rr, cols, N, K, KT, PROGS, BLOCK_N, BLOCK_K)
+    if W_FP8:   # the scales of the first two items' rows (with ONE, the program's only block)
+        s0 = _item_scale(ws_ptr, 0, pid, rr, N, KT, PROGS, BLOCK_N)
+        s1 = _item_scale(ws_ptr, 1, pid, rr, N, KT, PROGS, BLOCK_N)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if not PDL_EARLY:
             tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for t in range(0, ITEMS):
+        k0 = (t % KT) * BLOCK_K
         a = tl.load(a_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + off + k0 + 2 * BLOCK_K, mask=mr & (k0 + 2 * BLOCK_K + cols[None, :] < K), other=0.0)
+        w2 = _item_tile(w_ptr, t + 2, pid, rr, cols, N, K, KT, PROGS, BLOCK_N, BLOCK_K)
         acc += _sum(w0.to(tl.float32) * a[None, :], 1)
-        w0 = w1
-        w1 = w2
-    if W_FP8:
-        acc = acc * sc
-    y = acc.to(ACT).to(tl.float32)
-    mrow = rows < N
-    x = tl.load(x_ptr + rows, mask=mrow, other=0.0).to(tl.float32)
-    xn = (x + y).to(ACT)
-    tl.store(x_ptr + rows, xn, mask=mrow)
-    if STATS_OUT:  # this program's share of Σx² for the next RMSNorm (ss zeroed by the previous step's argmax)
-        xf = tl.where(mrow, xn.to(tl.float32), 0.0)
-        tl.atomic_add(ss_ptr, _sum(xf * xf, 0), sem="relaxed", scope="gpu")
+        w0, w1 = w1, w2
+        if not ONE:
+            if W_FP8:
+                s2 = _item_scale(ws_ptr, t + 2, pid, rr, N, KT, PROGS, BLOCK_N)
+            if t % KT == KT - 1:   # the block's last tile
+                if W_FP8:
+                    acc = acc * s0
+                _residual_out(x_ptr, ss_ptr, acc, _item_rows(t, pid, rr, KT, PROGS, BLOCK_N), N, STATS_OUT, ACT)
+                acc = tl.zeros([BLOCK_N], tl.float32)
+            if W_FP8:
+                s0, s1 = s1, s2
+    if ONE:
+        if W_FP8:
+            acc = acc * s0
+        _residual_out(x_ptr, ss_ptr, acc, pid * BLOCK_N + rr, N, STATS_OUT, ACT)
 
 
 # ---- gateup: a = SiLU(W_gate · h) ⊙ (W_up · h), h = RMSNorm(x) · post_attention_layernorm --------------------------
-# Grid: cdiv(I, BLOCK_N); program r owns rows r·BLOCK_N + [0, BLOCK_N) of both W_gate and W_up (I, H).
+# W_gate, W_up (I, H) row-major; row blocks of BLOCK_N rows of both, NBLK = cdiv(I, BLOCK_N), each in KT =
+# cdiv(H, BLOCK_K) column tiles; GRID programs over them as matvec_residual_kernel's (GRID = NBLK: one block each).
+# The norm's 1/rms is computed once per program; with one column tile (KT = 1) the normed h too, before the items.
+# Each item issues the next item's two tiles before it multiplies its own.
+@device_function
+def _swiglu_out(out_ptr, gate, up, rows, I: tl.constexpr, ACT: tl.constexpr):
+    """a[rows] = SiLU(gate) · up from float32 (BLOCK_N,) row sums, rounded as the reference."""
+    g = gate.to(ACT).to(tl.float32)
+    u = up.to(ACT).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(ACT).to(tl.float32)
+    tl.store(out_ptr + rows, (act * u).to(ACT), mask=rows < I)
+
+
 @triton.jit
 def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.constexpr, H: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STATS_IN: tl.constexpr, ACT: tl.constexpr,
                   USE_PDL: tl.constexpr, wgs_ptr=None, wus_ptr=None, W_FP8: tl.constexpr = False,
-                  PDL_EARLY: tl.constexpr = False):
+                  PDL_EARLY: tl.constexpr = False, GRID: tl.constexpr = 0):
     if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
         tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mr = rows < I
+    NBLK: tl.constexpr = (I + BLOCK_N - 1) // BLOCK_N
+    KT: tl.constexpr = (H + BLOCK_K - 1) // BLOCK_K
+    PROGS: tl.constexpr = NBLK if GRID == 0 else GRID
+    ITEMS: tl.constexpr = (NBLK + PROGS - 1) // PROGS * KT
+    ONE: tl.constexpr = ITEMS == 1           # one tile of one block: nothing to fetch ahead
+    pid = tl.program_id(0)
+    rr = tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
-    off = rows[:, None].to(tl.int64) * H + cols[None, :]
-    m0 = mr[:, None] & (cols[None, :] < H)
-    wg = tl.load(wg_ptr + off, mask=m0, other=0.0)
-    wu = tl.load(wu_ptr + off, mask=m0, other=0.0)
+    wg0 = _item_tile(wg_ptr, 0, pid, rr, cols, I, H, KT, PROGS, BLOCK_N, BLOCK_K)
+    wu0 = _item_tile(wu_ptr, 0, pid, rr, cols, I, H, KT, PROGS, BLOCK_N, BLOCK_K)
     if W_FP8:
-        sg = tl.load(wgs_ptr + rows, mask=mr, other=0.0)
-        su = tl.load(wus_ptr + rows, mask=mr, other=0.0)
+        sg0 = _item_scale(wgs_ptr, 0, pid, rr, I, KT, PROGS, BLOCK_N)
+        su0 = _item_scale(wus_ptr, 0, pid, rr, I, KT, PROGS, BLOCK_N)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if not PDL_EARLY:
             tl.extra.cuda.gdc_launch_dependents()
     inv = _rms_inv(x_ptr, ss_ptr, eps, cols, H, BLOCK_K, STATS_IN)
+    if KT == 1:
+        h1 = _normed(x_ptr, norm_ptr, 0, cols, inv, H, ACT)
     gate = tl.zeros([BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        mk = k0 + cols < H
-        if k0 > 0:
-            off = rows[:, None].to(tl.int64) * H + (k0 + cols)[None, :]
-            m2 = mr[:, None] & mk[None, :]
-            wg = tl.load(wg_ptr + off, mask=m2, other=0.0)
-            wu = tl.load(wu_ptr + off, mask=m2, other=0.0)
-        hv = _normed(x_ptr, norm_ptr, k0, cols, inv, H, ACT)
-        gate += _sum(wg.to(tl.float32) * hv[None, :], 1)
-        up += _sum(wu.to(tl.float32) * hv[None, :], 1)
-    if W_FP8:
-        gate = gate * sg
-        up = up * su
-    gate = gate.to(ACT).to(tl.float32)
-    up = up.to(ACT).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
-    tl.store(out_ptr + rows, (act * up).to(ACT), mask=mr)
+    if ONE:
+        gate += _sum(wg0.to(tl.float32) * h1[None, :], 1)
+        up += _sum(wu0.to(tl.float32) * h1[None, :], 1)
+        if W_FP8:
+            gate = gate * sg0
+            up = up * su0
+        _swiglu_out(out_ptr, gate, up, pid * BLOCK_N + rr, I, ACT)
+    else:
+        for t in range(0, ITEMS):
+            wg1 = _item_tile(wg_ptr, t + 1, pid, rr, cols, I, H, KT, PROGS, BLOCK_N, BLOCK_K)
+            wu1 = _item_tile(wu_ptr, t + 1, pid, rr, cols, I, H, KT, PROGS, BLOCK_N, BLOCK_K)
+            if W_FP8:
+                sg1 = _item_scale(wgs_ptr, t + 1, pid, rr, I, KT, PROGS, BLOCK_N)
+                su1 = _item_scale(wus_ptr, t + 1, pid, rr, I, KT, PROGS, BLOCK_N)
+            if KT == 1:
+                hv = h1
+            else:
+                hv = _normed(x_ptr, norm_ptr, (t % KT) * BLOCK_K, cols, inv, H, ACT)
+            gate += _sum(wg0.to(tl.float32) * hv[None, :], 1)
+            up += _sum(wu0.to(tl.float32) * hv[None, :], 1)
+            if t % KT == KT - 1:   # the block's last tile
+                if W_FP8:
+                    gate = gate * sg0
+                    up = up * su0
+                _swiglu_out(out_ptr, gate, up, _item_rows(t, pid, rr, KT, PROGS, BLOCK_N), I, ACT)
+                gate = tl.zeros([BLOCK_N], tl.float32)
+                up = tl.zeros([BLOCK_N], tl.float32)
+            wg0, wu0 = wg1, wu1
+            if W_FP8:
+                sg0, su0 = sg1, su1
 
 
 # ---- lmhead + argmax ---------------------------------------------------------------------------------------------
