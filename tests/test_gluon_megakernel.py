@@ -236,6 +236,27 @@ def test_cpu_engine_falls_back_to_triton_and_says_why():
         choose_impl(w, "gluon")
 
 
+def test_gluon_kernel_takes_the_engine_arguments_as_its_tuples():
+    """``pack_args`` turns the arguments the engine and the launcher bind by name into exactly the kernel's runtime
+    arguments: each tuple of ``ARG_TUPLES`` in its order (FP8 row scales not given: None), the five descriptors and
+    the scalars by name, and the integers that change between launches top-level and unspecialised (Triton's
+    ``do_not_specialize`` does not reach into a tuple)."""
+    pytest.importorskip("triton.experimental.gluon")
+    from bubblescope.megakernel_engine.gluon import kernel
+    from bubblescope.megakernel_engine.gluon.host import ARG_TUPLES, pack_args
+    fn = kernel.megakernel
+    named = ("wqkv_desc", "wo_desc", "wgu_desc", "wdown_desc", "head_desc", "max_tasks", "spin_cap", "advance",
+             "tok_in", "eps", "sm_scale")
+    flat = {n: n for n in named} | {n: n for k, names in ARG_TUPLES.items() if k != "scales" for n in names}
+    packed = pack_args(flat)
+    assert sorted(packed) == sorted(p.name for p in fn.params if not p.is_constexpr)
+    assert {k: packed[k] for k in ARG_TUPLES} == {k: v if k != "scales" else (None,) * 5 for k, v in ARG_TUPLES.items()}
+    assert all(packed[n] == n for n in named)
+    assert sorted(p.name for p in fn.params if p.do_not_specialize) == ["advance", "max_tasks", "spin_cap", "tok_in"]
+    fp8 = pack_args(flat | {"sqkv_ptr": 1, "so_ptr": 2, "sgu_ptr": 3, "sdown_ptr": 4, "slm_ptr": None})
+    assert fp8["scales"] == (1, 2, 3, 4, None)
+
+
 _COMPILE = """
 import json, torch
 from bubblescope.megakernel_engine.gluon.host import compile_offline

@@ -17,15 +17,18 @@ class Launcher:
     ``launch_cooperative_grid``, ``num_stages``, ``maxnreg``); ``info``: fields added to :meth:`compile`'s report;
     ``ptx_rewrite``: a PTX text rewrite (str → str, e.g.
     ``gluon.ptx.tma_l2_evict_first``) applied while this launcher compiles, and ``ptx_check`` (PTX or None → the
-    reason it lacks the rewrite, or None) run on the binary's PTX after. With ``fast`` the compiled kernel is
+    reason it lacks the rewrite, or None) run on the binary's PTX after; ``pack``: the arguments by name (``args``
+    and the per-launch ones) → the kernel's (e.g. ``gluon.host.pack_args``, which groups them into the Gluon
+    kernel's tuples), None where the kernel takes them as named. With ``fast`` the compiled kernel is
     called directly
     after the first launch (Triton's own launch path re-binds and re-specialises ~40 arguments on every call);
     the per-launch integers are marked ``do_not_specialize`` so one binary serves every table and token.
     """
 
     def __init__(self, kernel, args: dict, constexprs: dict, options: dict, fast: bool, info: dict | None = None,
-                 ptx_rewrite=None, ptx_check=None):
+                 ptx_rewrite=None, ptx_check=None, pack=None):
         self.kernel = kernel
+        self.pack = pack
         self.ptx_rewrite, self.ptx_check = ptx_rewrite, ptx_check
         self.args = dict(args)
         self.constexprs = dict(constexprs)
@@ -37,8 +40,9 @@ class Launcher:
         self._tok_index = self._names.index("tok_in")
 
     def _all(self, table, counts, timeline, advance, tok_in=-1) -> dict:
-        return dict(self.args, **self.constexprs, table_ptr=table, counts_ptr=counts, max_tasks=int(table.shape[1]),
+        args = dict(self.args, **self.constexprs, table_ptr=table, counts_ptr=counts, max_tasks=int(table.shape[1]),
                     timeline_ptr=timeline, advance=int(advance), tok_in=int(tok_in))
+        return args if self.pack is None else self.pack(args)
 
     def compile(self, table, counts, timeline) -> dict:
         """Compile (no launch) and load the binary; returns registers, spills, shared memory, warps, machine-code

@@ -38,6 +38,29 @@ SMEM_PER_BLOCK_SM90 = 232448  # max dynamic shared memory per block on sm_90 (CU
 TMA_BOX_MAX = 256           # most elements along one dimension of a TMA box (CUDA Driver API, cuTensorMapEncodeTiled)
 
 
+# The kernel's tuple arguments (``gluon.kernel.megakernel``): each the names of the arguments it groups, in order.
+# The engine binds arguments by these names; :func:`pack_args` groups them.
+ARG_TUPLES = {
+    "sched": ("table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr", "timeline_ptr"),
+    "model": ("emb_ptr", "fnorm_ptr", "bqkv_ptr", "anorm_ptr", "mnorm_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr",
+              "qknorm_ptr"),
+    "acts": ("x_ptr", "q_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "attn_ptr", "act_ptr", "logits_ptr", "amax_ptr",
+             "knew_ptr"),
+    "weights": ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wdown_ptr", "head_ptr"),
+    "scales": tuple(f"{n}_ptr" for n in SCALE_FIELDS),
+}
+
+
+def pack_args(args: dict) -> dict:
+    """``args`` (the kernel's arguments by element name, :data:`ARG_TUPLES`) with each tuple's elements replaced by
+    the tuple; FP8 row scales absent from ``args`` are None (unread without FP8 weights)."""
+    grouped = {n for names in ARG_TUPLES.values() for n in names}
+    out = {k: v for k, v in args.items() if k not in grouped}
+    for key, names in ARG_TUPLES.items():
+        out[key] = tuple(args.get(n) if key == "scales" else args[n] for n in names)
+    return out
+
+
 def weight_bytes(dtype: torch.dtype, weight_format: str = "bf16") -> int:
     """Bytes of one layer weight streamed through the ring: 1 in FP8 (``fp8`` / ``fp8-all``), else the
     activation ``dtype``'s size."""
@@ -509,12 +532,13 @@ def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = Fal
 
 
 def make_launcher(kernel, args: dict, constexprs: dict, num_warps: int, fast: bool, cooperative: bool):
-    """The shared :class:`..launcher.Launcher` for the Gluon kernel."""
+    """The shared :class:`..launcher.Launcher` for the Gluon kernel; ``args`` by element name (:func:`pack_args`
+    groups them into the kernel's tuples)."""
     from ..launcher import Launcher
     from .ptx import tma_l2_evict_first, tma_l2_evict_first_missing
     evict = bool(constexprs["TMA_EVICT"])
     return Launcher(kernel, args, constexprs, dict(num_warps=num_warps, launch_cooperative_grid=cooperative), fast,
-                    info={"max_registers": None, "num_stages": constexprs["NS"]},
+                    info={"max_registers": None, "num_stages": constexprs["NS"]}, pack=pack_args,
                     ptx_rewrite=tma_l2_evict_first if evict else None,
                     ptx_check=tma_l2_evict_first_missing if evict else None)
 
@@ -548,33 +572,44 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     f32 = {"cos_ptr", "sin_ptr", "pm_ptr", "pl_ptr", "pacc_ptr", "logits_ptr"}
     i32 = {"table_ptr", "counts_ptr", "state_ptr", "counters_ptr", "done_ptr", "err_ptr"}
     i64 = {"timeline_ptr", "amax_ptr"}
-    sig, attrs = {}, {}
-    for idx, name in enumerate(kernel.megakernel.arg_names):
-        if name in cx:
-            sig[name] = "constexpr"
-        elif name.endswith("_desc"):
+
+    def arg_type(name):
+        """(signature type, 16-byte aligned) of the runtime argument ``name``; ("constexpr", False) for an FP8
+        row scale the kernel does not read (passed as None)."""
+        if name.endswith("_desc"):
             rows = cx["BR"] // cx["SPLIT"] if name in ("wo_desc", "wdown_desc") else cx["BR"]
             cols = 64 if cx["MV_MMA"] else cx["BK"]
             ty = wty if name[:-5] in layer_names or cx["HEAD_FP8"] else act
             if ty != wty:  # a 16-bit head among FP8 boxes: the same bytes per box
                 cols //= 2
             bits = 8 if ty == "fp8e4nv" else abits
-            sig[name] = f"tensordesc<{ty}[{rows}, {cols}],{desc_layout(bits, bool(cx['MV_MMA']))!r}>"
-        elif name[:-4] in SCALE_FIELDS:  # FP8 row scales
+            return f"tensordesc<{ty}[{rows}, {cols}],{desc_layout(bits, bool(cx['MV_MMA']))!r}>", False
+        if name[:-4] in SCALE_FIELDS:  # FP8 row scales
             on = cx["HEAD_FP8"] if name == "slm_ptr" else cx["W_FP8"]
-            sig[name] = "*fp32" if on else "constexpr"
-            if on:
-                attrs[(idx,)] = [["tt.divisibility", 16]]
-            else:
-                cx = {**cx, name: None}
-        elif name.endswith("_ptr"):
+            return ("*fp32", True) if on else ("constexpr", False)
+        if name.endswith("_ptr"):
             w = name[:-4] in layer_names or (name == "head_ptr" and cx["HEAD_FP8"])
-            sig[name] = ("*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64
-                         else f"*{wty}" if w else f"*{act}")
-            attrs[(idx,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = "fp32" if name in ("eps", "sm_scale") else "i32"
-    src = GluonASTSource(kernel.megakernel, sig, cx, attrs)
+            return ("*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name in i64
+                    else f"*{wty}" if w else f"*{act}"), True
+        return ("fp32" if name in ("eps", "sm_scale") else "i32"), False
+
+    sig, attrs, consts = {}, {}, dict(cx)
+    for idx, name in enumerate(kernel.megakernel.arg_names):
+        if name in cx:
+            sig[name] = "constexpr"
+            continue
+        elems = ARG_TUPLES.get(name)
+        paths = [((idx, j), n) for j, n in enumerate(elems)] if elems else [((idx,), name)]
+        types = []
+        for path, n in paths:
+            ty, aligned = arg_type(n)
+            types.append(ty)
+            if aligned:
+                attrs[path] = [["tt.divisibility", 16]]
+            if ty == "constexpr":
+                consts[path] = None
+        sig[name] = tuple(types) if elems else types[0]
+    src = GluonASTSource(kernel.megakernel, sig, consts, attrs)
     from ..launcher import rewriting
     from .ptx import tma_l2_evict_first
     with rewriting(tma_l2_evict_first) if cx["TMA_EVICT"] else contextlib.nullcontext():

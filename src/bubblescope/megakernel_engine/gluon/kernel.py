@@ -805,11 +805,8 @@ def _producer(descs, ring, sched, weights, gates,
 
 @gluon.jit(do_not_specialize=["max_tasks", "spin_cap", "advance", "tok_in"])
 def megakernel(
-        wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc,
-        table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr,
-        emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-        x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr,
-        spin_cap, advance, tok_in, eps, sm_scale,
+        wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, sched, max_tasks, spin_cap, advance, tok_in,
+        model, acts, weights, eps, sm_scale,
         H: gl.constexpr, Q: gl.constexpr, KV: gl.constexpr, I: gl.constexpr, IP: gl.constexpr, V: gl.constexpr,
         D: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, NKV: gl.constexpr, S_MAX: gl.constexpr,
         NSPLIT: gl.constexpr, MIN_CHUNK: gl.constexpr, NF: gl.constexpr, BR: gl.constexpr, BK: gl.constexpr,
@@ -819,14 +816,38 @@ def megakernel(
         HAS_BIAS: gl.constexpr, PREFETCH: gl.constexpr, TIMELINE: gl.constexpr, NW: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr, L2_AHEAD: gl.constexpr, WAIT_PF: gl.constexpr,
         WAIT_PF_OPS: gl.constexpr, PF_LANES_P: gl.constexpr, PF_LANES_C: gl.constexpr,
-        WAIT_PF_LINE: gl.constexpr, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr,
-        qknorm_ptr, knew_ptr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
+        WAIT_PF_LINE: gl.constexpr, QK_NORM: gl.constexpr, LM_CTA: gl.constexpr, ATTN_WARPS: gl.constexpr,
         SIG_GATE: gl.constexpr, ATTN_GATE: gl.constexpr, MV_BITS: gl.constexpr, ATTN_MMA: gl.constexpr,
         MMA_EARLY: gl.constexpr, MV_AHEAD: gl.constexpr, SB: gl.constexpr, NEW_ROW: gl.constexpr,
         COMBINE_LANES: gl.constexpr, MV_MMA: gl.constexpr, INFLIGHT: gl.constexpr, NORM_W: gl.constexpr,
-        TMA_EVICT: gl.constexpr, sqkv_ptr=None, so_ptr=None, sgu_ptr=None, sdown_ptr=None, slm_ptr=None,
+        TMA_EVICT: gl.constexpr, scales=(None, None, None, None, None),
         W_FP8: gl.constexpr = False, HEAD_FP8: gl.constexpr = False):
     """One decode step (or one stage of it, ``advance`` = 0) over the instruction table; see the module docstring.
+
+    Runtime arguments, grouped by kind as tuples (``gluon.host.ARG_TUPLES`` names their elements; Triton
+    flattens them at launch):
+
+    * ``wqkv_desc`` … ``head_desc``: the TMA descriptors of the packed weights, one argument each (Triton 3.6's
+      CUDA launcher expands only top-level tensor descriptors into the kernel's TMA parameters);
+    * ``sched`` (table_ptr, counts_ptr, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr): the
+      instruction table, per-CTA task counts, the step state, the dependency counters, done and error words,
+      the timeline;
+    * ``max_tasks``, ``spin_cap``, ``advance``, ``tok_in``: the integers that change between launches or
+      configurations, one argument each, so that one binary serves them all: Triton's ``do_not_specialize``
+      reaches top-level arguments only (inside a tuple a 1 would be compiled in as a constant and a multiple of
+      16 as aligned);
+    * ``model`` (emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+      qknorm_ptr): embedding, norms, q/k/v bias, RoPE tables, KV caches, q/k-norm weights;
+    * ``acts`` (x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr, knew_ptr): the
+      activations the tasks hand on: x, q, attention partials and output, SwiGLU output, logits, greedy keys,
+      the new k;
+    * ``weights`` (wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr): the raw weight pointers the L2 prefetch reads;
+    * ``eps``, ``sm_scale``: the RMSNorm epsilon and the attention scale;
+    * ``scales`` (sqkv_ptr, so_ptr, sgu_ptr, sdown_ptr, slm_ptr): the FP8 row scales (``W_FP8``; ``slm_ptr``
+      with ``HEAD_FP8``); None, the default, where unread.
+
+    The constexprs are named keyword arguments: a constexpr read out of a tuple by unpacking is no longer
+    constant.
 
     ``QK_NORM`` (Qwen3): q/k-norm and RoPE of q and the new k in the attention task (``qknorm_ptr`` (L, 2, D)
     the q_norm and k_norm weights, ``knew_ptr`` (NKV, D) the raw new k; see ``attention.attention``).
@@ -837,14 +858,10 @@ def megakernel(
     ``xs`` (KCH, BK) for the staged input vector. Grid: one CTA per SM (all resident: the schedule's waits
     need it; the launch is cooperative).
 
-    The two warp partitions take the runtime arguments as tuples, one per kind: ``ring`` (bufs, full, empty, xs),
-    ``sched`` (the instruction table, per-CTA task counts, max_tasks, the step state, the dependency counters,
-    done and error words, the timeline, the spin cap), ``model`` (embedding, norms, q/k/v bias, RoPE tables, KV
-    caches, q/k-norm weights), ``acts`` (the activations the tasks hand on: x, q, attention partials and output,
-    SwiGLU output, logits, greedy keys, the new k), ``weights`` (the raw weight pointers the L2 prefetch reads),
-    ``descs`` (their TMA descriptors) and ``gates`` (the signal and acknowledge barriers); the constexprs by name.
-    (A tuple's pointers unpack as they are; a constexpr read out of a tuple by unpacking is no longer constant,
-    hence the names.)
+    The two warp partitions take the runtime arguments as tuples too: ``ring`` (bufs, full, empty, xs), ``sched``
+    with max_tasks after the task counts and spin_cap last, ``model``, ``acts``, ``weights``, ``scales``,
+    ``descs`` (the five descriptors), ``gates`` (the signal and acknowledge barriers) and, for the consumer,
+    (advance, tok_in, eps, sm_scale).
     """
     if MV_MMA:  # (slot, 64-column box, row, column): the descriptors' 128-byte swizzle, boxes [BR, 64]
         bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS, SB * BK // 64, BR, 64],
@@ -855,7 +872,7 @@ def megakernel(
         bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS * SB, BR, BK], wqkv_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    xs = gl.allocate_shared_memory(acts[0].dtype.element_ty, [KCH, 1, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     # two, used alternately: a phase of one cannot be lapped before the producer waited on it (see _producer)
     sigbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ackbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -866,15 +883,12 @@ def megakernel(
     mbarrier.init(sigbar.index(1), count=1)
     mbarrier.init(ackbar.index(0), count=1)
     mbarrier.init(ackbar.index(1), count=1)
-    # the runtime arguments as aggregates, one per kind (the constexprs stay named)
+    # the partitions' tuples (the constexprs stay named)
     ring = (bufs, full, empty, xs)
+    table_ptr, counts_ptr, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr = sched
     sched = (table_ptr, counts_ptr, max_tasks, state_ptr, counters_ptr, done_ptr, err_ptr, timeline_ptr, spin_cap)
-    model = (emb_ptr, fnorm_ptr, bqkv_ptr, anorm_ptr, mnorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, qknorm_ptr)
-    acts = (x_ptr, q_ptr, pm_ptr, pl_ptr, pacc_ptr, attn_ptr, act_ptr, logits_ptr, amax_ptr, knew_ptr)
-    weights = (wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr)
     descs = (wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc)
     gates = (sigbar, ackbar)
-    scales = (sqkv_ptr, so_ptr, sgu_ptr, sdown_ptr, slm_ptr)
     gl.warp_specialize([
         (_consumer, (ring, sched, model, acts, weights, gates, (advance, tok_in, eps, sm_scale), scales,
                      H, Q, KV, I, V, D, G, GP, NKV, S_MAX, NSPLIT,
