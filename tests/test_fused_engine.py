@@ -155,9 +155,13 @@ def test_matvec_residual_and_gateup_match_numpy(stats, grid, gate_block_k):
     np.testing.assert_allclose(_np(out), gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tie_at", [None, (3, 40)])
-def test_lmhead_and_argmax_pick_the_first_maximum(tie_at):
-    # negative logits everywhere (a max of 0 would hide an unwritten partial), and a tie across two programs
+@pytest.mark.parametrize("tie_at", [None, (3, 40), (3, 19)])
+@pytest.mark.parametrize("grid", [0, 2])
+@pytest.mark.parametrize("block_k", [16, 8])
+def test_lmhead_and_argmax_pick_the_first_maximum(tie_at, grid, block_k):
+    # negative logits everywhere (a max of 0 would hide an unwritten partial), and a tie across two blocks: rows 3
+    # and 40 in blocks 0 and 5, rows 3 and 19 in blocks 0 and 2 (with grid 2: 6 blocks on 2 programs, blocks 0 and 2
+    # in the same one, 0 and 5 not)
     K = _kernels()
     tl = __import__("triton").language
     g = torch.Generator().manual_seed(5)
@@ -166,14 +170,14 @@ def test_lmhead_and_argmax_pick_the_first_maximum(tie_at):
     h = torch.tensor(_rms(_np(x), 1.0, eps), dtype=torch.float32)
     target = -1 - 4 * torch.rand(V, generator=g)           # every logit negative
     if tie_at:
-        target[list(tie_at)] = -0.5                          # the maximum, twice, in the 1st and the 6th program
+        target[list(tie_at)] = -0.5                          # the maximum, twice
     w = torch.outer(target, h) / h.dot(h)                    # w @ h == target
     logits, keys = torch.zeros(V), torch.full((4,), -2 ** 63, dtype=torch.int64)
     tok, tok_out, pos = (torch.zeros(1, dtype=torch.int32) for _ in range(3))
     ss = torch.tensor([7.0, 1.0, 2.0])
     # 6 programs of 8 rows fold their maxima into 4 keys (programs 0 and 4 share key 0)
-    K.lmhead_kernel[(6,)](x, nw, w, logits, keys, ss, eps, V=V, H=H, BLOCK_N=8, BLOCK_K=16, NSLOT=4,
-                          STATS_IN=False, ACT=tl.float32, USE_PDL=False)
+    K.lmhead_kernel[(grid or 6,)](x, nw, w, logits, keys, ss, eps, V=V, H=H, BLOCK_N=8, BLOCK_K=block_k,
+                                  NSLOT=4, STATS_IN=False, ACT=tl.float32, USE_PDL=False, GRID=grid)
     K.argmax_kernel[(1,)](keys, tok, tok_out, pos, ss, V=V, NSLOT=4, NSLOT_P=4, NSS=3, NSS_P=4, USE_PDL=False)
     assert not ss.any()                                    # the Σx² slots start the next step at 0
     assert (keys == -2 ** 63).all()                        # and the keys at their minimum

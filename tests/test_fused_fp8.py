@@ -65,20 +65,23 @@ def test_fp8_matvec_gateup_and_lmhead_kernels_match_numpy():
     np.testing.assert_allclose(_np(logits), _deq(head) @ h, rtol=1e-5, atol=1e-5)
 
 
-def _fused(w):
+def _fused(w, grid_per_sm=0):
     from bubblescope.fused_engine import FusedEngine, FusedParams
     return FusedEngine(w, max_seq_len=32, params=FusedParams(block_n=8, block_k=16, block_s=2, splits=3,
-                                                              fused_reduce=True, norm_stats="atomic"))
+                                                              fused_reduce=True, norm_stats="atomic",
+                                                              grid_per_sm=grid_per_sm))
 
 
-@pytest.mark.parametrize("name,fmt", [("gqa-tied-llama3", "fp8-all"), ("mha-untied", "fp8"),
-                                      ("qwen2-bias", "fp8-all"), ("qwen3-qknorm", "fp8")])
-def test_fused_fp8_matches_the_dequantizing_reference(name, fmt):
+@pytest.mark.parametrize("name,fmt,grid_per_sm", [("gqa-tied-llama3", "fp8-all", 0), ("mha-untied", "fp8", 0),
+                                                  ("qwen2-bias", "fp8-all", 0), ("qwen3-qknorm", "fp8", 0),
+                                                  ("gqa-tied-llama3", "fp8-all", 2)])
+def test_fused_fp8_matches_the_dequantizing_reference(name, fmt, grid_per_sm):
     # the same quantized weights: the reference dequantizes each matrix (q·s) and runs F.linear; the kernels stream
-    # the FP8 tiles and scale each row's sum once
+    # the FP8 tiles and scale each row's sum once (grid_per_sm 2: persistent programs over several row blocks, each
+    # block's scales carried with its tiles)
     w = dummy_weights(TINY[name], seed=0).as_format(fmt)
     want = teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED)
-    fe = _fused(w)
+    fe = _fused(w, grid_per_sm)
     got = teacher_forced_logits(fe, PROMPT, FORCED)
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
     assert fe.compile_info()["weights"] == fmt

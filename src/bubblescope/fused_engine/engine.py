@@ -80,7 +80,7 @@ class FusedParams:
     with PDL, each kernel lets the next launch at its first instruction rather than after its wait (kernels.py's
     module docstring says why that is safe; off by default: 0.977 against 0.982 ms per step on an H100, within
     the spread, ``h100-2026-12-07-ladder/fused_sweep_1b_pdl_early_890fb44.json``); ``grid_per_sm``: the O-projection,
-    gate/up and down kernels as persistent grids of at most that many programs per SM, each streaming its row blocks
+    gate/up, down and LM-head kernels as persistent grids of at most that many programs per SM, each streaming its row blocks
     back to back with the next tiles in flight (0: one program per row block). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
     ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
@@ -158,8 +158,8 @@ class FusedEngine:
         z = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)  # noqa: E731
         f32, i32 = torch.float32, torch.int32
         self.lm_rows = min(self.params.block_n, _pow2(cfg.vocab_size))
-        n_part = -(-cfg.vocab_size // self.lm_rows)
-        self.nslot = min(ARGMAX_SLOTS, n_part)
+        self._lm_grid, self._lm_gx = self._row_grid(cfg.vocab_size, self.lm_rows)
+        self.nslot = min(ARGMAX_SLOTS, self._lm_grid[0])
         self._b = dict(x=z(cfg.hidden_size), q=z(cfg.q_size), kraw=z(cfg.kv_size), o=z(cfg.q_size),
                        act=z(cfg.intermediate_size), part_m=z(nh * self.splits, dtype=f32),
                        part_l=z(nh * self.splits, dtype=f32), part_acc=z(nh * self.splits * d, dtype=f32),
@@ -167,10 +167,18 @@ class FusedEngine:
                        tok=z(1, dtype=i32), tok_out=z(1, dtype=i32),
                        pos=z(1, dtype=i32), tickets=z(cfg.num_key_value_heads, dtype=i32),
                        ss=z(2 * cfg.num_hidden_layers, dtype=f32))   # Σx² of x after each O-proj and down
-        self._n_part = n_part
         if dev.type == "cuda":
             self._tok_hosts = [torch.zeros(1, dtype=i32, pin_memory=True) for _ in range(AHEAD_MAX + 1)]
             self._tok_events = [torch.cuda.Event() for _ in range(AHEAD_MAX + 1)]
+
+    def _row_grid(self, n_rows: int, block: int) -> tuple[tuple[int], dict]:
+        """The grid and ``GRID`` constexpr of a kernel over ``n_rows`` rows in blocks of ``block``: one program per
+        block, or with ``grid_per_sm`` a persistent grid of at most that many programs per SM."""
+        nblk = -(-n_rows // block)
+        progs = self.params.grid_per_sm * self.sms
+        if not progs or progs >= nblk:
+            return (nblk,), {}
+        return (progs,), {"GRID": progs}
 
     def _build_plan(self) -> list:
         """The step as a list of (kernel, grid, args, constexprs): built once, launched every step (or captured)."""
@@ -186,12 +194,7 @@ class FusedEngine:
         rows = lambda n: min(p.block_n, _pow2(n))  # noqa: E731
         pair_rows = min(max(1, p.block_n // 2), _pow2((NH + 2 * NKV) * half))
 
-        def persistent(n_rows: int, block: int) -> tuple[tuple[int], dict]:
-            # the grid and GRID constexpr of a row-block kernel: one program per block, or a persistent grid
-            nblk = triton.cdiv(n_rows, block)
-            if not p.grid_per_sm or p.grid_per_sm * self.sms >= nblk:
-                return (nblk,), {}
-            return (p.grid_per_sm * self.sms,), {"GRID": p.grid_per_sm * self.sms}
+        persistent = self._row_grid
         self._stacked = []  # the stacked q|k|v weights (a copy: the kernel streams them as one matrix)
         common = dict(USE_PDL=self.pdl, PDL_EARLY=self.pdl and p.pdl_early)
         stats = p.norm_stats == "atomic"
@@ -250,10 +253,10 @@ class FusedEngine:
                          dict(N=H, K=I, BLOCK_N=dn, BLOCK_K=min(p.down_block_k or p.block_k, _pow2(I)), STATS_OUT=stats,
                               ACT=act, **common, **_fp8(layer.down_proj), **gx)))
         nss = 2 * cfg.num_hidden_layers
-        plan.append((K.lmhead_kernel, (self._n_part,),
+        plan.append((K.lmhead_kernel, self._lm_grid,
                      (b["x"], m.norm, _mat(m.lm_head), b["logits"], b["keys"], ss(nss - 1), eps),
                      dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), NSLOT=self.nslot, STATS_IN=stats, ACT=act,
-                          **common, **_fp8(m.lm_head))))
+                          **common, **_fp8(m.lm_head), **self._lm_gx)))
         plan.append((K.argmax_kernel, (1,), (b["keys"], b["tok"], b["tok_out"], b["pos"], b["ss"]),
                      dict(V=V, NSLOT=self.nslot, NSLOT_P=_pow2(self.nslot), NSS=nss, NSS_P=_pow2(nss), **common)))
         return plan

@@ -543,49 +543,83 @@ def gateup_kernel(x_ptr, norm_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, eps, I: tl.c
 
 
 # ---- lmhead + argmax ---------------------------------------------------------------------------------------------
-# lmhead grid: cdiv(V, BLOCK_N). logits[r] = W_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's
-# bf16 logits, stored in float32; each program folds its rows' (max, first argmax) into one of NSLOT int64 keys
-# with atomic_max (slot pid % NSLOT: a few hundred atomics per slot, none waiting on another slot).
+# lmhead: logits[r] = W_head[r] · (RMSNorm(x) · norm), rounded to ACT as the reference's bf16 logits, stored in
+# float32. Row blocks of BLOCK_N rows in KT = cdiv(H, BLOCK_K) column tiles, GRID programs over them as
+# matvec_residual_kernel's (GRID = 0: one program per block). Each program folds the (max, first argmax) of all its
+# rows into one int64 key with one atomic_max into slot pid % NSLOT (a few hundred atomics per slot at most, none
+# waiting on another slot).
+@device_function
+def _argmax_key(y, rows, V: tl.constexpr):
+    """(max, first argmax) of the float32 logits ``y`` (BLOCK_N,) at ``rows`` (rows ≥ V ignored) as one int64 whose
+    signed order is the float order, ties to the lower row: the float's bits with the magnitude bits flipped for
+    negatives (monotone as int32), then V − 1 − row below them."""
+    y = tl.where(rows < V, y, float("-inf"))
+    best = _max(y, 0)
+    idx = _min(tl.where(y == best, rows, V), 0)
+    bits = best.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (ordered.to(tl.int64) << 32) | (V - 1 - idx).to(tl.int64)
+
+
 @triton.jit
 def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: tl.constexpr,
                   H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NSLOT: tl.constexpr,
                   STATS_IN: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr, ws_ptr=None,
-                  W_FP8: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
+                  W_FP8: tl.constexpr = False, PDL_EARLY: tl.constexpr = False, GRID: tl.constexpr = 0):
     if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
         tl.extra.cuda.gdc_launch_dependents()
+    NBLK: tl.constexpr = (V + BLOCK_N - 1) // BLOCK_N
+    KT: tl.constexpr = (H + BLOCK_K - 1) // BLOCK_K
+    PROGS: tl.constexpr = NBLK if GRID == 0 else GRID
+    ITEMS: tl.constexpr = (NBLK + PROGS - 1) // PROGS * KT
+    ONE: tl.constexpr = ITEMS == KT          # one block per program: as many programs as blocks
     pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mr = rows < V
+    rr = tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + cols[None, :], mask=mr[:, None] & (cols[None, :] < H),
-                other=0.0)
+    w0 = _item_tile(w_ptr, 0, pid, rr, cols, V, H, KT, PROGS, BLOCK_N, BLOCK_K)
     if W_FP8:
-        sc = tl.load(ws_ptr + rows, mask=mr, other=0.0)
+        s0 = _item_scale(ws_ptr, 0, pid, rr, V, KT, PROGS, BLOCK_N)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if not PDL_EARLY:
             tl.extra.cuda.gdc_launch_dependents()
     inv = _rms_inv(x_ptr, ss_ptr, eps, cols, H, BLOCK_K, STATS_IN)
     acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        mk = k0 + cols < H
-        if k0 > 0:
-            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + (k0 + cols)[None, :],
-                        mask=mr[:, None] & mk[None, :], other=0.0)
-        hv = _normed(x_ptr, norm_ptr, k0, cols, inv, H, ACT)
-        acc += _sum(w.to(tl.float32) * hv[None, :], 1)
-    if W_FP8:
-        acc = acc * sc
-    y = acc.to(ACT).to(tl.float32)
-    tl.store(logits_ptr + rows, y, mask=mr)
-    y = tl.where(mr, y, float("-inf"))
-    best = _max(y, 0)
-    idx = _min(tl.where(y == best, rows, V), 0)
-    # (max, first argmax) as one int64 key whose signed order is the float order, ties to the lower row:
-    # float bits with the magnitude bits flipped for negatives (monotone as int32), then V - 1 - row below them
-    bits = best.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    key = (ordered.to(tl.int64) << 32) | (V - 1 - idx).to(tl.int64)
+    if ONE:
+        for k0 in range(0, H, BLOCK_K):
+            if k0 > 0:
+                w0 = _item_tile(w_ptr, k0 // BLOCK_K, pid, rr, cols, V, H, KT, PROGS, BLOCK_N, BLOCK_K)
+            acc += _sum(w0.to(tl.float32) * _normed(x_ptr, norm_ptr, k0, cols, inv, H, ACT)[None, :], 1)
+        if W_FP8:
+            acc = acc * s0
+        rows = pid * BLOCK_N + rr
+        y = acc.to(ACT).to(tl.float32)
+        tl.store(logits_ptr + rows, y, mask=rows < V)
+        key = _argmax_key(y, rows, V)
+    else:
+        key = tl.full([], -9223372036854775807 - 1, tl.int64)
+        if KT == 1:
+            h1 = _normed(x_ptr, norm_ptr, 0, cols, inv, H, ACT)
+        for t in range(0, ITEMS):   # the next item's tile issued before this one is multiplied
+            w1 = _item_tile(w_ptr, t + 1, pid, rr, cols, V, H, KT, PROGS, BLOCK_N, BLOCK_K)
+            if W_FP8:
+                s1 = _item_scale(ws_ptr, t + 1, pid, rr, V, KT, PROGS, BLOCK_N)
+            if KT == 1:
+                hv = h1
+            else:
+                hv = _normed(x_ptr, norm_ptr, (t % KT) * BLOCK_K, cols, inv, H, ACT)
+            acc += _sum(w0.to(tl.float32) * hv[None, :], 1)
+            if t % KT == KT - 1:   # the block's last tile
+                if W_FP8:
+                    acc = acc * s0
+                rows = _item_rows(t, pid, rr, KT, PROGS, BLOCK_N)
+                y = acc.to(ACT).to(tl.float32)
+                tl.store(logits_ptr + rows, y, mask=rows < V)
+                key = tl.maximum(key, _argmax_key(y, rows, V))
+                acc = tl.zeros([BLOCK_N], tl.float32)
+            w0 = w1
+            if W_FP8:
+                s0 = s1
     tl.atomic_max(keys_ptr + pid % NSLOT, key, sem="relaxed", scope="gpu")
 
 
