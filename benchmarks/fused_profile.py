@@ -2,9 +2,15 @@
 
 Builds ``FusedEngine`` over seeded dummy weights (tile sizes and PDL from the options), prefills, captures the
 step's CUDA graph, and records ``--steps`` replays with torch.profiler (CUPTI). Per kernel name: launches per
-step, mean µs, weight bytes per launch where the kernel streams a known matrix, GB/s; and the step's GPU busy time
-(the union of kernel intervals) against its span, whose difference is the time between kernels: the launch,
-drain and fill bubbles that PDL and a megakernel remove.
+step, mean µs; and the step's GPU busy time (the union of kernel intervals) against its span, whose difference is
+the time between kernels: the launch, drain and fill bubbles that PDL and a megakernel remove.
+
+Under PDL the kernels overlap (each launches while its predecessor drains), so a kernel's duration counts time
+spent waiting for the one before it. What each kernel adds to the step is instead its *marginal* time: the end of
+its interval minus the end of the previous kernel's (the kernels of a step depend on one another in launch order,
+so these deltas sum to the step's span). ``roles`` gives, per role in the layer (QKV, attention, O-proj, gate/up,
+down, LM head, greedy pick), the mean marginal µs, the weight bytes the kernel streams, and bytes ÷ marginal time
+in GB/s: the rate the weight stream reaches across that kernel, drain and fill included.
 
     PYTHONPATH=src python3 benchmarks/fused_profile.py --model llama-3.2-1b --pdl --out fused_profile.json
 """
@@ -25,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fused-reduce", type=int, default=None)
     ap.add_argument("--norm-stats", default=None)
     ap.add_argument("--pdl-early", type=int, default=None)
+    ap.add_argument("--grid-per-sm", type=int, default=None)
+    ap.add_argument("--block-s", type=int, default=None)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="fused_profile.json")
     args = ap.parse_args(argv)
@@ -38,7 +46,7 @@ def main(argv=None) -> int:
     cfg = get_preset(args.model)
     w = dummy_weights(cfg, "cuda", torch.bfloat16, seed=0)
     p = FusedParams()
-    for key in ("block_n", "block_k", "fused_reduce", "norm_stats", "pdl_early"):
+    for key in ("block_n", "block_k", "fused_reduce", "norm_stats", "pdl_early", "grid_per_sm", "block_s"):
         if getattr(args, key) is not None:
             setattr(p, key, type(getattr(p, key))(getattr(args, key)))
     eng = FusedEngine(w, max_seq_len=512, pdl=args.pdl, params=p)
@@ -83,13 +91,65 @@ def main(argv=None) -> int:
     span = spans[-1][1] - spans[0][0] if spans else 0
     doc = {"model": args.model, "pdl": args.pdl, "params": vars(p), "device": torch.cuda.get_device_name(),
            "kernels_per_step": eng.kernels_per_step(), "step_span_us": span / n, "step_busy_us": busy / n,
-           "kernels": sorted(rows, key=lambda r: -r["per_step_us"])}
+           "kernels": sorted(rows, key=lambda r: -r["per_step_us"]),
+           "roles": marginal_by_role(kernels, plan_roles(eng), role_bytes(cfg, w.dtype.itemsize), n)}
     json.dump(doc, open(args.out, "w"), indent=1)
     print(f"{args.model} pdl={args.pdl} {vars(p)}: span {span / n:.1f} µs/step, busy {busy / n:.1f}, "
           f"between kernels {(span - busy) / n:.1f}")
     for r in doc["kernels"]:
         print(f"  {r['kernel'][:40]:40s} x{r['per_step']:.0f}  {r['mean_us']:.2f} µs  {r['per_step_us']:.1f} µs/step")
+    for r in doc["roles"] or []:
+        gbps = f"{r['gbps']:.0f} GB/s" if r["gbps"] else ""
+        print(f"  {r['role']:12s} x{r['per_step']:.0f}  marginal {r['marginal_us']:.2f} µs  "
+              f"start lag {r['start_lag_us']:+.2f} µs  {gbps}")
     return 0
+
+
+def plan_roles(eng) -> list[str]:
+    """The role of each kernel of the engine's step, in launch order (O-proj and down share one kernel)."""
+    roles, names = [], {"qkv_rope_kernel": "qkv", "qk_norm_kernel": "qk_norm", "attn_split_kernel": "attention",
+                        "attn_reduce_kernel": "attn_reduce", "gateup_kernel": "gate_up", "lmhead_kernel": "lm_head",
+                        "argmax_kernel": "argmax"}
+    for kernel, *_ in eng._plan:
+        name = kernel.fn.__name__
+        if name == "matvec_residual_kernel":
+            roles.append("down" if roles and roles[-1] == "gate_up" else "o_proj")
+        else:
+            roles.append(names.get(name, name))
+    return roles
+
+
+def role_bytes(cfg, itemsize: int) -> dict[str, int]:
+    """Weight bytes each role streams per launch (matrices only; norms, KV cache and activations left out)."""
+    H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    return {"qkv": (cfg.q_size + 2 * cfg.kv_size) * H * itemsize, "o_proj": H * cfg.q_size * itemsize,
+            "gate_up": 2 * I * H * itemsize, "down": H * I * itemsize, "lm_head": V * H * itemsize}
+
+
+def marginal_by_role(kernels: list[dict], roles: list[str], nbytes: dict[str, int], steps: int) -> list[dict] | None:
+    """Mean marginal µs per role: each kernel's end minus the previous kernel's end (kernels in start order,
+    ``len(roles)`` per step); ``start_lag_us``: its start minus the previous kernel's end (negative: it launched
+    while that one ran, as PDL allows). None when the trace's kernel count is not ``steps × len(roles)``."""
+    k = len(roles)
+    if len(kernels) != steps * k:
+        return None
+    acc: dict[str, list[float]] = {}
+    for i in range(1, len(kernels)):
+        prev_end = kernels[i - 1]["ts"] + kernels[i - 1]["dur"]
+        e = kernels[i]
+        a = acc.setdefault(roles[i % k], [0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += e["ts"] + e["dur"] - prev_end
+        a[2] += e["ts"] - prev_end
+    out = []
+    for role in dict.fromkeys(roles):
+        cnt, marg, lag = acc[role]
+        mean = marg / cnt
+        b = nbytes.get(role)
+        out.append({"role": role, "per_step": roles.count(role), "marginal_us": mean,
+                    "per_step_us": mean * roles.count(role), "start_lag_us": lag / cnt, "weight_bytes": b,
+                    "gbps": b / mean / 1e3 if b and mean > 0 else None})
+    return out
 
 
 if __name__ == "__main__":
