@@ -70,3 +70,23 @@ def test_bf16_teacher_forced_agreement_at_least_99_percent(engine, model):
 
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.99
     assert rel(got, truth) <= 1.1 * rel(ref, truth) + 1e-4, (rel(got, truth), rel(ref, truth))
+
+
+@pytest.mark.parametrize("grid_per_sm", [1, 3])
+def test_persistent_grids_give_the_same_logits_as_one_program_per_block(grid_per_sm):
+    """O-proj, gate/up, down and the LM head as persistent grids (each program streaming several row blocks with
+    the next tiles in flight) sum every row's tiles in the same order as one program per block: the teacher-forced
+    logits of Llama-3.2-1B's shape (512 row blocks of the hidden size, far more than the SMs' programs) are bitwise
+    those of the default grid, under PDL."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90+")
+    from bubblescope.fused_engine import FusedEngine, FusedParams
+    w = dummy_weights(get_preset("llama-3.2-1b"), "cuda", torch.bfloat16, seed=1)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, w.config.vocab_size, (16,), generator=g).tolist()
+    forced = torch.randint(3, w.config.vocab_size, (48,), generator=g).tolist()
+    base = teacher_forced_logits(FusedEngine(w, 80, pdl=True), prompt, forced)
+    eng = FusedEngine(w, 80, pdl=True, params=FusedParams(grid_per_sm=grid_per_sm))
+    assert eng._lm_grid[0] < -(-w.config.vocab_size // eng.lm_rows), "the LM head's grid is not persistent"
+    got = teacher_forced_logits(eng, prompt, forced)
+    assert torch.equal(got, base), (got - base).abs().max().item()
