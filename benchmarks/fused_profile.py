@@ -1,7 +1,9 @@
 """Where a fused op-by-op decode step spends its time: per kernel, mean duration and achieved bandwidth.
 
 Builds ``FusedEngine`` over seeded dummy weights (tile sizes and PDL from the options), prefills, captures the
-step's CUDA graph, and records ``--steps`` replays with torch.profiler (CUPTI). Per kernel name: launches per
+step's CUDA graph, and records ``--steps`` replays with torch.profiler (CUPTI) — back to back, or with ``--loop
+greedy`` as ``generate()`` runs them (one step launched ahead, each token copied to the host), whose first kernel's
+start lag shows what the step boundary costs. Per kernel name: launches per
 step, mean µs; and the step's GPU busy time (the union of kernel intervals) against its span, whose difference is
 the time between kernels: the launch, drain and fill bubbles that PDL and a megakernel remove.
 
@@ -34,6 +36,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-per-sm", type=int, default=None)
     ap.add_argument("--block-s", type=int, default=None)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--loop", choices=("replay", "greedy"), default="replay",
+                    help="replay: the step's graph back to back; greedy: launch_greedy one step ahead with each "
+                         "token copied to the host, as generate() decodes")
     ap.add_argument("--out", default="fused_profile.json")
     args = ap.parse_args(argv)
 
@@ -57,8 +62,15 @@ def main(argv=None) -> int:
         eng._graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.steps):
-            eng._graph.replay()
+        if args.loop == "replay":
+            for _ in range(args.steps):
+                eng._graph.replay()
+        else:
+            eng.launch_greedy(None)
+            for _ in range(args.steps - 1):
+                eng.launch_greedy(None)
+                eng.next_greedy_token()
+            eng.next_greedy_token()
         torch.cuda.synchronize()
     import os
     import tempfile
@@ -89,7 +101,7 @@ def main(argv=None) -> int:
             cur_e = max(cur_e, e)
     busy += (cur_e - cur_s) if cur_e is not None else 0
     span = spans[-1][1] - spans[0][0] if spans else 0
-    doc = {"model": args.model, "pdl": args.pdl, "params": vars(p), "device": torch.cuda.get_device_name(),
+    doc = {"model": args.model, "pdl": args.pdl, "loop": args.loop, "params": vars(p), "device": torch.cuda.get_device_name(),
            "kernels_per_step": eng.kernels_per_step(), "step_span_us": span / n, "step_busy_us": busy / n,
            "kernels": sorted(rows, key=lambda r: -r["per_step_us"]),
            "roles": marginal_by_role(kernels, plan_roles(eng), role_bytes(cfg, w.dtype.itemsize), n)}
