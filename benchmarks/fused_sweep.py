@@ -38,6 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-per-sm", default="0", help="O-proj, gate/up and down as persistent grids of N programs "
                     "per SM (0: one program per row block)")
     ap.add_argument("--block-s", default="16", help="KV positions per attention block")
+    ap.add_argument("--variants", default="",
+                    help="FusedParams overrides tried on every config above, ';' between variants, ',' between "
+                         "key=value pairs (an empty variant: none), e.g. ';splits=1,block_s=64;gateup_warps=8'")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -60,6 +63,9 @@ def main(argv=None) -> int:
                                   ints(args.pdl_early), ints(args.prefetch_o), ints(args.prefetch_gateup_kb),
                                   ints(args.grid_per_sm), ints(args.block_s)))
     grid = [g for g in grid if g[3] or not g[7]]   # the early trigger only exists with PDL
+    variants = [dict((kv.split("=")[0].strip(), int(kv.split("=")[1])) for kv in v.split(",") if kv.strip())
+                for v in args.variants.split(";")]
+    grid = [(*g, v) for g in grid for v in variants]
     doc = {"benchmark": "fused_sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("BUBBLESCOPE_COMMIT"), "device": info.get("name"),
            "nvml_peak_GBps": info.get("nvml_peak_GBps"), "versions": {"torch": torch.__version__,
@@ -72,17 +78,19 @@ def main(argv=None) -> int:
         max_seq = args.prompt_len + args.steps * args.rounds + 64
         traffic = step_traffic(cfg, 2, args.prompt_len + args.steps * args.rounds // 2)
         engines, rows = {}, {}
-        for bn, bk, nw, pdl, fr, ns, dk, early, pfo, pfgu, gps, bs in grid:
-            key = f"n{bn}_k{bk}_w{nw}_pdl{pdl}{'e' if early else ''}_fr{fr}_{ns}_dk{dk}_pf{pfo}-{pfgu}_g{gps}_s{bs}"
+        for bn, bk, nw, pdl, fr, ns, dk, early, pfo, pfgu, gps, bs, var in grid:
+            key = (f"n{bn}_k{bk}_w{nw}_pdl{pdl}{'e' if early else ''}_fr{fr}_{ns}_dk{dk}_pf{pfo}-{pfgu}_g{gps}_s{bs}"
+                   + "".join(f"_{k}{v}" for k, v in var.items()))
             rows[key] = {"block_n": bn, "block_k": bk, "num_warps": nw, "pdl": bool(pdl), "pdl_early": bool(early),
                          "fused_reduce": bool(fr), "norm_stats": ns, "down_block_k": dk, "prefetch_o": bool(pfo),
-                         "prefetch_gateup_kb": pfgu, "grid_per_sm": gps, "block_s": bs}
+                         "prefetch_gateup_kb": pfgu, "grid_per_sm": gps, "block_s": bs, **var, "variant": var}
             try:
                 eng = FusedEngine(w, max_seq_len=max_seq, pdl=bool(pdl),
-                                  params=FusedParams(block_n=bn, block_k=bk, num_warps=nw, fused_reduce=bool(fr),
-                                                     norm_stats=ns, down_block_k=dk, pdl_early=bool(early),
-                                                     prefetch_o=bool(pfo), prefetch_gateup_kb=pfgu,
-                                                     grid_per_sm=gps, block_s=bs))
+                                  params=FusedParams(**{**dict(block_n=bn, block_k=bk, num_warps=nw,
+                                                               fused_reduce=bool(fr), norm_stats=ns, down_block_k=dk,
+                                                               pdl_early=bool(early), prefetch_o=bool(pfo),
+                                                               prefetch_gateup_kb=pfgu, grid_per_sm=gps, block_s=bs),
+                                                        **var}))
                 eng.prefill(prompt)
                 eng.decode_greedy(int(prompt[-1]))          # compiles and captures
                 engines[key] = eng
@@ -125,7 +133,8 @@ def main(argv=None) -> int:
             print(f"{model} n{r['block_n']} k{r['block_k']} w{r['num_warps']} pdl{int(r['pdl'])}"
                   f"{'e' if r['pdl_early'] else ''} "
                   f"fr{int(r['fused_reduce'])} {r['norm_stats']} dk{r['down_block_k']} "
-                  f"pf{int(r['prefetch_o'])}-{r['prefetch_gateup_kb']} g{r['grid_per_sm']} s{r['block_s']}: "
+                  f"pf{int(r['prefetch_o'])}-{r['prefetch_gateup_kb']} g{r['grid_per_sm']} s{r['block_s']} "
+                  f"{r['variant'] or ''}: "
                   f"{r['ms_p50']:.4f} ms  {100 * (r['util_peak'] or 0):.1f}% peak  same={r['tokens_equal_first_config']}",
                   flush=True)
         for r in rows.values():

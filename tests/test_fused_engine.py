@@ -101,9 +101,12 @@ def test_qk_norm_kernel_matches_numpy():
 
 
 @pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("pos,nsplit,block_s", [(0, 3, 4), (12, 3, 4), (29, 4, 8), (5, 1, 16)])
+@pytest.mark.parametrize("pos,nsplit,block_s", [(0, 3, 4), (12, 3, 4), (29, 4, 8), (5, 1, 16), (29, 1, 8),
+                                                 (12, 4, 16)])
 def test_split_attention_and_reduce_match_numpy_softmax_with_gqa(pos, nsplit, block_s, fused):
-    # 6 query heads on 2 kv heads (G = 3, padded to 4 lanes), D = 10 (padded to 16); some splits empty at pos 0
+    # 6 query heads on 2 kv heads (G = 3, padded to 4 lanes), D = 10 (padded to 16); some splits empty at pos 0;
+    # (29, 1, 8): one slice of four blocks, each next block loaded ahead; (12, 4, 16) and (29, 1, 8) fused: the
+    # context within one slice, whose program stores o without partials or a ticket
     K = _kernels()
     g = torch.Generator().manual_seed(3 + pos)
     NH, NKV, D, S = 6, 2, 10, 32
@@ -206,6 +209,19 @@ def test_tiny_configs_match_the_reference_engine(name, fused_reduce, norm_stats,
     want = teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED)
     got = teacher_forced_logits(_fused(w, fused_reduce, norm_stats, grid_per_sm), PROMPT, FORCED)
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
+def test_one_slice_attention_and_gateup_tiles_of_their_own_match_the_reference_engine():
+    # splits=1: each kv head's whole context in one slice of 2-position blocks (the next loaded ahead), stored
+    # directly; gate/up with rows per program and warps of its own
+    from bubblescope.fused_engine import FusedEngine, FusedParams
+    w = dummy_weights(TINY["gqa-tied-llama3"], seed=0)
+    want = teacher_forced_logits(ReferenceEngine(w, max_seq_len=32), PROMPT, FORCED)
+    eng = FusedEngine(w, max_seq_len=32, params=FusedParams(block_n=8, block_k=16, block_s=2, splits=1,
+                                                            gateup_block_n=4, gateup_warps=2))
+    got = teacher_forced_logits(eng, PROMPT, FORCED)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    assert eng.compile_info()["gateup_block_n"] == 4
 
 
 @needs_stories

@@ -81,7 +81,10 @@ class FusedParams:
     module docstring says why that is safe; off by default: 0.977 against 0.982 ms per step on an H100, within
     the spread, ``h100-2026-12-07-ladder/fused_sweep_1b_pdl_early_890fb44.json``); ``grid_per_sm``: the O-projection,
     gate/up, down and LM-head kernels as persistent grids of at most that many programs per SM, each streaming its row blocks
-    back to back with the next tiles in flight (0: one program per row block). Defaults from
+    back to back with the next tiles in flight (0: one program per row block; slower on an H100: 1.001 ms per step
+    at 0, 1.050 at 2, 1.113 at 3, 1.357 at 1, ``h100-2026-12-07-ladder/fused_sweep_1b_grid_5c68e54.json``);
+    ``gateup_block_n`` / ``gateup_warps``: the gate/up kernel's rows per program and warps (0: ``block_n`` /
+    ``num_warps``). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
     ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
     4 rows × 2,048 columns, 4 warps and the fused reduction were fastest; Σx² by atomics was no faster than
@@ -90,13 +93,14 @@ class FusedParams:
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
                  down_block_k: int = 0, pdl_early: bool = False, prefetch_o: bool = False,
-                 prefetch_gateup_kb: int = 0, grid_per_sm: int = 0):
+                 prefetch_gateup_kb: int = 0, grid_per_sm: int = 0, gateup_block_n: int = 0, gateup_warps: int = 0):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
         self.down_block_n, self.down_block_k = down_block_n, down_block_k
         self.pdl_early = pdl_early
         self.prefetch_o, self.prefetch_gateup_kb = prefetch_o, prefetch_gateup_kb
         self.grid_per_sm = grid_per_sm
+        self.gateup_block_n, self.gateup_warps = gateup_block_n, gateup_warps
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -239,11 +243,13 @@ class FusedEngine:
                          (_mat(layer.o_proj), b["o"], b["x"], ss(2 * li)),
                          dict(N=H, K=cfg.q_size, BLOCK_N=rows(H), BLOCK_K=bk(cfg.q_size), STATS_OUT=stats, ACT=act,
                               **common, **_fp8(layer.o_proj), **gx)))
-            grid, gx = persistent(I, rows(I))
+            gn = min(p.gateup_block_n or p.block_n, _pow2(I))
+            grid, gx = persistent(I, gn)
             plan.append((K.gateup_kernel, grid,
                          (b["x"], layer.post_attention_layernorm, _mat(layer.gate_proj), _mat(layer.up_proj), b["act"],
                           ss(2 * li), eps),
-                         dict(I=I, H=H, BLOCK_N=rows(I), BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common, **gx,
+                         dict(I=I, H=H, BLOCK_N=gn, BLOCK_K=bk(H), STATS_IN=stats, ACT=act, **common, **gx,
+                              num_warps=p.gateup_warps or p.num_warps,
                               **({"wgs_ptr": layer.gate_proj.scale, "wus_ptr": layer.up_proj.scale, "W_FP8": True}
                                  if isinstance(layer.gate_proj, QuantizedLinear) else {}))))
             dn = min(p.down_block_n or p.block_n, _pow2(H))
@@ -271,7 +277,7 @@ class FusedEngine:
         # pos, which the previous step's last kernel wrote, before their gdc_wait.
         for k, (kernel, grid, args, cx) in enumerate(self._plan):
             extra = dict(launch_pdl=True) if self.pdl and k > 0 else {}
-            kernel[grid](*args, **cx, num_warps=self.params.num_warps, **extra)
+            kernel[grid](*args, **{"num_warps": self.params.num_warps, **cx}, **extra)   # cx may set its own warps
 
     # ---- Decoder protocol --------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -429,5 +435,5 @@ class FusedEngine:
                 "fused_reduce": p.fused_reduce, "norm_stats": p.norm_stats, "pdl_early": self.pdl and p.pdl_early,
                 "prefetch_o": p.prefetch_o and self.device.type == "cuda",
                 "prefetch_gateup_kb": p.prefetch_gateup_kb if self.device.type == "cuda" else 0,
-                "grid_per_sm": p.grid_per_sm,
+                "grid_per_sm": p.grid_per_sm, "gateup_block_n": p.gateup_block_n, "gateup_warps": p.gateup_warps,
                 "weights": self.weight_format}

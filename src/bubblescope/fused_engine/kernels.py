@@ -239,7 +239,8 @@ def qk_norm_kernel(q_ptr, kraw_ptr, kc_ptr, pos_ptr, qn_ptr, kn_ptr, cos_ptr, si
 # slices that hold a position each take a ticket (an acq_rel atomic on cnt[kv head]) after their stores, and the one
 # holding the last ticket combines those NACT slices as attn_reduce does and rewinds the counter: one launch per
 # layer fewer; the programs of empty slices (a short context over many splits) exit at once, and the combine reads
-# only the NACT slices written. With PREFETCH, the
+# only the NACT slices written. With NACT = 1 (a context within one slice) that slice's program stores o itself:
+# no partials, no ticket. A slice of several BLOCK_S blocks loads each next block before the current one's math. With PREFETCH, the
 # programs first split pf_a[0:pf_a_bytes), pf_b[0:pf_bc_bytes) and pf_c[0:pf_bc_bytes) (the O-projection, the head
 # of the gate and of the up matrix) among themselves and start pulling them into L2.
 @triton.jit
@@ -298,6 +299,10 @@ def _attn_slice(q_ptr, kc_ptr, vc_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_p
             tl.extra.cuda.gdc_launch_dependents()
     q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
     q = q.to(tl.float32) * scale                                         # (G_P, D_P)
+    # the prefetched block plus the new row where it falls in it (disjoint masks: the sum is exact)
+    m_new_row = ((sv0 < end) & (sv0 == n - 1))[:, None] & md[None, :]
+    kb = k_old + tl.load(kc_ptr + off0, mask=m_new_row, other=0.0)      # (BLOCK_S, D_P) ACT
+    vb = v_old + tl.load(vc_ptr + off0, mask=m_new_row, other=0.0)
     m = tl.full([G_P], float("-inf"), tl.float32)
     l = tl.zeros([G_P], tl.float32)
     acc = tl.zeros([G_P, D_P], tl.float32)
@@ -305,15 +310,14 @@ def _attn_slice(q_ptr, kc_ptr, vc_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_p
     while s0 < end:  # (a while loop: the interpreter cannot range() over a run-time bound)
         sv = s0 + tl.arange(0, BLOCK_S)
         ms = sv < end
-        kv_off = base + sv[:, None] * D + d[None, :]
-        if s0 == start:   # the prefetched block, plus the new row if it falls here
-            m_new_row = (ms & (sv == n - 1))[:, None] & md[None, :]
-            k = k_old.to(tl.float32) + tl.load(kc_ptr + kv_off, mask=m_new_row, other=0.0).to(tl.float32)
-            v = v_old.to(tl.float32) + tl.load(vc_ptr + kv_off, mask=m_new_row, other=0.0).to(tl.float32)
-        else:
-            mkv = ms[:, None] & md[None, :]
-            k = tl.load(kc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)      # (BLOCK_S, D_P)
-            v = tl.load(vc_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)
+        # the next block's loads go out before this block's math: a slice of several blocks (few splits, a long
+        # context) waits one round trip per block less
+        sn = sv + BLOCK_S
+        mn = (sn < end)[:, None] & md[None, :]
+        kn = tl.load(kc_ptr + base + sn[:, None] * D + d[None, :], mask=mn, other=0.0)
+        vn = tl.load(vc_ptr + base + sn[:, None] * D + d[None, :], mask=mn, other=0.0)
+        k = kb.to(tl.float32)
+        v = vb.to(tl.float32)
         sc = _sum(q[:, None, :] * k[None, :, :], 2)                                # (G_P, BLOCK_S)
         sc = tl.where(ms[None, :], sc, float("-inf"))
         m_new = tl.maximum(m, _max(sc, 1))
@@ -322,13 +326,22 @@ def _attn_slice(q_ptr, kc_ptr, vc_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, o_p
         l = l * alpha + _sum(p, 1)
         acc = acc * alpha[:, None] + _sum(p[:, :, None] * v[None, :, :], 1)
         m = m_new
+        kb, vb = kn, vn
         s0 += BLOCK_S
-    tl.store(part_m_ptr + heads * NSPLIT + sp, m, mask=mg)
-    tl.store(part_l_ptr + heads * NSPLIT + sp, l, mask=mg)
-    tl.store(part_acc_ptr + (heads[:, None] * NSPLIT + sp) * D + d[None, :], acc, mask=mg[:, None] & md[None, :])
-    if FUSED_REDUCE:  # the kv head's last program to finish combines the splits (no attn_reduce launch)
+    nact = tl.cdiv(n, per)                                                # slices with a position
+    if FUSED_REDUCE and nact == 1:
+        # the only slice with positions (a short context): its softmax is the whole one — o = acc / l, which is
+        # what the combine below computes for one slice (weight e^0 = 1), without the partials' round trip and
+        # the ticket
+        o = acc / tl.where(mg, l, 1.0)[:, None]
+        tl.store(o_ptr + heads[:, None] * D + d[None, :], o.to(ACT), mask=mg[:, None] & md[None, :])
+    else:
+        tl.store(part_m_ptr + heads * NSPLIT + sp, m, mask=mg)
+        tl.store(part_l_ptr + heads * NSPLIT + sp, l, mask=mg)
+        tl.store(part_acc_ptr + (heads[:, None] * NSPLIT + sp) * D + d[None, :], acc,
+                 mask=mg[:, None] & md[None, :])
+    if FUSED_REDUCE and nact > 1:  # the kv head's last program to finish combines the splits (no attn_reduce launch)
         tl.debug_barrier()   # every thread's partials are issued before the release
-        nact = tl.cdiv(n, per)                                            # slices with a position
         ticket = tl.atomic_add(cnt_ptr + kvh, 1, sem="acq_rel", scope="gpu")
         if ticket == nact - 1:
             tl.atomic_xchg(cnt_ptr + kvh, 0, sem="relaxed", scope="gpu")   # ready for the next layer

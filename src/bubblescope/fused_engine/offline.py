@@ -92,6 +92,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     seen, out = set(), []
     for kernel, _grid, args, cx in eng._plan:
         cx = {**cx, "USE_PDL": pdl, "PDL_EARLY": pdl and params.pdl_early}
+        warps = cx.pop("num_warps", params.num_warps)   # a kernel's own warps where its plan entry sets them
         if "PREFETCH" in cx:   # the engine turns it on for a CUDA device only; these weights are on meta
             cx["PREFETCH"] = bool(params.prefetch_o or params.prefetch_gateup_kb)
         key = (kernel.fn.__name__, tuple(sorted((k, str(v) if not isinstance(v, torch.Tensor) else str(v.dtype))
@@ -113,7 +114,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
             else:
                 sig[name] = "fp32" if isinstance(value, float) else "i32"
         src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
-        ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": params.num_warps})
+        ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         usage = ptxas_usage(ck.asm["ptx"], arch)
         out.append({"kernel": kernel.fn.__name__, "registers": usage["registers"],
                     "spill_store_bytes": usage["spill_store_bytes"], "shared_bytes": int(ck.metadata.shared),
