@@ -1,18 +1,27 @@
-"""The CPU operators the parse keeps (``profiler/trace/opevents.py``) give the top-level operators that reading the
-file again gives (``cpuops.read_cpu_ops``), to the bit, in process, event by event and through worker processes."""
+"""The CPU operators the parse keeps (``profiler/trace/opevents.py``) give the top-level operators and the host time
+per step that reading the file again gives (``cpuops.read_cpu_ops``), to the bit, in process, event by event and
+through worker processes; and the summary reads the file once."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bubblescope.profiler.trace import batch, file as tracefile
+from bubblescope.profiler.trace import batch, cpuops, file as tracefile, summary as summary_module
+from bubblescope.profiler.trace import workers as traceworkers
 from bubblescope.profiler.trace.arrays import TraceArrays
 from bubblescope.profiler.trace.cpuops import parsed_cpu_ops, read_cpu_ops
 from bubblescope.profiler.trace.load import read_trace_arrays
+from bubblescope.profiler.trace.summary import summarize_traces
 
 from . import tracegen as tg
 from .test_trace_hostops import host_loop_events, marked_loop_events
+
+EAGER = Path(__file__).resolve().parent / "data" / "h200_reference_eager.json.gz"
+
 
 def _same(a: dict | None, b: dict | None) -> None:
     assert (a is None) == (b is None)
@@ -88,6 +97,49 @@ def test_every_odd_operator_is_typed_as_the_second_read_types_it(tmp_path, decod
     assert top["tid"][0] == 1 and "same_times_b" not in top["name"].tolist()
     assert "inner_late" not in top["name"].tolist() and "after" in top["name"].tolist()
     _same(top, read_cpu_ops(path))
+
+
+def _without_gpu(events: list[dict]) -> list[dict]:
+    return [e for e in events if e.get("ph") == "M" or e.get("cat") == "cpu_op"]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize("case", ["eager", "markerless", "marked", "absolute", "cpu-only"])
+def test_the_summary_reads_the_file_once_and_gives_the_same_host_time(tmp_path, monkeypatch, case, workers):
+    if case == "eager":
+        path = EAGER
+    else:
+        events = {"markerless": lambda: host_loop_events(6), "marked": lambda: marked_loop_events(5),
+                  "absolute": lambda: marked_loop_events(5, t0=1_733_456_789_012_345.5),
+                  "cpu-only": lambda: _without_gpu(host_loop_events(12))}[case]()
+        path = tg.write(tmp_path / "t.json", tg.document(events, rank=None))
+    monkeypatch.setenv("BUBBLESCOPE_TRACE_WORKERS", workers)
+    merged = []
+    merge = traceworkers._merge
+    monkeypatch.setattr(traceworkers, "_merge", lambda cols, result: merged.append(1) or merge(cols, result))
+    monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 1 << 16 if case == "eager" else 2048)
+    # what the summary gave when it read the operators from the file again
+    with monkeypatch.context() as again:
+        again.setattr(summary_module, "parsed_cpu_ops", lambda arrays: read_cpu_ops(arrays.path))
+        want = summarize_traces([path])["files"][0]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the file was opened a second time")
+
+    opened, open_trace = [], tracefile.open_trace
+    monkeypatch.setattr(cpuops, "read_cpu_ops", refuse)
+    monkeypatch.setattr(cpuops, "open_text_bytes", refuse)
+    monkeypatch.setattr(tracefile, "open_text_bytes", refuse)
+    monkeypatch.setattr("bubblescope.profiler.trace.load.open_trace", lambda p: opened.append(p) or open_trace(p))
+    merged.clear()
+    got = summarize_traces([path])["files"][0]
+    assert opened == [str(path)]
+    assert (len(merged) > 0) == (workers != "0")
+    assert json.dumps(got) == json.dumps(want)
+    if case == "cpu-only":
+        assert got["step_detection"]["method"] == "cpu-ops" and got["host_ops"] is None
+    else:
+        assert got["host_ops"]["rows"] and got["host_ops"]["reason"] is None
 
 
 def test_a_trace_built_from_frames_without_operators_has_none(tmp_path):
