@@ -110,7 +110,8 @@ def top_level_ops(ops: CpuOps | None) -> dict[str, np.ndarray] | None:
     rank = np.empty(len(keys), dtype=np.int64)  # each thread's place in (pid, tid) text order
     rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
     code, t0, t1 = ops.thread, ops.ts_us, ops.end_us
-    order = np.lexsort((-t1, t0, rank[code]))  # per thread by start; an enclosing op before its child
+    # per thread by start, an enclosing op before its child (one thread, the usual case, needs no thread key)
+    order = np.lexsort((-t1, t0, rank[code]) if len(keys) > 1 else (-t1, t0))
     kept, last, reach = array("q"), -1, 0.0
     for lo in range(0, len(order), _LOOP_ROWS):  # as Python numbers a block at a time
         rows = order[lo:lo + _LOOP_ROWS]

@@ -168,9 +168,12 @@ class CpuOpRows:
         import numpy as np
 
         self.flush()
-        chunks, self.chunks = self.chunks, []
+        chunks = [list(c) for c in self.chunks]
+        self.chunks = []
         parts = []
         for i, dtype in enumerate((np.int32, np.int32, np.float64, np.float64)):
             parts.append(np.concatenate([c[i] for c in chunks]) if chunks else np.zeros(0, dtype=dtype))
+            for c in chunks:  # each column's chunks freed once joined: memory holds the operators once plus a column
+                c[i] = None
         return CpuOps(names=np.array(list(self.names), dtype=object), name=parts[0], threads=list(self.threads),
                       thread=parts[1], ts_us=parts[2], end_us=parts[3])
