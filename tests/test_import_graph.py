@@ -43,7 +43,7 @@ BASE = frozenset({"errors", "wording", "libwarnings", "outdir", "version"})
 # each event to the events stage, so in import order the events stage comes first.
 TRACE = f"{PACKAGE}.profiler.trace"
 TRACE_STAGES: tuple[tuple[str, frozenset[str]], ...] = (
-    ("events", frozenset({"schema", "values", "events", "batch", "pairs"})),
+    ("events", frozenset({"schema", "values", "opevents", "events", "batch", "pairs"})),
     ("read", frozenset({"file", "window", "walk", "workers"})),
     ("columns", frozenset({"heap", "intervals", "categories", "apis", "columns", "repeats", "frames", "arrays",
                            "load"})),

@@ -152,7 +152,7 @@ def test_a_profiler_step_marked_loop(tmp_path):
 
 def test_absolute_kineto_times_are_moved_onto_the_steps_time(tmp_path):
     # µs since the epoch with ns digits, as older Kineto writes them: the parser subtracts an origin from its
-    # columns, the operators read again must be moved by the same
+    # columns, the operators (kept in the file's time) must be moved by the same
     t0 = 1_733_456_789_012_345.5
     f = _summary(tmp_path, marked_loop_events(4, t0=t0))
     rows = _rows(f["host_ops"])
@@ -163,11 +163,11 @@ def test_absolute_kineto_times_are_moved_onto_the_steps_time(tmp_path):
 
 
 # ---- when it is not computed, or cannot be -----------------------------------------------------------------------
-def test_a_gpu_bound_trace_is_not_read_again(tmp_path, monkeypatch):
-    def refuse(path):
-        raise AssertionError("the CPU operators were read for a GPU-bound trace")
+def test_a_gpu_bound_trace_does_not_pick_its_operators(tmp_path, monkeypatch):
+    def refuse(arrays):
+        raise AssertionError("the top-level CPU operators were picked for a GPU-bound trace")
 
-    monkeypatch.setattr(summary_module, "read_cpu_ops", refuse)
+    monkeypatch.setattr(summary_module, "parsed_cpu_ops", refuse)
     # each step: 3 kernels of 100 µs, each launched (2 µs) when the previous one ends, 5 µs of sampling: the GPU
     # idles 11 of 317 µs (bubble ratio 0.035)
     events, _ = tg.decode_loop_events(6, ["a", "b", "c"], kernel_us=100.0, step_gap_us=5.0)

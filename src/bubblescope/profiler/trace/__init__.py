@@ -8,7 +8,8 @@ to the events stage, imports that one (``tests/test_import_graph.py`` holds the 
   :mod:`.workers` (windows decoded in worker processes for a large file);
 - **events**: :mod:`.schema` (the tables and their columns), :mod:`.values` (numbers as traces write them),
   :mod:`.events` (each event typed into its table's column chunks), :mod:`.batch` (a window's events decoded
-  by msgspec in one call), :mod:`.pairs` (``B``/``E`` pairs made complete events);
+  by msgspec in one call), :mod:`.pairs` (``B``/``E`` pairs made complete events), :mod:`.opevents` (the CPU
+  operator events, kept apart from the tables);
 - **columns**: :mod:`.columns` (whole numpy columns per table), :mod:`.repeats` (events written twice,
   counted once), :mod:`.categories` (kernel categories), :mod:`.apis` (launch and sync calls by name),
   :mod:`.arrays` (:class:`~.arrays.TraceArrays`, the numpy form), :mod:`.frames` (:class:`~.frames.Trace`,

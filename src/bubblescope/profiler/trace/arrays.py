@@ -20,6 +20,8 @@ from .schema import INT_COLUMNS, NA
 if TYPE_CHECKING:
     import numpy as np
 
+    from .opevents import CpuOps
+
 # The columns of each table the summaries read, and what stands in for a column a hand-built frame lacks.
 _TEXT_COLUMNS = {"gpu": ("name", "kind", "category"), "runtime": ("name", "category"), "annotations": ("name",),
                  "flows": ("phase", "cat")}
@@ -39,6 +41,8 @@ class TraceArrays:
     ``origin_us``: the exact integer µs subtracted from every time of the file (0 unless its integer ``ts``
     exceed 2^53 µs, see :func:`~.columns.rebase_times`): ``ts_us`` + ``origin_us`` is the file's time.
     ``gpu_excluded``: GPU activities of the file dropped for unusable times (counted in ``warnings`` by reason).
+    ``cpu_ops``: the CPU-operator events the parse read (:class:`~.opevents.CpuOps`, times in the file's time:
+    ``origin_us`` not subtracted), None for a trace built from frames made otherwise.
     """
 
     path: str
@@ -53,6 +57,7 @@ class TraceArrays:
     event_count: int = 0
     gpu_excluded: int = 0
     origin_us: int = 0
+    cpu_ops: CpuOps | None = field(default=None, repr=False)
     cache: dict = field(default_factory=dict, repr=False)  # derived arrays (launch rows), computed once
 
     def to_trace(self) -> Trace:
@@ -60,7 +65,7 @@ class TraceArrays:
         return Trace(path=self.path, rank=self.rank, metadata=self.metadata, gpu=frame_of(self.gpu, self.texts),
                      runtime=frame_of(self.runtime, self.texts), annotations=frame_of(self.annotations, self.texts),
                      flows=frame_of(self.flows, self.texts), warnings=list(self.warnings),
-                     event_count=self.event_count)
+                     event_count=self.event_count, cpu_ops=self.cpu_ops)
 
     @classmethod
     def from_trace(cls, trace: Trace) -> TraceArrays:
@@ -100,7 +105,7 @@ class TraceArrays:
             runtime.update(api_flags(runtime["name"], texts))
         return cls(path=trace.path, rank=trace.rank, metadata=trace.metadata, texts=texts, gpu=gpu, runtime=runtime,
                    annotations=tables["annotations"], flows=tables["flows"], warnings=list(trace.warnings),
-                   event_count=trace.event_count)
+                   event_count=trace.event_count, cpu_ops=trace.cpu_ops)
 
 
 def common_origin(traces: list[TraceArrays]) -> None:

@@ -203,7 +203,7 @@ def _add_array(cols: EventTables, doc: str | bytes, exact: bool) -> bool:
     if unknown:
         odd[UNKNOWN_PHASE] += unknown
     tables: dict[str, dict[str, list]] = {}
-    maybe = np.flatnonzero(codes == 6)
+    maybe = ops = np.flatnonzero(codes == 6)  # CPU operators, old torch's steps among them
     if len(maybe) and ("ProfilerStep#" if type(doc) is str else b"ProfilerStep#") in doc:  # old torch's steps
         codes[maybe[_steps([events[i].name for i in maybe.tolist()])]] = 5
     maybe = np.flatnonzero(codes == 10)
@@ -303,6 +303,10 @@ def _add_array(cols: EventTables, doc: str | bytes, exact: bool) -> bool:
         cols.extend(table, values)
     for i in pairs.tolist():
         cols.pairs.append(_as_dict(events[i]))
+    if len(ops):
+        sub = [events[i] for i in ops.tolist()]
+        cols.cpu_ops.extend([e.name for e in sub], [e.pid for e in sub], [e.tid for e in sub], [e.ts for e in sub],
+                            [e.dur for e in sub])
     return True
 
 

@@ -1,13 +1,13 @@
 """The top-level CPU operators of a trace, for finding decode steps in a trace without GPU activity and for the
 host's time per step by operator (:mod:`.hostops`).
 
-The trace parser keeps GPU activities, CUDA API calls and ``record_function`` ranges, not torch's operator
-events (category ``cpu_op``, ``Operator`` in old exports), which no GPU metric reads. A CPU-only run has nothing
-else: its decode steps show only as a repeating sequence of operators; a host-bound one spends its step in them.
-This module reads those events from the file on their own (msgspec decodes only the few fields read here, a
-piece of the text at a time), only when they are needed, and keeps the top-level ones: operators not inside
-another operator of their thread (``aten::linear``, not the ``aten::addmm`` it calls), the calls a decode loop
-makes.
+The trace's tables keep GPU activities, CUDA API calls and ``record_function`` ranges, not torch's operator events
+(category ``cpu_op``, ``Operator`` in old exports), which no GPU metric reads. A CPU-only run has nothing else: its
+decode steps show only as a repeating sequence of operators; a host-bound one spends its step in them. The parse
+keeps those events apart (:class:`~.opevents.CpuOps`, ``TraceArrays.cpu_ops``) and :func:`parsed_cpu_ops` picks
+the top-level ones, once per trace and only when asked: operators not inside another operator of their thread
+(``aten::linear``, not the ``aten::addmm`` it calls), the calls a decode loop makes. :func:`read_cpu_ops` gives
+the same from a file read on its own (msgspec decodes only the few fields read here, a piece of the text at a time).
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BubblescopeError
 from .file import open_text_bytes
+from .opevents import CPU_OP_CATEGORIES, CpuOps, number
 
 if TYPE_CHECKING:
     import numpy as np
 
-CPU_OP_CATEGORIES = frozenset({"cpu_op", "Operator"})
+    from .arrays import TraceArrays
+
 # Text decoded at a time: the events of a piece are built, filtered and dropped before the next is read (4 MiB
 # pieces read a 530 MB trace faster than 32 MiB ones, in half the memory).
 PIECE_BYTES = 1 << 22
@@ -43,14 +45,6 @@ def _doc_type() -> Any:
     event = msgspec.defstruct("CpuOpEvent", [(k, Any, None) for k in ("ph", "cat", "name", "pid", "tid", "ts",
                                                                        "dur")])
     return msgspec.defstruct("CpuOpTrace", [("traceEvents", list[event], [])])
-
-
-def _number(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return out if out == out and abs(out) != float("inf") else None
 
 
 def read_cpu_ops(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
@@ -78,7 +72,7 @@ def read_cpu_ops(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
                     continue
                 t, dur = ev.ts, ev.dur
                 if type(t) is not float or type(dur) is not float or t - t or dur - dur:  # not both finite floats
-                    t, dur = _number(t), _number(dur)
+                    t, dur = number(t), number(dur)
                     if t is None or dur is None:
                         continue
                 if dur < 0:
@@ -91,11 +85,33 @@ def read_cpu_ops(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
         return None
     if not ts:
         return None
-    keys = list(threads)  # by code
+    return top_level_ops(CpuOps(names=np.array(list(texts), dtype=object), name=np.frombuffer(name, dtype=np.int64),
+                                threads=list(threads), thread=np.frombuffer(thread, dtype=np.int64),
+                                ts_us=np.frombuffer(ts, dtype=np.float64), end_us=np.frombuffer(end, dtype=np.float64)))
+
+
+def parsed_cpu_ops(arrays: TraceArrays) -> dict[str, np.ndarray] | None:
+    """:func:`top_level_ops` of the operators the parse of ``arrays`` kept (``arrays.cpu_ops``), computed once per
+    trace (kept in ``arrays.cache``): what :func:`read_cpu_ops` reads from its file, without reading it again. None
+    when the trace holds no operator, or was not read by the parse (built from frames made otherwise)."""
+    if "cpu_ops" not in arrays.cache:
+        arrays.cache["cpu_ops"] = top_level_ops(arrays.cpu_ops)
+    return arrays.cache["cpu_ops"]
+
+
+def top_level_ops(ops: CpuOps | None) -> dict[str, np.ndarray] | None:
+    """The top-level operators of the busiest thread of ``ops``, in time order, as :func:`read_cpu_ops` returns
+    them; None when ``ops`` is None or empty. Equal (thread, start, end) keep the order of ``ops`` (the file's)."""
+    import numpy as np
+
+    if ops is None or not len(ops):
+        return None
+    keys = ops.threads  # by code
     rank = np.empty(len(keys), dtype=np.int64)  # each thread's place in (pid, tid) text order
     rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
-    code, t0, t1 = (np.frombuffer(a, dtype=d) for a, d in ((thread, np.int64), (ts, np.float64), (end, np.float64)))
-    order = np.lexsort((-t1, t0, rank[code]))  # per thread by start; an enclosing op before its child
+    code, t0, t1 = ops.thread, ops.ts_us, ops.end_us
+    # per thread by start, an enclosing op before its child (one thread, the usual case, needs no thread key)
+    order = np.lexsort((-t1, t0, rank[code]) if len(keys) > 1 else (-t1, t0))
     kept, last, reach = array("q"), -1, 0.0
     for lo in range(0, len(order), _LOOP_ROWS):  # as Python numbers a block at a time
         rows = order[lo:lo + _LOOP_ROWS]
@@ -109,9 +125,8 @@ def read_cpu_ops(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
     main = max(range(len(keys)), key=lambda k: (per[k], keys[k]))
     mine = kept[code[kept] == main]
     pid, tid = (_int(v) for v in keys[main])
-    return {"name": np.array(list(texts), dtype=object)[np.frombuffer(name, dtype=np.int64)[mine]],
-            "pid": np.full(len(mine), pid, dtype=np.int64), "tid": np.full(len(mine), tid, dtype=np.int64),
-            "ts_us": t0[mine], "end_us": t1[mine]}
+    return {"name": ops.names[ops.name[mine]], "pid": np.full(len(mine), pid, dtype=np.int64),
+            "tid": np.full(len(mine), tid, dtype=np.int64), "ts_us": t0[mine], "end_us": t1[mine]}
 
 
 def _pieces(path: str | os.PathLike) -> Iterator[list]:

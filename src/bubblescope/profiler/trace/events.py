@@ -31,6 +31,7 @@ from .schema import (
     UNKNOWN_PHASE,
     X_TABLES,
 )
+from .opevents import CpuOpRows
 from .values import as_float, as_int, exact_ns
 
 # str: a numeric string, parsed with the column (non-numeric: excluded then); Decimal: an exact time (pairs)
@@ -66,6 +67,7 @@ class EventTables:
         self.origin_us = 0  # what was subtracted from every ts (µs, exact; columns.rebase_times)
         self.exact_times = False  # batches decode ts from their text (ts beyond float64's ns seen; batch)
         self.gpu_excluded = 0  # GPU activities (kernel, memcpy, memset) dropped for unusable times, of all reasons
+        self.cpu_ops = CpuOpRows()  # operator events, kept apart: no table holds them, the host-time figures read them
 
     # ---- the per-event fallback -----------------------------------------------------------
     def add(self, ev: Any) -> None:
@@ -75,6 +77,7 @@ class EventTables:
             return
         ph = ev.get("ph")
         if ph == "X":
+            self.cpu_ops.add(ev)
             self.add_complete(ev)
         elif type(ph) is str and ph in FLOW_PHASES and self.keep_flows:
             self._pend(

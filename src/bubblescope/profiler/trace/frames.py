@@ -17,6 +17,8 @@ from .schema import INT_COLUMNS, NA
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .opevents import CpuOps
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -38,7 +40,8 @@ class Trace:
 
     ``metadata`` holds every top-level key except ``traceEvents`` (displayTimeUnit,
     baseTimeNanoseconds, deviceProperties, distributedInfo, ...). ``warnings`` lists odd but
-    survivable input, counted (one line per kind of oddity).
+    survivable input, counted (one line per kind of oddity). ``cpu_ops``: the CPU-operator events
+    the parse read (:class:`~.opevents.CpuOps`), None for a trace built otherwise.
     """
 
     path: str
@@ -50,6 +53,7 @@ class Trace:
     flows: pd.DataFrame = field(repr=False)
     warnings: list[str]
     event_count: int = 0
+    cpu_ops: CpuOps | None = field(default=None, repr=False, compare=False)
 
 
 def frame_of(data: dict[str, Any], texts: Any) -> pd.DataFrame:

@@ -2,12 +2,12 @@
 
 A host-bound decode loop (the GPU idle most of the step, waiting for the host's next launch) is as fast as the
 host gets through one step. The GPU figures say that it waits, not on what: the top-level torch operators the
-loop's thread runs (:func:`~.cpuops.read_cpu_ops`: ``aten::linear``, ``aten::embedding``, not the
+loop's thread runs (:func:`~.cpuops.parsed_cpu_ops`: ``aten::linear``, ``aten::embedding``, not the
 ``aten::addmm`` inside one) say where the host's time goes, and the time between them is the loop's own Python,
 or a wait in a call the profiler does not record as an operator.
 
-:func:`host_op_breakdown` is the table; :func:`host_bound` says when it answers a question (reading the operators
-means reading the trace file again, which a GPU-bound trace should not pay for).
+:func:`host_op_breakdown` is the table; :func:`host_bound` says when it answers a question (picking the top-level
+operators out of all the parse kept sorts and walks them, which a GPU-bound trace should not pay for).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def host_op_breakdown(ops: dict | None, step_ts_us: Any, step_end_us: Any, origi
     """Host time per decode step by top-level CPU operator name.
 
     Args:
-        ops: the top-level operators of one thread, disjoint and in time order, as :func:`~.cpuops.read_cpu_ops`
-            returns them (``name`` object array of str, ``pid``, ``tid`` int64, ``ts_us``, ``end_us`` float64
-            µs in the file's time), or None (none read).
+        ops: the top-level operators of one thread, disjoint and in time order, as :func:`~.cpuops.parsed_cpu_ops`
+            and :func:`~.cpuops.read_cpu_ops` return them (``name`` object array of str, ``pid``, ``tid`` int64,
+            ``ts_us``, ``end_us`` float64 µs in the file's time), or None (none read).
         step_ts_us, step_end_us: the start and end of each decode step to count (float64 µs, the trace
             columns' time: the measured steps, warm-up left out), one entry per step.
         origin_us: what the trace columns subtracted from the file's times (``TraceArrays.origin_us``): the

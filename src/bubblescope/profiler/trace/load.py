@@ -4,11 +4,11 @@
 The stages in order: :mod:`.file` reads and inflates the file in a thread; :mod:`.window` and :mod:`.walk`
 stream its JSON text window by window (4 Mi characters) and hand the ``traceEvents`` entries on; :mod:`.batch`
 decodes the whole events of each window in one msgspec call (only the fields the metrics use), in worker
-processes for a large file (:mod:`.workers`); :mod:`.events` keeps them as typed column chunks per table;
-:mod:`.columns` makes them whole numpy columns (``B``/``E`` pairs made complete events, :mod:`.pairs`);
-here they are cleaned (:mod:`.repeats`), classified and wrapped in a :class:`~.arrays.TraceArrays`. No dict
-per event is built; memory is one window plus the kept columns (``benchmarks/trace_parse.py`` measures time
-and peak RSS against Holistic Trace Analysis).
+processes for a large file (:mod:`.workers`); :mod:`.events` keeps them as typed column chunks per table, and
+the CPU operator events apart (:mod:`.opevents`); :mod:`.columns` makes them whole numpy columns (``B``/``E``
+pairs made complete events, :mod:`.pairs`); here they are cleaned (:mod:`.repeats`), classified and wrapped in a
+:class:`~.arrays.TraceArrays`. No dict per event is built; memory is one window plus the kept columns
+(``benchmarks/trace_parse.py`` measures time and peak RSS against Holistic Trace Analysis).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _finish(path: str, cols: EventTables, meta: dict) -> TraceArrays:
     arrays = TraceArrays(path=path, rank=rank, metadata=meta, texts=texts, gpu=gpu, runtime=runtime,
                          annotations=annotations, flows=tables["flows"], warnings=warnings,
                          event_count=cols.events, gpu_excluded=cols.gpu_excluded,
-                         origin_us=cols.origin_us)
+                         origin_us=cols.origin_us, cpu_ops=cols.cpu_ops.columns())
     unlinked = int((launch_rows(arrays) < 0).sum())  # computed once, kept for the summaries
     if unlinked:
         warnings.append(

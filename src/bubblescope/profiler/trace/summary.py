@@ -27,8 +27,8 @@ Device figures cover the whole trace; ``steps`` covers the decode steps (the med
 ``step_rows`` each of them, the warm-up steps included (flagged), in step order. Steps are the step marker's
 ranges; in a trace without any, they are found from what repeats once per token (:mod:`.stepfind`), and
 ``step_detection`` says how and with what confidence (``step_marker`` stays None). ``host_ops`` is the host's
-time per measured step by top-level CPU operator, computed only for host-bound steps (:func:`.hostops.host_bound`:
-it reads the file a second time); None otherwise. ``device_properties`` is
+time per measured step by top-level CPU operator, computed only for host-bound steps (:func:`.hostops.host_bound`),
+from the operators the parse kept (:func:`.cpuops.parsed_cpu_ops`); None otherwise. ``device_properties`` is
 the trace's ``deviceProperties`` entry of the step device, ``host_name`` Kineto's, ``first_context`` the KV
 positions of the first marked step where bubblescope's capture recorded them (:data:`CONTEXT_KEY`).
 """
@@ -48,7 +48,7 @@ from . import metrics
 from .arrays import TraceArrays
 from .arraysummary import breakdown, device_table, find_steps, overlap_note, step_devices
 from .checks import overlap_notes, skew_note
-from .cpuops import read_cpu_ops
+from .cpuops import parsed_cpu_ops
 from .graphs import graph_summary
 from .heap import parse_heap
 from .hostops import host_bound, host_op_breakdown
@@ -170,7 +170,7 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
     summary, step_rows = None, []
     if marker is None:
         tried = (step_marker,) if step_marker is not None else AUTO_STEP_MARKERS
-        ops = read_cpu_ops(arrays.path) if cpu_only else None  # a CPU-only run's steps are in its operators
+        ops = parsed_cpu_ops(arrays) if cpu_only else None  # a CPU-only run's steps are in its operators
         steps, detection = find_decode_steps(arrays, ops)
         if steps is None:
             warnings.append(f"no step marker ({' or '.join(map(repr, tried))}) in trace and "
@@ -230,11 +230,11 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
 
 def _host_ops(arrays: TraceArrays, steps: dict | None, summary: dict | None, skip_steps: int) -> dict | None:
     """The measured steps' host time by CPU operator when they are host-bound, else None: a GPU-bound trace
-    does not pay for reading its file again."""
+    does not pay for picking its top-level operators."""
     if steps is None or not host_bound(summary):
         return None
     measured = steps["step"] >= skip_steps
-    return host_op_breakdown(read_cpu_ops(arrays.path), steps["ts_us"][measured], steps["end_us"][measured],
+    return host_op_breakdown(parsed_cpu_ops(arrays), steps["ts_us"][measured], steps["end_us"][measured],
                              arrays.origin_us)
 
 

@@ -143,13 +143,14 @@ def _pump(stream: Any, box: queue.Queue) -> None:
 
 def _export(cols: EventTables) -> dict:
     return {"events": cols.events, "gpu_excluded": cols.gpu_excluded, "odd": dict(cols.odd),
-            "bad_ints": dict(cols.bad_ints), "vocab": cols.vocab, "chunks": cols.chunks, "pairs": cols.pairs}
+            "bad_ints": dict(cols.bad_ints), "vocab": cols.vocab, "chunks": cols.chunks, "pairs": cols.pairs,
+            "cpu_ops": cols.cpu_ops.export()}
 
 
 def _merge(cols: EventTables, result: dict) -> None:
     """Append a worker's decoded window to ``cols`` as :func:`~.batch.add_array` would have:
     its texts re-coded into ``cols``' vocabulary (new ones appended in the worker's order of first
-    sight, which is the serial order), counts added, chunks and B/E events appended."""
+    sight, which is the serial order), counts added, chunks, B/E events and CPU operators appended."""
     import numpy as np
 
     cols.flush()
@@ -176,6 +177,7 @@ def _merge(cols: EventTables, result: dict) -> None:
                     chunk[key] = remap[arr]
             cols.chunks[table].append(chunk)
     cols.pairs.extend(result["pairs"])
+    cols.cpu_ops.merge(result["cpu_ops"])
 
 
 class Workers:
