@@ -183,7 +183,7 @@ def test_a_trace_without_cpu_operator_events_says_so(tmp_path):
     assert host_bound(f["steps"])
     h = f["host_ops"]
     assert h["rows"] is None and h["thread"] is None and h["steps"] == 6
-    assert h["reason"].startswith("no top-level CPU operators read from the trace")
+    assert h["reason"].startswith("no top-level CPU operators in the trace")
 
 
 def test_no_steps_or_no_operators_in_them_give_no_numbers(tmp_path):
@@ -251,5 +251,5 @@ def test_terminal_says_why_there_is_no_table(tmp_path):
     summary = summarize_traces([tg.write(tmp_path / "t.json", tg.document(events, rank=None))])
     console = Console(record=True, width=100, color_system=None)
     render_trace_summary(summary, console)
-    assert ("Host time per decode step (top-level CPU operators): unavailable (no top-level CPU operators read "
-            "from the trace") in " ".join(console.export_text().split())
+    assert ("Host time per decode step (top-level CPU operators): unavailable (no top-level CPU operators in "
+            "the trace") in " ".join(console.export_text().split())

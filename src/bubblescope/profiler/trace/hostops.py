@@ -98,8 +98,7 @@ def host_op_breakdown(ops: dict | None, step_ts_us: Any, step_end_us: Any, origi
         out["reason"] = "no decode steps to divide the host's time by"
         return out
     if out["thread"] is None:
-        out["reason"] = ("no top-level CPU operators read from the trace (it holds no cpu_op events, or the file "
-                         "could not be read again)")
+        out["reason"] = "no top-level CPU operators in the trace (it holds no cpu_op events)"
         return out
     ts = np.asarray(ops["ts_us"], dtype=float) - origin_us
     end = np.asarray(ops["end_us"], dtype=float) - origin_us
