@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl-early", type=int, default=None)
     ap.add_argument("--grid-per-sm", type=int, default=None)
     ap.add_argument("--block-s", type=int, default=None)
+    ap.add_argument("--token-store", default=None, help="copy or mapped (FusedParams.token_store)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--loop", choices=("replay", "greedy"), default="replay",
                     help="replay: the step's graph back to back; greedy: launch_greedy one step ahead with each "
@@ -51,7 +52,8 @@ def main(argv=None) -> int:
     cfg = get_preset(args.model)
     w = dummy_weights(cfg, "cuda", torch.bfloat16, seed=0)
     p = FusedParams()
-    for key in ("block_n", "block_k", "fused_reduce", "norm_stats", "pdl_early", "grid_per_sm", "block_s"):
+    for key in ("block_n", "block_k", "fused_reduce", "norm_stats", "pdl_early", "grid_per_sm", "block_s",
+                "token_store"):
         if getattr(args, key) is not None:
             setattr(p, key, type(getattr(p, key))(getattr(args, key)))
     eng = FusedEngine(w, max_seq_len=512, pdl=args.pdl, params=p)

@@ -63,7 +63,8 @@ def main(argv=None) -> int:
                                   ints(args.pdl_early), ints(args.prefetch_o), ints(args.prefetch_gateup_kb),
                                   ints(args.grid_per_sm), ints(args.block_s)))
     grid = [g for g in grid if g[3] or not g[7]]   # the early trigger only exists with PDL
-    variants = [dict((kv.split("=")[0].strip(), int(kv.split("=")[1])) for kv in v.split(",") if kv.strip())
+    value = lambda t: int(t) if t.strip().lstrip("-").isdigit() else t.strip()  # noqa: E731
+    variants = [dict((kv.split("=")[0].strip(), value(kv.split("=")[1])) for kv in v.split(",") if kv.strip())
                 for v in args.variants.split(";")]
     grid = [(*g, v) for g in grid for v in variants]
     doc = {"benchmark": "fused_sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -248,6 +248,24 @@ def test_launch_ahead_gives_the_stepwise_tokens_and_undoes_the_step_after_eos():
     assert fe.position == len(PROMPT) + first           # the step launched past the EOS was undone
 
 
+def test_tokens_stored_by_the_pick_kernel_in_the_host_ring_are_the_copied_ones():
+    # token_store "mapped": the pick kernel writes each step's token into ring[pos % 3] (a host buffer), which the
+    # launch-ahead reads in place of a copy; the same tokens, the EOS step undone as before
+    from bubblescope.fused_engine import FusedEngine, FusedParams
+    w = dummy_weights(TINY["gqa-tied-llama3"], seed=3)
+    want = generate(_fused(w), PROMPT, 6, eos_ids=(), launch_ahead=False).tokens
+    fe = FusedEngine(w, max_seq_len=32, params=FusedParams(block_n=8, block_k=16, block_s=2, splits=3,
+                                                            token_store="mapped"))
+    assert generate(fe, PROMPT, 6, eos_ids=(), launch_ahead=True).tokens == want
+    # the last three decode steps ran at positions P + 2 .. P + 4 and picked want[3:6]
+    P = len(PROMPT)
+    assert [int(fe._ring[(P + i) % 3]) for i in (2, 3, 4)] == want[3:6]
+    stopped = generate(fe, PROMPT, 6, eos_ids=(want[3],), launch_ahead=True)
+    assert stopped.tokens == want[:want.index(want[3]) + 1] and fe.position == P + want.index(want[3])
+    with pytest.raises(BubblescopeError, match="token_store 'host': must be copy or mapped"):
+        FusedParams(token_store="host")
+
+
 def test_user_errors_and_pdl_on_cpu():
     from bubblescope.engines import build_engine
     w = dummy_weights(TINY["mha-untied"], seed=0)

@@ -84,7 +84,9 @@ class FusedParams:
     back to back with the next tiles in flight (0: one program per row block; slower on an H100: 1.001 ms per step
     at 0, 1.050 at 2, 1.113 at 3, 1.357 at 1, ``h100-2026-12-07-ladder/fused_sweep_1b_grid_5c68e54.json``);
     ``gateup_block_n`` / ``gateup_warps``: the gate/up kernel's rows per program and warps (0: ``block_n`` /
-    ``num_warps``). Defaults from
+    ``num_warps``); ``token_store``: how a greedy token reaches the host — ``copy`` (a device-to-host copy after
+    each step's graph) or ``mapped`` (the pick kernel stores it into pinned host memory through its device mapping:
+    nothing between the graphs but an event). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
     ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
     4 rows × 2,048 columns, 4 warps and the fused reduction were fastest; Σx² by atomics was no faster than
@@ -93,7 +95,8 @@ class FusedParams:
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
                  down_block_k: int = 0, pdl_early: bool = False, prefetch_o: bool = False,
-                 prefetch_gateup_kb: int = 0, grid_per_sm: int = 0, gateup_block_n: int = 0, gateup_warps: int = 0):
+                 prefetch_gateup_kb: int = 0, grid_per_sm: int = 0, gateup_block_n: int = 0, gateup_warps: int = 0,
+                 token_store: str = "copy"):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
         self.down_block_n, self.down_block_k = down_block_n, down_block_k
@@ -101,6 +104,9 @@ class FusedParams:
         self.prefetch_o, self.prefetch_gateup_kb = prefetch_o, prefetch_gateup_kb
         self.grid_per_sm = grid_per_sm
         self.gateup_block_n, self.gateup_warps = gateup_block_n, gateup_warps
+        if token_store not in ("copy", "mapped"):
+            raise BubblescopeError(f"token_store {token_store!r}: must be copy or mapped")
+        self.token_store = token_store
 
 
 CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
@@ -171,6 +177,9 @@ class FusedEngine:
                        tok=z(1, dtype=i32), tok_out=z(1, dtype=i32),
                        pos=z(1, dtype=i32), tickets=z(cfg.num_key_value_heads, dtype=i32),
                        ss=z(2 * cfg.num_hidden_layers, dtype=f32))   # Σx² of x after each O-proj and down
+        # one host slot per step that may be unread, plus the one being written; with token_store "mapped" the pick
+        # kernel writes slot pos % len itself (a CPU tensor in the interpreter; pinned, thus mapped, on a GPU)
+        self._ring = torch.zeros(AHEAD_MAX + 1, dtype=i32, pin_memory=dev.type == "cuda")
         if dev.type == "cuda":
             self._tok_hosts = [torch.zeros(1, dtype=i32, pin_memory=True) for _ in range(AHEAD_MAX + 1)]
             self._tok_events = [torch.cuda.Event() for _ in range(AHEAD_MAX + 1)]
@@ -263,8 +272,10 @@ class FusedEngine:
                      (b["x"], m.norm, _mat(m.lm_head), b["logits"], b["keys"], ss(nss - 1), eps),
                      dict(V=V, H=H, BLOCK_N=self.lm_rows, BLOCK_K=bk(H), NSLOT=self.nslot, STATS_IN=stats, ACT=act,
                           **common, **_fp8(m.lm_head), **self._lm_gx)))
+        ring = dict(ring_ptr=self._ring, RING=len(self._ring)) if p.token_store == "mapped" else {}
         plan.append((K.argmax_kernel, (1,), (b["keys"], b["tok"], b["tok_out"], b["pos"], b["ss"]),
-                     dict(V=V, NSLOT=self.nslot, NSLOT_P=_pow2(self.nslot), NSS=nss, NSS_P=_pow2(nss), **common)))
+                     dict(V=V, NSLOT=self.nslot, NSLOT_P=_pow2(self.nslot), NSS=nss, NSS_P=_pow2(nss), **common,
+                          **ring)))
         return plan
 
     def kernels_per_step(self) -> int:
@@ -386,13 +397,19 @@ class FusedEngine:
                 raise BubblescopeError("launch_greedy: no previous step picked a token (prefill first)")
         else:
             self._set_token(token)
+        slot = self.position % len(self._ring)   # the ring slot the pick kernel writes (token_store "mapped")
         self._run_step()
+        mapped = self.params.token_store == "mapped"
         if self.device.type != "cuda":
-            self._wanted.append(int(self._b["tok_out"][0]))
+            self._wanted.append(int(self._ring[slot] if mapped else self._b["tok_out"][0]))
             return
-        slot = self._steps_run % len(self._tok_hosts)
-        buf, event = self._tok_hosts[slot], self._tok_events[slot]
-        buf.copy_(self._b["tok_out"], non_blocking=True)
+        k = self._steps_run % len(self._tok_hosts)
+        event = self._tok_events[k]
+        if mapped:
+            buf = self._ring[slot:slot + 1]
+        else:
+            buf = self._tok_hosts[k]
+            buf.copy_(self._b["tok_out"], non_blocking=True)
         event.record()
         self._wanted.append((buf, event))
         self._steps_run += 1
@@ -436,4 +453,5 @@ class FusedEngine:
                 "prefetch_o": p.prefetch_o and self.device.type == "cuda",
                 "prefetch_gateup_kb": p.prefetch_gateup_kb if self.device.type == "cuda" else 0,
                 "grid_per_sm": p.grid_per_sm, "gateup_block_n": p.gateup_block_n, "gateup_warps": p.gateup_warps,
+                "token_store": p.token_store,
                 "weights": self.weight_format}

@@ -638,11 +638,12 @@ def lmhead_kernel(x_ptr, norm_ptr, w_ptr, logits_ptr, keys_ptr, ss_ptr, eps, V: 
 
 # argmax grid: 1. The greedy token from the NSLOT keys (torch.argmax's rule: the first maximum), written to tok (the
 # next step's input) and tok_out (the host's copy); then the keys back to their minimum, pos += 1 and the Σx² slots
-# (ss, NSS of them) zeroed end the step.
+# (ss, NSS of them) zeroed end the step. With RING, the token is also stored in ring[pos % RING], a host buffer
+# the kernel writes through the mapping of pinned memory, for the host to read once the step's event has passed.
 @triton.jit
 def argmax_kernel(keys_ptr, tok_ptr, tok_out_ptr, pos_ptr, ss_ptr, V: tl.constexpr, NSLOT: tl.constexpr,
                   NSLOT_P: tl.constexpr, NSS: tl.constexpr, NSS_P: tl.constexpr, USE_PDL: tl.constexpr,
-                  PDL_EARLY: tl.constexpr = False):
+                  PDL_EARLY: tl.constexpr = False, ring_ptr=None, RING: tl.constexpr = 0):
     if PDL_EARLY:  # before the wait this kernel reads nothing its step writes: the next may launch now
         tl.extra.cuda.gdc_launch_dependents()
     offs = tl.arange(0, NSLOT_P)
@@ -658,6 +659,9 @@ def argmax_kernel(keys_ptr, tok_ptr, tok_out_ptr, pos_ptr, ss_ptr, V: tl.constex
     tl.store(tok_ptr, tok)
     tl.store(tok_out_ptr, tok)
     tl.store(keys_ptr + offs, lowest, mask=ms)
-    tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+    p = tl.load(pos_ptr)
+    if RING > 0:   # the host's ring (pinned, mapped): the token reaches the host with no copy between steps
+        tl.store(ring_ptr + p % RING, tok)
+    tl.store(pos_ptr, p + 1)
     zs = tl.arange(0, NSS_P)
     tl.store(ss_ptr + zs, tl.zeros([NSS_P], tl.float32), mask=zs < NSS)   # the next step's Σx² start at 0
