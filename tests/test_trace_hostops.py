@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from bubblescope.profiler.trace import summary as summary_module
-from bubblescope.profiler.trace.cpuops import read_cpu_ops
+from bubblescope.profiler.trace.cpuops import parsed_cpu_ops
 from bubblescope.profiler.trace.hostops import host_bound, host_op_breakdown
+from bubblescope.profiler.trace.load import read_trace_arrays
 from bubblescope.profiler.trace.summary import summarize_traces
 
 from . import tracegen as tg
@@ -51,7 +52,7 @@ def _summary(tmp_path, events, name="t.json", **kw):
 
 
 def _ops(tmp_path, events):
-    return read_cpu_ops(tg.write(tmp_path / "ops.json", tg.document(events, rank=None)))
+    return parsed_cpu_ops(read_trace_arrays(tg.write(tmp_path / "ops.json", tg.document(events, rank=None))))
 
 
 def _rows(host_ops):

@@ -1,6 +1,6 @@
 """The CPU operators the parse keeps (``profiler/trace/opevents.py``) give the top-level operators and the host time
-per step that reading the file again gives (``cpuops.read_cpu_ops``), to the bit, in process, event by event and
-through worker processes; and the summary reads the file once."""
+per step that an independent reading of the file gives (``tests/cpuops_reference.py``), to the bit, in process,
+event by event and through worker processes; and the summary reads the file once."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bubblescope.profiler.trace import batch, cpuops, file as tracefile, summary as summary_module
+from bubblescope.profiler.trace import batch, file as tracefile, summary as summary_module
 from bubblescope.profiler.trace import workers as traceworkers
 from bubblescope.profiler.trace.arrays import TraceArrays
-from bubblescope.profiler.trace.cpuops import parsed_cpu_ops, read_cpu_ops
+from bubblescope.profiler.trace.cpuops import parsed_cpu_ops
 from bubblescope.profiler.trace.load import read_trace_arrays
 from bubblescope.profiler.trace.summary import summarize_traces
 
 from . import tracegen as tg
+from .cpuops_reference import reference_cpu_ops
 from .test_trace_hostops import host_loop_events, marked_loop_events
 
 EAGER = Path(__file__).resolve().parent / "data" / "h200_reference_eager.json.gz"
@@ -34,7 +35,7 @@ def _same(a: dict | None, b: dict | None) -> None:
 def odd_operator_events() -> list[dict]:
     """Operators written every way the trace format allows, on two threads of pid 1: the loop of
     :func:`~.test_trace_hostops.host_loop_events` on thread 1/1, and beside it what the typing must treat as
-    ``read_cpu_ops`` does."""
+    the reference reading does."""
     ev = host_loop_events(4)
 
     def op(name, ts, dur, **kw):
@@ -70,9 +71,9 @@ def _parsed(path, workers: int = 0):
 @pytest.mark.parametrize("events", [odd_operator_events(), marked_loop_events(4, t0=1_733_456_789_012_345.5),
                                     marked_loop_events(4, t0=float(1 << 54))],
                          ids=["odd", "absolute-ns", "beyond-2^53"])
-def test_the_parse_keeps_the_operators_a_second_read_finds(tmp_path, monkeypatch, events):
+def test_the_parse_keeps_the_operators_an_independent_reading_finds(tmp_path, monkeypatch, events):
     path = tg.write(tmp_path / "t.json", tg.document(events, rank=None))
-    want = read_cpu_ops(path)
+    want = reference_cpu_ops(path)
     assert want is not None
     _same(_parsed(path), want)
     monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 2048)  # many windows: each one's events sent to a worker
@@ -82,7 +83,7 @@ def test_the_parse_keeps_the_operators_a_second_read_finds(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("decoder", ["batch", "per-event"])
-def test_every_odd_operator_is_typed_as_the_second_read_types_it(tmp_path, decoder):
+def test_every_odd_operator_is_typed_as_the_reference_reading_types_it(tmp_path, decoder):
     events = odd_operator_events()
     if decoder == "batch":  # a bool or float pid makes the batch decoder refuse the window
         events = [e for e in events if type(e.get("pid", 0)) is int]
@@ -96,7 +97,7 @@ def test_every_odd_operator_is_typed_as_the_second_read_types_it(tmp_path, decod
     top = parsed_cpu_ops(read_trace_arrays(path))
     assert top["tid"][0] == 1 and "same_times_b" not in top["name"].tolist()
     assert "inner_late" not in top["name"].tolist() and "after" in top["name"].tolist()
-    _same(top, read_cpu_ops(path))
+    _same(top, reference_cpu_ops(path))
 
 
 def _without_gpu(events: list[dict]) -> list[dict]:
@@ -118,18 +119,12 @@ def test_the_summary_reads_the_file_once_and_gives_the_same_host_time(tmp_path, 
     merge = traceworkers._merge
     monkeypatch.setattr(traceworkers, "_merge", lambda cols, result: merged.append(1) or merge(cols, result))
     monkeypatch.setattr(tracefile, "_CHUNK_CHARS", 1 << 16 if case == "eager" else 2048)
-    # what the summary gave when it read the operators from the file again
-    with monkeypatch.context() as again:
-        again.setattr(summary_module, "parsed_cpu_ops", lambda arrays: read_cpu_ops(arrays.path))
+    # what the summary gives with the operators of an independent reading of the file
+    with monkeypatch.context() as ref:
+        ref.setattr(summary_module, "parsed_cpu_ops", lambda arrays: reference_cpu_ops(arrays.path))
         want = summarize_traces([path])["files"][0]
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the file was opened a second time")
-
     opened, open_trace = [], tracefile.open_trace
-    monkeypatch.setattr(cpuops, "read_cpu_ops", refuse)
-    monkeypatch.setattr(cpuops, "open_text_bytes", refuse)
-    monkeypatch.setattr(tracefile, "open_text_bytes", refuse)
     monkeypatch.setattr("bubblescope.profiler.trace.load.open_trace", lambda p: opened.append(p) or open_trace(p))
     merged.clear()
     got = summarize_traces([path])["files"][0]

@@ -57,18 +57,6 @@ def open_trace(path: str) -> tuple[Any, bool]:
     return raw, head == b"\x1f\x8b"
 
 
-def open_text_bytes(path: str) -> Any:
-    """The trace's JSON text as a binary stream (``read(size)``, ``close()``): the file itself, or its gzip members
-    inflated in large pieces (:class:`_Gunzip`). For a second pass over a file the parser has read.
-
-    Raises:
-        BubblescopeError / OSError: as :func:`open_trace`; reads raise EOFError or zlib.error for a cut or
-            corrupt gzip stream.
-    """
-    raw, gz = open_trace(path)
-    return _Gunzip(raw) if gz else raw
-
-
 def _inflater() -> Any:
     """A gzip decompressor: ISA-L's (``isal``, about twice zlib's speed on x86-64 and ARM) when it is
     installed, else zlib's; both have zlib's ``decompressobj`` interface."""

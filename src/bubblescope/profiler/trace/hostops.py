@@ -48,7 +48,7 @@ def host_op_breakdown(ops: dict | None, step_ts_us: Any, step_end_us: Any, origi
 
     Args:
         ops: the top-level operators of one thread, disjoint and in time order, as :func:`~.cpuops.parsed_cpu_ops`
-            and :func:`~.cpuops.read_cpu_ops` return them (``name`` object array of str, ``pid``, ``tid`` int64,
+            returns them (``name`` object array of str, ``pid``, ``tid`` int64,
             ``ts_us``, ``end_us`` float64 µs in the file's time), or None (none read).
         step_ts_us, step_end_us: the start and end of each decode step to count (float64 µs, the trace
             columns' time: the measured steps, warm-up left out), one entry per step.

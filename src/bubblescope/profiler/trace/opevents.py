@@ -3,15 +3,12 @@ the parse reads them: what :mod:`.cpuops` picks the top-level operators from, wi
 
 No table of the parse keeps them (no GPU metric reads them). :class:`CpuOpRows` takes them from the batch decoder
 (:mod:`.batch`, column-wise), from the per-event path (:meth:`CpuOpRows.add`) and from worker processes
-(:meth:`CpuOpRows.export` / :meth:`CpuOpRows.merge`, in file order), and types them as
-:func:`~.cpuops.read_cpu_ops` types the events it reads itself, so that both give the same operators: an event is
-kept when its name is text and its ``ts`` and ``dur`` are numbers (JSON numbers, or strings holding one), finite,
-``dur`` not negative (``ts`` 0 with ``dur`` 0 is kept, unlike in the tables); its thread is the text of its pid and
-tid (an absent one is ``"None"``), its times float64 µs as written in the file (not moved by the parse's
-``origin_us``), its end ``ts + dur``. ``B``/``E`` pairs are not read as operators. Only where that read gives up on
-the whole file (a ``NaN`` literal anywhere in it, which msgspec refuses) do the two differ: the parse reads such a
-file, and its operators with it. :class:`CpuOps` holds the result: 24 bytes per operator (two int32 codes, two
-float64 times), one string per distinct name and thread.
+(:meth:`CpuOpRows.export` / :meth:`CpuOpRows.merge`, in file order), and types them alike on every path: an event
+is kept when its name is text and its ``ts`` and ``dur`` are numbers (JSON numbers, or strings holding one),
+finite, ``dur`` not negative (``ts`` 0 with ``dur`` 0 is kept, unlike in the tables); its thread is the text of its
+pid and tid (an absent one is ``"None"``), its times float64 µs as written in the file (not moved by the parse's
+``origin_us``), its end ``ts + dur``. ``B``/``E`` pairs are not read as operators. :class:`CpuOps` holds the
+result: 24 bytes per operator (two int32 codes, two float64 times), one string per distinct name and thread.
 """
 
 from __future__ import annotations
@@ -49,7 +46,7 @@ class CpuOps:
         return len(self.ts_us)
 
 
-def number(value: Any) -> float | None:
+def _number(value: Any) -> float | None:
     """A time as an operator event's ``ts``/``dur``: ``float(value)`` when that is finite, else None (null, text
     that is no number, lists, NaN, infinities)."""
     try:
@@ -60,7 +57,7 @@ def number(value: Any) -> float | None:
 
 
 def _floats(values: list) -> np.ndarray:
-    """:func:`number` of each value as float64, NaN for None; numbers only are converted by numpy at once (an int
+    """:func:`_number` of each value as float64, NaN for None; numbers only are converted by numpy at once (an int
     rounds as ``float()`` rounds it)."""
     import numpy as np
 
@@ -70,7 +67,7 @@ def _floats(values: list) -> np.ndarray:
             return arr.astype(np.float64, copy=False)
     except (TypeError, ValueError, OverflowError):  # lists of uneven length among them
         pass
-    out = [number(v) for v in values]
+    out = [_number(v) for v in values]
     return np.array([np.nan if v is None else v for v in out], dtype=np.float64)
 
 

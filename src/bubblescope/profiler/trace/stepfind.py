@@ -75,7 +75,7 @@ def launch_units(arrays: TraceArrays) -> dict | None:
 
 
 def op_units(ops: dict) -> dict:
-    """The CPU-side units of :func:`~.cpuops.read_cpu_ops`' operators: ``{"kind": "cpu-ops", "token",
+    """The CPU-side units of :func:`~.cpuops.parsed_cpu_ops`' operators: ``{"kind": "cpu-ops", "token",
     "ts_us", "end_us", "names" (str per unit), "pid", "tid"}``."""
     import numpy as np
 
@@ -134,7 +134,7 @@ def find_decode_steps(arrays: TraceArrays, cpu_ops: dict | None = None) -> tuple
 
     Args:
         arrays: the parsed trace.
-        cpu_ops: its top-level CPU operators (:func:`~.cpuops.read_cpu_ops`), used when no GPU activity is
+        cpu_ops: its top-level CPU operators (:func:`~.cpuops.parsed_cpu_ops`), used when no GPU activity is
             linked to a launch call; None: none.
 
     Returns:
