@@ -24,7 +24,9 @@ markers), ``tokens_generated`` (steps the profile hooks counted in the same wind
 ``util_diagnose_model``, ``util_rel_diff``, ``util_agrees`` (within 3 % for CUDA-graph loops, 10 % for eager
 ones), ``profiler_overhead_pct``, ``util_profile_unprofiled_steps`` (the same bytes over the hooks' median step
 time without the profiler), ``util_unprofiled_rel_diff`` and ``util_unprofiled_agrees`` (that figure against
-``diagnose model``'s, which times its loop without the profiler: the comparison with the profiler's cost taken out)
+``diagnose model``'s, which times its loop without the profiler: the comparison with the profiler's cost taken out),
+``step_ms_unprofiled`` and ``unprofiled_from`` (that median step and where it ran: the skipped steps before the
+window), ``step_ms_after_window`` (the steps timed after it, which a CUDA profiler still slows)
 and ``graph_replays``, plus the command and its log tail.
 
     PYTHONPATH=src python3 benchmarks/profile_any_loop.py                   # every case (estimated 8-10 min)
@@ -209,6 +211,8 @@ def run_case(name: str, work: Path, timeout: float, skip: int, steps: int, util_
     case.update(steps_found=prof["steps_found"], tokens_generated=prof["tokens_generated"],
                 util_profile=row.get("util_peak"), profiler_overhead_pct=prof["profiler_overhead_pct"],
                 util_profile_unprofiled_steps=prof.get("util_peak_unprofiled"),
+                step_ms_unprofiled=prof.get("step_ms_p50_unprofiled"), unprofiled_from=prof.get("reference_from"),
+                step_ms_after_window=prof.get("step_ms_p50_after"),
                 graph_replays=prof.get("graph_replays"), steps_found_by=row.get("steps_found_by"),
                 step_confidence=row.get("step_confidence"), step_ms_p50=row.get("step_ms_p50"),
                 calls=prof.get("calls"))

@@ -44,6 +44,7 @@ def test_window_skips_then_warms_up_then_records_steps_then_times_as_many_withou
     assert w.window_ns == [30 * MS, 40 * MS, 50 * MS, 60 * MS]
     assert w.reference_ns == [70 * MS, 80 * MS, 90 * MS, 100 * MS]  # 3 steps, then done
     assert w.phase == "done"
+    assert w.before_ns == [0, 10 * MS, 20 * MS]  # the skipped steps 0 and 1, ended by the profiler's start
 
 
 def test_window_of_seconds_ends_at_the_first_step_after_it():
@@ -171,7 +172,7 @@ def test_profile_section_from_the_runner_state():
     cut = profile_section(_state(closed_by="program-end", window_ns=[0, MS, 3 * MS], reference_ns=[]), 1,
                           _program(), None)
     assert cut["status"] == "cut" and cut["tokens_generated"] == 2 and cut["profiler_overhead_pct"] is None
-    assert cut["overhead_reason"].startswith("the program ended before")
+    assert cut["overhead_reason"].startswith("no step ran without the profiler") and cut["reference_from"] is None
     assert any("ended inside the window (2 steps of 4 steps recorded, from step 4)" in line
                for line in outcome_lines(cut, "tiny.py"))
     never = profile_section(_state(trace=None, first_step=None, window_ns=[], reference_ns=[], steps_counted=2),
@@ -260,3 +261,29 @@ def test_graph_replays_count_as_steps_only_when_outermost(tmp_path, monkeypatch)
     assert rec.counts == {"CUDAGraph.replay": 3, "module test_graph_replays_count_as_steps_only_when_outermost."
                                                 "<locals>.Replayer": 1}
     assert rec.steps == 3 and rec.graph_replays == 4
+
+
+def test_the_unprofiled_baseline_is_the_skipped_steps_before_the_window_without_the_first_two():
+    # skipped steps: prefill 50 ms, first decode 9 ms, then 1, 1, 3, 1 ms; profiled window 2, 2, 6, 2 ms (median
+    # 2); after the window 1.5 ms each (the profiler's cost lasted): the baseline is the last four skipped steps
+    # (as many as the window's), median 1 ms, not the 1.5 ms after it
+    before = [0, 50 * MS, 59 * MS, 60 * MS, 61 * MS, 64 * MS, 65 * MS]
+    after = [20 * MS + int(1.5 * MS) * i for i in range(5)]
+    s = profile_section(_state(before_ns=before, reference_ns=after, cuda=True), 0, _program(), None)
+    assert s["reference_from"] == "before" and s["reference_steps"] == 4 and s["step_ms_p50_unprofiled"] == 1.0
+    assert s["profiler_overhead_pct"] == 100.0 and s["step_ms_p50_after"] == 1.5
+    lines = outcome_lines(s, "x.py")
+    assert "over 4 steps before the window without it" in " ".join(lines)
+    lasting = [line for line in lines if line.startswith("the profiler's cost outlasted the window")]
+    assert lasting and "took 1.500 ms (median), +50.0% over the 1.000 ms before it" in lasting[0]
+    # steps after the window within 10 % of the baseline, or a program without CUDA (no CUPTI to stay attached;
+    # a busy CPU's steps spread as much): nothing said of a lasting cost
+    same = profile_section(_state(before_ns=before, reference_ns=[20 * MS + int(1.05 * MS) * i for i in range(5)],
+                                  cuda=True), 0, _program(), None)
+    cpu = profile_section(_state(before_ns=before, reference_ns=after, cuda=False), 0, _program(), None)
+    for quiet in (same, cpu):
+        assert not any(line.startswith("the profiler's cost outlasted") for line in outcome_lines(quiet, "x.py"))
+    # a skip too short to leave a clean step: the steps after the window are the baseline, and said to be
+    short = profile_section(_state(before_ns=[0, 50 * MS, 59 * MS], reference_ns=after), 0, _program(), None)
+    assert short["reference_from"] == "after" and short["step_ms_p50_unprofiled"] == 1.5
+    assert "after the window without it" in " ".join(outcome_lines(short, "x.py"))

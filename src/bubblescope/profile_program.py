@@ -29,6 +29,9 @@ TRACE_NAME = "profile.trace.json.gz"
 RAW_TRACE = "window.trace.json"
 STATE = "state.json"
 WARMUP_STEPS = 1  # profiled steps before the window: the profiler's own warm-up (profile_runner.StepWindow)
+# Skipped steps left out of the unprofiled baseline: the first call is the prompt's prefill, the next carries the
+# one-time work of a first decode (compilation, CUDA-graph capture, allocator growth)
+BASELINE_LEFT_OUT = 2
 
 
 def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: int | None,
@@ -96,8 +99,12 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
     without any, from what repeats once per token, the profiler's warm-up step left out; null where it found
     none), ``step_source`` (the analysis'
     words on how it found them, or why none), ``step_ms_p50_profiled``,
-    ``step_ms_p50_unprofiled`` (median host time between step starts, ms, in the window and over as many steps
-    after it without the profiler), ``reference_steps``, ``profiler_overhead_pct`` (the profiler's cost per
+    ``step_ms_p50_unprofiled`` (median host time between step starts, ms, in the window and over the unprofiled
+    baseline: the skipped steps before the window, the first :data:`BASELINE_LEFT_OUT` left out and at most as
+    many as the window's, the latest; with none of those, the steps timed after the window), ``reference_steps``
+    (the baseline's steps), ``reference_from`` (``before`` or ``after`` the window; null without a baseline),
+    ``step_ms_p50_after`` (the median of the steps timed after the window, or null: slower than the baseline when
+    the profiler's cost outlasts it), ``cuda`` (the program used CUDA), ``profiler_overhead_pct`` (the profiler's cost per
     step, %: the two medians' ratio − 1; null when a side has no step, with ``overhead_reason``),
     ``effective_GBps_unprofiled`` and ``util_peak_unprofiled`` (the trace's median bytes per step over the
     unprofiled median step time, GB/s, and over the peak: the bandwidth without the profiler's cost, where the
@@ -105,14 +112,17 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
     bytes, peak or unprofiled steps) and ``error`` (the runner's own error, e.g. the profiler failed to start;
     else null).
     """
-    window, reference = step_ms(state.get("window_ns") or []), step_ms(state.get("reference_ns") or [])
+    window, after = step_ms(state.get("window_ns") or []), step_ms(state.get("reference_ns") or [])
+    before = step_ms(state.get("before_ns") or [])[BASELINE_LEFT_OUT:][-max(len(window), 1):]
+    reference, reference_from = (before, "before") if before else (after, "after") if after else ([], None)
     p50 = (lambda xs: round(statistics.median(xs), 6) if xs else None)
     prof, ref = p50(window), p50(reference)
     overhead = round((prof / ref - 1.0) * 100.0, 3) if prof is not None and ref else None
     reason = None
     if overhead is None:
         reason = ("no profiled step" if not window else
-                  "the program ended before a step ran without the profiler after the window")
+                  f"no step ran without the profiler: none after the first {BASELINE_LEFT_OUT} before the window "
+                  "(raise --skip), and the program ended before one after it")
     first = state.get("first_step")  # the profiler's warm-up step; the window follows it
     first = None if first is None else first + WARMUP_STEPS
     if state.get("trace") is None or first is None:
@@ -137,7 +147,8 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
             "skip": state.get("skip"), "steps_requested": state.get("steps"),
             "seconds_requested": state.get("seconds"), "first_step": first, "tokens_generated": len(window),
             "steps_found": found, "step_source": source, "step_ms_p50_profiled": prof,
-            "step_ms_p50_unprofiled": ref, "reference_steps": len(reference),
+            "step_ms_p50_unprofiled": ref, "reference_steps": len(reference), "reference_from": reference_from,
+            "step_ms_p50_after": p50(after), "cuda": bool(state.get("cuda")),
             "profiler_overhead_pct": overhead, "overhead_reason": reason,
             "effective_GBps_unprofiled": unprofiled_gbps, "util_peak_unprofiled": unprofiled_util,
             "error": state.get("error")}

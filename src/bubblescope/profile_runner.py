@@ -45,8 +45,11 @@ SETUP_FAILED = 2
 class StepWindow:
     """Which steps are profiled: a pure state machine fed with step boundaries (no torch, no clock of its own).
 
-    Phases: ``skip`` (steps 0 .. skip-1, unprofiled) → ``warm`` (step ``skip``: profiled, the profiler's own
-    warm-up) → ``window`` (profiled) → ``reference`` (as many steps timed unprofiled) → ``done``. Tracing costs
+    Phases: ``skip`` (steps 0 .. skip-1, unprofiled, timed) → ``warm`` (step ``skip``: profiled, the profiler's
+    own warm-up) → ``window`` (profiled) → ``reference`` (as many steps timed unprofiled) → ``done``. The skipped
+    steps are the clean baseline: once a CUDA profiler has run, the process keeps paying for it (Kineto leaves
+    CUPTI attached unless ``TEARDOWN_CUPTI=1``, pytorch/pytorch#144455), so the steps after the window are timed
+    too but are not the program's own speed. Tracing costs
     more in its first step (a first step 8× the median was seen on CPU), which is why ``torch.profiler.schedule``
     has a ``warmup`` phase; here that step stays in the trace, as its first step, and the report leaves it out
     of the step figures. :meth:`boundary` is called when step ``k`` begins (k = 0, 1, ...), with the time in ns,
@@ -59,6 +62,8 @@ class StepWindow:
         seconds: the window's length in s, > 0: it ends at the first step boundary at or after it.
 
     Attributes:
+        before_ns: step boundaries of the skipped steps, ns: each one's start, and the profiler's start (the end
+            of the last).
         window_ns: step boundaries of the window, ns: its first step's start (the end of the profiler's warm-up
             step), each next step's start, and the end of its last step (before the profiler stopped).
         reference_ns: step boundaries of the unprofiled steps timed after the window, ns (the step in which the
@@ -70,6 +75,7 @@ class StepWindow:
             raise ValueError("give steps or seconds, not both or neither")
         self.skip, self.steps, self.seconds = skip, steps, seconds
         self.phase = "skip"
+        self.before_ns: list[int] = []
         self.window_ns: list[int] = []
         self.reference_ns: list[int] = []
         self.first_step: int | None = None  # the window's first step
@@ -82,6 +88,7 @@ class StepWindow:
     def boundary(self, k: int, now_ns: int) -> str | None:
         """Step ``k`` begins at ``now_ns``: what to do (see the class doc)."""
         if self.phase == "skip":
+            self.before_ns.append(now_ns)
             if k >= self.skip:
                 self.first_step = k
                 return "start"
@@ -247,7 +254,7 @@ class Recorder:
             "error": self.error, "steps_counted": self.steps, "calls": dict(self.counts),
             "graph_replays": self.graph_replays,
             "skip": w.skip, "steps": w.steps, "seconds": w.seconds, "first_step": w.first_step,
-            "window_steps": w.window_steps(), "window_ns": list(w.window_ns),
+            "window_steps": w.window_steps(), "before_ns": list(w.before_ns), "window_ns": list(w.window_ns),
             "reference_ns": list(w.reference_ns), "closed_by": self.closed_by,
             "trace": self.config["trace"] if self.trace_written else None,
             "cuda": _cuda_used()})

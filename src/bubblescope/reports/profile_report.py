@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from ..wording import count
 
+# Steps after the window slower than the baseline before it by more than this share are stated: the profiler's
+# cost outlived it (Kineto keeps CUPTI attached after a CUDA profile unless TEARDOWN_CUPTI=1:
+# pytorch/pytorch#144455)
+LASTING_COST = 0.10
 COUNTED = "nn.Module calls, torch.compile'd function calls or CUDA-graph replays made outside any other"
 
 
@@ -25,11 +29,17 @@ def outcome_lines(section: dict, label: str) -> list[str]:
         lines.append(f"window: {window} from step {section['first_step']} (after --skip {section['skip']} and "
                      f"the profiler's warm-up step), of {section['steps_counted']} counted in the run")
     if section["profiler_overhead_pct"] is not None:
+        where = {"before": " before the window", "after": " after the window"}.get(section.get("reference_from"), "")
         lines.append(f"profiler cost: {section['profiler_overhead_pct']:+.1f} % per step (median "
                      f"{section['step_ms_p50_profiled']:.3f} ms profiled vs {section['step_ms_p50_unprofiled']:.3f} "
-                     f"ms over {count(section['reference_steps'], 'step')} without it)")
+                     f"ms over {count(section['reference_steps'], 'step')}{where} without it)")
     else:
         lines.append(f"profiler cost: unknown ({section['overhead_reason']})")
+    lasting = lasting_cost(section)
+    if lasting is not None:
+        lines.append(f"the profiler's cost outlasted the window: the steps after it took {section['step_ms_p50_after']:.3f} "
+                     f"ms (median), {lasting:+.1%} over the {section['step_ms_p50_unprofiled']:.3f} ms before it "
+                     "(the CUDA profiler stays attached to the process once stopped)")
     if section.get("effective_GBps_unprofiled") is not None:
         util = section.get("util_peak_unprofiled")
         lines.append(f"without the profiler: {section['effective_GBps_unprofiled']:,.1f} GB/s"
@@ -44,6 +54,16 @@ def outcome_lines(section: dict, label: str) -> list[str]:
     if section.get("error"):
         lines.append(f"profiler: {section['error']}")
     return lines
+
+
+def lasting_cost(section: dict, threshold: float = LASTING_COST) -> float | None:
+    """How much slower the steps after the window ran than the baseline before it (a fraction, e.g. 0.25), when
+    the program used CUDA (the cost that lasts is CUPTI's) and that is more than ``threshold``; else None. Pure."""
+    after, before = section.get("step_ms_p50_after"), section.get("step_ms_p50_unprofiled")
+    if not section.get("cuda") or section.get("reference_from") != "before" or not after or not before:
+        return None
+    extra = after / before - 1.0
+    return extra if extra > threshold else None
 
 
 def not_reached_message(section: dict, state: dict, label: str) -> str:
