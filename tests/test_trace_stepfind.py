@@ -151,6 +151,61 @@ def test_variants_one_kernel_apart_are_still_one_step_per_token():
     assert (found["ends"] - found["starts"]).tolist() == [26, 27] * 10 and found["ends"][-1] == len(units)
 
 
+def _variant_loop(tokens_n, pause_us, odd=True, mid_pause_us=None):
+    """(units, gaps) of a 2-layer loop of ``tokens_n`` tokens whose odd tokens (``odd``) launch one more kernel
+    (88, a copy of a misaligned context) and three more in each layer, and another attention kernel: 26 and 33
+    units, so the exact sequence spans two tokens and 88 occurs once in it. The host pauses ``pause_us`` before
+    each token and 3 µs between launches, and ``mid_pause_us`` (if given) before the final norm (a sync between the
+    layers and the LM head)."""
+    units, gaps = [50, 51, 52], [3.0] * 3
+    for t in range(tokens_n):
+        v = t % 2 if odd else 0
+        layer = [1, 2, 3, 100 + v] + [77] * (3 * v) + [4, 5, 1, 6, 7, 8, 5]
+        step = [0] + [88] * v + layer * 2 + [1, 9, 10]
+        units += step
+        gaps += [pause_us] + [3.0] * (len(step) - 1)
+        if mid_pause_us is not None:
+            gaps[-3] = mid_pause_us
+    return units, gaps
+
+
+def test_token_variants_far_apart_in_length_are_told_apart_by_the_hosts_pause():
+    # odd tokens 27 % longer than even ones: too far apart to be variants of one length, and kernel 88 occurs once
+    # per two tokens, so the exact period is two tokens; the host's 500 µs pause before every token (sampling, a
+    # sync), against 3 µs between launches, cuts each period into its two tokens
+    units, gaps = _variant_loop(20, 500.0)
+    found = _found(units, gaps)
+    assert found["found"] and (found["cycle"], found["lengths"]) == (2, [26, 33]) and found["length"] == 26
+    assert len(found["starts"]) == 20 and found["matching"].all() and found["prefix"] == 3
+    assert (found["ends"] - found["starts"]).tolist() == [26, 33] * 10 and found["ends"][-1] == len(units)
+
+
+def test_no_pause_between_tokens_leaves_the_exact_period_whole():
+    # the same loop launching ahead (no pause between tokens): nothing tells two tokens from one, so the steps are
+    # the exact period of two tokens
+    found = _found(*_variant_loop(20, 3.0))
+    assert found["length"] == 59 and found["cycle"] == 1 and len(found["starts"]) == 10
+
+
+def test_a_pause_no_longer_than_the_work_between_launches_splits_nothing():
+    # a host-bound loop whose gaps between launches (30 µs) are near the pause before a token (100 µs): the
+    # pause does not stand out, so the exact period stays whole
+    units, gaps = _variant_loop(20, 100.0)
+    gaps = [30.0 if g == 3.0 else g for g in gaps]
+    found = _found(units, gaps)
+    assert found["length"] == 59 and found["cycle"] == 1
+
+
+def test_a_pause_between_the_layers_and_the_head_does_not_split_a_token():
+    # identical tokens that sync before their final norm as long as between tokens: the pieces (23 and 3 units)
+    # lie far apart in length, so one token, not two; and without that sync nothing is split either
+    units, gaps = _variant_loop(20, 500.0, odd=False, mid_pause_us=500.0)
+    found = _found(units, gaps)
+    assert found["length"] == 26 and found["cycle"] == 1 and len(found["starts"]) == 20
+    same = _found(*_variant_loop(20, 500.0, odd=False))
+    assert same["length"] == 26 and same["cycle"] == 1 and len(same["starts"]) == 20
+
+
 def test_markerless_loop_with_variants_of_two_lengths_is_described(tmp_path):
     layer = ["norm", "gemv_qkv", "rope", "attn", "gemv_o", "add", "norm", "gemv_gate_up", "silu_mul", "gemv_down"]
 

@@ -38,6 +38,14 @@ _CYCLE_SHARE = 0.9  # least share of an anchor's segments that must equal the on
 # LM head, sampling: ~15 kernels against ~37 a layer in an eager Llama) is far longer than the others, while a token
 # variant differs by a kernel per layer at most (~3 % of the token).
 CYCLE_LENGTH_SPREAD = 0.05
+# Token boundaries told by the host's pauses (:func:`_pause_split`): where a step of the exact period holds pauses
+# as long as the one before it, and the work between them has none, the step is several tokens. Structure alone
+# cannot tell two tokens in variants (A, B) from one token of two identical layers with a tail (L, L+tail); a loop
+# that syncs or samples on the host between tokens can.
+PAUSE_SHARE = 0.5        # a pause inside a step at least this share of the pause before the step is a boundary
+PAUSE_OVER_WORK = 5.0    # ... and the pause before the step at least this many times the typical gap inside it
+PAUSE_MIN_US = 20.0      # and at least this long, µs (the host's work between tokens: sampling, a sync)
+PIECE_SPREAD = 0.5       # the tokens so split differ in length by at most this share of the shortest
 _HASH_SEED = 0x5EED_0D1E
 
 
@@ -144,6 +152,11 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
         matching = np.isin(ends - starts, lengths)
     first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
     starts, ends, matching = starts[first:last + 1], ends[first:last + 1], matching[first:last + 1]
+    split = _pause_split(starts, ends, matching, length, gap_before) if cycle == 1 else None
+    if split is not None:  # the exact period held several tokens, told apart by the host's pauses
+        starts, ends, cycle, lengths = split
+        length = lengths[0]
+        matching = np.isin(ends - starts, lengths)
     # steps of the common length (the same calls, maybe other kernels: a context that changes the attention
     # kernel) must hold most units; a short motif repeating inside one long pass is not a step
     regular = np.isin(ends - starts, lengths)
@@ -219,6 +232,40 @@ def _cycled(h: tuple, p: np.ndarray, sig: np.ndarray, n: int,
         covered = int(seg_len[inside].sum()) + last * int(tail)
         return covered, int(lengths[0]), k, tuple(int(v) for v in lengths)
     return None
+
+
+def _pause_split(starts: np.ndarray, ends: np.ndarray, matching: np.ndarray, length: int,
+                 gap_before: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, tuple[int, ...]] | None:
+    """(starts, ends, k, piece lengths) of the steps cut into the k tokens each holds, or None.
+
+    Over the steps that are the common sequence (``length`` units), the median host gap at each offset: offset 0
+    is the pause before a step; every other offset whose median is at least :data:`PAUSE_SHARE` of it is a token
+    boundary too, when that pause is at least :data:`PAUSE_MIN_US` and :data:`PAUSE_OVER_WORK` times the median
+    gap at the remaining offsets, and the pieces' lengths lie within :data:`PIECE_SPREAD` of the shortest (a sync
+    between a model's layers and its LM head leaves pieces far apart in length). Every step of the common length
+    is cut at the same offsets; others are left whole."""
+    import numpy as np
+
+    exact = starts[matching]
+    if len(exact) < MIN_STEPS or length < 2:
+        return None
+    typical = np.median(gap_before[exact[:, None] + np.arange(length)], axis=0)   # (length,) µs
+    lead = float(typical[0])
+    inner = np.flatnonzero(typical[1:] >= PAUSE_SHARE * lead) + 1
+    if lead < PAUSE_MIN_US or not len(inner):
+        return None
+    work = np.delete(typical[1:], inner - 1)
+    if len(work) and lead < PAUSE_OVER_WORK * float(np.median(work)):
+        return None
+    cuts = np.concatenate([[0], inner, [length]])
+    pieces = np.diff(cuts)
+    if pieces.max() > (1 + PIECE_SPREAD) * pieces.min():
+        return None
+    whole = (ends - starts) == length
+    new_starts = np.concatenate([s + cuts[:-1] if w else [s] for s, w in zip(starts.tolist(), whole)])
+    new_ends = np.concatenate([s + cuts[1:] if w else [e] for s, e, w in zip(starts.tolist(), ends.tolist(), whole)])
+    return (new_starts.astype(np.int64), new_ends.astype(np.int64), len(pieces),
+            tuple(int(v) for v in sorted(set(pieces.tolist()))))
 
 
 def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tuple[np.ndarray, ...]:
