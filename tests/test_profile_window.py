@@ -12,7 +12,7 @@ import torch
 
 from bubblescope.errors import BubblescopeError
 from bubblescope.profile_command import parse_program
-from bubblescope.profile_program import exit_status, profile_section, relocated
+from bubblescope.profile_program import exit_status, profile_section, relocated, with_unprofiled
 from bubblescope.reports.profile_report import not_reached_message, outcome_lines
 from bubblescope.profile_runner import Recorder, StepWindow, install
 
@@ -287,3 +287,31 @@ def test_the_unprofiled_baseline_is_the_skipped_steps_before_the_window_without_
     short = profile_section(_state(before_ns=[0, 50 * MS, 59 * MS], reference_ns=after), 0, _program(), None)
     assert short["reference_from"] == "after" and short["step_ms_p50_unprofiled"] == 1.5
     assert "after the window without it" in " ".join(outcome_lines(short, "x.py"))
+
+
+def test_the_bandwidth_verdict_also_states_the_steps_without_the_profiler():
+    from bubblescope.reports.trace_tables import bandwidth_rows
+
+    # 2 MB a step, a 4 GB/s peak: floor 500 µs; the trace's median step 2 ms (4×), the unprofiled one 1 ms (2×,
+    # 2 GB/s, half of the peak)
+    bw = {"peak_GBps": 4.0, "verdict": "2.000 ms per step, 4.00× the floor of 0.500 ms",
+          "summary": {"bytes_per_step": 2_000_000, "floor_us": 500.0, "step_us_p50": 2000.0, "effective_GBps": 1.0,
+                      "util_peak": 0.25, "over_floor_us": 1500.0, "over_floor_x": 4.0}}
+    summary = {"files": [{"path": "p", "bandwidth": bw}], "findings": []}
+    section = profile_section(_state(), 0, _program(), {"bandwidth": bw})
+    out = with_unprofiled(summary, section)
+    got = out["files"][0]["bandwidth"]
+    assert got["summary"]["step_us_p50_unprofiled"] == 1000.0 and got["summary"]["over_floor_x_unprofiled"] == 2.0
+    assert got["summary"]["util_peak_unprofiled"] == 0.5 and got["summary"]["step_us_p50"] == 2000.0
+    assert got["verdict"] == ("2.000 ms per step, 4.00× the floor of 0.500 ms; without the profiler 1.000 ms per "
+                              "step (4 steps after the window), 2.00× the floor: 50% of peak")
+    rows = dict(bandwidth_rows(got))
+    assert rows["step time without the profiler"] == "1.00 ms"
+    assert rows["effective bandwidth without it"] == "2.0 GB/s, 50.0 % of peak, 2.00× the floor"
+    assert summary["files"][0]["bandwidth"] is bw and "step_us_p50_unprofiled" not in bw["summary"]  # pure
+    # no floor (peak unknown), or no unprofiled step: nothing added, and the table has no such row
+    no_floor = {"files": [{"path": "p", "bandwidth": {**bw, "summary": {**bw["summary"], "floor_us": None}}}]}
+    assert with_unprofiled(no_floor, section) == no_floor
+    bare = profile_section(_state(reference_ns=[]), 0, _program(), {"bandwidth": bw})
+    assert with_unprofiled(summary, bare) == summary
+    assert "step time without the profiler" not in dict(bandwidth_rows(bw))

@@ -218,6 +218,30 @@ def analyse_window(trace_path: str | os.PathLike, idle_threshold_us: float, anal
     return summary
 
 
+def with_unprofiled(summary: dict, section: dict) -> dict:
+    """``summary`` with the window's bandwidth also stated without the profiler's cost. Pure: returns a new dict.
+
+    The trace's step times carry the profiler's own cost (on an eager loop it can be most of the step), so the
+    first file's bandwidth section gets, where a floor and the unprofiled median step (``section``, from
+    :func:`profile_section`) exist, ``summary["step_us_p50_unprofiled"]``, ``effective_GBps_unprofiled`` (GB/s),
+    ``util_peak_unprofiled`` (fraction of the peak) and ``over_floor_x_unprofiled`` (that step over the floor),
+    and its verdict a clause with them; the traced figures stay as they are."""
+    files = summary.get("files") or []
+    bw = (files[0].get("bandwidth") or {}) if files else {}
+    s, ref = bw.get("summary") or {}, section.get("step_ms_p50_unprofiled")
+    floor, nbytes = s.get("floor_us"), s.get("bytes_per_step")
+    if not ref or not floor or not nbytes or not bw.get("verdict"):
+        return summary
+    ref_us = ref * 1e3
+    extra = {"step_us_p50_unprofiled": ref_us, "effective_GBps_unprofiled": section["effective_GBps_unprofiled"],
+             "util_peak_unprofiled": section["util_peak_unprofiled"], "over_floor_x_unprofiled": ref_us / floor}
+    clause = (f"; without the profiler {ref:,.3f} ms per step ({section['reference_steps']} steps "
+              f"{section['reference_from']} the window), {extra['over_floor_x_unprofiled']:.2f}× the floor: "
+              f"{extra['util_peak_unprofiled']:.0%} of peak") if extra["util_peak_unprofiled"] is not None else ""
+    first = {**files[0], "bandwidth": {**bw, "summary": {**s, **extra}, "verdict": bw["verdict"] + clause}}
+    return {**summary, "files": [first, *files[1:]]}
+
+
 def relocated(summary: dict, old: str, new: str) -> dict:
     """``summary`` with the trace path ``old`` (in the staging folder) named ``new`` (where it is published), in
     its files and findings. Pure: returns a new dict."""
@@ -292,7 +316,7 @@ def profile_program(program: Program, out: str | os.PathLike, skip: int, steps: 
             folder.publish()
             return ProfileOutcome(status or 2, None, failed, f"{exc}; the trace is kept as {final}", [Path(final)])
         section = profile_section(state, status, program, summary["files"][0])
-        summary = relocated(summary, str(stage / TRACE_NAME), final)
+        summary = with_unprofiled(relocated(summary, str(stage / TRACE_NAME), final), section)
         notes = failed + outcome_lines(section, program.label)
         write_trace_result(profile_document(summary, section, command or ""), stage / "profile.json")
         write_trace_html(summary, summary["findings"], stage / "profile.html", command=command, notes=notes)

@@ -219,7 +219,12 @@ def bandwidth_rows(bw: dict) -> list[tuple[str, str]]:
         ("% of peak (best step)", f"{fmt(s.get('util_peak'), 'pct')} ({fmt(s.get('best_util_peak'), 'pct')})"),
         ("floor: bytes ÷ peak", us(s.get("floor_us"))),
         ("above the floor", f"{us(above)} ({times:.2f}×)" if above is not None and times is not None else MISSING),
-    ]
+    ] + ([  # a profiled program's window: the same bytes over its steps timed without the profiler
+        ("step time without the profiler", us(s["step_us_p50_unprofiled"])),
+        ("effective bandwidth without it", f"{s['effective_GBps_unprofiled']:,.1f} GB/s"
+         + (f", {fmt(s.get('util_peak_unprofiled'), 'pct')} of peak, {s['over_floor_x_unprofiled']:.2f}× the floor"
+            if s.get("util_peak_unprofiled") is not None else "")),
+    ] if s.get("step_us_p50_unprofiled") is not None and s.get("effective_GBps_unprofiled") is not None else [])
 
 
 BANDWIDTH_STEP_HEADERS = ("step", "warm-up", "context", "bytes", "wall", "GB/s", "% of\npeak", "floor",
