@@ -70,6 +70,16 @@ def test_model_bytes_grow_with_each_steps_context():
     ("NVIDIA L40S", 48.0, 864.0),
     ("Tesla T4", 15.8, 320.0),
     ("Tesla V100-SXM2-16GB", 16.9, 900.0),
+    ("NVIDIA H800", 85.0, 3350.0),
+    ("NVIDIA H800 PCIe", 85.0, 2000.0),
+    ("NVIDIA H20", 102.0, 4000.0),
+    ("NVIDIA A800-SXM4-80GB", 85.1, 2039.0),
+    ("NVIDIA A800 80GB PCIe", 85.1, 1935.0),
+    ("NVIDIA A800-PCIE-40GB", 42.3, 1555.0),
+    ("AMD Instinct MI300X", 205.8, 5300.0),
+    ("AMD Instinct MI250X", 68.7, 3276.8),
+    ("NVIDIA GeForce RTX 4090", 25.3, 1008.0),
+    ("NVIDIA GeForce RTX 3090", 25.3, 936.0),
 ])
 def test_known_gpus_by_name_and_memory(name, memory_GB, peak):
     got = lookup_peak(name, memory_GB * 1e9)
@@ -82,6 +92,8 @@ def test_known_gpus_by_name_and_memory(name, memory_GB, peak):
     ("NVIDIA GH200 480GB", 125.0, "fits neither"),
     ("Test GPU", 1.0, "not in bubblescope's table of known GPUs"),
     ("NVIDIA GH200", None, "fits neither"),  # the memory decides, and the trace gives none
+    ("NVIDIA A800", 85.1, "1,935 GB/s (PCIe) or 2,039 GB/s (SXM)"),
+    ("NVIDIA H20", 150.0, "not that one's"),  # a larger H20 than the datasheet's 96 GB
 ])
 def test_ambiguous_or_unknown_gpus_get_no_peak(name, memory_GB, why):
     got = lookup_peak(name, None if memory_GB is None else memory_GB * 1e9)

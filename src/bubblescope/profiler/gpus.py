@@ -45,6 +45,8 @@ class KnownGpu:
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet"
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet"
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet"
+_A800 = "NVIDIA A800 Tensor Core GPU datasheet"
+_MI300 = "AMD Instinct MI300 series datasheet"
 # In order: the first matching entry wins, so the qualified names come before the bare ones. Totals of
 # memory as CUDA reports them: an A100 40GB has 42.3e9 bytes, an 80GB 85.1e9; a GH200 96 GB about 102e9.
 KNOWN_GPUS: tuple[KnownGpu, ...] = (
@@ -55,6 +57,9 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
              "HBM3, 4 TB/s", max_memory_GB=120.0),
     KnownGpu("GH200 144 GB HBM3e", r"\bgh200\b", 4900.0, "NVIDIA GH200 Grace Hopper Superchip datasheet: 144 GB "
              "HBM3e, 4.9 TB/s", min_memory_GB=130.0),
+    KnownGpu("H20", r"\bh20\b", 4000.0, "NVIDIA H20 datasheet: 96 GB HBM3, 4.0 TB/s", max_memory_GB=120.0),
+    KnownGpu("H800 PCIe", r"\bh800\b.*\bpcie\b", 2000.0, "NVIDIA H800 PCIe datasheet: 2 TB/s"),
+    KnownGpu("H800 SXM", r"\bh800\b", 3350.0, "NVIDIA H800 SXM5 datasheet: 3.35 TB/s"),
     KnownGpu("H100 NVL", r"\bh100\b.*\bnvl\b", 3900.0, f"{_H100}: H100 NVL 3.9 TB/s"),
     KnownGpu("H100 PCIe", r"\bh100\b.*\bpcie\b", 2000.0, f"{_H100}: H100 PCIe 2 TB/s"),
     KnownGpu("H100 SXM", r"\bh100\b.*(\bsxm|\bhbm3\b)", 3350.0, f"{_H100}: H100 SXM 3.35 TB/s"),
@@ -62,6 +67,10 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
     KnownGpu("A100 80GB PCIe", r"\ba100\b.*\bpcie\b", 1935.0, f"{_A100}: A100 80GB PCIe 1,935 GB/s",
              min_memory_GB=60.0),
     KnownGpu("A100 80GB SXM", r"\ba100\b.*\bsxm", 2039.0, f"{_A100}: A100 80GB SXM 2,039 GB/s", min_memory_GB=60.0),
+    KnownGpu("A800 40GB", r"\ba800\b", 1555.0, f"{_A800}: A800 40GB PCIe 1,555 GB/s", max_memory_GB=60.0),
+    KnownGpu("A800 80GB PCIe", r"\ba800\b.*\bpcie\b", 1935.0, f"{_A800}: A800 80GB PCIe 1,935 GB/s",
+             min_memory_GB=60.0),
+    KnownGpu("A800 80GB SXM", r"\ba800\b.*\bsxm", 2039.0, f"{_A800}: A800 80GB SXM 2,039 GB/s", min_memory_GB=60.0),
     KnownGpu("A30", r"\ba30\b", 933.0, "NVIDIA A30 Tensor Core GPU datasheet: 933 GB/s"),
     KnownGpu("A40", r"\ba40\b", 696.0, "NVIDIA A40 datasheet: 696 GB/s"),
     KnownGpu("A10", r"\ba10\b", 600.0, "NVIDIA A10 Tensor Core GPU datasheet: 600 GB/s"),
@@ -74,6 +83,11 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
     KnownGpu("RTX 6000 Ada", r"\brtx 6000 ada\b", 960.0, "NVIDIA RTX 6000 Ada Generation datasheet: 960 GB/s"),
     KnownGpu("RTX A6000", r"\brtx a6000\b", 768.0, "NVIDIA RTX A6000 datasheet: 768 GB/s"),
     KnownGpu("GeForce RTX 4090", r"\brtx 4090\b", 1008.0, "NVIDIA GeForce RTX 4090 specifications: 1,008 GB/s"),
+    KnownGpu("GeForce RTX 5090", r"\brtx 5090\b", 1792.0, "NVIDIA GeForce RTX 5090 specifications: 1,792 GB/s"),
+    KnownGpu("GeForce RTX 3090", r"\brtx 3090\b", 936.0, "NVIDIA GeForce RTX 3090 specifications: 936 GB/s"),
+    KnownGpu("Instinct MI325X", r"\bmi325x\b", 6000.0, "AMD Instinct MI325X datasheet: 6 TB/s"),
+    KnownGpu("Instinct MI300X", r"\bmi300x\b", 5300.0, f"{_MI300}: MI300X 5.3 TB/s"),
+    KnownGpu("Instinct MI250X", r"\bmi250x\b", 3276.8, "AMD Instinct MI250X datasheet: 3.2 TB/s (3,276.8 GB/s)"),
 )
 
 # Names the table knows only with a qualifier it needs; without one the peak is ambiguous, not unknown.
@@ -81,6 +95,10 @@ _AMBIGUOUS = ((r"\bh100\b", "an H100 is 2.0 TB/s (PCIe), 3.35 TB/s (SXM) or 3.9 
                             "datasheet, and the name does not say which"),
               (r"\ba100\b", "an 80 GB A100 is 1,935 GB/s (PCIe) or 2,039 GB/s (SXM) by NVIDIA's datasheet, and "
                             "the name does not say which"),
+              (r"\ba800\b", "an 80 GB A800 is 1,935 GB/s (PCIe) or 2,039 GB/s (SXM) by NVIDIA's datasheet, and "
+                            "the name does not say which"),
+              (r"\bh20\b", "an H20 of 96 GB is 4.0 TB/s by NVIDIA's datasheet; the memory size reported is not "
+                           "that one's"),
               (r"\bgh200\b", "a GH200's HBM is 96 GB (4 TB/s) or 144 GB (4.9 TB/s), and the memory size reported "
                              "fits neither"))
 
