@@ -95,7 +95,7 @@ class FusedParams:
     def __init__(self, block_n: int = 4, block_k: int = 2048, num_warps: int = 4, block_s: int = 16,
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
                  down_block_k: int = 0, pdl_early: bool = False, prefetch_o: bool = False,
-                 prefetch_gateup_kb: int = 0, grid_per_sm: int = 0, gateup_block_n: int = 0, gateup_warps: int = 0,
+                 prefetch_gateup_kb: int = 0, grid_per_sm: int = 0, gateup_block_n: int = 2, gateup_warps: int = 0,
                  token_store: str = "copy"):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
