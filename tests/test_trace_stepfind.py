@@ -206,6 +206,37 @@ def test_a_pause_between_the_layers_and_the_head_does_not_split_a_token():
     assert same["length"] == 26 and same["cycle"] == 1 and len(same["starts"]) == 20
 
 
+def _phase_loop(tokens_n, change_at, prefill=True):
+    """(units, gaps) of a 2-layer float32 Hugging Face ``generate`` as an H100 ran it: every token 28 launches; a
+    copy kernel takes one of three forms by the context's alignment (forms 0, 1, 0, 2 over four tokens) and, from
+    token ``change_at`` on, each layer's softmax another specialisation (the keys outgrew it); with ``prefill`` a
+    first pass of the same calls whose GEMM is another kernel."""
+    units, gaps = [], []
+    if prefill:
+        step = [0] + ([1, 2, 55, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 2) + [13, 14, 15]
+        units += step
+        gaps += [50.0] + [3.0] * (len(step) - 1)
+    for t in range(tokens_n):
+        soft = 20 if t < change_at else 21
+        copy = (30, 31, 30, 32)[t % 4]
+        step = [0] + ([1, 2, 3, 4, soft, 6, 7, 8, 9, 10, 11, 12] * 2) + [13, copy, 15]
+        units += step
+        gaps += [50.0] + [3.0] * (len(step) - 1)
+    return units, gaps
+
+
+def test_steps_run_on_through_a_kernel_that_changes_with_the_context():
+    # the common sequence (copy form 0, the first softmax) holds only a quarter of the tokens; the tokens after the
+    # softmax changed are steps as much as those before (no steps cut off as a suffix), the prefill stays out
+    units, gaps = _phase_loop(21, change_at=12)
+    found = _found(units, gaps)
+    assert found["found"] and found["length"] == 28 and found["prefix"] == 28 and found["suffix"] == 0
+    assert found["starts"].tolist() == [28 + 28 * t for t in range(21)]
+    # an earlier phase that repeats itself is taken in too: the common sequence now lies after the change
+    later = _found(*_phase_loop(24, change_at=4, prefill=False))
+    assert later["starts"].tolist() == [28 * t for t in range(24)] and later["prefix"] == 0
+
+
 def test_markerless_loop_with_variants_of_two_lengths_is_described(tmp_path):
     layer = ["norm", "gemv_qkv", "rope", "attn", "gemv_o", "add", "norm", "gemv_gate_up", "silu_mul", "gemv_down"]
 

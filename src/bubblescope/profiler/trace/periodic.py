@@ -150,7 +150,10 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
         if len(starts) > cycle:  # the last step as long as its variant k steps before, not the shortest
             ends[-1] = min(int(starts[-1] + ends[-1 - cycle] - starts[-1 - cycle]), n)
         matching = np.isin(ends - starts, lengths)
-    first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
+    if cycle == 1:  # a step whose sequence changes as the run goes on: the steps run on through each phase
+        first, last, matching = _phase_span(_segment_hash(h, starts, ends), ends - starts, matching, lengths)
+    else:
+        first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
     starts, ends, matching = starts[first:last + 1], ends[first:last + 1], matching[first:last + 1]
     split = _pause_split(starts, ends, matching, length, gap_before) if cycle == 1 else None
     if split is not None:  # the exact period held several tokens, told apart by the host's pauses
@@ -169,6 +172,34 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
             "length": length, "anchor": values[c], "prefix": int(starts[0]), "suffix": int(n - ends[-1]),
             "coverage": coverage, "units": n, "reason": None, "cycle": cycle, "variants": variants,
             "lengths": [int(v) for v in sorted(set(lengths))]}
+
+
+def _phase_span(sig: np.ndarray, seg_len: np.ndarray, matching: np.ndarray,
+                lengths: tuple[int, ...]) -> tuple[int, int, np.ndarray]:
+    """(first, last, matching) of the steps among the segments (hashes ``sig``, lengths ``seg_len``) whose
+    common sequence is ``matching``.
+
+    A kernel picked by the context length (a softmax specialised by the keys' count, an attention kernel for longer
+    contexts) changes the step's sequence partway through a run: the tokens after the change are steps as much as
+    those before it, only of another phase. So from the segments that are the common sequence, the steps run on
+    forward through every segment of a step's length, and back through those that repeat a neighbour's sequence
+    exactly (an earlier phase); a lone segment unlike the one after it at the front (a prefill of the same
+    calls, a warm-up step) stays out. ``matching`` becomes: the segment repeats a neighbour's sequence (its
+    phase's) or is the common one."""
+    import numpy as np
+
+    regular = np.isin(seg_len, lengths)
+    first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
+    while last + 1 < len(sig) and regular[last + 1]:
+        last += 1
+    while first > 0 and regular[first - 1] and (sig[first - 1] == sig[first] or
+                                                (first > 1 and sig[first - 1] == sig[first - 2])):
+        first -= 1
+    repeats = np.zeros(len(sig), dtype=bool)
+    same = sig[1:] == sig[:-1]
+    repeats[1:] |= same
+    repeats[:-1] |= same
+    return first, last, matching | (repeats & regular)
 
 
 def _finer_period(h: tuple, order: np.ndarray, bounds: np.ndarray, c: int, length: int,
