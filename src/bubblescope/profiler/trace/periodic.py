@@ -14,8 +14,12 @@ A step whose kernels change from token to token in a cycle repeats exactly only 
 length, in a few variants (:func:`_finer_period`). Where no unit occurs once per cycle (the changing kernel runs in
 every layer), the once-per-token unit's segments repeat their sequence every ``k`` segments: those segments are the
 steps, in ``k`` variants of one length or of lengths within :data:`CYCLE_LENGTH_SPREAD` of each other (a variant
-that launches an extra kernel; Hugging Face ``generate`` of a 2-layer float32 Llama on an H100 found 10 steps in
-a 20-token window before variants could differ in length) (:func:`_cycled`).
+that launches an extra kernel) (:func:`_cycled`). Variants further apart than that, where one unit occurs once per
+cycle, make the exact period several tokens long; when the host pauses between tokens (sampling, a sync) and
+nowhere else as long, those pauses cut it into its tokens (:func:`_pause_split`). A kernel picked by the context
+length changes the sequence partway through a run; the steps run on through such a change (:func:`_phase_span`:
+Hugging Face ``generate`` of a 2-layer float32 Llama on an H100 gave 10 steps in a 20-token window when they
+stopped at the first token whose softmax kernel had changed).
 """
 
 from __future__ import annotations
