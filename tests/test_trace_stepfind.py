@@ -3,6 +3,8 @@ steps, times and graph figures are computed by hand in ``tracegen``'s docstrings
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -388,3 +390,15 @@ def test_reports_name_how_steps_were_found_the_floor_and_the_replays(tmp_path):
     html = render_trace_html(summary, findings)
     assert verdict in html and "CUDA-graph replays (device 0)" in html and "steps: 6, from CUDA-graph" in html
     assert "g_a&lt;int&gt;" in html and "g_a<int>" not in html
+
+
+def test_a_real_markerless_hugging_face_generate_trace_gives_one_step_per_token():
+    # bubblescope profile of examples/hf_generate.py --tiny on an H100 (tests/data/h100_hf_generate_provenance.json):
+    # the profiler's warm-up step and a 20-step window, 157 launches a token, no markers; a copy kernel cycles
+    # over four tokens and the softmax kernel changes after the 12th, so no sequence holds for every token
+    path = Path(__file__).parent / "data" / "h100_hf_generate_tiny_markerless.json.gz"
+    f = summarize_traces([str(path)], skip_steps=1)["files"][0]
+    d = f["step_detection"]
+    assert d["method"] == "sequence" and d["steps"] == 21 and d["units_per_step"] == 157, d
+    assert (d["prefix_units"], d["suffix_units"], d["coverage"]) == (0, 0, 1.0)
+    assert f["steps"]["steps"] == 20  # the window's steps, the profiler's warm-up step left out
