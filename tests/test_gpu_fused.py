@@ -93,12 +93,14 @@ def test_persistent_grids_give_the_same_logits_as_one_program_per_block(grid_per
 
 
 @needs_stories
-def test_tokens_stored_into_mapped_host_memory_equal_the_reference():
-    """token_store "mapped": the pick kernel writes each greedy token into pinned host memory through its device
-    mapping (no copy between the graphs); 200 greedy tokens with launch-ahead equal the reference's."""
+@pytest.mark.parametrize("store", ["mapped", "copy"])
+def test_tokens_stored_into_mapped_host_memory_equal_the_reference(store):
+    """token_store "mapped" (the default): the pick kernel writes each greedy token into pinned host memory through
+    its device mapping (no copy between the graphs); "copy": a device-to-host copy after each graph. 200 greedy
+    tokens with launch-ahead equal the reference's either way."""
     from bubblescope.fused_engine import FusedEngine, FusedParams
     w = load_llama2c(STORIES).to("cuda")
     want = generate(ReferenceEngine(w, max_seq_len=256), [1], 200, eos_ids=()).tokens
     pdl = torch.cuda.get_device_capability()[0] >= 9
-    eng = FusedEngine(w, max_seq_len=256, pdl=pdl, params=FusedParams(token_store="mapped"))
+    eng = FusedEngine(w, max_seq_len=256, pdl=pdl, params=FusedParams(token_store=store))
     assert generate(eng, [1], 200, eos_ids=(), launch_ahead=True).tokens == want

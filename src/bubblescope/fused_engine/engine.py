@@ -84,9 +84,13 @@ class FusedParams:
     back to back with the next tiles in flight (0: one program per row block; slower on an H100: 1.001 ms per step
     at 0, 1.050 at 2, 1.113 at 3, 1.357 at 1, ``h100-2026-12-07-ladder/fused_sweep_1b_grid_5c68e54.json``);
     ``gateup_block_n`` / ``gateup_warps``: the gate/up kernel's rows per program and warps (0: ``block_n`` /
-    ``num_warps``); ``token_store``: how a greedy token reaches the host — ``copy`` (a device-to-host copy after
-    each step's graph) or ``mapped`` (the pick kernel stores it into pinned host memory through its device mapping:
-    nothing between the graphs but an event). Defaults from
+    ``num_warps``; 2 rows by default: graph replay on an H100, Llama-3.2-1B 0.966 ms per step against 0.980 with
+    4 rows, 8 rows 0.998; Llama-3.1-8B 5.310 against 5.352, ``h100-2026-12-07-ladder/fused_sweep_*_gateup*_66624c9.json``);
+    ``token_store``: how a greedy token reaches the host — ``copy`` (a device-to-host copy after
+    each step's graph) or ``mapped`` (the default: the pick kernel stores it into pinned host memory through its
+    device mapping, nothing between the graphs but an event; as ``generate()`` runs the 1B on an H100 the step's
+    span was 976.6 µs against 987.0 with the copy, the same 975 µs busy,
+    ``h100-2026-12-07-ladder/fused_profile_1b_pdl_greedy_*_66624c9.json``). Defaults from
     the fused engine's tile sweep on Llama-3.2-1B (graph replay, H100 and H200:
     ``benchmarks/results/h100-2026-12-06-ladder/fused_sweep_1b.json``, ``h200-2026-12-06-ladder/fused_sweep_1b.json``):
     4 rows × 2,048 columns, 4 warps and the fused reduction were fastest; Σx² by atomics was no faster than
@@ -96,7 +100,7 @@ class FusedParams:
                  splits: int = 0, fused_reduce: bool = True, norm_stats: str = "reload", down_block_n: int = 0,
                  down_block_k: int = 0, pdl_early: bool = False, prefetch_o: bool = False,
                  prefetch_gateup_kb: int = 0, grid_per_sm: int = 0, gateup_block_n: int = 2, gateup_warps: int = 0,
-                 token_store: str = "copy"):
+                 token_store: str = "mapped"):
         self.block_n, self.block_k, self.num_warps, self.block_s, self.splits = block_n, block_k, num_warps, block_s, splits
         self.fused_reduce, self.norm_stats = fused_reduce, norm_stats
         self.down_block_n, self.down_block_k = down_block_n, down_block_k
@@ -109,7 +113,9 @@ class FusedParams:
         self.token_store = token_store
 
 
-CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1)
+# Under the CPU interpreter programs run one by one: few large tiles, and the token taken as a plain copy.
+CPU_PARAMS = FusedParams(block_n=512, block_k=512, num_warps=4, block_s=64, splits=1, gateup_block_n=0,
+                         token_store="copy")
 
 
 class FusedEngine:
