@@ -206,6 +206,18 @@ def test_a_pause_between_the_layers_and_the_head_does_not_split_a_token():
     assert same["length"] == 26 and same["cycle"] == 1 and len(same["starts"]) == 20
 
 
+def test_a_common_sequence_shorter_than_the_anchors_period_is_read_without_a_split():
+    # anchor 1's segments are 1 0 / 1 0 0 0: its common one is 2 units long, yet at the boundary picked the most
+    # frequent step is the 1-unit one (0 or 1 alone), ending one unit before the trace does; the host's pause
+    # profile over 2 units would read past the last unit
+    tokens = [0, 0, 1, 0, 1, 0] * 3
+    found = _found(tokens, [500.0, 3.0, 3.0, 3.0, 3.0, 3.0] * 3)
+    assert found["found"] and found["cycle"] == 1 and found["length"] == 2
+    assert found["starts"].tolist() == [0, 1, 3, 5, 6, 7, 9, 11, 12, 13, 15, 17]
+    assert found["ends"].tolist() == [1, 3, 5, 6, 7, 9, 11, 12, 13, 15, 17, 18]
+    assert found["matching"].tolist() == [True, False, False, True] * 3
+
+
 def test_markerless_loop_with_variants_of_two_lengths_is_described(tmp_path):
     layer = ["norm", "gemv_qkv", "rope", "attn", "gemv_o", "add", "norm", "gemv_gate_up", "silu_mul", "gemv_down"]
 

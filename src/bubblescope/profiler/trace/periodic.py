@@ -246,7 +246,7 @@ def _pause_split(starts: np.ndarray, ends: np.ndarray, matching: np.ndarray, len
     is cut at the same offsets; others are left whole."""
     import numpy as np
 
-    exact = starts[matching]
+    exact = starts[matching & (ends - starts == length)]  # the common sequence may be of another length, rarely
     if len(exact) < MIN_STEPS or length < 2:
         return None
     typical = np.median(gap_before[exact[:, None] + np.arange(length)], axis=0)   # (length,) µs
