@@ -318,3 +318,15 @@ def test_the_bandwidth_verdict_also_states_the_steps_without_the_profiler():
     bare = profile_section(_state(reference_ns=[]), 0, _program(), {"bandwidth": bw})
     assert with_unprofiled(summary, bare) == summary
     assert "step time without the profiler" not in dict(bandwidth_rows(bw))
+
+
+def test_a_baseline_of_one_step_is_named_in_the_singular():
+    # --skip 3: prefill 50 ms and first decode 9 ms left out, one clean step of 1 ms before the window
+    bw = {"peak_GBps": 4.0, "verdict": "2.000 ms per step, 4.00× the floor of 0.500 ms",
+          "summary": {"bytes_per_step": 2_000_000, "floor_us": 500.0, "step_us_p50": 2000.0}}
+    section = profile_section(_state(before_ns=[0, 50 * MS, 59 * MS, 60 * MS]), 0, _program(), {"bandwidth": bw})
+    assert section["reference_from"] == "before" and section["reference_steps"] == 1
+    verdict = with_unprofiled({"files": [{"path": "p", "bandwidth": bw}]}, section)["files"][0]["bandwidth"]["verdict"]
+    assert verdict.endswith("; without the profiler 1.000 ms per step (1 step before the window), 2.00× the floor: "
+                            "50% of peak")
+    assert "over 1 step before the window without it" in " ".join(outcome_lines(section, "x.py"))

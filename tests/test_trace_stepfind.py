@@ -239,6 +239,35 @@ def test_steps_run_on_through_a_kernel_that_changes_with_the_context():
     assert later["starts"].tolist() == [28 * t for t in range(24)] and later["prefix"] == 0
 
 
+@pytest.mark.parametrize("layers", [2, 4, 16])
+def test_a_host_sync_in_every_layer_does_not_cut_a_token_into_layers(layers):
+    # identical tokens: embedding (0), then per layer its attention (1-6), a host sync as long as the pause
+    # between tokens (a router's .item()), its MLP (11-14); LM head and sampling (20-22). The pieces between the
+    # pauses lie within 50 % of each other in length (7, 10, ..., 7 units), but they begin with the attention or
+    # the MLP, not with the embedding as a token does: one step per token, not per layer
+    units, gaps = [50, 51, 52], [3.0] * 3
+    for _ in range(20):
+        step, pause = [0], [500.0]
+        for _ in range(layers):
+            step += [1, 2, 3, 4, 5, 6, 11, 12, 13, 14]
+            pause += [3.0] * 6 + [400.0] + [3.0] * 3
+        units, gaps = units + step + [20, 21, 22], gaps + pause + [3.0] * 3
+    found = _found(units, gaps)
+    assert found["found"] and found["cycle"] == 1 and found["length"] == 1 + 10 * layers + 3
+    assert len(found["starts"]) == 20 and found["matching"].all() and found["prefix"] == 3 and found["suffix"] == 0
+
+
+def test_a_common_sequence_shorter_than_the_anchors_period_is_read_without_a_split():
+    # anchor 1's segments are 1 0 / 1 0 0 0: its common one is 2 units long, yet at the boundary picked the most
+    # frequent step is the 1-unit one (0 or 1 alone), ending one unit before the trace does; the host's pause
+    # profile over 2 units would read past the last unit
+    tokens = [0, 0, 1, 0, 1, 0] * 3
+    found = _found(tokens, [500.0, 3.0, 3.0, 3.0, 3.0, 3.0] * 3)
+    assert found["found"] and found["cycle"] == 1 and found["length"] == 2
+    assert found["starts"].tolist() == [0, 1, 3, 5, 6, 7, 9, 11, 12, 13, 15, 17]
+    assert found["ends"].tolist() == [1, 3, 5, 6, 7, 9, 11, 12, 13, 15, 17, 18]
+
+
 def test_markerless_loop_with_variants_of_two_lengths_is_described(tmp_path):
     layer = ["norm", "gemv_qkv", "rope", "attn", "gemv_o", "add", "norm", "gemv_gate_up", "silu_mul", "gemv_down"]
 

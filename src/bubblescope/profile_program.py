@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .errors import BubblescopeError
 from .profile_command import Program
+from .wording import count
 
 RUNNER = Path(__file__).with_name("profile_runner.py")
 OUT_FILES = ("profile.json", "profile.html", "profile.trace.json.gz")
@@ -235,7 +236,7 @@ def with_unprofiled(summary: dict, section: dict) -> dict:
     ref_us = ref * 1e3
     extra = {"step_us_p50_unprofiled": ref_us, "effective_GBps_unprofiled": section["effective_GBps_unprofiled"],
              "util_peak_unprofiled": section["util_peak_unprofiled"], "over_floor_x_unprofiled": ref_us / floor}
-    clause = (f"; without the profiler {ref:,.3f} ms per step ({section['reference_steps']} steps "
+    clause = (f"; without the profiler {ref:,.3f} ms per step ({count(section['reference_steps'], 'step')} "
               f"{section['reference_from']} the window), {extra['over_floor_x_unprofiled']:.2f}× the floor: "
               f"{extra['util_peak_unprofiled']:.0%} of peak") if extra["util_peak_unprofiled"] is not None else ""
     first = {**files[0], "bandwidth": {**bw, "summary": {**s, **extra}, "verdict": bw["verdict"] + clause}}

@@ -45,7 +45,8 @@ CYCLE_LENGTH_SPREAD = 0.05
 # Token boundaries told by the host's pauses (:func:`_pause_split`): where a step of the exact period holds pauses
 # as long as the one before it, and the work between them has none, the step is several tokens. Structure alone
 # cannot tell two tokens in variants (A, B) from one token of two identical layers with a tail (L, L+tail); a loop
-# that syncs or samples on the host between tokens can.
+# that syncs or samples on the host between tokens can, where every piece begins and ends with the step's own first
+# and last units (a sync in every layer cuts a token into pieces that begin with a layer's unit, not the token's).
 PAUSE_SHARE = 0.5        # a pause inside a step at least this share of the pause before the step is a boundary
 PAUSE_OVER_WORK = 5.0    # ... and the pause before the step at least this many times the typical gap inside it
 PAUSE_MIN_US = 20.0      # and at least this long, µs (the host's work between tokens: sampling, a sync)
@@ -159,7 +160,7 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
     else:
         first, last = int(np.argmax(matching)), len(matching) - 1 - int(np.argmax(matching[::-1]))
     starts, ends, matching = starts[first:last + 1], ends[first:last + 1], matching[first:last + 1]
-    split = _pause_split(starts, ends, matching, length, gap_before) if cycle == 1 else None
+    split = _pause_split(tokens, starts, ends, matching, length, gap_before) if cycle == 1 else None
     if split is not None:  # the exact period held several tokens, told apart by the host's pauses
         starts, ends, cycle, lengths = split
         length = lengths[0]
@@ -269,7 +270,7 @@ def _cycled(h: tuple, p: np.ndarray, sig: np.ndarray, n: int,
     return None
 
 
-def _pause_split(starts: np.ndarray, ends: np.ndarray, matching: np.ndarray, length: int,
+def _pause_split(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, matching: np.ndarray, length: int,
                  gap_before: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, tuple[int, ...]] | None:
     """(starts, ends, k, piece lengths) of the steps cut into the k tokens each holds, or None.
 
@@ -277,11 +278,14 @@ def _pause_split(starts: np.ndarray, ends: np.ndarray, matching: np.ndarray, len
     is the pause before a step; every other offset whose median is at least :data:`PAUSE_SHARE` of it is a token
     boundary too, when that pause is at least :data:`PAUSE_MIN_US` and :data:`PAUSE_OVER_WORK` times the median
     gap at the remaining offsets, and the pieces' lengths lie within :data:`PIECE_SPREAD` of the shortest (a sync
-    between a model's layers and its LM head leaves pieces far apart in length). Every step of the common length
-    is cut at the same offsets; others are left whole."""
+    between a model's layers and its LM head leaves pieces far apart in length). Each piece must also begin with
+    the unit the step begins with and end with the unit it ends with: tokens of one loop start and finish with the
+    same calls (embedding, sampling), their variants differ inside the model, while a host sync in every layer
+    (a routing ``.item()``, ``nonzero``) cuts a token into layers that begin and end elsewhere. Every step of the
+    common length is cut at the same offsets; others are left whole."""
     import numpy as np
 
-    exact = starts[matching]
+    exact = starts[matching & (ends - starts == length)]  # the common sequence may be of another length, rarely
     if len(exact) < MIN_STEPS or length < 2:
         return None
     typical = np.median(gap_before[exact[:, None] + np.arange(length)], axis=0)   # (length,) µs
@@ -295,6 +299,9 @@ def _pause_split(starts: np.ndarray, ends: np.ndarray, matching: np.ndarray, len
     cuts = np.concatenate([[0], inner, [length]])
     pieces = np.diff(cuts)
     if pieces.max() > (1 + PIECE_SPREAD) * pieces.min():
+        return None
+    step = np.asarray(tokens)[int(exact[0]):int(exact[0]) + length]
+    if (step[cuts[:-1]] != step[0]).any() or (step[cuts[1:] - 1] != step[-1]).any():
         return None
     whole = (ends - starts) == length
     new_starts = np.concatenate([s + cuts[:-1] if w else [s] for s, w in zip(starts.tolist(), whole)])
