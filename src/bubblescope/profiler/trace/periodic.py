@@ -247,7 +247,8 @@ def _pause_split(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, match
     the unit the step begins with and end with the unit it ends with: tokens of one loop start and finish with the
     same calls (embedding, sampling), their variants differ inside the model, while a host sync in every layer
     (a routing ``.item()``, ``nonzero``) cuts a token into layers that begin and end elsewhere. Every step of the
-    common length is cut at the same offsets; others are left whole."""
+    common length is cut at the same offsets; another (a token that launched an extra kernel) where it holds such a
+    boundary too: a pause of that share before the step's first unit, after its last."""
     import numpy as np
 
     exact = starts[matching & (ends - starts == length)]  # the common sequence may be of another length, rarely
@@ -268,9 +269,15 @@ def _pause_split(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, match
     step = np.asarray(tokens)[int(exact[0]):int(exact[0]) + length]
     if (step[cuts[:-1]] != step[0]).any() or (step[cuts[1:] - 1] != step[-1]).any():
         return None
-    whole = (ends - starts) == length
-    new_starts = np.concatenate([s + cuts[:-1] if w else [s] for s, w in zip(starts.tolist(), whole)])
-    new_ends = np.concatenate([s + cuts[1:] if w else [e] for s, e, w in zip(starts.tolist(), ends.tolist(), whole)])
+    tokens = np.asarray(tokens)
+    # where a token may begin inside a step of another length: after the step's last unit, with its first unit,
+    # after a pause as long as the common steps' inner boundaries
+    begins = np.zeros(len(tokens), dtype=bool)
+    begins[1:] = (tokens[1:] == step[0]) & (tokens[:-1] == step[-1]) & (gap_before[1:] >= PAUSE_SHARE * lead)
+    bounds = [s + cuts if e - s == length else np.concatenate([[s], s + 1 + np.flatnonzero(begins[s + 1:e]), [e]])
+              for s, e in zip(starts.tolist(), ends.tolist())]
+    new_starts = np.concatenate([b[:-1] for b in bounds])
+    new_ends = np.concatenate([b[1:] for b in bounds])
     return (new_starts.astype(np.int64), new_ends.astype(np.int64), len(pieces),
             tuple(int(v) for v in sorted(set(pieces.tolist()))))
 
