@@ -196,6 +196,21 @@ def test_a_token_with_an_extra_kernel_is_cut_from_its_period_too():
     assert found["coverage"] == (len(units) - 3 - 34) / len(units)
 
 
+def test_whole_tokens_outside_the_first_and_last_period_are_steps_too():
+    # token 6 launches one more kernel (99): the periods that keep the most exact repeats are then (odd, even)
+    # pairs, from token 1 to token 18, which leaves token 0 before the first and token 19 after the last; each is
+    # one of the tokens' own sequences (26 and 33 units), so each is a step: 20 steps, not 18
+    units, gaps = _variant_loop(20, 500.0)
+    at = 3 + 3 * 26 + 3 * 33 + 5  # inside token 6
+    units.insert(at, 99)
+    gaps.insert(at, 3.0)
+    found = _found(units, gaps)
+    assert found["found"] and (found["cycle"], found["lengths"]) == (2, [26, 33]) and len(found["starts"]) == 20
+    assert (found["ends"] - found["starts"]).tolist() == [26, 33] * 3 + [27, 33] + [26, 33] * 6
+    assert found["starts"][0] == 3 and found["prefix"] == 3 and found["suffix"] == 0
+    assert found["ends"][-1] == len(units) and found["matching"].tolist() == [True] * 6 + [False] + [True] * 13
+
+
 def test_no_pause_between_tokens_leaves_the_exact_period_whole():
     # the same loop launching ahead (no pause between tokens): nothing tells two tokens from one, so the steps are
     # the exact period of two tokens

@@ -156,6 +156,7 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
     split = _pause_split(tokens, starts, ends, matching, length, gap_before) if cycle == 1 else None
     if split is not None:  # the exact period held several tokens, told apart by the host's pauses
         starts, ends, cycle, lengths = split
+        starts, ends = _edge_tokens(h, starts, ends, lengths, n)
         length = lengths[0]
         matching = np.isin(ends - starts, lengths)
     # steps of the common length (the same calls, maybe other kernels: a context that changes the attention
@@ -280,6 +281,40 @@ def _pause_split(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, match
     new_ends = np.concatenate([b[1:] for b in bounds])
     return (new_starts.astype(np.int64), new_ends.astype(np.int64), len(pieces),
             tuple(int(v) for v in sorted(set(pieces.tolist()))))
+
+
+def _edge_tokens(h: tuple, starts: np.ndarray, ends: np.ndarray, lengths: tuple[int, ...],
+                 n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the tokens cut from the exact period (:func:`_pause_split`), with the whole tokens just
+    before the first and after the last added: the steps of a period of k tokens run from one of its starts to
+    one of its ends, so up to k - 1 tokens at each end of the trace (a period begun before the trace or not
+    finished in it) would be left out. Added: each segment next to the steps that is one of the tokens' own
+    sequences (their lengths ``lengths``), until one is not."""
+    import numpy as np
+
+    seen = _segment_hash(h, starts, ends)
+    known = set(seen[np.isin(ends - starts, lengths)].tolist())
+    before, after = [], []
+    s = int(starts[0])
+    while True:
+        size = next((v for v in lengths if v <= s and int(_segment_hash(h, [s - v], [s])[0]) in known), None)
+        if size is None:
+            break
+        s -= size
+        before.insert(0, s)
+    e = int(ends[-1])
+    while True:
+        size = next((v for v in lengths if e + v <= n and int(_segment_hash(h, [e], [e + v])[0]) in known), None)
+        if size is None:
+            break
+        after.append(e)
+        e += size
+    if not before and not after:
+        return starts, ends
+    new_starts = np.concatenate([before, starts, after]).astype(np.int64)
+    new_ends = np.concatenate([np.append(before[1:], starts[0]) if before else [], ends,
+                               np.append(after[1:], e) if after else []]).astype(np.int64)
+    return new_starts, new_ends
 
 
 def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tuple[np.ndarray, ...]:
