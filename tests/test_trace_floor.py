@@ -77,9 +77,11 @@ def test_model_bytes_grow_with_each_steps_context():
     ("NVIDIA A800 80GB PCIe", 85.1, 1935.0),
     ("NVIDIA A800-PCIE-40GB", 42.3, 1555.0),
     ("AMD Instinct MI300X", 205.8, 5300.0),
-    ("AMD Instinct MI250X", 68.7, 3276.8),
+    ("AMD Instinct MI250X", 68.7, 1638.4),  # one of its two GCDs, each a device: half the module's 3.2 TB/s
     ("NVIDIA GeForce RTX 4090", 25.3, 1008.0),
     ("NVIDIA GeForce RTX 3090", 25.3, 936.0),
+    ("NVIDIA GeForce RTX 5090", 33.7, 1792.0),
+    ("NVIDIA GeForce RTX 4090 D", 25.3, 1008.0),
 ])
 def test_known_gpus_by_name_and_memory(name, memory_GB, peak):
     got = lookup_peak(name, memory_GB * 1e9)
@@ -94,6 +96,10 @@ def test_known_gpus_by_name_and_memory(name, memory_GB, peak):
     ("NVIDIA GH200", None, "fits neither"),  # the memory decides, and the trace gives none
     ("NVIDIA A800", 85.1, "1,935 GB/s (PCIe) or 2,039 GB/s (SXM)"),
     ("NVIDIA H20", 150.0, "not that one's"),  # a larger H20 than the datasheet's 96 GB
+    # a laptop part or a Ti of a desktop card's number: 896, 576 and 1,008 GB/s, not the desktop 1,792, 1,008, 936
+    ("NVIDIA GeForce RTX 5090 Laptop GPU", 25.7, "not in bubblescope's table"),
+    ("NVIDIA GeForce RTX 4090 Laptop GPU", 17.2, "not in bubblescope's table"),
+    ("NVIDIA GeForce RTX 3090 Ti", 25.3, "not in bubblescope's table"),
 ])
 def test_ambiguous_or_unknown_gpus_get_no_peak(name, memory_GB, why):
     got = lookup_peak(name, None if memory_GB is None else memory_GB * 1e9)

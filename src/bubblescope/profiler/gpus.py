@@ -82,12 +82,19 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
     KnownGpu("V100", r"\bv100\b", 900.0, "NVIDIA V100 Tensor Core GPU datasheet: V100 SXM2 and PCIe 900 GB/s"),
     KnownGpu("RTX 6000 Ada", r"\brtx 6000 ada\b", 960.0, "NVIDIA RTX 6000 Ada Generation datasheet: 960 GB/s"),
     KnownGpu("RTX A6000", r"\brtx a6000\b", 768.0, "NVIDIA RTX A6000 datasheet: 768 GB/s"),
-    KnownGpu("GeForce RTX 4090", r"\brtx 4090\b", 1008.0, "NVIDIA GeForce RTX 4090 specifications: 1,008 GB/s"),
-    KnownGpu("GeForce RTX 5090", r"\brtx 5090\b", 1792.0, "NVIDIA GeForce RTX 5090 specifications: 1,792 GB/s"),
-    KnownGpu("GeForce RTX 3090", r"\brtx 3090\b", 936.0, "NVIDIA GeForce RTX 3090 specifications: 936 GB/s"),
+    # a laptop part of the same number has half the bus (RTX 4090 Laptop 576 GB/s, 5090 Laptop 896 GB/s) and a Ti
+    # faster memory (RTX 3090 Ti 1,008 GB/s): neither is the desktop card's figure
+    KnownGpu("GeForce RTX 4090", r"\brtx 4090\b(?!.*\blaptop\b)", 1008.0,
+             "NVIDIA GeForce RTX 4090 specifications: 1,008 GB/s"),
+    KnownGpu("GeForce RTX 5090", r"\brtx 5090\b(?!.*\blaptop\b)", 1792.0,
+             "NVIDIA GeForce RTX 5090 specifications: 1,792 GB/s"),
+    KnownGpu("GeForce RTX 3090", r"\brtx 3090\b(?! ?ti\b)", 936.0,
+             "NVIDIA GeForce RTX 3090 specifications: 936 GB/s"),
     KnownGpu("Instinct MI325X", r"\bmi325x\b", 6000.0, "AMD Instinct MI325X datasheet: 6 TB/s"),
     KnownGpu("Instinct MI300X", r"\bmi300x\b", 5300.0, f"{_MI300}: MI300X 5.3 TB/s"),
-    KnownGpu("Instinct MI250X", r"\bmi250x\b", 3276.8, "AMD Instinct MI250X datasheet: 3.2 TB/s (3,276.8 GB/s)"),
+    # ROCm shows each of an MI250X's two dies (GCDs) as a device of its own, 64 GB with half the module's bandwidth
+    KnownGpu("Instinct MI250X", r"\bmi250x\b", 1638.4, "AMD Instinct MI250X datasheet: 3.2 TB/s (3,276.8 GB/s) "
+             "a module of two GCDs, each a device of 64 GB: 1,638.4 GB/s"),
 )
 
 # Names the table knows only with a qualifier it needs; without one the peak is ambiguous, not unknown.

@@ -163,6 +163,7 @@ def repeating_steps(tokens: np.ndarray, gap_before: np.ndarray, min_steps: int =
     split = _pause_split(tokens, starts, ends, matching, length, gap_before) if cycle == 1 else None
     if split is not None:  # the exact period held several tokens, told apart by the host's pauses
         starts, ends, cycle, lengths = split
+        starts, ends = _edge_tokens(h, starts, ends, lengths, n)
         length = lengths[0]
         matching = np.isin(ends - starts, lengths)
     # steps of the common length (the same calls, maybe other kernels: a context that changes the attention
@@ -282,7 +283,8 @@ def _pause_split(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, match
     the unit the step begins with and end with the unit it ends with: tokens of one loop start and finish with the
     same calls (embedding, sampling), their variants differ inside the model, while a host sync in every layer
     (a routing ``.item()``, ``nonzero``) cuts a token into layers that begin and end elsewhere. Every step of the
-    common length is cut at the same offsets; others are left whole."""
+    common length is cut at the same offsets; another (a token that launched an extra kernel) where it holds such a
+    boundary too: a pause of that share before the step's first unit, after its last."""
     import numpy as np
 
     exact = starts[matching & (ends - starts == length)]  # the common sequence may be of another length, rarely
@@ -303,11 +305,51 @@ def _pause_split(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, match
     step = np.asarray(tokens)[int(exact[0]):int(exact[0]) + length]
     if (step[cuts[:-1]] != step[0]).any() or (step[cuts[1:] - 1] != step[-1]).any():
         return None
-    whole = (ends - starts) == length
-    new_starts = np.concatenate([s + cuts[:-1] if w else [s] for s, w in zip(starts.tolist(), whole)])
-    new_ends = np.concatenate([s + cuts[1:] if w else [e] for s, e, w in zip(starts.tolist(), ends.tolist(), whole)])
+    tokens = np.asarray(tokens)
+    # where a token may begin inside a step of another length: after the step's last unit, with its first unit,
+    # after a pause as long as the common steps' inner boundaries
+    begins = np.zeros(len(tokens), dtype=bool)
+    begins[1:] = (tokens[1:] == step[0]) & (tokens[:-1] == step[-1]) & (gap_before[1:] >= PAUSE_SHARE * lead)
+    bounds = [s + cuts if e - s == length else np.concatenate([[s], s + 1 + np.flatnonzero(begins[s + 1:e]), [e]])
+              for s, e in zip(starts.tolist(), ends.tolist())]
+    new_starts = np.concatenate([b[:-1] for b in bounds])
+    new_ends = np.concatenate([b[1:] for b in bounds])
     return (new_starts.astype(np.int64), new_ends.astype(np.int64), len(pieces),
             tuple(int(v) for v in sorted(set(pieces.tolist()))))
+
+
+def _edge_tokens(h: tuple, starts: np.ndarray, ends: np.ndarray, lengths: tuple[int, ...],
+                 n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the tokens cut from the exact period (:func:`_pause_split`), with the whole tokens just
+    before the first and after the last added: the steps of a period of k tokens run from one of its starts to
+    one of its ends, so up to k - 1 tokens at each end of the trace (a period begun before the trace or not
+    finished in it) would be left out. Added: each segment next to the steps that is one of the tokens' own
+    sequences (their lengths ``lengths``), until one is not."""
+    import numpy as np
+
+    seen = _segment_hash(h, starts, ends)
+    known = set(seen[np.isin(ends - starts, lengths)].tolist())
+    before, after = [], []
+    s = int(starts[0])
+    while True:
+        size = next((v for v in lengths if v <= s and int(_segment_hash(h, [s - v], [s])[0]) in known), None)
+        if size is None:
+            break
+        s -= size
+        before.insert(0, s)
+    e = int(ends[-1])
+    while True:
+        size = next((v for v in lengths if e + v <= n and int(_segment_hash(h, [e], [e + v])[0]) in known), None)
+        if size is None:
+            break
+        after.append(e)
+        e += size
+    if not before and not after:
+        return starts, ends
+    new_starts = np.concatenate([before, starts, after]).astype(np.int64)
+    new_ends = np.concatenate([np.append(before[1:], starts[0]) if before else [], ends,
+                               np.append(after[1:], e) if after else []]).astype(np.int64)
+    return new_starts, new_ends
 
 
 def _aligned(h: tuple, p: np.ndarray, length: int, gap_before: np.ndarray) -> tuple[np.ndarray, ...]:
