@@ -46,11 +46,12 @@ def main(out: str) -> None:
     for n, name in enumerate(ENGINES):
         eng = build_engine(name, w, 4096 + 64)
         generate(eng, prompt, 1, eos_ids=())  # warm-up: compilation, graph capture
-        ttft, gc_ms = [], []
+        ttft, gc_ms, gc_long = [], [], []
         for _ in range(RUNS):
             pauses.clear()
             ttft.append(generate(eng, prompt, 1, eos_ids=()).ttft_ms)
             gc_ms.append(round(sum(pauses), 3))
+            gc_long.append([round(d, 2) for d in pauses if d > 0.5])  # collections over 0.5 ms
         gc.disable()
         no_gc = [generate(eng, prompt, 1, eos_ids=()).ttft_ms for _ in range(RUNS)]
         gc.enable()
@@ -64,7 +65,8 @@ def main(out: str) -> None:
             profiled.append({"ttft_ms": r.ttft_ms, "gpu_self_us": gpu, "cpu_top": top})
             if i == 1:
                 p.export_chrome_trace(os.path.join(os.path.dirname(os.path.abspath(out)), f"ttft_{name}_{n}.json"))
-        doc["runs"][f"{name}#{n}"] = {"plain_ttft_ms": ttft, "gc": {"gc_ms": gc_ms, "objects": len(gc.get_objects())},
+        doc["runs"][f"{name}#{n}"] = {"plain_ttft_ms": ttft, "gc": {"gc_ms": gc_ms, "gc_long": gc_long,
+                                                                       "objects": len(gc.get_objects())},
                                       "nogc_ttft_ms": no_gc, "profiled": profiled}
         print(name, [round(x, 2) for x in ttft], "| no gc", [round(x, 2) for x in no_gc], "| profiled",
               [round(r["ttft_ms"], 2) for r in profiled], flush=True)

@@ -269,7 +269,7 @@ def test_the_unprofiled_baseline_is_the_skipped_steps_before_the_window_without_
     # (as many as the window's), median 1 ms, not the 1.5 ms after it
     before = [0, 50 * MS, 59 * MS, 60 * MS, 61 * MS, 64 * MS, 65 * MS]
     after = [20 * MS + int(1.5 * MS) * i for i in range(5)]
-    s = profile_section(_state(before_ns=before, reference_ns=after, cuda=True), 0, _program(), None)
+    s = profile_section(_state(before_ns=before, reference_ns=after), 0, _program(), None)
     assert s["reference_from"] == "before" and s["reference_steps"] == 4 and s["step_ms_p50_unprofiled"] == 1.0
     assert s["profiler_overhead_pct"] == 100.0 and s["step_ms_p50_after"] == 1.5
     lines = outcome_lines(s, "x.py")

@@ -182,14 +182,20 @@ def test_token_variants_far_apart_in_length_are_told_apart_by_the_hosts_pause():
     assert (found["ends"] - found["starts"]).tolist() == [26, 33] * 10 and found["ends"][-1] == len(units)
 
 
+def _with_extra_kernel(token):
+    """``_variant_loop(20, 500.0)`` with token ``token`` launching one more kernel (99) in its first layer."""
+    units, gaps = _variant_loop(20, 500.0)
+    at = 3 + sum(26 if t % 2 == 0 else 33 for t in range(token)) + 5  # inside that token
+    units.insert(at, 99)
+    gaps.insert(at, 3.0)
+    return units, gaps
+
+
 def test_a_token_with_an_extra_kernel_is_cut_from_its_period_too():
     # the same loop, token 7 launching one more kernel (99) in its first layer: its two-token period (60 units)
     # is no common step, yet the host pauses before token 7 as before every token, so it is cut there too:
     # one step per token, the odd one 34 units long and counted as not matching
-    units, gaps = _variant_loop(20, 500.0)
-    at = 3 + 4 * 26 + 3 * 33 + 5  # inside token 7
-    units.insert(at, 99)
-    gaps.insert(at, 3.0)
+    units, gaps = _with_extra_kernel(7)
     found = _found(units, gaps)
     assert found["found"] and (found["cycle"], found["lengths"]) == (2, [26, 33]) and len(found["starts"]) == 20
     assert (found["ends"] - found["starts"]).tolist() == [26, 33] * 3 + [26, 34] + [26, 33] * 6
@@ -202,10 +208,7 @@ def test_whole_tokens_outside_the_first_and_last_period_are_steps_too():
     # token 6 launches one more kernel (99): the periods that keep the most exact repeats are then (odd, even)
     # pairs, from token 1 to token 18, which leaves token 0 before the first and token 19 after the last; each is
     # one of the tokens' own sequences (26 and 33 units), so each is a step: 20 steps, not 18
-    units, gaps = _variant_loop(20, 500.0)
-    at = 3 + 3 * 26 + 3 * 33 + 5  # inside token 6
-    units.insert(at, 99)
-    gaps.insert(at, 3.0)
+    units, gaps = _with_extra_kernel(6)
     found = _found(units, gaps)
     assert found["found"] and (found["cycle"], found["lengths"]) == (2, [26, 33]) and len(found["starts"]) == 20
     assert (found["ends"] - found["starts"]).tolist() == [26, 33] * 3 + [27, 33] + [26, 33] * 6

@@ -104,8 +104,9 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
     baseline: the skipped steps before the window, the first :data:`BASELINE_LEFT_OUT` left out and at most as
     many as the window's, the latest; with none of those, the steps timed after the window), ``reference_steps``
     (the baseline's steps), ``reference_from`` (``before`` or ``after`` the window; null without a baseline),
-    ``step_ms_p50_after`` (the median of the steps timed after the window, or null: slower than the baseline when
-    the profiler's cost outlasts it), ``cuda`` (the program used CUDA), ``profiler_overhead_pct`` (the profiler's cost per
+    ``step_ms_p50_after`` (the median of the steps timed after the window, or null: it may differ from the
+    baseline as the program's own step time moves or the profiler's cost outlasts the window),
+    ``profiler_overhead_pct`` (the profiler's cost per
     step, %: the two medians' ratio − 1; null when a side has no step, with ``overhead_reason``),
     ``effective_GBps_unprofiled`` and ``util_peak_unprofiled`` (the trace's median bytes per step over the
     unprofiled median step time, GB/s, and over the peak: the bandwidth without the profiler's cost, where the
@@ -149,7 +150,7 @@ def profile_section(state: dict, exit_code: int, program: Program, file_summary:
             "seconds_requested": state.get("seconds"), "first_step": first, "tokens_generated": len(window),
             "steps_found": found, "step_source": source, "step_ms_p50_profiled": prof,
             "step_ms_p50_unprofiled": ref, "reference_steps": len(reference), "reference_from": reference_from,
-            "step_ms_p50_after": p50(after), "cuda": bool(state.get("cuda")),
+            "step_ms_p50_after": p50(after),
             "profiler_overhead_pct": overhead, "overhead_reason": reason,
             "effective_GBps_unprofiled": unprofiled_gbps, "util_peak_unprofiled": unprofiled_util,
             "error": state.get("error")}

@@ -47,9 +47,9 @@ class StepWindow:
 
     Phases: ``skip`` (steps 0 .. skip-1, unprofiled, timed) → ``warm`` (step ``skip``: profiled, the profiler's
     own warm-up) → ``window`` (profiled) → ``reference`` (as many steps timed unprofiled) → ``done``. The skipped
-    steps are the clean baseline: once a CUDA profiler has run, the process keeps paying for it (Kineto leaves
-    CUPTI attached unless ``TEARDOWN_CUPTI=1``, pytorch/pytorch#144455), so the steps after the window are timed
-    too but are not the program's own speed. Tracing costs
+    steps are the baseline, taken before any profiler ran: once a CUDA profiler has run, the process may keep paying
+    for it (Kineto leaves CUPTI attached unless ``TEARDOWN_CUPTI=1``, pytorch/pytorch#144455), so the steps after
+    the window are timed beside it, not instead. Tracing costs
     more in its first step (a first step 8× the median was seen on CPU), which is why ``torch.profiler.schedule``
     has a ``warmup`` phase; here that step stays in the trace, as its first step, and the report leaves it out
     of the step figures. :meth:`boundary` is called when step ``k`` begins (k = 0, 1, ...), with the time in ns,

@@ -302,10 +302,10 @@ def _pause_split(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, match
     pieces = np.diff(cuts)
     if pieces.max() > (1 + PIECE_SPREAD) * pieces.min():
         return None
-    step = np.asarray(tokens)[int(exact[0]):int(exact[0]) + length]
+    tokens = np.asarray(tokens)
+    step = tokens[int(exact[0]):int(exact[0]) + length]
     if (step[cuts[:-1]] != step[0]).any() or (step[cuts[1:] - 1] != step[-1]).any():
         return None
-    tokens = np.asarray(tokens)
     # where a token may begin inside a step of another length: after the step's last unit, with its first unit,
     # after a pause as long as the common steps' inner boundaries
     begins = np.zeros(len(tokens), dtype=bool)
