@@ -39,9 +39,9 @@ def interpreter():
         pytest.skip(f"CUDA machine: triton is in compiled mode here ({e})")
 
 
-def _engines(w, max_seq_len, chunk=3, **kw):
+def _engines(w, max_seq_len, chunk=3, prefill_graphs=None, **kw):
     from bubblescope.megakernel_engine import MegakernelEngine
-    batched = MegakernelEngine(w, max_seq_len=max_seq_len, prefill_chunk=chunk, **kw)
+    batched = MegakernelEngine(w, max_seq_len=max_seq_len, prefill_chunk=chunk, prefill_graphs=prefill_graphs, **kw)
     stepwise = MegakernelEngine(w, max_seq_len=max_seq_len, prefill="stepwise", **kw)
     return batched, stepwise
 
@@ -107,6 +107,20 @@ def test_one_token_and_the_context_limit(interpreter):
     with pytest.raises(BubblescopeError, match=r"^prompt: token id 64 outside the vocabulary of 64$"):
         batched.prefill(torch.tensor([1, 64]))
     assert torch.equal(batched.k_cache, before) and batched.position == 6  # a refused prompt changes nothing
+
+
+@pytest.mark.parametrize("name", ["gqa-tied-llama3", "qwen3-qknorm"])
+def test_the_padded_pass_a_graph_captures_leaves_the_stepwise_cache(interpreter, name):
+    """The pass a prefill graph captures, run eagerly on a CPU: prompts padded to their bucket (here the whole
+    16-position cache) give the stepwise cache with nothing past the prompt, the same logits and greedy token, and
+    decoding continues alike; one token and the context limit too."""
+    w = dummy_weights(TINY[name], seed=4)
+    batched, stepwise = _engines(w, 16, chunk=16, prefill_graphs=True)
+    for ids in ([9], PROMPT7, [(3 * i) % 60 + 2 for i in range(16)]):
+        _assert_same_prefill(batched, stepwise, ids)
+    _assert_same_prefill(batched, stepwise, PROMPT7)
+    assert _continue(batched, 3) == _continue(stepwise, 3)
+    _close(batched.k_cache, stepwise.k_cache)
 
 
 @needs_stories
@@ -257,6 +271,23 @@ def test_gpu_stories260k_fp32_greedy_200_tokens_after_batched_prefill_equal_step
     _assert_same_prefill(batched, stepwise, [(5 * i) % 509 + 3 for i in range(512)], tol=1e-4)
 
 
+@pytest.mark.gpu
+@needs_stories
+def test_gpu_prefill_graphs_serve_their_bucket_and_equal_the_eager_pass():
+    """fp32 stories260K: prompts from 1 to the whole cache through the captured prefill graphs leave the stepwise
+    cache and continue with the eager batched prefill's greedy tokens; one graph per 64-position bucket used."""
+    from bubblescope.megakernel_engine import MegakernelEngine
+
+    w = load_llama2c(STORIES).to("cuda")
+    graphed, stepwise = _engines(w, 512, chunk=512)
+    eager = MegakernelEngine(w, max_seq_len=512, prefill_chunk=512, prefill_graphs=False)
+    for n in (1, 9, 63, 64, 65, 200, 512):
+        prompt = [1] + [(7 * i) % 509 + 3 for i in range(n - 1)]
+        _assert_same_prefill(graphed, stepwise, prompt, tol=1e-4)
+        assert generate(graphed, prompt, 40, eos_ids=()).tokens == generate(eager, prompt, 40, eos_ids=()).tokens, n
+    assert graphed.prefill_graphs() == 4 and eager.prefill_graphs() == 0   # buckets 64, 128, 256, 512
+
+
 def _rel(a, b):
     return ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
 
@@ -283,7 +314,7 @@ def test_gpu_llama_1b_bf16_teacher_forced_agreement_after_batched_prefill(n_prom
 @pytest.mark.gpu
 def test_gpu_long_prompt_in_chunks_matches_the_reference():
     """4,000 tokens in chunks of 2,048 (the second attends to the first's keys under a mask) against the reference
-    engine's one-forward prefill, bf16 Llama-3.2-1B dummy weights."""
+    engine's one-forward prefill, bf16 Llama-3.2-1B dummy weights; and in one pass (the default chunk)."""
     from bubblescope.megakernel_engine import MegakernelEngine
     from bubblescope.reference_engine import ReferenceEngine
 
@@ -291,11 +322,12 @@ def test_gpu_long_prompt_in_chunks_matches_the_reference():
     g = torch.Generator().manual_seed(4000)
     prompt = torch.randint(3, w.config.vocab_size, (4000,), generator=g).tolist()
     forced = torch.randint(3, w.config.vocab_size, (32,), generator=g).tolist()
-    got = teacher_forced_logits(MegakernelEngine(w, max_seq_len=4096), prompt, forced)
     ref = teacher_forced_logits(ReferenceEngine(w, "eager", 4096), prompt, forced)
     truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 4096), prompt, forced)
-    assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95
-    assert _rel(got, truth) < 1.5 * _rel(ref, truth) + 1e-3, (_rel(got, truth), _rel(ref, truth))
+    for chunk in (2048, 4096):
+        got = teacher_forced_logits(MegakernelEngine(w, max_seq_len=4096, prefill_chunk=chunk), prompt, forced)
+        assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95, chunk
+        assert _rel(got, truth) < 1.5 * _rel(ref, truth) + 1e-3, (chunk, _rel(got, truth), _rel(ref, truth))
 
 
 @pytest.mark.gpu

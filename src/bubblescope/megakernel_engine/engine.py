@@ -143,6 +143,8 @@ class MegakernelEngine:
         prefill: ``batched`` (the prompt through batched GEMMs and attention in torch, :mod:`.prefill`, its K/V
             written into the kernel's cache) or ``stepwise`` (one decode launch per prompt token: the ablation).
         prefill_chunk: most prompt positions a batched prefill runs through the layers at once.
+        prefill_graphs: run a batched prefill of at most ``prefill_chunk`` positions as a CUDA graph per 64-position
+            bucket (:mod:`.prefill`); default: on a GPU. ``True`` on a CPU runs the same padded pass eagerly.
 
     Raises:
         BubblescopeError: unknown variant, implementation or prefill mode, or invalid params.
@@ -152,7 +154,7 @@ class MegakernelEngine:
 
     def __init__(self, weights: ModelWeights, params: MegakernelParams | None = None,
                  max_seq_len: int | None = None, variant: str = "fused", impl: str = "auto", name: str | None = None,
-                 prefill: str = "batched", prefill_chunk: int = PREFILL_CHUNK):
+                 prefill: str = "batched", prefill_chunk: int = PREFILL_CHUNK, prefill_graphs: bool | None = None):
         if variant not in VARIANTS:
             raise BubblescopeError(f"megakernel: unknown variant {variant!r}; use one of {', '.join(VARIANTS)}")
         if impl not in IMPLS:
@@ -187,7 +189,9 @@ class MegakernelEngine:
         self.tiling = resolve_tiling(cfg, params, grid)
         self.packed = pack_weights(weights, self.tiling, self.max_seq_len)
         self.prefill_mode = prefill
-        self._batched = BatchedPrefill(cfg, self.packed, self.tiling, prefill_chunk) if prefill == "batched" else None
+        graphs = self.device.type == "cuda" if prefill_graphs is None else bool(prefill_graphs)
+        self._batched = (BatchedPrefill(cfg, self.packed, self.tiling, prefill_chunk, graphs=graphs)
+                         if prefill == "batched" else None)
         self._alloc()
         probe = build_schedule(cfg, params, 1, self.tiling)
         self._info = {"registers": None, "spills": None, "shared_bytes": None, "num_warps": params.num_warps,
@@ -353,6 +357,10 @@ class MegakernelEngine:
         self._err[ERR_TOKEN:ERR_TOKEN + 1].copy_(best)
         self.position = t
         return self._out()
+
+    def prefill_graphs(self) -> int:
+        """CUDA graphs the batched prefill has captured, one per padded-length bucket used (0 without graphs)."""
+        return 0 if self._batched is None else self._batched.graphs_captured()
 
     @torch.inference_mode()
     def decode(self, token: int | torch.Tensor) -> torch.Tensor:
