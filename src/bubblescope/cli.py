@@ -17,7 +17,8 @@ from .wording import count
 
 TUNED_FILE = "a tuned file from `bubblescope tune --save`"
 PREFILL_HELP = ("Megakernel engines' prefill: batched (default: the prompt through batched GEMMs and attention, its "
-                "K/V written into the kernel's cache, then decode in the kernel) or stepwise (one decode launch per "
+                "K/V written into the kernel's cache, then decode in the kernel; on a GPU one CUDA graph per "
+                "64-position bucket of prompt length) or stepwise (one decode launch per "
                 "prompt token, the ablation). Other engines always prefill in one forward.")
 WEIGHTS_HELP = ("Weight format: bf16 (no quantization: every weight in --dtype), fp8 (the projections in FP8 e4m3 with "
                 "a float32 scale per output row, quantized at load) or fp8-all (the LM head too). Default: the "
