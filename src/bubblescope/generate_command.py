@@ -83,8 +83,9 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
     to ``out`` as it is produced (token ids separated by spaces without a tokenizer), and every other line to
     ``say``: warnings (``warning: ...``), the tuned pick, the engine's fallback notes, and the last line, which
     names the engine, the device and the weights with TTFT (ms) and the decode speed (ms/token, tok/s). A
-    compiling engine (any but the eager reference and ``hf``) first runs 2 untimed decode steps, so graph capture
-    and compilation stay out of the timing. ``dtype`` None: bfloat16 on a GPU, float32 on a CPU. ``weights``:
+    compiling engine (any but the eager reference and ``hf``) first runs the prompt and 2 decode steps untimed, so
+    graph capture (the megakernel's prefill graph for the prompt's length too) and compilation stay out of the
+    timing. ``dtype`` None: bfloat16 on a GPU, float32 on a CPU. ``weights``:
     ``bf16``, ``fp8`` or ``fp8-all`` (``--weights``, :func:`~bubblescope.models.load_model`'s ``weight_format``;
     None: the checkpoint's own form).
 
@@ -140,8 +141,9 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
         say(line)
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
-        # the ms/token the user reads.
-        generate(dec, ids[:1], min(3, max_seq), eos_ids=())  # 1 prompt position + 2 decode steps, within the cache
+        # the ms/token and the TTFT the user reads. The whole prompt, so that the megakernel's prefill graph for
+        # its length is captured here too; at most 3 new tokens, within the cache by max_seq's construction.
+        generate(dec, ids, min(3, max_new_tokens), eos_ids=())
     stream = TextStream(loaded.tokenizer, ids, out)
     res = generate(dec, ids, max_new_tokens, sampling, on_token=stream.push)
     stream.close()
