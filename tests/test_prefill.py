@@ -123,6 +123,23 @@ def test_the_padded_pass_a_graph_captures_leaves_the_stepwise_cache(interpreter,
     _close(batched.k_cache, stepwise.k_cache)
 
 
+def test_a_failed_capture_falls_back_to_the_eager_pass(interpreter, monkeypatch):
+    """A graph the torch build cannot capture (a RuntimeError in the padded pass) turns graphs off with the reason
+    kept; that prompt and the next run the eager pass and leave the stepwise cache."""
+    from bubblescope.megakernel_engine.prefill import BatchedPrefill
+
+    def refuse(self, n, k_cache, v_cache):
+        k_cache[:, :, :n] = 7.0   # what a warm-up pass may have written before the capture failed
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(BatchedPrefill, "_padded_pass", refuse)
+    batched, stepwise = _engines(dummy_weights(TINY["gqa-tied-llama3"], seed=5), 16, chunk=16, prefill_graphs=True)
+    _assert_same_prefill(batched, stepwise, PROMPT7)
+    assert batched.prefill_graph_error() == "RuntimeError: operation not permitted when stream is capturing"
+    _assert_same_prefill(batched, stepwise, [4, 2])
+    assert batched.prefill_graphs() == 0 and stepwise.prefill_graph_error() is None
+
+
 @needs_stories
 def test_stories260k_batched_prefill_equals_stepwise(interpreter):
     w = load_llama2c(STORIES)

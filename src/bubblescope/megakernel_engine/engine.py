@@ -362,6 +362,10 @@ class MegakernelEngine:
         """CUDA graphs the batched prefill has captured, one per padded-length bucket used (0 without graphs)."""
         return 0 if self._batched is None else self._batched.graphs_captured()
 
+    def prefill_graph_error(self) -> str | None:
+        """Why the batched prefill stopped capturing graphs (a capture failed; it runs eagerly since), or None."""
+        return None if self._batched is None else self._batched.graph_error
+
     @torch.inference_mode()
     def decode(self, token: int | torch.Tensor) -> torch.Tensor:
         """One decode step for ``token`` (int or LongTensor (1,)); returns float32 logits (V,) (on GPU a static

@@ -88,6 +88,7 @@ class BatchedPrefill:
         self._out = torch.zeros(cfg.vocab_size, dtype=torch.float32, device=dev) if graphs else None  # (V,)
         self._captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self.graph_error: str | None = None  # why graphs were turned off after a failed capture
         # packed = W[perm]: row r of the natural [q; k; v] stack is packed row argsort(perm)[r], and so is its
         # column in the GEMM's output
         perm = qk_permutation(cfg.q_size + 2 * cfg.kv_size, cfg.head_dim, tiling.hb)
@@ -116,7 +117,16 @@ class BatchedPrefill:
             overwrites.
         """
         if self.graphs and ids.numel() <= min(self.chunk, k_cache.shape[2]):
-            return self._run_padded(ids, k_cache, v_cache)
+            try:
+                return self._run_padded(ids, k_cache, v_cache)
+            except RuntimeError as exc:
+                # A capture this torch build refuses: the eager pass from now on, the reason kept (a bug of the
+                # pass itself fails again below); the failed attempt's warm-up may have written pad positions,
+                # which the eager pass does not overwrite.
+                self.graphs, self.graph_error = False, f"{type(exc).__name__}: {exc}"[:300]
+                self._captured.clear()
+                k_cache[:, :, ids.numel():].zero_()
+                v_cache[:, :, ids.numel():].zero_()
         x = None
         for s in range(0, ids.numel(), self.chunk):
             x = self._chunk(ids[s:s + self.chunk], s, k_cache, v_cache)
