@@ -123,23 +123,6 @@ def test_the_padded_pass_a_graph_captures_leaves_the_stepwise_cache(interpreter,
     _close(batched.k_cache, stepwise.k_cache)
 
 
-def test_a_failed_capture_falls_back_to_the_eager_pass(interpreter, monkeypatch):
-    """A graph the torch build cannot capture (a RuntimeError in the padded pass) turns graphs off with the reason
-    kept; that prompt and the next run the eager pass and leave the stepwise cache."""
-    from bubblescope.megakernel_engine.prefill import BatchedPrefill
-
-    def refuse(self, n, k_cache, v_cache):
-        k_cache[:, :, :n] = 7.0   # what a warm-up pass may have written before the capture failed
-        raise RuntimeError("operation not permitted when stream is capturing")
-
-    monkeypatch.setattr(BatchedPrefill, "_padded_pass", refuse)
-    batched, stepwise = _engines(dummy_weights(TINY["gqa-tied-llama3"], seed=5), 16, chunk=16, prefill_graphs=True)
-    _assert_same_prefill(batched, stepwise, PROMPT7)
-    assert batched.prefill_graph_error() == "RuntimeError: operation not permitted when stream is capturing"
-    _assert_same_prefill(batched, stepwise, [4, 2])
-    assert batched.prefill_graphs() == 0 and stepwise.prefill_graph_error() is None
-
-
 @needs_stories
 def test_stories260k_batched_prefill_equals_stepwise(interpreter):
     w = load_llama2c(STORIES)
@@ -296,13 +279,41 @@ def test_gpu_prefill_graphs_serve_their_bucket_and_equal_the_eager_pass():
     from bubblescope.megakernel_engine import MegakernelEngine
 
     w = load_llama2c(STORIES).to("cuda")
-    graphed, stepwise = _engines(w, 512, chunk=512)
-    eager = MegakernelEngine(w, max_seq_len=512, prefill_chunk=512, prefill_graphs=False)
+    graphed, stepwise = _engines(w, 560, chunk=512)   # room for 40 tokens after a 512-token prompt
+    eager = MegakernelEngine(w, max_seq_len=560, prefill_chunk=512, prefill_graphs=False)
     for n in (1, 9, 63, 64, 65, 200, 512):
         prompt = [1] + [(7 * i) % 509 + 3 for i in range(n - 1)]
         _assert_same_prefill(graphed, stepwise, prompt, tol=1e-4)
         assert generate(graphed, prompt, 40, eos_ids=()).tokens == generate(eager, prompt, 40, eos_ids=()).tokens, n
     assert graphed.prefill_graphs() == 4 and eager.prefill_graphs() == 0   # buckets 64, 128, 256, 512
+
+
+@pytest.mark.gpu
+@needs_stories
+@pytest.mark.parametrize("error", ["capture", "memory"])
+def test_gpu_a_refused_capture_runs_the_eager_pass(monkeypatch, error):
+    """A capture the torch build refuses turns the graphs off, its first cause kept; one that runs out of memory
+    leaves that bucket eager only. Either way the prompt leaves the stepwise cache (the refused warm-up's writes
+    past the prompt undone) and the next prompt too."""
+    from bubblescope.megakernel_engine.prefill import BatchedPrefill
+
+    real = BatchedPrefill._padded_pass
+
+    def refuse(self, n, k_cache, v_cache):
+        if torch.cuda.is_current_stream_capturing():
+            raise (RuntimeError("operation not permitted when stream is capturing") if error == "capture" else
+                   torch.cuda.OutOfMemoryError("CUDA out of memory"))
+        return real(self, n, k_cache, v_cache)
+
+    monkeypatch.setattr(BatchedPrefill, "_padded_pass", refuse)
+    batched, stepwise = _engines(load_llama2c(STORIES).to("cuda"), 64, chunk=64)
+    _assert_same_prefill(batched, stepwise, PROMPT7, tol=1e-4)
+    _assert_same_prefill(batched, stepwise, [4, 2], tol=1e-4)
+    assert batched.prefill_graphs() == 0
+    if error == "capture":
+        assert batched.prefill_graph_error() == "RuntimeError: operation not permitted when stream is capturing"
+    else:
+        assert batched.prefill_graph_error() is None
 
 
 def _rel(a, b):

@@ -27,11 +27,15 @@ Llama-3.2-1B) and bound by the host, not the GPU — on an H100, 128 prompt toke
 5.9 ms of GPU time, the spread being how fast the host issued launches at that moment. A prompt of at most ``chunk``
 positions therefore runs as one captured graph per *bucket*: its ids padded up to the next multiple of ``bucket``
 positions (pad id 0), the logits taken at position T-1 by a device-side index, so one graph serves every length of
-its bucket. Padding cannot change a real position: attention is causal (a prompt position never attends to a later
-one) and every other op acts per position; the pad positions' keys and values are zeroed after the replay, so the
-cache holds exactly what an unpadded pass writes. The first prompt of a bucket pays an eager warm-up and the
-capture (about 3× one eager pass, once); every graph shares one memory pool, and writes its logits into one buffer
-(the graphs never run concurrently and each replay's output is read before the next).
+its bucket. Padding cannot change a real position's value, only its rounding (a GEMM library may pick another kernel
+for another row count): attention is causal (a prompt position never attends to a later one) and every other op
+acts per position; the pad positions' keys and values are zeroed after the replay, so nothing is left past the
+prompt. The first prompt of a bucket pays an eager warm-up and the capture (about 3× one eager pass, once); every
+graph shares one memory pool, and writes its logits into one buffer (the graphs never run concurrently and each
+replay's output is read before the next). The pool keeps the largest captured pass's activations (a 4,096-position
+pass of an 8B model: about 0.6 GB in bf16, more with FP8 matrices dequantized for their GEMMs) while the engine
+lives. A bucket whose capture runs out of memory runs eagerly from then on; any other capture failure turns the
+graphs off, its first cause kept in ``graph_error``.
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ class BatchedPrefill:
         self._ids = torch.zeros(self.chunk, dtype=torch.long, device=dev) if graphs else None   # (chunk,)
         self._last = torch.zeros(1, dtype=torch.long, device=dev) if graphs else None          # (1,): T-1
         self._out = torch.zeros(cfg.vocab_size, dtype=torch.float32, device=dev) if graphs else None  # (V,)
-        self._captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._captured: dict[tuple, torch.cuda.CUDAGraph] = {}   # (n, k and v cache addresses, dtype) → graph
+        self._too_big: set[tuple] = set()                         # buckets whose capture ran out of memory
         self._pool = None
         self.graph_error: str | None = None  # why graphs were turned off after a failed capture
         # packed = W[perm]: row r of the natural [q; k; v] stack is packed row argsort(perm)[r], and so is its
@@ -117,16 +122,9 @@ class BatchedPrefill:
             overwrites.
         """
         if self.graphs and ids.numel() <= min(self.chunk, k_cache.shape[2]):
-            try:
-                return self._run_padded(ids, k_cache, v_cache)
-            except RuntimeError as exc:
-                # A capture this torch build refuses: the eager pass from now on, the reason kept (a bug of the
-                # pass itself fails again below); the failed attempt's warm-up may have written pad positions,
-                # which the eager pass does not overwrite.
-                self.graphs, self.graph_error = False, f"{type(exc).__name__}: {exc}"[:300]
-                self._captured.clear()
-                k_cache[:, :, ids.numel():].zero_()
-                v_cache[:, :, ids.numel():].zero_()
+            out = self._run_padded(ids, k_cache, v_cache)
+            if out is not None:
+                return out
         x = None
         for s in range(0, ids.numel(), self.chunk):
             x = self._chunk(ids[s:s + self.chunk], s, k_cache, v_cache)
@@ -138,25 +136,49 @@ class BatchedPrefill:
         """How many prefill graphs (buckets) have been captured."""
         return len(self._captured)
 
-    def _run_padded(self, ids: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def _run_padded(self, ids: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor | None:
         """The prompt padded to its bucket: replayed from its captured graph on a GPU (captured at first use),
-        run eagerly on a CPU; then the pad positions' K/V zeroed."""
+        run eagerly on a CPU; then the pad positions' K/V zeroed. None where no graph could be had: the bucket
+        did not fit in memory (it runs eagerly from now on), or a capture failed (graphs turned off, the reason in
+        ``graph_error``); the caller then runs the eager pass."""
         t, cap = ids.numel(), k_cache.shape[2]
         n = min(-(-t // self.bucket) * self.bucket, self.chunk, cap)               # padded length, t <= n
+        key = (n, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype)
+        if key in self._too_big:
+            return None
         self._ids[:t].copy_(ids)
         self._ids[t:n].zero_()
         self._last.fill_(t - 1)
         if k_cache.device.type != "cuda":
             self._padded_pass(n, k_cache, v_cache)
         else:
-            key = (n, k_cache.data_ptr())
-            graph = self._captured.get(key)
-            if graph is None:
-                graph = self._captured[key] = self._capture(n, k_cache, v_cache)
-            graph.replay()
+            with torch.cuda.device(k_cache.device):  # capture and replay on the cache's GPU, current or not
+                graph = self._captured.get(key)
+                if graph is None:
+                    try:
+                        graph = self._captured[key] = self._capture(n, k_cache, v_cache)
+                    except RuntimeError as exc:
+                        self._refused(key, exc, k_cache, v_cache)
+                        return None
+                graph.replay()
         k_cache[:, :, t:n].zero_()
         v_cache[:, :, t:n].zero_()
         return self._out
+
+    def _refused(self, key: tuple, exc: RuntimeError, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """A capture failed: out of memory → this bucket runs eagerly from now on; anything else (an op the torch
+        build cannot capture) → graphs off, the first cause kept (the capture's own end reports a generic error
+        over it). The failed attempt's warm-up may have written pad positions, which the eager pass does not
+        overwrite: the cache past position 0 is zeroed (the eager pass rewrites the prompt's)."""
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            self._too_big.add(key)
+        else:
+            cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+            self.graphs, self.graph_error = False, f"{type(cause).__name__}: {cause}"[:300]
+            self._captured.clear()
+        torch.cuda.synchronize(k_cache.device)
+        k_cache.zero_()
+        v_cache.zero_()
 
     def _padded_pass(self, n: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Positions ``0 .. n-1`` of the static ids through every layer; logits of position ``_last`` into
@@ -168,15 +190,18 @@ class BatchedPrefill:
     def _capture(self, n: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.cuda.CUDAGraph:
         """Capture the padded pass of length ``n``: one eager pass on a side stream first (lazy library set-up
         must not happen during capture), then the capture into the shared pool."""
-        side = torch.cuda.Stream(k_cache.device)
-        side.wait_stream(torch.cuda.current_stream(k_cache.device))
-        with torch.cuda.stream(side):
-            self._padded_pass(n, k_cache, v_cache)
-        torch.cuda.current_stream(k_cache.device).wait_stream(side)
+        dev = k_cache.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        try:
+            with torch.cuda.stream(side):
+                self._padded_pass(n, k_cache, v_cache)
+        finally:
+            torch.cuda.current_stream(dev).wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(dev)):
             self._padded_pass(n, k_cache, v_cache)
         return graph
 
