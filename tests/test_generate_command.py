@@ -45,6 +45,30 @@ def test_ids_stream_out_as_the_greedy_loop_gives_them():
 
 
 @needs_stories
+def test_warmup_runs_whole_untimed_generations_first(monkeypatch):
+    """``warmup=2``: two greedy generations of the prompt's full length before the timed one, whose sampled text
+    is what it is without them (the sampler's generator untouched)."""
+    import bubblescope.generation as gen
+
+    calls, real = [], gen.generate
+
+    def counted(dec, ids, n, *args, **kwargs):
+        calls.append((len(ids), n, dict(kwargs)))
+        return real(dec, ids, n, *args, **kwargs)
+
+    monkeypatch.setattr(gen, "generate", counted)
+    sampling = SamplingParams(temperature=0.8, top_k=20, seed=3)
+    runs = []
+    for warmup in (0, 2):
+        out = io.StringIO()
+        generate_text("tiny-llama", sampling, prompt_ids=[5, 17, 42], max_new_tokens=6, device="cpu", warmup=warmup,
+                      out=out, say=lambda line: None)
+        runs.append(out.getvalue())
+    assert [(n, new) for n, new, _ in calls] == [(3, 6), (3, 6), (3, 6), (3, 6)]
+    assert calls[1][2] == calls[2][2] == {"eos_ids": ()} and "on_token" in calls[3][2]
+    assert runs[0] == runs[1]
+
+
 def test_text_streams_out_through_the_tokenizer():
     out, said = io.StringIO(), []
     res = generate_text(str(STORIES), SamplingParams(), prompt="Once upon a time", max_new_tokens=8, device="cpu",

@@ -183,6 +183,9 @@ def generate(
                                          "the megakernel takes the entry for prompt + new tokens."),
     prefill: Optional[str] = typer.Option(None, help=PREFILL_HELP),
     weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
+    warmup: int = typer.Option(0, min=0, help="Untimed greedy generations of the same prompt and length before the "
+                               "timed one (the first generation of a process can run slower throughout: a growing "
+                               "KV cache fills the allocator's cache as it goes)."),
 ):
     """Generate text: the text (prompt included, as llama2.c prints it) on stdout, timing on stderr."""
     from .generate_command import generate_text
@@ -198,7 +201,8 @@ def generate(
         raise BubblescopeError(f"--prompt-ids: no token ids in {prompt_ids!r}")
     generate_text(model, params, checkpoint=checkpoint, tokenizer=tokenizer, prompt=prompt, prompt_ids=ids,
                   max_new_tokens=max_new_tokens, engine=engine, mode=mode, device=device, dtype=dtype, tuning=tuned,
-                  prefill=prefill, weights=weights, out=sys.stdout, say=lambda line: typer.echo(line, err=True))
+                  prefill=prefill, weights=weights, warmup=warmup, out=sys.stdout,
+                  say=lambda line: typer.echo(line, err=True))
 
 
 @diagnose_app.command("model")

@@ -76,7 +76,7 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
                   tokenizer: str | None = None, prompt: str = "", prompt_ids: list[int] | None = None,
                   max_new_tokens: int = 128, engine: str = "reference", mode: str = "eager",
                   device: str | None = None, dtype: str | None = None, tuning: Tuning | None = None,
-                  prefill: str | None = None, weights: str | None = None, out: TextIO,
+                  prefill: str | None = None, weights: str | None = None, warmup: int = 0, out: TextIO,
                   say: Callable[[str], None]) -> GenerationResult:
     """Generate ``max_new_tokens`` tokens after the prompt with engine ``engine`` (``mode``: the reference
     engine's eager, cudagraph or compile) and ``sampling``; the text, prompt included as llama2.c prints it, goes
@@ -85,7 +85,8 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
     names the engine, the device and the weights with TTFT (ms) and the decode speed (ms/token, tok/s). A
     compiling engine (any but the eager reference and ``hf``) first runs the prompt and 2 decode steps untimed, so
     graph capture (the megakernel's prefill graph for the prompt's length too) and compilation stay out of the
-    timing. ``dtype`` None: bfloat16 on a GPU, float32 on a CPU. ``weights``:
+    timing; ``warmup`` more whole generations (greedy, untimed) precede the timed one. ``dtype`` None: bfloat16
+    on a GPU, float32 on a CPU. ``weights``:
     ``bf16``, ``fp8`` or ``fp8-all`` (``--weights``, :func:`~bubblescope.models.load_model`'s ``weight_format``;
     None: the checkpoint's own form).
 
@@ -144,6 +145,8 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
         # the ms/token and the TTFT the user reads. The whole prompt, so that the megakernel's prefill graph for
         # its length is captured here too; at most 3 new tokens, within the cache by max_seq's construction.
         generate(dec, ids, min(3, max_new_tokens), eos_ids=())
+    for _ in range(warmup):  # whole generations, greedy (the sampler's generator untouched), EOS ignored
+        generate(dec, ids, max_new_tokens, eos_ids=())
     stream = TextStream(loaded.tokenizer, ids, out)
     res = generate(dec, ids, max_new_tokens, sampling, on_token=stream.push)
     stream.close()
