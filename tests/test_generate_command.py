@@ -44,7 +44,6 @@ def test_ids_stream_out_as_the_greedy_loop_gives_them():
     assert said[-1].endswith(f", {len(tokens)} tokens")
 
 
-@needs_stories
 def test_warmup_runs_whole_untimed_generations_first(monkeypatch):
     """``warmup=2``: two greedy generations of the prompt's full length before the timed one, whose sampled text
     is what it is without them (the sampler's generator untouched)."""
@@ -69,6 +68,7 @@ def test_warmup_runs_whole_untimed_generations_first(monkeypatch):
     assert runs[0] == runs[1]
 
 
+@needs_stories
 def test_text_streams_out_through_the_tokenizer():
     out, said = io.StringIO(), []
     res = generate_text(str(STORIES), SamplingParams(), prompt="Once upon a time", max_new_tokens=8, device="cpu",
