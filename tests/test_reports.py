@@ -54,6 +54,27 @@ def test_terminal_report_shows_the_document_numbers():
     assert "bubble ratio 62.0 %, kernels per step 412" in text and "Use CUDA graphs." in text
 
 
+def test_a_graphed_prefill_is_named_beside_the_ttft_and_only_then():
+    """An engine whose prefill replayed CUDA graphs (``compile.prefill_graphs``) is named in the latency note of the
+    terminal and HTML reports; without one (or with the graphs off after a failed capture) the note is the plain
+    one."""
+    from bubblescope.reports.results import validate_results
+    from bubblescope.reports.tables import LATENCY_NOTE, latency_note
+
+    doc = g.healthy_doc()
+    plain = _terminal_text(doc)
+    assert "CUDA graph per" not in plain and latency_note(doc) == LATENCY_NOTE
+    mk = next(e for e in doc["engines"] if e["name"] == "megakernel")
+    mk.setdefault("compile", {})["prefill_graphs"] = False
+    assert latency_note(doc) == LATENCY_NOTE
+    mk["compile"]["prefill_graphs"] = True
+    assert validate_results(doc) == []
+    note = latency_note(doc)
+    assert note.startswith(LATENCY_NOTE) and "the TTFT of megakernel: a batched prefill replayed as a CUDA graph" in note
+    assert "the TTFT of megakernel: a batched prefill" in " ".join(_terminal_text(doc).split())
+    assert "the TTFT of megakernel: a batched prefill" in render_html(doc)
+
+
 def test_terminal_report_without_a_gpu_says_so_and_prints_dashes():
     text = _terminal_text(g.null_metrics_doc())
     assert "CPU only — GPU metrics unavailable" in text

@@ -540,8 +540,10 @@ class MegakernelEngine:
     def compile_info(self) -> dict:
         """``registers``, ``spills``, ``shared_bytes``, ``num_warps``, ``programs_per_sm``, ``grid`` (always
         present; register data None under the interpreter), residency limits, tiling, task counts; for the Gluon
-        kernel ``gluon``, its tile shapes (``gluon.host.gluon_choice``)."""
-        return dict(self._info)
+        kernel ``gluon``, its tile shapes (``gluon.host.gluon_choice``); ``prefill_graphs``: whether the batched
+        prefill replays CUDA graphs (``prefill_graph_error``: why a failed capture turned them off)."""
+        graphs = self._batched is not None and self._batched.graphs
+        return dict(self._info, prefill_graphs=graphs, prefill_graph_error=self.prefill_graph_error())
 
     def task_weight_bytes(self) -> dict[str, int]:
         """Bytes of weights one task of each weight opcode streams in this engine's launches, keyed by opcode name:

@@ -185,7 +185,7 @@ def _context(doc: dict) -> dict:
         "workload_line": tables.workload_line(doc), "command": doc.get("command"), "created": doc.get("created"),
         "headers": [_header(h) for h, _, _ in tables.HEADLINE],
         "rows": tables.headline_rows(doc),
-        "latency_note": tables.LATENCY_NOTE, "bubble_note": tables.BUBBLE_NOTE, "steps_note": tables.steps_note(doc),
+        "latency_note": tables.latency_note(doc), "bubble_note": tables.BUBBLE_NOTE, "steps_note": tables.steps_note(doc),
         "ladder": _ladder(doc),
         "not_run": tables.not_run(doc),
         "findings": [{"severity": f.get("severity"), "subject": f.get("engine") or tables.MISSING,

@@ -53,6 +53,20 @@ LATENCY_NOTE = ("TPOT: time per output token after the first (host wall time, to
                 "1000 / p50; TTFT: time to the first token (prefill and its sampling); "
                 "end to end: the measured generation time of one request (median over the timed runs), or ~ TTFT + "
                 "(n − 1) × TPOT p50 where it was not recorded")
+
+
+def latency_note(doc: dict) -> str:
+    """:data:`LATENCY_NOTE`, and where an engine's prefill replayed CUDA graphs (``compile.prefill_graphs``: the
+    megakernel's batched prefill on a GPU) how its TTFT differs in kind from the eager prefills beside it."""
+    graphed = [e["name"] for e in doc.get("engines") or []
+               if e.get("status") == "ok" and (e.get("compile") or {}).get("prefill_graphs")]
+    if not graphed:
+        return LATENCY_NOTE
+    return (f"{LATENCY_NOTE}; the TTFT of {', '.join(graphed)}: a batched prefill replayed as a CUDA graph per "
+            "64-position bucket of prompt length (captured in the untimed run), the other engines' prefill an "
+            "eager batched forward, so part of the difference is the graph, not the decode kernel")
+
+
 HEADLINE = (LATENCY_COLUMNS[:1] + (("Status", ("status",), "text"),) + LATENCY_COLUMNS[1:] + REQUEST_COLUMNS[1:]
             + TIMELINE_COLUMNS[1:])
 

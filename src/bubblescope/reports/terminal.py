@@ -143,7 +143,7 @@ def render_results(results: Results | dict, console: Console) -> None:
     console.print(_engine_table(doc, "Latency (ms per token) and bandwidth; — = not measured, dim = not run",
                                 tables.LATENCY_COLUMNS))
     console.print(_engine_table(doc, tables.request_title(doc), tables.REQUEST_COLUMNS))
-    console.print(Wrapped(Text(tables.LATENCY_NOTE, style="dim")))
+    console.print(Wrapped(Text(tables.latency_note(doc), style="dim")))
     steps = tables.steps_note(doc)
     console.print(_engine_table(doc, "Launches, bubbles and correctness" + (f" ({steps})" if steps else ""),
                                 tables.TIMELINE_COLUMNS))
