@@ -17,7 +17,7 @@ cases it ran in an existing result file, so the work can be split over several c
   (``--engine reference --mode compile``), each with ``--warmup 1``: the very loop ``diagnose model`` times for
   ``hf`` (``reference-compile``), run as a user's program after one untimed generation as ``diagnose model`` runs
   one, the window inside the second, so the two utilisations must agree (without it the hf loop's first generation
-  ran ~2.5× slower throughout on an H200: its growing KV cache allocates as it goes). The cases above are other programs that only
+  ran ~2.5× slower throughout on an H200, most likely its growing KV cache allocating as it goes). The cases above are other programs that only
   resemble those engines (``model.generate`` does more host work a token than a bare forward loop), so for them
   the comparison says how far the user's loop is from bubblescope's engine, not whether ``profile`` measures right.
 

@@ -285,7 +285,7 @@ def test_gpu_prefill_graphs_serve_their_bucket_and_equal_the_eager_pass():
         prompt = [1] + [(7 * i) % 509 + 3 for i in range(n - 1)]
         _assert_same_prefill(graphed, stepwise, prompt, tol=1e-4)
         assert generate(graphed, prompt, 40, eos_ids=()).tokens == generate(eager, prompt, 40, eos_ids=()).tokens, n
-    assert graphed.prefill_graphs() == 4 and eager.prefill_graphs() == 0   # buckets 64, 128, 256, 512
+    assert graphed.prefill_graphs_captured() == 4 and eager.prefill_graphs_captured() == 0   # buckets 64, 128, 256, 512
 
 
 @pytest.mark.gpu
@@ -309,7 +309,7 @@ def test_gpu_a_refused_capture_runs_the_eager_pass(monkeypatch, error):
     batched, stepwise = _engines(load_llama2c(STORIES).to("cuda"), 64, chunk=64)
     _assert_same_prefill(batched, stepwise, PROMPT7, tol=1e-4)
     _assert_same_prefill(batched, stepwise, [4, 2], tol=1e-4)
-    assert batched.prefill_graphs() == 0
+    assert batched.prefill_graphs_captured() == 0
     if error == "capture":
         assert batched.prefill_graph_error() == "RuntimeError: operation not permitted when stream is capturing"
     else:

@@ -358,7 +358,7 @@ class MegakernelEngine:
         self.position = t
         return self._out()
 
-    def prefill_graphs(self) -> int:
+    def prefill_graphs_captured(self) -> int:
         """CUDA graphs the batched prefill has captured, one per padded-length bucket used (0 without graphs)."""
         return 0 if self._batched is None else self._batched.graphs_captured()
 
