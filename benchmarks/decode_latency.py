@@ -52,10 +52,21 @@ def skip_reason(name: str, device) -> str | None:
     skipped too, with the reason ``EngineUnavailable`` gives)."""
     from bubblescope.engines import ENGINES, unavailable_before_load
 
-    base = name.partition("@")[0]
+    base, _, how = name.partition("@")
     if base not in ENGINES:
         return f"not in the engine registry (known: {', '.join(ENGINES)})"
+    if "=" in how and base not in ("reference-fused", "reference-fused-pdl"):
+        return "FusedParams overrides (ENGINE@key=value) apply to reference-fused and reference-fused-pdl only"
     return unavailable_before_load(base, device)
+
+
+def fused_overrides(how: str) -> dict:
+    """``key=value,...`` after an engine name's ``@``: FusedParams overrides (integers where the value is one);
+    ``{}`` for ``stepwise`` or nothing."""
+    if "=" not in how:
+        return {}
+    value = lambda t: int(t) if t.strip().lstrip("-").isdigit() else t.strip()  # noqa: E731
+    return {kv.split("=")[0].strip(): value(kv.split("=", 1)[1]) for kv in how.split(",") if kv.strip()}
 
 
 def _percentile(xs, q):
@@ -82,9 +93,17 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
     t0 = time.time()
     # "ENGINE@stepwise": the engine with generate()'s launch-ahead off (the host reads each token before the
     # next step is launched), to time what keeping one step in flight saves, in the same run
+    # "ENGINE@key=value,...": a fused engine with those FusedParams (its defaults otherwise), timed beside the
+    # default one in the same run
     base, _, how = name.partition("@")
     ahead = how != "stepwise"
-    eng = build_engine(base, weights, max_seq)
+    overrides = fused_overrides(how)
+    if overrides:
+        from bubblescope.fused_engine import FusedEngine, FusedParams
+        eng = FusedEngine(weights, max_seq_len=max_seq, pdl=base == "reference-fused-pdl",
+                          params=FusedParams(**overrides))
+    else:
+        eng = build_engine(base, weights, max_seq)
     for _ in range(warmup):
         generate(eng, prompt, min(gen_len, 32), eos_ids=(), launch_ahead=ahead)
     samples, ttft, tokens = [], [], None
@@ -256,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (``benchmarks/run.py`` reads it to see which options this version has)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama-3.2-1b")
-    ap.add_argument("--engines", help="engine names; ENGINE@stepwise times ENGINE with generate()'s launch-ahead off",
+    ap.add_argument("--engines", help="engine names; ENGINE@stepwise times ENGINE with generate()'s launch-ahead off; "
+                    "reference-fused[-pdl]@key=value,... with those FusedParams (e.g. @norm_stats=atomic)",
                     default="reference,reference-cudagraph,reference-compile,reference-fused,reference-fused-pdl,"
                             "megakernel-noprefetch,megakernel")
     ap.add_argument("--prompt-len", type=int, default=128)

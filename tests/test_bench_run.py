@@ -141,3 +141,14 @@ def test_decode_latency_skips_engines_the_registry_or_device_rules_out():
     assert dl.skip_reason("no-such-engine", cpu).startswith("not in the engine registry")
     assert dl.skip_reason("reference-cudagraph", cpu) == CUDAGRAPH_NEEDS_CUDA
     assert dl.skip_reason("reference", cpu) is None and dl.skip_reason("reference@stepwise", cpu) is None
+
+
+def test_decode_latency_reads_fused_params_after_the_engine_name():
+    import torch
+
+    dl = _load("decode_latency")
+    assert dl.fused_overrides("stepwise") == {} and dl.fused_overrides("") == {}
+    assert dl.fused_overrides("norm_stats=atomic,gateup_block_n=4") == {"norm_stats": "atomic", "gateup_block_n": 4}
+    cpu = torch.device("cpu")
+    assert "reference-fused and reference-fused-pdl only" in dl.skip_reason("megakernel@block_n=2", cpu)
+    assert dl.skip_reason("reference-fused@norm_stats=atomic", cpu) is None
