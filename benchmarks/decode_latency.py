@@ -55,14 +55,17 @@ def skip_reason(name: str, device) -> str | None:
     base, _, how = name.partition("@")
     if base not in ENGINES:
         return f"not in the engine registry (known: {', '.join(ENGINES)})"
-    if "=" in how and base not in ("reference-fused", "reference-fused-pdl"):
-        return "FusedParams overrides (ENGINE@key=value) apply to reference-fused and reference-fused-pdl only"
+    if "=" in how and base not in FUSED and not base.startswith("megakernel"):
+        return "parameter overrides (ENGINE@key=value) apply to the fused engines and the megakernels only"
     return unavailable_before_load(base, device)
 
 
-def fused_overrides(how: str) -> dict:
-    """``key=value,...`` after an engine name's ``@``: FusedParams overrides (integers where the value is one);
-    ``{}`` for ``stepwise`` or nothing."""
+FUSED = ("reference-fused", "reference-fused-pdl")
+
+
+def param_overrides(how: str) -> dict:
+    """``key=value,...`` after an engine name's ``@``: FusedParams (the fused engines) or MegakernelParams (the
+    megakernels) overrides, integers where the value is one; ``{}`` for ``stepwise`` or nothing."""
     if "=" not in how:
         return {}
     value = lambda t: int(t) if t.strip().lstrip("-").isdigit() else t.strip()  # noqa: E731
@@ -93,15 +96,18 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
     t0 = time.time()
     # "ENGINE@stepwise": the engine with generate()'s launch-ahead off (the host reads each token before the
     # next step is launched), to time what keeping one step in flight saves, in the same run
-    # "ENGINE@key=value,...": a fused engine with those FusedParams (its defaults otherwise), timed beside the
-    # default one in the same run
+    # "ENGINE@key=value,...": the engine with those parameters (FusedParams or MegakernelParams; its defaults
+    # otherwise), timed beside the default one in the same run
     base, _, how = name.partition("@")
     ahead = how != "stepwise"
-    overrides = fused_overrides(how)
-    if overrides:
+    overrides = param_overrides(how)
+    if overrides and base in FUSED:
         from bubblescope.fused_engine import FusedEngine, FusedParams
         eng = FusedEngine(weights, max_seq_len=max_seq, pdl=base == "reference-fused-pdl",
                           params=FusedParams(**overrides))
+    elif overrides:
+        from bubblescope.megakernel_engine import MegakernelParams
+        eng = build_engine(base, weights, max_seq, params=MegakernelParams(**overrides))
     else:
         eng = build_engine(base, weights, max_seq)
     for _ in range(warmup):
@@ -276,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama-3.2-1b")
     ap.add_argument("--engines", help="engine names; ENGINE@stepwise times ENGINE with generate()'s launch-ahead off; "
-                    "reference-fused[-pdl]@key=value,... with those FusedParams (e.g. @norm_stats=atomic)",
+                    "ENGINE@key=value,... a fused engine or megakernel with those parameters (e.g. "
+                    "reference-fused-pdl@norm_stats=atomic, megakernel@slot_boxes=2)",
                     default="reference,reference-cudagraph,reference-compile,reference-fused,reference-fused-pdl,"
                             "megakernel-noprefetch,megakernel")
     ap.add_argument("--prompt-len", type=int, default=128)

@@ -143,12 +143,12 @@ def test_decode_latency_skips_engines_the_registry_or_device_rules_out():
     assert dl.skip_reason("reference", cpu) is None and dl.skip_reason("reference@stepwise", cpu) is None
 
 
-def test_decode_latency_reads_fused_params_after_the_engine_name():
+def test_decode_latency_reads_engine_params_after_the_engine_name():
     import torch
 
     dl = _load("decode_latency")
-    assert dl.fused_overrides("stepwise") == {} and dl.fused_overrides("") == {}
-    assert dl.fused_overrides("norm_stats=atomic,gateup_block_n=4") == {"norm_stats": "atomic", "gateup_block_n": 4}
+    assert dl.param_overrides("stepwise") == {} and dl.param_overrides("") == {}
+    assert dl.param_overrides("norm_stats=atomic,gateup_block_n=4") == {"norm_stats": "atomic", "gateup_block_n": 4}
     cpu = torch.device("cpu")
-    assert "reference-fused and reference-fused-pdl only" in dl.skip_reason("megakernel@block_n=2", cpu)
+    assert "the fused engines and the megakernels only" in dl.skip_reason("reference@block_n=2", cpu)
     assert dl.skip_reason("reference-fused@norm_stats=atomic", cpu) is None
