@@ -64,12 +64,12 @@ FUSED = ("reference-fused", "reference-fused-pdl")
 
 
 def param_overrides(how: str) -> dict:
-    """``key=value,...`` after an engine name's ``@``: FusedParams (the fused engines) or MegakernelParams (the
+    """``key=value:key=value...`` after an engine name's ``@`` (``:`` between pairs: ``,`` separates engines): FusedParams (the fused engines) or MegakernelParams (the
     megakernels) overrides, integers where the value is one; ``{}`` for ``stepwise`` or nothing."""
     if "=" not in how:
         return {}
     value = lambda t: int(t) if t.strip().lstrip("-").isdigit() else t.strip()  # noqa: E731
-    return {kv.split("=")[0].strip(): value(kv.split("=", 1)[1]) for kv in how.split(",") if kv.strip()}
+    return {kv.split("=")[0].strip(): value(kv.split("=", 1)[1]) for kv in how.split(":") if kv.strip()}
 
 
 def _percentile(xs, q):
@@ -96,7 +96,7 @@ def bench_engine(name, weights, prompt, gen_len, runs, warmup, max_seq, long_con
     t0 = time.time()
     # "ENGINE@stepwise": the engine with generate()'s launch-ahead off (the host reads each token before the
     # next step is launched), to time what keeping one step in flight saves, in the same run
-    # "ENGINE@key=value,...": the engine with those parameters (FusedParams or MegakernelParams; its defaults
+    # "ENGINE@key=value:key=value": the engine with those parameters (FusedParams or MegakernelParams; its defaults
     # otherwise), timed beside the default one in the same run
     base, _, how = name.partition("@")
     ahead = how != "stepwise"
@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama-3.2-1b")
     ap.add_argument("--engines", help="engine names; ENGINE@stepwise times ENGINE with generate()'s launch-ahead off; "
-                    "ENGINE@key=value,... a fused engine or megakernel with those parameters (e.g. "
+                    "ENGINE@key=value:key=value a fused engine or megakernel with those parameters (e.g. "
                     "reference-fused-pdl@norm_stats=atomic, megakernel@slot_boxes=2)",
                     default="reference,reference-cudagraph,reference-compile,reference-fused,reference-fused-pdl,"
                             "megakernel-noprefetch,megakernel")

@@ -148,7 +148,7 @@ def test_decode_latency_reads_engine_params_after_the_engine_name():
 
     dl = _load("decode_latency")
     assert dl.param_overrides("stepwise") == {} and dl.param_overrides("") == {}
-    assert dl.param_overrides("norm_stats=atomic,gateup_block_n=4") == {"norm_stats": "atomic", "gateup_block_n": 4}
+    assert dl.param_overrides("norm_stats=atomic:gateup_block_n=4") == {"norm_stats": "atomic", "gateup_block_n": 4}
     cpu = torch.device("cpu")
     assert "the fused engines and the megakernels only" in dl.skip_reason("reference@block_n=2", cpu)
     assert dl.skip_reason("reference-fused@norm_stats=atomic", cpu) is None
