@@ -64,8 +64,9 @@ FUSED = ("reference-fused", "reference-fused-pdl")
 
 
 def param_overrides(how: str) -> dict:
-    """``key=value:key=value...`` after an engine name's ``@`` (``:`` between pairs: ``,`` separates engines): FusedParams (the fused engines) or MegakernelParams (the
-    megakernels) overrides, integers where the value is one; ``{}`` for ``stepwise`` or nothing."""
+    """``key=value:key=value...`` after an engine name's ``@`` (``:`` between pairs; ``,`` separates engines):
+    FusedParams (the fused engines) or MegakernelParams (the megakernels) overrides, integers where the value is
+    one; ``{}`` for ``stepwise`` or nothing."""
     if "=" not in how:
         return {}
     value = lambda t: int(t) if t.strip().lstrip("-").isdigit() else t.strip()  # noqa: E731
