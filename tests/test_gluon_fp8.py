@@ -18,6 +18,7 @@ from bubblescope.megakernel_engine.gluon.host import (
     gluon_params,
     gluon_tiling,
     gluon_unsupported,
+    mv_mma_unsupported,
     ring_slot_bytes,
     weight_descriptors,
 )
@@ -66,8 +67,14 @@ def test_gluon_fp8_refusals_name_the_reason():
     assert gluon_unsupported(cfg, torch.bfloat16, (9, 0), "fp8") is None
     assert gluon_unsupported(cfg, torch.float16, (9, 0), "fp8-all") is None
     assert "16-bit activations" in gluon_unsupported(cfg, torch.float32, (9, 0), "fp8")
-    with pytest.raises(BubblescopeError, match="mv_widen=mma needs 16-bit weights; got 8-bit"):
-        _resolved(cfg, "fp8", mv_widen="mma")
+    # the tensor cores take FP8 by name (widened to f16): two 256-column boxes a slot, four 128-byte boxes for the
+    # four consumer warps; one box a slot holds two, too few for eight warps
+    _, mma = _resolved(cfg, "fp8", mv_widen="mma")
+    assert (mma["MV_MMA"], mma["SB"], mma["BK"], mma["BR"]) == (True, 2, 256, 32)
+    with pytest.raises(BubblescopeError, match="splits a slot's 128-column boxes across the 8 consumer warps and a "
+                                               "slot holds 2"):
+        _resolved(cfg, "fp8", mv_widen="mma", slot_boxes=1, num_warps=8)
+    assert "needs 16-bit or FP8 weights; got 32-bit" in mv_mma_unsupported(cfg, 4, 32, 2, 128, 2, 4)
     for kw in ({"l2_ahead": 2}, {"wait_prefetch": 2}):
         with pytest.raises(BubblescopeError, match="l2_ahead and wait_prefetch run with 16-bit weights only"):
             _resolved(cfg, "fp8", **kw)
@@ -91,6 +98,11 @@ def test_gluon_fp8_descriptors_give_a_16_bit_head_the_bytes_of_an_fp8_box():
         assert d["head_desc"].block_shape == [br, bk // head[1]]
         nbytes = {k: v.block_shape[0] * v.block_shape[1] * v.base.element_size() for k, v in d.items()}
         assert nbytes["head_desc"] == nbytes["wqkv_desc"] == nbytes["wgu_desc"] == br * bk
+        # the tensor-core matvec's boxes: 128 bytes a row, 128-byte swizzled (FP8: 128 columns, a bf16 head 64)
+        m = weight_descriptors(p, cx["BR"], cx["BK"], cx["SPLIT"], True)
+        assert m["wqkv_desc"].block_shape == [br, 128] and m["wo_desc"].block_shape == [br // cx["SPLIT"], 128]
+        assert m["head_desc"].block_shape == [br, 128 // head[1]]
+        assert {v.layout.swizzle_byte_width for v in m.values()} == {128}
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8-all"])
@@ -112,11 +124,14 @@ import json, torch
 from bubblescope.models.config import get_preset
 from bubblescope.megakernel_engine.gluon.host import compile_offline
 out = []
-for model, fmt in (('llama-3.2-1b', 'bf16'), ('llama-3.2-1b', 'fp8'), ('llama-3.2-1b', 'fp8-all'),
-                   ('qwen3-0.6b', 'fp8'), ('qwen2.5-0.5b', 'fp8'), ('llama-3.1-8b', 'fp8-all')):
-    i = compile_offline(get_preset(model), torch.bfloat16, weight_format=fmt)
+from bubblescope.megakernel_engine.schedule import MegakernelParams
+for model, fmt, widen in (('llama-3.2-1b', 'bf16', 'auto'), ('llama-3.2-1b', 'fp8', 'auto'),
+                          ('llama-3.2-1b', 'fp8-all', 'auto'), ('qwen3-0.6b', 'fp8', 'auto'),
+                          ('qwen2.5-0.5b', 'fp8', 'auto'), ('llama-3.1-8b', 'fp8-all', 'auto'),
+                          ('llama-3.2-1b', 'fp8', 'mma')):
+    i = compile_offline(get_preset(model), torch.bfloat16, MegakernelParams(mv_widen=widen), weight_format=fmt)
     out.append({k: i[k] for k in ('registers', 'spill_store_bytes', 'shared_bytes', 'num_warps', 'ring_bytes',
-                                  'tma_loads', 'fp8_converts')})
+                                  'tma_loads', 'fp8_converts', 'mma_sync')})
 print(json.dumps(out))
 """
 
@@ -124,7 +139,8 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_gluon_fp8_kernel_compiles_for_sm90_within_one_sm():
     """The FP8 kernel through Triton and ptxas for sm_90a (the 1B with a bf16 head and all-FP8, Qwen3's q/k-norm,
-    Qwen2.5's biases and 16-row tiles, the 8B's 14336-wide staged vector): no spills, registers × warps and shared
+    Qwen2.5's biases and 16-row tiles, the 8B's 14336-wide staged vector, the 1B's matvecs on the tensor cores):
+    no spills, registers × warps and shared
     memory within one H200 SM, a ring as deep in bytes as the bf16 kernel's (192 KB), and the e4m3 conversion in its
     code (none in the bf16 kernel)."""
     bf, *fp8 = compile_in_subprocess(_COMPILE)
@@ -135,3 +151,5 @@ def test_gluon_fp8_kernel_compiles_for_sm90_within_one_sm():
         assert info["shared_bytes"] <= SMEM_PER_BLOCK_SM90, info
         assert info["fp8_converts"] > 0, info
     assert fp8[0]["ring_bytes"] == fp8[1]["ring_bytes"] == bf["ring_bytes"] == 12 * 16384, (bf, fp8)
+    # FP8 on the tensor cores: the same ring bytes; mma.sync for every matvec, not only attention's
+    assert fp8[-1]["ring_bytes"] == bf["ring_bytes"] and fp8[-1]["mma_sync"] > 4 * fp8[0]["mma_sync"], fp8

@@ -70,6 +70,22 @@ def test_megakernel_fp8_matches_reference_fused(model, fmt, impl):
     float32 sum once and round at the same points, so they differ by float32 summation order only (a bf16 rounding
     may then fall either way and carry through the layers). The float32 model over the same quantized weights says
     which is off: the megakernel must be about as close to it as reference-fused is."""
+    _check_fp8(model, fmt, impl, None, "convert")
+
+
+@pytest.mark.parametrize("model,fmt", [("llama-3.2-1b", "fp8"), ("llama-3.2-1b", "fp8-all"), ("qwen3-0.6b", "fp8"),
+                                       ("qwen2.5-0.5b", "fp8")])
+def test_gluon_megakernel_fp8_on_the_tensor_cores_matches_reference_fused(model, fmt):
+    """``mv_widen=mma`` with FP8 weights: each box widened to f16 in registers and multiplied on the tensor cores
+    against the staged vector rounded to f16 (a 16-bit head beside them read as 16-bit boxes of the same bytes), held
+    to the same bounds as the CUDA-core form."""
+    if "gluon" not in _impls():
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    from bubblescope.megakernel_engine import MegakernelParams
+    _check_fp8(model, fmt, "gluon", MegakernelParams(mv_widen="mma"), "mma")
+
+
+def _check_fp8(model, fmt, impl, params, widen):
     from bubblescope.fused_engine import FusedEngine
     from bubblescope.megakernel_engine import MegakernelEngine
 
@@ -79,13 +95,14 @@ def test_megakernel_fp8_matches_reference_fused(model, fmt, impl):
     forced = torch.randint(3, w.config.vocab_size, (48,), generator=g).tolist()
     fused = teacher_forced_logits(FusedEngine(w, max_seq_len=80), prompt, forced).float()
     truth = teacher_forced_logits(ReferenceEngine(w.to(dtype=torch.float32), "eager", 80), prompt, forced)
-    eng = MegakernelEngine(w, max_seq_len=80, impl=impl)
+    eng = MegakernelEngine(w, params=params, max_seq_len=80, impl=impl)
     info = eng.compile_info()
     assert info["implementation"] == impl and info["weights"] == fmt
-    auto = "gluon" if "gluon" in _impls() else "triton"
-    assert MegakernelEngine(w, max_seq_len=80).compile_info()["implementation"] == auto
+    if params is None:
+        auto = "gluon" if "gluon" in _impls() else "triton"
+        assert MegakernelEngine(w, max_seq_len=80).compile_info()["implementation"] == auto
     if impl == "gluon":
-        assert info["gluon"]["mv_widen"] == "convert" and info["gluon"]["BK"] == 256, info["gluon"]
+        assert info["gluon"]["mv_widen"] == widen and info["gluon"]["BK"] == 256, info["gluon"]
     got = teacher_forced_logits(eng, prompt, forced).float()
 
     def rel(a, b):

@@ -140,8 +140,10 @@ def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int
         thin = auto_rows(cfg, sms) < DEFAULT_ROWS and layout == "mma"
         # checked with the rows and boxes it would run with: the user's max_rows / slot_boxes where set
         rows = tile_rows(cfg, params, mma_rows(cfg, params, sms))
-        widen = "mma" if thin and mv_mma_unsupported(cfg, esize, rows, params.split_k, box_cols(cfg, esize),
-                                                     params.slot_boxes or 2, params.num_warps) is None else "bits"
+        # (FP8 weights take the tensor cores only by name: their automatic choice is not measured)
+        widen = "mma" if thin and esize == 2 and mv_mma_unsupported(
+            cfg, esize, rows, params.split_k, box_cols(cfg, esize), params.slot_boxes or 2,
+            params.num_warps) is None else "bits"
     sb = params.slot_boxes if params.slot_boxes is not None else 2 if widen == "mma" else 1
     return widen, sb
 
@@ -189,23 +191,30 @@ def mv_mma_unsupported(cfg: ModelConfig, esize: int, br: int, split: int, bk: in
     """Why ``mv_widen=mma`` (the matvec on the tensor cores, ``matvec.mv_mma``) cannot run ``cfg`` with
     ``esize``-byte weights, ``br`` rows per QKV / gate-up / LM-head tile, ``split`` (split_k), ``bk`` columns per box,
     ``slot_boxes`` and ``num_warps`` consumer warps, or None where it can. ``mma.sync`` m16n8k16 takes 16-bit
-    operands and 16 rows per A tile (a QKV / gate-up half holds ``br / 2`` rows, an O-proj / down task
-    ``br / split``); each box arrives as ``bk / 64`` boxes of 64 columns (128 bytes: the widest a 128-byte TMA
-    swizzle allows; columns past K are TMA's zeros, as in the unswizzled ring), and the warps split a slot's
-    64-column boxes, so a slot must hold at least one per warp (``slot_boxes · bk / 64 ≥ num_warps``)."""
+    operands (FP8 weights are widened to f16 in registers, exactly) and 16 rows per A tile (a QKV / gate-up half
+    holds ``br / 2`` rows, an O-proj / down task ``br / split``); each box arrives as boxes of 128 bytes
+    (:func:`mma_box_cols`: the widest a 128-byte TMA swizzle allows; columns past K are TMA's zeros, as in the
+    unswizzled ring), and the warps split a slot's boxes, so a slot must hold at least one per warp."""
     rows = min(br // 2, br // split)
-    if esize != 2:
-        return f"mv_widen=mma needs 16-bit weights; got {esize * 8}-bit"
-    if bk * esize != TILE_BYTES_ROW:
-        return (f"mv_widen=mma needs {TILE_BYTES_ROW // esize}-column boxes; this model's are {bk} (a matrix is "
-                f"narrower)")
+    if esize not in (1, 2):
+        return f"mv_widen=mma needs 16-bit or FP8 weights; got {esize * 8}-bit"
+    full = min(TILE_BYTES_ROW // esize, TMA_BOX_MAX)
+    if bk != full:
+        return f"mv_widen=mma needs {full}-column boxes; this model's are {bk} (a matrix is narrower)"
     if rows < 16:
         return (f"mv_widen=mma needs at least 16 rows per matvec (one mma tile); got {rows} (BR {br}, "
                 f"split_k {split}): set max_rows ≥ {16 * max(2, split)}")
-    if slot_boxes * bk // 64 < num_warps:
-        return (f"mv_widen=mma splits a slot's 64-column boxes across the {num_warps} consumer warps and a slot "
-                f"holds {slot_boxes * bk // 64}")
+    mb = mma_box_cols(esize)
+    if slot_boxes * bk // mb < num_warps:
+        return (f"mv_widen=mma splits a slot's {mb}-column boxes across the {num_warps} consumer warps and a slot "
+                f"holds {slot_boxes * bk // mb}")
     return None
+
+
+def mma_box_cols(esize: int) -> int:
+    """Columns of one tensor-core matvec box: 128 bytes of ``esize``-byte weights (64 bf16, 128 FP8), the widest
+    row a 128-byte TMA swizzle allows."""
+    return 128 // esize
 
 
 def resolve_attn_layout(cfg: ModelConfig, layout: str, esize: int, block_s: int, num_warps: int) -> str:
@@ -506,21 +515,22 @@ def load_gluon_kernel():
 
 def desc_layout(bits: int, mma: bool):
     """The weight ring's shared layout: unswizzled rows of ``BK`` columns, or with ``mma`` (``mv_widen=mma``) the
-    128-byte swizzle ``ldmatrix`` reads without bank conflicts, on boxes of 64 columns (128 bytes of 16-bit)."""
+    128-byte swizzle ``ldmatrix`` reads without bank conflicts, on boxes of 128 bytes (:func:`mma_box_cols`)."""
     from triton.experimental.gluon import language as gl
     return gl.NVMMASharedLayout(swizzle_byte_width=128 if mma else 0, element_bitwidth=bits, rank=2)
 
 
 def weight_descriptors(packed, br: int, bk: int, split: int = 1, mma: bool = False) -> dict:
     """One TMA descriptor per packed weight matrix, each viewed as 2-D (rows, K), box ``[br, bk]`` (O-proj and
-    down: ``[br / split, bk]``), unswizzled; with ``mma`` boxes of 64 columns, 128-byte swizzled (the producer
-    issues ``bk / 64`` of them per box: :func:`desc_layout`). A 16-bit LM head beside FP8 layer weights gets boxes
+    down: ``[br / split, bk]``), unswizzled; with ``mma`` boxes of 128 bytes (64 bf16 / 128 FP8 columns,
+    :func:`mma_box_cols`), 128-byte swizzled (the producer issues ``bk`` / that many per box: :func:`desc_layout`).
+    A 16-bit LM head beside FP8 layer weights gets boxes
     ``[br, bk / 2]``: the bytes of an FP8 box.
 
     Shapes (L layers): wqkv (L·(Q+2KV), H), wo (L·H, Q), wgu (L·2·I_pad, H), wdown (L·H, I), lm_head (V, H).
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    cols = 64 if mma else bk
+    cols = mma_box_cols(packed.wqkv.element_size()) if mma else bk
 
     def desc(t, rows=br, cols=cols):
         t2 = t.reshape(-1, t.shape[-1])
@@ -550,7 +560,8 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
     ``text_bytes`` (its machine code, :func:`residency.cubin_text_bytes`), and its TMA loads (``tma_loads``) and
     those with an L2 cache policy (``tma_loads_l2_hinted``: all of them with ``weight_eviction="evict_first"``,
     through ``gluon/ptx.py``; the cubin is assembled from that PTX), and its e4m3 → f16 conversions
-    (``fp8_converts``, PTX ``cvt.rn.f16x2.e4m3x2``: 0 without FP8 weights).
+    (``fp8_converts``, PTX ``cvt.rn.f16x2.e4m3x2``: 0 without FP8 weights) and tensor-core instructions
+    (``mma_sync``: the attention's, and every matvec's under ``mv_widen=mma``).
 
     Raises:
         EngineUnavailable: Triton is in interpreter mode in this process.
@@ -578,7 +589,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
         row scale the kernel does not read (passed as None)."""
         if name.endswith("_desc"):
             rows = cx["BR"] // cx["SPLIT"] if name in ("wo_desc", "wdown_desc") else cx["BR"]
-            cols = 64 if cx["MV_MMA"] else cx["BK"]
+            cols = mma_box_cols(1 if cx["W_FP8"] else abits // 8) if cx["MV_MMA"] else cx["BK"]
             ty = wty if name[:-5] in layer_names or cx["HEAD_FP8"] else act
             if ty != wty:  # a 16-bit head among FP8 boxes: the same bytes per box
                 cols //= 2
@@ -621,7 +632,7 @@ def compile_offline(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, param
             "constexprs": {k: v for k, v in cx.items() if v is not None}, "ptx_lines": ck.asm["ptx"].count("\n"),
             "tma_loads": ck.asm["ptx"].count("cp.async.bulk.tensor."),
             "tma_loads_l2_hinted": ck.asm["ptx"].count(".L2::cache_hint ["),
-            "fp8_converts": ck.asm["ptx"].count("cvt.rn.f16x2.e4m3x2"),
+            "fp8_converts": ck.asm["ptx"].count("cvt.rn.f16x2.e4m3x2"), "mma_sync": ck.asm["ptx"].count("mma.sync"),
             "text_bytes": cubin_text_bytes(ck.asm["cubin"])["megakernel"],
             "tiling": vars(t), "gluon": gluon_choice(t, cx), "smem_limit": SMEM_PER_BLOCK_SM90,
             "grid_hint": math.ceil(grid)}

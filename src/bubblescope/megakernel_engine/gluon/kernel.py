@@ -243,13 +243,13 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
     HB: gl.constexpr = BR // 2
     LW: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TK, TK], [NW, 1], [1, 0])
     YL: gl.constexpr = gl.SliceLayout(1, LW)
-    # MV_MMA: slot s of the ring as (64-column boxes, rows, 64); O-proj / down slots hold SPLIT times the boxes
+    # MV_MMA: slot s of the ring as (128-byte boxes, rows, columns); O-proj / down slots hold SPLIT times the boxes
     SNH: gl.constexpr = (NCH_H + SB - 1) // SB
     SNO: gl.constexpr = (NCH_Q + SB * SPLIT - 1) // (SB * SPLIT)
     SND: gl.constexpr = (NCH_I + SB * SPLIT - 1) // (SB * SPLIT)
     bufs_od = bufs
     if MV_MMA:
-        bufs_od = bufs._reinterpret(bufs.dtype, [NS, bufs.shape[1] * SPLIT, BRO, 64], bufs.layout)
+        bufs_od = bufs._reinterpret(bufs.dtype, [NS, bufs.shape[1] * SPLIT, BRO, bufs.shape[3]], bufs.layout)
     pid = gl.program_id(0)
     pos = gl.load(state_ptr + 0)
     epoch = gl.load(state_ptr + 1)
@@ -451,7 +451,13 @@ def _consumer(ring, sched, model, acts, weights, gates, step, scales,
             if TIMELINE:
                 t_staged = now(i)
             if MV_MMA:
-                acc, _, it = mv_mma(bufs, full, empty, xs, it, SNH, NS, BR, BK, VEC, TK, NW, False)
+                if W_FP8 != HEAD_FP8:  # a 16-bit head among FP8 boxes: 128 bytes are half the columns, twice the slots
+                    hd = bufs._reinterpret(ACT, [NS, bufs.shape[1], BR, bufs.shape[3] // 2],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3))
+                    acc, _, it = mv_mma(hd, full, empty, xs, it, (2 * NCH_H + SB - 1) // SB, NS, BR, BK, VEC, TK, NW,
+                                        False)
+                else:
+                    acc, _, it = mv_mma(bufs, full, empty, xs, it, SNH, NS, BR, BK, VEC, TK, NW, False)
             elif W_FP8 != HEAD_FP8:  # a 16-bit head in a ring of FP8 boxes: half as many columns per box
                 acc, it = mv_half_boxes(bufs, full, empty, xs, it, NCH_H, NS, BR, BK, VEC, TK, NW, MV_AHEAD, SB)
             else:
@@ -513,28 +519,32 @@ def _load_od(desc, row0, c, bar, slot_buf, BR: gl.constexpr, BK: gl.constexpr, S
 
 
 @gluon.jit
-def _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, row0, c, bar, bufs_mk, bufs_od, slot,
-              NBX: gl.constexpr, SPLIT: gl.constexpr):
-    """Slot ``c`` of a task for the tensor-core matvec: its NBX 64-column boxes [BR, 64], global columns
-    ``[(c·NBX + q)·64, +64)`` into ring box ``slot·NBX + q`` (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64],
-    ``c·NBX·SPLIT + q`` into ``slot·NBX·SPLIT + q``: the slot's SB pairs of column chunks with SPLIT = 2); columns
-    past K are zero-filled by TMA."""
+def _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, row0, c, bar, bufs_mk, bufs_od, bufs_hd,
+              slot, NBX: gl.constexpr, SPLIT: gl.constexpr):
+    """Slot ``c`` of a task for the tensor-core matvec: its NBX 128-byte boxes [BR, MB] (MB = 64 bf16 / 128 FP8
+    columns), global columns ``[(c·NBX + q)·MB, +MB)`` into ring box ``slot·NBX + q`` (O-proj / down: NBX·SPLIT
+    boxes [BR / SPLIT, MB], ``c·NBX·SPLIT + q`` into ``slot·NBX·SPLIT + q``: the slot's SB pairs of column chunks
+    with SPLIT = 2; the LM head: boxes of its own type, 128 bytes wide, into ``bufs_hd``); columns past K are
+    zero-filled by TMA."""
+    MB: gl.constexpr = bufs_mk.shape[2]
+    HB: gl.constexpr = bufs_hd.shape[2]
     if (op == OP_OPROJ) | (op == OP_DOWN):
         for q in gl.static_range(NBX * SPLIT):
             od = bufs_od.index(slot * (NBX * SPLIT) + q)
             if op == OP_OPROJ:
-                tma.async_copy_global_to_shared(wo_desc, [row0, (c * NBX * SPLIT + q) * 64], bar, od)
+                tma.async_copy_global_to_shared(wo_desc, [row0, (c * NBX * SPLIT + q) * MB], bar, od)
             else:
-                tma.async_copy_global_to_shared(wdown_desc, [row0, (c * NBX * SPLIT + q) * 64], bar, od)
+                tma.async_copy_global_to_shared(wdown_desc, [row0, (c * NBX * SPLIT + q) * MB], bar, od)
+    elif op == OP_LMHEAD:
+        for q in gl.static_range(NBX):
+            tma.async_copy_global_to_shared(head_desc, [row0, (c * NBX + q) * HB], bar, bufs_hd.index(slot * NBX + q))
     else:
         for q in gl.static_range(NBX):
             mk = bufs_mk.index(slot * NBX + q)
             if op == OP_QKV:
-                tma.async_copy_global_to_shared(wqkv_desc, [row0, (c * NBX + q) * 64], bar, mk)
-            elif op == OP_GATEUP:
-                tma.async_copy_global_to_shared(wgu_desc, [row0, (c * NBX + q) * 64], bar, mk)
+                tma.async_copy_global_to_shared(wqkv_desc, [row0, (c * NBX + q) * MB], bar, mk)
             else:
-                tma.async_copy_global_to_shared(head_desc, [row0, (c * NBX + q) * 64], bar, mk)
+                tma.async_copy_global_to_shared(wgu_desc, [row0, (c * NBX + q) * MB], bar, mk)
 
 
 @gluon.jit
@@ -675,14 +685,19 @@ def _producer(descs, ring, sched, weights, gates,
     wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, head_ptr = weights
     sigbar, ackbar = gates
     TILE_BYTES: gl.constexpr = SB * BR * BK * wqkv_desc.dtype.primitive_bitwidth // 8  # one ring slot: SB boxes
-    # MV_MMA: a slot is NBX boxes [BR, 64] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, 64]), the ring's rows of 64
-    # columns in the descriptors' 128-byte swizzle (see matvec.mv_mma)
-    NBX: gl.constexpr = SB * BK // 64
+    # MV_MMA: a slot is NBX boxes [BR, MB] (O-proj / down: NBX·SPLIT boxes [BR / SPLIT, MB]), the ring's rows of
+    # 128 bytes (MB = 64 bf16 / 128 FP8 columns) in the descriptors' 128-byte swizzle (see matvec.mv_mma); a 16-bit
+    # head among FP8 boxes: the same bytes as [BR, MB / 2] 16-bit boxes
+    MB: gl.constexpr = 1024 // wqkv_desc.dtype.primitive_bitwidth
+    NBX: gl.constexpr = SB * BK // MB
     bufs_mk = bufs
     bufs_od = bufs
+    bufs_hd = bufs
     if MV_MMA:
-        bufs_mk = bufs._reinterpret(bufs.dtype, [NS * NBX, BR, 64], wqkv_desc.layout)
-        bufs_od = bufs._reinterpret(bufs.dtype, [NS * NBX * SPLIT, BR // SPLIT, 64], wqkv_desc.layout)
+        bufs_mk = bufs._reinterpret(bufs.dtype, [NS * NBX, BR, MB], wqkv_desc.layout)
+        bufs_od = bufs._reinterpret(bufs.dtype, [NS * NBX * SPLIT, BR // SPLIT, MB], wqkv_desc.layout)
+        bufs_hd = bufs._reinterpret(head_desc.dtype, [NS * NBX, BR, 1024 // head_desc.dtype.primitive_bitwidth],
+                                    head_desc.layout)
     # slots per task of each K (a slot holds SB boxes of consecutive column chunks, or pairs of them with SPLIT)
     SNH: gl.constexpr = (NCH_H + SB - 1) // SB
     SNQ: gl.constexpr = (NCH_Q + SB - 1) // SB
@@ -759,7 +774,7 @@ def _producer(descs, ring, sched, weights, gates,
                 mbarrier.expect(full.index(slot), TILE_BYTES)
                 if MV_MMA:
                     _load_mma(op, wqkv_desc, wo_desc, wgu_desc, wdown_desc, head_desc, row0, c, full.index(slot),
-                              bufs_mk, bufs_od, slot, NBX, SPLIT)
+                              bufs_mk, bufs_od, bufs_hd, slot, NBX, SPLIT)
                 for j in gl.static_range(SB * (1 - MV_MMA)):  # box j: chunk SB·c + j (a pair of chunks with SPLIT)
                     b = SB * c + j
                     box = bufs.index(slot * SB + j)
@@ -863,8 +878,9 @@ def megakernel(
     ``descs`` (the five descriptors), ``gates`` (the signal and acknowledge barriers) and, for the consumer,
     (advance, tok_in, eps, sm_scale).
     """
-    if MV_MMA:  # (slot, 64-column box, row, column): the descriptors' 128-byte swizzle, boxes [BR, 64]
-        bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS, SB * BK // 64, BR, 64],
+    if MV_MMA:  # (slot, 128-byte box, row, column): the descriptors' 128-byte swizzle, boxes [BR, MB]
+        MB: gl.constexpr = 1024 // wqkv_desc.dtype.primitive_bitwidth   # columns per box: 64 bf16, 128 FP8
+        bufs = gl.allocate_shared_memory(wqkv_desc.dtype, [NS, SB * BK // MB, BR, MB],
                                          gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                               element_bitwidth=wqkv_desc.dtype.primitive_bitwidth,
                                                               rank=3))

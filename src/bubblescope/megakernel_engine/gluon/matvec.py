@@ -225,17 +225,24 @@ def mv_halves(bufs, full, empty, xs, it, NCH: gl.constexpr, NS: gl.constexpr, HB
 
 
 # ---- the matvec on the tensor cores (mv_widen=mma) ----------------------------------------------------------------
-# y[r] = Σ_k W[r, k]·x[k] as NB batched mma.sync m16n8k16 products, one batch per 64-column box of the slot:
-#   A = the box's (R, 64) weights (ldmatrix: the producer's TMA boxes are [R, 64] with the 128-byte swizzle, so the
+# y[r] = Σ_k W[r, k]·x[k] as NB batched mma.sync m16n8k16 products, one batch per 128-byte box of the slot
+# (MB = 64 bf16 / 128 FP8 columns):
+#   A = the box's (R, MB) weights (ldmatrix: the producer's TMA boxes are [R, MB] with the 128-byte swizzle, so the
 #       8 rows an ldmatrix reads sit in 8 different bank groups),
-#   B = the staged chunk's 64 values broadcast over the 8 columns (every column of the product is the same sum),
+#   B = the staged chunk's MB values broadcast over the 8 columns (every column of the product is the same sum),
 #   acc (NB, R, 8) float32, the batches spread over the warps (MMA layout warps_per_cta [NW, 1, 1]).
 # Per 16 KB QKV slot a warp issues 10 ldmatrix and 8 mma.sync (offline PTX of a one-task probe) instead of 8 loads,
 # 64 widenings and 64 FMAs per thread; the 1B kernel's PTX holds 124 fma.rn.f32 against the CUDA-core form's 764.
+# FP8 weights: A is read as FP8 (k_width 4: four consecutive k per register, the layout 8-bit operands load in)
+# and widened to f16 in registers (e4m3 → f16 is exact: f16 holds every e4m3 value), B is the bf16 chunk rounded to
+# f16 in the same k order; the products and sums are float32 in the tensor cores. The widening is one cvt per two
+# weights, where the CUDA-core form spends a cvt, two f16 → f32 widenings and two FMAs. A staged value beyond f16's
+# range (|x| > 65,504) becomes ±inf: the staged vectors are RMS-normed inputs, attention outputs and SwiGLU
+# outputs, far inside it for the models bubblescope runs.
 # Once per task: the max over the 8 equal columns (exact) and the sum over the batches (across the warps).
 @gluon.jit
 def _mma_slot(bufs, it, NS: gl.constexpr, R: gl.constexpr, AOP: gl.constexpr, TWO: gl.constexpr):
-    slot = bufs.index(it % NS)  # (NB, R or 2R, 64)
+    slot = bufs.index(it % NS)  # (NB, R or 2R, MB)
     if TWO:
         return slot.slice(0, R, dim=1).load(AOP), slot.slice(R, R, dim=1).load(AOP)
     else:
@@ -243,13 +250,24 @@ def _mma_slot(bufs, it, NS: gl.constexpr, R: gl.constexpr, AOP: gl.constexpr, TW
 
 
 @gluon.jit
-def _mma_x(xs, c, NB: gl.constexpr, BK: gl.constexpr, BOP: gl.constexpr):
-    """Chunks ``[c·NB·64, (c+1)·NB·64)`` of the staged vector as the B operand (NB, 64, 8), broadcast over n."""
+def _mma(w, xb, acc, WIDEN: gl.constexpr):
+    """acc + w·xb on the tensor cores, FP8 ``w`` widened to f16 here: the slot read ahead stays 8-bit in registers."""
+    if WIDEN:
+        out = mma_v2(w.to(gl.float16), xb, acc)
+    else:
+        out = mma_v2(w, xb, acc)
+    return out
+
+
+@gluon.jit
+def _mma_x(xs, c, NB: gl.constexpr, MB: gl.constexpr, BK: gl.constexpr, BOP: gl.constexpr, BT: gl.constexpr):
+    """Chunks ``[c·NB·MB, (c+1)·NB·MB)`` of the staged vector as the B operand (NB, MB, 8) of type ``BT``, broadcast
+    over n."""
     ACT: gl.constexpr = xs.dtype
-    NX: gl.constexpr = xs.shape[0] * BK // (64 * NB)
-    xv = xs._reinterpret(ACT, [NX, NB, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    x = xv.index(c).load(gl.SliceLayout(2, BOP))
-    return gl.expand_dims(x, 2) + gl.zeros([NB, 64, 8], ACT, BOP)
+    NX: gl.constexpr = xs.shape[0] * BK // (MB * NB)
+    xv = xs._reinterpret(ACT, [NX, NB, MB], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    x = xv.index(c).load(gl.SliceLayout(2, BOP)).to(BT)
+    return gl.expand_dims(x, 2) + gl.zeros([NB, MB, 8], BT, BOP)
 
 
 @gluon.jit
@@ -260,14 +278,18 @@ def _mma_rows(acc, VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr):
 @gluon.jit
 def mv_mma(bufs, full, empty, xs, it, NSLOT: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
            VEC: gl.constexpr, TK: gl.constexpr, NW: gl.constexpr, TWO: gl.constexpr):
-    """``acc[r] = Σ_k W[r, k]·xs[k]`` over NSLOT ring slots of ``bufs`` (NS, NB, R or 2R with TWO, 64): float32 (R,)
-    in SliceLayout(1, LW) (see :func:`_rows`); with TWO also rows [R, 2R) (else 0); and the ring position after
-    them. Slot c meets the staged columns [c·NB·64, (c+1)·NB·64). Slot c + 1 is read into registers before slot c's
-    products, as ``mv_ahead=1`` does."""
+    """``acc[r] = Σ_k W[r, k]·xs[k]`` over NSLOT ring slots of ``bufs`` (NS, NB, R or 2R with TWO, MB), 16-bit or
+    FP8: float32 (R,) in SliceLayout(1, LW) (see :func:`_rows`); with TWO also rows [R, 2R) (else 0); and the ring
+    position after them. Slot c meets the staged columns [c·NB·MB, (c+1)·NB·MB). Slot c + 1 is read into
+    registers before slot c's products, as ``mv_ahead=1`` does."""
     NB: gl.constexpr = bufs.shape[1]
+    MB: gl.constexpr = bufs.shape[3]
+    WIDEN: gl.constexpr = bufs.dtype.primitive_bitwidth == 8
+    KW: gl.constexpr = 4 if WIDEN else 2
+    BT: gl.constexpr = gl.float16 if WIDEN else xs.dtype
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
-    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    BOP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=KW)
+    BOP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=KW)
     acc_a = gl.zeros([NB, R, 8], gl.float32, MMA)
     acc_b = 0
     if TWO:
@@ -275,23 +297,23 @@ def mv_mma(bufs, full, empty, xs, it, NSLOT: gl.constexpr, NS: gl.constexpr, R: 
     _wait_full(full, it, NS)
     wa, wb = _mma_slot(bufs, it, NS, R, AOP, TWO)
     for c in range(NSLOT - 1):
-        xb = _mma_x(xs, c, NB, BK, BOP)
+        xb = _mma_x(xs, c, NB, MB, BK, BOP, BT)
         _release(empty, it, NS)
         it += 1
         _wait_full(full, it, NS)
         na, nb = _mma_slot(bufs, it, NS, R, AOP, TWO)
-        acc_a = mma_v2(wa, xb, acc_a)
+        acc_a = _mma(wa, xb, acc_a, WIDEN)
         if TWO:
-            acc_b = mma_v2(wb, xb, acc_b)
+            acc_b = _mma(wb, xb, acc_b, WIDEN)
         wa = na
         wb = nb
-    xb = _mma_x(xs, NSLOT - 1, NB, BK, BOP)
+    xb = _mma_x(xs, NSLOT - 1, NB, MB, BK, BOP, BT)
     _release(empty, it, NS)
     it += 1
-    acc_a = mma_v2(wa, xb, acc_a)
+    acc_a = _mma(wa, xb, acc_a, WIDEN)
     out_b = 0
     if TWO:
-        acc_b = mma_v2(wb, xb, acc_b)
+        acc_b = _mma(wb, xb, acc_b, WIDEN)
         out_b = _mma_rows(acc_b, VEC, TK, NW)
     return _mma_rows(acc_a, VEC, TK, NW), out_b, it
 
