@@ -513,7 +513,7 @@ def test_gluon_tensor_core_matvec_is_refused_where_it_cannot_run():
         p = gluon_params(cfg, MegakernelParams(mv_widen="mma", **kw), dtype=dtype)
         return gluon_constexprs(cfg, gluon_tiling(cfg, p, 132, dtype), p, 512, dtype, False)
 
-    with pytest.raises(BubblescopeError, match="mv_widen=mma needs 16-bit weights; got 32-bit"):
+    with pytest.raises(BubblescopeError, match="mv_widen=mma needs 16-bit or FP8 weights; got 32-bit"):
         constexprs(get_preset("llama-3.2-1b"), torch.float32, attn_layout="blocks")
     with pytest.raises(BubblescopeError, match=r"at least 16 rows per matvec .* got 8 \(BR 16, split_k 2\)"):
         constexprs(get_preset("qwen2.5-0.5b"), max_rows=16)
