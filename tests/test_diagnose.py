@@ -38,6 +38,33 @@ def test_library_call_works_twice_and_fills_a_valid_document(tmp_path):
         assert doc["ladder"][0]["engine"] == "reference" and doc["ladder"][0]["token_ms_p50"] == lat["token_ms_p50"]
         assert eng["timeline"]["available"] is False and eng["timeline"]["launches_per_step"] is None
         assert len(eng["latency"]["token_ms_samples"]) == 3          # 4 tokens: 1 from prefill + 3 decode steps
+        assert lat["first_run"] is None                               # no warm-up: no first run recorded
         assert doc["device"]["type"] == "cpu" and doc["model"]["source"] == "dummy"
     assert (tmp_path / "1" / "results.json").is_file() and (tmp_path / "1" / "report.html").is_file()
     assert (tmp_path / "1" / "traces" / "reference.json.gz").is_file()
+
+
+def test_the_first_warm_up_generation_is_recorded_as_the_first_run(tmp_path, monkeypatch):
+    """With 2 warm-ups, ``latency.first_run`` holds the first one: its per-token median, its TTFT and its
+    gen_len − 1 = 5 decode steps, as the generation itself returned them (read here by wrapping ``generate``)."""
+    import statistics
+
+    from bubblescope.diagnosis import measure
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        res = real(*args, **kwargs)
+        seen.append(res)
+        return res
+
+    real = measure.generate
+    monkeypatch.setattr(measure, "generate", recording)
+    res = bubblescope.diagnose("tiny-llama", engines=["reference"], prompt_len=4, gen_len=6, runs=1, warmup=2,
+                               profile_steps=2, device="cpu", out=tmp_path)
+    assert validate_results(res.doc) == []
+    (eng,) = res.doc["engines"]
+    first, timed = seen[0], seen[2]  # two warm-ups, then the timed run
+    assert eng["latency"]["first_run"] == {"token_ms_p50": pytest.approx(statistics.median(first.token_ms)),
+                                           "ttft_ms": first.ttft_ms, "tokens": 5}
+    assert eng["latency"]["ttft_ms"] == timed.ttft_ms  # the timed figures are the timed run's, as before

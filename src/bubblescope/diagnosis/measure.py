@@ -47,6 +47,14 @@ def latency_stats(token_ms: list[float], ttft_ms: list[float], decode_shares: li
     }
 
 
+def first_run_stats(token_ms: list[float], ttft_ms: float) -> dict:
+    """The first generation of an engine in this process (its first untimed warm-up, which pays compiles, CUDA-graph
+    captures and allocator growth): ``token_ms_p50``, the median of its per-token host wall times ``token_ms`` (ms,
+    TPOT; None without a decode step), ``ttft_ms`` its time to first token (ms) and ``tokens``, the number of decode
+    steps in ``token_ms``."""
+    return {"token_ms_p50": percentile(token_ms, 50), "ttft_ms": ttft_ms, "tokens": len(token_ms)}
+
+
 def logit_agreement(got, ref) -> dict:
     """An engine's teacher-forced logits ``got`` against the reference's ``ref`` (both float32 (steps, V)):
     ``token_agreement`` (share of steps with the same argmax), ``max_abs_logit_diff`` (max |got − ref|) and
@@ -111,7 +119,8 @@ def _sync(dev: torch.device) -> None:
 def measure_engine(name: str, entry: dict, plan: RunPlan, bench: Bench, doc: dict, truth: dict,
                    say: Callable[[str], None]) -> None:
     """Build engine ``name`` and fill its ``entry``: ``tuning`` (what ``plan.tuning`` gave it), ``latency``
-    (:func:`latency_stats` of ``runs`` timed generations after ``warmup`` untimed ones), ``bandwidth`` (bytes per
+    (:func:`latency_stats` of ``runs`` timed generations after ``warmup`` untimed ones, with ``first_run``: the
+    first untimed one's :func:`first_run_stats`, None without a warm-up), ``bandwidth`` (bytes per
     step at the mean context, GB/s and fractions of ``doc``'s NVML peak and copy bandwidth), ``correctness``
     (teacher-forced against ``truth``, :func:`oracle`), ``timeline``/``intrakernel``/``trace_path``
     (:func:`~.profiled.profile_engine`), ``compile`` and one ``sweep`` row per context. ``say`` takes each
@@ -133,8 +142,11 @@ def measure_engine(name: str, entry: dict, plan: RunPlan, bench: Bench, doc: dic
     engine = build_engine(name, loaded.weights, bench.max_seq, params=params,
                           prefill=work.prefill if takes_prefill(name) else None)
     say(f"{name}: warm-up")
-    for _ in range(work.warmup):
-        generate(engine, prompt, work.gen_len, eos_ids=())
+    first = None
+    for w in range(work.warmup):
+        res = generate(engine, prompt, work.gen_len, eos_ids=())
+        if w == 0:  # the cost of a fresh process, recorded beside the timed figures
+            first = first_run_stats(res.token_ms, res.ttft_ms)
     token_ms, ttft, shares, e2e = [], [], [], []
     for r in range(work.runs):
         say(f"{name}: timed run {r + 1}/{work.runs}")
@@ -145,6 +157,7 @@ def measure_engine(name: str, entry: dict, plan: RunPlan, bench: Bench, doc: dic
         shares.append(res.decode_share)
         e2e.append(res.total_ms)
     entry["latency"] = latency_stats(token_ms, ttft, [s for s in shares if s is not None], e2e)
+    entry["latency"]["first_run"] = first
 
     dtype_bytes, fmt = loaded.weights.dtype.itemsize, loaded.weights.weight_format
     mean_ctx = len(prompt) + work.gen_len // 2

@@ -46,7 +46,8 @@ _KINDS = {
 
 _LATENCY = {"ttft_ms?": "pos", "e2e_ms??": "pos", "token_ms_mean?": "pos", "token_ms_p50?": "pos", "token_ms_p90?": "pos",
             "token_ms_p99?": "pos", "tok_per_s?": "pos", "decode_share?": "frac",
-            "token_ms_samples?": "list[pos]", "ttft_ms_samples?": "list[pos]"}
+            "token_ms_samples?": "list[pos]", "ttft_ms_samples?": "list[pos]",
+            "first_run??": {"token_ms_p50?": "pos", "ttft_ms?": "pos", "tokens": "int"}}
 _BANDWIDTH = {"bytes_per_step?": "pos", "kv_bytes_per_step?": "num", "effective_GBps?": "pos",
               "util_peak?": "num", "util_copy?": "num"}
 _SHARE_ROW = {"category": "str", "count": "int", "total_us": "num", "share": "frac"}
