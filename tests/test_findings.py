@@ -156,6 +156,68 @@ def test_prefill_dominated_does_not_fire_while_decode_dominates():
     assert _engine_findings(doc) == []
 
 
+def _cold_doc(first_tpot: float, first_ttft: float, tokens: int = 127) -> dict:
+    """The healthy document with the graphed reference's first generation (timed: 1.1 ms/token, TTFT 12.5 ms)."""
+    doc = g.healthy_doc()
+    g.engine(doc, "reference-cudagraph")["latency"]["first_run"] = {
+        "token_ms_p50": first_tpot, "ttft_ms": first_ttft, "tokens": tokens}
+    return doc
+
+
+def test_cold_start_when_the_first_generation_is_slow():
+    """A first generation at 2.75 ms/token (2.5 × the timed 1.1) with a 200 ms TTFT (16 × the timed 12.5 ms)."""
+    doc = _cold_doc(2.75, 200.0)
+    assert validate_results(doc) == []
+    f = _only(find(doc), "cold-start")
+    assert f["severity"] == "info" and f["engine"] == "reference-cudagraph"
+    assert f["title"] == ("Cold start on reference-cudagraph: the first generation ran at 2.750 ms/token, 2.5× the "
+                          "timed 1.100 ms/token, and took 200.000 ms to its first token, 16.0× the timed 12.500 ms")
+    assert f["evidence"] == {"first_tpot_p50_ms": 2.75, "tpot_p50_ms": 1.1, "tpot_first_over_timed": 2.5,
+                             "first_ttft_ms": 200.0, "ttft_ms": 12.5, "ttft_first_over_timed": 16.0,
+                             "first_run_tokens": 127}
+    assert "warm each engine" in f["advice"]
+
+
+def test_cold_start_from_the_decode_steps_or_the_prefill_alone():
+    # TPOT 1.76 ms = 1.6 × 1.1, 127 steps × 0.66 ms = 83.8 ms lost; TTFT as timed
+    assert _only(find(_cold_doc(1.76, 12.5)), "cold-start")["evidence"]["tpot_first_over_timed"] == 1.6
+    # TTFT 37.5 ms = 3 × 12.5 ms, 25 ms above it; TPOT as timed
+    assert _only(find(_cold_doc(1.1, 37.5)), "cold-start")["evidence"]["ttft_first_over_timed"] == 3.0
+
+
+@pytest.mark.parametrize("first_tpot, first_ttft, tokens", [
+    (1.3, 14.0, 127),    # close to the timed 1.1 ms/token and 12.5 ms
+    (1.6, 30.0, 127),    # 1.45× the TPOT, 2.4× the TTFT: both under their ratios
+    (2.2, 12.5, 3),      # 2× the TPOT, but 3 steps × 1.1 ms = 3.3 ms lost: below the 10 ms floor
+])
+def test_cold_start_silent_when_the_first_generation_is_close(first_tpot, first_ttft, tokens):
+    assert _engine_findings(_cold_doc(first_tpot, first_ttft, tokens)) == []
+
+
+def test_cold_start_needs_10_ms_above_the_timed_ttft():
+    """A TTFT ratio far above 3 but a few ms in all (0.2 ms timed, 5 ms first) is noise, not a cold start."""
+    doc = _cold_doc(1.1, 5.0)
+    g.engine(doc, "reference-cudagraph")["latency"]["ttft_ms"] = 0.2
+    assert _engine_findings(doc) == []
+    g.engine(doc, "reference-cudagraph")["latency"]["first_run"]["ttft_ms"] = 10.2  # 51×, 10 ms above: fires
+    assert _only(find(doc), "cold-start")["evidence"]["first_ttft_ms"] == 10.2
+
+
+def test_cold_start_silent_without_a_first_run():
+    doc = g.healthy_doc()  # documents written before latency.first_run
+    assert "first_run" not in g.engine(doc, "reference-cudagraph")["latency"]
+    assert _engine_findings(doc) == []
+    g.engine(doc, "reference-cudagraph")["latency"]["first_run"] = None  # warmup 0
+    doc["workload"]["warmup"] = 0
+    assert validate_results(doc) == [] and _engine_findings(doc) == []
+    doc = _cold_doc(2.75, 200.0)
+    g.engine(doc, "reference-cudagraph")["latency"]["first_run"]["token_ms_p50"] = None  # one input null
+    assert _engine_findings(doc) == []
+    doc = _cold_doc(2.75, 200.0)
+    g.engine(doc, "reference-cudagraph")["latency"]["ttft_ms"] = None
+    assert _engine_findings(doc) == []
+
+
 def _row(context, p50, nbytes, kv):
     return {"context": context, "token_ms_p50": p50, "bytes_per_step": nbytes, "kv_bytes_per_step": kv,
             "effective_GBps": None, "util_peak": None}

@@ -348,7 +348,8 @@ def test_a_long_engine_name_stays_on_one_line_of_the_latency_table():
     doc = g.healthy_doc()
     slow = copy.deepcopy(g.engine(doc, "megakernel"))
     slow["name"] = "megakernel-noprefetch"
-    slow["latency"].update(token_ms_p50=123.4567, token_ms_p99=234.567, ttft_ms=1234.567, tok_per_s=8.1)
+    slow["latency"].update(token_ms_p50=123.4567, token_ms_p99=234.567, ttft_ms=1234.567, tok_per_s=8.1,
+                           first_run={"token_ms_p50": 345.6789, "ttft_ms": 45678.9123, "tokens": 127})
     doc["engines"].append(slow)
     console = Console(record=True, width=80, color_system=None)
     render_results(doc, console)
@@ -357,7 +358,8 @@ def test_a_long_engine_name_stays_on_one_line_of_the_latency_table():
     row = next(line for line in lines if line.startswith("megakernel-noprefetch  123.457"))
     assert row.split() == ["megakernel-noprefetch", "123.457", "234.567", "8.1", "3107", "64.5", "%", "72.9", "%"]
     request = next(line for line in lines if line.startswith("megakernel-noprefetch  1234.567"))
-    assert request.split() == ["megakernel-noprefetch", "1234.567", "~15679.0", "~16913.6"]  # + 127 × 123.4567
+    assert request.split() == ["megakernel-noprefetch", "1234.567", "~15679.0", "~16913.6",  # + 127 × 123.4567
+                               "345.679", "45678.912"]  # the first run: CPU-sized too
     # latency, request, timeline, the ladder's two tables and the context sweep; no "h" line
     assert sum(line.split()[:1] == ["megakernel-noprefetch"] for line in lines) == 6
     assert not any(line.strip() in ("h", "dagraph") for line in lines)

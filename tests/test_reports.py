@@ -44,7 +44,8 @@ def test_terminal_report_shows_the_document_numbers():
     mk = [line.split() for line in text.splitlines() if line.strip().startswith("megakernel ")]
     assert mk[0] == ["megakernel", "0.800", "0.830", "1250.0", "3107", "64.5", "%", "72.9", "%"]
     # one request: TTFT 10 ms; the end to end not recorded, so TTFT + 127 steps × 0.8 ms = 111.6 ms, marked "~"
-    assert mk[1] == ["megakernel", "10.000", "~101.6", "~111.6"]
+    # no first run recorded (a document written before latency.first_run): its two columns show the missing mark
+    assert mk[1] == ["megakernel", "10.000", "~101.6", "~111.6", "—", "—"]
     ref = [line.split() for line in text.splitlines() if line.strip().startswith("reference-cudagraph ")]
     assert ref[2] == ["reference-cudagraph", "180", "1", "0.060", "1.2", "%", "85.0", "%", "100.0", "%"]
     # the ladder: the megakernel saves 1,100 − 800 µs per token against the graphed reference below it
@@ -75,11 +76,36 @@ def test_a_graphed_prefill_is_named_beside_the_ttft_and_only_then():
     assert "the TTFT of megakernel: a batched prefill" in render_html(doc)
 
 
+def test_the_first_run_shows_beside_the_timed_request():
+    """The megakernel's first generation (2.4 ms/token, TTFT 241 ms against the timed 0.8 ms and 10 ms) in its
+    request row of the terminal and HTML reports; the graphed reference, whose run had no warm-up (first_run
+    null), and the hf entry without latency show the missing mark."""
+    from bubblescope.reports.results import validate_results
+
+    doc = g.healthy_doc()
+    g.engine(doc, "megakernel")["latency"]["first_run"] = {"token_ms_p50": 2.4, "ttft_ms": 241.0, "tokens": 127}
+    g.engine(doc, "reference-cudagraph")["latency"]["first_run"] = None
+    assert validate_results(doc) == []
+    text = _terminal_text(doc)
+
+    def request_row(name: str) -> list[str]:  # an engine's second row: the latency table's, then the request's
+        return [line.split() for line in text.splitlines() if line.split()[:1] == [name]][1]
+
+    assert request_row("megakernel") == ["megakernel", "10.000", "~101.6", "~111.6", "2.400", "241.000"]
+    assert request_row("reference-cudagraph") == ["reference-cudagraph", "12.500", "~139.7", "~152.2", "—", "—"]
+    assert request_row("hf") == ["hf"] + ["—"] * 5
+    assert "first run: the first, untimed generation in this process" in " ".join(text.split())
+    page = render_html(doc)
+    assert "<th>first run TPOT ms</th><th>first run TTFT ms</th>" in page
+    assert ">2.400</td>" in page and ">241.000</td>" in page
+    assert "first run: the first, untimed generation in this process" in page
+
+
 def test_terminal_report_without_a_gpu_says_so_and_prints_dashes():
     text = _terminal_text(g.null_metrics_doc())
     assert "CPU only — GPU metrics unavailable" in text
     mk = [line.split() for line in text.splitlines() if line.strip().startswith("megakernel ")]
-    assert mk[0] == ["megakernel"] + ["—"] * 6 and mk[1] == ["megakernel"] + ["—"] * 3
+    assert mk[0] == ["megakernel"] + ["—"] * 6 and mk[1] == ["megakernel"] + ["—"] * 5
     assert mk[2] == ["megakernel"] + ["—"] * 6
     assert "Findings: none" in text
 

@@ -48,6 +48,13 @@ THRESHOLDS: Mapping[str, float] = MappingProxyType({
     # rung-slower: a rung of the ablation ladder is slower than the rung below it by more than this share of the
     # lower rung's p50 (run-to-run spread of a GPU decode step is about 1 %).
     "rung_slower_min_share": 0.02,
+    # cold-start: the first generation in the process (latency.first_run) against the timed ones. Its TPOT p50 at
+    # 1.5x the timed one, or its TTFT at 3x (a prefill is one forward, so a first-call cost shows larger there),
+    # with at least 10 ms lost over the request either way: a host wall clock carries a few ms of scheduler and
+    # page-fault noise, and a tiny model's 0.1 ms against 0.05 ms is no cold start worth a word.
+    "cold_start_min_tpot_ratio": 1.5,
+    "cold_start_min_ttft_ratio": 3.0,
+    "cold_start_min_excess_ms": 10.0,
     # hardware counters (ncu, `diagnose model --counters`), in percent as ncu reports them.
     "counters_low_occupancy_max_warps_active_pct": 30.0,
     "counters_low_occupancy_min_registers": 128,

@@ -158,6 +158,36 @@ def _prefill_dominated(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | N
         "the request you serve (--prompt-len, --gen-len).")
 
 
+def _cold_start(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
+    """The first generation in the process (``latency.first_run``: compiles, graph captures, allocator growth)
+    against the timed ones: its TPOT p50 at ``cold_start_min_tpot_ratio`` × the timed p50 or more with its decode
+    steps ``cold_start_min_excess_ms`` slower in all, or its TTFT at ``cold_start_min_ttft_ratio`` × the timed TTFT
+    or more and that many ms above it."""
+    lat = eng.get("latency") or {}
+    first_tpot, first_ttft = dig(lat, "first_run", "token_ms_p50"), dig(lat, "first_run", "ttft_ms")
+    tokens, tpot, ttft = dig(lat, "first_run", "tokens"), lat.get("token_ms_p50"), lat.get("ttft_ms")
+    values = (first_tpot, first_ttft, tokens, tpot, ttft)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) or tpot <= 0 or ttft <= 0:
+        return None
+    floor = t["cold_start_min_excess_ms"]
+    slow_decode = first_tpot >= t["cold_start_min_tpot_ratio"] * tpot and (first_tpot - tpot) * tokens >= floor
+    slow_prefill = first_ttft >= t["cold_start_min_ttft_ratio"] * ttft and first_ttft - ttft >= floor
+    if not (slow_decode or slow_prefill):
+        return None
+    tpot_x, ttft_x = first_tpot / tpot, first_ttft / ttft
+    return _finding(
+        "cold-start", "info", eng,
+        f"Cold start on {eng.get('name')}: the first generation ran at {first_tpot:.3f} ms/token, {tpot_x:.1f}× "
+        f"the timed {tpot:.3f} ms/token, and took {first_ttft:.3f} ms to its first token, {ttft_x:.1f}× the timed "
+        f"{ttft:.3f} ms",
+        {"first_tpot_p50_ms": first_tpot, "tpot_p50_ms": tpot, "tpot_first_over_timed": _round(tpot_x),
+         "first_ttft_ms": first_ttft, "ttft_ms": ttft, "ttft_first_over_timed": _round(ttft_x),
+         "first_run_tokens": tokens},
+        "A fresh process pays this once: warm each engine (one generation at the served prompt length) before "
+        "taking traffic, or keep the process alive; `bubblescope generate --warmup N` and `diagnose model` time "
+        "after untimed runs.")
+
+
 def _sweep_points(eng: dict) -> list[dict]:
     """Sweep rows with latency and bytes known, shortest context first."""
     rows = [r for r in (eng.get("sweep") or [])
@@ -306,7 +336,7 @@ def _communication_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict |
 
 
 RULES: tuple[Callable[[dict, dict, Mapping[str, float]], dict | None], ...] = (
-    _launch_bound, _bubble_bound, _gpu_idle, _near_limit, _prefill_dominated, _kv_bound, _fused_slow,
+    _launch_bound, _bubble_bound, _gpu_idle, _near_limit, _prefill_dominated, _cold_start, _kv_bound, _fused_slow,
     _divergence, _unstable, _context_growth, *COUNTER_RULES, _communication_bound)
 
 

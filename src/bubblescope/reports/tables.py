@@ -42,17 +42,22 @@ BUBBLE_NOTE = ("bubble ratio: the share of each decode step the GPU idles (1 −
                "dependencies, from the megakernel's own clock (program-time waiting / program-time)")
 # One request of the workload (ladder.request_times): time to the first token, the decode steps after it, and
 # the whole request; "~" marks TTFT + (n − 1) × TPOT p50 in documents that did not record the measured time.
+# Beside them the first generation in the process (latency.first_run), which a fresh process pays once; "—" in
+# documents without it (a run without warm-up, documents written before it).
 REQUEST_COLUMNS = (
     ("Engine", ("name",), "text"),
     ("TTFT\nms", ("latency", "ttft_ms"), "ms"),
     ("decode\nms", lambda eng, doc: request_times(eng, doc), "decode"),
     ("end to end\nms", lambda eng, doc: request_times(eng, doc), "e2e"),
+    ("first run\nTPOT ms", ("latency", "first_run", "token_ms_p50"), "ms"),
+    ("first run\nTTFT ms", ("latency", "first_run", "ttft_ms"), "ms"),
 )
 LATENCY_NOTE = ("TPOT: time per output token after the first (host wall time, token on the host), p50 and p99 over "
                 "every decode step of the timed runs; tok/s: 1000 / the mean TPOT, which a slow tail pulls below "
                 "1000 / p50; TTFT: time to the first token (prefill and its sampling); "
                 "end to end: the measured generation time of one request (median over the timed runs), or ~ TTFT + "
-                "(n − 1) × TPOT p50 where it was not recorded")
+                "(n − 1) × TPOT p50 where it was not recorded; first run: the first, untimed generation in this "
+                "process (compiles, graph captures, allocator growth), its TPOT p50 and TTFT")
 
 
 def latency_note(doc: dict) -> str:
