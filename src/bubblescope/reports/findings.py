@@ -187,7 +187,7 @@ def _cold_start(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
          "first_ttft_ms": first_ttft, "ttft_ms": ttft, "ttft_first_over_timed": _round(ttft_x),
          "first_run_tokens": tokens},
         "A fresh process pays this once: warm each engine (one generation at the served prompt length) before "
-        "taking traffic, or keep the process alive; `bubblescope generate --warmup N` and `diagnose model` time "
+        "taking traffic, or keep the process alive; bubblescope generate --warmup N and diagnose model time "
         "after untimed runs.")
 
 
