@@ -460,3 +460,16 @@ def test_a_value_is_best_only_when_its_lead_exceeds_the_noise():
     (b,) = best_per_context(far)
     assert b["within_noise"] is None and b["noise_ms"] is None
     assert "<td>lowest p50</td>" in render_tune_html({**far, "best": [b]})
+
+
+@pytest.mark.parametrize("name", ["tune.json", "tune.html"])
+def test_a_save_path_that_is_one_of_the_outputs_is_refused(tmp_path, name):
+    """`tune --out t --save t/tune.json` wrote the tuned file over the tune result (or tune.html) and exited 0."""
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / name).write_text("previous")
+    r = _cli("tune", "tiny-llama", "--knob", "kv_splits", "--values", "1", "--contexts", "4", "--steps", "1",
+             "--out", out, "--save", out / name)
+    assert r.exit_code == 2
+    assert r.output.strip() == f"error: --save {out / name}: is where --out {out} writes {name}; name another file"
+    assert (out / name).read_text() == "previous" and sorted(p.name for p in out.iterdir()) == [name]

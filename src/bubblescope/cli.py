@@ -588,6 +588,8 @@ def tune(
     from .reports.tune_report import render_tune, write_tune_outputs
 
     save = _file(save, "--save", "the tuned file to write", write=True)  # before minutes of measuring
+    if save is not None and save.resolve() in {(out / n).resolve() for n in ("tune.json", "tune.html")}:
+        raise BubblescopeError(f"--save {save}: is where --out {out} writes {save.name}; name another file")
     vals = [v.strip() for v in values.split(",") if v.strip()]
     doc = run_tune(model, knob, vals, _ints(contexts, "--contexts"), engine=engine, checkpoint=checkpoint,
                    device=device, dtype=dtype, steps=steps, seed=_seed(seed), command=command_line(), out=out,
