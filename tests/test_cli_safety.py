@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -533,3 +534,15 @@ def test_diagnose_help_lists_trace_in_whole_sentences():
     at = next(i for i, line in enumerate(lines) if line.startswith("trace "))
     assert lines[at:at + 2] == ["trace  Bubble ratio, busy/span, idle breakdown, kernels and launches per",
                                 "step of existing traces."]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail, Linux)")
+@pytest.mark.parametrize("args", [["presets"], ["engines"],
+                                  ["generate", "tiny-llama", "--prompt-ids", "1,2,3", "--max-new-tokens", "2"]])
+def test_standard_output_on_a_full_device_is_one_line_and_exit_2(args):
+    """Every command's stdout on a full device ended in a traceback and exit 1 (the gate's "check failed")."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "bubblescope", *args], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "error: standard output: cannot write (No space left on device)", r.stderr

@@ -628,6 +628,47 @@ def list_engines():
     render_listing([(spec.name, spec.description) for spec in ENGINES.values()], listing_console())
 
 
+class _Stream:
+    """``sys.stdout`` / ``sys.stderr`` as they are, with a record of a write or flush that failed (a full device, a
+    closed file), so that :func:`main` can tell a failed terminal from a failed file of a command."""
+
+    def __init__(self, stream):
+        self._stream, self.failed = stream, None
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            self.failed = e
+            raise
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as e:
+            self.failed = e
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _say_stream_error(e: OSError) -> None:
+    """One line on standard error (where it still takes one) for a failed write to the terminal's streams, both
+    then pointed at the null device so that the interpreter's own flush at exit prints no traceback."""
+    import os
+    line = f"error: standard output: cannot write ({e.strerror or e})\n"
+    try:
+        os.write(2, line.encode())
+    except OSError:
+        pass
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
 def main() -> None:
     """Entry point: like ``app()``, but a usage error (bad option value, unknown option) is one line too.
 
@@ -639,8 +680,14 @@ def main() -> None:
     import signal
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    streams = sys.stdout, sys.stderr = _Stream(sys.stdout), _Stream(sys.stderr)
     try:
         rc = app(standalone_mode=False)
+    except OSError as e:  # the commands turn their own files' write errors into one line; this is the terminal's
+        if not any(s.failed for s in streams):
+            raise
+        _say_stream_error(e)
+        sys.exit(2)
     except Exception as e:
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
             raise
