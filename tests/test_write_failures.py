@@ -159,3 +159,50 @@ def test_run_folder_names_the_unwritten_file_under_out_and_removes_the_stage(tmp
     assert str(info.value) == (f"--out {out}: cannot write traces/a.json.gz (No space left on device); the previous "
                                "run is left as it was")
     assert _snapshot(out) == {"results.json": b"old"}
+
+
+def test_a_live_runs_staging_folder_is_kept_and_a_dead_ones_removed(tmp_path):
+    """Two runs sharing --out: the second removed every staging folder on start, the first's too, which then
+    published a results.json naming traces that were gone. Now only folders whose writer has exited go."""
+    from bubblescope.outdir import OWNER, PREFIX, RunFolder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        folders = {}
+        for name, pid in (("live", live.pid), ("dead", dead.pid), ("unowned", None)):
+            folders[name] = out / f"{PREFIX}{name}"
+            (folders[name] / "traces").mkdir(parents=True)
+            if pid is not None:
+                (folders[name] / OWNER).write_text(f"{pid}\n")
+        with RunFolder(out) as folder:
+            assert (folder.stage / OWNER).read_text() == f"{os.getpid()}\n"
+            assert folders["live"].is_dir() and not folders["dead"].exists() and not folders["unowned"].exists()
+    finally:
+        live.kill()
+        live.wait()
+
+
+@pytest.mark.slow  # a diagnose run in a child process, stopped by SIGTERM
+def test_sigterm_leaves_out_as_it_was(tmp_path):
+    """`timeout` and CI stop a run with SIGTERM: the staging folder stayed in --out (Ctrl-C removed it)."""
+    import time
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("previous")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    p = subprocess.Popen([sys.executable, "-m", "bubblescope", "diagnose", "model", "tiny-llama", "--engines",
+                          "reference", "--runs", "50", "--out", str(out)], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(out.glob(".bubblescope-partial-*")) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM
+    assert sorted(x.name for x in out.iterdir()) == ["results.json"] and (out / "results.json").read_text() == "previous"

@@ -653,6 +653,12 @@ class _Stream:
         return getattr(self._stream, name)
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM / SIGHUP: leave as Ctrl-C does (staging folders removed, ``--out`` as it was), with the shell's
+    status for a death by that signal (128 + its number)."""
+    raise SystemExit(128 + signum)
+
+
 def _say_stream_error(e: OSError) -> None:
     """One line on standard error (where it still takes one) for a failed write to the terminal's streams, both
     then pointed at the null device so that the interpreter's own flush at exit prints no traceback."""
@@ -680,6 +686,9 @@ def main() -> None:
     import signal
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    for name in ("SIGTERM", "SIGHUP"):  # `timeout`, CI and a closed terminal end a run as Ctrl-C does
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _terminated)
     streams = sys.stdout, sys.stderr = _Stream(sys.stdout), _Stream(sys.stderr)
     try:
         rc = app(standalone_mode=False)

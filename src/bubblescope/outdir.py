@@ -6,8 +6,9 @@
 ones (renames on one file system), so ``OUT`` holds either the previous complete run or the new one, never a
 mix: traces of engines the new run did not measure go with the old ``traces/``, and a ``tp.json`` left by a
 tensor-parallel run goes when a single-process run is published (its traces are gone), and the other way
-round. An interrupted run (Ctrl-C, an exception) removes its staging folder and leaves ``OUT`` as it was; one
-killed outright leaves a staging folder that the next run removes. Other files in ``OUT`` are never touched.
+round. An interrupted run (Ctrl-C, SIGTERM, SIGHUP, an exception) removes its staging folder and leaves ``OUT`` as
+it was; one killed outright leaves a staging folder that the next run removes, unless the process that wrote it
+(its ``.owner`` file) still runs: two runs may share ``OUT``. Other files in ``OUT`` are never touched.
 Since ``traces/`` is replaced whole, a run refuses to start (:func:`check_out_dir`) while ``OUT/traces/`` holds
 anything a run does not write there (:func:`foreign_trace`): only ``<engine>.json.gz`` and
 ``<engine>-rank<r>.json.gz`` files are a run's.
@@ -99,6 +100,35 @@ def check_out_dir(out: str | os.PathLike) -> None:
     _refuse_foreign(out, "move it away or choose another --out")
 
 
+OWNER = ".owner"  # in each staging folder: the process id of the run writing it
+
+
+def _owned_temp_dir(out: Path) -> Path:
+    """A new staging folder in ``out`` holding :data:`OWNER` (this process's id), so that a run starting beside
+    it can tell a live run's folder from one left by a run that was killed outright."""
+    path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=out))
+    (path / OWNER).write_text(f"{os.getpid()}\n")
+    return path
+
+
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process named by ``folder``'s :data:`OWNER` still runs (on this machine); False where the file
+    is missing or unreadable (a folder of a run killed before writing it, or of an older version)."""
+    try:
+        pid = int((folder / OWNER).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    if pid == os.getpid():
+        return False  # this process's own leftover (an earlier run in it), not a live neighbour
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
+
+
 class RunFolder:
     """Context manager: ``with RunFolder(out) as stage: ...write under stage...; publish()``.
 
@@ -121,8 +151,9 @@ class RunFolder:
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             for stale in self.out.glob(PREFIX + "*"):  # left by a run that was killed outright
-                shutil.rmtree(stale, ignore_errors=True)
-            self.stage = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
+                if not _owner_alive(stale):  # another run's, still writing: not stale
+                    shutil.rmtree(stale, ignore_errors=True)
+            self.stage = _owned_temp_dir(self.out)
         except OSError as exc:
             raise BubblescopeError(f"--out {self.out}: cannot create the output directory "
                                    f"({exc.strerror or type(exc).__name__})") from None
@@ -162,7 +193,7 @@ class RunFolder:
         """
         if "traces" in self.owned:  # put there while the run measured
             _refuse_foreign(self.out, "the previous run is left as it was")
-        trash = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.out))
+        trash = _owned_temp_dir(self.out)
         done: list[tuple[Path, Path]] = []  # (from, to) of each move made, to undo
         try:
             for name in self.owned:
