@@ -211,6 +211,11 @@ def test_the_prefill_option_reaches_the_engine(tmp_path, monkeypatch, command, w
     (["diagnose", "model", "tiny-llama", "--engines", "reference,hf", "--prefill", "stepwise", "--out", "OUT"],
      "--prefill stepwise: none of the engines (reference, hf) has a prefill choice; token-by-token prefill is the "
      "megakernel engines' ablation"),
+    # auto stands for the reference on a CPU: the ablation was run as a batched prefill and recorded as stepwise
+    (["diagnose", "model", "tiny-llama", "--engines", "auto", "--prefill", "stepwise", "--out", "OUT"],
+     "--prefill stepwise: auto chose reference (no CUDA device (cpu)"),
+    (["generate", "tiny-llama", "--prompt-ids", "1", "--engine", "auto", "--prefill", "stepwise"],
+     "--prefill stepwise: auto chose reference (no CUDA device (cpu)"),
     (["diagnose", "model", "tiny-llama", "--tp", "2", "--prefill", "stepwise", "--out", "OUT"],
      "--prefill stepwise: not supported with --tp"),
     (["tune", "tiny-llama", "--knob", "block_k", "--values", "16", "--prefill", "x", "--out", "OUT"],

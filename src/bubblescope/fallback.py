@@ -70,6 +70,7 @@ def build_auto(build: Callable, weights, max_seq_len: int, params=None, prefill:
 
     Raises:
         EngineUnavailable: neither engine can run (the reference's own reason).
+        BubblescopeError: ``prefill`` ``stepwise`` where the choice is the reference (no such ablation there).
     """
     name, reason = choose_auto(weights)
     if name == PRIMARY:
@@ -84,6 +85,9 @@ def build_auto(build: Callable, weights, max_seq_len: int, params=None, prefill:
         else:
             return (FallbackDecoder(primary, lambda: build(BACKUP, weights, max_seq_len)),
                     {"engine": PRIMARY, "reason": reason})
+    if prefill == "stepwise":  # the ablation does not exist on the backup: refused, not run as batched
+        raise BubblescopeError(f"--prefill stepwise: auto chose {BACKUP} ({reason}), which prefills the prompt in "
+                               "one batched forward; token-by-token prefill is the megakernel engines' ablation")
     if params is not None:
         reason += "; the tuned megakernel parameters are not used"
     return build(BACKUP, weights, max_seq_len), {"engine": BACKUP, "reason": reason}
