@@ -206,3 +206,90 @@ def test_sigterm_leaves_out_as_it_was(tmp_path):
     p.wait(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM
     assert sorted(x.name for x in out.iterdir()) == ["results.json"] and (out / "results.json").read_text() == "previous"
+
+
+# ---- bubblescope profile on a full disk ---------------------------------------------------------------------
+
+# A decode loop of one nn.Linear per step; exits with status RC (default 0).
+LOOP = ("import os, sys, torch\n"
+        "m = torch.nn.Linear(16, 16)\n"
+        "x = torch.randn(1, 16)\n"
+        "with torch.no_grad():\n"
+        "    for _ in range(60):\n"
+        "        x = m(x)\n"
+        "print('loop done')\n"
+        "sys.exit(int(os.environ.get('RC', '0')))\n")
+PROFILE_ARGS = ["profile", "--out", "pout", "--skip", "30", "--steps", "5", "--", sys.executable, "loop.py"]
+STATE_LIMIT = 600  # room for the runner's configuration, not for its state once the window has begun
+# (30 step times of about 17 digits each)
+
+
+def _previous_profile(tmp_path: Path) -> dict[str, bytes]:
+    """A whole previous ``profile`` run in ``tmp_path/pout``: its files by name."""
+    (tmp_path / "loop.py").write_text(LOOP)
+    r = subprocess.run([sys.executable, "-m", "bubblescope", *PROFILE_ARGS], cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    previous = _snapshot(tmp_path / "pout")
+    assert sorted(previous) == ["profile.html", "profile.json", "profile.trace.json.gz"]
+    return previous
+
+
+@pytest.mark.slow  # two profiled runs of a small program
+def test_profile_whose_state_cannot_be_written_keeps_the_previous_run(tmp_path):
+    """The runner's state file is over the limit once the window has begun: no traceback from the runner, the
+    program's output passes through, nothing is published (the trace is never kept alone), no staging folder is
+    left, and the error is one line naming --out as typed."""
+    previous = _previous_profile(tmp_path)
+    r = _limited(PROFILE_ARGS, STATE_LIMIT, tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout.strip() == "loop done"
+    assert "Traceback" not in r.stderr and "wrote" not in r.stderr
+    assert _error_line(r.stderr) == (f"error: --out pout: cannot write the run's files ({EFBIG}); the previous run "
+                                     "is left as it was")
+    assert _snapshot(tmp_path / "pout") == previous  # byte for byte; nothing added
+
+
+@pytest.mark.slow  # two profiled runs of a small program
+def test_profile_of_a_failing_program_on_a_full_disk_keeps_its_exit_status(tmp_path):
+    previous = _previous_profile(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RC": "3"}
+    r = subprocess.run([sys.executable, "-m", "bubblescope", *PROFILE_ARGS], cwd=tmp_path, env=env,
+                       preexec_fn=_cap(STATE_LIMIT), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stderr  # the program's own status
+    assert r.stdout.strip() == "loop done"
+    assert "Traceback" not in r.stderr
+    assert _error_line(r.stderr).startswith("error: --out pout: cannot write the run's files (")
+    assert _snapshot(tmp_path / "pout") == previous
+
+
+def test_profile_whose_trace_was_cut_short_publishes_nothing(tmp_path, monkeypatch):
+    """Kineto renames its trace into place even when its last write failed (a full disk): the trace ends early.
+    Such a trace is never published in place of the previous run's files."""
+    from typer.testing import CliRunner
+
+    from bubblescope import profile_program as pp
+    from bubblescope.cli import app
+
+    def cut_short(program, stage, skip, steps, seconds):
+        (stage / pp.RAW_TRACE).write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::li')
+        state = {"status": "exited", "trace": str(stage / pp.RAW_TRACE), "first_step": 2, "steps_counted": 8,
+                 "window_ns": [0, 1000, 2000], "reference_ns": [], "closed_by": "length", "skip": 2, "steps": 2}
+        return 0, state
+
+    monkeypatch.setattr(pp, "run_program", cut_short)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "decode.py").write_text("print('decoding')\n")
+    out = tmp_path / "pout"
+    out.mkdir()
+    previous = {name: f"previous {name}".encode() for name in pp.OUT_FILES}
+    for name, data in previous.items():
+        (out / name).write_bytes(data)
+    r = CliRunner().invoke(app, ["profile", "--out", "pout", "--skip", "2", "--steps", "2", "--", sys.executable,
+                                 "decode.py"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == ("error: --out pout: cannot write profile.trace.json.gz (the profiler's trace ends "
+                                "early: its last write failed, as on a full disk); the previous run is left as it "
+                                "was")
+    assert _snapshot(out) == previous  # no staging folder, nothing replaced

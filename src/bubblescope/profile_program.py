@@ -29,6 +29,10 @@ OUT_FILES = ("profile.json", "profile.html", "profile.trace.json.gz")
 TRACE_NAME = "profile.trace.json.gz"
 RAW_TRACE = "window.trace.json"
 STATE = "state.json"
+# What the trace reader says of a file that ends early (profiler.trace.window / walk): Kineto renames its trace
+# into place even when its last write failed, so a trace cut short is a write that failed, not a bad trace.
+TRUNCATED = "(truncated?)"
+CUT_SHORT = "the profiler's trace ends early: its last write failed, as on a full disk"
 WARMUP_STEPS = 1  # profiled steps before the window: the profiler's own warm-up (profile_runner.StepWindow)
 # Skipped steps left out of the unprofiled baseline: the first call is the prompt's prefill, the next carries the
 # one-time work of a first decode (compilation, CUDA-graph capture, allocator growth)
@@ -46,38 +50,79 @@ def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: in
     Returns:
         The exit status (negative: killed by that signal) and the runner's state dict (keys of
         :meth:`~bubblescope.profile_runner.Recorder.write_state`), or ``{"status": "no-state"}`` when the
-        program ended before the runner could write one (``os._exit``, a signal).
+        program ended before the runner could write one (``os._exit``, a signal). Where a state write of the
+        runner failed (a full disk), ``state["write_error"]`` is its OS error (``No space left on device``), sent
+        through a pipe, since the state file on disk is then stale or absent.
 
     Raises:
+        OutputNotWritten: the runner's configuration cannot be written into ``stage`` (a full disk), before the
+            program runs.
         BubblescopeError: the interpreter cannot be started.
     """
+    from .errors import OutputNotWritten, os_reason
+
     stage = Path(stage).absolute()  # the program may change its working directory
-    config = {"skip": skip, "steps": steps, "seconds": seconds, "trace": str(stage / RAW_TRACE),
-              "state": str(stage / STATE)}
+    read_end, write_end = os.pipe()
     try:
-        (stage / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    except OSError as exc:  # a full disk: said before the program runs
-        raise BubblescopeError(f"--out {stage.parent}: cannot write there ({exc.strerror or type(exc).__name__})") \
-            from None
-    argv = [program.interpreter, *program.flags, str(RUNNER), str(stage / "config.json"), *program.target]
-    try:
-        proc = subprocess.Popen(argv)
-    except OSError as exc:
-        raise BubblescopeError(f"COMMAND {program.interpreter}: cannot be started "
-                               f"({exc.strerror or type(exc).__name__})") from None
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
+        config = {"skip": skip, "steps": steps, "seconds": seconds, "trace": str(stage / RAW_TRACE),
+                  "state": str(stage / STATE), "report_fd": write_end}
+        try:
+            (stage / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        except OSError as exc:  # a full disk: said before the program runs, for --out (RunFolder)
+            raise OutputNotWritten(f"{stage}: cannot write ({os_reason(exc)})", None, os_reason(exc)) from None
+        argv = [program.interpreter, *program.flags, str(RUNNER), str(stage / "config.json"), *program.target]
+        try:
+            proc = subprocess.Popen(argv, pass_fds=(write_end,))
+        except OSError as exc:
+            raise BubblescopeError(f"COMMAND {program.interpreter}: cannot be started "
+                                   f"({exc.strerror or type(exc).__name__})") from None
+        os.close(write_end)
+        write_end = None
         try:
             code = proc.wait()
         except KeyboardInterrupt:
-            proc.kill()
-            code = proc.wait()
+            try:
+                code = proc.wait()
+            except KeyboardInterrupt:
+                proc.kill()
+                code = proc.wait()
+        reports = _read_reports(read_end)
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)
     try:
         state = json.loads((stage / STATE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         state = {"status": "no-state"}
+    failed = [r["write_error"] for r in reports if isinstance(r.get("write_error"), str)]
+    if failed:
+        state = {**state, "write_error": failed[0]}
     return code, state
+
+
+def _read_reports(fd: int) -> list[dict]:
+    """The runner's report lines (JSON objects) waiting in the pipe ``fd``. Read without blocking: a process the
+    program forked may still hold the pipe open, and the runner wrote its lines before it exited."""
+    os.set_blocking(fd, False)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    reports = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            reports.append(doc)
+    return reports
 
 
 def step_ms(boundaries_ns: list[int]) -> list[float]:
@@ -286,27 +331,50 @@ def profile_program(program: Program, out: str | os.PathLike, skip: int, steps: 
     renames, :class:`~bubblescope.outdir.RunFolder`): ``out`` keeps the previous run's files whole whatever fails.
 
     A program that fails, or ends inside the window, still has what was recorded reported, with a note; one that
-    ends before the window leaves ``out`` as it was. Where the trace is written but cannot be analysed, the trace
-    alone is published.
+    ends before the window leaves ``out`` as it was. Where the trace is written whole but cannot be analysed, the
+    trace alone is published. Where the recording is incomplete because a write failed (a full disk: a state
+    write of the runner failed, or the trace ends early), nothing is published: ``out`` keeps the previous run,
+    and the error names ``out`` and the OS error; the exit status is the program's when it failed, else 2.
 
     Raises:
         BubblescopeError: ``out`` cannot be created or written, a refused analysis option (both before the
             program runs), or the outputs cannot be written (nothing published then).
     """
+    from .errors import OutputNotWritten
     from .outdir import RunFolder
+
+    analysis = check_analysis(analysis)
+    out = Path(out)
+    ran: dict = {}  # the program's exit status and failure note, once it has run
+    try:
+        return _profile_into(RunFolder(out, owned=OUT_FILES), program, skip, steps, seconds, idle_threshold_us,
+                             analysis, command, ran)
+    except OutputNotWritten as exc:  # nothing published; the program's own failure status passes through
+        if not ran.get("status"):
+            raise
+        return ProfileOutcome(ran["status"], None, ran["notes"], str(exc), [])
+
+
+def _profile_into(folder, program: Program, skip: int, steps: int | None, seconds: float | None,
+                  idle_threshold_us: float, analysis: dict, command: str | None, ran: dict) -> ProfileOutcome:
+    """:func:`profile_program` in the run folder ``folder`` (:class:`~bubblescope.outdir.RunFolder`); the
+    program's exit status and failure notes are put into ``ran`` (``status``, ``notes``) once it has run."""
+    from .errors import OutputNotWritten
     from .reports.profile_report import not_reached_message, outcome_lines
     from .reports.trace_html import write_trace_html
     from .reports.trace_result import write_trace_result
 
-    analysis = check_analysis(analysis)
-    out = Path(out)
+    out = folder.out
     final = str(out / TRACE_NAME)
-    with RunFolder(out, owned=OUT_FILES) as folder:
+    with folder:
         stage = folder.stage
         code, state = run_program(program, stage, skip, steps, seconds)
         status = exit_status(code)
         section = profile_section(state, status, program, None)
         failed = [f"{program.label}: exited with status {status}"] if status else []
+        ran.update(status=status, notes=failed)
+        if state.get("write_error"):  # the state file is stale or absent, the trace perhaps cut short
+            raise OutputNotWritten(f"{stage}: cannot write ({state['write_error']})", None, state["write_error"])
         if section["status"] == "not-reached":
             return ProfileOutcome(status or 2, None, failed, not_reached_message(section, state, program.label), [])
         compress_trace(stage / RAW_TRACE, stage / TRACE_NAME)
@@ -315,6 +383,9 @@ def profile_program(program: Program, out: str | os.PathLike, skip: int, steps: 
         try:
             summary = analyse_window(stage / TRACE_NAME, idle_threshold_us, analysis)
         except BubblescopeError as exc:
+            if TRUNCATED in str(exc):  # Kineto's last write failed unseen (a full disk): never published
+                raise OutputNotWritten(f"{stage / TRACE_NAME}: {CUT_SHORT}", stage / TRACE_NAME, CUT_SHORT) \
+                    from None
             folder.publish()
             return ProfileOutcome(status or 2, None, failed, f"{exc}; the trace is kept as {final}", [Path(final)])
         section = profile_section(state, status, program, summary["files"][0])

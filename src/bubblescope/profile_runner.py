@@ -16,7 +16,9 @@ The window (:class:`StepWindow`): after ``skip`` steps the profiler starts, runs
 ``seconds``), stops and writes the trace; then as many steps again are timed without it, so the profiler's cost
 per step can be stated from the same hooks' timestamps. The program's stdout, stderr and exit status are its
 own. The state file (CONFIG's ``state``) is written at the window's start, at its end and at exit, atomically,
-so a program that is killed after the window still leaves its trace and counts behind.
+so a program that is killed after the window still leaves its trace and counts behind. A state write that fails
+(a full disk) does not stop the program: its OS error goes to ``bubblescope profile`` through a pipe (CONFIG's
+``report_fd``), which then publishes nothing.
 """
 
 from __future__ import annotations
@@ -131,6 +133,17 @@ class StepWindow:
         self._after_stop = True
 
 
+def _report(fd: int | None, doc: dict) -> None:
+    """Tell ``bubblescope profile`` ``doc`` through the pipe it passed (CONFIG's ``report_fd``): one JSON line,
+    which needs no disk space; nothing when there is no pipe or it is closed."""
+    if fd is None:
+        return
+    try:
+        os.write(fd, (json.dumps(doc) + "\n").encode("utf-8"))
+    except (OSError, ValueError):
+        pass
+
+
 def _atomic_json(path: str, doc: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=os.path.dirname(path) or ".")
     try:
@@ -181,6 +194,13 @@ class Recorder:
         self.quiet = _quiet()
         self.error: str | None = None
         self.closed_by: str | None = None  # what ended the window: "length" or "program-end"
+        self.report_fd: int | None = config.get("report_fd")
+        self.write_error: str | None = None  # the first state write that failed (a full disk): the OS error
+        if self.report_fd is not None:
+            try:  # the program's own child processes do not get the pipe
+                os.set_inheritable(self.report_fd, False)
+            except OSError:
+                self.report_fd = None
 
     def enter(self, key: str) -> bool:
         """An outermost call of ``key`` begins (only then does it count): True when it was counted, and the
@@ -248,6 +268,17 @@ class Recorder:
             self.window.phase = "done"
 
     def write_state(self, status: str, exit_code: int | None = None, message: str | None = None) -> None:
+        """Write the state file (atomically). A write that fails (a full disk, the file size limit) never ends
+        the program: its OS error is sent to ``bubblescope profile`` through the report pipe (:func:`_report`),
+        the first time only, and the recording then counts as incomplete there."""
+        try:
+            self._write_state(status, exit_code, message)
+        except OSError as exc:
+            if self.write_error is None:
+                self.write_error = exc.strerror or (os.strerror(exc.errno) if exc.errno else type(exc).__name__)
+                _report(self.report_fd, {"write_error": self.write_error, "status": status})
+
+    def _write_state(self, status: str, exit_code: int | None, message: str | None) -> None:
         w = self.window
         _atomic_json(self.config["state"], {
             "schema": STATE_SCHEMA, "status": status, "exit_code": exit_code, "message": message,
