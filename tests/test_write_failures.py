@@ -293,3 +293,31 @@ def test_profile_whose_trace_was_cut_short_publishes_nothing(tmp_path, monkeypat
                                 "early: its last write failed, as on a full disk); the previous run is left as it "
                                 "was")
     assert _snapshot(out) == previous  # no staging folder, nothing replaced
+
+
+@pytest.mark.slow  # a profiled program in a child process, stopped by SIGTERM
+def test_sigterm_to_profile_stops_the_program_and_leaves_out_as_it_was(tmp_path):
+    """SIGTERM to `bubblescope profile` left its program running, still writing into the removed staging folder."""
+    import time
+
+    (tmp_path / "loop.py").write_text("import time\nimport torch\nm = torch.nn.Linear(4, 4)\nx = torch.randn(1, 4)\n"
+                                      "for _ in range(100000):\n    m(x)\n"
+                                      "    with open('beat', 'a') as f:\n        f.write('x')\n"
+                                      "    time.sleep(0.01)\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    p = subprocess.Popen([sys.executable, "-m", "bubblescope", "profile", "--out", str(out), "--skip", "2", "--steps",
+                          "100000", "--", sys.executable, "loop.py"], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "beat").exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1)
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM
+    beats = (tmp_path / "beat").stat().st_size
+    time.sleep(1)
+    assert (tmp_path / "beat").stat().st_size == beats  # the program is gone: no beat since
+    assert not out.exists() or list(out.iterdir()) == []

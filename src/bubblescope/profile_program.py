@@ -45,7 +45,8 @@ def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: in
 
     The program inherits this process's stdin, stdout, stderr and environment. A first Ctrl-C reaches the
     program too (one process group) and is waited out, so the runner can close its window and write what it
-    recorded; a second one kills the program.
+    recorded; a second one kills the program. SIGTERM or SIGHUP to this process stops the program as well
+    (terminated, killed after 10 s), so nothing goes on writing into ``stage`` once the run is over.
 
     Returns:
         The exit status (negative: killed by that signal) and the runner's state dict (keys of
@@ -86,6 +87,14 @@ def run_program(program: Program, stage: str | os.PathLike, skip: int, steps: in
             except KeyboardInterrupt:
                 proc.kill()
                 code = proc.wait()
+        except SystemExit:  # SIGTERM / SIGHUP to bubblescope (cli._terminated): the program is stopped too
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
         reports = _read_reports(read_end)
     finally:
         os.close(read_end)
