@@ -86,11 +86,17 @@ def build_auto(build: Callable, weights, max_seq_len: int, params=None, prefill:
             return (FallbackDecoder(primary, lambda: build(BACKUP, weights, max_seq_len)),
                     {"engine": PRIMARY, "reason": reason})
     if prefill == "stepwise":  # the ablation does not exist on the backup: refused, not run as batched
-        raise BubblescopeError(f"--prefill stepwise: auto chose {BACKUP} ({reason}), which prefills the prompt in "
-                               "one batched forward; token-by-token prefill is the megakernel engines' ablation")
+        raise stepwise_refused(BACKUP, reason)
     if params is not None:
         reason += "; the tuned megakernel parameters are not used"
     return build(BACKUP, weights, max_seq_len), {"engine": BACKUP, "reason": reason}
+
+
+def stepwise_refused(chosen: str, reason: str) -> BubblescopeError:
+    """The error for ``--prefill stepwise`` where ``auto`` chose ``chosen`` (for ``reason``), an engine that
+    prefills in one batched forward: run as batched, the ablation would be mislabelled."""
+    return BubblescopeError(f"--prefill stepwise: auto chose {chosen} ({reason}), which prefills the prompt in one "
+                            "batched forward; token-by-token prefill is the megakernel engines' ablation")
 
 
 class FallbackDecoder:

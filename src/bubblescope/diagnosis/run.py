@@ -64,9 +64,8 @@ def diagnose(model: str | None = None, checkpoint: str | None = None, engines: l
     cfg = loaded.config
     names, auto = resolve_auto(list(plan.engines), loaded.weights)
     if work.prefill == "stepwise" and not any(takes_prefill(n) for n in names):  # auto chose the reference
-        raise BubblescopeError(f"--prefill stepwise: auto chose {auto['engine']} ({auto['reason']}), which "
-                               "prefills the prompt in one batched forward; token-by-token prefill is the megakernel "
-                               "engines' ablation")
+        from ..fallback import stepwise_refused
+        raise stepwise_refused(auto["engine"], auto["reason"])
     # the trace's warm-up steps (3 unprofiled, PROFILE_WARMUP_STEPS profiled) fit in the generated length
     max_seq = check_positions(cfg, work.prompt_len, work.gen_len, work.profile_steps, work.context_sweep)
     if plan.write:

@@ -56,8 +56,9 @@ LATENCY_NOTE = ("TPOT: time per output token after the first (host wall time, to
                 "every decode step of the timed runs; tok/s: 1000 / the mean TPOT, which a slow tail pulls below "
                 "1000 / p50; TTFT: time to the first token (prefill and its sampling); "
                 "end to end: the measured generation time of one request (median over the timed runs), or ~ TTFT + "
-                "(n − 1) × TPOT p50 where it was not recorded; decode: end to end − TTFT; first run: the first, untimed generation in this "
-                "process (compiles, graph captures, allocator growth), its TPOT p50 and TTFT")
+                "(n − 1) × TPOT p50 where it was not recorded; decode: end to end − TTFT; first run: the first, "
+                "untimed generation in this process (compiles, graph captures, allocator growth), its TPOT p50 and "
+                "TTFT")
 
 
 def latency_note(doc: dict) -> str:
