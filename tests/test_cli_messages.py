@@ -329,3 +329,16 @@ def test_mode_with_another_engine_than_the_reference_is_refused():
     assert (r.exit_code, r.stdout) == (2, "")
     assert r.stderr == ("error: --mode compile: sets the reference engine's mode, not --engine megakernel's; leave "
                         "--mode out, or use --engine reference\n")
+
+
+@pytest.mark.parametrize("value", ["1,,2", "1_0", "\u0661\u0662", "1 2", "0x10", "+-1"])
+def test_prompt_ids_refuses_what_is_not_a_comma_separated_list_of_integers(value):
+    r = _cli("generate", "tiny-llama", "--device", "cpu", "--prompt-ids", value, "--max-new-tokens", "1")
+    assert r.exit_code == 2, r.output
+    assert f"--prompt-ids: expected comma-separated integers, got {value!r}" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_prompt_ids_accepts_spaces_around_its_commas():
+    r = _cli("generate", "tiny-llama", "--device", "cpu", "--prompt-ids", " 1, 2 ,3", "--max-new-tokens", "1")
+    assert r.exit_code == 0, r.output

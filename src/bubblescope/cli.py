@@ -6,6 +6,7 @@ Exit codes: 0 success; 1 a gate check failed; 2 bad input (a one-line ``error:``
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -86,12 +87,21 @@ def user_errors(fn):
 
 
 def _ints(text: str | None, label: str) -> list[int] | None:
+    """``text`` as integers: items separated by one comma (spaces around it allowed), each an optional minus and
+    ASCII digits; Python's ``int`` alone would also take ``1_0`` and non-ASCII digits, and splitting on runs of
+    separators would skip the empty item of ``1,,2``. ``[]`` for text with no items; None when ``text`` is None.
+
+    Raises:
+        BubblescopeError: any other text, naming ``label``.
+    """
     if text is None:
         return None
-    try:
-        return [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise BubblescopeError(f"{label}: expected comma-separated integers, got {text!r}") from None
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        return []  # the caller names what was missing ("no token ids in ...")
+    if not all(re.fullmatch(r"-?[0-9]+", t, flags=re.ASCII) for t in items):
+        raise BubblescopeError(f"{label}: expected comma-separated integers, got {text!r}")
+    return [int(t) for t in items]
 
 
 def _path(path: Path | None, label: str) -> Path | None:
