@@ -202,3 +202,13 @@ def counters_section() -> dict:
                       "stalls": {}}]},
         {"engine": "hf", "available": False, "reason": "ERR_NVGPUCTRPERM: no permission to read counters",
          "command": cmd, "kernel_regex": None, "launch_skip": 0, "launch_count": 1, "kernels": []}]}
+
+
+def idle(eng: dict, ratio: float | None) -> dict:
+    """Set ``eng``'s GPU idle share to ``ratio`` (None: not measured) where a document holds it: the profiled
+    window's ``timeline.bubble_ratio`` and ``timeline.gpu_busy_us_per_step`` = (1 − ratio) × the timed p50 in µs
+    (a hand-built step whose profiled and timed lengths agree). Returns ``eng["timeline"]``."""
+    tl, p50 = eng["timeline"], eng["latency"]["token_ms_p50"]
+    tl["bubble_ratio"] = ratio
+    tl["gpu_busy_us_per_step"] = None if ratio is None else round((1 - ratio) * p50 * 1e3, 6)
+    return tl

@@ -30,8 +30,8 @@ def test_silent_on_healthy_and_on_unmeasured_documents():
 
 def test_launch_bound():
     doc = g.healthy_doc()
-    tl = g.engine(doc, "reference-cudagraph")["timeline"]
-    tl.update(bubble_ratio=0.62, kernels_per_step=412, launches_per_step=412, launch_share=0.55)
+    tl = g.idle(g.engine(doc, "reference-cudagraph"), 0.62)
+    tl.update(kernels_per_step=412, launches_per_step=412, launch_share=0.55)
     f = _only(find(doc), "launch-bound")
     assert f["engine"] == "reference-cudagraph" and f["severity"] == "problem"
     # 0.62 of the 1.1 ms step (the p50 the latency table shows) = 682 µs
@@ -42,18 +42,20 @@ def test_launch_bound():
 
 def test_launch_bound_thresholds_are_inclusive_and_need_both_inputs():
     doc = g.healthy_doc()
-    tl = g.engine(doc, "reference-cudagraph")["timeline"]
-    tl.update(bubble_ratio=0.5, kernels_per_step=100, launches_per_step=100)
+    ref = g.engine(doc, "reference-cudagraph")
+    tl = g.idle(ref, 0.5)
+    tl.update(kernels_per_step=100, launches_per_step=100)
     assert [f["rule"] for f in _engine_findings(doc)] == ["launch-bound"]
-    tl.update(bubble_ratio=0.49)
+    g.idle(ref, 0.49)
     assert _engine_findings(doc) == []
-    tl.update(bubble_ratio=0.9, kernels_per_step=None)
+    g.idle(ref, 0.9)
+    tl.update(kernels_per_step=None)
     assert _engine_findings(doc) == []
 
 
 def test_bubble_bound_on_a_graphed_step():
     doc = g.healthy_doc()
-    g.engine(doc, "reference-cudagraph")["timeline"]["bubble_ratio"] = 0.31
+    g.idle(g.engine(doc, "reference-cudagraph"), 0.31)
     f = _only(find(doc), "bubble-bound")
     assert f["engine"] == "reference-cudagraph" and f["severity"] == "warn"
     assert f["evidence"] == {"bubble_ratio": 0.31, "launches_per_step": 1, "kernels_per_step": 180,
@@ -83,7 +85,7 @@ def test_host_gaps_between_megakernel_steps_are_no_bubble():
 def test_bubbles_at_the_measured_ceiling_are_not_bubble_bound():
     doc = g.healthy_doc()
     ref = g.engine(doc, "reference-cudagraph")
-    ref["timeline"]["bubble_ratio"] = 0.31
+    g.idle(ref, 0.31)
     ref["bandwidth"]["util_copy"] = 0.96
     assert [f["rule"] for f in _engine_findings(doc)] == ["near-bandwidth-limit"]
 
@@ -92,17 +94,20 @@ def test_gpu_idle_between_a_few_kernels_is_a_finding():
     """81 kernels at 78 % idle: too few kernels for launch-bound, too many launches for bubble-bound; the rule
     between them names where the idle time goes."""
     doc = g.healthy_doc()
-    tl = g.engine(doc, "reference-cudagraph")["timeline"]
-    tl.update(bubble_ratio=0.78, kernels_per_step=81, launches_per_step=81)
-    tl["idle"].update(host_wait_us=800.0, kernel_wait_us=60.0)
+    ref = g.engine(doc, "reference-cudagraph")
+    tl = g.idle(ref, 0.78)
+    tl.update(kernels_per_step=81, launches_per_step=81)
+    tl["idle"].update(host_wait_us=800.0, kernel_wait_us=60.0)  # other_us 6.0
     f = _only(find(doc), "gpu-idle")
     assert f["severity"] == "problem"
-    assert f["title"] == ("GPU idle 78% of each step (858 µs of the 1,100 µs step) across 81 kernels: 800.0 µs "
+    # 858 µs idle in the timed step: the gaps between queued kernels (60) and the other gaps (6) keep their µs,
+    # the host's wait takes the rest (792), so the parts add up to the total
+    assert f["title"] == ("GPU idle 78% of each step (858 µs of the 1,100 µs step) across 81 kernels: 792.0 µs "
                           "waiting for the host, 60.0 µs in gaps between kernels per step")
-    assert "host" in f["advice"] and f["evidence"]["host_wait_per_step_us"] == 800.0
+    assert "host" in f["advice"] and f["evidence"]["host_wait_per_step_us"] == 792.0
     tl["idle"].update(host_wait_us=10.0, kernel_wait_us=700.0)
     assert "fewer, larger kernels" in _only(find(doc), "gpu-idle")["advice"]
-    tl.update(bubble_ratio=0.45)  # under half the step: not what limits it
+    g.idle(ref, 0.45)  # under half the step: not what limits it
     assert _engine_findings(doc) == []
 
 
@@ -311,6 +316,18 @@ def test_unstable_heavy_tail():
     assert _engine_findings(doc) == []
 
 
+def test_unstable_title_and_evidence_print_a_figure_one_way():
+    """p50 10.80145 ms printed 10.801 in the title and 10.802 from its 4-decimal evidence (10.8015)."""
+    from bubblescope.reports.tables import evidence_text
+
+    doc = g.healthy_doc()
+    g.engine(doc, "megakernel")["latency"].update(token_ms_p50=10.80145, token_ms_p90=12.0, token_ms_p99=20.66546)
+    f = _only(find(doc), "unstable")
+    text = evidence_text(f["evidence"])
+    assert f["title"] == "Unstable latency: p99 20.665 ms is 1.91x the p50 10.801 ms"
+    assert "10.801" in text and "20.665" in text and "10.802" not in text and "20.666" not in text
+
+
 def _cpu_tail_doc(threads: dict | None) -> dict:
     doc = g.healthy_doc()
     doc["device"]["type"] = "cpu"
@@ -353,8 +370,7 @@ def test_skipped_engines_are_ignored_and_findings_fit_the_schema():
     hf = g.engine(doc, "hf")
     hf["latency"] = {"decode_share": 0.1}
     g.engine(doc, "megakernel")["bandwidth"]["util_copy"] = 0.97
-    g.engine(doc, "reference-cudagraph")["timeline"].update(bubble_ratio=0.7, kernels_per_step=300,
-                                                            launches_per_step=300)
+    g.idle(g.engine(doc, "reference-cudagraph"), 0.7).update(kernels_per_step=300, launches_per_step=300)
     found = find(doc)
     # Ladder order: reference-cudagraph before megakernel, whatever the document order; the document's rules last.
     assert [(f["engine"], f["rule"]) for f in found] == [("reference-cudagraph", "launch-bound"),
@@ -382,7 +398,7 @@ def _rung(doc: dict, name: str, p50: float, bubble: float | None = None, kernels
     eng = copy.deepcopy(g.engine(doc, "reference-cudagraph"))
     eng["name"] = name
     eng["latency"].update(token_ms_p50=p50, token_ms_p90=p50, token_ms_p99=p50)
-    eng["timeline"].update(bubble_ratio=bubble, kernels_per_step=kernels, launches_per_step=launches)
+    g.idle(eng, bubble).update(kernels_per_step=kernels, launches_per_step=launches)
     doc["engines"].append(eng)
     return eng
 

@@ -30,7 +30,7 @@ def test_a_failing_check_exits_1():
 def test_a_missing_metric_fails_closed():
     doc = g.healthy_doc()
     g.engine(doc, "megakernel")["intrakernel"]["wait_ratio"] = None
-    g.engine(doc, "megakernel")["timeline"]["bubble_ratio"] = None
+    g.idle(g.engine(doc, "megakernel"), None)
     report = run_gate(doc, max_bubble_ratio=0.5)
     (check,) = report.checks
     assert report.exit_code == 1 and check.measured is None and not check.passed

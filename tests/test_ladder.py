@@ -33,7 +33,7 @@ def _add(doc: dict, name: str, p50: float | None = None, status: str = "ok", rea
         eng.update(latency=None, bandwidth=None, timeline=None, correctness=None, sweep=[])
     else:
         eng["latency"].update(token_ms_p50=p50, token_ms_p90=p50, token_ms_p99=p50)
-        eng["timeline"].update(bubble_ratio=bubble, kernels_per_step=kernels, launches_per_step=launches)
+        g.idle(eng, bubble).update(kernels_per_step=kernels, launches_per_step=launches)
         if correctness:
             eng["correctness"].update(correctness)
     doc["engines"].append(eng)
@@ -189,7 +189,8 @@ def test_terminal_shows_the_ladder_its_fidelity_and_the_rungs_not_run():
     lines = [line.split() for line in text.splitlines()]
     assert ["reference-cudagraph", "1.100", "46.9", "%", "180", "0.060", "+2,300.0"] in lines
     assert ["megakernel", "0.800", "64.5", "%", "1", "0.050*", "+300.0"] in lines
-    assert ["megakernel", "in-kernel", "dependency", "wait", "0.00092", "2.4391", "no"] in lines
+    assert ["megakernel", "weight", "loads", "stalled", "behind", "dependency", "waits", "0.00092", "2.4391",
+            "no"] in lines
     assert ["reference", "baseline", "(a", "launch", "per", "op)", "0.00031", "2.4133", "yes"] in lines
     joined = " ".join(text.split())
     assert f"reference-fused-pdl — skipped: {PDL_REASON}" in joined
@@ -201,7 +202,7 @@ def test_html_shows_the_ladder_table():
     page = render_html(_fidelity_doc())
     section = page[page.index('id="ladder"'):page.index('id="categories"')]
     assert ("<td>megakernel</td><td class=\"num\">0.800</td><td class=\"num\">64.5 %</td><td class=\"num\">1</td>"
-            "<td class=\"num\">0.050*</td><td class=\"num\">+300.0</td><td>in-kernel dependency wait</td>"
+            "<td class=\"num\">0.050*</td><td class=\"num\">+300.0</td><td>weight loads stalled behind dependency waits</td>"
             "<td class=\"num\">0.00092</td><td class=\"num\">2.4391</td><td class=\"num\">no</td>") in section
     assert f"reference-fused-pdl — skipped: {PDL_REASON}" in section
     assert '<tr class="notok"><td>reference-fused-pdl</td>' in section
@@ -285,3 +286,48 @@ def test_a_cpu_run_says_its_megakernel_rungs_time_the_interpreter():
     assert tables.ladder_note(doc).endswith("on this CPU run the fused rungs time the Triton interpreter, not the "
                                             "kernel")
     assert tables.steps_note(g.null_metrics_doc()) is None  # no GPU timeline: no per-step figures to qualify
+
+
+def test_gpu_idle_is_the_timed_steps_share_not_the_profiled_windows():
+    """The profiler's cost per launch lengthens a host-bound step: an H200's graphed reference idled 29 % of its
+    profiled window, yet its GPU was busy 2,893 µs of each 3,305 µs timed step, so at most 412 µs (12.5 %) idle."""
+    from bubblescope.reports.ladder import bubble_us, idle_parts
+
+    doc = g.healthy_doc()
+    ref = g.engine(doc, "reference-cudagraph")
+    ref["latency"]["token_ms_p50"] = 3.305
+    ref["timeline"].update(bubble_ratio=0.29, gpu_busy_us_per_step=2893.0, kernels_per_step=81,
+                           idle={"host_wait_us": 900.0, "kernel_wait_us": 20.0, "other_us": 5.0})
+    ratio, source = bubble_ratio(ref)
+    assert source == GPU_IDLE and ratio == pytest.approx(412 / 3305, abs=1e-6)
+    assert bubble_us(ref) == pytest.approx(412.0, abs=0.01)
+    # the gaps between queued kernels and the other gaps keep their µs; the host's wait is the rest, so the parts
+    # add up to the idle µs the tables show
+    parts = idle_parts(ref)
+    assert parts["kernel_wait_us"] == 20.0 and parts["other_us"] == 5.0
+    assert parts["host_wait_us"] == pytest.approx(387.0, abs=0.01)
+    ref["timeline"]["idle"]["kernel_wait_us"] = 500.0  # more gap µs than the timed step has idle: cut to it
+    assert idle_parts(ref) == pytest.approx({"host_wait_us": 0.0, "kernel_wait_us": 412.0, "other_us": 0.0},
+                                            abs=0.01)
+    ref["timeline"]["gpu_busy_us_per_step"] = 3400.0  # busier than the timed step: no idle, not a negative one
+    assert bubble_ratio(ref) == (0.0, GPU_IDLE)
+    ref["timeline"]["gpu_busy_us_per_step"] = None  # no busy time recorded: the profiled window's own figure
+    assert bubble_ratio(ref) == (0.29, GPU_IDLE) and idle_parts(ref) is not None
+
+
+def test_the_verdict_quotes_the_bubble_the_tables_show():
+    """A megakernel step of two kernels (the kernel and the greedy pick): its table bubble is the GPU's idle share,
+    so the verdict must not lead with the in-kernel wait the table does not show (40 % against 0.180)."""
+    from bubblescope.reports.verdict import verdict
+
+    doc = g.healthy_doc()
+    mk = g.engine(doc, "megakernel")
+    mk["intrakernel"]["wait_ratio"] = 0.40
+    g.idle(mk, 0.18)["kernels_per_step"] = 2
+    assert bubble_ratio(mk) == (0.18, GPU_IDLE)
+    v = verdict(rederive(doc))
+    assert v["best"] == "megakernel" and "program-time" not in v["text"]
+    assert v["text"].startswith("Fastest: megakernel at 0.800 ms/token") and "GPU idle 18% of the step" in v["text"]
+    mk["timeline"]["kernels_per_step"] = 1  # one kernel: the in-kernel wait is the table's bubble and the verdict's
+    v = verdict(rederive(doc))
+    assert bubble_ratio(mk) == (0.40, IN_KERNEL) and "40% of program-time waiting on dependencies" in v["text"]

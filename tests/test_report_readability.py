@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -19,8 +20,8 @@ from bubblescope.reports.verdict import verdict
 def _launch_bound_doc() -> dict:
     """The hand-built H200 document with the CUDA-graph engine idle 62 % of each step across 412 kernels."""
     doc = g.healthy_doc()
-    g.engine(doc, "reference-cudagraph")["timeline"].update(bubble_ratio=0.62, kernels_per_step=412,
-                                                            launches_per_step=412, launch_share=0.55)
+    g.idle(g.engine(doc, "reference-cudagraph"), 0.62).update(kernels_per_step=412, launches_per_step=412,
+                                                              launch_share=0.55)
     doc["findings"] = find(doc)
     return doc
 
@@ -288,11 +289,25 @@ def test_verdict_action_for_the_gluon_kernel_does_not_ask_for_what_it_already_do
     mk["compile"]["implementation"] = "gluon"
     doc["findings"] = find(doc)
     assert verdict(doc)["action"].startswith("Shorten the dependency chain")
+    assert "dependency-chain table" not in verdict(doc)["action"]  # no edges recorded: no table to point at
+    mk["intrakernel"]["edges"] = [{"edge": "ATTN→OPROJ", "stages": 16, "hop_us_p50": 1.2, "hop_us_max": 3.0,
+                                   "span_us_p50": 9.5}]
+    doc["findings"] = find(doc)
+    assert "(the HTML report's dependency-chain table" in verdict(doc)["action"]
+    # the Triton kernel already prefetches into L2 before each wait: not asked to, pointed at what is left
     mk["compile"]["implementation"] = "triton"
     doc["findings"] = find(doc)
+    action = verdict(doc)["action"]
+    assert action.startswith("Each task's weights are already prefetched into L2") and "megakernel-gluon" in action
+    # the megakernel's bubble-bound finding (26 % in-kernel wait) gives the same advice the verdict takes
+    assert next(f for f in doc["findings"] if f["rule"] == "bubble-bound")["advice"] == action
+    # the ablation without prefetch is pointed at the rung that prefetches, whatever its implementation
+    mk["compile"]["prefetch"] = 0
+    doc["findings"] = find(doc)
+    assert verdict(doc)["action"].startswith("This kernel loads each task's weights only once")
+    mk["compile"].update(implementation=None, prefetch=None)
+    doc["findings"] = find(doc)
     assert verdict(doc)["action"].startswith("Hide the waits")
-    # the megakernel's bubble-bound finding (27 % in-kernel wait) gives the same advice the verdict takes
-    assert next(f for f in doc["findings"] if f["rule"] == "bubble-bound")["advice"].startswith("Hide the waits")
 
 
 def test_table_titles_fit_an_80_column_terminal_with_one_short_engine():
@@ -424,3 +439,22 @@ def test_the_latency_note_says_tok_per_s_comes_from_the_mean_tpot():
     render_results(g.healthy_doc(), console)
     assert "tok/s: 1000 / the mean TPOT" in " ".join(console.export_text().split())
     assert "tok/s: 1000 / the mean TPOT" in render_html(g.healthy_doc())
+
+
+def test_verdict_says_when_the_fastest_by_p50_is_not_the_fastest_request():
+    """A CPU run: reference-compile's p50 0.433 ms beat the eager reference's 0.858, but its mean TPOT was
+    15.369 ms (recompiles in the timed steps) and its request took 88.1 ms end to end against 28.9."""
+    doc = g.healthy_doc()
+    doc["engines"] = [e for e in doc["engines"] if e["name"] == "reference-cudagraph"]
+    fast = doc["engines"][0]
+    fast["latency"].update(token_ms_p50=0.433, token_ms_mean=15.369, e2e_ms=88.1, ttft_ms=1.6)
+    steady = copy.deepcopy(fast)
+    steady["name"] = "reference"
+    steady["latency"].update(token_ms_p50=0.858, token_ms_mean=0.902, e2e_ms=28.9, ttft_ms=1.4)
+    doc["engines"].insert(0, steady)
+    text = verdict(doc)["text"]
+    assert text.startswith("Fastest: reference-cudagraph at 0.433 ms/token")
+    assert text.endswith(" Per request, reference finishes first (28.9 against 88.1 ms end to end): "
+                         "reference-cudagraph's mean TPOT 15.369 ms is 35.5x its p50, slow steps the median hides.")
+    fast["latency"].update(e2e_ms=34.0)  # 1.18x: within the noise of two orders, not said
+    assert "Per request" not in verdict(doc)["text"]

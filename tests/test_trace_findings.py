@@ -289,3 +289,34 @@ def test_gpu_idle_for_the_host_in_one_step_is_a_finding(tmp_path):
 def test_gpu_idle_silent_while_the_gpu_is_mostly_busy(tmp_path):
     busy, _ = _find(tmp_path, gap_events())  # 25 % of the window idle across 50 kernels: kernel gaps only
     assert _rules(busy) == ["kernel-gaps"]
+
+
+def _bandwidth_entry(busy_us: float, nbytes: int, floor_us: float, util: float) -> dict:
+    """A file entry with a median GPU busy time per step and a bandwidth summary, numbers typed in by hand."""
+    return {"path": "t.json", "rank": None, "steps": {"gpu_busy_us_per_step": busy_us},
+            "bandwidth": {"model": "llama-3.2-1b", "dtype": "bfloat16",
+                          "summary": {"floor_us": floor_us, "bytes_per_step": nbytes, "util_peak": util,
+                                      "over_floor_x": 1 / util, "effective_GBps": util * 3350,
+                                      "step_us_p50": floor_us / util}}}
+
+
+def test_bytes_that_the_gpu_could_not_have_moved_are_a_problem_not_a_bandwidth_figure():
+    """A tiny model's trace read as Llama-3.2-1B: 2.472 GB in a step whose GPU was busy 226.4 µs would need
+    10,918 GB/s, 3.26x the H100's 3,350 GB/s (floor 737.9 µs)."""
+    entry = _bandwidth_entry(226.4, 2_472_000_000, 737.9, 0.142)
+    (f,) = find_trace({"files": [entry]})
+    assert f["rule"] == "bytes-mismatch" and f["severity"] == "problem"
+    assert f["evidence"] == {"gpu_busy_us_per_step": 226.4, "floor_us": 737.9, "bytes_per_step": 2_472_000_000,
+                             "needed_GBps": 10918.7, "needed_over_peak": 3.2593}
+    assert "llama-3.2-1b in bfloat16, which this trace did not run" in f["advice"]
+    # a step whose GPU was busy the floor's length or longer is silent; so are bytes that fit an on-chip cache
+    assert find_trace({"files": [_bandwidth_entry(740.0, 2_472_000_000, 737.9, 0.142)]}) == []
+    assert find_trace({"files": [_bandwidth_entry(20.0, 100_000_000, 29.9, 0.142)]}) == []
+
+
+def test_bytes_beyond_the_trace_are_not_called_near_the_bandwidth_limit():
+    """At 120 % of peak by wall time the near-limit rule would have fired: the mismatch speaks instead."""
+    entry = _bandwidth_entry(600.0, 2_472_000_000, 737.9, 1.2)
+    assert _rules(find_trace({"files": [entry]})) == ["bytes-mismatch"]
+    entry["steps"]["gpu_busy_us_per_step"] = 800.0
+    assert _rules(find_trace({"files": [entry]})) == ["near-bandwidth-limit"]

@@ -216,3 +216,16 @@ def test_steps_uncertain_fires_only_for_low_confidence_found_steps():
     for method, conf in (("sequence", "medium"), ("marker", "high")):
         entry["step_detection"].update(method=method, confidence=conf)
         assert not [x for x in _findings(entry) if x["rule"] == "steps-uncertain"]
+
+
+def test_a_tiny_models_rate_and_bytes_read_the_same_in_the_verdict_and_the_table():
+    """stories260K's trace said "0 GB/s effective (0.001 GB per step)" above a table of 0.3 GB/s and 0.0005 GB."""
+    from bubblescope.reports.trace_tables import bandwidth_rows
+
+    sb = td.resolve_step_bytes(bytes_per_step=541_312)
+    bw = td.bandwidth_section(_entry([2000.0, 1786.0, 1786.0], name="Test GPU"), sb, nvml=False)
+    # 541,312 bytes in 1,786 µs: 0.30309 GB/s
+    assert bw["verdict"].startswith("1.786 ms per step, 0.303 GB/s effective (0.541 MB per step); peak bandwidth "
+                                    "unknown")
+    rows = dict(bandwidth_rows(bw))
+    assert rows["effective bandwidth"] == "0.303 GB/s" and rows["bytes per step (median)"] == "0.541 MB"

@@ -209,3 +209,33 @@ def test_a_recorded_warm_up_step_moves_the_median_step_out_of_the_figures(tmp_pa
     (b,) = diagnose_trace_files([plain], bytes_per_step=1_000_000)["files"]
     assert a["bandwidth"]["summary"]["step_us_p50"] == pytest.approx(1100.0) and a["warmup_steps_recorded"] == 1
     assert b["bandwidth"]["summary"]["step_us_p50"] == pytest.approx(1200.0) and b["warmup_steps_recorded"] is None
+
+
+def test_a_captured_trace_records_its_dtype_and_the_bytes_follow_it_unless_dtype_is_given(tmp_path):
+    """A float32 run's trace read with --model alone was counted in bfloat16, half its bytes."""
+    from bubblescope.profiler.capture import capture_decode_trace
+    from bubblescope.tracediagnose import diagnose_trace_files
+
+    from .test_capture import CFG, ToyDecoder
+
+    config = tmp_path / "toy.json"
+    config.write_text(json.dumps(CFG.to_hf_dict()))
+    cap = capture_decode_trace(ToyDecoder(), [1, 2, 3], steps=3, warmup=1, out_path=tmp_path / "toy.json.gz",
+                               dtype="float32", weights="bf16")
+    (f,) = diagnose_trace_files([cap.trace_path], model=str(config))["files"]
+    assert (f["dtype"], f["weights"]) == ("float32", "bf16")
+    bw = f["bandwidth"]
+    # 3,008 weights of 4 bytes (the toy model counted by hand above) and 64 bytes per KV position in float32
+    assert (bw["dtype"], bw["dtype_source"]) == ("float32", "trace")
+    assert bw["rows"][0]["bytes"] == 12_032 + (bw["rows"][0]["context"] + 1) * 64
+    (given,) = diagnose_trace_files([cap.trace_path], model=str(config), dtype="bf16")["files"]
+    assert (given["bandwidth"]["dtype"], given["bandwidth"]["dtype_source"]) == ("bfloat16", "--dtype")
+    assert given["bandwidth"]["rows"][0]["bytes"] == 6_016 + (given["bandwidth"]["rows"][0]["context"] + 1) * 32
+    from bubblescope.reports.trace_tables import bandwidth_rows
+
+    assert dict(bandwidth_rows(bw))["model"] == f"{bw['model']} in float32 (as the trace records its run)"
+    assert dict(bandwidth_rows(given["bandwidth"]))["model"] == f"{bw['model']} in bfloat16"
+    plain = capture_decode_trace(ToyDecoder(), [1, 2, 3], steps=3, warmup=1, out_path=tmp_path / "plain.json.gz")
+    (old,) = diagnose_trace_files([plain.trace_path], model=str(config))["files"]
+    assert old["dtype"] is None and (old["bandwidth"]["dtype"], old["bandwidth"]["dtype_source"]) == (
+        "bfloat16", "default")

@@ -20,7 +20,7 @@ import math
 import os
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import BubblescopeError
@@ -42,6 +42,10 @@ class StepBytes:
     config: Any = None  # a models.config.ModelConfig
     fixed: int | None = None
     weights: str | None = None  # the weight format of a model (profiler.traffic.WEIGHT_FORMATS), else None
+    # where dtype and weights came from: "--dtype" / "config" (the user's), or "default" (bfloat16, bf16), which
+    # a trace's own record of its run replaces (bandwidth_section)
+    dtype_source: str | None = None
+    weights_source: str | None = None
 
     def at(self, context: int | None) -> tuple[int, str]:
         """(bytes, what they include) of a step reading ``context`` KV positions (None: unknown).
@@ -98,13 +102,14 @@ def resolve_step_bytes(model: str | None = None, bytes_per_step: int | None = No
         raise BubblescopeError(f"--dtype: unknown dtype {dtype!r}; use {', '.join(DTYPE_BYTES)}")
     from .models.config import PRESETS, ModelConfig
 
-    weights = "bf16"
+    weights, weights_source = "bf16", "default"
     try:
         if model.lower() in PRESETS:
             cfg = PRESETS[model.lower()]
         elif Path(model).is_dir() or model.endswith(".json"):
             cfg = ModelConfig.from_hf_config(model)
             weights = _checkpoint_weights(Path(model) / "config.json" if Path(model).is_dir() else Path(model))
+            weights_source = "config"
         elif Path(model).exists():
             raise BubblescopeError(f"{model}: not a model directory or config.json (a llama2.c .bin holds no "
                                    "config to read: give --bytes-per-step)")
@@ -113,7 +118,8 @@ def resolve_step_bytes(model: str | None = None, bytes_per_step: int | None = No
                                    "directory or a config.json")
     except BubblescopeError as e:
         raise BubblescopeError(f"--model: {e}") from None
-    return StepBytes("model", cfg.name, name, config=cfg, weights=weights)
+    return StepBytes("model", cfg.name, name, config=cfg, weights=weights,
+                     dtype_source="default" if dtype is None else "--dtype", weights_source=weights_source)
 
 
 def _checkpoint_weights(config_json) -> str:
@@ -220,7 +226,9 @@ def bandwidth_section(entry: dict, step_bytes: StepBytes, context: int | None = 
     weights only (``kv`` says which: ``weights+kv``, ``weights`` or ``given``).
 
     Returns:
-        ``{"model", "dtype", "weights" (``bf16``, ``fp8``, ``fp8-all``; None with a byte count), "bytes_source"
+        ``{"model", "dtype", "weights" (``bf16``, ``fp8``, ``fp8-all``; None with a byte count), "dtype_source",
+        "weights_source" (``--dtype`` / ``config``, ``trace`` (the trace's record of its run, over the defaults),
+        ``default``; None with a byte count), "bytes_source"
         ("model" | "bytes-per-step"), "kv", "context_source" ("--context",
         "trace" or None), "first_context", "peak_GBps", "peak_source", "peak_reason", "device", "summary"
         (:func:`~.profiler.floor.floor_summary`), "rows" (:func:`~.profiler.floor.floor_rows`), "verdict",
@@ -231,11 +239,17 @@ def bandwidth_section(entry: dict, step_bytes: StepBytes, context: int | None = 
     """
     from .profiler.floor import floor_rows, floor_summary, floor_verdict
 
+    if step_bytes.config is not None:  # the trace's record of its run's dtype and weights over the defaults
+        recorded = {k: entry.get(k) for k in ("dtype", "weights")
+                    if entry.get(k) is not None and getattr(step_bytes, f"{k}_source") == "default"}
+        if recorded:
+            step_bytes = replace(step_bytes, **recorded, **{f"{k}_source": "trace" for k in recorded})
     first, source = (context, "--context") if context is not None else (entry.get("first_context"), "trace")
     if first is None or step_bytes.config is None:
         first, source = None, None
     peak = resolve_peak(entry, peak_gbps, nvml)
     out = {"model": step_bytes.model, "dtype": step_bytes.dtype, "weights": step_bytes.weights,
+           "dtype_source": step_bytes.dtype_source, "weights_source": step_bytes.weights_source,
            "bytes_source": step_bytes.source, "kv": None,
            "context_source": source, "first_context": first, "peak_GBps": peak["peak_GBps"],
            "peak_source": peak["source"], "peak_reason": peak["reason"], "device": peak["device"],

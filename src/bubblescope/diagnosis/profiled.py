@@ -38,7 +38,8 @@ def profile_engine(name: str, engine, entry: dict, plan: RunPlan, bench: Bench) 
     timeline_ctx = engine.timeline() if hasattr(engine, "timeline") else nullcontext(None)
     with timeline_ctx as intra:
         cap = capture_decode_trace(engine, torch.tensor(bench.prompt), steps=steps + PROFILE_WARMUP_STEPS,
-                                   warmup=3, out_path=path, profiled_warmup=PROFILE_WARMUP_STEPS)
+                                   warmup=3, out_path=path, profiled_warmup=PROFILE_WARMUP_STEPS,
+                                   dtype=plan.dtype_name, weights=bench.loaded.weights.weight_format)
     trace = load_trace(cap.trace_path)
     # the first profiled step is left out of every figure (PROFILE_WARMUP_STEPS); the summary says how many
     summary = timeline_summary(trace, skip_steps=PROFILE_WARMUP_STEPS)

@@ -28,6 +28,11 @@ CONTEXT_KEY = "bubblescope_first_context"
 # How many of the trace's marked steps are warm-up (the profiler's own first steps, slower): ``diagnose trace``
 # leaves them out by default, as the run that wrote the trace did, so both state the same step figures.
 WARMUP_KEY = "bubblescope_warmup_steps"
+# The run's dtype (``float32``, ``bfloat16``, ``float16``) and weight format (``bf16``, ``fp8``, ``fp8-all``), so
+# `diagnose trace --model` counts the bytes the traced decode moved without --dtype (a float32 step moves twice a
+# bfloat16 one's).
+DTYPE_KEY = "bubblescope_dtype"
+WEIGHTS_KEY = "bubblescope_weights"
 CPU_ONLY_NOTE = "CPU-only capture: GPU metrics unavailable"
 
 
@@ -123,7 +128,8 @@ def _greedy_step(decoder, token: int) -> int:
 
 def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
                          out_path: str | os.PathLike | None = None,
-                         step_marker: str = STEP_MARKER, profiled_warmup: int = 0) -> CaptureResult:
+                         step_marker: str = STEP_MARKER, profiled_warmup: int = 0, dtype: str | None = None,
+                         weights: str | None = None) -> CaptureResult:
     """Profile ``steps`` greedy decode steps of ``decoder`` and write a ``.json.gz`` Chrome trace.
 
     Procedure: ``decoder.reset()``; ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled
@@ -143,6 +149,8 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
         profiled_warmup: how many of the ``steps`` the caller leaves out of its figures as warm-up, recorded in
             the trace (metadata :data:`WARMUP_KEY`, beside the first step's context :data:`CONTEXT_KEY`) so that
             ``diagnose trace`` leaves out the same steps.
+        dtype, weights: the run's dtype name (``bfloat16``) and weight format (``bf16``, ``fp8``, ``fp8-all``),
+            recorded (:data:`DTYPE_KEY`, :data:`WEIGHTS_KEY`) when given, for ``diagnose trace --model``'s bytes.
 
     Raises:
         BubblescopeError: an empty prompt, ``steps`` < 1, ``warmup`` < 0, ``profiled_warmup`` outside
@@ -199,6 +207,9 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
             torch.cuda.synchronize(decoder.device)
         prof.add_metadata_json(CONTEXT_KEY, str(start_position + 1))
         prof.add_metadata_json(WARMUP_KEY, str(int(profiled_warmup)))
+        for key, value in ((DTYPE_KEY, dtype), (WEIGHTS_KEY, weights)):
+            if value is not None:
+                prof.add_metadata_json(key, json.dumps(str(value)))
 
     try:
         fd, raw = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".json", dir=path.parent)

@@ -20,7 +20,7 @@ from .counter_findings import COUNTER_RULES
 from .finding_base import (SEVERITIES, THRESHOLDS, at_ceiling, make_finding, merged_thresholds,  # noqa: F401
                            rounded as _round)
 from .finding_base import engine_finding as _finding
-from .ladder import IN_KERNEL, bubble_ratio, bubble_us, ladder, request_times, step_us
+from .ladder import IN_KERNEL, bubble_ratio, bubble_us, idle_parts, ladder, request_times, step_us
 from .ladder_findings import DOC_RULES
 from .results import dig, ordered
 from ..wording import count
@@ -55,12 +55,26 @@ def _launch_bound(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
 
 
 def in_kernel_advice(eng: dict) -> str:
-    """What to do about a megakernel's in-kernel dependency wait: the Gluon kernel already loads weights before
-    its inputs are ready (its producer warp), so there the chain itself must get shorter; elsewhere, hide it."""
-    if dig(eng, "compile", "implementation") == "gluon":
+    """What to do about a megakernel's in-kernel dependency wait, by what the kernel already does (``compile``):
+    with weight prefetch off (``compile.prefetch`` 0: the ``megakernel-noprefetch`` ablation) its loads wait
+    behind each dependency, which the prefetching kernel removes; the Gluon kernel already streams weights ahead of
+    the wait (its producer warp), so the chain itself must get shorter; the Triton kernel already prefetches each
+    task's weights into L2 before its wait, so what is left is the chain and, on Hopper, the Gluon kernel."""
+    c = eng.get("compile") or {}
+    if c.get("prefetch") == 0 or c.get("variant") == "noprefetch":
+        return ("This kernel loads each task's weights only once the task's inputs are ready (weight prefetch "
+                "off, an ablation): the megakernel with prefetch (engine megakernel) loads them during the wait.")
+    chain = (" (the HTML report's dependency-chain table: each edge's spans, and its hops, the signal and poll)"
+             if dig(eng, "intrakernel", "edges") else "")
+    if c.get("implementation") == "gluon":
         return ("Shorten the dependency chain the most-waiting opcode sits on: fewer dependent memory round "
-                "trips in the stages before it (the chain table's spans; its hops are the signal and poll), "
-                "finer-grained edges (per head, per chunk), so the weight ring does not run full during the wait.")
+                f"trips in the stages before it{chain}, finer-grained edges (per head, per chunk), so the weight "
+                "ring does not run full during the wait.")
+    if c.get("implementation") == "triton":
+        return ("Each task's weights are already prefetched into L2 before its wait; shorten the dependency "
+                f"chain{chain} with finer-grained edges (per head, per chunk) on the opcode that waits most, or on "
+                "Hopper run the Gluon kernel (engine megakernel-gluon), whose producer warp streams the weights "
+                "into shared memory during the wait.")
     return ("Hide the waits: issue the next task's weight loads before waiting on its dependency counter and "
             "use finer-grained dependencies (per head, per chunk) on the opcode that waits most.")
 
@@ -102,7 +116,8 @@ def _gpu_idle(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
         return None  # launch-bound's (or, with few launches, bubble-bound's) case
     if launches is not None and launches <= t["bubble_bound_max_launches_per_step"]:
         return None  # bubble-bound's case
-    host, gaps = dig(eng, "timeline", "idle", "host_wait_us"), dig(eng, "timeline", "idle", "kernel_wait_us")
+    split = idle_parts(eng) or {}  # the timed step's idle µs by cause, summing to bubble_us
+    host, gaps = _round(split.get("host_wait_us")), _round(split.get("kernel_wait_us"))
     parts = [f"{v:,.1f} µs {what}" for v, what in ((host, "waiting for the host"), (gaps, "in gaps between kernels"))
              if v is not None]
     if host is not None and (gaps is None or host >= gaps):
@@ -285,10 +300,13 @@ def _unstable(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     th = dig(doc, "device", "threads") or {}
     omp = th.get("omp_num_threads")
     cpu = dig(doc, "device", "type") == "cpu"
+    # ms to 3 decimals (µs) in the evidence and the title alike: a 4-decimal evidence printed at 3 rounded twice
+    # (10.80145 → 10.8015 → 10.802 against the title's 10.801)
+    ev50, ev99, ratio = round(p50, 3), round(p99, 3), round(p99 / p50, 4)
     return _finding(
         "unstable", "warn", eng,
-        f"Unstable latency: p99 {p99:.3f} ms is {p99 / p50:.2f}x the p50 {p50:.3f} ms",
-        {"token_ms_p50": round(p50, 4), "token_ms_p99": round(p99, 4), "p99_over_p50": round(p99 / p50, 4),
+        f"Unstable latency: p99 {ev99:.3f} ms is {ratio:.2f}x the p50 {ev50:.3f} ms",
+        {"token_ms_p50": ev50, "token_ms_p99": ev99, "p99_over_p50": ratio,
          "torch_threads": th.get("torch_threads") if cpu else None,
          "omp_num_threads": int(omp) if cpu and str(omp).isdigit() else None},
         "Silence other work on the CPU and raise --runs: timings on a shared CPU are noisy. " + _thread_advice(doc)

@@ -406,3 +406,14 @@ def counters_workload_line(doc: dict) -> str | None:
     return (f"counters read on `bubblescope generate` with a {fmt(cw.get('prompt_len'), 'count')}-token prompt, one "
             f"decode step's launches after {_count(cw.get('skipped_steps'), 'step')}: not the workload of the tables "
             f"above (prompt {_count(w.get('prompt_len'), 'token')}, {_count(w.get('gen_len'), 'new token')})")
+
+
+def gbps_text(gbps: float) -> str:
+    """GB/s for a sentence or a table: whole numbers from 100 up ("2,715"), else 3 significant digits ("0.303"),
+    so a tiny model's rate is not printed as 0 beside the table's 0.3."""
+    return f"{gbps:,.0f}" if abs(gbps) >= 100 else f"{gbps:.3g}"
+
+
+def bytes_text(nbytes: float) -> str:
+    """Bytes as GB (10^9) with 3 decimals from 0.1 GB up ("2.472 GB"), else as MB ("0.541 MB")."""
+    return f"{nbytes / 1e9:,.3f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:,.3f} MB"

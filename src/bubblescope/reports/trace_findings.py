@@ -20,6 +20,7 @@ from statistics import median
 from types import MappingProxyType
 
 from .findings import SEVERITIES, THRESHOLDS, make_finding, merged_thresholds
+from .tables import fmt
 from .tables import us as us_words
 from ..wording import count
 
@@ -49,6 +50,13 @@ TRACE_THRESHOLDS: Mapping[str, float] = MappingProxyType({
     "nccl_heavy_min_share": 0.25,
     # multi-rank: the median start or compute skew across ranks is this share of the median step span.
     "rank_skew_min_share": 0.1,
+    # bytes that do not fit the trace: the GPU busy for less than this share of the floor (bytes ÷ peak) per step
+    # would have streamed above the peak, so the model (or --dtype) is not what the trace ran; judged only where a
+    # step's bytes exceed the largest on-chip cache of the GPU table (AMD MI300X's 256 MB Infinity Cache, from its
+    # datasheet; NVIDIA's largest L2, B200's, is 126 MB), since bytes served from a cache need not meet the
+    # HBM floor.
+    "bytes_mismatch_max_busy_over_floor": 1.0,
+    "bytes_mismatch_min_bytes": 256e6,
 })
 
 # What a severity tells the reader of a trace's findings (the words of SEVERITIES, said of a traced run).
@@ -279,11 +287,43 @@ def _rank_skew(r: dict, t: Mapping[str, float]) -> list[dict]:
         "the GPUs: uneven shards, or a slower GPU (clocks, heat, another process: nvidia-smi -q -d PERFORMANCE).")]
 
 
+def _busy_below_floor(f: dict, t: Mapping[str, float]) -> dict | None:
+    """``{gpu_busy_us_per_step, floor_us, bytes_per_step, needed_GBps, needed_over_peak}`` when the median step's GPU busy time is
+    under the floor for bytes beyond any cache (:data:`TRACE_THRESHOLDS`), else None."""
+    bw = f.get("bandwidth") or {}
+    s = bw.get("summary") or {}
+    busy = (f.get("steps") or {}).get("gpu_busy_us_per_step")
+    floor, nbytes = s.get("floor_us"), s.get("bytes_per_step")
+    if None in (busy, floor, nbytes) or busy <= 0 or nbytes < t["bytes_mismatch_min_bytes"]:
+        return None
+    if busy >= floor * t["bytes_mismatch_max_busy_over_floor"]:
+        return None
+    return {"gpu_busy_us_per_step": busy, "floor_us": floor, "bytes_per_step": nbytes,
+            "needed_GBps": round(nbytes / busy / 1e3, 1), "needed_over_peak": _ratio(floor, busy)}
+
+
+def _bytes_mismatch(f: dict, t: Mapping[str, float]) -> list[dict]:
+    ev = _busy_below_floor(f, t)
+    if ev is None:
+        return []
+    bw = f.get("bandwidth") or {}
+    what = bw.get("model") or "the given byte count"
+    return [_file_finding(
+        f, "bytes-mismatch", "problem",
+        f"The bytes do not fit this trace: the GPU was busy {us_words(ev['gpu_busy_us_per_step'])} of the median "
+        f"step, under the {us_words(ev['floor_us'])} floor of {fmt(ev['bytes_per_step'], 'bytes')} at peak; "
+        f"moving them would take {ev['needed_GBps']:,.0f} GB/s, {ev['needed_over_peak']:.2f}x the peak",
+        ev,
+        f"The bandwidth figures assume {what}"
+        + (f" in {bw['dtype']}" if bw.get("dtype") else "") + ", which this trace did not run: give the traced "
+        "model (--model, its config.json) and its dtype (--dtype), or --bytes-per-step.")]
+
+
 def _near_floor(f: dict, t: Mapping[str, float]) -> list[dict]:
     s = (f.get("bandwidth") or {}).get("summary") or {}
     util = s.get("util_peak")
-    if util is None or util < t["near_limit_min_util_peak"]:
-        return []
+    if util is None or util < t["near_limit_min_util_peak"] or _busy_below_floor(f, t) is not None:
+        return []  # (bytes that do not fit the trace are no bandwidth limit: bytes-mismatch says so)
     return [_file_finding(
         f, "near-bandwidth-limit", "info",
         f"Near the bandwidth limit: the median step is {s['over_floor_x']:.2f}× the floor, {util:.0%} of peak",
@@ -309,8 +349,8 @@ def _steps_uncertain(f: dict, t: Mapping[str, float]) -> list[dict]:
 
 
 FILE_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (
-    _launch_bound, _bubble_bound, _gpu_idle, _host_sync, _kernel_gaps, _host_idle, _warmup, _near_floor,
-    _steps_uncertain)
+    _launch_bound, _bubble_bound, _gpu_idle, _host_sync, _kernel_gaps, _host_idle, _warmup, _bytes_mismatch,
+    _near_floor, _steps_uncertain)
 RANK_RULES: tuple[Callable[[dict, Mapping[str, float]], list[dict]], ...] = (_nccl_heavy, _rank_skew)
 
 

@@ -7,7 +7,7 @@ unit that keeps them readable; None (not measured) shows as an em dash.
 
 from __future__ import annotations
 
-from .tables import MISSING, fmt, us
+from .tables import MISSING, bytes_text, fmt, gbps_text, us
 from ..wording import count
 
 IDLE_PARTS = ("host_wait", "kernel_wait", "other")
@@ -204,17 +204,20 @@ def bandwidth_rows(bw: dict) -> list[tuple[str, str]]:
     model = f"{bw['model']} in {bw['dtype']}" if bw.get("model") else "—"
     if bw.get("model") and bw.get("weights") not in (None, "bf16"):  # an FP8 checkpoint: its projections in FP8
         model += f", {'projections and LM head' if bw['weights'] == 'fp8-all' else 'projections'} in FP8"
+    if bw.get("model") and bw.get("dtype_source") in ("trace", "default"):  # said, since it sets the bytes
+        model += (" (as the trace records its run)" if "trace" in (bw.get("dtype_source"), bw.get("weights_source"))
+                  else " (the default: --dtype for another)")
     peak = (f"{bw['peak_GBps']:,.0f} GB/s, {bw.get('peak_source')}" if bw.get("peak_GBps") is not None
             else f"unknown ({bw.get('peak_reason')})")
     nbytes = s.get("bytes_per_step")
     above, times = s.get("over_floor_us"), s.get("over_floor_x")
     return [
         ("model", model),
-        ("bytes per step (median)", f"{nbytes / 1e9:,.4f} GB" if nbytes is not None else MISSING),
+        ("bytes per step (median)", bytes_text(nbytes) if nbytes is not None else MISSING),
         ("bytes counted", _bytes_label(bw)),
         ("peak bandwidth", peak),
         ("step time (median of measured steps)", us(s.get("step_us_p50"))),
-        ("effective bandwidth", f"{s['effective_GBps']:,.1f} GB/s" if s.get("effective_GBps") is not None
+        ("effective bandwidth", f"{gbps_text(s['effective_GBps'])} GB/s" if s.get("effective_GBps") is not None
          else MISSING),
         ("% of peak (best step)", f"{fmt(s.get('util_peak'), 'pct')} ({fmt(s.get('best_util_peak'), 'pct')})"),
         ("floor: bytes ÷ peak", us(s.get("floor_us"))),

@@ -20,6 +20,7 @@ Schema ``bubblescope.trace/1``::
                 "host_ops": <hostops.host_op_breakdown dict> | None,  # host-bound decode steps only
                 "device_properties": {"name", "total_memory_bytes", "sm_count", "compute_capability"} | None,
                 "host_name": str | None, "first_context": int | None,
+                "dtype": str | None, "weights": str | None,
                 "warnings": [str]}
                | {"path": str, "error": str}]}   # a file that could not be read (keep_going)
 
@@ -30,7 +31,8 @@ ranges; in a trace without any, they are found from what repeats once per token 
 time per measured step by top-level CPU operator, computed only for host-bound steps (:func:`.hostops.host_bound`),
 from the operators the parse kept (:func:`.cpuops.parsed_cpu_ops`); None otherwise. ``device_properties`` is
 the trace's ``deviceProperties`` entry of the step device, ``host_name`` Kineto's, ``first_context`` the KV
-positions of the first marked step where bubblescope's capture recorded them (:data:`CONTEXT_KEY`).
+positions of the first marked step where bubblescope's capture recorded them (:data:`CONTEXT_KEY`), ``dtype``
+and ``weights`` the run's dtype and weight format where it recorded them (:data:`DTYPE_KEY`, :data:`WEIGHTS_KEY`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import BubblescopeError
 from ...reports.trace_result import CPU_ONLY, no_gpu_reason
 from ...wording import count, plural
-from ..capture import CONTEXT_KEY, WARMUP_KEY
+from ..capture import CONTEXT_KEY, DTYPE_KEY, WARMUP_KEY, WEIGHTS_KEY
 from ..gpus import device_properties
 from . import metrics
 from .arrays import TraceArrays
@@ -222,6 +224,8 @@ def _summarize(trace: Trace | TraceArrays, step_marker: str | None, threshold_us
         "device_properties": device_properties(arrays.metadata, summary["device"] if summary else None),
         "host_name": _text(arrays.metadata.get("host_name")),
         "first_context": _first_context(arrays.metadata),
+        "dtype": _recorded(arrays.metadata, DTYPE_KEY, ("float32", "bfloat16", "float16")),
+        "weights": _recorded(arrays.metadata, WEIGHTS_KEY, ("bf16", "fp8", "fp8-all")),
         "warmup_steps": skip_steps,
         "warmup_steps_recorded": recorded,
         "warnings": warnings,
@@ -246,6 +250,13 @@ def _first_context(metadata: dict) -> int | None:
     """The KV positions the first marked step reads, where the trace records it (:data:`CONTEXT_KEY`, written
     by :func:`~.capture.capture_decode_trace`); None otherwise."""
     return _metadata_int(metadata, CONTEXT_KEY)
+
+
+def _recorded(metadata: dict, key: str, known: tuple[str, ...]) -> str | None:
+    """The name the trace records under ``key`` when it is one of ``known``; None otherwise (other traces, or
+    a value this version does not know)."""
+    value = metadata.get(key)
+    return value if isinstance(value, str) and value in known else None
 
 
 def _metadata_int(metadata: dict, key: str) -> int | None:
