@@ -16,7 +16,8 @@ cases it ran in an existing result file, so the work can be split over several c
 - ``same-hf``, ``same-compile``: ``bubblescope profile -- python -m bubblescope generate llama-3.2-1b --engine hf``
   (``--engine reference --mode compile``), each with ``--warmup 1``: the very loop ``diagnose model`` times for
   ``hf`` (``reference-compile``), run as a user's program after one untimed generation as ``diagnose model`` runs
-  one, the window inside the second, so the two utilisations must agree (without it the hf loop's first generation
+  one, the window inside the second after as many of its steps as the window has (the baseline without the
+  profiler: the latest skipped steps), so the two utilisations must agree (without it the hf loop's first generation
   ran ~2.5× slower throughout on an H200, most likely its growing KV cache allocating as it goes). The cases above are other programs that only
   resemble those engines (``model.generate`` does more host work a token than a bare forward loop), so for them
   the comparison says how far the user's loop is from bubblescope's engine, not whether ``profile`` measures right.
@@ -195,9 +196,14 @@ def run_case(name: str, work: Path, timeout: float, skip: int, steps: int, util_
     out = work / name
     # the trace's first step (step --skip of the run, the profiler's warm-up) reads about PROMPT + skip positions:
     # step s of either loop decodes position PROMPT + s - 1 (step 0 is the prefill), reading PROMPT + s
-    context = PROMPT + skip
     if "--warmup" in args:  # `generate --warmup 1` first runs one whole generation (NEW steps) as diagnose model does
-        skip += NEW
+        # the baseline without the profiler is the latest `steps` skipped steps: all of them in the timed
+        # generation, after its prefill (the warm-up generation's steps run slower, ~52 ms against ~14 for hf on an
+        # H100, and would stand in for the program's step time)
+        skip = max(skip, steps + 1)
+        context, skip = PROMPT + skip, skip + NEW
+    else:
+        context = PROMPT + skip
     argv = _bubblescope() + ["profile", "--model", MODEL, "--context", str(context), "--skip", str(skip),
                              "--steps", str(steps), "--out", str(out), "--", *_program(script, args)]
     case = {"name": name, "cuda_graphs": graphs, "steps_found": None, "tokens_generated": None,

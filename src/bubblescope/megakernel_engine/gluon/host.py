@@ -134,14 +134,22 @@ def auto_matvec(cfg: ModelConfig, params: MegakernelParams, sms: int, esize: int
     0.0211 (the reference's 0.0213). On the 32-row presets the pair is even or slower
     (``h200-2026-12-02-s13/gluon_check_r39_*.json``: Llama-3.2-1B 0.820 / 0.816 against 0.809 / 0.812, Qwen3-0.6B 0.760
     / 0.762 against 0.748 / 0.749), so they keep ``bits`` and one box; ``mma`` by name with one or two boxes is even on
-    the 1B (``gluon_check_r38_*``: 0.810 / 0.815 against 0.814 / 0.815)."""
+    the 1B (``gluon_check_r38_*``: 0.810 / 0.815 against 0.814 / 0.815).
+
+    FP8 weights (``esize`` 1) take the tensor cores on every model where they can run: the CUDA-core form spends per
+    two weights an unpack, two half adds and two FMAs (the offline SASS, benchmarks/NOTES.md, FP8), the tensor-core
+    form one 128-byte box widened to f16 per ``mma.sync``. Measured on an H100 (``h100-2026-12-07-fp8-mma``, commit
+    0cba590, 128-token prompt, p50 ms/token): Llama-3.2-1B FP8 0.792 against 0.834, Llama-3.1-8B FP8 3.378 against
+    3.746; greedy tokens and teacher-forced logits within the FP8 tolerance of the fused engine on the 1B (fp8,
+    fp8-all), Qwen3-0.6B and Qwen2.5-0.5B (GPU tests)."""
     widen = params.mv_widen
     if widen == "auto":
         thin = auto_rows(cfg, sms) < DEFAULT_ROWS and layout == "mma"
         # checked with the rows and boxes it would run with: the user's max_rows / slot_boxes where set
         rows = tile_rows(cfg, params, mma_rows(cfg, params, sms))
-        # (FP8 weights take the tensor cores only by name: their automatic choice is not measured)
-        widen = "mma" if thin and esize == 2 and mv_mma_unsupported(
+        # FP8 weights take the tensor cores whatever the model's width: widening e4m3 on the CUDA cores costs about
+        # twice the instructions per byte of bf16's (docstring)
+        widen = "mma" if (thin or esize == 1) and mv_mma_unsupported(
             cfg, esize, rows, params.split_k, box_cols(cfg, esize), params.slot_boxes or 2,
             params.num_warps) is None else "bits"
     sb = params.slot_boxes if params.slot_boxes is not None else 2 if widen == "mma" else 1
