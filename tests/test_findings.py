@@ -103,10 +103,12 @@ def test_gpu_idle_between_a_few_kernels_is_a_finding():
     # 858 µs idle in the timed step: the gaps between queued kernels (60) and the other gaps (6) keep their µs,
     # the host's wait takes the rest (792), so the parts add up to the total
     assert f["title"] == ("GPU idle 78% of each step (858 µs of the 1,100 µs step) across 81 kernels: 792.0 µs "
-                          "waiting for the host, 60.0 µs in gaps between kernels per step")
+                          "waiting for the host, 60.0 µs in gaps between kernels, 6.0 µs in other gaps per step")
+    assert 792.0 + 60.0 + 6.0 == f["evidence"]["bubble_us"] == 858.0
     assert "host" in f["advice"] and f["evidence"]["host_wait_per_step_us"] == 792.0
-    tl["idle"].update(host_wait_us=10.0, kernel_wait_us=700.0)
-    assert "fewer, larger kernels" in _only(find(doc), "gpu-idle")["advice"]
+    tl["idle"].update(host_wait_us=10.0, kernel_wait_us=700.0, other_us=0.0)
+    f = _only(find(doc), "gpu-idle")
+    assert "fewer, larger kernels" in f["advice"] and "other gaps" not in f["title"]  # no "0.0 µs" part
     g.idle(ref, 0.45)  # under half the step: not what limits it
     assert _engine_findings(doc) == []
 

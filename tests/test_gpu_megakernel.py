@@ -69,20 +69,21 @@ def test_megakernel_fp8_matches_reference_fused(model, fmt, impl):
     q/k-norm and Qwen2.5's biases and 16-row tiles) match reference-fused over the same FP8 weights: all stream the e4m3 tiles, scale each row's
     float32 sum once and round at the same points, so they differ by float32 summation order only (a bf16 rounding
     may then fall either way and carry through the layers). The float32 model over the same quantized weights says
-    which is off: the megakernel must be about as close to it as reference-fused is."""
-    _check_fp8(model, fmt, impl, None, "convert")
+    which is off: the megakernel must be about as close to it as reference-fused is. The Gluon kernel's automatic
+    matvec for FP8 is the tensor cores' (each box widened to f16 in registers, multiplied against the staged vector
+    rounded to f16; a 16-bit head beside them read as 16-bit boxes of the same bytes)."""
+    _check_fp8(model, fmt, impl, None, "mma")
 
 
 @pytest.mark.parametrize("model,fmt", [("llama-3.2-1b", "fp8"), ("llama-3.2-1b", "fp8-all"), ("qwen3-0.6b", "fp8"),
                                        ("qwen2.5-0.5b", "fp8")])
-def test_gluon_megakernel_fp8_on_the_tensor_cores_matches_reference_fused(model, fmt):
-    """``mv_widen=mma`` with FP8 weights: each box widened to f16 in registers and multiplied on the tensor cores
-    against the staged vector rounded to f16 (a 16-bit head beside them read as 16-bit boxes of the same bytes), held
-    to the same bounds as the CUDA-core form."""
+def test_gluon_megakernel_fp8_on_the_cuda_cores_matches_reference_fused(model, fmt):
+    """``mv_widen=convert`` with FP8 weights, by name: each e4m3 pair converted and summed in float32 on the CUDA
+    cores, held to the same bounds as the tensor-core form."""
     if "gluon" not in _impls():
         pytest.skip("the Gluon kernel needs an sm_90 GPU")
     from bubblescope.megakernel_engine import MegakernelParams
-    _check_fp8(model, fmt, "gluon", MegakernelParams(mv_widen="mma"), "mma")
+    _check_fp8(model, fmt, "gluon", MegakernelParams(mv_widen="convert"), "convert")
 
 
 def _check_fp8(model, fmt, impl, params, widen):

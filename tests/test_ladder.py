@@ -306,6 +306,8 @@ def test_gpu_idle_is_the_timed_steps_share_not_the_profiled_windows():
     parts = idle_parts(ref)
     assert parts["kernel_wait_us"] == 20.0 and parts["other_us"] == 5.0
     assert parts["host_wait_us"] == pytest.approx(387.0, abs=0.01)
+    row = next(r for r in ladder(doc) if r["engine"] == "reference-cudagraph")  # the JSON carries the same split
+    assert row["idle_us"] == parts and sum(parts.values()) == pytest.approx(row["bubble_us"], abs=1e-9)
     ref["timeline"]["idle"]["kernel_wait_us"] = 500.0  # more gap µs than the timed step has idle: cut to it
     assert idle_parts(ref) == pytest.approx({"host_wait_us": 0.0, "kernel_wait_us": 412.0, "other_us": 0.0},
                                             abs=0.01)

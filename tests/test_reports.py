@@ -192,8 +192,9 @@ def test_plots_return_none_without_data():
     # each step on its own scale, its span in the title: the CUDA-graph step's launch at 0 µs, its 12 kernels from
     # 2 µs, 4 × (30 + 4 + 12 µs + 3 gaps of 1.5 µs) less the last gap = 202.5 µs; the megakernel's 8 + 768 µs
     assert [ax.get_title(loc="left") for ax in fig.axes] == [
-        "reference-cudagraph: one step, 202.5 µs from first to last event (own scale)",
-        "megakernel: one step, 776.0 µs from first to last event (own scale)"]
+        "reference-cudagraph: one profiled step, 202.5 µs from first to last event; timed TPOT p50 1,100.0 µs "
+        "(own scale)",
+        "megakernel: one profiled step, 776.0 µs from first to last event; timed TPOT p50 800.0 µs (own scale)"]
     assert [ax.get_xlim()[1] for ax in fig.axes] == pytest.approx([202.5 * 1.01, 776.0 * 1.01])
 
 
@@ -318,7 +319,7 @@ def test_html_report_shows_the_dependency_chain_and_attention_phases():
     assert "attention: ticket → end (combine), µs p50 / max</th><td class=\"num\">0.3 / 3.2</td>" in page
     assert "attention: q → K/V blocks done, µs p50 / max</th><td class=\"num\">1.7 / 2.2</td>" in page
     assert "attention: blocks → warps combined, µs p50 / max</th><td class=\"num\">1.2 / 1.2</td>" in page
-    assert ("attention, last task of each layer: after QKV / q / blocks / ticket / combine = total, µs p50</th>"
-            "<td class=\"num\">0.5 / 1.4 / 1.0 / 0.8 / 2.8 = 6.7</td>") in page
+    assert ("attention, last task of each layer: after QKV / q / blocks / ticket / combine; total (the median of "
+            "each layer&#39;s sum), µs p50</th><td class=\"num\">0.5 / 1.4 / 1.0 / 0.8 / 2.8; total 6.7</td>") in page
     assert re.search(r"<td>QKV</td><td class=\"num\">96</td><td class=\"num\">1\.4</td><td class=\"num\">2\.6</td>"
                      r"<td class=\"num\">1\.0</td><td class=\"num\">2\.0</td>", page)

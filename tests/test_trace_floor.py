@@ -229,3 +229,10 @@ def test_a_tiny_models_rate_and_bytes_read_the_same_in_the_verdict_and_the_table
                                     "unknown")
     rows = dict(bandwidth_rows(bw))
     assert rows["effective bandwidth"] == "0.303 GB/s" and rows["bytes per step (median)"] == "0.541 MB"
+
+
+def test_a_floor_under_a_microsecond_is_not_printed_as_zero_ms():
+    """stories260K's 1 MB at 4,800 GB/s: a 0.2-µs floor, which the verdict printed as "the floor of 0.000 ms"."""
+    bw = td.bandwidth_section(_entry([16000.0, 15615.0, 15615.0]), td.resolve_step_bytes(bytes_per_step=1_000_000),
+                              peak_gbps=4800.0)
+    assert "the floor of 0.2 µs (15.615 ms above it)" in bw["verdict"]

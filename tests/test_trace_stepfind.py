@@ -446,7 +446,7 @@ def test_reports_name_how_steps_were_found_the_floor_and_the_replays(tmp_path):
     render_trace_summary(summary, console)
     text = " ".join(console.export_text().split())
     # steps of 44 µs (the last 24 µs: median 44); 1 MB at 100 GB/s: a 10-µs floor
-    verdict = "0.044 ms per step, 4.40× the floor of 0.010 ms (0.034 ms above it): 23% of the 100 GB/s peak"
+    verdict = "44.0 µs per step, 4.40× the floor of 10.0 µs (34.0 µs above it): 23% of the 100 GB/s peak"
     for part in ("Decode steps (no marker: found from CUDA-graph launches)", "steps: 6, from CUDA-graph launches",
                  f"Bandwidth: {verdict}", "CUDA-graph replays (device 0)", "replays (distinct graphs) │ 6 (1)"):
         assert part in text, part

@@ -523,7 +523,9 @@ def gate(
     min_bandwidth_util: Optional[float] = typer.Option(None, "--min-bandwidth-util",
                                                        help="Lowest fraction of NVML peak bandwidth (0.35 = 35 %)."),
     max_bubble_ratio: Optional[float] = typer.Option(None, "--max-bubble-ratio",
-                                                     help="Highest GPU idle fraction of the decode window (0-1)."),
+                                                     help="Highest bubble ratio (0-1) as the reports show it: the "
+                                                          "GPU's idle share of the timed step, or a one-kernel step's "
+                                                          "in-kernel wait; a trace's: idle share of its steps."),
     max_token_p99_ms: Optional[float] = typer.Option(None, "--max-token-p99-ms", help="Highest p99 ms per token."),
     baseline: Optional[str] = typer.Option(None, parser=_as_typed,
                                            help="An older results.json to compare against."),

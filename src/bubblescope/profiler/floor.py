@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..errors import BubblescopeError
 from .trace.values import json_float
 from ..reports.tables import bytes_text, gbps_text
+from ..reports.tables import us as us_text
 
 ROW_KEYS = ("step", "warmup", "context", "bytes", "wall_us", "effective_GBps", "util_peak", "floor_us",
             "over_floor_us", "over_floor_x")
@@ -102,4 +103,6 @@ def floor_verdict(summary: dict, peak_GBps: float | None, peak_reason: str | Non
 
 
 def _ms(us: float) -> str:
-    return f"{us / 1e3:,.3f} ms"
+    """ms with 3 decimals from 100 µs up; below, as the tables print µs (a tiny model's floor of 0.1 µs is not
+    "0.000 ms")."""
+    return f"{us / 1e3:,.3f} ms" if abs(us) >= 100 else us_text(us)

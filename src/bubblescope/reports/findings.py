@@ -64,7 +64,8 @@ def in_kernel_advice(eng: dict) -> str:
     if c.get("prefetch") == 0 or c.get("variant") == "noprefetch":
         return ("This kernel loads each task's weights only once the task's inputs are ready (weight prefetch "
                 "off, an ablation): the megakernel with prefetch (engine megakernel) loads them during the wait.")
-    chain = (" (the HTML report's dependency-chain table: each edge's spans, and its hops, the signal and poll)"
+    chain = (" (the HTML report's dependency-chain table: per edge, the hop from the last upstream end to the first "
+             "consumer start, which is the signal and its poll, and the consumer stage's span)"
              if dig(eng, "intrakernel", "edges") else "")
     if c.get("implementation") == "gluon":
         return ("Shorten the dependency chain the most-waiting opcode sits on: fewer dependent memory round "
@@ -117,9 +118,9 @@ def _gpu_idle(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
     if launches is not None and launches <= t["bubble_bound_max_launches_per_step"]:
         return None  # bubble-bound's case
     split = idle_parts(eng) or {}  # the timed step's idle µs by cause, summing to bubble_us
-    host, gaps = _round(split.get("host_wait_us")), _round(split.get("kernel_wait_us"))
-    parts = [f"{v:,.1f} µs {what}" for v, what in ((host, "waiting for the host"), (gaps, "in gaps between kernels"))
-             if v is not None]
+    host, gaps, other = (_round(split.get(k)) for k in ("host_wait_us", "kernel_wait_us", "other_us"))
+    named = ((host, "waiting for the host"), (gaps, "in gaps between kernels"), (other or None, "in other gaps"))
+    parts = [f"{v:,.1f} µs {what}" for v, what in named if v is not None]  # "other" only where there is some
     if host is not None and (gaps is None or host >= gaps):
         advice = ("The GPU waits for the host between kernels: keep the host's per-token work (Python, sampling, "
                   ".item(), copies) off the critical path, or replay the step as a CUDA graph so one launch "
@@ -132,7 +133,8 @@ def _gpu_idle(eng: dict, doc: dict, t: Mapping[str, float]) -> dict | None:
         f"GPU idle {bubble:.0%} of each step{_step_words(eng)} across {count(kernels, 'kernel', fmt='.0f')}"
         + (f": {', '.join(parts)} per step" if parts else ""),
         {"bubble_ratio": bubble, "kernels_per_step": kernels, "launches_per_step": launches,
-         "host_wait_per_step_us": host, "kernel_wait_per_step_us": gaps, "bubble_us": _round(bubble_us(eng))},
+         "host_wait_per_step_us": host, "kernel_wait_per_step_us": gaps, "other_idle_per_step_us": other,
+         "bubble_us": _round(bubble_us(eng))},
         advice)
 
 

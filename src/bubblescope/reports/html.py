@@ -105,9 +105,11 @@ def _attn_phase_facts(ik: dict) -> list[tuple[str, str]]:
     crit = ik.get("attn_critical") or {}
     parts = ("after_qkv_us", "q_us", "blocks_us", "ticket_us", "combine_us")
     if all(isinstance(crit.get(k), (int, float)) for k in parts + ("total_us",)):
-        value = " / ".join(tables.fmt(crit[k], "rate") for k in parts) + f" = {tables.fmt(crit['total_us'], 'rate')}"
-        facts.append(("attention, last task of each layer: after QKV / q / blocks / ticket / combine = total, µs p50",
-                      value))
+        # the total is the median of each layer's sum, not the sum of the medians: no "=" between them
+        value = (" / ".join(tables.fmt(crit[k], "rate") for k in parts)
+                 + f"; total {tables.fmt(crit['total_us'], 'rate')}")
+        facts.append(("attention, last task of each layer: after QKV / q / blocks / ticket / combine; total (the "
+                      "median of each layer's sum), µs p50", value))
     return facts
 
 

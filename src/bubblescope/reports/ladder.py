@@ -73,7 +73,8 @@ def bubble_ratio(eng: dict) -> tuple[float | None, str | None]:
     Returns:
         ``(intrakernel.wait_ratio, "in-kernel wait")`` for a step of one kernel with the megakernel's own timeline
         (program-time spent waiting on dependencies / program-time, docs/design.md, ``intrakernel_wait_ratio``);
-        else ``(timeline.bubble_ratio, "GPU idle")`` (1 − GPU busy / span of the decode window); ``(None, None)``
+        else ``(gpu_idle_ratio(eng), "GPU idle")`` (:func:`gpu_idle_ratio`: the idle share of the timed step);
+        ``(None, None)``
         when neither was measured (a CPU run has no GPU timeline).
     """
     wait = dig(eng, "intrakernel", "wait_ratio")
@@ -197,7 +198,7 @@ def _row(engine: str, label: str, mechanism: str, eng: dict | None) -> dict:
             "util_peak": dig(eng, "bandwidth", "util_peak") if ok else None,
             "kernels_per_step": dig(eng, "timeline", "kernels_per_step") if ok else None,
             "bubble_ratio": ratio, "bubble_source": source,
-            "bubble_us": bubble_us(eng) if ok else None,
+            "bubble_us": bubble_us(eng) if ok else None, "idle_us": idle_parts(eng) if ok else None,
             "below": None, "step_us": None,
             "kl_vs_fp32": c.get("kl_vs_fp32") if ok else None, "nll": c.get("nll") if ok else None,
             "fidelity_matched": c.get("fidelity_matched") if ok else None}
@@ -210,9 +211,10 @@ def ladder(doc: dict) -> list[dict]:
     below), ``status`` (``ok``, ``skipped``, ``failed``, or ``not run`` when the engine is not in the document),
     ``reason`` (why it did not run; None when ok), ``token_ms_p50`` (ms), ``util_peak`` (fraction of NVML peak),
     ``kernels_per_step``, ``bubble_ratio`` and ``bubble_source`` (:func:`bubble_ratio`), ``bubble_us`` (µs of
-    the step), ``below`` (the nearest rung beneath that was timed) and ``step_us`` (its p50 minus this one's, in
-    µs: how much this rung's mechanism saved; negative when this rung is slower), ``kl_vs_fp32`` (nats),
-    ``nll`` (nats/token) and ``fidelity_matched`` (from ``correctness``). Values not measured are None.
+    the step), ``idle_us`` (a "GPU idle" bubble's µs by cause, :func:`idle_parts`; None otherwise), ``below``
+    (the nearest rung beneath that was timed) and ``step_us`` (its p50 minus this one's, in µs: how much this
+    rung's mechanism saved; negative when this rung is slower), ``kl_vs_fp32`` (nats), ``nll`` (nats/token) and
+    ``fidelity_matched`` (from ``correctness``). Values not measured are None.
     """
     engines = doc.get("engines") or []
     by_name = {e.get("name"): e for e in engines}

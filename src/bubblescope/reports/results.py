@@ -99,7 +99,8 @@ _FINDING = {"rule": "str", "severity": ("info", "warn", "problem", "good"), "eng
 # reports.ladder.ladder: derived from the engines, written with them (absent in documents written before it)
 _LADDER_ROW = {"engine": "str", "rung": "str", "removes": "str", "status": ("ok", "skipped", "failed", "not run"),
                "reason?": "str", "token_ms_p50?": "pos", "util_peak?": "num", "kernels_per_step?": "num",
-               "bubble_ratio?": "frac", "bubble_source?": "str", "bubble_us?": "num", "below?": "str",
+               "bubble_ratio?": "frac", "bubble_source?": "str", "bubble_us?": "num",
+               "idle_us?": {"host_wait_us": "num", "kernel_wait_us": "num", "other_us": "num"}, "below?": "str",
                "step_us?": "real", "kl_vs_fp32?": "num", "nll?": "num", "fidelity_matched?": "bool"}
 _DOCUMENT = {
     "schema": "str", "created": "str", "command": "str",

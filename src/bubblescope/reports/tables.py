@@ -37,8 +37,8 @@ SYNC_NOTE = ("sync share: fraction of the step wall time the host spends blocked
              "when the GPU is busy and the host has nothing else to do, which costs nothing by itself")
 # One bubble ratio everywhere (ladder.bubble_ratio); the marked values are a one-kernel step's in-kernel wait.
 BUBBLE_MARK = "*"
-BUBBLE_NOTE = ("bubble ratio: the share of each decode step the GPU idles (1 − GPU busy / span of the decode "
-               f"window); marked {BUBBLE_MARK}: a step of one kernel, whose bubble is its programs' wait on "
+BUBBLE_NOTE = ("bubble ratio: the share of the timed decode step the GPU idles (1 − GPU busy per profiled step / "
+               f"the TPOT p50: the profiler lengthens a host-bound step, not the GPU's work); marked {BUBBLE_MARK}: a step of one kernel, whose bubble is its programs' wait on "
                "dependencies, from the megakernel's own clock (program-time waiting / program-time)")
 # One request of the workload (ladder.request_times): time to the first token, the decode steps after it, and
 # the whole request; "~" marks TTFT + (n − 1) × TPOT p50 in documents that did not record the measured time.
