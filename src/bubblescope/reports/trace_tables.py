@@ -64,7 +64,7 @@ def step_metric_rows(steps: dict) -> list[tuple[str, str]]:
         ("launch share", fmt(steps.get("launch_share"), "pct")),
         ("sync share", fmt(steps.get("sync_share"), "pct")),
         (
-            f"idle per step: host-wait / kernel-wait (<{fmt(idle.get('threshold_us'))} µs) / other",
+            f"idle per step (mean): host-wait / kernel-wait (<{fmt(idle.get('threshold_us'))} µs) / other",
             " / ".join(us(idle.get(k)) for k in ("host_wait_us", "kernel_wait_us", "other_us")),
         ),
         ("launch delay p50 / p90 / max", " / ".join(us(delay.get(k)) for k in ("p50", "p90", "max"))),
