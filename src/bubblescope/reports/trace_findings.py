@@ -288,8 +288,9 @@ def _rank_skew(r: dict, t: Mapping[str, float]) -> list[dict]:
 
 
 def _busy_below_floor(f: dict, t: Mapping[str, float]) -> dict | None:
-    """``{gpu_busy_us_per_step, floor_us, bytes_per_step, needed_GBps, needed_over_peak}`` when the median step's GPU busy time is
-    under the floor for bytes beyond any cache (:data:`TRACE_THRESHOLDS`), else None."""
+    """``{gpu_busy_us_per_step, floor_us, bytes_per_step, needed_GBps, needed_over_peak}`` (µs, bytes, GB/s, a
+    factor) when the median step's GPU busy time is under the floor for bytes beyond any cache
+    (:data:`TRACE_THRESHOLDS`), else None."""
     bw = f.get("bandwidth") or {}
     s = bw.get("summary") or {}
     busy = (f.get("steps") or {}).get("gpu_busy_us_per_step")
