@@ -146,7 +146,7 @@ def test_unknown_peak_is_said_and_gives_no_percentage():
     assert bw["peak_GBps"] is None and "not in bubblescope's table" in bw["peak_reason"]
     s = bw["summary"]
     assert s["effective_GBps"] == 500 and s["util_peak"] is None and s["floor_us"] is None
-    assert bw["verdict"].startswith("2.000 ms per step, 500 GB/s effective (1.000 GB per step); peak bandwidth "
+    assert bw["verdict"].startswith("2.000 ms per step, 500 GB/s effective (1.00 GB per step); peak bandwidth "
                                     "unknown (Test GPU is not in")
 
 
@@ -224,11 +224,11 @@ def test_a_tiny_models_rate_and_bytes_read_the_same_in_the_verdict_and_the_table
 
     sb = td.resolve_step_bytes(bytes_per_step=541_312)
     bw = td.bandwidth_section(_entry([2000.0, 1786.0, 1786.0], name="Test GPU"), sb, nvml=False)
-    # 541,312 bytes in 1,786 µs: 0.30309 GB/s
-    assert bw["verdict"].startswith("1.786 ms per step, 0.303 GB/s effective (0.541 MB per step); peak bandwidth "
+    # 541,312 bytes in 1,786 µs: 0.30309 GB/s, printed as the tables print GB/s and bytes
+    assert bw["verdict"].startswith("1.786 ms per step, 0.3 GB/s effective (541.31 kB per step); peak bandwidth "
                                     "unknown")
     rows = dict(bandwidth_rows(bw))
-    assert rows["effective bandwidth"] == "0.303 GB/s" and rows["bytes per step (median)"] == "0.541 MB"
+    assert rows["effective bandwidth"] == "0.3 GB/s" and rows["bytes per step (median)"] == "541.31 kB"
 
 
 def test_a_floor_under_a_microsecond_is_not_printed_as_zero_ms():

@@ -125,7 +125,7 @@ def _owner_alive(folder: Path) -> bool:
     except ProcessLookupError:
         return False
     except OSError:  # exists, owned by another user
-        return True
+        pass
     return True
 
 

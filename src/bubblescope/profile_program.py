@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BubblescopeError
+from .profiler.trace.window import TRUNCATED
 from .profile_command import Program
 from .wording import count
 
@@ -29,9 +30,8 @@ OUT_FILES = ("profile.json", "profile.html", "profile.trace.json.gz")
 TRACE_NAME = "profile.trace.json.gz"
 RAW_TRACE = "window.trace.json"
 STATE = "state.json"
-# What the trace reader says of a file that ends early (profiler.trace.window / walk): Kineto renames its trace
-# into place even when its last write failed, so a trace cut short is a write that failed, not a bad trace.
-TRUNCATED = "(truncated?)"
+# Kineto renames its trace into place even when its last write failed, so a trace the reader finds cut short
+# (profiler.trace.window.TRUNCATED in its error) is a write that failed, not a bad trace.
 CUT_SHORT = "the profiler's trace ends early: its last write failed, as on a full disk"
 WARMUP_STEPS = 1  # profiled steps before the window: the profiler's own warm-up (profile_runner.StepWindow)
 # Skipped steps left out of the unprofiled baseline: the first call is the prompt's prefill, the next carries the

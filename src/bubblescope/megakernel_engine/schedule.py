@@ -225,15 +225,16 @@ class MegakernelParams:
             see ``gluon.host.resolve_attn_gate``).
         mv_widen: Gluon kernel only: how the matvec widens a weight to float32: ``convert`` (Triton's
             conversion; FP8 weights' only CUDA-core form) or ``bits`` (bf16 weights) (a bf16 pair read as one int32, split by a shift and a mask: one instruction
-            per weight); ``auto`` (the default): ``mma`` for thin models and FP8 weights, else ``bits`` (``gluon.host.auto_matvec``,
-            which gives the measurements). Measured on the H200 (``h200-2026-12-01-s7/gluon_check_r19.json``,
+            per weight); ``auto`` (the default): ``mma`` for thin models and FP8 weights, else ``bits``
+            (``gluon.host.auto_matvec``, which gives the measurements). Measured on the H200 (``h200-2026-12-01-s7/gluon_check_r19.json``,
             interleaved rounds, Llama-3.2-1B): 0.883 / 0.884 ms against 0.894 / 0.894 with ``convert``. ``mma`` (16-bit
             weights): the tensor cores, ``mma.sync`` m16n8k16 with the weight tile as the A operand (``ldmatrix`` from a
             128-byte-swizzled ring: each box arrives as ``BK / 64`` TMA boxes of 64 columns, which the warps share out)
             and the staged vector broadcast over the 8 columns of B, float32 accumulators summed across the warps once
             per task; far fewer instructions per weight than a widening and an FMA each (``gluon.matvec.mv_mma``; it
-            always reads a slot ahead, whatever ``mv_ahead``). FP8 weights take it under ``auto`` on every model (measured in ``gluon.host.auto_matvec``): each 128-column box
-            widened to f16 in registers (exact), the staged vector rounded to f16. Needs 16-bit or FP8 weights, full-width
+            always reads a slot ahead, whatever ``mv_ahead``). FP8 weights take it under ``auto`` on every model
+            (measured in ``gluon.host.auto_matvec``): each 128-column box widened to f16 in registers (exact), the
+            staged vector rounded to f16. Needs 16-bit or FP8 weights, full-width
             boxes (256 columns), at least 16 rows per matvec and a 128-byte box per consumer warp in each slot
             (refused by name otherwise: ``gluon.host.mv_mma_unsupported``). Measured on the H200 (``h200-2026-12-02-s12/gluon_check_r36*`` to
             ``gluon_check_r38*``, interleaved rounds, stepwise ms): correct (the 1B's 256 argmaxes equal the bf16

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..errors import BubblescopeError
 from .trace.values import json_float
-from ..reports.tables import bytes_text, gbps_text
+from ..reports.tables import fmt, gbps_text
 from ..reports.tables import us as us_text
 
 ROW_KEYS = ("step", "warmup", "context", "bytes", "wall_us", "effective_GBps", "util_peak", "floor_us",
@@ -95,7 +95,7 @@ def floor_verdict(summary: dict, peak_GBps: float | None, peak_reason: str | Non
         return None
     if peak_GBps is None:
         why = f" ({peak_reason})" if peak_reason else ""
-        return (f"{_ms(wall)} per step, {gbps_text(eff)} GB/s effective ({bytes_text(summary['bytes_per_step'])} "
+        return (f"{_ms(wall)} per step, {gbps_text(eff)} GB/s effective ({fmt(summary['bytes_per_step'], 'bytes')} "
                 f"per step); peak bandwidth unknown{why}: no floor or % of peak (give --peak-gbps)")
     return (f"{_ms(wall)} per step, {summary['over_floor_x']:.2f}× the floor of {_ms(summary['floor_us'])} "
             f"({_ms(summary['over_floor_us'])} above it): {summary['util_peak']:.0%} of the {peak_GBps:,.0f} GB/s "

@@ -38,8 +38,9 @@ SYNC_NOTE = ("sync share: fraction of the step wall time the host spends blocked
 # One bubble ratio everywhere (ladder.bubble_ratio); the marked values are a one-kernel step's in-kernel wait.
 BUBBLE_MARK = "*"
 BUBBLE_NOTE = ("bubble ratio: the share of the timed decode step the GPU idles (1 − GPU busy per profiled step / "
-               f"the TPOT p50: the profiler lengthens a host-bound step, not the GPU's work); marked {BUBBLE_MARK}: a step of one kernel, whose bubble is its programs' wait on "
-               "dependencies, from the megakernel's own clock (program-time waiting / program-time)")
+               "the TPOT p50: the profiler lengthens a host-bound step, not the GPU's work); marked "
+               f"{BUBBLE_MARK}: a step of one kernel, whose bubble is its programs' wait on dependencies, from the "
+               "megakernel's own clock (program-time waiting / program-time)")
 # One request of the workload (ladder.request_times): time to the first token, the decode steps after it, and
 # the whole request; "~" marks TTFT + (n − 1) × TPOT p50 in documents that did not record the measured time.
 # Beside them the first generation in the process (latency.first_run), which a fresh process pays once; "—" in
@@ -408,12 +409,8 @@ def counters_workload_line(doc: dict) -> str | None:
             f"above (prompt {_count(w.get('prompt_len'), 'token')}, {_count(w.get('gen_len'), 'new token')})")
 
 
+
 def gbps_text(gbps: float) -> str:
-    """GB/s for a sentence or a table: whole numbers from 100 up ("2,715"), else 3 significant digits ("0.303"),
-    so a tiny model's rate is not printed as 0 beside the table's 0.3."""
-    return f"{gbps:,.0f}" if abs(gbps) >= 100 else f"{gbps:.3g}"
-
-
-def bytes_text(nbytes: float) -> str:
-    """Bytes as GB (10^9) with 3 decimals from 0.1 GB up ("2.472 GB"), else as MB ("0.541 MB")."""
-    return f"{nbytes / 1e9:,.3f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:,.3f} MB"
+    """GB/s in a sentence: whole numbers with thousands separators from 10 up ("2,715"), below as the tables
+    print them (:func:`fmt`'s ``gbps``: "0.3", so a tiny model's rate is not "0")."""
+    return f"{gbps:,.0f}" if abs(gbps) >= 10 else fmt(gbps, "gbps")

@@ -7,7 +7,7 @@ unit that keeps them readable; None (not measured) shows as an em dash.
 
 from __future__ import annotations
 
-from .tables import MISSING, bytes_text, fmt, gbps_text, us
+from .tables import MISSING, fmt, gbps_text, us
 from ..wording import count
 
 IDLE_PARTS = ("host_wait", "kernel_wait", "other")
@@ -213,7 +213,7 @@ def bandwidth_rows(bw: dict) -> list[tuple[str, str]]:
     above, times = s.get("over_floor_us"), s.get("over_floor_x")
     return [
         ("model", model),
-        ("bytes per step (median)", bytes_text(nbytes) if nbytes is not None else MISSING),
+        ("bytes per step (median)", fmt(nbytes, "bytes")),
         ("bytes counted", _bytes_label(bw)),
         ("peak bandwidth", peak),
         ("step time (median of measured steps)", us(s.get("step_us_p50"))),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .window import COMMA, batch_end
+from .window import COMMA, TRUNCATED, batch_end
 
 if TYPE_CHECKING:
     from .events import EventTables
@@ -70,7 +70,7 @@ def parse(text: Text, cols: EventTables, workers: Workers | None = None) -> tupl
         if c == ",":
             text.pos += 1
         elif c != "}":
-            raise text.error("expected ',' or '}'" if c else "file ends early (truncated?)")
+            raise text.error("expected ',' or '}'" if c else f"file ends early {TRUNCATED}")
 
 
 def _end(text: Text) -> None:
@@ -154,4 +154,4 @@ def _parse_events(text: Text, cols: EventTables, allow_unclosed: bool, workers: 
         elif c == "" and allow_unclosed:
             return
         else:
-            raise text.error("expected ',' or ']' in traceEvents" if c else "file ends early (truncated?)")
+            raise text.error("expected ',' or ']' in traceEvents" if c else f"file ends early {TRUNCATED}")

@@ -25,6 +25,9 @@ _MAX_COMMAS = 4096  # '{' looked at from a window's end for the start of an even
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER_TAIL = re.compile(r"[0-9.eE+\-]*")
 COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")  # the separator between two events
+# The words of every "the file stops here" error (here and in .walk), which `profile` reads as a trace whose last
+# write failed (a full disk) rather than a bad trace.
+TRUNCATED = "(truncated?)"
 
 
 class Text:
@@ -66,7 +69,7 @@ class Text:
     def value(self) -> Any:
         """Scan one JSON value after the cursor, reading more text while it may just be cut off."""
         if not self.peek():
-            raise self.error("file ends early (truncated?)")
+            raise self.error(f"file ends early {TRUNCATED}")
         while True:
             try:
                 obj, end = self.scanner(self.buf, self.pos)
@@ -89,7 +92,7 @@ class Text:
                 # unterminated string; anything else is malformed input.
                 cut = exc.pos >= len(self.buf) - 8 or exc.msg.startswith("Unterminated string")
                 if self.eof or not cut or len(self.buf) - self.pos > _MAX_EVENT_CHARS:
-                    what = "ends inside a JSON value (truncated?)" if self.eof and cut else exc.msg
+                    what = f"ends inside a JSON value {TRUNCATED}" if self.eof and cut else exc.msg
                     raise self.error(what, exc.pos) from None
             if not self.fill():
                 self.eof = True
