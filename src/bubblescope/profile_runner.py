@@ -239,6 +239,12 @@ class Recorder:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
+            # CUPTI torn down when the window stops, so the program's later steps run at full speed again (the
+            # rule and its measurement: profiler.capture.release_cupti_after_profiling; not imported, as nothing
+            # of bubblescope is loaded into the program)
+            cuda = torch.version.cuda or "0.0"
+            if tuple(int(x) for x in cuda.split(".")[:2]) >= (12, 6):
+                os.environ.setdefault("TEARDOWN_CUPTI", "1")
             torch.cuda.synchronize()  # the window's kernels are its own, not the skipped steps' still in flight
         prof = profile(activities=activities, record_shapes=False)
         with self.quiet():

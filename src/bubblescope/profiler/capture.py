@@ -126,6 +126,23 @@ def _greedy_step(decoder, token: int) -> int:
     return fused(token) if callable(fused) else int(torch.argmax(decoder.decode(token)))
 
 
+def release_cupti_after_profiling() -> None:
+    """Ask Kineto to tear CUPTI down when a profiling session stops (``TEARDOWN_CUPTI=1``, which libkineto reads
+    at the process's first stop), unless the environment already says otherwise.
+
+    Without it CUPTI stays attached after ``torch.profiler`` stops and every later kernel pays for it: on an H100
+    (torch 2.11, CUDA 13.0) the reference engine's CUDA-graph step ran 2.66 ms before any profiling, 2.94 after
+    one session and 3.09 after two; with the teardown 2.68 and 2.76 after either. ``diagnose model`` times each
+    engine after the previous ones were profiled, so without it an engine's place in the run would move its
+    latency. Left alone below CUDA 12.6, where re-initialising CUPTI after a teardown can crash with CUDA graphs
+    (torch's profiler turns the teardown off there itself)."""
+    import torch
+
+    cuda = torch.version.cuda
+    if cuda and tuple(int(x) for x in cuda.split(".")[:2]) >= (12, 6):
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+
+
 def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
                          out_path: str | os.PathLike | None = None,
                          step_marker: str = STEP_MARKER, profiled_warmup: int = 0, dtype: str | None = None,
@@ -134,8 +151,8 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
 
     Procedure: ``decoder.reset()``; ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled
     (CUDA-graph capture, Triton compilation and allocator growth happen here, not in the trace); then,
-    under ``torch.profiler.profile(activities=[CPU] (+ [CUDA] on a cuda decoder), record_shapes=False)``,
-    ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``. A step includes taking the
+    under ``torch.profiler.profile(activities=[CPU] (+ [CUDA] on a cuda decoder), record_shapes=False)``
+    (CUPTI released when it stops: :func:`release_cupti_after_profiling`), ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``. A step includes taking the
     greedy token to the host as ``generate()`` does (:func:`_greedy_step`: the engine's fused greedy step
     when it has one, else ``int(decode(tok).argmax())``): that host sync is part of per-token latency. On a
     CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says GPU metrics are unavailable
@@ -197,6 +214,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     if gpu:
+        release_cupti_after_profiling()
         torch.cuda.synchronize(decoder.device)
     with quiet_start_stop(profile(activities=activities, record_shapes=False)) as prof:
         for i in range(steps):

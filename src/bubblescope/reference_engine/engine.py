@@ -1,14 +1,18 @@
 """The reference Decoder: the op-by-op model in one of three modes.
 
 * ``eager``: every op is its own kernel launch (hundreds per token) — the baseline a profiler should explain.
-* ``cudagraph``: the decode step is captured once in a CUDA graph and replayed; the token is written into a
+* ``cudagraph``: the decode step is captured in a CUDA graph and replayed; the token is written into a
   static buffer by a fill kernel and the position tensor is incremented inside the graph, so a step is two
-  launches and needs no host sync.
+  launches and needs no host sync. A graph attends over a fixed number of cache positions, so there is one per
+  context bucket (:func:`kv_bucket`: powers of two from 256), captured when a step first reaches it: a step
+  costs what its context needs, at most twice, not what the cache could hold.
 * ``compile``: ``torch.compile`` (inductor fusion) of the decode step; on a GPU the compiled step is captured
   in one CUDA graph as in ``cudagraph`` mode, so this rung differs from the one below it by fusion alone.
   Not ``mode="reduce-overhead"``: its CUDA-graph trees run Python bookkeeping on every call, host time a
   synchronised decode loop pays per token and a process's host speed varies, which would blur what fusion
-  buys. Prefill stays eager (it runs once per request and a dynamic-shape compile would only move TTFT).
+  buys. One compilation per context bucket (``dynamic=False``: each specialised, as gpt-fast compiles).
+  Prefill stays eager (it runs once per request and a dynamic-shape compile would only move TTFT).
+* ``eager`` attends over exactly the positions in use.
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from .model import Transformer
 from ..wording import count
 
 MODES = ("eager", "cudagraph", "compile")
+KV_BUCKET_MIN = 256  # the smallest context bucket (positions)
+
+
+def kv_bucket(position: int, max_seq_len: int) -> int:
+    """The cache positions a captured or compiled decode step at ``position`` attends over: the smallest power of
+    two ≥ ``position + 1`` and ≥ :data:`KV_BUCKET_MIN`, capped at ``max_seq_len``. Doubling keeps the graphs
+    (and compilations) to log2(max_seq_len / 256) + 1 and a step's attention within twice its context."""
+    need = max(position + 1, KV_BUCKET_MIN)
+    return min(1 << (need - 1).bit_length(), max_seq_len)
 CUDAGRAPH_NEEDS_CUDA = "reference mode cudagraph needs a CUDA device"  # engines.py says it before a model loads
 
 
@@ -53,15 +66,15 @@ class ReferenceEngine:
         self.position = 0
         self._tok = torch.zeros(1, dtype=torch.long, device=self.device)
         self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._graph = None
-        self._graph_out = None
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # kv bucket -> (graph, logits)
+        self._pool = None   # one memory pool shared by the buckets' graphs
         self._compiled = None
         if mode == "compile":
-            self._compiled = torch.compile(self.model, fullgraph=True)
+            self._compiled = torch.compile(self.model, fullgraph=True, dynamic=False)
 
-    # The decode step: fixed shapes, position as a device tensor advanced in place (no host sync).
-    def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        logits = (self.model if self._compiled is None else self._compiled)(tok, pos)
+    # The decode step: fixed shapes for a given kv_len, position as a device tensor advanced in place (no host sync).
+    def _step(self, tok: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        logits = (self.model if self._compiled is None else self._compiled)(tok, pos, kv_len=kv_len)
         pos.add_(1)
         return logits
 
@@ -85,7 +98,7 @@ class ReferenceEngine:
                                    f"{count(self.max_seq_len, 'position')}")
         self.reset()
         pos = torch.arange(t, device=self.device)
-        logits = self.model(token_ids.to(self.device).view(-1), pos)
+        logits = self.model(token_ids.to(self.device).view(-1), pos, kv_len=t)
         self.position = t
         self._pos.fill_(t)
         return logits
@@ -94,7 +107,8 @@ class ReferenceEngine:
     def decode(self, token: int | torch.Tensor) -> torch.Tensor:
         """One decode step for ``token`` at the current position; returns logits (V,).
 
-        In ``cudagraph``/``compile`` mode the returned tensor is a static buffer overwritten by the next call.
+        In ``cudagraph``/``compile`` mode the returned tensor is a static buffer overwritten by the next step of
+        its context bucket.
 
         Raises:
             BubblescopeError: the KV cache is full.
@@ -105,20 +119,23 @@ class ReferenceEngine:
             self._tok.copy_(token.view(1))
         else:
             self._tok.fill_(int(token))
-        if self.mode == "eager" or self.device.type != "cuda":   # compile on a CPU: no graph to capture
-            out = self._step(self._tok, self._pos)
+        if self.mode == "eager":
+            out = self._step(self._tok, self._pos, self.position + 1)
+        elif self.device.type != "cuda":   # compile on a CPU: no graph to capture
+            out = self._step(self._tok, self._pos, kv_bucket(self.position, self.max_seq_len))
         else:
-            out = self._replay()
+            out = self._replay(kv_bucket(self.position, self.max_seq_len))
         self.position += 1
         return out
 
-    def _replay(self) -> torch.Tensor:
-        if self._graph is None:
-            self._capture()
-        self._graph.replay()
-        return self._graph_out
+    def _replay(self, kv_len: int) -> torch.Tensor:
+        if kv_len not in self._graphs:
+            self._capture(kv_len)
+        graph, out = self._graphs[kv_len]
+        graph.replay()
+        return out
 
-    def _capture(self) -> None:
+    def _capture(self, kv_len: int) -> None:
         # Warm up on a side stream (cuBLAS workspaces, lazy init; in compile mode the compilation) before capture,
         # as the CUDA-graph docs say.
         # The warm-up steps write the cache at the current position and advance _pos, so restore both.
@@ -128,11 +145,13 @@ class ReferenceEngine:
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._pos.copy_(pos0)
-                self._step(self._tok, self._pos)
+                self._step(self._tok, self._pos, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self._pos.copy_(pos0)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._step(self._tok, self._pos)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._step(self._tok, self._pos, kv_len)
         self._pos.copy_(pos0)
-        self._graph, self._graph_out = graph, out
+        self._graphs[kv_len] = (graph, out)

@@ -1,8 +1,11 @@
 """Op-by-op PyTorch Llama-family transformer with a fixed-shape KV cache (gpt-fast style).
 
-One ``forward(tokens, input_pos)`` serves prefill (T tokens) and decode (T = 1): keys and values are
-written into the static cache at ``input_pos`` and attention runs over the whole cache under a mask, so
-the decode step has fixed shapes and no host sync (CUDA-graph capturable). Numerics follow transformers'
+One ``forward(tokens, input_pos, kv_len=L)`` serves prefill (T tokens) and decode (T = 1): keys and values are
+written into the static cache at ``input_pos`` and attention runs over the cache's first ``L`` positions under a
+mask, so the decode step has fixed shapes for a given ``L`` and no host sync (CUDA-graph capturable). ``L`` is
+the caller's choice: the engine passes the positions in use (eager) or a bucket of them (one graph per bucket),
+since attending over the whole cache would make a step's cost grow with the cache's capacity, not its context
+(GQA's repeat copies every position of it, per layer and step). Numerics follow transformers'
 ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``: RMSNorm in float32 then cast back,
 RoPE applied in the activation dtype with rotate_half, GQA by repeating KV heads (``bubblescope.torch_ops``, shared
 with the megakernel's batched prefill).
@@ -67,7 +70,7 @@ class Layer(nn.Module):
         act = w.input_layernorm  # the activation dtype (a projection may be FP8)
         self.kv_cache = KVCache(max_seq_len, cfg.num_key_value_heads, cfg.head_dim, act.dtype, act.device)
 
-    def forward(self, x, cos, sin, mask, input_pos):
+    def forward(self, x, cos, sin, mask, input_pos, kv_len: int | None = None):
         c = self.cfg
         T = x.shape[0]
         h = rms_norm(x, self.input_layernorm, c.rms_norm_eps)                     # (T, H)
@@ -86,6 +89,8 @@ class Layer(nn.Module):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         k_all, v_all = self.kv_cache.update(input_pos, k, v)                       # (1, nkv, S, D)
+        if kv_len is not None:                                                     # (1, nkv, L, D)
+            k_all, v_all = k_all[:, :, :kv_len], v_all[:, :, :kv_len]
         k_all = repeat_kv(k_all, c.gqa_group)                                      # (1, nh, S, D)
         v_all = repeat_kv(v_all, c.gqa_group)
         y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)       # (1, nh, T, D)
@@ -124,14 +129,17 @@ class Transformer(nn.Module):
         causal = torch.tril(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool, device=dev))
         self.register_buffer("causal", causal, persistent=False)
 
-    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True) -> torch.Tensor:
-        """tokens, input_pos: LongTensor (T,) -> logits (V,) of the last position, or (T, V) if not last_only."""
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True,
+                kv_len: int | None = None) -> torch.Tensor:
+        """tokens, input_pos: LongTensor (T,) -> logits (V,) of the last position, or (T, V) if not last_only.
+        ``kv_len``: attend over the cache's first ``kv_len`` positions (at least the last input position + 1;
+        None: the whole cache)."""
         x = F.embedding(tokens, self.embed_tokens)                                 # (T, H)
         cos = self.cos[input_pos].to(x.dtype)[None, None]                          # (1, 1, T, D)
         sin = self.sin[input_pos].to(x.dtype)[None, None]
-        mask = self.causal[input_pos][None, None]                                  # (1, 1, T, S)
+        mask = self.causal[input_pos][None, None, :, :kv_len]                      # (1, 1, T, L)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, input_pos)
+            x = layer(x, cos, sin, mask, input_pos, kv_len)
         if last_only:
             x = x[-1]
         return linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)

@@ -112,11 +112,13 @@ class TPTransformer(Transformer):
         for layer in self.layers:
             layer.group = group
 
-    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True) -> torch.Tensor:
-        """tokens, input_pos: LongTensor (T,) -> logits (V,) of the last position, or (T, V) if not last_only."""
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True,
+                kv_len: int | None = None) -> torch.Tensor:
+        """tokens, input_pos: LongTensor (T,) -> logits (V,) of the last position, or (T, V) if not last_only;
+        ``kv_len`` as :meth:`Transformer.forward`'s."""
         import torch.distributed as dist
 
-        local = super().forward(tokens, input_pos, last_only).contiguous()   # (..., V/N)
+        local = super().forward(tokens, input_pos, last_only, kv_len).contiguous()   # (..., V/N)
         n = dist.get_world_size(self.group)
         out = local.new_empty(n * local.numel())  # flat: gloo only takes the concatenated output layout
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
