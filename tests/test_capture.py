@@ -212,3 +212,17 @@ def test_kineto_marker_filter_keeps_other_stderr_lines(capfd):
     assert capfd.readouterr().err == (
         "ERROR:2026-12-01 10:05:38 16373:16373 CuptiActivityApi.cpp:1] CUPTI_ERROR_NOT_INITIALIZED\n"
         "USDT:2026-12-01 10:05:38 16373:16373 Other.cpp:3] something_else\n")
+
+
+@pytest.mark.parametrize("cuda, preset, want", [("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, None),
+                                                (None, None, None), ("13.0", "0", "0")])
+def test_cupti_released_after_profiling_only_where_safe_and_not_set(monkeypatch, cuda, preset, want):
+    from bubblescope.profiler.capture import release_cupti_after_profiling
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    if preset is None:
+        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    else:
+        monkeypatch.setenv("TEARDOWN_CUPTI", preset)
+    release_cupti_after_profiling()
+    assert os.environ.get("TEARDOWN_CUPTI") == want

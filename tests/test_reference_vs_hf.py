@@ -96,3 +96,28 @@ def test_prefill_equals_decode(tmp_path):
     steps = [eng.prefill(toks[:1]).clone()] + [eng.decode(int(t)).clone() for t in toks[1:]]
     assert (torch.stack(steps) - full).abs().max().item() < 1e-4
     assert eng.position == 12
+
+
+def test_context_buckets_are_powers_of_two_from_256_capped_at_the_cache():
+    from bubblescope.reference_engine.engine import kv_bucket
+
+    # position p needs p + 1 cache positions
+    assert [kv_bucket(p, 5000) for p in (0, 255, 256, 511, 512, 1023, 1024, 4095, 4096)] == \
+        [256, 256, 512, 512, 1024, 1024, 2048, 4096, 5000]
+    assert kv_bucket(10, 64) == 64 and kv_bucket(63, 64) == 64
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_logits_across_a_context_bucket_match_transformers(mode, tmp_path):
+    """Decode steps at positions 250-261, on both sides of the 256-position bucket's edge: the compiled steps
+    attend over 256, then 300 cache positions (one compilation each), the eager ones over the positions in use."""
+    hf, weights = _hf_model_and_ours("llama-gqa-llama3-tied", tmp_path)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, weights.config.vocab_size, (250,), generator=g).tolist()
+    forced = torch.randint(3, weights.config.vocab_size, (12,), generator=g).tolist()
+    eng = ReferenceEngine(weights, mode=mode, max_seq_len=300)
+    ours = teacher_forced_logits(eng, prompt, forced)                # (13, V)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + forced])).logits[0, len(prompt) - 1:]
+    err = (ours - ref).abs().max().item()
+    assert err < 1e-4, f"max abs logit error {err}"
