@@ -127,12 +127,12 @@ def _greedy_step(decoder, token: int) -> int:
 
 
 def release_cupti_after_profiling() -> None:
-    """Ask Kineto to tear CUPTI down when a profiling session stops (``TEARDOWN_CUPTI=1``, which libkineto reads
+    """Ask Kineto to tear CUPTI down when a profiler stops (``TEARDOWN_CUPTI=1``, which libkineto reads
     at the process's first stop), unless the environment already says otherwise.
 
     Without it CUPTI stays attached after ``torch.profiler`` stops and every later kernel pays for it: on an H100
     (torch 2.11, CUDA 13.0) the reference engine's CUDA-graph step ran 2.66 ms before any profiling, 2.94 after
-    one session and 3.09 after two; with the teardown 2.68 and 2.76 after either. ``diagnose model`` times each
+    one profiler run and 3.09 after two; with the teardown 2.68 and 2.76 after either. ``diagnose model`` times each
     engine after the previous ones were profiled, so without it an engine's place in the run would move its
     latency. Left alone below CUDA 12.6, where re-initialising CUPTI after a teardown can crash with CUDA graphs
     (torch's profiler turns the teardown off there itself)."""
