@@ -321,7 +321,7 @@ class FusedEngine:
             raise BubblescopeError(f"prompt: {t} tokens do not fit the KV cache of "
                                    f"{count(self.max_seq_len, 'position')}")
         self.reset()
-        logits = self.model(token_ids.to(self.device).view(-1), torch.arange(t, device=self.device))
+        logits = self.model(token_ids.to(self.device).view(-1), torch.arange(t, device=self.device), kv_len=t)
         self.position = t
         self._b["pos"].fill_(t)
         return logits
