@@ -10,8 +10,9 @@ cases it ran in an existing result file, so the work can be split over several c
 - ``hf``: ``bubblescope profile --model llama-3.2-1b -- python examples/hf_generate.py`` (Hugging Face
   ``model.generate``, eager, bf16, 128-token prompt, 128 new tokens), compared with the ``hf`` engine;
 - ``compiled-graphs``, ``compiled-eager``: ``examples/compiled_loop.py --cuda-graphs`` / ``--no-cuda-graphs``
-  (a gpt-fast style ``torch.compile``d decode step), compared with ``reference-compile`` (the same model code
-  compiled with ``mode="reduce-overhead"``: CUDA graphs); the graph-less loop has no ``diagnose model`` engine
+  (a gpt-fast style ``torch.compile``d decode step, ``mode="reduce-overhead"`` with ``--cuda-graphs``), compared
+  with ``reference-compile`` (the same model code compiled by inductor, the step captured in a CUDA graph by the
+  engine); the graph-less loop has no ``diagnose model`` engine
   of its own, so its ``util_diagnose_model`` is that of ``reference-compile`` with a note;
 - ``same-hf``, ``same-compile``: ``bubblescope profile -- python -m bubblescope generate llama-3.2-1b --engine hf``
   (``--engine reference --mode compile``), each with ``--warmup 1``: the very loop ``diagnose model`` times for

@@ -220,8 +220,9 @@ def test_cupti_released_after_profiling_only_where_safe_and_not_set(monkeypatch,
     from bubblescope.profiler.capture import release_cupti_after_profiling
 
     monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setenv("TEARDOWN_CUPTI", "x")   # recorded, so the value the function sets is undone afterwards
     if preset is None:
-        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+        monkeypatch.delenv("TEARDOWN_CUPTI")
     else:
         monkeypatch.setenv("TEARDOWN_CUPTI", preset)
     release_cupti_after_profiling()

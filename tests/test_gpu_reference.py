@@ -31,6 +31,26 @@ def test_cudagraph_and_compile_match_eager_greedy(llama1b):
     assert agree >= 0.95, agree
 
 
+def test_bucket_graphs_match_eager_logits_across_an_edge_and_after_a_reset(llama1b):
+    """Teacher-forced steps at positions 250-261 (the graphs of the 256- and 340-position buckets), then a short
+    run that replays the 256 bucket's graph again after the longer one: logits within bf16 noise of eager's."""
+    from bubblescope.generation import teacher_forced_logits
+
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, 128256, (250,), generator=g).tolist()
+    forced = torch.randint(3, 128256, (12,), generator=g).tolist()
+    eager = ReferenceEngine(llama1b, "eager", 340)
+    want = teacher_forced_logits(eager, prompt, forced)
+    want_short = teacher_forced_logits(eager, prompt[:20], forced[:4])
+    for mode in ("cudagraph", "compile"):
+        eng = ReferenceEngine(llama1b, mode, 340)
+        for got, ref in ((teacher_forced_logits(eng, prompt, forced), want),
+                         (teacher_forced_logits(eng, prompt[:20], forced[:4]), want_short)):
+            rel = ((got - ref).abs().max() / ref.abs().max()).item()
+            same_top1 = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+            assert rel < 5e-2 and same_top1 >= 0.9, (mode, rel, same_top1)
+
+
 def test_captured_timeline_graph_has_far_fewer_launches(llama1b, tmp_path):
     from bubblescope.profiler.capture import capture_decode_trace
     from bubblescope.profiler.trace.timeline import timeline_summary

@@ -121,3 +121,23 @@ def test_logits_across_a_context_bucket_match_transformers(mode, tmp_path):
         ref = hf(torch.tensor([prompt + forced])).logits[0, len(prompt) - 1:]
     err = (ours - ref).abs().max().item()
     assert err < 1e-4, f"max abs logit error {err}"
+
+
+def test_prepare_compiles_every_bucket_before_the_steps_that_use_them(tmp_path):
+    """After ``prepare``, decode steps across the 256-position edge compile nothing more (dynamo's count of
+    compiled graphs stays), and their logits still match transformers."""
+    from torch._dynamo.utils import counters
+
+    hf, weights = _hf_model_and_ours("llama-mha-untied", tmp_path)
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, weights.config.vocab_size, (250,), generator=g).tolist()
+    forced = torch.randint(3, weights.config.vocab_size, (12,), generator=g).tolist()
+    eng = ReferenceEngine(weights, mode="compile", max_seq_len=300)
+    eng.prepare(len(prompt) + len(forced))
+    before = counters["stats"]["unique_graphs"]
+    eng.reset()
+    rows = [eng.prefill(torch.tensor(prompt)).clone()] + [eng.decode(t).clone() for t in forced]
+    assert counters["stats"]["unique_graphs"] == before
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + forced])).logits[0, len(prompt) - 1:]
+    assert (torch.stack(rows) - ref).abs().max().item() < 1e-4

@@ -111,10 +111,10 @@ def _hf(weights: ModelWeights, max_seq_len: int, params=None):
 
 ENGINES: dict[str, EngineSpec] = {s.name: s for s in [
     EngineSpec("reference", "op-by-op PyTorch, eager: one launch per op", _reference("eager")),
-    EngineSpec("reference-cudagraph", "op-by-op PyTorch, decode step replayed as one CUDA graph",
+    EngineSpec("reference-cudagraph", "op-by-op PyTorch, decode step replayed as one CUDA graph per context bucket",
                _reference("cudagraph"), _cudagraph_unavailable),
     EngineSpec("reference-compile", "torch.compile (inductor fusion), the compiled step replayed as one CUDA graph "
-               "(compiled eagerly on a CPU)",
+               "per context bucket (on a CPU: the compiled step, no graph)",
                _reference("compile")),
     EngineSpec("reference-fused", "fused Triton kernels, 5 per layer (RMSNorm, RoPE, the KV write, SwiGLU and the "
                "residual adds inside the matvecs; split-K attention), the step replayed as one CUDA graph",

@@ -1,5 +1,8 @@
 """Run a Python program, unchanged, under torch.profiler for a bounded window of its decode steps.
 
+The program's code is not changed; its environment gains ``TEARDOWN_CUPTI=1`` when the window starts (CUDA ≥ 12.6,
+not already set), so that its steps after the window run without CUPTI attached.
+
 ``bubblescope profile`` starts ``<python> [flags] profile_runner.py CONFIG.json (SCRIPT | -m MODULE) [args]``.
 This file is run by path in the program's own interpreter, so it imports only the standard library at import
 time (torch once the program is set up) and nothing of bubblescope but Kineto's log filter, loaded from its file.
@@ -50,8 +53,9 @@ class StepWindow:
     Phases: ``skip`` (steps 0 .. skip-1, unprofiled, timed) → ``warm`` (step ``skip``: profiled, the profiler's
     own warm-up) → ``window`` (profiled) → ``reference`` (as many steps timed unprofiled) → ``done``. The skipped
     steps are the baseline, taken before any profiler ran: once a CUDA profiler has run, the process may keep paying
-    for it (Kineto leaves CUPTI attached unless ``TEARDOWN_CUPTI=1``, pytorch/pytorch#144455), so the steps after
-    the window are timed beside it, not instead. Tracing costs
+    for it (Kineto leaves CUPTI attached unless ``TEARDOWN_CUPTI=1``, pytorch/pytorch#144455; the runner sets it
+    where CUDA ≥ 12.6 and it is unset, and some cost remains), so the steps after the window are timed beside it,
+    not instead. Tracing costs
     more in its first step (a first step 8× the median was seen on CPU), which is why ``torch.profiler.schedule``
     has a ``warmup`` phase; here that step stays in the trace, as its first step, and the report leaves it out
     of the step figures. :meth:`boundary` is called when step ``k`` begins (k = 0, 1, ...), with the time in ns,

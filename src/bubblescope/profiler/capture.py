@@ -149,13 +149,14 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
                          weights: str | None = None) -> CaptureResult:
     """Profile ``steps`` greedy decode steps of ``decoder`` and write a ``.json.gz`` Chrome trace.
 
-    Procedure: ``decoder.reset()``; ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled
-    (CUDA-graph capture, Triton compilation and allocator growth happen here, not in the trace); then,
-    under ``torch.profiler.profile(activities=[CPU] (+ [CUDA] on a cuda decoder), record_shapes=False)``
-    (CUPTI released when it stops: :func:`release_cupti_after_profiling`), ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``. A step includes taking the
-    greedy token to the host as ``generate()`` does (:func:`_greedy_step`: the engine's fused greedy step
-    when it has one, else ``int(decode(tok).argmax())``): that host sync is part of per-token latency. On a
-    CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says GPU metrics are unavailable
+    Procedure: ``decoder.prepare(prompt + warmup + steps)`` where the decoder has it; ``decoder.reset()``;
+    ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled (CUDA-graph capture, Triton compilation and
+    allocator growth happen there, not in the trace); then, under ``torch.profiler.profile(activities=[CPU]
+    (+ [CUDA] on a cuda decoder), record_shapes=False)`` (CUPTI released when it stops:
+    :func:`release_cupti_after_profiling`), ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``.
+    A step includes taking the greedy token to the host as ``generate()`` does (:func:`_greedy_step`: the
+    engine's fused greedy step when it has one, else ``int(decode(tok).argmax())``): that host sync is part of
+    per-token latency. On a CPU decoder only CPU activity is captured: ``gpu`` is False and ``note`` says GPU metrics are unavailable
     (no zeros are made up).
 
     Args:
@@ -204,6 +205,9 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     path.parent.mkdir(parents=True, exist_ok=True)
 
     gpu = torch.device(decoder.device).type == "cuda"
+    prepare = getattr(decoder, "prepare", None)   # the Decoder protocol's optional hook: captures before the trace
+    if callable(prepare):
+        prepare(needed)
     decoder.reset()
     tok = int(decoder.prefill(prompt).argmax())
     tokens = [tok]

@@ -1,18 +1,19 @@
 """The reference Decoder: the op-by-op model in one of three modes.
 
 * ``eager``: every op is its own kernel launch (hundreds per token) — the baseline a profiler should explain.
+  A step attends over exactly the cache positions in use.
 * ``cudagraph``: the decode step is captured in a CUDA graph and replayed; the token is written into a
   static buffer by a fill kernel and the position tensor is incremented inside the graph, so a step is two
   launches and needs no host sync. A graph attends over a fixed number of cache positions, so there is one per
-  context bucket (:func:`kv_bucket`: powers of two from 256), captured when a step first reaches it: a step
-  costs what its context needs, at most twice, not what the cache could hold.
+  context bucket (:func:`kv_bucket`: powers of two from 256), captured by :meth:`ReferenceEngine.prepare` before
+  a generation needs it: a step costs what its context needs (beyond 256 positions at most twice that), not
+  what the cache could hold.
 * ``compile``: ``torch.compile`` (inductor fusion) of the decode step; on a GPU the compiled step is captured
-  in one CUDA graph as in ``cudagraph`` mode, so this rung differs from the one below it by fusion alone.
-  Not ``mode="reduce-overhead"``: its CUDA-graph trees run Python bookkeeping on every call, host time a
+  in one CUDA graph per bucket as in ``cudagraph`` mode, so this rung differs from the one below it by fusion
+  alone. Not ``mode="reduce-overhead"``: its CUDA-graph trees run Python bookkeeping on every call, host time a
   synchronised decode loop pays per token and a process's host speed varies, which would blur what fusion
-  buys. One compilation per context bucket (``dynamic=False``: each specialised, as gpt-fast compiles).
+  buys. One compilation per context bucket (``dynamic=False``: each specialised to its length).
   Prefill stays eager (it runs once per request and a dynamic-shape compile would only move TTFT).
-* ``eager`` attends over exactly the positions in use.
 """
 
 from __future__ import annotations
@@ -25,16 +26,27 @@ from .model import Transformer
 from ..wording import count
 
 MODES = ("eager", "cudagraph", "compile")
-KV_BUCKET_MIN = 256  # the smallest context bucket (positions)
+CUDAGRAPH_NEEDS_CUDA = "reference mode cudagraph needs a CUDA device"  # engines.py says it before a model loads
+KV_BUCKET_MIN = 256       # the smallest context bucket (positions)
+RECOMPILE_LIMIT = 64      # torch._dynamo's per-function compilation limit while compile engines exist (default 8)
 
 
 def kv_bucket(position: int, max_seq_len: int) -> int:
     """The cache positions a captured or compiled decode step at ``position`` attends over: the smallest power of
     two ≥ ``position + 1`` and ≥ :data:`KV_BUCKET_MIN`, capped at ``max_seq_len``. Doubling keeps the graphs
-    (and compilations) to log2(max_seq_len / 256) + 1 and a step's attention within twice its context."""
+    (and compilations) to ⌈log2(max_seq_len / 256)⌉ + 1 (1 up to 256 positions; 10 for 131,072) and, beyond 256
+    positions, a step's attention within twice its context."""
     need = max(position + 1, KV_BUCKET_MIN)
     return min(1 << (need - 1).bit_length(), max_seq_len)
-CUDAGRAPH_NEEDS_CUDA = "reference mode cudagraph needs a CUDA device"  # engines.py says it before a model loads
+
+
+def _allow_bucket_compilations() -> None:
+    """Each bucket is a compilation of the same ``Transformer.forward``, counted across engines in the process;
+    past torch._dynamo's limit (8 by default) a ``fullgraph`` compile raises instead of compiling, so a long
+    context or a few compile engines in one run would fail. Raised to :data:`RECOMPILE_LIMIT` (never lowered)."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"   # renamed in torch 2.6
+    setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
 
 
 class ReferenceEngine:
@@ -69,7 +81,9 @@ class ReferenceEngine:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # kv bucket -> (graph, logits)
         self._pool = None   # one memory pool shared by the buckets' graphs
         self._compiled = None
+        self._warm: set[int] = set()   # buckets compiled (compile mode on a CPU, where nothing is captured)
         if mode == "compile":
+            _allow_bucket_compilations()
             self._compiled = torch.compile(self.model, fullgraph=True, dynamic=False)
 
     # The decode step: fixed shapes for a given kv_len, position as a device tensor advanced in place (no host sync).
@@ -104,11 +118,33 @@ class ReferenceEngine:
         return logits
 
     @torch.inference_mode()
+    def prepare(self, last_position: int) -> None:
+        """Capture (compile, on a CPU) every context bucket a step at positions 0 … ``last_position`` uses and that
+        is not ready yet, so that no capture or compilation lands inside a timed or profiled step; eager mode has
+        nothing to prepare. Call it between generations (:func:`~bubblescope.generation.generate` does, before
+        its ``reset``): the warm-up steps write the cache at position 0 and whatever token is in the buffer.
+        ``last_position`` is clamped to the cache."""
+        if self.mode == "eager":
+            return
+        last = max(0, min(int(last_position), self.max_seq_len - 1))
+        buckets = sorted({kv_bucket(p, self.max_seq_len) for p in range(0, last + 1, KV_BUCKET_MIN)}
+                         | {kv_bucket(last, self.max_seq_len)})
+        self._pos.zero_()
+        for b in buckets:
+            if self.device.type == "cuda" and b not in self._graphs:
+                self._capture(b)
+            elif self.device.type != "cuda" and b not in self._warm:
+                self._step(self._tok, self._pos, b)
+                self._pos.zero_()
+                self._warm.add(b)
+        self._pos.fill_(self.position)
+
+    @torch.inference_mode()
     def decode(self, token: int | torch.Tensor) -> torch.Tensor:
         """One decode step for ``token`` at the current position; returns logits (V,).
 
         In ``cudagraph``/``compile`` mode the returned tensor is a static buffer overwritten by the next step of
-        its context bucket.
+        its context bucket; a bucket not prepared (:meth:`prepare`) is captured here, inside the step.
 
         Raises:
             BubblescopeError: the KV cache is full.
@@ -122,7 +158,9 @@ class ReferenceEngine:
         if self.mode == "eager":
             out = self._step(self._tok, self._pos, self.position + 1)
         elif self.device.type != "cuda":   # compile on a CPU: no graph to capture
-            out = self._step(self._tok, self._pos, kv_bucket(self.position, self.max_seq_len))
+            bucket = kv_bucket(self.position, self.max_seq_len)
+            out = self._step(self._tok, self._pos, bucket)
+            self._warm.add(bucket)
         else:
             out = self._replay(kv_bucket(self.position, self.max_seq_len))
         self.position += 1
@@ -149,6 +187,8 @@ class ReferenceEngine:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self._pos.copy_(pos0)
         graph = torch.cuda.CUDAGraph()
+        # one pool for every bucket's graph: each graph's logits stay referenced in _graphs, and replays run one
+        # after another on one stream, so memory one graph frees at capture may serve another's intermediates
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):

@@ -91,9 +91,9 @@ class Layer(nn.Module):
         k_all, v_all = self.kv_cache.update(input_pos, k, v)                       # (1, nkv, S, D)
         if kv_len is not None:                                                     # (1, nkv, L, D)
             k_all, v_all = k_all[:, :, :kv_len], v_all[:, :, :kv_len]
-        k_all = repeat_kv(k_all, c.gqa_group)                                      # (1, nh, S, D)
+        k_all = repeat_kv(k_all, c.gqa_group)                                      # (1, nh, L, D)
         v_all = repeat_kv(v_all, c.gqa_group)
-        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)       # (1, nh, T, D)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)       # (1, nh, T, D) over L
         y = y.squeeze(0).transpose(0, 1).reshape(T, c.q_size)
         x = x + self.reduce(linear(y, self.o_proj))
         h = rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
@@ -132,8 +132,8 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True,
                 kv_len: int | None = None) -> torch.Tensor:
         """tokens, input_pos: LongTensor (T,) -> logits (V,) of the last position, or (T, V) if not last_only.
-        ``kv_len``: attend over the cache's first ``kv_len`` positions (at least the last input position + 1;
-        None: the whole cache)."""
+        ``kv_len``: attend over the cache's first ``kv_len`` positions (None: the whole cache). Not checked
+        against ``input_pos`` (a device tensor): one below the last input position + 1 drops keys silently."""
         x = F.embedding(tokens, self.embed_tokens)                                 # (T, H)
         cos = self.cos[input_pos].to(x.dtype)[None, None]                          # (1, 1, T, D)
         sin = self.sin[input_pos].to(x.dtype)[None, None]

@@ -11,7 +11,8 @@ from ..wording import count
 # Steps after the window that differ from the baseline before it by more than this share are stated, with the
 # profiler's cost against either side: the program's own step time may change over the run (a growing cache,
 # recompilation), or the profiler's cost may outlast the window (Kineto keeps CUPTI attached after a CUDA profile
-# unless TEARDOWN_CUPTI=1: pytorch/pytorch#144455), and the trace alone cannot tell which.
+# unless TEARDOWN_CUPTI=1, pytorch/pytorch#144455, which the runner sets where it is safe; some cost remains), and
+# the trace alone cannot tell which.
 BASELINE_SPREAD = 0.10
 COUNTED = "nn.Module calls, torch.compile'd function calls or CUDA-graph replays made outside any other"
 
