@@ -124,17 +124,20 @@ def test_logits_across_a_context_bucket_match_transformers(mode, tmp_path):
 
 
 def test_prepare_compiles_every_bucket_before_the_steps_that_use_them(tmp_path):
-    """After ``prepare``, decode steps across the 256-position edge compile nothing more (dynamo's count of
-    compiled graphs stays), and their logits still match transformers."""
+    """``prepare`` compiles the buckets of the decode steps' positions and no other (300-311: the 512-position
+    bucket alone, one graph in dynamo's count, not the 256 one the prompt's positions would fall in); the steps
+    then compile nothing more, and their logits still match transformers."""
     from torch._dynamo.utils import counters
 
     hf, weights = _hf_model_and_ours("llama-mha-untied", tmp_path)
     g = torch.Generator().manual_seed(3)
-    prompt = torch.randint(3, weights.config.vocab_size, (250,), generator=g).tolist()
+    prompt = torch.randint(3, weights.config.vocab_size, (300,), generator=g).tolist()
     forced = torch.randint(3, weights.config.vocab_size, (12,), generator=g).tolist()
-    eng = ReferenceEngine(weights, mode="compile", max_seq_len=300)
-    eng.prepare(len(prompt) + len(forced))
+    eng = ReferenceEngine(weights, mode="compile", max_seq_len=512)
+    start = counters["stats"]["unique_graphs"]
+    eng.prepare(len(prompt), len(prompt) + len(forced) - 1)
     before = counters["stats"]["unique_graphs"]
+    assert before - start == 1
     eng.reset()
     rows = [eng.prefill(torch.tensor(prompt)).clone()] + [eng.decode(t).clone() for t in forced]
     assert counters["stats"]["unique_graphs"] == before

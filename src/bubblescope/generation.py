@@ -30,9 +30,9 @@ class Decoder(Protocol):
     step picked on the device), ``next_greedy_token() -> int`` (wait for the oldest queued step) and
     ``discard_queued()`` (undo the queued steps not read): :func:`generate` then keeps one step in flight
     while the host handles a token, so the device does not idle between steps.
-    Optional: ``prepare(last_position)``, called between generations (before ``reset``) with the last position a
-    decode step will reach: the engine captures or compiles what those steps need (the reference engine's
-    per-context-bucket graphs) so that no step is timed with it (:func:`prepare_for`).
+    Optional: ``prepare(first_position, last_position)``, called between generations (before ``reset``) with the
+    positions the decode steps will take: the engine captures or compiles what those steps need (the reference
+    engine's per-context-bucket graphs) so that no step is timed with it (:func:`prepare_for`).
     """
 
     name: str
@@ -47,11 +47,13 @@ class Decoder(Protocol):
     def reset(self) -> None: ...
 
 
-def prepare_for(decoder: Decoder, last_position: int) -> None:
-    """``decoder.prepare(last_position)`` where the engine has it (see :class:`Decoder`); nothing otherwise."""
+def prepare_for(decoder: Decoder, prompt_len: int, decode_steps: int) -> None:
+    """``decoder.prepare(first, last)`` for ``decode_steps`` decode steps after a ``prompt_len``-token prompt
+    (positions ``prompt_len`` … ``prompt_len + decode_steps - 1``) where the engine has it (see :class:`Decoder`);
+    nothing otherwise."""
     prepare = getattr(decoder, "prepare", None)
     if callable(prepare):
-        prepare(last_position)
+        prepare(prompt_len, prompt_len + decode_steps - 1)
 
 
 SPECIAL_IDS = 3  # ids 0-2: unk, BOS and EOS in llama2.c and SentencePiece vocabularies
@@ -201,7 +203,7 @@ def generate(decoder: Decoder, prompt_ids: list[int] | torch.Tensor, max_new_tok
         gen = torch.Generator(device=decoder.device).manual_seed(params.seed)
     res = GenerationResult(prompt_ids=ids)
     seen = len(getattr(decoder, "fallbacks", ()))
-    prepare_for(decoder, len(ids) + max_new_tokens - 1)   # before any timer: captures, compilations
+    prepare_for(decoder, len(ids), max_new_tokens - 1)   # before any timer: captures, compilations
     decoder.reset()
     prompt = torch.tensor(ids, dtype=torch.long, device=decoder.device)
     _sync(decoder.device)
@@ -288,7 +290,7 @@ def teacher_forced_logits(decoder: Decoder, prompt_ids: list[int], forced: list[
 
     Used to compare engines step by step on the same inputs (no divergence from differing samples).
     """
-    prepare_for(decoder, len(prompt_ids) + len(forced))
+    prepare_for(decoder, len(prompt_ids), len(forced))
     decoder.reset()
     # clone(): .float().cpu() of a CPU float32 tensor is the same tensor, and engines may return static buffers.
     rows = [decoder.prefill(torch.tensor(prompt_ids, dtype=torch.long, device=decoder.device)).float().cpu().clone()]

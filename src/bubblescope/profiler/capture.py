@@ -149,7 +149,8 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
                          weights: str | None = None) -> CaptureResult:
     """Profile ``steps`` greedy decode steps of ``decoder`` and write a ``.json.gz`` Chrome trace.
 
-    Procedure: ``decoder.prepare(prompt + warmup + steps)`` where the decoder has it; ``decoder.reset()``;
+    Procedure: ``decoder.prepare(first, last)`` for the decode steps' positions where the decoder has it;
+    ``decoder.reset()``;
     ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled (CUDA-graph capture, Triton compilation and
     allocator growth happen there, not in the trace); then, under ``torch.profiler.profile(activities=[CPU]
     (+ [CUDA] on a cuda decoder), record_shapes=False)`` (CUPTI released when it stops:
@@ -207,7 +208,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     gpu = torch.device(decoder.device).type == "cuda"
     prepare = getattr(decoder, "prepare", None)   # the Decoder protocol's optional hook: captures before the trace
     if callable(prepare):
-        prepare(needed)
+        prepare(prompt.numel(), needed - 1)
     decoder.reset()
     tok = int(decoder.prefill(prompt).argmax())
     tokens = [tok]

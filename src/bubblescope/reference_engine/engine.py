@@ -118,16 +118,18 @@ class ReferenceEngine:
         return logits
 
     @torch.inference_mode()
-    def prepare(self, last_position: int) -> None:
-        """Capture (compile, on a CPU) every context bucket a step at positions 0 … ``last_position`` uses and that
-        is not ready yet, so that no capture or compilation lands inside a timed or profiled step; eager mode has
-        nothing to prepare. Call it between generations (:func:`~bubblescope.generation.generate` does, before
-        its ``reset``): the warm-up steps write the cache at position 0 and whatever token is in the buffer.
-        ``last_position`` is clamped to the cache."""
-        if self.mode == "eager":
+    def prepare(self, first_position: int, last_position: int) -> None:
+        """Capture (compile, on a CPU) every context bucket that decode steps at positions ``first_position`` …
+        ``last_position`` use and that is not ready yet, so that no capture or compilation lands inside a timed or
+        profiled step; eager mode has nothing to prepare. Call it between generations
+        (:func:`~bubblescope.generation.generate` does, before its ``reset``): the warm-up steps write the cache at
+        position 0 and whatever token is in the buffer. Positions are clamped to the cache; none when
+        ``last_position < first_position``."""
+        if self.mode == "eager" or last_position < first_position:
             return
-        last = max(0, min(int(last_position), self.max_seq_len - 1))
-        buckets = sorted({kv_bucket(p, self.max_seq_len) for p in range(0, last + 1, KV_BUCKET_MIN)}
+        top = self.max_seq_len - 1
+        first, last = max(0, min(int(first_position), top)), max(0, min(int(last_position), top))
+        buckets = sorted({kv_bucket(p, self.max_seq_len) for p in range(first, last + 1, KV_BUCKET_MIN // 2)}
                          | {kv_bucket(last, self.max_seq_len)})
         self._pos.zero_()
         for b in buckets:
