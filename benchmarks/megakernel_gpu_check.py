@@ -70,7 +70,7 @@ if ARGS.device == "cpu":  # before anything imports triton: the CPU megakernel r
 
 import torch  # noqa: E402
 
-from bubblescope.generation import generate, greedy_step, teacher_forced_logits  # noqa: E402
+from bubblescope.generation import generate, greedy_step, prepare_for, teacher_forced_logits  # noqa: E402
 from bubblescope.megakernel_engine import MegakernelEngine, MegakernelParams  # noqa: E402
 from bubblescope.megakernel_engine.engine import CPU_PARAMS  # noqa: E402
 from bubblescope.megakernel_engine.timeline import intrakernel_summary  # noqa: E402
@@ -208,6 +208,7 @@ def time_decoder(dec, cfg, steps: int | None = None) -> dict:
     steps = steps or ARGS.timed_steps
     gen = torch.Generator().manual_seed(ARGS.seed + 1)
     prompt = torch.randint(3, cfg.vocab_size, (ARGS.context,), generator=gen).to(ARGS.device)
+    prepare_for(dec, ARGS.context, ARGS.warmup + 2 * steps)   # the reference's bucket graphs, before the timed steps
     tok = int(torch.argmax(dec.prefill(prompt)))
     for _ in range(ARGS.warmup):
         tok = int(torch.argmax(dec.decode(tok)))

@@ -75,3 +75,34 @@ def test_cache_overflow_is_a_clear_error():
         eng.prefill(torch.arange(9))
     with pytest.raises(BubblescopeError, match="KV cache of 8 positions is full"):
         generate(eng, [1, 2, 3], 10, eos_ids=())
+
+
+def test_prepare_is_given_the_positions_the_decode_steps_take(tmp_path):
+    """generate(), teacher_forced_logits() and the trace capture call the optional ``prepare(first, last)`` hook,
+    before the prompt, with exactly the positions their decode steps then run at (seen by ``decode``)."""
+    from bubblescope.generation import generate, teacher_forced_logits
+    from bubblescope.profiler.capture import capture_decode_trace
+    from bubblescope.models import dummy_weights, get_preset
+    from bubblescope.reference_engine import ReferenceEngine
+
+    class Spy(ReferenceEngine):
+        def __init__(self, weights):
+            super().__init__(weights, "eager", 64)
+            self.calls, self.seen = [], []
+
+        def prepare(self, first, last):
+            self.calls.append((first, last, len(self.seen)))
+
+        def decode(self, token):
+            self.seen.append(self.position)
+            return super().decode(token)
+
+    eng = Spy(dummy_weights(get_preset("tiny-llama"), seed=0))
+    generate(eng, [5, 6, 7], 10, eos_ids=())
+    assert eng.calls == [(3, 11, 0)] and eng.seen == list(range(3, 12))
+    eng.calls, eng.seen = [], []
+    teacher_forced_logits(eng, [5, 6, 7, 8], [9, 10, 11])
+    assert eng.calls == [(4, 6, 0)] and eng.seen == [4, 5, 6]
+    eng.calls, eng.seen = [], []
+    capture_decode_trace(eng, [5, 6, 7], steps=4, warmup=2, out_path=tmp_path / "t.json.gz")
+    assert eng.calls == [(3, 8, 0)] and eng.seen == list(range(3, 9))

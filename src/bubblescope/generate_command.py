@@ -100,7 +100,7 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
 
     from .engines import build_engine, check_prefill, prepare_triton, unavailable_before_load
     from .fallback import describe
-    from .generation import generate
+    from .generation import generate, prepare_for
     from .models import load_model, resolve_device, run_dtype
     from .models.quant import parse_weight_format
     from .tuned import describe_pick, engine_params
@@ -143,7 +143,10 @@ def generate_text(model: str, sampling: SamplingParams, *, checkpoint: str | Non
     if name != "reference" and name != "hf":
         # Graph capture, torch.compile and Triton compilation happen on the first steps: keep them out of
         # the ms/token and the TTFT the user reads. The whole prompt, so that the megakernel's prefill graph for
-        # its length is captured here too; at most 3 new tokens, within the cache by max_seq's construction.
+        # its length is captured here too; at most 3 new tokens, within the cache by max_seq's construction. The
+        # whole generation's context buckets (the reference engine's graphs) are prepared first, so none is
+        # captured inside the generation the user reads (or inside a profiled program's later steps).
+        prepare_for(dec, len(ids), max_new_tokens - 1)
         generate(dec, ids, min(3, max_new_tokens), eos_ids=())
     for _ in range(warmup):  # whole generations, greedy (the sampler's generator untouched), EOS ignored
         generate(dec, ids, max_new_tokens, eos_ids=())

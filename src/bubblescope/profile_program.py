@@ -34,8 +34,9 @@ STATE = "state.json"
 # (profiler.trace.window.TRUNCATED in its error) is a write that failed, not a bad trace.
 CUT_SHORT = "the profiler's trace ends early: its last write failed, as on a full disk"
 WARMUP_STEPS = 1  # profiled steps before the window: the profiler's own warm-up (profile_runner.StepWindow)
-# Skipped steps left out of the unprofiled baseline: the first call is the prompt's prefill, the next carries the
-# one-time work of a first decode (compilation, CUDA-graph capture, allocator growth)
+# Skipped steps left out of the unprofiled baseline: the first call is the prompt's prefill (or an engine's
+# preparation: the reference engine's graph captures count as calls of its model), the next carries the one-time
+# work of a first decode (compilation, CUDA-graph capture, allocator growth)
 BASELINE_LEFT_OUT = 2
 
 

@@ -13,7 +13,8 @@ function made by ``torch.compile`` (gpt-fast compiles a function, so its model r
 module call happens at run time), or of ``torch.cuda.CUDAGraph.replay``. Calls are tallied per key (the module's
 class, the compiled function's name, the replay); the step count is the highest tally, so a loop that calls two
 outermost modules per token (a model, then a sampler module) still counts one step per token, and a prefill
-under another key merges with the next step at most. Inside code that dynamo traces the hooks do nothing.
+under another key merges with the next step at most (work before the first token under another key, such as
+the reference engine capturing its graphs, three model calls a graph, adds that many early steps). Inside code that dynamo traces the hooks do nothing.
 
 The window (:class:`StepWindow`): after ``skip`` steps the profiler starts, runs for ``steps`` steps (or
 ``seconds``), stops and writes the trace; then as many steps again are timed without it, so the profiler's cost

@@ -152,7 +152,7 @@ def capture_decode_trace(decoder, prompt_ids, steps: int = 8, warmup: int = 3,
     Procedure: ``decoder.prepare(first, last)`` for the decode steps' positions where the decoder has it;
     ``decoder.reset()``;
     ``prefill(prompt_ids)``; ``warmup`` greedy decode steps unprofiled (CUDA-graph capture, Triton compilation and
-    allocator growth happen there, not in the trace); then, under ``torch.profiler.profile(activities=[CPU]
+    allocator growth happen in these two stages, not in the trace); then, under ``torch.profiler.profile(activities=[CPU]
     (+ [CUDA] on a cuda decoder), record_shapes=False)`` (CUPTI released when it stops:
     :func:`release_cupti_after_profiling`), ``steps`` steps each inside ``record_function(f"{step_marker}#{i}")``.
     A step includes taking the greedy token to the host as ``generate()`` does (:func:`_greedy_step`: the

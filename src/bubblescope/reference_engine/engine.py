@@ -28,7 +28,7 @@ from ..wording import count
 MODES = ("eager", "cudagraph", "compile")
 CUDAGRAPH_NEEDS_CUDA = "reference mode cudagraph needs a CUDA device"  # engines.py says it before a model loads
 KV_BUCKET_MIN = 256       # the smallest context bucket (positions)
-RECOMPILE_LIMIT = 64      # torch._dynamo's per-function compilation limit while compile engines exist (default 8)
+RECOMPILE_LIMIT = 64      # torch._dynamo's per-function compilation limit, raised for the process (default 8)
 
 
 def kv_bucket(position: int, max_seq_len: int) -> int:
@@ -123,10 +123,11 @@ class ReferenceEngine:
         ``last_position`` use and that is not ready yet, so that no capture or compilation lands inside a timed or
         profiled step; eager mode has nothing to prepare. Call it between generations
         (:func:`~bubblescope.generation.generate` does, before its ``reset``): the warm-up steps write the cache at
-        position 0 and whatever token is in the buffer. Positions are clamped to the cache; none when
-        ``last_position < first_position``."""
-        if self.mode == "eager" or last_position < first_position:
-            return
+        position 0 and whatever token is in the buffer. ``last_position`` is clamped to the cache; nothing is done
+        when ``last_position < first_position`` or ``first_position`` is past the cache. A generation that stops
+        early (EOS) has paid for buckets it did not reach; on a CPU a compilation per bucket can take a while."""
+        if self.mode == "eager" or last_position < first_position or first_position >= self.max_seq_len:
+            return   # nothing to capture, or no step can run (prefill or decode refuses it)
         top = self.max_seq_len - 1
         first, last = max(0, min(int(first_position), top)), max(0, min(int(last_position), top))
         buckets = sorted({kv_bucket(p, self.max_seq_len) for p in range(first, last + 1, KV_BUCKET_MIN // 2)}
