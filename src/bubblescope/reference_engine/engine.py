@@ -81,7 +81,7 @@ class ReferenceEngine:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # kv bucket -> (graph, logits)
         self._pool = None   # one memory pool shared by the buckets' graphs
         self._compiled = None
-        self._warm: set[int] = set()   # buckets compiled (compile mode on a CPU, where nothing is captured)
+        self._ready: set[int] = set()   # buckets captured (GPU) or compiled (compile mode on a CPU)
         if mode == "compile":
             _allow_bucket_compilations()
             self._compiled = torch.compile(self.model, fullgraph=True, dynamic=False)
@@ -134,12 +134,14 @@ class ReferenceEngine:
                          | {kv_bucket(last, self.max_seq_len)})
         self._pos.zero_()
         for b in buckets:
-            if self.device.type == "cuda" and b not in self._graphs:
+            if b in self._ready:
+                continue
+            if self.device.type == "cuda":
                 self._capture(b)
-            elif self.device.type != "cuda" and b not in self._warm:
+            else:   # compile on a CPU: one compiled step compiles the bucket
                 self._step(self._tok, self._pos, b)
                 self._pos.zero_()
-                self._warm.add(b)
+                self._ready.add(b)
         self._pos.fill_(self.position)
 
     @torch.inference_mode()
@@ -163,14 +165,14 @@ class ReferenceEngine:
         elif self.device.type != "cuda":   # compile on a CPU: no graph to capture
             bucket = kv_bucket(self.position, self.max_seq_len)
             out = self._step(self._tok, self._pos, bucket)
-            self._warm.add(bucket)
+            self._ready.add(bucket)
         else:
             out = self._replay(kv_bucket(self.position, self.max_seq_len))
         self.position += 1
         return out
 
     def _replay(self, kv_len: int) -> torch.Tensor:
-        if kv_len not in self._graphs:
+        if kv_len not in self._ready:
             self._capture(kv_len)
         graph, out = self._graphs[kv_len]
         graph.replay()
@@ -179,7 +181,8 @@ class ReferenceEngine:
     def _capture(self, kv_len: int) -> None:
         # Warm up on a side stream (cuBLAS workspaces, lazy init; in compile mode the compilation) before capture,
         # as the CUDA-graph docs say.
-        # The warm-up steps write the cache at the current position and advance _pos, so restore both.
+        # The warm-up steps write the cache at the current position (which the step that follows writes again)
+        # and advance _pos, so _pos is restored.
         pos0 = self._pos.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -198,3 +201,4 @@ class ReferenceEngine:
             out = self._step(self._tok, self._pos, kv_len)
         self._pos.copy_(pos0)
         self._graphs[kv_len] = (graph, out)
+        self._ready.add(kv_len)
